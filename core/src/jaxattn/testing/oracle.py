@@ -1,0 +1,365 @@
+"""Float64 NumPy reference of the attention contract in DESIGN.md, forward and backward.
+
+The oracle is what every backend is checked against, so it must not share code (or
+bugs) with any of them: it imports NumPy only, never jax, and spells every rule of the
+contract out in the most direct form, materialising the full ``(B, Hq, T, S)`` logits and
+the repeated K/V heads. Speed is irrelevant; keep the shapes small.
+
+Semantics (DESIGN.md):
+
+* layout BTHD: q ``(B, T, Hq, D)``, k ``(B, S, Hkv, D)``, v ``(B, S, Hkv, Dv)``; query
+  head ``h`` reads kv head ``h // (Hq // Hkv)`` (GQA/MQA);
+* logits ``x = softmax_scale * q.k`` (scale defaults to ``D ** -0.5``), then the soft cap
+  ``c * tanh(x / c)``, then the additive bias, then masking;
+* a key is visible when the boolean mask is True, it is causal-visible
+  (``j <= i + S - T``: bottom-right alignment), inside the sliding window
+  (``i' - left <= j <= i' + right`` with ``i' = i + S - T``), and in the query's segment;
+* ``softmax_aux`` adds one logit per query head to the denominator only (a sink);
+* dropout multiplies the probabilities by ``keep / (1 - p)`` for a given keep-mask;
+* a row that sees no key gives zeros (output, probabilities, gradients), ``lse = -inf``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "OracleGrads",
+    "OracleResult",
+    "attention",
+    "attention_backward",
+    "visibility",
+]
+
+F64 = npt.NDArray[np.float64]
+Window = int | tuple[int, int] | None
+
+
+@dataclass(frozen=True)
+class OracleResult:
+    """Forward results, all float64.
+
+    ``probs`` are the softmax probabilities before dropout (the sink's share is excluded,
+    so a row sums to less than 1 when ``softmax_aux`` is given); ``weights`` are the
+    probabilities that actually multiplied V (``probs`` after dropout); ``lse`` is the
+    log-sum-exp of the final logits over visible real keys, ``-inf`` for empty rows.
+    """
+
+    output: F64  # (B, T, Hq, Dv)
+    probs: F64  # (B, Hq, T, S)
+    weights: F64  # (B, Hq, T, S)
+    lse: F64  # (B, Hq, T)
+    visible: npt.NDArray[np.bool_]  # (B, Hq, T, S), every masking rule combined
+
+
+@dataclass(frozen=True)
+class OracleGrads:
+    """Gradients of ``sum(output * d_output)``; bias and softmax_aux ones are None if absent."""
+
+    dq: F64
+    dk: F64
+    dv: F64
+    dbias: F64 | None  # reduced to the shape of the bias that was passed
+    dsoftmax_aux: F64 | None  # (Hq,)
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """Validated float64 inputs with the K/V heads repeated to Hq (the oracle may be wasteful)."""
+
+    q: F64
+    k: F64  # (B, S, Hq, D)
+    v: F64  # (B, S, Hq, Dv)
+    groups: int
+    bias: F64 | None  # as passed (unbroadcast), float64
+    aux: F64 | None
+    keep_scaled: F64 | None  # (B, Hq, T, S): keep / (1 - p), or None without dropout
+    visible: npt.NDArray[np.bool_]
+    scale: float
+    cap: float | None
+
+
+def _f64(x: Any) -> F64:
+    return np.asarray(x, dtype=np.float64)
+
+
+def _normalize_window(window: Window) -> tuple[int, int] | None:
+    if window is None:
+        return None
+    if isinstance(window, (int, np.integer)):
+        left = right = int(window)
+    else:
+        left, right = (int(w) for w in window)
+    if left < 0 or right < 0:
+        raise ValueError(f"sliding_window: sizes must be >= 0, got {window!r}")
+    return left, right
+
+
+def visibility(
+    batch: int,
+    heads: int,
+    t: int,
+    s: int,
+    *,
+    mask: Any = None,
+    causal: bool = False,
+    sliding_window: Window = None,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
+) -> npt.NDArray[np.bool_]:
+    """The ``(B, Hq, T, S)`` boolean of which keys each query may see (every rule ANDed)."""
+    visible = np.ones((batch, heads, t, s), dtype=bool)
+    if mask is not None:
+        visible &= np.broadcast_to(np.asarray(mask, dtype=bool), visible.shape)
+    # i' = i + S - T puts the last query on the last key (KV-cache decoding convention).
+    i_aligned = np.arange(t)[:, None] + (s - t)
+    j = np.arange(s)[None, :]
+    if causal:
+        visible &= j <= i_aligned
+    window = _normalize_window(sliding_window)
+    if window is not None:
+        left, right = window
+        visible &= (j >= i_aligned - left) & (j <= i_aligned + right)
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("q_segment_ids and kv_segment_ids must be given together")
+    if q_segment_ids is not None:
+        qs = np.asarray(q_segment_ids)
+        ks = np.asarray(kv_segment_ids)
+        if qs.shape != (batch, t) or ks.shape != (batch, s):
+            raise ValueError(
+                f"segment ids must be (B, T)=({batch}, {t}) and (B, S)=({batch}, {s}), "
+                f"got {qs.shape} and {ks.shape}"
+            )
+        visible &= qs[:, None, :, None] == ks[:, None, None, :]
+    return visible
+
+
+def _prepare(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any,
+    bias: Any,
+    causal: bool,
+    sliding_window: Window,
+    q_segment_ids: Any,
+    kv_segment_ids: Any,
+    softmax_scale: float | None,
+    logits_soft_cap: float | None,
+    softmax_aux: Any,
+    dropout_prob: float,
+    dropout_keep: Any,
+) -> _Inputs:
+    q64, k64, v64 = _f64(q), _f64(k), _f64(v)
+    if q64.ndim != 4 or k64.ndim != 4 or v64.ndim != 4:
+        raise ValueError("q, k, v must be rank 4 (B, T/S, H, D)")
+    b, t, hq, d = q64.shape
+    _, s, hkv, _ = k64.shape
+    if k64.shape[:3] != v64.shape[:3] or k64.shape[0] != b or k64.shape[3] != d:
+        raise ValueError(f"incompatible shapes q{q64.shape} k{k64.shape} v{v64.shape}")
+    if hq % hkv:
+        raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}")
+    groups = hq // hkv
+    visible = visibility(
+        b,
+        hq,
+        t,
+        s,
+        mask=mask,
+        causal=causal,
+        sliding_window=sliding_window,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+    )
+    aux = None
+    if softmax_aux is not None:
+        aux = _f64(softmax_aux)
+        if aux.shape != (hq,):
+            raise ValueError(f"softmax_aux must have shape (Hq,)=({hq},), got {aux.shape}")
+    keep_scaled = None
+    if dropout_prob > 0.0:
+        if dropout_keep is None:
+            raise ValueError("dropout_prob > 0 needs dropout_keep, the boolean keep-mask to apply")
+        if not 0.0 < dropout_prob < 1.0:
+            raise ValueError(f"dropout_prob must be in [0, 1), got {dropout_prob}")
+        keep = np.broadcast_to(np.asarray(dropout_keep, dtype=bool), visible.shape)
+        keep_scaled = keep / (1.0 - dropout_prob)
+    bias64 = None
+    if bias is not None:
+        bias64 = _f64(bias)
+        np.broadcast_shapes(bias64.shape, visible.shape)  # raises on a bias that does not fit
+    return _Inputs(
+        q=q64,
+        k=np.repeat(k64, groups, axis=2),  # head h reads kv head h // groups
+        v=np.repeat(v64, groups, axis=2),
+        groups=groups,
+        bias=bias64,
+        aux=aux,
+        keep_scaled=keep_scaled,
+        visible=visible,
+        scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
+        cap=None if logits_soft_cap is None else float(logits_soft_cap),
+    )
+
+
+@dataclass(frozen=True)
+class _Forward:
+    raw: F64  # scale * q.k, before the soft cap
+    probs: F64
+    sink_prob: F64  # (B, Hq, T): the sink's share of each row (0 without a sink)
+    weights: F64
+    lse: F64
+    output: F64
+
+
+def _forward(x: _Inputs) -> _Forward:
+    raw = np.einsum("bthd,bshd->bhts", x.q, x.k) * x.scale
+    logits = raw if x.cap is None else x.cap * np.tanh(raw / x.cap)
+    if x.bias is not None:
+        logits = logits + x.bias
+    logits = np.where(x.visible, logits, -np.inf)
+    row_max = logits.max(axis=-1)
+    if x.aux is not None:
+        row_max = np.maximum(row_max, x.aux[None, :, None])
+    # Rows where everything (sink included) is -inf: shift by 0 so exp gives 0, not nan.
+    shift = np.where(np.isfinite(row_max), row_max, 0.0)
+    exp = np.exp(logits - shift[..., None])
+    key_sum = exp.sum(axis=-1)
+    sink = np.zeros_like(key_sum) if x.aux is None else np.exp(x.aux[None, :, None] - shift)
+    denom = key_sum + sink
+    safe = np.where(denom > 0, denom, 1.0)
+    probs = exp / safe[..., None]
+    sink_prob = sink / safe
+    with np.errstate(divide="ignore"):
+        lse = np.where(key_sum > 0, shift + np.log(np.where(key_sum > 0, key_sum, 1.0)), -np.inf)
+    weights = probs if x.keep_scaled is None else probs * x.keep_scaled
+    output = np.einsum("bhts,bshd->bthd", weights, x.v)
+    return _Forward(
+        raw=raw, probs=probs, sink_prob=sink_prob, weights=weights, lse=lse, output=output
+    )
+
+
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any = None,
+    bias: Any = None,
+    causal: bool = False,
+    sliding_window: Window = None,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    softmax_aux: Any = None,
+    dropout_prob: float = 0.0,
+    dropout_keep: Any = None,
+) -> OracleResult:
+    """Attention in float64 with exactly DESIGN.md's semantics.
+
+    ``dropout_keep`` is a boolean keep-mask broadcastable to ``(B, Hq, T, S)``; the oracle
+    has no random generator, so a test that wants to compare dropout numerics supplies the
+    same mask the backend drew.
+    """
+    x = _prepare(
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        causal=causal,
+        sliding_window=sliding_window,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        softmax_scale=softmax_scale,
+        logits_soft_cap=logits_soft_cap,
+        softmax_aux=softmax_aux,
+        dropout_prob=dropout_prob,
+        dropout_keep=dropout_keep,
+    )
+    f = _forward(x)
+    return OracleResult(
+        output=f.output, probs=f.probs, weights=f.weights, lse=f.lse, visible=x.visible
+    )
+
+
+def _reduce_to(grad: F64, shape: tuple[int, ...]) -> F64:
+    """Sum a broadcast gradient back to the shape of the operand that was broadcast."""
+    lead = grad.ndim - len(shape)
+    grad = grad.sum(axis=tuple(range(lead))) if lead else grad
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    return np.asarray(grad.sum(axis=axes, keepdims=True) if axes else grad, dtype=np.float64)
+
+
+def _sum_groups(grad: F64, groups: int) -> F64:
+    """(B, S, Hq, D) -> (B, S, Hkv, D): a kv head collects the gradients of its query heads."""
+    b, s, hq, d = grad.shape
+    return grad.reshape(b, s, hq // groups, groups, d).sum(axis=3)
+
+
+def attention_backward(
+    q: Any,
+    k: Any,
+    v: Any,
+    d_output: Any,
+    *,
+    mask: Any = None,
+    bias: Any = None,
+    causal: bool = False,
+    sliding_window: Window = None,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    softmax_aux: Any = None,
+    dropout_prob: float = 0.0,
+    dropout_keep: Any = None,
+) -> OracleGrads:
+    """Analytic gradients of ``sum(attention(...).output * d_output)``, derived by hand.
+
+    With ``P`` the post-sink probabilities and ``W = P * keep / (1 - p)``:
+    ``dV = W^T dO``; ``dW = dO V^T``; ``dP = dW * keep / (1 - p)``; the softmax (sink in
+    the denominator, sink output dropped) gives ``dL = P * (dP - rowsum(P * dP))`` and
+    ``d aux = -p_sink * rowsum(P * dP)``; ``dbias = dL``; the soft cap multiplies by
+    ``1 - tanh(x / c) ** 2``; then ``dQ = scale * dX K`` and ``dK = scale * dX^T Q``.
+    Masked keys have ``P = 0`` so they get no gradient; empty rows get none either.
+    """
+    x = _prepare(
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        causal=causal,
+        sliding_window=sliding_window,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        softmax_scale=softmax_scale,
+        logits_soft_cap=logits_soft_cap,
+        softmax_aux=softmax_aux,
+        dropout_prob=dropout_prob,
+        dropout_keep=dropout_keep,
+    )
+    f = _forward(x)
+    d_out = _f64(d_output)
+    if d_out.shape != f.output.shape:
+        raise ValueError(
+            f"d_output must have the output's shape {f.output.shape}, got {d_out.shape}"
+        )
+    dv = _sum_groups(np.einsum("bhts,bthd->bshd", f.weights, d_out), x.groups)
+    d_weights = np.einsum("bthd,bshd->bhts", d_out, x.v)
+    d_probs = d_weights if x.keep_scaled is None else d_weights * x.keep_scaled
+    row_dot = (f.probs * d_probs).sum(axis=-1)  # (B, Hq, T)
+    d_logits = f.probs * (d_probs - row_dot[..., None])
+    d_aux = None if x.aux is None else -(f.sink_prob * row_dot).sum(axis=(0, 2))
+    d_bias = None if x.bias is None else _reduce_to(d_logits, x.bias.shape)
+    d_raw = d_logits if x.cap is None else d_logits * (1.0 - np.tanh(f.raw / x.cap) ** 2)
+    dq = np.einsum("bhts,bshd->bthd", d_raw, x.k) * x.scale
+    dk = _sum_groups(np.einsum("bhts,bthd->bshd", d_raw, x.q) * x.scale, x.groups)
+    return OracleGrads(dq=dq, dk=dk, dv=dv, dbias=d_bias, dsoftmax_aux=d_aux)
