@@ -1,0 +1,116 @@
+"""Development sessions: ``nox -l`` lists them, ``nox -s NAME`` runs one.
+
+tests              the whole test suite against the checkout (editable installs)
+isolated-<target>  a fresh environment that installs one target from the built wheels only,
+                   the way a user installs from PyPI, then imports, discovers and computes
+lint, typecheck    ruff and mypy over every package
+docs               the documentation site (mkdocs build --strict)
+build              every distribution's wheel into wheelhouse/
+bench              `jaxattn bench` (arguments after -- go to it)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+WHEELHOUSE = ROOT / "wheelhouse"
+PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+SMOKE = ROOT / "tests" / "packaging" / "smoke_install.py"
+
+nox.options.default_venv_backend = "venv"  # pip: it finds the on-disk CPU torch build
+nox.options.sessions = ["lint", "typecheck", "tests", "docs", "build"]
+
+
+def workspace_packages() -> list[Path]:
+    """Distributable packages: the core, then every plugin."""
+    return [ROOT / "core", *sorted(p.parent for p in ROOT.glob("plugins/*/pyproject.toml"))]
+
+
+def install_workspace(session: nox.Session, *groups: str) -> None:
+    editable = [arg for p in workspace_packages() for arg in ("-e", str(p))]
+    session.install(*editable, *nox.project.dependency_groups(PYPROJECT, *groups))
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The full test suite; arguments after -- go to pytest."""
+    install_workspace(session, "test", "kernels-cpu")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
+    session.run("ruff", "check", *(session.posargs or ["."]))
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    install_workspace(session, "typecheck", "test")
+    sources = [p / "src" for p in workspace_packages()] + [ROOT / "tests/example_plugin/src"]
+    # Each package's src/ is a search root, so `jaxattn_vanilla.impl` resolves by its own
+    # name and the plugins resolve `jaxattn` to the checkout rather than an installed copy.
+    session.env["MYPYPATH"] = os.pathsep.join(str(s) for s in sources)
+    session.run("mypy", "--explicit-package-bases", *map(str, sources),
+                "noxfile.py", "run.py", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    session.install(*nox.project.dependency_groups(PYPROJECT, "docs"))
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(ROOT / "site"))
+
+
+def build_wheels(session: nox.Session) -> list[Path]:
+    """Build every workspace package's wheel into a clean wheelhouse/."""
+    shutil.rmtree(WHEELHOUSE, ignore_errors=True)
+    WHEELHOUSE.mkdir()
+    for package in workspace_packages():
+        session.run("python", "-m", "pip", "wheel", "--quiet", "--no-deps",
+                    "--wheel-dir", str(WHEELHOUSE), str(package))
+    wheels = sorted(WHEELHOUSE.glob("*.whl"))
+    session.log("built " + ", ".join(w.name for w in wheels))
+    return wheels
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Wheels of the core and every plugin, in wheelhouse/."""
+    session.install("pip>=23")
+    build_wheels(session)
+
+
+# Each target installs exactly as a user would from PyPI (the wheelhouse standing in for
+# it); the smoke script checks which backends arrive and runs the CPU-capable ones.
+ISOLATED_TARGETS = {
+    "core": ("jaxattn", ""),
+    "cpu": ("jaxattn[cpu]", "vanilla,sdpa"),
+    "gpu": ("jaxattn[gpu]", "vanilla,sdpa,flash_attn2"),
+    "tpu": ("jaxattn[tpu]", "vanilla,flash_attn2,splash"),
+    "vanilla": ("jaxattn-vanilla", "vanilla"),
+}
+
+
+@nox.session(venv_backend="venv", reuse_venv=False)
+@nox.parametrize("target", list(ISOLATED_TARGETS), ids=list(ISOLATED_TARGETS))
+def isolated(session: nox.Session, target: str) -> None:
+    """Fresh venv, install one target from the built wheels, then import and run it."""
+    requirement, expected = ISOLATED_TARGETS[target]
+    build_wheels(session)
+    # --find-links: our distributions come from the wheelhouse; third-party ones (jax,
+    # pluggy, triton...) from the index, as for a user.
+    session.install("--find-links", str(WHEELHOUSE), requirement)
+    session.log(f"expecting impls {expected or '(none)'} from {requirement}")
+    session.run("python", str(SMOKE), "--expect", expected)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """`jaxattn bench` against the checkout; arguments after -- go to it."""
+    install_workspace(session)
+    session.run("jaxattn", "bench", *session.posargs)

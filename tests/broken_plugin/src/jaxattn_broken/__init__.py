@@ -1,0 +1,1 @@
+"""Test fixture: a jaxattn plugin whose registration module cannot be imported."""

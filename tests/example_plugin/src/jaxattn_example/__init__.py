@@ -1,0 +1,1 @@
+"""Example third-party jaxattn backend (see docs/write-a-backend.md)."""

@@ -1,0 +1,88 @@
+"""The example backend: dense softmax attention written with ``jax.numpy`` only.
+
+It declares exactly what it runs (causal, mask, bias, GQA, T != S, decode, gradients) and
+leaves everything else (windows, segment ids, soft cap, sinks, dropout) to the core, which
+declines such calls with a reason instead of letting them be ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from jaxattn import AttentionImpl, AttentionOutput, Feature
+
+
+class ExampleAttention(AttentionImpl):
+    """Dense softmax attention; GQA by grouping query heads, never by repeating K/V."""
+
+    platforms: ClassVar[frozenset[str]] = frozenset({"cpu", "gpu", "tpu"})
+    dtypes: ClassVar[frozenset[str]] = frozenset({"float32", "bfloat16", "float16"})
+    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 512)
+    features: ClassVar[frozenset[Feature]] = frozenset({
+        Feature.CAUSAL, Feature.MASK, Feature.BIAS, Feature.GQA, Feature.CROSS,
+        Feature.DECODE, Feature.VALUE_DIM, Feature.GRAD,
+    })
+    # A demonstration backend must never win "auto" over the real ones.
+    priority: ClassVar[int] = -100
+    description: ClassVar[str] = "example third-party backend: dense softmax attention in pure JAX"
+
+    @classmethod
+    def get_impl_name(cls) -> tuple[str, ...]:
+        return ("example", "example_dense")
+
+    def forward_native(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        mask: Any = None,
+        bias: Any = None,
+        init_bias: Callable[[], Any] | None = None,
+        causal: bool = False,
+        *,
+        softmax_scale: float | None = None,
+        **unused: Any,
+    ) -> AttentionOutput:
+        # The core has validated the call, resolved softmax_scale, made mask/bias rank 4 and
+        # declined every feature not in `features`, so the remaining keywords are all unset.
+        b, t, hq, d = q.shape
+        s, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
+        groups = hq // hkv
+        scale = d**-0.5 if softmax_scale is None else softmax_scale
+        softmax_dtype = jnp.dtype(self.metadata.softmax_dtype)
+
+        # Query head h uses key/value head h // groups: group the query heads instead of
+        # materialising K and V `groups` times.
+        qg = q.reshape(b, t, hkv, groups, d)
+        logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=softmax_dtype)
+        logits = logits.reshape(b, hq, t, s) * jnp.asarray(scale, softmax_dtype)
+        if bias is not None:
+            logits = logits + bias.astype(softmax_dtype)
+
+        keep = jnp.ones((1, 1, t, s), dtype=bool)
+        if mask is not None:
+            keep = keep & mask
+        if causal:
+            # Bottom-right alignment: query i is the (i + s - t)-th position of the keys.
+            rows = jnp.arange(t)[:, None] + (s - t)
+            keep = keep & (jnp.arange(s)[None, :] <= rows)
+
+        logits = jnp.where(keep, logits, -jnp.inf)
+        # A row with nothing to attend to has max -inf; use 0 so exp() gives zeros, not NaN.
+        row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+        row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+        weights = jnp.exp(logits - row_max)
+        total = jnp.sum(weights, axis=-1, keepdims=True)
+        probs = weights / jnp.where(total == 0.0, 1.0, total)
+
+        out = jnp.einsum(
+            "bkgts,bskd->btkgd",
+            probs.reshape(b, hkv, groups, t, s).astype(v.dtype),
+            v,
+            preferred_element_type=softmax_dtype,
+        )
+        return AttentionOutput(attention_outputs=out.reshape(b, t, hq, dv).astype(q.dtype))
