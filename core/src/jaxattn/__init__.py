@@ -1,0 +1,72 @@
+"""jaxattn: one attention API for JAX, with the fastest correct backend for each device.
+
+Backends are plugins (entry-point group ``jaxattn.plugins``). ``import jaxattn`` is cheap: it
+imports neither jax nor any kernel library; names load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "AttentionImpl": "impl",
+    "AttentionMetadata": "metadata",
+    "AttentionOutput": "output",
+    "AttentionProblem": "problem",
+    "AttentionMechanisms": "names",
+    "Feature": "capabilities",
+    "ImplRef": "registry",
+    "ImplInfo": "registry",
+    "DeviceInfo": "device",
+    "detect_device": "device",
+    "tpu_version_check": "device",
+    "hookimpl": "hookspecs",
+    "get_impl": "lookup",
+    "list_impls": "lookup",
+    "register_impl": "lookup",
+    "register_plugin": "plugins",
+    "attention": "dispatch",
+    "explain": "dispatch",
+    "Explanation": "dispatch",
+    "use_impl": "dispatch",
+    "get_optimal_config": "dispatch",
+    "JaxattnError": "errors",
+    "InvalidInputError": "errors",
+    "UnsupportedError": "errors",
+    "ImplNotFoundError": "errors",
+    "PluginError": "errors",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jaxattn' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:
+    from .capabilities import Feature
+    from .device import DeviceInfo, detect_device, tpu_version_check
+    from .dispatch import Explanation, attention, explain, get_optimal_config, use_impl
+    from .errors import ImplNotFoundError, InvalidInputError, JaxattnError, PluginError, UnsupportedError
+    from .hookspecs import hookimpl
+    from .impl import AttentionImpl
+    from .lookup import get_impl, list_impls, register_impl
+    from .metadata import AttentionMetadata
+    from .names import AttentionMechanisms
+    from .output import AttentionOutput
+    from .plugins import register_plugin
+    from .problem import AttentionProblem
+    from .registry import ImplInfo, ImplRef

@@ -1,0 +1,71 @@
+"""What an implementation can do, declared as data, and the generic checks against a problem."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .problem import AttentionProblem
+
+__all__ = ["ALL_FEATURES", "Feature", "PLATFORM_TOKENS", "head_dim_reason", "platform_matches"]
+
+
+class Feature(str, Enum):
+    """Capabilities a call may need. ``AttentionProblem.required_features()`` lists a call's."""
+
+    CAUSAL = "causal"
+    MASK = "mask"
+    BIAS = "bias"
+    GQA = "gqa"  # Hq != Hkv (grouped-query and multi-query)
+    CROSS = "cross"  # T != S
+    DECODE = "decode"  # T == 1
+    VALUE_DIM = "value_dim"  # Dv != D
+    SLIDING_WINDOW = "sliding_window"
+    SEGMENT_IDS = "segment_ids"
+    SOFT_CAP = "soft_cap"
+    SINKS = "sinks"
+    DROPOUT = "dropout"
+    GRAD = "grad"
+    WEIGHTS = "weights"  # fills AttentionOutput.attention_weights
+    LSE = "lse"  # fills AttentionOutput.softmax_lse
+
+    def __str__(self) -> str:
+        return self.value
+
+
+ALL_FEATURES: frozenset[Feature] = frozenset(Feature)
+
+#: Platform tokens an impl may declare: a platform, or a GPU vendor.
+PLATFORM_TOKENS = frozenset({"cpu", "gpu", "tpu", "cuda", "rocm"})
+
+
+def platform_matches(tokens: Iterable[str], platform: str, vendor: str | None) -> bool:
+    """Whether an impl declared for ``tokens`` runs on ``platform`` (with GPU ``vendor``)."""
+    for token in tokens:
+        if token == platform:
+            return True
+        if platform == "gpu" and token == vendor:
+            return True
+    return False
+
+
+def head_dim_reason(label: str, dim: int, allowed: tuple[int, int] | Collection[int]) -> str | None:
+    """A reason when ``dim`` is outside a declared range ``(lo, hi)`` or set, else None."""
+    if isinstance(allowed, tuple) and len(allowed) == 2 and allowed[0] <= allowed[1]:
+        lo, hi = allowed
+        if lo <= dim <= hi:
+            return None
+        return f"{label} {dim} is outside the supported range {lo}..{hi}"
+    if dim in allowed:
+        return None
+    return f"{label} {dim} is not one of the supported sizes {sorted(allowed)}"
+
+
+def describe_features(features: Iterable[Feature | str]) -> str:
+    return ", ".join(sorted(str(f) for f in features)) or "none"
+
+
+if TYPE_CHECKING:  # keep the import cycle type-only
+    _: AttentionProblem

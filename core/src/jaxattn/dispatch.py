@@ -1,0 +1,339 @@
+"""Choosing an implementation: ``attention``, ``use_impl``, ``explain`` and "auto".
+
+Precedence: ``impl=`` argument > ``use_impl(...)`` > ``$JAXATTN_IMPL`` > "auto". Choice happens
+at trace time, so under ``jax.jit`` the compiled program is the chosen kernel's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+from .capabilities import ALL_FEATURES
+from .device import detect_device
+from .errors import JaxattnError, UnsupportedError
+from .impl import AttentionImpl, _resolve_platform
+from .lookup import available_here, get_impl
+from .metadata import AttentionMetadata
+from .names import AttentionMechanisms, normalize_name
+from .output import AttentionOutput
+from .plugins import registry
+from .problem import AttentionProblem
+from .validation import resolve_call
+
+__all__ = [
+    "AutoAttention",
+    "Candidate",
+    "Explanation",
+    "attention",
+    "choose",
+    "current_impl_name",
+    "explain",
+    "get_optimal_config",
+    "use_impl",
+]
+
+logger = logging.getLogger("jaxattn")
+
+_override: contextvars.ContextVar[str | None] = contextvars.ContextVar("jaxattn_impl", default=None)
+_logged: set[Any] = set()
+
+
+@contextlib.contextmanager
+def use_impl(name: str | AttentionMechanisms) -> Iterator[None]:
+    """Within this scope, calls that pass no ``impl=`` use ``name``."""
+    token = _override.set(normalize_name(name))
+    try:
+        yield
+    finally:
+        _override.reset(token)
+
+
+def current_impl_name(impl: str | AttentionMechanisms | None = None) -> str:
+    """The name a call resolves to: argument, then ``use_impl``, then ``$JAXATTN_IMPL``, then auto."""
+    if impl is not None:
+        return normalize_name(impl)
+    scoped = _override.get()
+    if scoped is not None:
+        return scoped
+    env = os.environ.get("JAXATTN_IMPL", "").strip()
+    return normalize_name(env) if env else AttentionMechanisms.AUTO.value
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One implementation's answer for one call."""
+
+    name: str
+    origin: str
+    priority: int
+    platforms: tuple[str, ...]
+    reasons: tuple[str, ...] = ()
+    fallback: tuple[str, ...] = ()  # set when it would hand the call to another impl
+    fallback_impl: str | None = None
+    here: bool = True
+    chosen: bool = False
+
+    @property
+    def accepted(self) -> bool:
+        return self.here and not self.reasons
+
+    @property
+    def status(self) -> str:
+        if self.chosen:
+            return "chosen"
+        if not self.here:
+            return "other platform"
+        if self.reasons:
+            return "declined"
+        if self.fallback:
+            return f"via {self.fallback_impl}"
+        return "accepted"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.update(status=self.status, accepted=self.accepted)
+        return out
+
+
+def _rank_key(candidate: Candidate) -> tuple[int, int, str]:
+    # A candidate that would hand the call to another impl ranks after those that run it themselves.
+    return (-candidate.priority, len(candidate.fallback) > 0, candidate.name)
+
+
+def _evaluate(problem: AttentionProblem, metadata: AttentionMetadata) -> list[Candidate]:
+    """Every provider's answer for ``problem``: ones for this platform first, best first."""
+    device = detect_device()
+    platform, vendor = _resolve_platform(metadata, device)
+    best_here = {id(p) for p in available_here(metadata, device)}
+    rows: list[Candidate] = []
+    for provider in registry().providers:
+        here = id(provider) in best_here
+        if not here and provider.runs_on(platform, vendor):
+            continue  # a lower-priority provider of a name served here by another
+        reasons: list[str] = []
+        fallback: list[str] = []
+        fallback_impl = None
+        priority = provider.priority
+        if not here:
+            reasons.append(f"runs on {'/'.join(provider.platforms)}, not {platform}")
+        else:
+            try:
+                impl = get_impl(provider.name, metadata)
+                priority = impl.priority_for(device)
+                reasons = impl.not_supported_reasons(problem)
+                fallback = impl.fallback_reasons(problem)
+                fallback_impl = impl.fallback_impl
+                if fallback and not metadata.allow_fallback:
+                    reasons += [f"{r} (allow_fallback=False)" for r in fallback]
+            except JaxattnError as err:
+                reasons.append(str(err))
+            except ImportError as err:
+                reasons.append(f"failed to import: {err}")
+        rows.append(Candidate(
+            name=provider.name, origin=provider.origin, priority=priority, platforms=provider.platforms,
+            reasons=tuple(reasons), fallback=tuple(fallback), fallback_impl=fallback_impl, here=here,
+        ))
+    return sorted(rows, key=lambda c: (not c.here, *_rank_key(c)))
+
+
+#: Hook for measured ranking (the tuning cache): reorders accepted candidates.
+RankRefiner = Callable[[list[Candidate], AttentionProblem, AttentionMetadata], list[Candidate]]
+_refiners: list[RankRefiner] = []
+
+
+def add_rank_refiner(refiner: RankRefiner) -> None:
+    """Let measured results (e.g. a tuning cache) reorder auto's accepted candidates."""
+    if refiner not in _refiners:
+        _refiners.append(refiner)
+
+
+def choose(problem: AttentionProblem, metadata: AttentionMetadata) -> tuple[str | None, list[Candidate]]:
+    """Auto's pick for ``problem``: the best accepted candidate that runs the call itself."""
+    rows = _evaluate(problem, metadata)
+    accepted = [c for c in rows if c.accepted]
+    direct = [c for c in accepted if not c.fallback]
+    pool = direct or accepted
+    for refine in _refiners:
+        pool = refine(pool, problem, metadata)
+    chosen = pool[0].name if pool else None
+    rows = [dataclasses.replace(c, chosen=c.name == chosen and c.here) for c in rows]
+    return chosen, rows
+
+
+def _log_choice(problem: AttentionProblem, metadata: AttentionMetadata, chosen: str, rows: list[Candidate]) -> None:
+    key = (problem.signature(), hash(metadata))
+    if key in _logged:
+        return
+    _logged.add(key)
+    rejected = "; ".join(f"{c.name}: {' / '.join(c.reasons)}" for c in rows if c.here and c.reasons)
+    logger.info("jaxattn auto chose %s for %s%s", chosen, problem.describe(),
+                f" (declined: {rejected})" if rejected else "")
+
+
+class AutoAttention(AttentionImpl):
+    """Picks, per call, the best implementation that supports the inputs on this device."""
+
+    features: ClassVar = ALL_FEATURES
+    priority: ClassVar[int] = -1
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return AttentionMechanisms.AUTO.value
+
+    def select(self, problem: AttentionProblem) -> AttentionImpl:
+        chosen, rows = choose(problem, self.metadata)
+        if chosen is None:
+            reasons = [f"{c.name}: {'; '.join(c.reasons)}" for c in rows if c.here]
+            raise UnsupportedError("auto", reasons or ["no attention impl is installed for this platform"],
+                                   hint="install a backend (pip install 'jaxattn[cpu]') or change the inputs")
+        _log_choice(problem, self.metadata, chosen, rows)
+        return get_impl(chosen, self.metadata)
+
+    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
+        chosen, rows = choose(problem, self.metadata)
+        if chosen is not None:
+            return []
+        return [f"{c.name}: {'; '.join(c.reasons)}" for c in rows if c.here] or ["no impl for this platform"]
+
+    def __call__(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
+                 init_bias: Callable[[], Any] | None = None, causal: bool = False,
+                 **features: Any) -> AttentionOutput:
+        spec = resolve_call(q, k, v, mask=mask, bias=bias, init_bias=init_bias, causal=causal,
+                            metadata=self.metadata, **features)
+        problem = self.problem(q, k, v, mask, spec, features.get("softmax_aux"))
+        return self.select(problem)(q, k, v, mask, spec.bias, None, causal, **features)
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """What each implementation says about one call, and which one runs it."""
+
+    problem: AttentionProblem
+    requested: str
+    chosen: str | None
+    candidates: tuple[Candidate, ...]
+    device: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device, "problem": dataclasses.asdict(self.problem), "requested": self.requested,
+            "chosen": self.chosen, "candidates": [c.to_dict() for c in self.candidates],
+        }
+
+    def __str__(self) -> str:
+        lines = [f"device: {self.device}", f"call:   {self.problem.describe()}",
+                 f"impl:   {self.requested} -> {self.chosen or 'nothing can run this call'}"]
+        for c in self.candidates:
+            mark = "*" if c.chosen else " "
+            lines.append(f" {mark} {c.name:<18} {c.status:<15} prio {c.priority:<4} {c.origin}")
+            lines += [f"       - {r}" for r in c.reasons]
+            if c.fallback and not c.reasons:
+                lines += [f"       ~ hands to {c.fallback_impl}: {r}" for r in c.fallback]
+        return "\n".join(lines)
+
+
+def explain(
+    q: Any, k: Any, v: Any, *, impl: str | AttentionMechanisms | None = None,
+    metadata: AttentionMetadata | None = None, needs_grad: bool = False, **features: Any,
+) -> Explanation:
+    """Per implementation: accepted, or every reason it is not; and which one would run.
+
+    ``q``, ``k``, ``v`` (and mask/bias/segment ids) may be ``jax.ShapeDtypeStruct``s.
+    """
+    md = metadata or AttentionMetadata()
+    mask = features.pop("mask", None)
+    spec = resolve_call(q, k, v, mask=mask, metadata=md, **features)
+    problem = AttentionProblem.from_inputs(
+        q, k, v, mask=mask, bias=spec.bias, causal=spec.causal, sliding_window=spec.sliding_window,
+        q_segment_ids=spec.q_segment_ids, kv_segment_ids=spec.kv_segment_ids,
+        logits_soft_cap=spec.logits_soft_cap, softmax_aux=features.get("softmax_aux"),
+        dropout_prob=spec.dropout_prob, needs_grad=needs_grad, dtype=md.runtime_dtype or q.dtype,
+    )
+    requested = current_impl_name(impl)
+    auto_choice, rows = choose(problem, md)
+    if requested == AttentionMechanisms.AUTO.value:
+        chosen = auto_choice
+    else:
+        target = registry().providers_of(requested)
+        name = target[0].name if target else requested
+        match = [c for c in rows if c.here and c.name == name]
+        chosen = name if match and match[0].accepted else None
+        rows = [dataclasses.replace(c, chosen=c.here and c.name == chosen) for c in rows]
+    return Explanation(problem, requested, chosen, tuple(rows), detect_device().label)
+
+
+def _accepting(problem: AttentionProblem, metadata: AttentionMetadata) -> list[str]:
+    return [c.name for c in _evaluate(problem, metadata) if c.accepted]
+
+
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    impl: str | AttentionMechanisms | AttentionImpl | None = None,
+    mask: Any = None,
+    bias: Any = None,
+    init_bias: Callable[[], Any] | None = None,
+    causal: bool = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    softmax_aux: Any = None,
+    dropout_prob: float | None = None,
+    dropout_rng: Any = None,
+    metadata: AttentionMetadata | None = None,
+) -> Any:
+    """Attention over BTHD tensors: ``(B, T, Hq, D) x (B, S, Hkv, D) -> (B, T, Hq, Dv)``.
+
+    ``impl=None`` means: ``use_impl(...)`` scope, else ``$JAXATTN_IMPL``, else "auto". An
+    explicitly chosen impl never falls back silently: it raises ``UnsupportedError`` with every
+    reason and the names of the impls that would accept the call.
+    """
+    md = metadata if metadata is not None else AttentionMetadata()
+    chosen = impl if isinstance(impl, AttentionImpl) else get_impl(current_impl_name(impl), md)
+    kwargs: dict[str, Any] = dict(
+        sliding_window=sliding_window, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+        softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap, softmax_aux=softmax_aux,
+        dropout_prob=dropout_prob, dropout_rng=dropout_rng,
+    )
+    try:
+        out = chosen(q, k, v, mask, bias, init_bias, causal, **kwargs)
+    except UnsupportedError as err:
+        if isinstance(chosen, AutoAttention) or err.hint:
+            raise
+        spec = resolve_call(q, k, v, mask=mask, bias=bias, init_bias=init_bias, causal=causal, metadata=md,
+                            **kwargs)
+        others = [n for n in _accepting(chosen.problem(q, k, v, mask, spec, softmax_aux), md) if n != err.impl_name]
+        hint = (f"impls that accept this call here: {', '.join(others)} (or impl='auto')" if others
+                else "no installed impl accepts this call here")
+        raise UnsupportedError(err.impl_name, err.reasons, hint=hint) from None
+    return out.attention_outputs
+
+
+def get_optimal_config(metadata: AttentionMetadata | None = None) -> tuple[str, Any]:
+    """``(impl name, dtype)`` that "auto" uses for a default shape on this device.
+
+    The default shape is B=1, T=S=2048, 32 heads, D=128, causal, in the platform's preferred
+    dtype (float32 on CPUs and on TPU v2/v3, bfloat16 elsewhere).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    md = metadata or AttentionMetadata()
+    device = detect_device()
+    platform, _ = _resolve_platform(md, device)
+    old_tpu = platform == "tpu" and device.tpu_generation in ("v2", "v3")
+    dtype = jnp.float32 if platform == "cpu" or old_tpu else jnp.bfloat16
+    shape = jax.ShapeDtypeStruct((1, 2048, 32, 128), dtype)
+    problem = AttentionProblem.from_inputs(shape, shape, shape, causal=True)
+    chosen, _ = choose(problem, md)
+    return (chosen or AttentionMechanisms.VANILLA.value), dtype

@@ -1,0 +1,309 @@
+"""``AttentionImpl``: the contract every backend implements.
+
+Capabilities are class attributes (declared, not probed); ``not_supported_reasons`` returns
+*every* reason a call cannot run; ``__call__`` validates, checks, then routes to the
+``forward_<platform>`` method for the device, vLLM style.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .capabilities import Feature, describe_features, head_dim_reason, platform_matches
+from .device import DeviceInfo, detect_device
+from .errors import PluginError, UnsupportedError
+from .metadata import AttentionMetadata
+from .problem import AttentionProblem
+from .validation import CallSpec, resolve_call
+
+if TYPE_CHECKING:
+    from .output import AttentionOutput
+
+__all__ = ["AttentionImpl"]
+
+logger = logging.getLogger("jaxattn")
+
+_FEATURE_TEXT = {
+    Feature.CAUSAL: "causal masking",
+    Feature.MASK: "a boolean mask",
+    Feature.BIAS: "an additive bias",
+    Feature.GQA: "grouped/multi-query heads (Hq != Hkv)",
+    Feature.CROSS: "different query and key lengths (T != S)",
+    Feature.DECODE: "decode steps (T == 1)",
+    Feature.VALUE_DIM: "a value head dim different from the query/key head dim",
+    Feature.SLIDING_WINDOW: "a sliding window",
+    Feature.SEGMENT_IDS: "segment ids",
+    Feature.SOFT_CAP: "a logits soft cap",
+    Feature.SINKS: "attention sinks (softmax_aux)",
+    Feature.DROPOUT: "dropout",
+    Feature.GRAD: "gradients",
+}
+
+_logged_fallbacks: set[tuple[str, str, tuple[str, ...]]] = set()
+
+
+def _resolve_platform(metadata: AttentionMetadata, device: DeviceInfo) -> tuple[str, str | None]:
+    override = metadata.platform
+    if override is None:
+        return device.platform, device.vendor
+    if override in ("cuda", "rocm"):
+        return "gpu", override
+    if override == "gpu":
+        return "gpu", device.vendor or "cuda"
+    return override, None
+
+
+class AttentionImpl:
+    """Base class of attention backends. Subclass it, declare capabilities, override forwards."""
+
+    #: Platform tokens this impl runs on: "cpu", "gpu", "tpu", or a GPU vendor "cuda" / "rocm".
+    platforms: ClassVar[frozenset[str]] = frozenset({"cpu", "gpu", "tpu"})
+    #: Compute dtypes accepted (after ``metadata.runtime_dtype`` is applied).
+    dtypes: ClassVar[frozenset[str]] = frozenset({"float32", "bfloat16", "float16"})
+    #: Head dims accepted: an inclusive ``(lo, hi)`` range or a set of sizes.
+    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 1 << 16)
+    #: Features beyond plain attention this impl runs exactly (see ``Feature``).
+    features: ClassVar[frozenset[Feature]] = frozenset()
+    #: Higher wins, both for "auto" and among providers of one name on one platform.
+    priority: ClassVar[int] = 0
+    #: Name of the impl this one hands calls to when ``fallback_reasons`` is non-empty.
+    fallback_impl: ClassVar[str | None] = None
+    #: One line for listings.
+    description: ClassVar[str] = ""
+
+    def __init__(self, metadata: AttentionMetadata | None = None, device: DeviceInfo | None = None) -> None:
+        self.metadata = metadata if metadata is not None else AttentionMetadata()
+        self.device = device if device is not None else detect_device()
+        self.platform, self.vendor = _resolve_platform(self.metadata, self.device)
+
+    # -- identity ---------------------------------------------------------------------------
+    @classmethod
+    def get_impl_name(cls) -> str | tuple[str, ...]:
+        """The name, or a tuple whose first item is the name and the rest aliases."""
+        raise NotImplementedError(f"{cls.__qualname__} must define get_impl_name()")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        raw = cls.get_impl_name()
+        names = (raw,) if isinstance(raw, str) else tuple(raw)
+        return tuple(str(n).lower() for n in names)
+
+    @classmethod
+    def name(cls) -> str:
+        return cls.names()[0]
+
+    def get_impl_metadata(self) -> AttentionMetadata:
+        """The metadata this instance was bound with."""
+        return self.metadata
+
+    @classmethod
+    def priority_for(cls, device: DeviceInfo) -> int:
+        """Priority on ``device``; override to rank by hardware generation."""
+        return cls.priority
+
+    @classmethod
+    def capabilities(cls) -> dict[str, Any]:
+        """The declared capabilities, as plain data (for listings and ``--json``)."""
+        dims = cls.head_dims
+        return {
+            "platforms": sorted(cls.platforms),
+            "dtypes": sorted(cls.dtypes),
+            "head_dims": list(dims) if isinstance(dims, tuple) else sorted(dims),
+            "features": sorted(str(f) for f in cls.features),
+            "priority": cls.priority,
+            "fallback_impl": cls.fallback_impl,
+        }
+
+    # -- what can run -----------------------------------------------------------------------
+    def compute_dtype(self, problem: AttentionProblem) -> str:
+        return self.metadata.runtime_dtype or problem.dtype
+
+    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
+        """Every reason this impl cannot run ``problem`` here; empty when it can.
+
+        Subclasses extend it: ``reasons = super().not_supported_reasons(problem)``.
+        """
+        reasons: list[str] = []
+        name = self.name()
+        where = self.platform + (f"/{self.vendor}" if self.platform == "gpu" and self.vendor else "")
+        if not platform_matches(self.platforms, self.platform, self.vendor):
+            reasons.append(f"runs on {describe_features(self.platforms)}; this platform is {where}")
+        elif self.platform not in ("cpu", self.device.platform):
+            if self.platform == "tpu" and self.metadata.interpret:
+                pass  # Pallas TPU kernels in interpret mode run on any host
+            elif self.platform == "tpu":
+                reasons.append(
+                    f"metadata.platform='tpu' but this host is {self.device.label}; "
+                    "set AttentionMetadata(interpret=True) to run TPU kernels in interpret mode"
+                )
+            else:
+                reasons.append(f"metadata.platform={self.metadata.platform!r} but this host is {self.device.label}")
+        dtype = self.compute_dtype(problem)
+        if dtype not in self.dtypes:
+            reasons.append(
+                f"dtype {dtype} is not supported (supported: {describe_features(self.dtypes)}); "
+                "cast the inputs or set AttentionMetadata(runtime_dtype=...)"
+            )
+        for label, dim in (("head dim", problem.head_dim), ("value head dim", problem.head_dim_v)):
+            why = head_dim_reason(label, dim, self.head_dims)
+            if why:
+                reasons.append(why)
+        for feature in sorted(problem.required_features() - self.features, key=str):
+            reasons.append(f"{_FEATURE_TEXT.get(feature, str(feature))} is not supported by {name}")
+        return reasons
+
+    def fallback_reasons(self, problem: AttentionProblem) -> list[str]:
+        """Why this impl would hand ``problem`` to ``fallback_impl`` instead of its own kernel."""
+        return []
+
+    def supports(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        mask: Any = None,
+        bias: Any = None,
+        init_bias: Callable[[], Any] | None = None,
+        causal: bool = False,
+        *,
+        needs_grad: bool = False,
+        **features: Any,
+    ) -> list[str]:
+        """Every reason this impl cannot run the call (arrays or ShapeDtypeStructs); [] if it can."""
+        spec = resolve_call(q, k, v, mask=mask, bias=bias, init_bias=init_bias, causal=causal,
+                            metadata=self.metadata, **features)
+        problem = self.problem(q, k, v, mask, spec, features.get("softmax_aux"), needs_grad)
+        return self.reasons_to_decline(problem)
+
+    def reasons_to_decline(self, problem: AttentionProblem) -> list[str]:
+        """``not_supported_reasons``, plus the fallback conditions when fallback is not allowed."""
+        reasons = self.not_supported_reasons(problem)
+        if not self.metadata.allow_fallback:
+            reasons += [f"{r} (would fall back to {self.fallback_impl}, but allow_fallback=False)"
+                        for r in self.fallback_reasons(problem)]
+        return reasons
+
+    def problem(
+        self, q: Any, k: Any, v: Any, mask: Any, spec: CallSpec, softmax_aux: Any = None, needs_grad: bool = False
+    ) -> AttentionProblem:
+        return AttentionProblem.from_inputs(
+            q, k, v, mask=mask, bias=spec.bias, causal=spec.causal, sliding_window=spec.sliding_window,
+            q_segment_ids=spec.q_segment_ids, kv_segment_ids=spec.kv_segment_ids,
+            logits_soft_cap=spec.logits_soft_cap, softmax_aux=softmax_aux, dropout_prob=spec.dropout_prob,
+            needs_grad=needs_grad, dtype=self.metadata.runtime_dtype or q.dtype,
+        )
+
+    # -- running ----------------------------------------------------------------------------
+    def __call__(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        mask: Any = None,
+        bias: Any = None,
+        init_bias: Callable[[], Any] | None = None,
+        causal: bool = False,
+        **features: Any,
+    ) -> AttentionOutput:
+        """Validate, check support (one error with every reason), then run on this device."""
+        softmax_aux = features.pop("softmax_aux", None)
+        dropout_rng = features.pop("dropout_rng", None)
+        spec = resolve_call(q, k, v, mask=mask, bias=bias, init_bias=init_bias, causal=causal,
+                            softmax_aux=softmax_aux, dropout_rng=dropout_rng, metadata=self.metadata, **features)
+        problem = self.problem(q, k, v, mask, spec, softmax_aux)
+        reasons = self.reasons_to_decline(problem)
+        if reasons:
+            raise UnsupportedError(self.name(), reasons)
+        fallback = self.fallback_reasons(problem)
+        if fallback:
+            return self._run_fallback(problem, fallback, q, k, v, mask, spec, softmax_aux, dropout_rng)
+        return self._run(self.route(), q, k, v, mask, spec, softmax_aux, dropout_rng)
+
+    def route(self) -> Callable[..., AttentionOutput]:
+        """The ``forward_*`` method for the effective platform."""
+        if self.platform == "cpu":
+            return self.forward_cpu
+        if self.platform == "tpu":
+            return self.forward_tpu
+        if self.platform == "gpu":
+            return self.forward_rocm if self.vendor == "rocm" else self.forward_cuda
+        return self.forward_native
+
+    def _run(
+        self, forward: Callable[..., AttentionOutput], q: Any, k: Any, v: Any, mask: Any, spec: CallSpec,
+        softmax_aux: Any, dropout_rng: Any,
+    ) -> AttentionOutput:
+        import jax.numpy as jnp
+
+        if self.metadata.runtime_dtype is not None:
+            dtype = jnp.dtype(self.metadata.runtime_dtype)
+            q, k, v = (x.astype(dtype) for x in (q, k, v))
+        mask = None if mask is None else jnp.reshape(mask, (1,) * (4 - mask.ndim) + tuple(mask.shape))
+        bias = spec.bias
+        bias = None if bias is None else jnp.reshape(bias, (1,) * (4 - bias.ndim) + tuple(bias.shape))
+        out = forward(
+            q, k, v, mask=mask, bias=bias, init_bias=None, causal=spec.causal,
+            sliding_window=spec.sliding_window, q_segment_ids=spec.q_segment_ids,
+            kv_segment_ids=spec.kv_segment_ids, softmax_scale=spec.softmax_scale,
+            logits_soft_cap=spec.logits_soft_cap, softmax_aux=softmax_aux,
+            dropout_prob=spec.dropout_prob, dropout_rng=dropout_rng,
+        )
+        b, t, hq, _ = q.shape
+        want = (b, t, hq, v.shape[-1])
+        got = tuple(getattr(out, "attention_outputs", out).shape)
+        if got != want:
+            raise PluginError(f"impl {self.name()!r} returned attention_outputs of shape {got}, expected {want}")
+        return out
+
+    def _run_fallback(
+        self, problem: AttentionProblem, why: list[str], q: Any, k: Any, v: Any, mask: Any, spec: CallSpec,
+        softmax_aux: Any, dropout_rng: Any,
+    ) -> AttentionOutput:
+        from .lookup import get_impl
+
+        target = self.fallback_impl or "vanilla"
+        key = (self.name(), target, tuple(why))
+        if key not in _logged_fallbacks:
+            _logged_fallbacks.add(key)
+            logger.info("jaxattn: %s hands %s to %s: %s", self.name(), problem.describe(), target, "; ".join(why))
+        other = get_impl(target, self.metadata.replace(platform=None, interpret=False))
+        return other._run(other.route(), q, k, v, mask, spec, softmax_aux, dropout_rng)
+
+    # -- per-platform forwards (override the ones you have) ---------------------------------
+    def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
+                       init_bias: Callable[[], Any] | None = None, causal: bool = False,
+                       **features: Any) -> AttentionOutput:
+        """Portable path; the default target of every other forward."""
+        raise NotImplementedError(
+            f"impl {self.name()!r} has no forward for platform {self.platform!r} and no forward_native"
+        )
+
+    def forward_cpu(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
+                    init_bias: Callable[[], Any] | None = None, causal: bool = False,
+                    **features: Any) -> AttentionOutput:
+        return self.forward_native(q, k, v, mask, bias, init_bias, causal, **features)
+
+    def forward_tpu(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
+                    init_bias: Callable[[], Any] | None = None, causal: bool = False,
+                    **features: Any) -> AttentionOutput:
+        return self.forward_native(q, k, v, mask, bias, init_bias, causal, **features)
+
+    def forward_gpu(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
+                    init_bias: Callable[[], Any] | None = None, causal: bool = False,
+                    **features: Any) -> AttentionOutput:
+        return self.forward_native(q, k, v, mask, bias, init_bias, causal, **features)
+
+    def forward_cuda(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
+                     init_bias: Callable[[], Any] | None = None, causal: bool = False,
+                     **features: Any) -> AttentionOutput:
+        return self.forward_gpu(q, k, v, mask, bias, init_bias, causal, **features)
+
+    def forward_rocm(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
+                     init_bias: Callable[[], Any] | None = None, causal: bool = False,
+                     **features: Any) -> AttentionOutput:
+        return self.forward_gpu(q, k, v, mask, bias, init_bias, causal, **features)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name()!r} on {self.platform}>"

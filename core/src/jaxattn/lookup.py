@@ -1,0 +1,144 @@
+"""Finding implementations by name: ``get_impl``, ``list_impls``, ``register_impl``."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+from .device import DeviceInfo, detect_device
+from .errors import ImplNotFoundError, PluginError
+from .impl import _resolve_platform
+from .metadata import AttentionMetadata
+from .names import AttentionMechanisms, normalize_name
+from .plugins import plugin_records, register_impl_class, registry
+from .registry import ImplInfo, Provider
+
+if TYPE_CHECKING:
+    from .impl import AttentionImpl
+
+__all__ = ["available_here", "get_impl", "list_impls", "register_impl"]
+
+
+def _where(platform: str, vendor: str | None) -> str:
+    return f"{platform}/{vendor}" if platform == "gpu" and vendor else platform
+
+
+def available_here(metadata: AttentionMetadata | None = None, device: DeviceInfo | None = None) -> list[Provider]:
+    """Providers that serve this platform (best per name), in order of priority."""
+    md = metadata or AttentionMetadata()
+    dev = device or detect_device()
+    platform, vendor = _resolve_platform(md, dev)
+    reg = registry()
+    best: dict[str, Provider] = {}
+    for provider in reg.providers:
+        if provider.runs_on(platform, vendor) and provider.error is None:
+            current = best.get(provider.name)
+            if current is None or provider.priority > current.priority:
+                best[provider.name] = provider
+    return sorted(best.values(), key=lambda p: (-p.priority, p.name))
+
+
+def _not_found(name: str, platform: str, vendor: str | None, md: AttentionMetadata) -> ImplNotFoundError:
+    reg = registry()
+    here = ", ".join(p.name for p in available_here(md)) or "none (install jaxattn[cpu])"
+    providers = reg.providers_of(name)
+    if providers:
+        elsewhere = "; ".join(f"{'/'.join(p.platforms)} ({p.origin})" for p in providers)
+        hint = ""
+        if any("tpu" in p.platforms for p in providers) and platform != "tpu":
+            hint = " To run the TPU kernel here in interpret mode: AttentionMetadata(platform='tpu', interpret=True)."
+        return ImplNotFoundError(
+            f"impl {name!r} runs on {elsewhere}; this platform is {_where(platform, vendor)}. "
+            f"Available here: {here}.{hint}"
+        )
+    for record in plugin_records():
+        if name in (record.name, (record.distribution or "").lower()) and record.status == "broken":
+            err = PluginError(f"plugin {record.name!r} ({record.distribution}) is installed but broken: "
+                              f"{record.reason}")
+            return err  # type: ignore[return-value]
+    known = sorted(set(reg.names()) | {m.value for m in AttentionMechanisms})
+    return ImplNotFoundError(
+        f"unknown attention impl {name!r}. Known names: {', '.join(known)}. Available here: {here}. "
+        "`jaxattn list` shows every impl; backends come from plugins such as jaxattn[cpu], jaxattn[gpu], jaxattn[tpu]."
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _cached(name: str, metadata: AttentionMetadata, device: DeviceInfo, generation: int) -> AttentionImpl:
+    platform, vendor = _resolve_platform(metadata, device)
+    reg = registry()
+    try:
+        provider = reg.resolve(name, platform, vendor)
+    except ImplNotFoundError:
+        raise _not_found(name, platform, vendor, metadata) from None
+    return provider.load()(metadata, device)
+
+
+def get_impl(name: str | AttentionMechanisms, metadata: AttentionMetadata | None = None) -> AttentionImpl:
+    """The implementation called ``name`` (or an alias), bound to ``metadata`` and this device.
+
+    ``"auto"`` returns an impl that picks the best backend per call.
+    """
+    key = normalize_name(name)
+    md = metadata if metadata is not None else AttentionMetadata()
+    if key == AttentionMechanisms.AUTO.value:
+        from .dispatch import AutoAttention
+
+        return AutoAttention(md)
+    broken = [r for r in plugin_records() if r.status == "broken" and key in (r.name, (r.distribution or "").lower())]
+    if broken and not registry().providers_of(key):
+        record = broken[0]
+        raise PluginError(f"plugin {record.name!r} ({record.distribution}) failed to load: {record.reason}") \
+            from record.error
+    return _cached(key, md, detect_device(), registry().generation)
+
+
+def register_impl(impl_cls: type[AttentionImpl], *, replace: bool = False) -> type[AttentionImpl]:
+    """Register an ``AttentionImpl`` subclass at runtime; usable as a class decorator.
+
+    An equal-priority provider of the same name on an overlapping platform is an error
+    unless ``replace=True``, which removes it.
+    """
+    register_impl_class(impl_cls, replace=replace)
+    return impl_cls
+
+
+def list_impls(metadata: AttentionMetadata | None = None) -> list[ImplInfo]:
+    """Every implementation and plugin: names, origin, version, platforms, status, usable here."""
+    md = metadata or AttentionMetadata()
+    reg = registry()
+    dev = detect_device()
+    platform, vendor = _resolve_platform(md, dev)
+    here = {id(p) for p in available_here(md, dev)}
+    rows: list[ImplInfo] = []
+    for p in sorted(reg.providers, key=lambda p: (p.name, -p.priority)):
+        conflicts = list(reg.conflicting(p))
+        status, reason = "ok", ""
+        if p.error is not None:
+            status, reason = "broken", f"{type(p.error).__name__}: {p.error}"
+        elif conflicts:
+            status = "conflict"
+            reason = f"same name and priority as {', '.join(c.origin for c in conflicts)}"
+        elif not p.runs_on(platform, vendor):
+            reason = f"runs on {'/'.join(p.platforms)}, not {_where(platform, vendor)}"
+        elif id(p) not in here:
+            reason = "a higher-priority provider of this name serves this platform"
+        rows.append(ImplInfo(
+            name=p.name, aliases=p.names[1:], plugin=p.plugin, distribution=p.distribution, version=p.version,
+            platforms=p.platforms, priority=p.priority, status=status, reason=reason,
+            usable_here=status == "ok" and id(p) in here, description=p.description,
+        ))
+    for record in plugin_records():
+        if record.status in ("broken", "disabled"):
+            rows.append(ImplInfo(
+                name=record.name, aliases=(), plugin=record.name, distribution=record.distribution,
+                version=record.version, platforms=(), priority=0, status=record.status,
+                reason=record.reason if record.status == "broken" else "disabled by JAXATTN_PLUGINS/_DISABLE_PLUGINS",
+            ))
+    return rows
+
+
+def _reset_caches() -> None:
+    _cached.cache_clear()
+
+

@@ -1,0 +1,88 @@
+"""``AttentionMetadata``: every knob of an attention call, each with a sensible default."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ._dtypes import dtype_name
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
+
+__all__ = ["AttentionMetadata", "AxisName"]
+
+AxisName = str | tuple[str, ...] | None
+
+_PLATFORMS = (None, "cpu", "gpu", "tpu", "cuda", "rocm")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionMetadata:
+    """Configuration shared by every backend. ``AttentionMetadata()`` is always valid.
+
+    A call's own arguments (``softmax_scale=``, ``logits_soft_cap=``, ``dropout_prob=``) win
+    over the fields of the same name here.
+    """
+
+    runtime_dtype: str | None = None
+    softmax_dtype: str = "float32"
+    softmax_scale: float | None = None
+    logits_soft_cap: float | None = None
+    dropout_prob: float = 0.0
+    block_q: int | None = None
+    block_k: int | None = None
+    block_q_bwd: int | None = None
+    block_k_bwd: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    mesh: Mesh | None = None
+    batch_axis: AxisName = None
+    head_axis: AxisName = None
+    sequence_axis: AxisName = None
+    platform: str | None = None
+    interpret: bool = False
+    allow_fallback: bool = True
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Canonical dtype strings keep metadata hashable and jax-free.
+        if self.runtime_dtype is not None:
+            object.__setattr__(self, "runtime_dtype", dtype_name(self.runtime_dtype))
+        object.__setattr__(self, "softmax_dtype", dtype_name(self.softmax_dtype))
+        if self.platform is not None:
+            object.__setattr__(self, "platform", str(self.platform).lower())
+        if self.platform not in _PLATFORMS:
+            raise ValueError(
+                f"AttentionMetadata.platform: {self.platform!r} is not one of cpu, gpu, tpu, cuda, rocm "
+                "(or None to detect the device)"
+            )
+        if not 0.0 <= float(self.dropout_prob) < 1.0:
+            raise ValueError(f"AttentionMetadata.dropout_prob: must be in [0, 1), got {self.dropout_prob}")
+        if self.softmax_scale is not None and not float(self.softmax_scale) > 0:
+            raise ValueError(f"AttentionMetadata.softmax_scale: must be positive, got {self.softmax_scale}")
+        if self.logits_soft_cap is not None and not float(self.logits_soft_cap) > 0:
+            raise ValueError(f"AttentionMetadata.logits_soft_cap: must be positive, got {self.logits_soft_cap}")
+        for name in ("block_q", "block_k", "block_q_bwd", "block_k_bwd", "num_warps", "num_stages"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"AttentionMetadata.{name}: must be a positive int or None, got {value!r}")
+        object.__setattr__(self, "extra", dict(self.extra))
+
+    def __hash__(self) -> int:
+        items = tuple(
+            tuple(sorted(self.extra.items())) if f.name == "extra" else getattr(self, f.name)
+            for f in dataclasses.fields(self)
+        )
+        return hash(items)
+
+    def replace(self, **changes: Any) -> AttentionMetadata:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def block_sizes(self) -> dict[str, int]:
+        """The tile sizes that were set explicitly."""
+        names = ("block_q", "block_k", "block_q_bwd", "block_k_bwd")
+        return {n: v for n in names if (v := getattr(self, n)) is not None}

@@ -1,0 +1,256 @@
+"""Plugin discovery: entry points of group ``jaxattn.plugins``, loaded once, lazily, in isolation.
+
+One pluggy ``PluginManager``. Each entry point names a module; a module that fails to import
+or whose hook fails is recorded as broken (warned about once) and never breaks the others,
+unless ``JAXATTN_STRICT_PLUGINS=1``. ``JAXATTN_PLUGINS`` / ``JAXATTN_DISABLE_PLUGINS`` are
+comma-separated allow- and deny-lists of plugin (entry-point) names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import os
+import threading
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+from .errors import PluginError
+from .registry import Provider, Registry
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PluginRecord",
+    "PluginWarning",
+    "isolated_registry",
+    "plugin_manager",
+    "plugin_records",
+    "register_plugin",
+    "registry",
+    "reset",
+]
+
+ENTRY_POINT_GROUP = "jaxattn.plugins"
+RUNTIME_PLUGIN = "<runtime>"
+
+
+class PluginWarning(UserWarning):
+    """A plugin could not be loaded, or a plugin setting names something unknown."""
+
+
+@dataclasses.dataclass
+class PluginRecord:
+    """One plugin as discovered: where it came from and whether it loaded."""
+
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+    module: str | None = None
+    status: str = "ok"  # "ok", "broken", "disabled"
+    error: BaseException | None = None
+    impl_names: list[str] = dataclasses.field(default_factory=list)
+    conflicts: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def reason(self) -> str:
+        if self.error is not None:
+            return f"{type(self.error).__name__}: {self.error}"
+        return "; ".join(self.conflicts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "distribution": self.distribution, "version": self.version,
+            "module": self.module, "status": self.status, "reason": self.reason,
+            "impls": list(self.impl_names), "conflicts": list(self.conflicts),
+        }
+
+
+class _State:
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager("jaxattn")
+        self.pm.add_hookspecs(hookspecs)
+        self.registry = Registry()
+        self.records: dict[str, PluginRecord] = {}
+        self.discovered = False
+
+
+_lock = threading.RLock()
+_state = _State()
+_warned: set[str] = set()
+
+
+def _strict() -> bool:
+    return os.environ.get("JAXATTN_STRICT_PLUGINS", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _env_names(var: str) -> set[str] | None:
+    raw = os.environ.get(var)
+    if raw is None or not raw.strip():
+        return None
+    return {n.strip().lower() for n in raw.split(",") if n.strip()}
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, PluginWarning, stacklevel=3)
+
+
+def _fail(record: PluginRecord, err: BaseException) -> None:
+    record.status, record.error = "broken", err
+    if _strict():
+        raise PluginError(f"plugin {record.name!r} ({record.distribution}) failed: {err}") from err
+    _warn_once(
+        f"broken:{record.name}",
+        f"jaxattn plugin {record.name!r} from {record.distribution or 'an unknown distribution'} failed to load "
+        f"({type(err).__name__}: {err}); other plugins still work. Run `jaxattn info` for details, "
+        "set JAXATTN_DISABLE_PLUGINS to silence it, or JAXATTN_STRICT_PLUGINS=1 to make it fatal.",
+    )
+
+
+def _collect(record: PluginRecord, plugin: object, sources: Iterable[Any]) -> None:
+    for source in sources:
+        provider = Provider.from_source(source, record.name, record.distribution, record.version)
+        conflicts = _state.registry.add(provider, strict=_strict())
+        record.impl_names.append(provider.name)
+        for message in conflicts:
+            record.conflicts.append(message)
+            _warn_once(f"conflict:{message}", f"jaxattn: {message}")
+
+
+def _register_module(record: PluginRecord, plugin: object, *, isolate: bool = True) -> None:
+    """Register one plugin object with pluggy and collect its impls, isolating failures."""
+    try:
+        _state.pm.register(plugin, name=record.name)
+        for hook in _state.pm.hook.jaxattn_register_impls.get_hookimpls():
+            if hook.plugin is plugin:
+                _collect(record, plugin, hook.function() or ())
+    except Exception as err:  # noqa: BLE001  # any failure of third-party code is isolated
+        for provider in [p for p in _state.registry.providers if p.plugin == record.name]:
+            _state.registry.remove(provider)
+        record.impl_names.clear()
+        if _state.pm.is_registered(plugin):
+            _state.pm.unregister(plugin)
+        if not isolate:
+            record.status, record.error = "broken", err
+            raise
+        _fail(record, err)
+
+
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    return sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+
+
+def _discover() -> None:
+    allow, deny = _env_names("JAXATTN_PLUGINS"), _env_names("JAXATTN_DISABLE_PLUGINS")
+    eps = _entry_points()
+    known = {ep.name.lower() for ep in eps}
+    for var, names in (("JAXATTN_PLUGINS", allow), ("JAXATTN_DISABLE_PLUGINS", deny)):
+        unknown = sorted((names or set()) - known)
+        if unknown:
+            message = f"{var} names unknown plugins {unknown}; installed plugins: {sorted(known) or 'none'}"
+            if _strict():
+                raise PluginError(message)
+            _warn_once(f"env:{var}:{unknown}", message)
+    for ep in eps:
+        dist = getattr(ep, "dist", None)
+        record = PluginRecord(
+            name=ep.name.lower(), distribution=dist.name if dist else None,
+            version=dist.version if dist else None, module=ep.value,
+        )
+        _state.records[record.name] = record
+        if (allow is not None and record.name not in allow) or (deny is not None and record.name in deny):
+            record.status = "disabled"
+            continue
+        try:
+            module = ep.load()
+        except Exception as err:  # noqa: BLE001  # a broken plugin must not break the others
+            _fail(record, err)
+            continue
+        _register_module(record, module)
+
+
+def _ensure() -> _State:
+    if not _state.discovered:
+        with _lock:
+            if not _state.discovered:
+                _state.discovered = True
+                try:
+                    _discover()
+                except BaseException:
+                    _state.discovered = False
+                    raise
+    return _state
+
+
+def registry() -> Registry:
+    """The registry, after discovery (which runs once, on first use)."""
+    return _ensure().registry
+
+
+def plugin_manager() -> pluggy.PluginManager:
+    return _ensure().pm
+
+
+def plugin_records() -> list[PluginRecord]:
+    return list(_ensure().records.values())
+
+
+def register_plugin(plugin: object, name: str | None = None) -> PluginRecord:
+    """Register an in-process plugin object (a module or instance with ``@hookimpl`` functions)."""
+    state = _ensure()
+    with _lock:
+        record = PluginRecord(name=(name or getattr(plugin, "__name__", None) or repr(plugin)).lower(),
+                              module=getattr(plugin, "__name__", None))
+        state.records[record.name] = record
+        _register_module(record, plugin, isolate=False)
+        return record
+
+
+def register_impl_class(impl_cls: Any, *, replace: bool = False) -> Provider:
+    """Register one ``AttentionImpl`` subclass at runtime (no packaging needed)."""
+    state = _ensure()
+    with _lock:
+        provider = Provider.from_source(impl_cls, RUNTIME_PLUGIN, None, None)
+        if replace:
+            for other in list(state.registry.conflicting(provider)):
+                state.registry.remove(other)
+        state.registry.add(provider, strict=True)
+        record = state.records.setdefault(RUNTIME_PLUGIN, PluginRecord(name=RUNTIME_PLUGIN))
+        record.impl_names.append(provider.name)
+        return provider
+
+
+def reset() -> None:
+    """Forget discovery and runtime registrations (the next use discovers again)."""
+    global _state
+    with _lock:
+        _state = _State()
+        _warned.clear()
+
+
+@contextmanager
+def isolated_registry(discover: bool = True) -> Iterator[Registry]:
+    """A scope with its own registry state, restored afterwards (for tests).
+
+    With ``discover=False`` the scope starts empty: only what the test registers exists.
+    """
+    global _state
+    with _lock:
+        saved, saved_warned = _state, set(_warned)
+        _state = _State()
+        _warned.clear()
+        if not discover:
+            _state.discovered = True
+    try:
+        yield _state.registry if not discover else registry()
+    finally:
+        with _lock:
+            _state = saved
+            _warned.clear()
+            _warned.update(saved_warned)

@@ -1,0 +1,124 @@
+"""``AttentionProblem``: the shapes, dtype and features of one call, without the arrays.
+
+Built from arrays or ``jax.ShapeDtypeStruct``s, so ``explain`` and the CLI can ask every
+backend about a call that was never materialised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ._dtypes import dtype_name
+from .capabilities import Feature
+
+__all__ = ["AttentionProblem"]
+
+
+def _shape(x: Any) -> tuple[int, ...] | None:
+    return None if x is None else tuple(int(d) for d in x.shape)
+
+
+def _rank4(shape: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    return None if shape is None else (1,) * (4 - len(shape)) + shape
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionProblem:
+    """Everything a backend needs to decide whether it can run a call."""
+
+    batch: int
+    seq_q: int
+    seq_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    head_dim_v: int
+    dtype: str
+    causal: bool = False
+    mask_shape: tuple[int, ...] | None = None  # rank 4, dims 1 or full
+    bias_shape: tuple[int, ...] | None = None  # rank 4, dims 1 or full
+    sliding_window: tuple[int, int] | None = None
+    segment_ids: bool = False
+    logits_soft_cap: float | None = None
+    sinks: bool = False
+    dropout_prob: float = 0.0
+    needs_grad: bool = False
+
+    @classmethod
+    def from_inputs(
+        cls,
+        q: Any,
+        k: Any,
+        v: Any,
+        *,
+        mask: Any = None,
+        bias: Any = None,
+        causal: bool = False,
+        sliding_window: tuple[int, int] | None = None,
+        q_segment_ids: Any = None,
+        kv_segment_ids: Any = None,
+        logits_soft_cap: float | None = None,
+        softmax_aux: Any = None,
+        dropout_prob: float = 0.0,
+        needs_grad: bool = False,
+        dtype: Any = None,
+    ) -> AttentionProblem:
+        """Describe a call. Inputs are assumed validated (see ``jaxattn.validation``)."""
+        b, t, hq, d = _shape(q) or ()
+        _, s, hkv, _ = _shape(k) or ()
+        return cls(
+            batch=b,
+            seq_q=t,
+            seq_k=s,
+            heads_q=hq,
+            heads_kv=hkv,
+            head_dim=d,
+            head_dim_v=int(v.shape[-1]),
+            dtype=dtype_name(dtype if dtype is not None else q.dtype),
+            causal=bool(causal),
+            mask_shape=_rank4(_shape(mask)),
+            bias_shape=_rank4(_shape(bias)),
+            sliding_window=None if sliding_window is None else (int(sliding_window[0]), int(sliding_window[1])),
+            segment_ids=q_segment_ids is not None or kv_segment_ids is not None,
+            logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+            sinks=softmax_aux is not None,
+            dropout_prob=float(dropout_prob),
+            needs_grad=bool(needs_grad),
+        )
+
+    @property
+    def group_size(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    def required_features(self) -> frozenset[Feature]:
+        """The features this call cannot run without."""
+        need: set[Feature] = set()
+        flags = {
+            Feature.CAUSAL: self.causal,
+            Feature.MASK: self.mask_shape is not None,
+            Feature.BIAS: self.bias_shape is not None,
+            Feature.GQA: self.heads_q != self.heads_kv,
+            Feature.CROSS: self.seq_q != self.seq_k,
+            Feature.DECODE: self.seq_q == 1 and self.seq_k > 1,
+            Feature.VALUE_DIM: self.head_dim_v != self.head_dim,
+            Feature.SLIDING_WINDOW: self.sliding_window is not None,
+            Feature.SEGMENT_IDS: self.segment_ids,
+            Feature.SOFT_CAP: self.logits_soft_cap is not None,
+            Feature.SINKS: self.sinks,
+            Feature.DROPOUT: self.dropout_prob > 0,
+            Feature.GRAD: self.needs_grad,
+        }
+        need.update(f for f, on in flags.items() if on)
+        return frozenset(need)
+
+    def signature(self) -> tuple[Any, ...]:
+        """A hashable key of the call (used to log "auto"'s choice once per signature)."""
+        return dataclasses.astuple(self)
+
+    def describe(self) -> str:
+        feats = ", ".join(sorted(str(f) for f in self.required_features())) or "plain"
+        return (
+            f"B={self.batch} T={self.seq_q} S={self.seq_k} Hq={self.heads_q} Hkv={self.heads_kv} "
+            f"D={self.head_dim} Dv={self.head_dim_v} {self.dtype} [{feats}]"
+        )

@@ -1,0 +1,198 @@
+"""Checks of a call's arguments against the contract, and their normalisation.
+
+Every check raises ``InvalidInputError`` naming the argument, the constraint and a way out.
+The checks read only ``.shape`` and ``.dtype``, so they work on ``jax.ShapeDtypeStruct`` too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from ._dtypes import dtype_name
+from .errors import InvalidInputError
+from .metadata import AttentionMetadata
+
+__all__ = ["CallSpec", "resolve_call"]
+
+_FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSpec:
+    """The validated, defaulted features of one call (arrays untouched)."""
+
+    causal: bool
+    sliding_window: tuple[int, int] | None
+    softmax_scale: float
+    logits_soft_cap: float | None
+    dropout_prob: float
+    q_segment_ids: Any
+    kv_segment_ids: Any
+    bias: Any
+
+
+def _shape(x: Any, name: str) -> tuple[int, ...]:
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        raise InvalidInputError(name, f"expected an array, got {type(x).__name__}", "pass a jax.Array")
+    return tuple(int(d) for d in shape)
+
+
+def _check_broadcast(name: str, shape: tuple[int, ...], target: tuple[int, ...]) -> None:
+    labels = ("B", "Hq", "T", "S")
+    if len(shape) > 4:
+        raise InvalidInputError(name, f"has rank {len(shape)} {shape}; at most 4 dims broadcastable to (B, Hq, T, S)")
+    padded = (1,) * (4 - len(shape)) + shape
+    bad = [f"{lab}: {have} vs {want}" for lab, have, want in zip(labels, padded, target) if have not in (1, want)]
+    if bad:
+        raise InvalidInputError(
+            name,
+            f"shape {shape} does not broadcast to (B, Hq, T, S) = {target} ({'; '.join(bad)})",
+            "each dim must be 1 or the full size; for per-KV-head masks repeat them over the query group",
+        )
+
+
+def _check_qkv(q: Any, k: Any, v: Any) -> None:
+    for name, x, layout in (("q", q, "(B, T, Hq, D)"), ("k", k, "(B, S, Hkv, D)"), ("v", v, "(B, S, Hkv, Dv)")):
+        shape = _shape(x, name)
+        if len(shape) != 4:
+            raise InvalidInputError(
+                name, f"must have rank 4 {layout}, got shape {shape}", "jaxattn uses the BTHD layout; add a batch axis"
+            )
+        if dtype_name(x.dtype) not in _FLOAT_DTYPES:
+            raise InvalidInputError(name, f"dtype {dtype_name(x.dtype)} is not a floating dtype", "cast to bfloat16")
+    (b, t, hq, d), (bk, s, hkv, dk), (bv, sv, hv, _) = q.shape, k.shape, v.shape
+    if not b == bk == bv:
+        raise InvalidInputError("k/v", f"batch sizes differ: q {b}, k {bk}, v {bv}")
+    if s != sv:
+        raise InvalidInputError("v", f"sequence length {sv} differs from k's {s}")
+    if hkv != hv:
+        raise InvalidInputError("v", f"has {hv} heads but k has {hkv}")
+    if d != dk:
+        raise InvalidInputError("k", f"head dim {dk} differs from q's {d}", "q and k must share the head dim D")
+    if hkv == 0 or hq % hkv:
+        raise InvalidInputError(
+            "k", f"Hq={hq} query heads is not a multiple of Hkv={hkv} key/value heads",
+            "GQA/MQA needs Hq % Hkv == 0; repeat K/V heads or change the head counts",
+        )
+    if t == 0 or s == 0:
+        raise InvalidInputError("q/k", f"empty sequence (T={t}, S={s})")
+    dq, dkk, dv = (dtype_name(x.dtype) for x in (q, k, v))
+    if not dq == dkk == dv:
+        raise InvalidInputError("k/v", f"dtypes differ: q {dq}, k {dkk}, v {dv}", "cast q, k and v to one dtype")
+
+
+def _window(sliding_window: Any) -> tuple[int, int] | None:
+    if sliding_window is None:
+        return None
+    if isinstance(sliding_window, int) and not isinstance(sliding_window, bool):
+        pair = (sliding_window, sliding_window)
+    elif isinstance(sliding_window, tuple | list) and len(sliding_window) == 2:
+        pair = (sliding_window[0], sliding_window[1])
+    else:
+        raise InvalidInputError(
+            "sliding_window", f"expected an int or a (left, right) pair, got {sliding_window!r}"
+        )
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in pair):
+        raise InvalidInputError("sliding_window", f"sizes must be ints >= 0, got {pair}")
+    return (int(pair[0]), int(pair[1]))
+
+
+def _segment_ids(q_ids: Any, kv_ids: Any, b: int, t: int, s: int) -> tuple[Any, Any]:
+    if q_ids is None and kv_ids is None:
+        return None, None
+    if q_ids is None or kv_ids is None:
+        if t != s:
+            missing = "q_segment_ids" if q_ids is None else "kv_segment_ids"
+            raise InvalidInputError(missing, "is required when the other segment ids are given and T != S")
+        q_ids = kv_ids if q_ids is None else q_ids
+        kv_ids = q_ids if kv_ids is None else kv_ids
+    for name, ids, want in (("q_segment_ids", q_ids, (b, t)), ("kv_segment_ids", kv_ids, (b, s))):
+        shape = _shape(ids, name)
+        if shape != want:
+            raise InvalidInputError(name, f"must have shape {want} (B, {'T' if name[0] == 'q' else 'S'}), got {shape}")
+        if not dtype_name(ids.dtype).startswith(("int", "uint")):
+            raise InvalidInputError(name, f"must be integers, got {dtype_name(ids.dtype)}", "use jnp.int32 ids")
+    return q_ids, kv_ids
+
+
+def _positive(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        out = float(value)
+    except TypeError as err:  # a traced value: scales must be static to pick kernels at trace time
+        raise InvalidInputError(name, "must be a Python number (static), not a traced array") from err
+    if not out > 0:
+        raise InvalidInputError(name, f"must be > 0, got {value}")
+    return out
+
+
+def resolve_call(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any = None,
+    bias: Any = None,
+    init_bias: Callable[[], Any] | None = None,
+    causal: bool = False,
+    sliding_window: Any = None,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    softmax_aux: Any = None,
+    dropout_prob: float | None = None,
+    dropout_rng: Any = None,
+    metadata: AttentionMetadata | None = None,
+) -> CallSpec:
+    """Validate a call and fill its defaults from ``metadata`` (call arguments win)."""
+    md = metadata or AttentionMetadata()
+    _check_qkv(q, k, v)
+    b, t, hq, d = q.shape
+    s = k.shape[1]
+    if mask is not None:
+        _check_broadcast("mask", _shape(mask, "mask"), (b, hq, t, s))
+        if dtype_name(mask.dtype) != "bool":
+            raise InvalidInputError(
+                "mask", f"must be boolean (True = attend), got {dtype_name(mask.dtype)}",
+                "use mask.astype(bool), or pass an additive float mask as bias=",
+            )
+    if bias is None and init_bias is not None:
+        if not callable(init_bias):
+            raise InvalidInputError("init_bias", "must be a zero-argument callable returning the bias")
+        bias = init_bias()
+    if bias is not None:
+        _check_broadcast("bias", _shape(bias, "bias"), (b, hq, t, s))
+        if dtype_name(bias.dtype) not in _FLOAT_DTYPES:
+            raise InvalidInputError("bias", f"must be floating (additive), got {dtype_name(bias.dtype)}",
+                                    "a boolean mask goes in mask=")
+    if not isinstance(causal, bool):
+        raise InvalidInputError("causal", f"must be a bool, got {type(causal).__name__}")
+    q_ids, kv_ids = _segment_ids(q_segment_ids, kv_segment_ids, b, t, s)
+    if softmax_aux is not None:
+        shape = _shape(softmax_aux, "softmax_aux")
+        if shape != (hq,):
+            raise InvalidInputError("softmax_aux", f"must have shape (Hq,) = ({hq},), one sink logit per query head,"
+                                    f" got {shape}")
+    p = md.dropout_prob if dropout_prob is None else float(dropout_prob)
+    if not 0.0 <= p < 1.0:
+        raise InvalidInputError("dropout_prob", f"must be in [0, 1), got {p}")
+    if p > 0 and dropout_rng is None:
+        raise InvalidInputError("dropout_rng", f"is required when dropout_prob > 0 (got {p})",
+                                "pass dropout_rng=jax.random.key(seed), or dropout_prob=0.0")
+    scale = _positive("softmax_scale", softmax_scale if softmax_scale is not None else md.softmax_scale)
+    cap = _positive("logits_soft_cap", logits_soft_cap if logits_soft_cap is not None else md.logits_soft_cap)
+    return CallSpec(
+        causal=causal,
+        sliding_window=_window(sliding_window),
+        softmax_scale=scale if scale is not None else float(d) ** -0.5,
+        logits_soft_cap=cap,
+        dropout_prob=p,
+        q_segment_ids=q_ids,
+        kv_segment_ids=kv_ids,
+        bias=bias,
+    )
