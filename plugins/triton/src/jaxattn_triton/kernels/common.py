@@ -1,0 +1,146 @@
+"""Triton helpers shared by the forward and backward attention kernels.
+
+Conventions used by every kernel in this package:
+
+* Logits are carried in base-2 units (natural logits times log2(e)) so the softmax
+  uses ``exp2``, which maps to a single MUFU instruction; ``LOG2E`` is folded into the
+  scale. Log-sum-exp values handed between kernels are base-2 as well, except the
+  user-visible one, which the forward kernel stores in natural units.
+* Window bounds ``LEFT``/``RIGHT`` are always finite: "unbounded" is encoded by the
+  launcher as a value larger than ``T + S`` so that the tile-range arithmetic needs no
+  branches; ``HAS_LEFT``/``HAS_RIGHT`` only decide whether an element mask is built.
+* ``DIAG`` is ``S - T``: query ``i`` sits at key position ``i + DIAG`` (bottom-right
+  alignment), the reference point of causal masking and of sliding windows.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = 1.4426950408889634
+LN2: tl.constexpr = 0.6931471805599453
+
+
+@triton.jit
+def tanh_f32(x):
+    # tanh through exp2 because tl has no tanh that runs both under the interpreter and
+    # on CUDA; 1 - 2 / (e^{2x} + 1) saturates correctly to +-1 for large |x|.
+    e = tl.exp2(x * (2.0 * LOG2E))
+    return 1.0 - 2.0 / (e + 1.0)
+
+
+@triton.jit
+def query_tile_key_range(
+    m0,
+    S: tl.constexpr,
+    DIAG: tl.constexpr,
+    LEFT: tl.constexpr,
+    RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Key ranges seen by query rows ``[m0, m0 + BLOCK_M)``.
+
+    Returns ``lo, full_lo, full_hi, hi``: tiles in ``[lo, full_lo)`` and
+    ``[full_hi, hi)`` need an element mask (window edge or key tail), tiles in
+    ``[full_lo, full_hi)`` are visible to every row of the block and are processed
+    without one. Tiles outside ``[lo, hi)`` are fully masked and skipped.
+    """
+    lo = tl.maximum(m0 + DIAG - LEFT, 0) // BLOCK_N * BLOCK_N
+    hi = tl.minimum(tl.maximum(m0 + BLOCK_M + DIAG + RIGHT, 0), S)
+    full_lo = (tl.maximum(m0 + BLOCK_M - 1 + DIAG - LEFT, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    full_lo = tl.maximum(full_lo, lo)
+    full_hi = tl.maximum(m0 + DIAG + RIGHT + 1, 0) // BLOCK_N * BLOCK_N
+    full_hi = tl.minimum(full_hi, S // BLOCK_N * BLOCK_N)
+    # No fully visible tile: one masked sweep over [lo, hi) does all the work.
+    empty = full_lo >= full_hi
+    full_lo = tl.where(empty, lo, full_lo)
+    full_hi = tl.where(empty, lo, full_hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def key_tile_query_range(
+    n0,
+    T: tl.constexpr,
+    S: tl.constexpr,
+    DIAG: tl.constexpr,
+    LEFT: tl.constexpr,
+    RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Query ranges that see keys ``[n0, n0 + BLOCK_N)``; same contract as above."""
+    lo = tl.maximum(n0 - RIGHT - DIAG, 0) // BLOCK_M * BLOCK_M
+    hi = tl.minimum(tl.maximum(n0 + BLOCK_N + LEFT - DIAG, 0), T)
+    full_lo = (tl.maximum(n0 + BLOCK_N - 1 - DIAG - RIGHT, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    full_lo = tl.maximum(full_lo, lo)
+    full_hi = tl.maximum(n0 - DIAG + LEFT + 1, 0) // BLOCK_M * BLOCK_M
+    full_hi = tl.minimum(full_hi, T // BLOCK_M * BLOCK_M)
+    # A key tile that runs past S needs the key-tail mask on every query tile.
+    empty = (full_lo >= full_hi) | (n0 + BLOCK_N > S)
+    full_lo = tl.where(empty, lo, full_lo)
+    full_hi = tl.where(empty, lo, full_hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def scores(
+    qk,
+    rows,
+    cols,
+    mask_ptr,
+    bias_ptr,
+    qseg_ptr,
+    kseg_ptr,
+    stride_mt,
+    stride_ms,
+    stride_bt,
+    stride_bs,
+    SM_SCALE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    T: tl.constexpr,
+    S: tl.constexpr,
+    DIAG: tl.constexpr,
+    LEFT: tl.constexpr,
+    RIGHT: tl.constexpr,
+    EDGE: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+):
+    """Turn raw ``q.k`` products into base-2 logits, ``-inf`` where masked.
+
+    ``rows``/``cols`` are the query/key indices already broadcast to the tile's
+    orientation (``[M, 1]``/``[1, N]`` in the forward, transposed in dK/dV), so one
+    helper serves both. ``EDGE`` asks for the window and tail masks (tiles at the edge
+    of the visible band). Also returns ``tanh(x / c)`` for the soft-cap derivative
+    (the raw product when there is no cap; callers then ignore it).
+    """
+    if HAS_SOFTCAP:
+        th = tanh_f32(qk * (SM_SCALE / SOFTCAP))
+        s = th * (SOFTCAP * LOG2E)
+    else:
+        th = qk
+        s = qk * (SM_SCALE * LOG2E)
+    inb = (rows < T) & (cols < S)
+    if HAS_BIAS:
+        b = tl.load(bias_ptr + rows * stride_bt + cols * stride_bs, mask=inb, other=0.0)
+        s += b.to(tl.float32) * LOG2E
+    if EDGE:
+        keep = cols < S
+        if HAS_LEFT:
+            keep &= cols >= rows + (DIAG - LEFT)
+        if HAS_RIGHT:
+            keep &= cols <= rows + (DIAG + RIGHT)
+        s = tl.where(keep, s, float("-inf"))
+    if HAS_MASK:
+        m = tl.load(mask_ptr + rows * stride_mt + cols * stride_ms, mask=inb, other=0)
+        s = tl.where(m != 0, s, float("-inf"))
+    if HAS_SEG:
+        qs = tl.load(qseg_ptr + rows, mask=rows < T, other=-1)
+        ks = tl.load(kseg_ptr + cols, mask=cols < S, other=-2)
+        s = tl.where(qs == ks, s, float("-inf"))
+    return s, th

@@ -1,0 +1,221 @@
+"""Launch descriptions of the attention kernels, independent of the array library.
+
+Each function returns a :class:`Launch`: the ``@triton.jit`` kernel, its grid, the
+shapes and dtypes of its outputs and the ``constexpr`` arguments. ``ops.py`` runs it
+through ``jax_triton.triton_call`` and ``torch_ops.py`` on torch tensors, so both
+launch exactly the same kernels with the same arguments.
+
+Positional kernel arguments are always: the inputs in the order the function's
+docstring gives (absent optional inputs replaced by a one-element dummy), then the
+outputs. Strides are ``constexpr``: they follow from the static shapes, and constant
+strides let Triton prove the 16-byte alignment it needs for vectorised loads
+(jax_triton passes integer scalars without divisibility hints).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jaxattn_triton.spec import AttnSpec, block_dim, contiguous_strides
+
+OutSpec = tuple[tuple[int, ...], str]
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTiles:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+    fwd: KernelTiles
+    dkdv: KernelTiles
+    dq: KernelTiles
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    kernel: Any
+    grid: tuple[int, int, int]
+    outputs: tuple[OutSpec, ...]
+    constexprs: dict[str, Any]
+    num_warps: int
+    num_stages: int
+    zeroed: tuple[int, ...] = ()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _bthd_strides(prefix: str, shape: tuple[int, int, int, int]) -> dict[str, int]:
+    sb, st, sh, _ = contiguous_strides(shape)
+    names = ("b", "t", "h") if prefix in ("q", "o", "do", "dq") else ("b", "n", "h")
+    return {f"stride_{prefix}{n}": s for n, s in zip(names, (sb, st, sh), strict=True)}
+
+
+def _broadcast_strides(prefix: str, shape: tuple[int, int, int, int] | None) -> dict[str, int]:
+    strides = (0, 0, 0, 0) if shape is None else contiguous_strides(shape)
+    return {f"stride_{prefix}{n}": s for n, s in zip("bhts", strides, strict=True)}
+
+
+def _features(spec: AttnSpec) -> dict[str, Any]:
+    left, right = spec.window_left, spec.window_right
+    return {
+        "HQ": spec.heads_q,
+        "GROUP": spec.group,
+        "T": spec.seq_q,
+        "S": spec.seq_k,
+        "D": spec.head_dim,
+        "DV": spec.head_dim_v,
+        "SM_SCALE": float(spec.softmax_scale),
+        "SOFTCAP": float(spec.softcap) if spec.softcap else 1.0,
+        "LEFT": spec.unbounded if left is None else int(left),
+        "RIGHT": spec.unbounded if right is None else int(right),
+        "HAS_LEFT": left is not None,
+        "HAS_RIGHT": right is not None,
+        "HAS_MASK": spec.mask_shape is not None,
+        "HAS_BIAS": spec.bias_shape is not None,
+        "HAS_SEG": spec.segments,
+        "HAS_SOFTCAP": bool(spec.softcap),
+        "BLOCK_D": block_dim(spec.head_dim),
+        "BLOCK_DV": block_dim(spec.head_dim_v),
+    }
+
+
+def _shapes(spec: AttnSpec) -> dict[str, tuple[int, int, int, int]]:
+    b, t, s = spec.batch, spec.seq_q, spec.seq_k
+    return {
+        "q": (b, t, spec.heads_q, spec.head_dim),
+        "k": (b, s, spec.heads_kv, spec.head_dim),
+        "v": (b, s, spec.heads_kv, spec.head_dim_v),
+        "o": (b, t, spec.heads_q, spec.head_dim_v),
+    }
+
+
+def forward(spec: AttnSpec, tiles: KernelTiles) -> Launch:
+    """Inputs: q, k, v, mask(int8), bias, q_seg, kv_seg, sinks(f32). Outputs: out, lse."""
+    from jaxattn_triton.kernels.forward import attn_fwd_kernel
+
+    sh = _shapes(spec)
+    constexprs = {
+        **_bthd_strides("q", sh["q"]),
+        **_bthd_strides("k", sh["k"]),
+        **_bthd_strides("v", sh["v"]),
+        **_bthd_strides("o", sh["o"]),
+        **_broadcast_strides("m", spec.mask_shape),
+        **_broadcast_strides("b", spec.bias_shape),
+        **_features(spec),
+        "HAS_SINK": spec.sinks,
+        # Heavy query tiles first only pays when later tiles do more work.
+        "REVERSE_M": spec.window_right is not None,
+        "BLOCK_M": tiles.block_m,
+        "BLOCK_N": tiles.block_n,
+    }
+    return Launch(
+        kernel=attn_fwd_kernel,
+        grid=(_cdiv(spec.seq_q, tiles.block_m), spec.batch * spec.heads_q, 1),
+        outputs=(
+            (sh["o"], spec.dtype),
+            ((spec.batch, spec.heads_q, spec.seq_q), "float32"),
+        ),
+        constexprs=constexprs,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
+
+
+PREPROCESS_BLOCK_M = 64
+
+
+def preprocess(spec: AttnSpec) -> Launch:
+    """Inputs: out, dout, lse, sinks. Outputs: delta, lse (base 2, sinks folded), dsink rows."""
+    from jaxattn_triton.kernels.backward import attn_bwd_preprocess_kernel
+
+    sh = _shapes(spec)
+    rows = ((spec.batch, spec.heads_q, spec.seq_q), "float32")
+    constexprs = {
+        **_bthd_strides("o", sh["o"]),
+        **_bthd_strides("do", sh["o"]),
+        "HQ": spec.heads_q,
+        "T": spec.seq_q,
+        "DV": spec.head_dim_v,
+        "HAS_SINK": spec.sinks,
+        "BLOCK_M": PREPROCESS_BLOCK_M,
+        "BLOCK_DV": block_dim(spec.head_dim_v),
+    }
+    return Launch(
+        kernel=attn_bwd_preprocess_kernel,
+        grid=(_cdiv(spec.seq_q, PREPROCESS_BLOCK_M), spec.batch * spec.heads_q, 1),
+        outputs=(rows, rows, rows),
+        constexprs=constexprs,
+        num_warps=4,
+        num_stages=1,
+    )
+
+
+def dkdv(spec: AttnSpec, tiles: KernelTiles) -> Launch:
+    """Inputs: q, k, v, mask, bias, q_seg, kv_seg, dout, lse_b, delta. Outputs: dk, dv, dbias.
+
+    dbias is a dense ``(B, Hq, T, S)`` float32 buffer when there is a bias (zeroed, since
+    skipped tiles are never written), a one-element dummy otherwise.
+    """
+    from jaxattn_triton.kernels.backward import attn_bwd_dkdv_kernel
+
+    sh = _shapes(spec)
+    has_bias = spec.bias_shape is not None
+    dbias_shape = (spec.batch, spec.heads_q, spec.seq_q, spec.seq_k) if has_bias else (1,)
+    constexprs = {
+        **_bthd_strides("q", sh["q"]),
+        **_bthd_strides("k", sh["k"]),
+        **_bthd_strides("v", sh["v"]),
+        **_bthd_strides("do", sh["o"]),
+        **_bthd_strides("dk", sh["k"]),
+        **_bthd_strides("dv", sh["v"]),
+        **_broadcast_strides("m", spec.mask_shape),
+        **_broadcast_strides("b", spec.bias_shape),
+        **_features(spec),
+        "BLOCK_M": tiles.block_m,
+        "BLOCK_N": tiles.block_n,
+    }
+    return Launch(
+        kernel=attn_bwd_dkdv_kernel,
+        grid=(_cdiv(spec.seq_k, tiles.block_n), spec.batch * spec.heads_kv, 1),
+        outputs=((sh["k"], spec.dtype), (sh["v"], spec.dtype), (dbias_shape, "float32")),
+        constexprs=constexprs,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+        zeroed=(2,) if has_bias else (),
+    )
+
+
+def dq(spec: AttnSpec, tiles: KernelTiles) -> Launch:
+    """Inputs: q, k, v, mask, bias, q_seg, kv_seg, dout, lse_b, delta. Outputs: dq."""
+    from jaxattn_triton.kernels.backward import attn_bwd_dq_kernel
+
+    sh = _shapes(spec)
+    constexprs = {
+        **_bthd_strides("q", sh["q"]),
+        **_bthd_strides("k", sh["k"]),
+        **_bthd_strides("v", sh["v"]),
+        **_bthd_strides("do", sh["o"]),
+        **_bthd_strides("dq", sh["q"]),
+        **_broadcast_strides("m", spec.mask_shape),
+        **_broadcast_strides("b", spec.bias_shape),
+        **_features(spec),
+        "REVERSE_M": spec.window_right is not None,
+        "BLOCK_M": tiles.block_m,
+        "BLOCK_N": tiles.block_n,
+    }
+    return Launch(
+        kernel=attn_bwd_dq_kernel,
+        grid=(_cdiv(spec.seq_q, tiles.block_m), spec.batch * spec.heads_q, 1),
+        outputs=((sh["q"], spec.dtype),),
+        constexprs=constexprs,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
