@@ -300,7 +300,7 @@ def _reduce_to(grad: F64, shape: tuple[int, ...]) -> F64:
 def _sum_groups(grad: F64, groups: int) -> F64:
     """(B, S, Hq, D) -> (B, S, Hkv, D): a kv head collects the gradients of its query heads."""
     b, s, hq, d = grad.shape
-    return grad.reshape(b, s, hq // groups, groups, d).sum(axis=3)
+    return np.asarray(grad.reshape(b, s, hq // groups, groups, d).sum(axis=3), dtype=np.float64)
 
 
 def attention_backward(

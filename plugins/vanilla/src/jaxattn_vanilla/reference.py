@@ -1,0 +1,188 @@
+"""Attention in plain ``jax.numpy``: every feature of the contract, any platform.
+
+This is the function behind the ``vanilla`` impl, and the one other plugins call for
+fallbacks; ring attention can use it as its per-block kernel since it returns the
+log-sum-exp. It forms the full ``(T, S)`` logits, so memory is ``O(T * S)`` per head.
+
+Numerics: logits accumulate in the softmax dtype (``float32`` by default, never narrower
+than the inputs); masked logits become ``-inf`` and every place where ``-inf - -inf`` or
+``0 / 0`` could appear is guarded, so a row with nothing to attend to gives zeros with
+zero (finite) gradients. Grouped-query attention reshapes q to ``(B, T, Hkv, G, D)`` and
+contracts against the Hkv K/V heads directly: repeated K/V are never materialised.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["VanillaResult", "vanilla_attention"]
+
+Array = jax.Array
+
+
+class VanillaResult(NamedTuple):
+    """``output (B, T, Hq, Dv)`` in q's dtype; ``weights (B, Hq, T, S)``: the probabilities
+    that multiplied V (after dropout), in q's dtype; ``lse (B, Hq, T)``: log-sum-exp of the
+    final logits over visible real keys (sink excluded, ``-inf`` for empty rows), float32
+    (float64 when the softmax runs in float64)."""
+
+    output: Array
+    weights: Array
+    lse: Array
+
+
+def _split_heads(x: Array, hq: int, hkv: int, name: str) -> Array:
+    """Bring a ``(B|1, Hq|1, T|1, S|1)``-broadcastable array to ``(B|1, Hkv|1, G|1, T|1, S|1)``."""
+    x = jnp.asarray(x)
+    if x.ndim > 4:
+        raise ValueError(f"{name}: rank {x.ndim} does not broadcast to (B, Hq, T, S)")
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+    b, h, t, s = x.shape
+    if h == hq:
+        return x.reshape(b, hkv, hq // hkv, t, s)
+    if h == 1:
+        return x.reshape(b, 1, 1, t, s)
+    raise ValueError(f"{name}: head dim {h} is neither 1 nor Hq={hq}")
+
+
+def _and(a: Array | None, b: Array) -> Array:
+    return b if a is None else jnp.logical_and(a, b)
+
+
+def _visibility(
+    t: int,
+    s: int,
+    hq: int,
+    hkv: int,
+    *,
+    mask: Any,
+    causal: bool,
+    sliding_window: tuple[int, int] | None,
+    q_segment_ids: Any,
+    kv_segment_ids: Any,
+) -> Array | None:
+    """Boolean broadcastable to ``(B, Hkv, G, T, S)``, True = attend; None when all visible."""
+    visible: Array | None = None
+    if mask is not None:
+        visible = _split_heads(jnp.asarray(mask, dtype=bool), hq, hkv, "mask")
+    if causal or sliding_window is not None:
+        # Bottom-right alignment: query i sits at key position i + S - T.
+        aligned = jnp.arange(t)[:, None] + (s - t)
+        j = jnp.arange(s)[None, :]
+        if causal:
+            visible = _and(visible, j <= aligned)
+        if sliding_window is not None:
+            left, right = sliding_window
+            visible = _and(visible, (j >= aligned - left) & (j <= aligned + right))
+    if q_segment_ids is not None or kv_segment_ids is not None:
+        if q_segment_ids is None or kv_segment_ids is None:
+            raise ValueError("q_segment_ids and kv_segment_ids must be given together")
+        same = q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]  # (B, T, S)
+        visible = _and(visible, same[:, None, None])
+    return visible
+
+
+def _window(sliding_window: int | tuple[int, int] | None) -> tuple[int, int] | None:
+    if sliding_window is None or isinstance(sliding_window, tuple):
+        return sliding_window
+    return (int(sliding_window), int(sliding_window))
+
+
+def vanilla_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    causal: bool = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    q_segment_ids: Array | None = None,
+    kv_segment_ids: Array | None = None,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    softmax_aux: Array | None = None,
+    dropout_prob: float = 0.0,
+    dropout_rng: Array | None = None,
+    softmax_dtype: Any = jnp.float32,
+    precision: jax.lax.PrecisionLike = None,
+) -> VanillaResult:
+    """Attention with DESIGN.md's semantics; see the module docstring for numerics.
+
+    Shapes: q ``(B, T, Hq, D)``, k ``(B, S, Hkv, D)``, v ``(B, S, Hkv, Dv)``; mask (bool,
+    True = attend) and bias broadcastable to ``(B, Hq, T, S)``; segment ids ``(B, T)`` and
+    ``(B, S)``; ``softmax_aux (Hq,)``. ``dropout_prob`` must be a Python float; the keep-mask
+    is ``jax.random.bernoulli(dropout_rng, 1 - p, (B, Hq, T, S))``. Unused results (weights,
+    lse) cost nothing under ``jit``: XLA drops them.
+    """
+    b, t, hq, d = q.shape
+    s, hkv = k.shape[1], k.shape[2]
+    if hq % hkv:
+        raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}")
+    groups = hq // hkv
+    # Never compute the softmax narrower than the inputs (float64 tests stay float64).
+    sdtype = jnp.promote_types(jnp.dtype(softmax_dtype), q.dtype)
+    scale = float(d) ** -0.5 if softmax_scale is None else float(softmax_scale)
+
+    qg = q.reshape(b, t, hkv, groups, d)
+    logits = jnp.einsum(
+        "btkgd,bskd->bkgts", qg, k, precision=precision, preferred_element_type=sdtype
+    )
+    logits = logits * jnp.asarray(scale, sdtype)
+    if logits_soft_cap is not None:
+        cap = jnp.asarray(logits_soft_cap, sdtype)
+        logits = cap * jnp.tanh(logits / cap)
+    if bias is not None:
+        logits = logits + _split_heads(bias, hq, hkv, "bias").astype(sdtype)
+    visible = _visibility(
+        t,
+        s,
+        hq,
+        hkv,
+        mask=mask,
+        causal=causal,
+        sliding_window=_window(sliding_window),
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+    )
+    if visible is not None:
+        logits = jnp.where(visible, logits, -jnp.inf)
+
+    row_max = jnp.max(logits, axis=-1)  # (B, Hkv, G, T); -inf on empty rows
+    aux = None
+    if softmax_aux is not None:
+        aux = softmax_aux.astype(sdtype).reshape(1, hkv, groups, 1)
+        row_max = jnp.maximum(row_max, aux)
+    # The softmax is invariant to the shift, so it needs no gradient; an empty row shifts by
+    # 0 instead of -inf so that exp() yields 0 rather than exp(-inf + inf) = nan.
+    shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0))
+    exp = jnp.exp(logits - shift[..., None])
+    key_sum = jnp.sum(exp, axis=-1)
+    denom = key_sum if aux is None else key_sum + jnp.exp(aux - shift)
+    probs = exp / jnp.where(denom > 0, denom, 1)[..., None]
+    has_keys = key_sum > 0
+    lse = jnp.where(has_keys, shift + jnp.log(jnp.where(has_keys, key_sum, 1)), -jnp.inf)
+
+    weights = probs
+    if dropout_prob > 0.0:
+        if dropout_rng is None:
+            raise ValueError("dropout_prob > 0 needs dropout_rng")
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_prob, (b, hq, t, s))
+        keep = keep.reshape(b, hkv, groups, t, s)
+        weights = jnp.where(keep, probs / jnp.asarray(1.0 - dropout_prob, sdtype), 0)
+
+    out = jnp.einsum(
+        "bkgts,bskd->btkgd",
+        weights.astype(v.dtype),
+        v,
+        precision=precision,
+        preferred_element_type=jnp.promote_types(v.dtype, jnp.float32),
+    )
+    return VanillaResult(
+        output=out.reshape(b, t, hq, v.shape[-1]).astype(q.dtype),
+        weights=weights.reshape(b, hq, t, s).astype(q.dtype),
+        lse=lse.reshape(b, hq, t).astype(jnp.promote_types(sdtype, jnp.float32)),
+    )
