@@ -1,0 +1,7 @@
+"""``python -m jaxattn`` runs the ``jaxattn`` command."""
+
+import sys
+
+from jaxattn.cli import main
+
+sys.exit(main())

@@ -1,0 +1,96 @@
+"""The ``jaxattn`` command: ``info``, ``list``, ``explain`` (and whatever registers below).
+
+Startup stays cheap: this package imports only argparse and the subcommand modules, which in
+turn import jax/jaxattn machinery inside their ``run`` functions, so ``jaxattn --help`` or a
+typo costs milliseconds, not a jax import.
+
+A subcommand is a module with ``HELP: str``, ``add_arguments(parser)`` and
+``run(args) -> int``; adding one is one line in ``SUBCOMMANDS`` (or a call to
+``register_subcommand`` before ``main`` runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Protocol, cast
+
+__all__ = ["SUBCOMMANDS", "build_parser", "main", "register_subcommand"]
+
+#: name -> module implementing it. Order is the order of ``jaxattn --help``.
+SUBCOMMANDS: dict[str, str] = {
+    "info": "jaxattn.cli.info",
+    "list": "jaxattn.cli.listing",
+    "explain": "jaxattn.cli.explain",
+}
+
+
+class Subcommand(Protocol):
+    HELP: str
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def register_subcommand(name: str, module: str) -> None:
+    """Add (or replace) subcommand ``name``, implemented by importable ``module``."""
+    SUBCOMMANDS[name] = module
+
+
+def _load(module: str) -> Subcommand:
+    loaded: ModuleType = importlib.import_module(module)
+    for attr in ("HELP", "add_arguments", "run"):
+        if not hasattr(loaded, attr):
+            raise TypeError(f"jaxattn subcommand module {module} lacks {attr}")
+    return cast(Subcommand, loaded)
+
+
+def _version() -> str:
+    from jaxattn import __version__
+
+    return __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="jaxattn",
+        description="Attention backends for JAX: what is installed, what runs here, and why.",
+    )
+    parser.add_argument("--version", action="version", version=f"jaxattn {_version()}")
+    # Options every subcommand shares; a parent parser puts them after the subcommand name.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print JSON for machines")
+    common.add_argument("--plain", action="store_true",
+                        help="plain-text tables even when rich is installed")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module in SUBCOMMANDS.items():
+        command = _load(module)
+        sub = commands.add_parser(name, parents=[common], help=command.HELP,
+                                  description=command.HELP)
+        command.add_arguments(sub)
+        sub.set_defaults(_subcommand=command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = cast(Subcommand, args._subcommand)
+    from jaxattn.errors import JaxattnError
+
+    try:
+        return command.run(args)
+    except JaxattnError as err:
+        # The library's errors already say what went wrong and what to do: no traceback.
+        print(f"jaxattn {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `jaxattn list | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

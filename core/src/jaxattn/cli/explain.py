@@ -1,0 +1,164 @@
+"""``jaxattn explain``: for a call described by shapes and flags, which impl runs and why.
+
+Nothing is computed: the call is built from ``jax.ShapeDtypeStruct``s and handed to
+``jaxattn.explain``, which asks every implementation for its reasons.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ._output import Printer, Table, dump_json
+
+HELP = "show which implementation a call would use, and every other one's reasons"
+
+# Broadcast patterns for --mask / --bias: one letter per dim of (B, Hq, T, S), "1" = broadcast.
+_DIMS = "bhts"
+
+
+def _pattern(text: str) -> str:
+    text = text.lower()
+    if len(text) != 4 or any(c not in (d, "1") for c, d in zip(text, _DIMS, strict=True)):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give 4 characters, each the dim letter of (b, h, t, s) or 1, e.g. b11s")
+    return text
+
+
+def _window(text: str) -> int | tuple[int, int]:
+    try:
+        parts = [int(p) for p in text.split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) == 1:
+        return parts[0]
+    if len(parts) == 2:
+        return (parts[0], parts[1])
+    raise argparse.ArgumentTypeError(f"{text!r}: give W or LEFT,RIGHT")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    shapes = parser.add_argument_group("shapes (BTHD layout)")
+    shapes.add_argument("--batch", "-b", type=int, default=1, help="B (default 1)")
+    shapes.add_argument("--seq-q", "-t", type=int, default=1024, help="T, query length (default 1024)")
+    shapes.add_argument("--seq-k", "-s", type=int, help="S, key length (default: T)")
+    shapes.add_argument("--heads-q", type=int, default=8, help="Hq (default 8)")
+    shapes.add_argument("--heads-kv", type=int, help="Hkv (default: Hq); Hq %% Hkv == 0")
+    shapes.add_argument("--head-dim", "-d", type=int, default=128, help="D (default 128)")
+    shapes.add_argument("--head-dim-v", type=int, help="Dv, value head dim (default: D)")
+    shapes.add_argument("--dtype", default="bfloat16",
+                        help="dtype of q, k, v (default bfloat16)")
+
+    features = parser.add_argument_group("features")
+    features.add_argument("--causal", action="store_true", help="causal (aligned bottom-right)")
+    features.add_argument("--window", type=_window, metavar="W|L,R", help="sliding window")
+    features.add_argument("--mask", type=_pattern, nargs="?", const="b1ts", metavar="PATTERN",
+                          help="boolean mask; optional broadcast pattern (default b1ts)")
+    features.add_argument("--bias", type=_pattern, nargs="?", const="bhts", metavar="PATTERN",
+                          help="additive bias; optional broadcast pattern (default bhts)")
+    features.add_argument("--segment-ids", action="store_true", help="packed sequences")
+    features.add_argument("--soft-cap", type=float, metavar="C", help="logits soft cap")
+    features.add_argument("--sinks", action="store_true", help="attention sinks (softmax_aux)")
+    features.add_argument("--dropout", type=float, default=0.0, metavar="P", help="dropout prob")
+    features.add_argument("--grad", action="store_true", help="the call is differentiated")
+
+    choice = parser.add_argument_group("choice")
+    choice.add_argument("--impl", help="explicit impl name or alias (default: use_impl/"
+                                       "$JAXATTN_IMPL/auto, as for jaxattn.attention)")
+    choice.add_argument("--platform", choices=["cpu", "gpu", "tpu", "cuda", "rocm"],
+                        help="AttentionMetadata(platform=...) override")
+    choice.add_argument("--interpret", action="store_true",
+                        help="AttentionMetadata(interpret=True): TPU kernels in interpret mode")
+    choice.add_argument("--runtime-dtype", help="AttentionMetadata(runtime_dtype=...)")
+
+
+def build_call(args: argparse.Namespace) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
+    """ShapeDtypeStructs for q, k, v and the keyword arguments of ``jaxattn.explain``."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxattn
+
+    b, t, hq, d = args.batch, args.seq_q, args.heads_q, args.head_dim
+    s = args.seq_k if args.seq_k is not None else t
+    hkv = args.heads_kv if args.heads_kv is not None else hq
+    dv = args.head_dim_v if args.head_dim_v is not None else d
+    try:
+        dtype = jnp.dtype(args.dtype)
+    except TypeError as err:
+        raise jaxattn.InvalidInputError("--dtype", f"unknown dtype {args.dtype!r}") from err
+    spec = jax.ShapeDtypeStruct
+    full = {"b": b, "h": hq, "t": t, "s": s}
+
+    def broadcast(pattern: str, dt: Any) -> Any:
+        return spec(tuple(full[c] if c != "1" else 1 for c in pattern), dt)
+
+    kwargs: dict[str, Any] = {"causal": args.causal, "needs_grad": args.grad,
+                              "metadata": jaxattn.AttentionMetadata(
+                                  platform=args.platform, interpret=args.interpret,
+                                  runtime_dtype=args.runtime_dtype)}
+    if args.impl is not None:
+        kwargs["impl"] = args.impl
+    if args.window is not None:
+        kwargs["sliding_window"] = args.window
+    if args.mask is not None:
+        kwargs["mask"] = broadcast(args.mask, jnp.bool_)
+    if args.bias is not None:
+        kwargs["bias"] = broadcast(args.bias, dtype)
+    if args.segment_ids:
+        kwargs["q_segment_ids"] = spec((b, t), jnp.int32)
+        kwargs["kv_segment_ids"] = spec((b, s), jnp.int32)
+    if args.soft_cap is not None:
+        kwargs["logits_soft_cap"] = args.soft_cap
+    if args.sinks:
+        kwargs["softmax_aux"] = spec((hq,), jnp.float32)
+    if args.dropout:
+        kwargs["dropout_prob"] = args.dropout
+        kwargs["dropout_rng"] = spec((2,), jnp.uint32)  # a raw PRNG key; only its presence counts
+    qkv = (spec((b, t, hq, d), dtype), spec((b, s, hkv, d), dtype), spec((b, s, hkv, dv), dtype))
+    return qkv, kwargs
+
+
+def _known_names() -> set[str]:
+    import jaxattn
+
+    names = {"auto"}
+    for row in jaxattn.list_impls():
+        names.add(row.name)
+        names.update(row.aliases)
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    import jaxattn
+
+    if args.impl is not None and args.impl.strip().lower() not in _known_names():
+        # explain() would only say that nothing can run the call; name the real problem.
+        raise jaxattn.ImplNotFoundError(
+            f"no attention impl is named {args.impl!r}; installed: {', '.join(sorted(_known_names()))}")
+    (q, k, v), kwargs = build_call(args)
+    explanation = jaxattn.explain(q, k, v, **kwargs)
+    if args.json:
+        dump_json(explanation.to_dict())
+    else:
+        render(explanation, Printer.from_args(args))
+    # Scripts can test the exit status: 0 when something runs the call, 1 when nothing does.
+    return 0 if explanation.chosen else 1
+
+
+def render(explanation: Any, out: Printer) -> None:
+    out.pairs([
+        ("device", explanation.device),
+        ("call", explanation.problem.describe()),
+        ("requested", explanation.requested),
+        ("runs", explanation.chosen or "nothing can run this call"),
+    ])
+    out.line()
+    table = Table("Implementations, best first", ["", "impl", "status", "priority", "from", "reasons"])
+    for c in explanation.candidates:
+        notes = list(c.reasons)
+        if c.fallback and not c.reasons:
+            notes += [f"hands the call to {c.fallback_impl}: {r}" for r in c.fallback]
+        table.add("*" if c.chosen else "", c.name, c.status, c.priority, c.origin,
+                  "\n".join(notes) or None)
+    out.table(table)

@@ -1,0 +1,104 @@
+"""``jaxattn info``: this host, every plugin (broken ones with their error), every impl."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import warnings
+from importlib import metadata
+from typing import Any
+
+from ._output import Printer, Table, dump_json
+from ._plugins import is_plugin_row, summarize_plugins
+
+HELP = "show the device, versions, every plugin and implementation, and what is usable here"
+
+# Settings that change what jaxattn discovers or picks; shown when set.
+ENVIRONMENT = ("JAXATTN_IMPL", "JAXATTN_PLUGINS", "JAXATTN_DISABLE_PLUGINS",
+               "JAXATTN_STRICT_PLUGINS", "JAX_PLATFORMS")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--strict", action="store_true",
+                        help="exit with status 1 when a plugin is broken or conflicts (for CI)")
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def collect() -> dict[str, Any]:
+    import jaxattn
+
+    # Discovery warns (once) about broken plugins; here they are part of the report instead.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = jaxattn.list_impls()
+        device = jaxattn.detect_device()
+        try:
+            best, dtype = jaxattn.get_optimal_config()
+            default: dict[str, Any] | None = {"impl": best, "dtype": str(getattr(dtype, "__name__", dtype))}
+        except jaxattn.JaxattnError as err:
+            default = {"impl": None, "error": str(err)}
+    return {
+        "jaxattn": jaxattn.__version__,
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "executable": sys.executable,
+        "os": platform.platform(),
+        "jax": _version("jax"),
+        "jaxlib": _version("jaxlib"),
+        "device": {"label": device.label, **device.to_dict()},
+        "default": default,
+        "environment": {k: os.environ[k] for k in ENVIRONMENT if k in os.environ},
+        "plugins": [p.to_dict() for p in summarize_plugins(rows)],
+        "impls": [r.to_dict() for r in rows if not is_plugin_row(r)],
+        "warnings": [str(w.message) for w in caught],
+    }
+
+
+def render(info: dict[str, Any], out: Printer) -> None:
+    default = info["default"] or {}
+    out.pairs([
+        ("jaxattn", info["jaxattn"]),
+        ("python", f"{info['python']} ({info['executable']})"),
+        ("os", info["os"]),
+        ("jax", f"{info['jax']} (jaxlib {info['jaxlib']})"),
+        ("device", info["device"]["label"]),
+        ("auto picks", f"{default.get('impl')} in {default.get('dtype')} "
+                       "for B=1 T=S=2048 Hq=Hkv=32 D=128 causal"
+         if default.get("impl") else default.get("error", "nothing")),
+        *((f"${k}", v) for k, v in info["environment"].items()),
+    ])
+    out.line()
+
+    plugins = Table("Plugins", ["plugin", "distribution", "version", "status", "impls", "error"])
+    for p in info["plugins"]:
+        plugins.add(p["name"], p["distribution"], p["version"], p["status"], p["impls"],
+                    p["reason"] or None)
+    out.table(plugins)
+
+    impls = Table("Implementations",
+                  ["name", "aliases", "plugin", "platforms", "priority", "status", "usable here", "note"])
+    for r in info["impls"]:
+        impls.add(r["name"], r["aliases"], r["distribution"] or r["plugin"], r["platforms"],
+                  r["priority"], r["status"], r["usable_here"], r["reason"] or None)
+    out.table(impls)
+
+    for message in info["warnings"]:
+        out.line(f"warning: {message}")
+
+
+def run(args: argparse.Namespace) -> int:
+    info = collect()
+    if args.json:
+        dump_json(info)
+    else:
+        render(info, Printer.from_args(args))
+    # Problems are reported, not fatal: info is the tool one runs to find them.
+    unhealthy = [p["name"] for p in info["plugins"] if p["status"] in ("broken", "conflict")]
+    return 1 if args.strict and unhealthy else 0

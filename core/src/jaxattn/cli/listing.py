@@ -1,0 +1,38 @@
+"""``jaxattn list``: every implementation name with its aliases, origin and status here."""
+
+from __future__ import annotations
+
+import argparse
+
+from ._output import Printer, Table, dump_json
+from ._plugins import is_plugin_row
+
+HELP = "list every attention implementation (names, aliases, plugin, platforms, status here)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--here", action="store_true",
+                        help="only the implementations usable on this device")
+
+
+def run(args: argparse.Namespace) -> int:
+    import jaxattn
+
+    rows = jaxattn.list_impls()
+    if args.here:
+        rows = [r for r in rows if r.usable_here]
+    if args.json:
+        dump_json([r.to_dict() for r in rows])
+        return 0
+    table = Table(f"Attention implementations ({jaxattn.detect_device().label})",
+                  ["name", "aliases", "plugin", "version", "platforms", "priority", "here", "status"])
+    for r in rows:
+        status = r.status if not r.reason else f"{r.status}: {r.reason}"
+        if is_plugin_row(r):
+            table.add(f"[{r.name}]", None, r.distribution or r.plugin, r.version, None, None, False,
+                      status)
+        else:
+            table.add(r.name, r.aliases, r.distribution or r.plugin, r.version, r.platforms,
+                      r.priority, r.usable_here, status)
+    Printer.from_args(args).table(table)
+    return 0
