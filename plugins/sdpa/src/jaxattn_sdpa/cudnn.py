@@ -1,0 +1,165 @@
+"""What cuDNN flash attention (through ``jax.nn``, ``implementation="cudnn"``) can take.
+
+The limits are jax's own checks (``jax/_src/cudnn/fused_attention_stablehlo.py``, the same in
+jax 0.10 and 0.11) plus two that jax does not check and that would otherwise give wrong
+numbers rather than errors. Everything here is static: shapes, flags, the GPU's compute
+capability and the cuDNN version, so ``supports`` and ``explain`` can answer for
+``jax.ShapeDtypeStruct`` inputs.
+
+How a call reaches cuDNN (see ``kernel.py``): ``is_causal`` / the sliding window natively
+only when T == S (cuDNN's own alignment for T != S is not part of jax's contract, so we
+never rely on it); everything else (masks, segment ids, bands with T != S, sinks) goes in
+as one additive bias tensor of full ``(T, S)`` extent, which is what cuDNN accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from jaxattn.device import DeviceInfo
+from jaxattn.problem import AttentionProblem
+
+from .translate import Band, structural_band
+
+__all__ = [
+    "CudnnLayout",
+    "band_is_native",
+    "cudnn_layout",
+    "cudnn_reasons",
+    "cudnn_version",
+    "sink_columns",
+]
+
+#: cuDNN computes in these only (fp8 needs scaling factors that jax.nn does not take).
+CUDNN_DTYPES = frozenset({"bfloat16", "float16"})
+
+
+@functools.lru_cache(maxsize=1)
+def cudnn_version() -> int | None:
+    """The cuDNN version jax's CUDA plugin loads (e.g. 91000), or None without one."""
+    try:
+        # jax keeps this module private; it is the only place that reports cuDNN's presence.
+        from jax._src.lib import cuda_versions
+    except ImportError:
+        return None
+    if cuda_versions is None:
+        return None
+    try:
+        return int(cuda_versions.cudnn_get_version())
+    except Exception:  # noqa: BLE001  # a plugin without a loadable libcudnn: same as none
+        return None
+
+
+def _capability(device: DeviceInfo) -> tuple[int, int] | None:
+    if device.compute_capability is None:
+        return None
+    major, _, minor = device.compute_capability.partition(".")
+    try:
+        return int(major), int(minor or 0)
+    except ValueError:
+        return None
+
+
+def band_is_native(t: int, s: int, band: Band | None) -> bool:
+    """Whether cuDNN runs the band itself (``is_causal``, ``local_window_size=(l, 0)``).
+
+    Only for T == S, where top-left and bottom-right agree, and only for bands cuDNN has: a
+    right edge on the diagonal and a left edge at or below it (cuDNN's window is
+    ``(i - w, i]`` with ``w >= 1``).
+    """
+    if band is None:
+        return True
+    return t == s and band.hi == 0 and (band.lo is None or band.lo <= 0)
+
+
+def sink_columns(s: int) -> int:
+    """Keys prepended for a sink on cuDNN: the sink, plus a masked one when S is even.
+
+    cuDNN's backward with a bias needs an even S, so S keeps its parity.
+    """
+    return 1 if s % 2 else 2
+
+
+@dataclasses.dataclass(frozen=True)
+class CudnnLayout:
+    """What cuDNN receives for one call."""
+
+    band: Band | None
+    band_native: bool
+    seq_k: int  # S after sink columns
+    bias_sources: tuple[str, ...]  # what the additive bias tensor carries; empty = no bias tensor
+    bias_batch: int  # its batch dim (1 or B)
+    differentiable_bias: bool  # carries the user's bias or sinks (whose gradients flow through it)
+
+
+def cudnn_layout(problem: AttentionProblem, *, segment_mask: bool | None = None) -> CudnnLayout:
+    """The layout of ``problem`` on cuDNN. ``segment_mask``: segment ids become a mask (the
+    default assumes they do; only concrete padding patterns become sequence lengths)."""
+    t, s, b = problem.seq_q, problem.seq_k, problem.batch
+    band = structural_band(t, s, problem.causal, problem.sliding_window)
+    seg = problem.segment_ids if segment_mask is None else segment_mask
+    native = band_is_native(t, s, band) and not (problem.sinks and band is not None)
+    sources: list[str] = []
+    batch = 1
+    if problem.bias_shape is not None:
+        sources.append("bias")
+        batch = max(batch, problem.bias_shape[0])
+    if problem.mask_shape is not None:
+        sources.append("mask")
+        batch = max(batch, problem.mask_shape[0])
+    if seg:
+        sources.append("segment ids")
+        batch = max(batch, b)
+    if not native:
+        sources.append("causal/sliding window as a mask (cuDNN aligns them natively only for T == S)")
+    if problem.sinks:
+        sources.append("sinks")
+    return CudnnLayout(
+        band=band,
+        band_native=native,
+        seq_k=s + (sink_columns(s) if problem.sinks else 0),
+        bias_sources=tuple(sources),
+        bias_batch=batch,
+        differentiable_bias=problem.bias_shape is not None or problem.sinks,
+    )
+
+
+def cudnn_reasons(problem: AttentionProblem, device: DeviceInfo, version: int | None) -> list[str]:
+    """Why cuDNN cannot run ``problem`` on ``device`` (beyond dtype/feature declarations).
+
+    ``problem.needs_grad`` adds the limits of cuDNN's backward pass.
+    """
+    reasons: list[str] = []
+    if version is None:
+        reasons.append(
+            "cuDNN is not available to jax here (no jax CUDA plugin with cuDNN was found); "
+            "install jax[cuda12] or jax[cuda13] on an NVIDIA GPU host"
+        )
+    capability = _capability(device)
+    if capability is not None and capability < (8, 0):
+        reasons.append(
+            f"cuDNN flash attention needs an sm_80 (Ampere) or newer GPU; this one is "
+            f"sm_{capability[0]}{capability[1]}"
+        )
+    hopper = capability is not None and capability >= (9, 0)
+    max_dim = 256 if hopper or capability is None else 128
+    for label, dim in (("head dim", problem.head_dim), ("value head dim", problem.head_dim_v)):
+        if dim % 8 or dim > max_dim:
+            reasons.append(
+                f"cuDNN needs a {label} that is a multiple of 8 and at most {max_dim} on this GPU, got {dim}"
+            )
+    if problem.needs_grad:
+        layout = cudnn_layout(problem)
+        if layout.bias_sources and (problem.seq_q % 2 or layout.seq_k % 2):
+            reasons.append(
+                f"cuDNN's backward pass with a bias tensor needs even T and S, got T={problem.seq_q}, "
+                f"S={layout.seq_k} (the bias carries: {', '.join(layout.bias_sources)})"
+            )
+        if layout.differentiable_bias and layout.bias_batch > 1:
+            reasons.append(
+                "cuDNN computes the bias gradient only for a bias shared across the batch, (1, Hq, T, S); "
+                "this call's bias tensor varies over the batch (it carries: "
+                f"{', '.join(layout.bias_sources)}); use impl='sdpa' or a bias with batch dim 1"
+            )
+    return reasons

@@ -1,0 +1,173 @@
+"""The ``sdpa`` and ``cudnn`` impls: jaxattn's contract over ``jax.nn.dot_product_attention``.
+
+* ``cudnn`` (alias ``cuda_flash_attn2``) is cuDNN flash attention and nothing else: a call
+  cuDNN cannot take is declined with every reason, never run some other way.
+* ``sdpa`` is the best jax.nn path on this device: cuDNN when it takes the call (including
+  its backward pass, since a forward cannot know whether a gradient follows), XLA otherwise.
+  The choice is logged once per call signature (logger "jaxattn") and shown by ``notes``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from jaxattn.capabilities import Feature
+from jaxattn.errors import UnsupportedError
+from jaxattn.impl import AttentionImpl
+from jaxattn.output import AttentionOutput
+from jaxattn.problem import AttentionProblem
+
+from .cudnn import CUDNN_DTYPES, cudnn_reasons, cudnn_version
+from .kernel import Implementation, sdpa_attention
+
+__all__ = ["CudnnAttention", "SdpaAttention"]
+
+logger = logging.getLogger("jaxattn")
+
+#: What jax.nn runs exactly, on both paths (sinks through an extra key, see kernel.py).
+FEATURES: frozenset[Feature] = frozenset({
+    Feature.CAUSAL, Feature.MASK, Feature.BIAS, Feature.GQA, Feature.CROSS, Feature.DECODE,
+    Feature.SLIDING_WINDOW, Feature.SEGMENT_IDS, Feature.SINKS, Feature.GRAD,
+})
+
+#: Why the features jax.nn lacks cannot be emulated exactly (added to the generic reason).
+WHY_NOT: dict[Feature, str] = {
+    Feature.SOFT_CAP: (
+        "jax.nn.dot_product_attention has no logits soft cap, and c*tanh(x/c) depends on q.k, so no "
+        "mask or bias expresses it exactly (impl='vanilla' runs it)"
+    ),
+    Feature.DROPOUT: (
+        "jax.nn.dot_product_attention has no dropout (cuDNN's dropout is not exposed by jax.nn and "
+        "would not use dropout_rng); impl='vanilla' runs it"
+    ),
+    Feature.VALUE_DIM: "jax.nn.dot_product_attention requires v to have k's shape (value head dim == head dim)",
+}
+
+_logged: set[tuple[Any, ...]] = set()
+
+
+class _JaxNnAttention(AttentionImpl):
+    """What both impls share: declarations, reasons, and the call into ``sdpa_attention``."""
+
+    features: ClassVar[frozenset[Feature]] = FEATURES
+
+    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        missing = problem.required_features() - self.features
+        reasons += [WHY_NOT[f] for f in sorted(missing, key=str) if f in WHY_NOT]
+        if self.metadata.softmax_dtype != "float32":
+            reasons.append(
+                "jax.nn.dot_product_attention always computes the softmax in float32; "
+                f"softmax_dtype={self.metadata.softmax_dtype!r} cannot be honoured"
+            )
+        return reasons
+
+    def _problem(self, q: Any, k: Any, v: Any, mask: Any, bias: Any, causal: bool,
+                 features: dict[str, Any]) -> AttentionProblem:
+        return AttentionProblem.from_inputs(
+            q, k, v, mask=mask, bias=bias, causal=causal, sliding_window=features.get("sliding_window"),
+            q_segment_ids=features.get("q_segment_ids"), kv_segment_ids=features.get("kv_segment_ids"),
+            softmax_aux=features.get("softmax_aux"), dtype=q.dtype,
+        )
+
+    def _attend(
+        self, implementation: Implementation, q: Any, k: Any, v: Any, mask: Any, bias: Any,
+        init_bias: Callable[[], Any] | None, causal: bool, features: dict[str, Any],
+    ) -> AttentionOutput:
+        # __call__ has declined these already; a direct forward_* call must not drop them either.
+        if features.get("logits_soft_cap") is not None:
+            raise UnsupportedError(self.name(), [WHY_NOT[Feature.SOFT_CAP]])
+        if features.get("dropout_prob", 0.0):
+            raise UnsupportedError(self.name(), [WHY_NOT[Feature.DROPOUT]])
+        if bias is None and init_bias is not None:
+            bias = init_bias()
+        out = sdpa_attention(
+            q, k, v, mask=mask, bias=bias, causal=causal,
+            sliding_window=features.get("sliding_window"),
+            q_segment_ids=features.get("q_segment_ids"), kv_segment_ids=features.get("kv_segment_ids"),
+            softmax_scale=features.get("softmax_scale"), softmax_aux=features.get("softmax_aux"),
+            implementation=implementation,
+        )
+        return AttentionOutput(attention_outputs=out)
+
+
+class CudnnAttention(_JaxNnAttention):
+    """cuDNN flash attention through ``jax.nn.dot_product_attention(implementation="cudnn")``."""
+
+    platforms: ClassVar[frozenset[str]] = frozenset({"cuda"})
+    dtypes: ClassVar[frozenset[str]] = CUDNN_DTYPES
+    # cuDNN's ceiling is 256 on sm_90+ and 128 before; cudnn_reasons checks the GPU at hand.
+    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (8, 256)
+    priority: ClassVar[int] = 100
+    description: ClassVar[str] = "cuDNN flash attention via jax.nn (needs an NVIDIA GPU with cuDNN, fp16/bf16)"
+
+    @classmethod
+    def get_impl_name(cls) -> tuple[str, ...]:
+        return ("cudnn", "cuda_flash_attn2")
+
+    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        return reasons + cudnn_reasons(problem, self.device, cudnn_version())
+
+    def forward_cuda(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
+                     init_bias: Callable[[], Any] | None = None, causal: bool = False,
+                     **features: Any) -> AttentionOutput:
+        return self._attend("cudnn", q, k, v, mask, bias, init_bias, causal, features)
+
+
+class SdpaAttention(_JaxNnAttention):
+    """The best ``jax.nn.dot_product_attention`` path here: cuDNN if it takes the call, else XLA."""
+
+    platforms: ClassVar[frozenset[str]] = frozenset({"cpu", "gpu", "tpu"})
+    # float64 is left out: jax.nn would run its softmax in float32, silently.
+    dtypes: ClassVar[frozenset[str]] = frozenset({"float32", "bfloat16", "float16"})
+    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 1 << 16)
+    priority: ClassVar[int] = 50
+    description: ClassVar[str] = "jax.nn.dot_product_attention: cuDNN when it takes the call, XLA otherwise"
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "sdpa"
+
+    def cudnn_declines(self, problem: AttentionProblem) -> list[str]:
+        """Why this call goes to XLA rather than cuDNN here (empty: it goes to cuDNN).
+
+        Judged as if a gradient followed: a forward cannot know, and cuDNN's backward has
+        limits of its own that would otherwise fail (or mislead) only later.
+        """
+        if not (self.platform == "gpu" and self.vendor == "cuda"):
+            return [f"cuDNN runs only on NVIDIA GPUs; this platform is {self.platform}"]
+        reasons: list[str] = []
+        dtype = self.compute_dtype(problem)
+        if dtype not in CUDNN_DTYPES:
+            reasons.append(f"cuDNN computes in float16/bfloat16 only, the inputs are {dtype}")
+        return reasons + cudnn_reasons(dataclasses.replace(problem, needs_grad=True), self.device,
+                                       cudnn_version())
+
+    def notes(self, problem: AttentionProblem) -> list[str]:
+        """How this impl would run ``problem`` here (for ``explain``)."""
+        why = self.cudnn_declines(problem)
+        if not why:
+            return ["runs through cuDNN (jax.nn implementation='cudnn')"]
+        return ["runs through XLA (jax.nn implementation='xla'): " + "; ".join(why)]
+
+    def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
+                       init_bias: Callable[[], Any] | None = None, causal: bool = False,
+                       **features: Any) -> AttentionOutput:
+        return self._attend("xla", q, k, v, mask, bias, init_bias, causal, features)
+
+    def forward_cuda(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
+                     init_bias: Callable[[], Any] | None = None, causal: bool = False,
+                     **features: Any) -> AttentionOutput:
+        problem = self._problem(q, k, v, mask, bias, causal, features)
+        why = self.cudnn_declines(problem)
+        implementation: Implementation = "xla" if why else "cudnn"
+        key = (problem.signature(), implementation)
+        if key not in _logged:
+            _logged.add(key)
+            logger.info("jaxattn: sdpa runs %s through %s%s", problem.describe(),
+                        "cuDNN" if not why else "XLA", f" ({'; '.join(why)})" if why else "")
+        return self._attend(implementation, q, k, v, mask, bias, init_bias, causal, features)

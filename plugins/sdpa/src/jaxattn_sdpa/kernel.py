@@ -1,0 +1,237 @@
+"""jaxattn's attention contract on top of ``jax.nn.dot_product_attention``.
+
+One function, ``sdpa_attention``, for both of jax.nn's paths (``"xla"`` and ``"cudnn"``).
+It adds nothing to the plain call: with no mask, bias, window, segment ids or sinks (and
+causal with T == S), it *is* ``jax.nn.dot_product_attention(q, k, v, scale=..., is_causal=...)``.
+The rest is translated exactly:
+
+* causal / sliding window: bottom-right to jax.nn's top-left (``translate.structural_band``);
+* segment ids: a ``(B, 1, T, S)`` mask, or sequence lengths when they are a (concrete)
+  right-padding pattern;
+* sinks (``softmax_aux``): one extra key at position 0 with K = V = 0 and a bias column equal
+  to the sink logit, which joins the softmax denominator and adds nothing to the output.
+  Prepending keeps the bottom-right alignment of every real key;
+* rows with nothing to attend to: jax.nn masks with a large finite negative number, so such
+  rows come out as the mean of V; we replace them by zeros (the contract) with a ``where``,
+  which also zeroes their gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxattn.errors import UnsupportedError
+
+from .cudnn import band_is_native, sink_columns
+from .translate import Band, band_row_valid, padding_lengths, structural_band
+
+__all__ = ["Implementation", "sdpa_attention"]
+
+Array = jax.Array
+Implementation = Literal["xla", "cudnn"]
+
+
+def _concrete(x: Any) -> bool:
+    return x is not None and not isinstance(x, jax.core.Tracer)
+
+
+def _and_all(masks: Sequence[Array]) -> Array | None:
+    out: Array | None = None
+    for m in masks:
+        out = m if out is None else jnp.logical_and(out, m)
+    return out
+
+
+def _band_mask(band: Band, t: int, s: int, offset: int = 0) -> Array:
+    """``(1, 1, T, S)`` boolean of the band; keys shifted right by ``offset`` prepended columns."""
+    i = jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, s), 2)
+    j = jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, s), 3) - offset
+    keep = j >= 0
+    if band.lo is not None:
+        keep = keep & (j >= i + band.lo)
+    if band.hi is not None:
+        keep = keep & (j <= i + band.hi)
+    return keep
+
+
+def _length_mask(q_len: np.ndarray, kv_len: np.ndarray, t: int, s: int) -> Array:
+    q_ok = jnp.arange(t)[None, :, None] < jnp.asarray(q_len)[:, None, None]
+    kv_ok = jnp.arange(s)[None, None, :] < jnp.asarray(kv_len)[:, None, None]
+    return (q_ok & kv_ok)[:, None]
+
+
+@jax.custom_vjp
+def _no_cudnn_bias_grad(x: Array) -> Array:
+    """Identity whose gradient refuses: cuDNN returns no bias gradient for this layout."""
+    return x
+
+
+def _no_grad_fwd(x: Array) -> tuple[Array, None]:
+    return x, None
+
+
+def _no_grad_bwd(_: None, g: Array) -> tuple[Array]:
+    raise UnsupportedError("cudnn", [
+        "cuDNN computes the bias gradient only for a bias shared across the batch, (1, Hq, T, S); this "
+        "call's bias tensor varies over the batch (a batched bias, mask or segment ids), so the gradient "
+        "of the bias or sinks would be wrong; use impl='sdpa' (XLA) or a bias with batch dim 1",
+    ])
+
+
+_no_cudnn_bias_grad.defvjp(_no_grad_fwd, _no_grad_bwd)
+
+
+def _prepend_keys(x: Array, n: int) -> Array:
+    """n zero keys (or values) in front: a sink's K and V are zero."""
+    pad = jnp.zeros((x.shape[0], n, *x.shape[2:]), x.dtype)
+    return jnp.concatenate([pad, x], axis=1)
+
+
+def _prepend_mask(m: Array, n: int) -> Array:
+    """The sink column is always visible; parity columns never are."""
+    shape = (*m.shape[:3], n)
+    cols = jnp.zeros(shape, bool).at[..., 0].set(True)
+    return jnp.concatenate([cols, m], axis=-1)
+
+
+def _sink_bias(aux: Array, bias: Array | None, hq: int, t: int, s: int, n: int, dtype: Any) -> Array:
+    """The bias with ``n`` columns in front: the sink logit in column 0, zeros after it."""
+    aux_col = aux.astype(dtype).reshape(1, hq, 1, 1)
+    if bias is None:
+        bias = jnp.zeros((1, 1, 1, s), dtype)
+    bias = bias.astype(dtype)
+    lead = (bias.shape[0], hq, bias.shape[2])
+    cols = jnp.concatenate(
+        [jnp.broadcast_to(aux_col, (*lead, 1)), jnp.zeros((*lead, n - 1), dtype)], axis=-1
+    )
+    return jnp.concatenate([cols, jnp.broadcast_to(bias, (*lead, s))], axis=-1)
+
+
+def _row_valid(
+    masks: Sequence[Array], band: Band | None, lengths: tuple[np.ndarray, np.ndarray] | None, t: int, s: int
+) -> Array | np.ndarray | None:
+    """Which query rows see a key: ``(b, h, T)`` (dims 1 where shared), or None if all do."""
+    if masks:  # data-dependent: reduce the combined visibility (one pass over the mask)
+        parts = list(masks)
+        if band is not None:
+            parts.append(_band_mask(band, t, s))
+        if lengths is not None:
+            parts.append(_length_mask(*lengths, t, s))
+        vis = _and_all(parts)
+        assert vis is not None
+        return jnp.any(vis, axis=-1)
+    valid = band_row_valid(band, t, s, None if lengths is None else lengths[1])
+    if lengths is not None:
+        valid = valid & (np.arange(t)[None, :] < lengths[0][:, None])
+    if valid.all():
+        return None
+    return valid.reshape(-1 if valid.ndim == 2 else 1, 1, t)
+
+
+def sdpa_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    causal: bool = False,
+    sliding_window: tuple[int, int] | None = None,
+    q_segment_ids: Array | None = None,
+    kv_segment_ids: Array | None = None,
+    softmax_scale: float | None = None,
+    softmax_aux: Array | None = None,
+    implementation: Implementation = "xla",
+) -> Array:
+    """Attention with DESIGN.md's semantics through ``jax.nn.dot_product_attention``.
+
+    ``mask`` / ``bias`` are rank 4, broadcastable to ``(B, Hq, T, S)``. Returns
+    ``(B, T, Hq, D)`` in q's dtype. The caller has checked what ``implementation`` supports.
+    """
+    b, t, hq, _ = q.shape
+    s = k.shape[1]
+    cudnn = implementation == "cudnn"
+    band = structural_band(t, s, causal, sliding_window)
+
+    masks: list[Array] = [] if mask is None else [mask]
+    lengths: tuple[np.ndarray, np.ndarray] | None = None
+    if q_segment_ids is not None and kv_segment_ids is not None:
+        if _concrete(q_segment_ids) and _concrete(kv_segment_ids):
+            lengths = padding_lengths(q_segment_ids, kv_segment_ids)
+        if lengths is not None and lengths[0].min() == t and lengths[1].min() == s:
+            lengths = None  # one segment spanning everything: nothing to mask
+        elif lengths is None:
+            masks.append(jnp.asarray(q_segment_ids)[:, None, :, None] == jnp.asarray(kv_segment_ids)[:, None, None, :])
+
+    row_valid = _row_valid(masks, band, lengths, t, s)
+
+    # Prepended sink keys shift every real key by n; bottom-right alignment is unchanged.
+    n = 0 if softmax_aux is None else (sink_columns(s) if cudnn else 1)
+    native = band is None or (band_is_native(t, s, band) if cudnn else True)
+    if n and band is not None and (cudnn or band.lo is not None):
+        native = False  # a left edge would hide the sink at key 0: spell the band out instead
+    if band is not None and not native:
+        masks.append(_band_mask(band, t, s))
+        band = None
+    s_all = s + n
+
+    if n:
+        assert softmax_aux is not None
+        bias_dtype = q.dtype if cudnn else jnp.promote_types(softmax_aux.dtype, bias.dtype if bias is not None
+                                                             else softmax_aux.dtype)
+        bias = _sink_bias(softmax_aux, bias, hq, t, s, n, bias_dtype)
+        k, v = _prepend_keys(k, n), _prepend_keys(v, n)
+        masks = [_prepend_mask(m, n) for m in masks]
+        if n > 1 and not masks:
+            masks = [_prepend_mask(jnp.ones((1, 1, 1, s), bool), n)]
+        if lengths is not None:
+            lengths = (lengths[0], lengths[1] + n)
+        if band is not None:
+            band = Band(None, band.hi + n if band.hi is not None else None)
+
+    combined = _and_all(masks)
+    if cudnn:
+        combined, bias = _cudnn_operands(combined, bias, q, t, s_all)
+
+    kwargs: dict[str, Any] = {}
+    if band is not None:
+        if band.is_top_left_causal:
+            kwargs["is_causal"] = True
+        elif cudnn:  # band_is_native: causal with a left edge
+            kwargs.update(is_causal=True, local_window_size=band.local_window_size(t, s_all))
+        else:
+            kwargs["local_window_size"] = band.local_window_size(t, s_all)
+    if lengths is not None:
+        kwargs["query_seq_lengths"] = jnp.asarray(lengths[0], jnp.int32)
+        kwargs["key_value_seq_lengths"] = jnp.asarray(lengths[1], jnp.int32)
+
+    out = jax.nn.dot_product_attention(
+        q, k, v, bias=bias, mask=combined, scale=softmax_scale, implementation=implementation, **kwargs
+    )
+    if row_valid is not None:
+        # (b, h, T) -> (b, T, h, 1) against the (B, T, Hq, D) output.
+        keep = jnp.transpose(jnp.asarray(row_valid), (0, 2, 1))[..., None]
+        out = jnp.where(keep, out, jnp.zeros((), out.dtype))
+    return out
+
+
+def _cudnn_operands(mask: Array | None, bias: Array | None, q: Array, t: int, s: int) -> tuple[Any, Any]:
+    """Bring mask and bias to what cuDNN accepts: full (T, S) extent, bias in q's dtype.
+
+    A bias carrying gradients (the user's, or sinks) is widened to every query head, the one
+    layout, ``(1, Hq, T, S)``, for which cuDNN computes the bias gradient; when it also varies
+    over the batch that gradient is refused rather than returned wrong.
+    """
+    if mask is not None:
+        mask = jnp.broadcast_to(mask, (*mask.shape[:2], t, s))
+    if bias is not None:
+        hq = q.shape[2]
+        bias = jnp.broadcast_to(bias.astype(q.dtype), (bias.shape[0], hq, t, s))
+        if bias.shape[0] > 1 or (mask is not None and mask.shape[0] > 1):
+            bias = _no_cudnn_bias_grad(bias)
+    return mask, bias
