@@ -40,7 +40,35 @@ _EXPORTS: dict[str, str] = {
     "PluginError": "errors",
 }
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+__all__ = [
+    "AttentionImpl",
+    "AttentionMechanisms",
+    "AttentionMetadata",
+    "AttentionOutput",
+    "AttentionProblem",
+    "DeviceInfo",
+    "Explanation",
+    "Feature",
+    "ImplInfo",
+    "ImplNotFoundError",
+    "ImplRef",
+    "InvalidInputError",
+    "JaxattnError",
+    "PluginError",
+    "UnsupportedError",
+    "__version__",
+    "attention",
+    "detect_device",
+    "explain",
+    "get_impl",
+    "get_optimal_config",
+    "hookimpl",
+    "list_impls",
+    "register_impl",
+    "register_plugin",
+    "tpu_version_check",
+    "use_impl",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -19,8 +19,8 @@ def dtype_name(dtype: Any) -> str:
     import numpy as np
 
     try:
-        return np.dtype(dtype).name
+        return str(np.dtype(dtype).name)
     except TypeError:
         import ml_dtypes  # noqa: F401  # registers bfloat16 & friends with numpy
 
-        return np.dtype(dtype).name
+        return str(np.dtype(dtype).name)

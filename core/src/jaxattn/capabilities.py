@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from enum import Enum
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .problem import AttentionProblem
 
-__all__ = ["ALL_FEATURES", "Feature", "PLATFORM_TOKENS", "head_dim_reason", "platform_matches"]
+__all__ = ["ALL_FEATURES", "PLATFORM_TOKENS", "Feature", "head_dim_reason", "platform_matches"]
 
 
-class Feature(str, Enum):
+class Feature(StrEnum):
     """Capabilities a call may need. ``AttentionProblem.required_features()`` lists a call's."""
 
     CAUSAL = "causal"
@@ -30,9 +30,6 @@ class Feature(str, Enum):
     GRAD = "grad"
     WEIGHTS = "weights"  # fills AttentionOutput.attention_weights
     LSE = "lse"  # fills AttentionOutput.softmax_lse
-
-    def __str__(self) -> str:
-        return self.value
 
 
 ALL_FEATURES: frozenset[Feature] = frozenset(Feature)

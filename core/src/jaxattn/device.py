@@ -97,7 +97,7 @@ def _detect() -> DeviceInfo:
     version = ""
     try:
         version = str(devices[0].client.platform_version)
-    except Exception:  # noqa: BLE001  # platform_version is informative only
+    except Exception:  # platform_version is informative only
         version = ""
     return device_info_from(devices, version, jax.process_count())
 
@@ -115,7 +115,8 @@ def tpu_version_check(version: str = "v4", device: DeviceInfo | None = None) -> 
     if info.platform != "tpu" or info.tpu_generation is None:
         return False
     wanted = version.lower().strip().removeprefix("tpu").strip()
-    if not wanted.startswith("v"):
+    if not wanted.startswith("v") and not wanted.startswith("7"):
         wanted = "v" + wanted
-    gen = info.tpu_generation
-    return gen == wanted or (len(wanted) == 2 and gen.startswith(wanted)) or wanted.replace("lite", "e") == gen
+    if re.fullmatch(r"v\d", wanted):  # a family: "v5" is v5e and v5p
+        return info.tpu_generation.startswith(wanted)
+    return tpu_generation(f"tpu {wanted}") == info.tpu_generation

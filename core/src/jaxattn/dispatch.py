@@ -167,7 +167,8 @@ def choose(problem: AttentionProblem, metadata: AttentionMetadata) -> tuple[str 
 
 
 def _log_choice(problem: AttentionProblem, metadata: AttentionMetadata, chosen: str, rows: list[Candidate]) -> None:
-    key = (problem.signature(), hash(metadata))
+    # The registry generation is part of the key: new providers may change the choice.
+    key = (problem.signature(), hash(metadata), registry().generation)
     if key in _logged:
         return
     _logged.add(key)
@@ -300,11 +301,11 @@ def attention(
     """
     md = metadata if metadata is not None else AttentionMetadata()
     chosen = impl if isinstance(impl, AttentionImpl) else get_impl(current_impl_name(impl), md)
-    kwargs: dict[str, Any] = dict(
-        sliding_window=sliding_window, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-        softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap, softmax_aux=softmax_aux,
-        dropout_prob=dropout_prob, dropout_rng=dropout_rng,
-    )
+    kwargs: dict[str, Any] = {
+        "sliding_window": sliding_window, "q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids,
+        "softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap, "softmax_aux": softmax_aux,
+        "dropout_prob": dropout_prob, "dropout_rng": dropout_rng,
+    }
     try:
         out = chosen(q, k, v, mask, bias, init_bias, causal, **kwargs)
     except UnsupportedError as err:

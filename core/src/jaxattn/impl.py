@@ -150,8 +150,8 @@ class AttentionImpl:
             why = head_dim_reason(label, dim, self.head_dims)
             if why:
                 reasons.append(why)
-        for feature in sorted(problem.required_features() - self.features, key=str):
-            reasons.append(f"{_FEATURE_TEXT.get(feature, str(feature))} is not supported by {name}")
+        missing = sorted(problem.required_features() - self.features, key=str)
+        reasons += [f"{_FEATURE_TEXT.get(f, str(f))} is not supported by {name}" for f in missing]
         return reasons
 
     def fallback_reasons(self, problem: AttentionProblem) -> list[str]:
@@ -252,7 +252,7 @@ class AttentionImpl:
         )
         b, t, hq, _ = q.shape
         want = (b, t, hq, v.shape[-1])
-        got = tuple(getattr(out, "attention_outputs", out).shape)
+        got = tuple(out.attention_outputs.shape)
         if got != want:
             raise PluginError(f"impl {self.name()!r} returned attention_outputs of shape {got}, expected {want}")
         return out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .device import DeviceInfo, detect_device
 from .errors import ImplNotFoundError, PluginError
@@ -128,13 +128,15 @@ def list_impls(metadata: AttentionMetadata | None = None) -> list[ImplInfo]:
             platforms=p.platforms, priority=p.priority, status=status, reason=reason,
             usable_here=status == "ok" and id(p) in here, description=p.description,
         ))
-    for record in plugin_records():
-        if record.status in ("broken", "disabled"):
-            rows.append(ImplInfo(
-                name=record.name, aliases=(), plugin=record.name, distribution=record.distribution,
-                version=record.version, platforms=(), priority=0, status=record.status,
-                reason=record.reason if record.status == "broken" else "disabled by JAXATTN_PLUGINS/_DISABLE_PLUGINS",
-            ))
+    rows += [
+        ImplInfo(
+            name=record.name, aliases=(), plugin=record.name, distribution=record.distribution,
+            version=record.version, platforms=(), priority=0, status=record.status,
+            reason=record.reason if record.status == "broken" else "disabled by JAXATTN_PLUGINS/_DISABLE_PLUGINS",
+        )
+        for record in plugin_records()
+        if record.status in ("broken", "disabled")
+    ]
     return rows
 
 

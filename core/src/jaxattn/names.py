@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 __all__ = ["AttentionMechanisms", "normalize_name"]
 
 
-class AttentionMechanisms(str, Enum):
+class AttentionMechanisms(StrEnum):
     """Well-known implementation names; anywhere a name is accepted, these are too."""
 
     AUTO = "auto"
@@ -19,9 +19,6 @@ class AttentionMechanisms(str, Enum):
     SPLASH = "splash"
     BLOCKSPARSE = "blocksparse"
     RING = "ring"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def normalize_name(name: object) -> str:

@@ -15,7 +15,7 @@ import threading
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import pluggy
 
@@ -129,8 +129,8 @@ def _register_module(record: PluginRecord, plugin: object, *, isolate: bool = Tr
         _state.pm.register(plugin, name=record.name)
         for hook in _state.pm.hook.jaxattn_register_impls.get_hookimpls():
             if hook.plugin is plugin:
-                _collect(record, plugin, hook.function() or ())
-    except Exception as err:  # noqa: BLE001  # any failure of third-party code is isolated
+                _collect(record, plugin, cast("Iterable[Any]", hook.function() or ()))
+    except Exception as err:  # any failure of third-party code is isolated
         for provider in [p for p in _state.registry.providers if p.plugin == record.name]:
             _state.registry.remove(provider)
         record.impl_names.clear()
@@ -169,7 +169,7 @@ def _discover() -> None:
             continue
         try:
             module = ep.load()
-        except Exception as err:  # noqa: BLE001  # a broken plugin must not break the others
+        except Exception as err:  # a broken plugin must not break the others
             _fail(record, err)
             continue
         _register_module(record, module)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import itertools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -152,12 +153,16 @@ class ImplInfo:
         return dataclasses.asdict(self)
 
 
+# Global, so that a fresh Registry never reuses a generation number a cache has seen.
+_generations = itertools.count(1)
+
+
 class Registry:
     """Providers by name. Filled by discovery (``jaxattn.plugins``) and ``register_impl``."""
 
     def __init__(self) -> None:
         self.providers: list[Provider] = []
-        self.generation = 0  # bumped on every change; caches key on it
+        self.generation = next(_generations)  # changes on every change; caches key on it
 
     def add(self, provider: Provider, *, strict: bool) -> list[str]:
         """Add a provider; returns conflict messages (raised at once when ``strict``)."""
@@ -165,12 +170,12 @@ class Registry:
         if conflicts and strict:
             raise PluginError(conflicts[0])
         self.providers.append(provider)
-        self.generation += 1
+        self.generation = next(_generations)
         return conflicts
 
     def remove(self, provider: Provider) -> None:
         self.providers.remove(provider)
-        self.generation += 1
+        self.generation = next(_generations)
 
     def conflicting(self, provider: Provider) -> Iterator[Provider]:
         for other in self.providers:

@@ -45,7 +45,8 @@ def _check_broadcast(name: str, shape: tuple[int, ...], target: tuple[int, ...])
     if len(shape) > 4:
         raise InvalidInputError(name, f"has rank {len(shape)} {shape}; at most 4 dims broadcastable to (B, Hq, T, S)")
     padded = (1,) * (4 - len(shape)) + shape
-    bad = [f"{lab}: {have} vs {want}" for lab, have, want in zip(labels, padded, target) if have not in (1, want)]
+    pairs = zip(labels, padded, target, strict=True)
+    bad = [f"{lab}: {have} vs {want}" for lab, have, want in pairs if have not in (1, want)]
     if bad:
         raise InvalidInputError(
             name,

@@ -1,0 +1,88 @@
+"""Small in-process impls for the core's tests (plain jnp, independent of the plugins)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from jaxattn import AttentionImpl, AttentionOutput, Feature
+
+
+def dense_attention(q: Any, k: Any, v: Any, causal: bool, scale: float) -> Any:
+    group = q.shape[2] // k.shape[2]
+    k, v = jnp.repeat(k, group, 2), jnp.repeat(v, group, 2)
+    s = jnp.einsum("bthd,bshd->bhts", q, k).astype(jnp.float32) * scale
+    t, n = q.shape[1], k.shape[1]
+    if causal:
+        keep = jnp.arange(n)[None, :] <= jnp.arange(t)[:, None] + n - t
+        s = jnp.where(keep, s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1)
+    return jnp.einsum("bhts,bshd->bthd", p, v.astype(jnp.float32)).astype(q.dtype)
+
+
+class PlainImpl(AttentionImpl):
+    """Everywhere; causal + GQA only."""
+
+    features: ClassVar = frozenset({Feature.CAUSAL, Feature.GQA, Feature.CROSS, Feature.GRAD})
+    calls: ClassVar[list[str]] = []
+
+    @classmethod
+    def get_impl_name(cls) -> tuple[str, ...]:
+        return ("plain", "plain_alias")
+
+    def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
+                       init_bias: Any = None, causal: bool = False, **kw: Any) -> AttentionOutput:
+        type(self).calls.append(f"native:{self.platform}")
+        return AttentionOutput(dense_attention(q, k, v, causal, kw["softmax_scale"]))
+
+    def forward_cuda(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
+                     init_bias: Any = None, causal: bool = False, **kw: Any) -> AttentionOutput:
+        type(self).calls.append("cuda")
+        return AttentionOutput(dense_attention(q, k, v, causal, kw["softmax_scale"]))
+
+
+class FancyImpl(PlainImpl):
+    """Higher priority, but no GQA: auto takes it only for MHA."""
+
+    features: ClassVar = frozenset({Feature.CAUSAL, Feature.CROSS})
+    priority: ClassVar[int] = 10
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "fancy"
+
+
+class TpuOnlyImpl(PlainImpl):
+    platforms: ClassVar = frozenset({"tpu"})
+    priority: ClassVar[int] = 50
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "tpu_only"
+
+
+class CudaOnlyImpl(PlainImpl):
+    platforms: ClassVar = frozenset({"cuda"})
+    dtypes: ClassVar = frozenset({"bfloat16", "float16"})
+    head_dims: ClassVar = frozenset({64, 128})
+    priority: ClassVar[int] = 50
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "cuda_only"
+
+
+class FallbackImpl(PlainImpl):
+    """Runs MHA itself and hands GQA to "plain", like splash's seed behaviour."""
+
+    priority: ClassVar[int] = 20
+    fallback_impl: ClassVar[str | None] = "plain"
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "handoff"
+
+    def fallback_reasons(self, problem: Any) -> list[str]:
+        return ["GQA is handed off"] if problem.heads_q != problem.heads_kv else []
