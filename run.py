@@ -110,11 +110,12 @@ def ensure_environment(profile: str) -> Path:
     requirements = requirements_for(profile)
     names = ", ".join(p.relative_to(ROOT).as_posix() for p in packages)
     print(f"run.py: installing {names} (editable)"
-          + (f" and {len(requirements)} {profile} requirements" if requirements else ""),
+          + (f" and {len(requirements)} {profile} requirements" if requirements else "")
+          + "; the first time this downloads jax and friends and takes a few minutes",
           flush=True)
     editable = [arg for p in packages for arg in ("-e", str(p))]
     command = [str(python), "-m", "pip", "install", "--disable-pip-version-check",
-               "--progress-bar", "off", *editable, *requirements]
+               "--quiet", *editable, *requirements]
     # Drop the stamp first: an interrupted install must not look complete next time.
     STAMP.unlink(missing_ok=True)
     result = subprocess.run(command, cwd=ROOT, check=False)
