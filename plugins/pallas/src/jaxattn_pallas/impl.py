@@ -1,0 +1,94 @@
+"""``PallasFlashAttention``: ``flash_attn2`` on TPU, over the Pallas TPU flash-attention kernel.
+
+Imports no Pallas TPU module at import time: ``kernel.py`` (which does) is imported inside
+``forward_tpu``, so discovery, listing and ``explain`` stay cheap on every host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from jaxattn.capabilities import Feature
+from jaxattn.impl import AttentionImpl
+from jaxattn.output import AttentionOutput
+from jaxattn.problem import AttentionProblem
+
+from .blocks import plan_flash
+
+__all__ = ["PallasFlashAttention"]
+
+_ITEMSIZE = {"float32": 4, "bfloat16": 2}
+
+class PallasFlashAttention(AttentionImpl):
+    """Flash attention on TPU (jax.experimental.pallas.ops.tpu.flash_attention)."""
+
+    platforms: ClassVar[frozenset[str]] = frozenset({"tpu"})
+    # float16 has no fast path on TPUs; bfloat16 is their 16-bit type.
+    dtypes: ClassVar[frozenset[str]] = frozenset({"float32", "bfloat16"})
+    # Any head dim works (padded with zeros to the kernel's sizes); past 256 the padded
+    # tiles stop fitting the default VMEM budget.
+    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 256)
+    features: ClassVar[frozenset[Feature]] = frozenset({
+        Feature.CAUSAL,
+        Feature.MASK,
+        Feature.BIAS,
+        Feature.GQA,
+        Feature.CROSS,
+        Feature.DECODE,
+        Feature.VALUE_DIM,
+        Feature.SEGMENT_IDS,
+        Feature.GRAD,
+    })
+    # Above vanilla (0); below splash on TPU v4 and later (see jaxattn_splash), above it on v2/v3.
+    priority: ClassVar[int] = 100
+    description: ClassVar[str] = "Pallas TPU flash attention (causal, mask, bias, GQA, segment ids)"
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "flash_attn2"
+
+    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
+        # The base class declines every feature missing from ``features`` (sliding window,
+        # soft cap, sinks, dropout, weights, lse), with a reason each.
+        reasons = super().not_supported_reasons(problem)
+        try:
+            plan_flash(
+                problem.seq_q,
+                problem.seq_k,
+                itemsize=_ITEMSIZE.get(self.compute_dtype(problem), 4),
+                **self.metadata.block_sizes,
+            )
+        except ValueError as err:
+            reasons.append(f"metadata: {err}")
+        return reasons
+
+    def forward_tpu(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        mask: Any = None,
+        bias: Any = None,
+        init_bias: Callable[[], Any] | None = None,
+        causal: bool = False,
+        **features: Any,
+    ) -> AttentionOutput:
+        from .kernel import flash_attention
+
+        if bias is None and init_bias is not None:
+            bias = init_bias()
+        out = flash_attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            causal=causal,
+            q_segment_ids=features.get("q_segment_ids"),
+            kv_segment_ids=features.get("kv_segment_ids"),
+            softmax_scale=features["softmax_scale"],
+            block_sizes=self.metadata.block_sizes,
+            interpret=self.metadata.interpret,
+        )
+        return AttentionOutput(attention_outputs=out)

@@ -1,0 +1,216 @@
+"""The DESIGN.md attention contract on top of the Pallas TPU splash-attention kernel.
+
+``jax.experimental.pallas.ops.tpu.splash_attention`` runs one batch element of
+``(H, T, D)`` queries against ``(Hkv, S, D)`` (``make_splash_mha``, grouped heads native)
+or ``(S, D)`` (``make_splash_mqa``) keys, under a static per-head mask whose all-masked
+tiles it skips. It has no softmax scale (q is pre-scaled, so the soft cap sees scaled
+logits, as the contract wants), takes segment ids and sinks per call, and needs tile
+multiples of 128. This module translates, exactly:
+
+* BTHD <-> per-batch HTD (``jax.vmap`` over the batch);
+* causal / sliding window, aligned bottom-right, as ``CausalMask`` / ``LocalMask`` with
+  ``offset = S - T`` (a causal window is the window with no right side); no causal and no
+  window is ``FullMask``. Causal with ``T > S`` drops the first ``T - S`` queries, which see
+  no key (splash calls such rows undefined);
+* lengths padded to tiles; padded keys hidden through segment ids where the static mask
+  does not hide them already;
+* a query row that sees no key yields zeros (the kernel would average the masked keys, or
+  divide by zero in tiles it skipped).
+
+The Pallas TPU modules are imported here at module level; this module itself is only
+imported when a kernel is built (see ``impl.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+from .blocks import SplashPlan, plan_splash
+
+__all__ = ["build_kernel", "splash_attention"]
+
+
+def _pad_axis(x: jax.Array, axis: int, before: int, after: int, value: int | float | jax.Array = 0) -> jax.Array:
+    if before == 0 and after == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (before, after)
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def _static_mask(
+    shape: tuple[int, int], causal: bool, window: tuple[int, int] | None, offset: int
+) -> splash.Mask:
+    """One head's mask over the padded (T, S) grid."""
+    if window is not None:
+        left, right = window
+        return splash.LocalMask(shape, window_size=(left, 0 if causal else right), offset=offset)
+    if causal:
+        return splash.CausalMask(shape, offset=offset)
+    return splash.FullMask(shape)
+
+
+@functools.lru_cache(maxsize=64)
+def build_kernel(
+    heads: int,
+    mqa: bool,
+    plan: SplashPlan,
+    causal: bool,
+    window: tuple[int, int] | None,
+    offset: int,
+    soft_cap: float | None,
+    interpret: bool,
+) -> splash.SplashAttentionKernel:
+    """The splash kernel for one configuration (cached: building it analyses the mask).
+
+    Built under ``ensure_compile_time_eval`` so its mask tables are concrete arrays even
+    when the first call happens inside ``jax.jit`` (a cached tracer would leak).
+    """
+    head_mask = _static_mask((plan.q_len, plan.kv_len), causal, window, offset)
+    block_sizes = splash.BlockSizes(
+        block_q=plan.block_q,
+        block_kv=plan.block_kv,
+        block_kv_compute=plan.block_kv,
+        block_q_dkv=plan.block_q_bwd,
+        block_kv_dkv=plan.block_kv_bwd,
+        block_kv_dkv_compute=plan.block_kv_bwd,
+        block_q_dq=plan.block_q_bwd,
+        block_kv_dq=plan.block_kv_bwd,
+    )
+    make = splash.make_splash_mqa if mqa else splash.make_splash_mha
+    with jax.ensure_compile_time_eval():
+        return make(
+            splash.MultiHeadMask([head_mask] * heads),
+            block_sizes=block_sizes,
+            attn_logits_soft_cap=soft_cap,
+            head_shards=1,
+            q_seq_shards=1,
+            # TPU interpret mode (simulated VMEM/SMEM, out-of-bounds reads raise), not the
+            # generic HLO interpreter that interpret=True would select.
+            interpret=pltpu.InterpretParams() if interpret else False,
+        )
+
+
+def _segment_sentinel(q_seg: jax.Array) -> jax.Array:
+    """An id no query carries, for padded keys: one below the smallest query id (or, in
+    the absurd case where that is int32 min, one above the largest)."""
+    low = jnp.min(q_seg)
+    return jnp.where(low > jnp.iinfo(jnp.int32).min, low - 1, jnp.max(q_seg) + 1)
+
+
+def _valid_rows(
+    t: int,
+    s: int,
+    causal: bool,
+    window: tuple[int, int] | None,
+    q_seg: jax.Array | None,
+    kv_seg: jax.Array | None,
+) -> jax.Array | None:
+    """(B|1, 1, T): whether each query sees any key; None when every one does."""
+    if window is None and q_seg is None:
+        return None  # causal alone leaves every row (of T <= S) a key
+    i = jnp.arange(t)[:, None] + (s - t)  # bottom-right aligned query position
+    j = jnp.arange(s)[None, :]
+    vis = jnp.ones((t, s), bool)
+    if causal:
+        vis &= j <= i
+    if window is not None:
+        vis &= (j >= i - window[0]) & (j <= i + window[1])
+    vis = vis[None]
+    if q_seg is not None and kv_seg is not None:
+        vis = vis & (q_seg[:, :, None] == kv_seg[:, None, :])
+    return jnp.any(vis, axis=-1)[:, None, :]
+
+
+def splash_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool = False,
+    sliding_window: tuple[int, int] | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    softmax_scale: float,
+    logits_soft_cap: float | None = None,
+    softmax_aux: jax.Array | None = None,
+    block_sizes: dict[str, int] | None = None,
+    interpret: bool = False,
+) -> jax.Array:
+    """Attention of BTHD ``q (B, T, Hq, D)``, ``k (B, S, Hkv, D)``, ``v (B, S, Hkv, Dv)``.
+
+    ``softmax_aux`` is one sink logit per query head ``(Hq,)``. ``block_sizes`` takes
+    ``block_q``, ``block_k``, ``block_q_bwd``, ``block_k_bwd``. Returns ``(B, T, Hq, Dv)``.
+    """
+    b, t_in, hq, _ = q.shape
+    s, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
+    out_dtype = q.dtype
+
+    skipped = t_in - s if causal and t_in > s else 0
+    if skipped:
+        q = q[:, skipped:]
+        if q_segment_ids is not None:
+            q_segment_ids = q_segment_ids[:, skipped:]
+    t = t_in - skipped
+    has_segments = q_segment_ids is not None and kv_segment_ids is not None
+    valid = _valid_rows(
+        t,
+        s,
+        causal,
+        sliding_window,
+        q_segment_ids if has_segments else None,
+        kv_segment_ids if has_segments else None,
+    )
+
+    plan = plan_splash(t, s, **(block_sizes or {}))
+    tail_q, tail_k = plan.q_len - t, plan.kv_len - s
+    mqa = hkv == 1 and hq > 1
+
+    # Splash has no scale: scale q (in float32, then back) so logits and soft cap match.
+    qh = (q.astype(jnp.float32) * softmax_scale).astype(q.dtype).transpose(0, 2, 1, 3)
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    qh = _pad_axis(qh, 2, 0, tail_q)
+    kh, vh = _pad_axis(kh, 2, 0, tail_k), _pad_axis(vh, 2, 0, tail_k)
+    if mqa:
+        kh, vh = kh[:, 0], vh[:, 0]
+
+    # Padded keys are hidden by causal masking (the last query sees key S - 1 at most);
+    # otherwise by a key segment no query carries.
+    segments = None
+    if has_segments:
+        assert q_segment_ids is not None and kv_segment_ids is not None  # narrowed above
+        q_ids = q_segment_ids.astype(jnp.int32)
+        kv_ids = _pad_axis(kv_segment_ids.astype(jnp.int32), 1, 0, tail_k, _segment_sentinel(q_ids))
+        segments = splash.SegmentIds(q=_pad_axis(q_ids, 1, 0, tail_q), kv=kv_ids)
+    elif tail_k and not causal:
+        segments = splash.SegmentIds(
+            q=jnp.zeros((b, plan.q_len), jnp.int32),
+            kv=jnp.broadcast_to((jnp.arange(plan.kv_len) >= s).astype(jnp.int32), (b, plan.kv_len)),
+        )
+
+    kernel = build_kernel(
+        hq,
+        mqa,
+        plan,
+        causal,
+        sliding_window,
+        s - t,
+        None if logits_soft_cap is None else float(logits_soft_cap),
+        interpret,
+    )
+    sinks = None if softmax_aux is None else softmax_aux.astype(jnp.float32)
+    seg_axes = None if segments is None else splash.SegmentIds(q=0, kv=0)
+    out = jax.vmap(kernel, in_axes=(0, 0, 0, seg_axes, None))(qh, kh, vh, segments, sinks)
+
+    out = out[:, :, :t, :dv]
+    if valid is not None:
+        out = jnp.where(valid[..., None], out, 0)
+    out = out.transpose(0, 2, 1, 3).astype(out_dtype)
+    if skipped:
+        out = _pad_axis(out, 1, skipped, 0)
+    return out
