@@ -1,0 +1,107 @@
+"""``SplashAttention``: ``splash`` (alias ``blocksparse``) on TPU, over Pallas splash attention.
+
+Imports no Pallas TPU module at import time: ``kernel.py`` (which does) is imported inside
+``forward_tpu``, so discovery, listing and ``explain`` stay cheap on every host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from jaxattn.capabilities import Feature
+from jaxattn.device import DeviceInfo
+from jaxattn.impl import AttentionImpl
+from jaxattn.output import AttentionOutput
+from jaxattn.problem import AttentionProblem
+
+from .blocks import LANES, plan_splash
+
+__all__ = ["SplashAttention"]
+
+#: TPU generations where the Pallas flash kernel (flash_attn2) is preferred to splash.
+_OLD_TPUS = frozenset({"v2", "v3"})
+
+
+class SplashAttention(AttentionImpl):
+    """Block-sparse flash attention on TPU (jax.experimental.pallas.ops.tpu.splash_attention)."""
+
+    platforms: ClassVar[frozenset[str]] = frozenset({"tpu"})
+    dtypes: ClassVar[frozenset[str]] = frozenset({"float32", "bfloat16"})
+    # Head dims that are not multiples of 128 are accepted and handed to vanilla (see
+    # fallback_reasons); past 256 the tiles stop fitting the default VMEM budget.
+    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 256)
+    features: ClassVar[frozenset[Feature]] = frozenset({
+        Feature.CAUSAL,
+        Feature.GQA,
+        Feature.CROSS,
+        Feature.DECODE,  # through the fallback
+        Feature.VALUE_DIM,
+        Feature.SLIDING_WINDOW,
+        Feature.SEGMENT_IDS,
+        Feature.SOFT_CAP,
+        Feature.SINKS,
+        Feature.GRAD,
+    })
+    # The seed's choice by generation: splash on TPU v4 and later, the Pallas flash kernel
+    # (priority 100) on v2/v3, where splash's block-sparse bookkeeping does not pay.
+    priority: ClassVar[int] = 110
+    fallback_impl: ClassVar[str | None] = "vanilla"
+    description: ClassVar[str] = "Pallas TPU splash attention (block-sparse: causal, windows, soft cap, sinks)"
+
+    @classmethod
+    def get_impl_name(cls) -> tuple[str, ...]:
+        return ("splash", "blocksparse")
+
+    @classmethod
+    def priority_for(cls, device: DeviceInfo) -> int:
+        return 90 if device.tpu_generation in _OLD_TPUS else cls.priority
+
+    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
+        # The base class declines every feature missing from ``features`` (boolean mask,
+        # bias, dropout, weights, lse), with a reason each.
+        reasons = super().not_supported_reasons(problem)
+        try:
+            plan_splash(problem.seq_q, problem.seq_k, **self.metadata.block_sizes)
+        except ValueError as err:
+            reasons.append(f"metadata: {err}")
+        return reasons
+
+    def fallback_reasons(self, problem: AttentionProblem) -> list[str]:
+        """The seed's fallbacks to vanilla, kept (visible in explain and logged once)."""
+        reasons = []
+        if problem.seq_q == 1:
+            reasons.append("a decode step (T == 1) would fill a 128-row query tile with one row")
+        for label, dim in (("head dim", problem.head_dim), ("value head dim", problem.head_dim_v)):
+            if dim % LANES:
+                reasons.append(f"{label} {dim} is not a multiple of {LANES}, the TPU lane width splash tiles by")
+        return reasons
+
+    def forward_tpu(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        mask: Any = None,
+        bias: Any = None,
+        init_bias: Callable[[], Any] | None = None,
+        causal: bool = False,
+        **features: Any,
+    ) -> AttentionOutput:
+        from .kernel import splash_attention
+
+        out = splash_attention(
+            q,
+            k,
+            v,
+            causal=causal,
+            sliding_window=features.get("sliding_window"),
+            q_segment_ids=features.get("q_segment_ids"),
+            kv_segment_ids=features.get("kv_segment_ids"),
+            softmax_scale=features["softmax_scale"],
+            logits_soft_cap=features.get("logits_soft_cap"),
+            softmax_aux=features.get("softmax_aux"),
+            block_sizes=self.metadata.block_sizes,
+            interpret=self.metadata.interpret,
+        )
+        return AttentionOutput(attention_outputs=out)
