@@ -32,6 +32,7 @@ __all__ = [
     "Explanation",
     "attention",
     "choose",
+    "clear_choices",
     "current_impl_name",
     "explain",
     "get_optimal_config",
@@ -78,6 +79,11 @@ class Candidate:
     fallback_impl: str | None = None
     here: bool = True
     chosen: bool = False
+    # Why it holds its place in auto's ranking: declared priority, or a measurement.
+    rank_reason: str = ""
+    measured: bool = False
+    # Set on auto's pick when measurements chose another impl for differentiated calls.
+    grad_impl: str | None = None
 
     @property
     def accepted(self) -> bool:
@@ -147,23 +153,59 @@ RankRefiner = Callable[[list[Candidate], AttentionProblem, AttentionMetadata], l
 _refiners: list[RankRefiner] = []
 
 
+_default_refiners_loaded = False
+# choose()'s results per (problem, metadata, device, registry state): a repeated call signature
+# costs one dict lookup. Cleared when refiners or the tuning cache change (clear_choices).
+_choices: dict[tuple[Any, ...], tuple[str | None, list[Candidate]]] = {}
+
+
 def add_rank_refiner(refiner: RankRefiner) -> None:
     """Let measured results (e.g. a tuning cache) reorder auto's accepted candidates."""
     if refiner not in _refiners:
         _refiners.append(refiner)
+    clear_choices()
+
+
+def clear_choices() -> None:
+    """Forget memoised choices (after a refiner's data changed, e.g. a new tuning cache)."""
+    _choices.clear()
+
+
+def _load_default_refiners() -> None:
+    # The tuning cache's refiner, imported on the first choice so `import jaxattn` stays cheap.
+    global _default_refiners_loaded
+    _default_refiners_loaded = True
+    from .tuning.refiner import refine
+
+    if refine not in _refiners:
+        _refiners.insert(0, refine)
 
 
 def choose(problem: AttentionProblem, metadata: AttentionMetadata) -> tuple[str | None, list[Candidate]]:
-    """Auto's pick for ``problem``: the best accepted candidate that runs the call itself."""
+    """Auto's pick for ``problem``: the best accepted candidate that runs the call itself.
+
+    Rows come back in ranking order: auto's pool (refined by measurements) first, each with
+    the reason for its place, then every other candidate.
+    """
+    if not _default_refiners_loaded:
+        _load_default_refiners()
+    reg = registry()
+    key = (problem, metadata, detect_device(), reg.generation)
+    memo = _choices.get(key)
+    if memo is not None:
+        return memo[0], list(memo[1])
     rows = _evaluate(problem, metadata)
     accepted = [c for c in rows if c.accepted]
     direct = [c for c in accepted if not c.fallback]
-    pool = direct or accepted
+    pool = [dataclasses.replace(c, rank_reason=f"declared priority {c.priority}") for c in direct or accepted]
     for refine in _refiners:
         pool = refine(pool, problem, metadata)
     chosen = pool[0].name if pool else None
+    ranked = {c.name for c in pool}
+    rows = pool + [c for c in rows if not (c.here and c.name in ranked)]
     rows = [dataclasses.replace(c, chosen=c.name == chosen and c.here) for c in rows]
-    return chosen, rows
+    _choices[key] = (chosen, rows)
+    return chosen, list(rows)
 
 
 def _log_choice(problem: AttentionProblem, metadata: AttentionMetadata, chosen: str, rows: list[Candidate]) -> None:
@@ -194,6 +236,11 @@ class AutoAttention(AttentionImpl):
             raise UnsupportedError("auto", reasons or ["no attention impl is installed for this platform"],
                                    hint="install a backend (pip install 'jaxattn[cpu]') or change the inputs")
         _log_choice(problem, self.metadata, chosen, rows)
+        grad_impl = next((c.grad_impl for c in rows if c.chosen), None)
+        if grad_impl and grad_impl != chosen:
+            from .tuning.split import SplitGradImpl
+
+            return SplitGradImpl(get_impl(chosen, self.metadata), get_impl(grad_impl, self.metadata))
         return get_impl(chosen, self.metadata)
 
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
@@ -228,11 +275,15 @@ class Explanation:
         }
 
     def __str__(self) -> str:
+        grad = next((c.grad_impl for c in self.candidates if c.chosen and c.grad_impl), None)
         lines = [f"device: {self.device}", f"call:   {self.problem.describe()}",
-                 f"impl:   {self.requested} -> {self.chosen or 'nothing can run this call'}"]
+                 f"impl:   {self.requested} -> {self.chosen or 'nothing can run this call'}"
+                 + (f" (differentiated: {grad})" if grad else "")]
         for c in self.candidates:
             mark = "*" if c.chosen else " "
             lines.append(f" {mark} {c.name:<18} {c.status:<15} prio {c.priority:<4} {c.origin}")
+            if c.rank_reason:
+                lines.append(f"       {'measured' if c.measured else 'declared'}: {c.rank_reason}")
             lines += [f"       - {r}" for r in c.reasons]
             if c.fallback and not c.reasons:
                 lines += [f"       ~ hands to {c.fallback_impl}: {r}" for r in c.fallback]

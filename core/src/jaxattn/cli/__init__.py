@@ -25,6 +25,8 @@ SUBCOMMANDS: dict[str, str] = {
     "info": "jaxattn.cli.info",
     "list": "jaxattn.cli.listing",
     "explain": "jaxattn.cli.explain",
+    "bench": "jaxattn.bench.cli",
+    "tune": "jaxattn.tuning.cli",
 }
 
 

@@ -1,0 +1,12 @@
+"""``jaxattn bench``: time every attention backend side by side in one process.
+
+``run_bench(BenchConfig(...))`` is the library entry point; ``jaxattn.bench.cli`` is the
+command. Importing this package is cheap: jax loads when something runs.
+"""
+
+from __future__ import annotations
+
+from .runner import BenchConfig, BenchReport, BenchResult, run_bench
+from .shapes import BenchShape, default_matrix, quick_matrix
+
+__all__ = ["BenchConfig", "BenchReport", "BenchResult", "BenchShape", "default_matrix", "quick_matrix", "run_bench"]

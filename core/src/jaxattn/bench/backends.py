@@ -1,0 +1,130 @@
+"""What ``jaxattn bench`` times: registered impls, "auto", and JAX's own Pallas-Triton ``mha``.
+
+Each :class:`Backend` answers, for one shape and mode, either the reasons it declines (shown
+as "declined: ..." cells, never raised) or the function to time plus a note (which impl
+"auto" picked, or that an impl hands the call to another).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import JaxattnError
+from ..metadata import AttentionMetadata
+from .shapes import BenchShape
+
+__all__ = ["PALLAS_MHA", "Backend", "Verdict", "available_backends", "make_backend"]
+
+PALLAS_MHA = "pallas_mha"
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """A backend's answer for one shape and mode."""
+
+    reasons: tuple[str, ...] = ()
+    note: str = ""
+    fn: Callable[[Any, Any, Any], Any] | None = None
+
+    @property
+    def runs(self) -> bool:
+        return not self.reasons and self.fn is not None
+
+
+class Backend:
+    name: str
+
+    def verdict(self, shape: BenchShape, mode: str) -> Verdict:
+        raise NotImplementedError
+
+
+class ImplBackend(Backend):
+    """A registered impl (or "auto") called through ``jaxattn.attention``."""
+
+    def __init__(self, name: str, metadata: AttentionMetadata) -> None:
+        self.name = name
+        self.metadata = metadata
+
+    def verdict(self, shape: BenchShape, mode: str) -> Verdict:
+        import jaxattn
+
+        q, k, v = shape.structs()
+        try:
+            impl = jaxattn.get_impl(self.name, self.metadata)
+            reasons = impl.supports(q, k, v, causal=shape.causal, needs_grad=mode == "fwdbwd")
+        except (JaxattnError, ImportError) as err:
+            return Verdict(reasons=(str(err),))
+        if reasons:
+            return Verdict(reasons=tuple(reasons))
+        name, causal, md = self.name, shape.causal, self.metadata
+
+        def fn(q: Any, k: Any, v: Any) -> Any:
+            return jaxattn.attention(q, k, v, impl=name, causal=causal, metadata=md)
+
+        return Verdict(note=self._note(impl, shape), fn=fn)
+
+    def _note(self, impl: Any, shape: BenchShape) -> str:
+        import jaxattn
+
+        q, k, v = shape.structs()
+        if self.name == "auto":
+            # What a plain forward call resolves to (attention() cannot know a gradient follows).
+            exp = jaxattn.explain(q, k, v, impl="auto", causal=shape.causal, metadata=self.metadata)
+            grad = next((c.grad_impl for c in exp.candidates if c.chosen and c.grad_impl), None)
+            return f"-> {exp.chosen}" + (f", grad {grad}" if grad else "")
+        problem = impl.problem(q, k, v, None, _spec(q, k, v, shape.causal, self.metadata))
+        fallback = impl.fallback_reasons(problem)
+        return f"via {impl.fallback_impl}: {'; '.join(fallback)}" if fallback else ""
+
+
+def _spec(q: Any, k: Any, v: Any, causal: bool, metadata: AttentionMetadata) -> Any:
+    from ..validation import resolve_call
+
+    return resolve_call(q, k, v, causal=causal, metadata=metadata)
+
+
+class PallasMhaBackend(Backend):
+    """``jax.experimental.pallas.ops.gpu.attention.mha``: JAX's own (deprecated) Triton kernel."""
+
+    name = PALLAS_MHA
+    block = 128  # mha's default block_q / block_k
+
+    def verdict(self, shape: BenchShape, mode: str) -> Verdict:
+        from ..device import detect_device
+
+        device = detect_device()
+        reasons = []
+        if device.platform != "gpu" or device.vendor != "cuda":
+            reasons.append(f"needs a CUDA GPU (Pallas Triton lowering); this is {device.label}")
+        if shape.group != 1:
+            reasons.append("no grouped-query attention (needs Hq == Hkv)")
+        if shape.causal and shape.seq_q != shape.seq_k:
+            reasons.append("causal with T != S is not bottom-right aligned in mha")
+        for label, n in (("T", shape.seq_q), ("S", shape.seq_k)):
+            if n % min(self.block, n):
+                reasons.append(f"{label}={n} is not a multiple of its block size {self.block}")
+        if reasons:
+            return Verdict(reasons=tuple(reasons))
+        try:
+            from jax.experimental.pallas.ops.gpu.attention import mha
+        except ImportError as err:
+            return Verdict(reasons=(f"not importable: {err}",))
+        scale, causal = shape.head_dim ** -0.5, shape.causal
+
+        def fn(q: Any, k: Any, v: Any) -> Any:
+            return mha(q, k, v, None, sm_scale=scale, causal=causal)
+
+        return Verdict(fn=fn)
+
+
+def make_backend(name: str, metadata: AttentionMetadata) -> Backend:
+    return PallasMhaBackend() if name == PALLAS_MHA else ImplBackend(name, metadata)
+
+
+def available_backends(metadata: AttentionMetadata) -> list[str]:
+    """Every impl usable on this device (best provider per name), by declared priority."""
+    from ..lookup import available_here
+
+    return [p.name for p in available_here(metadata)]

@@ -1,0 +1,227 @@
+"""``jaxattn bench``: every backend side by side, in one process (see docs/bench.md).
+
+Module-level imports stay at argparse: ``jaxattn --help`` must not import jax.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..metadata import AttentionMetadata
+    from .shapes import BenchShape
+
+__all__ = ["HELP", "add_arguments", "add_matrix_arguments", "add_run_arguments", "run", "shapes_from_args"]
+
+HELP = "time every attention backend side by side (TFLOP/s, ratio to a reference, memory)"
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x.strip().lower().replace("k", "")) * (1024 if x.strip().lower().endswith("k") else 1)
+                for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers (1k = 1024), got {text!r}") from None
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip().lower() for x in text.split(",") if x.strip()]
+
+
+def add_matrix_arguments(parser: argparse.ArgumentParser) -> None:
+    """The shape options ``bench`` and ``tune`` share."""
+    group = parser.add_argument_group("shapes (default: the GPU matrix on accelerators, --quick on CPU)")
+    group.add_argument("--quick", action="store_true",
+                       help="tiny shapes that run in seconds on a CPU (S 64/128, D 32, 4 heads)")
+    group.add_argument("--dtype", help="bfloat16 (default on GPU/TPU), float16, float32 (default on CPU)")
+    group.add_argument("--seqs", type=_ints, help="sequence lengths, e.g. 1k,2k,4k,8k,16k")
+    group.add_argument("--head-dims", type=_ints, help="head dims, e.g. 64,128,256")
+    group.add_argument("--heads", type=int, help="query heads (default 32, 16 for D=256)")
+    group.add_argument("--tokens", type=int, default=16384, help="B*S for the matrix (default 16384)")
+    group.add_argument("--batch", type=int, help="fixed batch size instead of tokens/S")
+    group.add_argument("--gqa", type=int, default=4, help="GQA group size also timed (default 4; 1 = none)")
+    group.add_argument("--gqa-head-dims", type=_ints, default=[128],
+                       help="head dims timed with GQA too (default 128)")
+    group.add_argument("--mask", choices=("both", "causal", "full"), default="both",
+                       help="causal, full (no mask), or both (default)")
+    group.add_argument("--shape", action="append", default=[], metavar="B,S,H,D[,Hkv]",
+                       help="an explicit shape (repeatable; replaces the matrix); B,T,S,H,D,Hkv for T != S")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_matrix_arguments(parser)
+    which = parser.add_argument_group("backends")
+    which.add_argument("--impls", type=_names, help="comma-separated impl names (default: every impl usable here)")
+    which.add_argument("--no-auto", action="store_true", help='do not time impl="auto"')
+    which.add_argument("--include-pallas-mha", action="store_true",
+                       help="also time jax.experimental.pallas.ops.gpu.attention.mha (CUDA GPUs)")
+    which.add_argument("--reference", help="backend the ratios are relative to (default: cudnn, else vanilla)")
+    which.add_argument("--tune", action="store_true",
+                       help="store the impls' timings in the tuning cache, then time auto with them")
+    add_run_arguments(parser)
+    parser.add_argument("--overhead", action="store_true",
+                        help="instead: measure what impl='auto' adds per call over the impl it picks (eager, jit)")
+    # The shared --json flag (print JSON) gains an optional PATH: with one, the JSON goes to the file
+    # and the table still goes to stdout. "resolve" lets this definition replace the shared one
+    # (set before the group is made: a group copies its parser's handler).
+    parser.conflict_handler = "resolve"
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                     help="write results as JSON to PATH (or to stdout instead of the table, without PATH)")
+    out.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG of TFLOP/s against S per backend")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """How programs are timed (shared by ``bench`` and ``tune``)."""
+    run_ = parser.add_argument_group("running")
+    run_.add_argument("--modes", type=_names, default=["fwd", "fwdbwd"], help="fwd, fwdbwd (default both)")
+    run_.add_argument("--warmup", type=int, default=2, help="untimed runs per program (default 2)")
+    run_.add_argument("--repeats", type=int, default=10, help="timed runs per program; the median is reported")
+    run_.add_argument("--max-temp-gib", type=float,
+                      help="skip programs whose compiled temp memory exceeds this (default: free device memory)")
+    run_.add_argument("--time-budget", type=float, metavar="SECONDS",
+                      help="start no new shape after this many seconds (the rest is reported as skipped)")
+    run_.add_argument("--compile-workers", type=int, default=4, help="programs compiled in parallel (default 4)")
+    run_.add_argument("--progress", choices=("auto", "rich", "plain", "none"), default="auto",
+                      help="progress display on stderr (default: rich on a terminal, else plain lines)")
+
+
+def _platform(metadata: AttentionMetadata) -> str:
+    from ..device import detect_device
+    from ..impl import _resolve_platform
+
+    return _resolve_platform(metadata, detect_device())[0]
+
+
+def shapes_from_args(args: argparse.Namespace, platform: str) -> list[BenchShape]:
+    from .shapes import default_matrix, parse_shape, quick_matrix
+
+    masks = {"both": (False, True), "causal": (True,), "full": (False,)}[args.mask]
+    dtype = args.dtype or ("float32" if platform == "cpu" else "bfloat16")
+    if args.shape:
+        return [s for text in args.shape for s in parse_shape(text, dtype=dtype, masks=masks)]
+    if args.quick or (platform == "cpu" and not (args.seqs or args.head_dims)):
+        shapes = quick_matrix(dtype=dtype, masks=masks)
+        if args.seqs or args.head_dims:
+            shapes = [s for s in shapes if (not args.seqs or s.seq_k in args.seqs)
+                      and (not args.head_dims or s.head_dim in args.head_dims)]
+        return shapes
+    kwargs: dict[str, Any] = {"dtype": dtype, "tokens": args.tokens, "heads": args.heads, "gqa": args.gqa,
+                              "gqa_head_dims": args.gqa_head_dims, "masks": masks, "batch": args.batch}
+    if args.seqs:
+        kwargs["seqs"] = args.seqs
+    if args.head_dims:
+        kwargs["head_dims"] = args.head_dims
+    return default_matrix(**kwargs)
+
+
+def _backends(args: argparse.Namespace, metadata: AttentionMetadata) -> list[str]:
+    from .backends import PALLAS_MHA, available_backends
+
+    names = list(args.impls) if args.impls else available_backends(metadata)
+    if "auto" in names:
+        names.remove("auto")
+    if args.include_pallas_mha and PALLAS_MHA not in names:
+        names.append(PALLAS_MHA)
+    if not args.no_auto:
+        names.append("auto")  # last: with --tune it runs after the others were measured
+    return names
+
+
+def _reference(args: argparse.Namespace, backends: list[str]) -> str | None:
+    if args.reference:
+        return str(args.reference).lower()
+    return next((n for n in ("cudnn", "vanilla") if n in backends), backends[0] if backends else None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..metadata import AttentionMetadata
+
+    metadata = AttentionMetadata()
+    platform = _platform(metadata)
+    try:
+        shapes = shapes_from_args(args, platform)
+    except ValueError as err:
+        print(f"jaxattn bench: error: {err}", file=sys.stderr)
+        return 2
+    if args.overhead:
+        return _run_overhead(args, shapes, metadata)
+    return _run_bench(args, shapes, metadata)
+
+
+def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: AttentionMetadata) -> int:
+    from ..cli._output import Printer, dump_json
+    from .progress import Progress
+    from .report import report_dict, summary_lines, table, write_json, write_plot
+    from .runner import BenchConfig, BenchReport, BenchResult, run_bench
+
+    bad = sorted(set(args.modes) - {"fwd", "fwdbwd"})
+    if bad:
+        print(f"jaxattn bench: error: unknown --modes {bad}; use fwd and/or fwdbwd", file=sys.stderr)
+        return 2
+    backends = _backends(args, metadata)
+    config = BenchConfig(
+        shapes=shapes, backends=backends, reference=_reference(args, backends), modes=tuple(args.modes),
+        warmup=args.warmup, repeats=args.repeats, metadata=metadata,
+        max_temp_bytes=None if args.max_temp_gib is None else int(args.max_temp_gib * 2**30),
+        time_budget_s=args.time_budget, compile_workers=args.compile_workers, record_tuning=args.tune,
+    )
+    to_stdout = args.json == "-"
+    progress = Progress.choose("none" if args.progress == "none" else args.progress)
+    json_path = None if args.json in (None, "-") else Path(args.json)
+    progress.line(f"jaxattn bench: {len(shapes)} shapes x {len(backends)} backends ({', '.join(backends)}) "
+                  f"x {len(config.modes)} modes, reference {config.reference}")
+
+    def checkpoint(results: list[BenchResult]) -> None:
+        if json_path is not None:
+            from ..device import detect_device
+
+            partial = BenchReport(config, list(results), detect_device().label, {}, 0.0, ["partial: run in progress"])
+            write_json(partial, json_path)
+
+    report = run_bench(config, progress, on_shape=checkpoint)
+    if to_stdout:
+        dump_json(report_dict(report))
+        return 0
+    printer = Printer.from_args(args)
+    printer.table(table(report))
+    for line in summary_lines(report):
+        printer.line(line)
+    if json_path is not None:
+        write_json(report, json_path)
+        printer.line(f"JSON written to {json_path}")
+    if args.plot is not None:
+        why_not = write_plot(report, args.plot)
+        printer.line(f"plot written to {args.plot}" if why_not is None else f"note: {why_not}")
+    printer.line(f"took {report.elapsed_s:.1f} s")
+    return 0
+
+
+def _run_overhead(args: argparse.Namespace, shapes: list[BenchShape], metadata: AttentionMetadata) -> int:
+    from ..cli._output import Printer, Table, dump_json
+    from .overhead import measure_overhead
+
+    shape = shapes[0] if args.shape else min(shapes, key=lambda s: s.flops("fwd"))
+    report = measure_overhead(shape, metadata)
+    if args.json == "-":
+        dump_json(report.to_dict())
+        return 0
+    if args.json is not None:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+    out = Table(f"Per-call cost of impl='auto' on {report.device}, {shape.label} {shape.dtype}: "
+                f"auto picks {report.chosen}", ["what", "us per call"])
+    for what, us in report.rows:
+        out.add(what, f"{us:.1f}")
+    printer = Printer.from_args(args)
+    printer.table(out)
+    rows = dict(report.rows)
+    extra = rows["eager: attention(impl='auto')"] - rows[f"eager: attention(impl={report.chosen!r})"]
+    printer.line(f"eager: auto adds {extra:+.1f} us per call over naming {report.chosen} "
+                 f"(a memo lookup costs {rows['choose(): memo hit']:.1f} us)")
+    printer.line("jit: the compiled program of impl='auto' is "
+                 + ("identical to the chosen impl's" if report.jit_identical else "NOT identical to the chosen impl's"))
+    return 0

@@ -1,0 +1,240 @@
+"""Running the benchmark: every backend, every shape, forward and forward+backward, one process.
+
+Per shape: ask every backend (declines become result rows, never exceptions), compile what
+runs (in a small thread pool: XLA and Triton compile outside the GIL, and compiling dominates
+a large matrix), skip programs whose compiled temp memory exceeds what the device has left,
+then time the programs one after another so they never compete for the device.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..metadata import AttentionMetadata
+from .backends import Verdict, make_backend
+from .progress import Progress
+from .shapes import MODES, BenchShape
+from .timing import Program, compile_program, device_memory_limit, make_inputs, median, time_program
+
+__all__ = ["BenchConfig", "BenchReport", "BenchResult", "run_bench"]
+
+
+@dataclasses.dataclass
+class BenchConfig:
+    shapes: Sequence[BenchShape]
+    backends: Sequence[str]
+    reference: str | None
+    modes: Sequence[str] = MODES
+    warmup: int = 2
+    repeats: int = 10
+    metadata: AttentionMetadata = dataclasses.field(default_factory=AttentionMetadata)
+    max_temp_bytes: int | None = None  # None: what the device reports as free (no limit on CPU)
+    time_budget_s: float | None = None
+    compile_workers: int = 4
+    # Store the impls' timings in the tuning cache after each shape, before "auto" is traced,
+    # so that auto's row shows what measured ranking picks (``jaxattn bench --tune``).
+    record_tuning: bool = False
+
+
+@dataclasses.dataclass
+class BenchResult:
+    shape: BenchShape
+    backend: str
+    mode: str
+    status: str  # "ok", "declined", "skipped", "failed"
+    reason: str = ""
+    note: str = ""
+    times_ms: list[float] = dataclasses.field(default_factory=list)
+    median_ms: float | None = None
+    tflops: float | None = None
+    ratio: float | None = None  # TFLOP/s relative to the reference backend on the same shape and mode
+    temp_bytes: int | None = None
+    compile_s: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def cell(self) -> str:
+        """Short text for tables: TFLOP/s, or why there is no number."""
+        if self.ok and self.tflops is not None:
+            return f"{self.tflops:.1f}" if self.tflops >= 10 else f"{self.tflops:.3g}"
+        return f"{self.status}: {self.reason}"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["shape"] = self.shape.to_dict()
+        return out
+
+
+@dataclasses.dataclass
+class BenchReport:
+    config: BenchConfig
+    results: list[BenchResult]
+    device: str
+    environment: dict[str, Any]
+    elapsed_s: float
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def rows(self, shape: BenchShape) -> list[BenchResult]:
+        return [r for r in self.results if r.shape == shape]
+
+    def get(self, shape: BenchShape, backend: str, mode: str) -> BenchResult | None:
+        return next((r for r in self.results if r.shape == shape and r.backend == backend and r.mode == mode), None)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:300] if text else ''}"
+
+
+def _set_ratios(results: list[BenchResult], reference: str | None) -> None:
+    refs = {(r.shape, r.mode): r.tflops for r in results if r.backend == reference and r.ok}
+    for r in results:
+        ref = refs.get((r.shape, r.mode))
+        if r.ok and r.tflops is not None and ref:
+            r.ratio = r.tflops / ref
+
+
+class _ShapeRun:
+    """Everything for one shape: verdicts, compiled programs, timings."""
+
+    def __init__(self, config: BenchConfig, shape: BenchShape, progress: Progress) -> None:
+        self.config, self.shape, self.progress = config, shape, progress
+        self.results: list[BenchResult] = []
+
+    def run(self) -> list[BenchResult]:
+        backends = list(self.config.backends)
+        if self.config.record_tuning and "auto" in backends:
+            backends.remove("auto")
+            self._run_phase(backends)
+            from ..tuning.measure import record_results
+
+            record_results(self.shape, self.results, self.config.metadata)
+            self._run_phase(["auto"])
+        else:
+            self._run_phase(backends)
+        return self.results
+
+    def _run_phase(self, backends: list[str]) -> None:
+        jobs: list[tuple[str, str, Verdict]] = []
+        for name in backends:
+            backend = make_backend(name, self.config.metadata)
+            for mode in self.config.modes:
+                try:
+                    verdict = backend.verdict(self.shape, mode)
+                except Exception as err:  # a backend's bug must not stop the benchmark
+                    verdict = Verdict(reasons=(_first_line(err),))
+                if verdict.runs:
+                    jobs.append((name, mode, verdict))
+                else:
+                    self._done(BenchResult(self.shape, name, mode, "declined", "; ".join(verdict.reasons)))
+        if not jobs:
+            return
+        args = make_inputs(self.shape.structs())
+        programs = self._compile(jobs, args)
+        limit = self.config.max_temp_bytes
+        for (name, mode, verdict), program in zip(jobs, programs, strict=True):
+            result = BenchResult(self.shape, name, mode, "ok", note=verdict.note)
+            if isinstance(program, BaseException):
+                result.status, result.reason = "failed", f"compile: {_first_line(program)}"
+                self._done(result)
+                continue
+            result.temp_bytes, result.compile_s = program.temp_bytes, round(program.compile_s, 3)
+            room = limit if limit is not None else device_memory_limit()
+            if room is not None and program.temp_bytes is not None and program.temp_bytes > 0.9 * room:
+                result.status = "skipped"
+                result.reason = (f"needs {program.temp_bytes / 2**30:.1f} GiB of temporary memory, "
+                                 f"{room / 2**30:.1f} GiB available")
+                self._done(result)
+                continue
+            try:
+                times = time_program(program, args, warmup=self.config.warmup, repeats=self.config.repeats)
+            except Exception as err:  # OOM or a kernel failure is a result, not a crash
+                result.status, result.reason = "failed", _first_line(err)
+            else:
+                result.times_ms = [round(t, 4) for t in times]
+                result.median_ms = median(times)
+                result.tflops = self.shape.flops(mode) / (result.median_ms * 1e-3) / 1e12
+            self._done(result)
+        del programs, args
+
+    def _compile(self, jobs: list[tuple[str, str, Verdict]],
+                 args: tuple[Any, ...]) -> list[Program | BaseException]:
+        def one(job: tuple[str, str, Verdict]) -> Program | BaseException:
+            _, mode, verdict = job
+            assert verdict.fn is not None
+            try:
+                return compile_program(verdict.fn, mode, args)
+            except Exception as err:  # reported as a "failed" cell
+                return err
+
+        self.progress.status(f"{self.shape.label}: compiling {len(jobs)} programs")
+        workers = max(1, min(self.config.compile_workers, len(jobs)))
+        if workers == 1:
+            return [one(job) for job in jobs]
+        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="jaxattn-compile") as pool:
+            return list(pool.map(one, jobs))
+
+    def _done(self, result: BenchResult) -> None:
+        self.results.append(result)
+        self.progress.result(result)
+
+
+def _environment() -> dict[str, Any]:
+    import importlib.metadata
+
+    import jaxattn
+
+    from ..device import detect_device
+
+    versions = {}
+    for dist in ("jax", "jaxlib", "jaxattn", "jaxattn-vanilla", "jaxattn-sdpa", "jaxattn-triton",
+                 "jaxattn-pallas", "jaxattn-splash", "jax-triton", "triton"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return {"device": detect_device().to_dict(), "versions": versions, "jaxattn": jaxattn.__version__}
+
+
+def run_bench(config: BenchConfig, progress: Progress | None = None,
+              on_shape: Callable[[list[BenchResult]], None] | None = None) -> BenchReport:
+    """Time every backend on every shape (see the module docstring).
+
+    ``on_shape`` gets the results so far after each shape (the CLI writes its JSON there, so
+    a run that is cut short still leaves every finished shape behind).
+    """
+    from ..device import detect_device
+
+    progress = progress or Progress.none()
+    start = time.perf_counter()
+    results: list[BenchResult] = []
+    notes: list[str] = []
+    progress.start(len(config.shapes) * len(config.backends) * len(config.modes))
+    try:
+        for i, shape in enumerate(config.shapes):
+            spent = time.perf_counter() - start
+            if config.time_budget_s is not None and spent > config.time_budget_s:
+                rest = config.shapes[i:]
+                notes.append(f"time budget of {config.time_budget_s:.0f} s spent after {i} shapes; not timed: "
+                             + ", ".join(s.label for s in rest))
+                for s in rest:
+                    for name in config.backends:
+                        for mode in config.modes:
+                            r = BenchResult(s, name, mode, "skipped", "time budget spent")
+                            results.append(r)
+                            progress.result(r)
+                break
+            results.extend(_ShapeRun(config, shape, progress).run())
+            _set_ratios(results, config.reference)
+            if on_shape is not None:
+                on_shape(results)
+    finally:
+        progress.stop()
+    return BenchReport(config, results, detect_device().label, _environment(),
+                       round(time.perf_counter() - start, 2), notes)

@@ -1,0 +1,257 @@
+"""The tuning cache: measured backend timings, in one JSON file per user.
+
+Where: ``$JAXATTN_CACHE_DIR/tuning.json`` when set, else the platform's per-user cache folder
+(``$XDG_CACHE_HOME/jaxattn`` or ``~/.cache/jaxattn`` on Linux, ``~/Library/Caches/jaxattn``
+on macOS, ``%LOCALAPPDATA%\\jaxattn\\Cache`` on Windows).
+
+The file holds one section per :class:`~jaxattn.tuning.keys.Environment`, so a home folder
+shared by machines with different GPUs keeps each one's results; only the section of this
+process's environment is ever used. A file that cannot be read, or that has results only for
+other jax versions of this device, is ignored with a :class:`TuningCacheWarning`, never an
+error: a cache can make "auto" faster, never make a call fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .keys import Environment, current_environment, problem_key
+
+if TYPE_CHECKING:
+    from ..problem import AttentionProblem
+
+__all__ = [
+    "FORMAT",
+    "Measurement",
+    "TuningCache",
+    "TuningCacheWarning",
+    "active_cache",
+    "default_cache_path",
+    "reload",
+]
+
+FORMAT = 1
+FILENAME = "tuning.json"
+
+
+class TuningCacheWarning(UserWarning):
+    """The tuning cache (or part of it) was ignored; "auto" falls back to declared priorities."""
+
+
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, TuningCacheWarning, stacklevel=3)
+
+
+def default_cache_path() -> Path:
+    """The tuning file for this user (see the module docstring for the search order)."""
+    override = os.environ.get("JAXATTN_CACHE_DIR", "").strip()
+    if override:
+        return Path(override).expanduser() / FILENAME
+    home = Path.home()
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or home / "AppData" / "Local") / "jaxattn" / "Cache"
+    elif sys.platform == "darwin":
+        base = home / "Library" / "Caches" / "jaxattn"
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache") / "jaxattn"
+    return base / FILENAME
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """One backend's median times for one problem key, and the plugin version that ran."""
+
+    impl: str
+    origin: str | None = None  # distribution (or plugin) that provided the impl
+    version: str | None = None  # its version; a different installed version makes this stale
+    fwd_ms: float | None = None
+    fwdbwd_ms: float | None = None  # None: not measured, or the impl has no backward here
+
+    def time(self, grad: bool) -> float | None:
+        return self.fwdbwd_ms if grad else self.fwd_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "impl"}
+
+    @classmethod
+    def from_dict(cls, impl: str, data: Any) -> Measurement:
+        if not isinstance(data, dict):
+            raise ValueError(f"result for {impl!r} must be an object")
+        times = {}
+        for name in ("fwd_ms", "fwdbwd_ms"):
+            value = data.get(name)
+            if value is not None and not (isinstance(value, int | float) and value > 0):
+                raise ValueError(f"{impl}.{name} must be a positive number or null, got {value!r}")
+            times[name] = None if value is None else float(value)
+        origin, version = data.get("origin"), data.get("version")
+        if not all(x is None or isinstance(x, str) for x in (origin, version)):
+            raise ValueError(f"{impl}: origin and version must be strings or null")
+        return cls(impl=impl, origin=origin, version=version, **times)
+
+
+@dataclasses.dataclass
+class Entry:
+    """The measurements of one problem key."""
+
+    problem: str  # human description of the shape that was timed
+    measured_at: str
+    results: dict[str, Measurement]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"problem": self.problem, "measured_at": self.measured_at,
+                "results": {name: m.to_dict() for name, m in sorted(self.results.items())}}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Entry:
+        if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
+            raise ValueError("an entry must be an object with 'results'")
+        results = {str(name): Measurement.from_dict(str(name), m) for name, m in data["results"].items()}
+        return cls(problem=str(data.get("problem", "")), measured_at=str(data.get("measured_at", "")),
+                   results=results)
+
+
+def _parse_sections(raw: Any) -> dict[str, tuple[Environment, dict[str, Entry]]]:
+    """Validate the whole file; any structural problem raises ValueError."""
+    if not isinstance(raw, dict):
+        raise ValueError("the top level must be an object")
+    if raw.get("format") != FORMAT:
+        raise ValueError(f"format {raw.get('format')!r}, expected {FORMAT}")
+    sections = raw.get("sections")
+    if not isinstance(sections, list):
+        raise ValueError("'sections' must be a list")
+    parsed: dict[str, tuple[Environment, dict[str, Entry]]] = {}
+    for section in sections:
+        if not isinstance(section, dict) or not isinstance(section.get("entries"), dict):
+            raise ValueError("each section must be an object with 'environment' and 'entries'")
+        env = Environment.from_dict(section.get("environment"))
+        entries = {str(k): Entry.from_dict(v) for k, v in section["entries"].items()}
+        parsed[env.fingerprint] = (env, entries)
+    return parsed
+
+
+class TuningCache:
+    """The results of this environment, plus the other environments' sections (kept on save)."""
+
+    def __init__(self, path: Path, environment: Environment,
+                 entries: dict[str, Entry] | None = None,
+                 others: Mapping[str, tuple[Environment, dict[str, Entry]]] | None = None) -> None:
+        self.path = path
+        self.environment = environment
+        self.entries: dict[str, Entry] = dict(entries or {})
+        self.others = dict(others or {})
+
+    @classmethod
+    def load(cls, path: Path | None = None, environment: Environment | None = None) -> TuningCache:
+        """Read ``path``; unreadable or foreign contents give an empty cache and a warning."""
+        path = path or default_cache_path()
+        env = environment or current_environment()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return cls(path, env)
+        except OSError as err:
+            warn_once(f"jaxattn: cannot read the tuning cache {path} ({err}); using declared priorities")
+            return cls(path, env)
+        try:
+            sections = _parse_sections(json.loads(text))
+        except (ValueError, TypeError) as err:  # json.JSONDecodeError is a ValueError
+            warn_once(f"jaxattn: the tuning cache {path} is corrupt ({err}); ignoring it. "
+                      "`jaxattn tune` writes a fresh one.")
+            return cls(path, env)
+        mine = sections.pop(env.fingerprint, None)
+        if mine is None:
+            same_device = [e for e, _ in sections.values() if e.device_kind == env.device_kind]
+            if same_device:
+                warn_once(f"jaxattn: the tuning cache {path} was written with "
+                          f"{', '.join(sorted(e.describe() for e in same_device))}; this is {env.describe()}, "
+                          "so its measurements are not used. Run `jaxattn tune` to measure again.")
+            return cls(path, env, others=sections)
+        return cls(path, env, mine[1], sections)
+
+    # -- reading ------------------------------------------------------------------------------
+    def lookup(self, problem: AttentionProblem) -> Entry | None:
+        return self.entries.get(problem_key(problem))
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    # -- writing ------------------------------------------------------------------------------
+    def record(self, problem: AttentionProblem, measurements: Iterable[Measurement]) -> Entry:
+        """Store (merge) ``measurements`` for ``problem``'s key; newer results replace older ones."""
+        key = problem_key(problem)
+        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        entry = self.entries.get(key) or Entry(problem=problem.describe(), measured_at=now, results={})
+        entry.results.update({m.impl: m for m in measurements})
+        entry.problem, entry.measured_at = problem.describe(), now
+        self.entries[key] = entry
+        return entry
+
+    def to_dict(self) -> dict[str, Any]:
+        # Sections of this device under other versions are stale for good: drop them.
+        keep = {fp: s for fp, s in self.others.items() if s[0].device_kind != self.environment.device_kind}
+        keep[self.environment.fingerprint] = (self.environment, self.entries)
+        return {
+            "format": FORMAT,
+            "sections": [
+                {"environment": env.to_dict(), "entries": {k: e.to_dict() for k, e in sorted(entries.items())}}
+                for env, entries in (keep[fp] for fp in sorted(keep))
+            ],
+        }
+
+    def save(self) -> Path:
+        """Write atomically (a reader never sees half a file), then let "auto" see the new results."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tuning-", suffix=".json", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(self.to_dict(), f, indent=1, sort_keys=False)
+                f.write("\n")
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        reload()
+        return self.path
+
+
+# One cache per (file state, environment), so "auto" reads the file once, not per call.
+_active: tuple[tuple[Any, ...], TuningCache] | None = None
+
+
+def active_cache() -> TuningCache:
+    """The cache "auto" consults: the default file, re-read only when it changes on disk."""
+    global _active
+    path = default_cache_path()
+    try:
+        st = path.stat()
+        state: tuple[Any, ...] = (str(path), st.st_mtime_ns, st.st_size)
+    except OSError:
+        state = (str(path), None, None)
+    env = current_environment()
+    key = (*state, env)
+    if _active is None or _active[0] != key:
+        _active = (key, TuningCache.load(path, env))
+    return _active[1]
+
+
+def reload() -> None:
+    """Forget what was read, so the next "auto" choice reads the cache file again."""
+    global _active
+    _active = None
+    from .. import dispatch
+
+    dispatch.clear_choices()

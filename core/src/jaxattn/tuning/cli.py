@@ -1,0 +1,137 @@
+"""``jaxattn tune``: measure the backends for some shapes and store the results for "auto".
+
+``jaxattn tune`` times every impl usable here (forward and forward+backward) on the bench
+matrix or the given shapes, stores the medians in the tuning cache, and prints what "auto"
+now picks for each shape. ``--show`` prints the cache, ``--clear`` forgets this device's
+measurements. Module-level imports stay at argparse so ``jaxattn --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from ..bench.cli import add_matrix_arguments, add_run_arguments, shapes_from_args
+
+if TYPE_CHECKING:
+    from ..bench.shapes import BenchShape
+    from ..cli._output import Printer
+    from ..metadata import AttentionMetadata
+
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = "measure the backends for some shapes and store the timings for impl='auto'"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_matrix_arguments(parser)
+    add_run_arguments(parser)
+    parser.add_argument("--impls", type=lambda t: [x.strip().lower() for x in t.split(",") if x.strip()],
+                        help="comma-separated impls to measure (default: every impl usable here)")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--show", action="store_true", help="print the tuning cache of this device, measure nothing")
+    what.add_argument("--clear", action="store_true", help="forget this device's measurements")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cli._output import Printer
+    from ..metadata import AttentionMetadata
+    from .cache import active_cache
+
+    printer = Printer.from_args(args)
+    metadata = AttentionMetadata()
+    cache = active_cache()
+    if args.clear:
+        cache.entries.clear()
+        cache.save()
+        printer.line(f"cleared the measurements of {cache.environment.describe()} in {cache.path}")
+        return 0
+    if args.show:
+        return _show(args, printer)
+    from ..bench.cli import _platform
+
+    shapes = shapes_from_args(args, _platform(metadata))
+    return _tune(args, shapes, metadata, printer)
+
+
+def _tune(args: argparse.Namespace, shapes: list[BenchShape], metadata: AttentionMetadata,
+          printer: Printer) -> int:
+    from ..bench.backends import available_backends
+    from ..bench.progress import Progress
+    from ..bench.runner import BenchConfig, BenchResult, run_bench
+    from .cache import active_cache
+    from .measure import record_results
+
+    backends = [n for n in (args.impls or available_backends(metadata)) if n != "auto"]
+    config = BenchConfig(shapes=shapes, backends=backends, reference=None, modes=tuple(args.modes),
+                         warmup=args.warmup, repeats=args.repeats, metadata=metadata,
+                         max_temp_bytes=None if args.max_temp_gib is None else int(args.max_temp_gib * 2**30),
+                         time_budget_s=args.time_budget, compile_workers=args.compile_workers)
+    progress = Progress.choose(args.progress)
+    progress.line(f"jaxattn tune: {len(shapes)} shapes x {', '.join(backends)}; cache {active_cache().path}")
+    recorded: set[BenchShape] = set()
+
+    def store(results: list[BenchResult]) -> None:
+        # After each shape, so an interrupted run keeps what it measured.
+        for shape in {r.shape for r in results} - recorded:
+            recorded.add(shape)
+            record_results(shape, results, metadata)
+
+    report = run_bench(config, progress, on_shape=store)
+    if args.json == "-" if isinstance(args.json, str) else args.json:
+        from ..cli._output import dump_json
+
+        dump_json(_picks(shapes, metadata))
+        return 0
+    _print_picks(printer, shapes, metadata, f"auto's picks after tuning ({report.elapsed_s:.0f} s)")
+    printer.line(f"tuning cache: {active_cache().path}")
+    return 0
+
+
+def _picks(shapes: list[BenchShape], metadata: AttentionMetadata) -> list[dict[str, str | None]]:
+    import jaxattn
+
+    from .keys import problem_key
+    from .measure import problem_of
+
+    rows = []
+    for shape in shapes:
+        q, k, v = shape.structs()
+        exp = jaxattn.explain(q, k, v, impl="auto", causal=shape.causal, metadata=metadata)
+        chosen = next((c for c in exp.candidates if c.chosen), None)
+        rows.append({"shape": shape.label, "key": problem_key(problem_of(shape)), "auto": exp.chosen,
+                     "grad": (chosen.grad_impl if chosen else None) or exp.chosen,
+                     "why": chosen.rank_reason if chosen else "nothing accepts this call"})
+    return rows
+
+
+def _print_picks(printer: Printer, shapes: list[BenchShape], metadata: AttentionMetadata, title: str) -> None:
+    from ..cli._output import Table
+
+    table = Table(title, ["shape", "cache key", "auto", "differentiated", "why"])
+    for row in _picks(shapes, metadata):
+        table.add(row["shape"], row["key"], row["auto"], row["grad"], row["why"])
+    printer.table(table)
+
+
+def _show(args: argparse.Namespace, printer: Printer) -> int:
+    from ..cli._output import Table, dump_json
+    from .cache import active_cache
+
+    cache = active_cache()
+    if args.json:
+        dump_json(cache.to_dict())
+        return 0
+    printer.pairs([("file", cache.path), ("environment", cache.environment.describe()),
+                   ("entries", len(cache)), ("other environments", len(cache.others))])
+    table = Table("Measurements (median ms; fwd / fwd+bwd)", ["cache key", "measured on", "impl", "fwd", "fwd+bwd",
+                                                                "from"])
+    for key, entry in sorted(cache.entries.items()):
+        for name, m in sorted(entry.results.items(), key=lambda kv: kv[1].fwd_ms or float("inf")):
+            table.add(key, entry.problem, name, _ms(m.fwd_ms), _ms(m.fwdbwd_ms), f"{m.origin} {m.version}")
+    printer.table(table)
+    return 0
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

@@ -1,0 +1,94 @@
+"""What a measurement is valid for: the environment it was taken in and the problem it timed.
+
+A tuning result answers "which backend is fastest for calls like this one, here". "Here" is
+the :class:`Environment` (platform, device kind, jax and jaxlib versions): a measurement from
+another GPU or another jax is not used. "Calls like this one" is the :func:`problem_key`:
+dtype, head dims, a power-of-two bucket of each sequence length, and the features the call
+needs. Batch and head counts are left out on purpose: they scale every backend's time about
+alike, while sequence length, head dim and features change which kernel wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.metadata
+from typing import TYPE_CHECKING, Any
+
+from ..capabilities import Feature
+
+if TYPE_CHECKING:
+    from ..device import DeviceInfo
+    from ..problem import AttentionProblem
+
+__all__ = ["Environment", "current_environment", "problem_key", "seq_bucket"]
+
+
+def seq_bucket(n: int) -> int:
+    """The power of two at or above ``n`` (1000 and 1024 share a bucket, 1025 goes to 2048)."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def problem_key(problem: AttentionProblem) -> str:
+    """The cache key of a call, e.g. ``bfloat16/D128/T4096/S4096/causal+gqa``.
+
+    ``grad`` is not part of it: one entry holds both the forward and the forward+backward
+    timings, and "auto" cannot know at a forward call whether a gradient will follow.
+    """
+    features = sorted(str(f) for f in problem.required_features() - {Feature.GRAD})
+    dims = f"D{problem.head_dim}" + (f"/Dv{problem.head_dim_v}" if problem.head_dim_v != problem.head_dim else "")
+    return "/".join([
+        problem.dtype, dims, f"T{seq_bucket(problem.seq_q)}", f"S{seq_bucket(problem.seq_k)}",
+        "+".join(features) or "plain",
+    ])
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    """Where measurements were taken. Two environments share measurements only when equal."""
+
+    platform: str
+    device_kind: str
+    jax: str
+    jaxlib: str
+
+    @property
+    def fingerprint(self) -> str:
+        return f"{self.platform}|{self.device_kind}|jax {self.jax}|jaxlib {self.jaxlib}"
+
+    def describe(self) -> str:
+        return f"{self.device_kind or self.platform} with jax {self.jax} / jaxlib {self.jaxlib}"
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Environment:
+        if not isinstance(data, dict):
+            raise ValueError(f"environment must be an object, got {type(data).__name__}")
+        values = [data.get(f.name) for f in dataclasses.fields(cls)]
+        if not all(isinstance(v, str) for v in values):
+            raise ValueError(f"environment fields must be strings: {data!r}")
+        return cls(*(str(v) for v in values))
+
+
+@functools.lru_cache(maxsize=1)
+def _versions() -> tuple[str, str]:
+    def version(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "unknown"
+
+    return version("jax"), version("jaxlib")
+
+
+def current_environment(device: DeviceInfo | None = None) -> Environment:
+    """This process's environment (the detected device unless one is given)."""
+    from ..device import detect_device
+
+    info = device or detect_device()
+    jax_version, jaxlib_version = _versions()
+    platform = info.platform + (f"/{info.vendor}" if info.vendor else "")
+    return Environment(platform=platform, device_kind=info.device_kind or info.platform,
+                       jax=jax_version, jaxlib=jaxlib_version)

@@ -1,0 +1,53 @@
+"""Turning benchmark results into tuning-cache measurements (``jaxattn tune``, ``bench --tune``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .cache import Measurement, active_cache
+
+if TYPE_CHECKING:
+    from ..bench.runner import BenchResult
+    from ..bench.shapes import BenchShape
+    from ..metadata import AttentionMetadata
+    from ..problem import AttentionProblem
+
+__all__ = ["measurements_from", "problem_of", "record_results"]
+
+
+def problem_of(shape: BenchShape) -> AttentionProblem:
+    """The call ``shape`` stands for, as "auto" sees it (a forward call: no ``needs_grad``)."""
+    from ..problem import AttentionProblem
+
+    q, k, v = shape.structs()
+    return AttentionProblem.from_inputs(q, k, v, causal=shape.causal)
+
+
+def measurements_from(shape: BenchShape, results: Sequence[BenchResult],
+                      metadata: AttentionMetadata) -> list[Measurement]:
+    """One measurement per registered impl with at least one timing for ``shape``."""
+    from ..lookup import available_here
+
+    providers = {p.name: p for p in available_here(metadata)}
+    times: dict[str, dict[str, float]] = {}
+    for r in results:
+        if r.shape == shape and r.ok and r.median_ms is not None and r.backend in providers:
+            times.setdefault(r.backend, {})[r.mode] = r.median_ms
+    out = []
+    for name, by_mode in sorted(times.items()):
+        p = providers[name]
+        out.append(Measurement(impl=name, origin=p.distribution or p.plugin, version=p.version,
+                               fwd_ms=by_mode.get("fwd"), fwdbwd_ms=by_mode.get("fwdbwd")))
+    return out
+
+
+def record_results(shape: BenchShape, results: Sequence[BenchResult], metadata: AttentionMetadata) -> int:
+    """Store ``shape``'s timings in the active tuning cache and save it; returns how many impls."""
+    measurements = measurements_from(shape, results, metadata)
+    if not measurements:
+        return 0
+    cache = active_cache()
+    cache.record(problem_of(shape), measurements)
+    cache.save()
+    return len(measurements)
