@@ -133,7 +133,7 @@ PREPROCESS_BLOCK_M = 64
 
 
 def preprocess(spec: AttnSpec) -> Launch:
-    """Inputs: out, dout, lse, sinks. Outputs: delta, lse (base 2, sinks folded), dsink rows."""
+    """Inputs: out, dout, lse, dlse, sinks. Outputs: delta, lse_b (base 2, sinks in), dsink rows."""
     from jaxattn_triton.kernels.backward import attn_bwd_preprocess_kernel
 
     sh = _shapes(spec)

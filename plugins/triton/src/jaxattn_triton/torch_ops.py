@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from jaxattn_triton import launch as L
 from jaxattn_triton.spec import AttnSpec
 
@@ -23,7 +25,8 @@ def _torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def _run(lz: L.Launch, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+def run_launch(lz: L.Launch, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Allocate the launch's outputs on the inputs' device, run it, return the outputs."""
     import torch
 
     device = inputs[0].device
@@ -37,6 +40,25 @@ def _run(lz: L.Launch, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         *inputs, *outs, **lz.constexprs, num_warps=lz.num_warps, num_stages=lz.num_stages
     )
     return outs
+
+
+def from_numpy(x: np.ndarray) -> torch.Tensor:
+    """A torch tensor of the same dtype; bfloat16 (ml_dtypes) goes through its bits."""
+    import torch
+
+    if x.dtype.name == "bfloat16":
+        return torch.from_numpy(np.array(x, copy=True).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.array(x, copy=True))
+
+
+def to_numpy(x: torch.Tensor) -> np.ndarray:
+    import torch
+
+    if x.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return x.numpy()
 
 
 class TorchInputs:
@@ -81,7 +103,7 @@ def forward(
     extra: TorchInputs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(out (B, T, Hq, Dv), lse (B, Hq, T) float32, natural log, sinks excluded)``."""
-    out, lse = _run(
+    out, lse = run_launch(
         L.forward(spec, tiles.fwd),
         [q.contiguous(), k.contiguous(), v.contiguous(), *extra.kernel_inputs(), extra.sinks],
     )
@@ -98,13 +120,22 @@ def backward(
     out: torch.Tensor,
     lse: torch.Tensor,
     dout: torch.Tensor,
+    dlse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Returns ``(dq, dk, dv, dbias reduced to the bias's shape or None, dsinks or None)``."""
+    """Gradients of ``sum(out * dout) + sum(lse * dlse)``.
+
+    Returns ``(dq, dk, dv, dbias reduced to the bias's shape or None, dsinks or None)``.
+    """
+    import torch
+
     q, k, v, dout = (x.contiguous() for x in (q, k, v, dout))
-    delta, lse_b, dsink_rows = _run(L.preprocess(spec), [out.contiguous(), dout, lse, extra.sinks])
+    dlse = torch.zeros_like(lse) if dlse is None else dlse.to(torch.float32).contiguous()
+    delta, lse_b, dsink_rows = run_launch(
+        L.preprocess(spec), [out.contiguous(), dout, lse, dlse, extra.sinks]
+    )
     common = [q, k, v, *extra.kernel_inputs(), dout, lse_b, delta]
-    dk, dv, dbias_full = _run(L.dkdv(spec, tiles.dkdv), common)
-    (dq,) = _run(L.dq(spec, tiles.dq), common)
+    dk, dv, dbias_full = run_launch(L.dkdv(spec, tiles.dkdv), common)
+    (dq,) = run_launch(L.dq(spec, tiles.dq), common)
     dbias = None
     if spec.bias_shape is not None:
         dims = [i for i, n in enumerate(spec.bias_shape) if n == 1]

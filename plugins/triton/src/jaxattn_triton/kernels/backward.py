@@ -1,9 +1,9 @@
 """FlashAttention-2 backward kernels: preprocess, dK/dV, dQ.
 
-* ``attn_bwd_preprocess_kernel``: ``delta = rowsum(dO * O)``, the base-2 log-sum-exp
-  the other kernels normalise with (sinks folded in, ``+inf`` for rows that see no key
-  so their probabilities come out as exact zeros), and each row's share of the sink
-  gradient.
+* ``attn_bwd_preprocess_kernel``: ``delta = rowsum(dO * O)`` (less the log-sum-exp
+  output's cotangent), the base-2 log-sum-exp the other kernels normalise with (sinks
+  folded in, ``+inf`` for rows that see no key so their probabilities come out as exact
+  zeros), and each row's share of the sink gradient.
 * ``attn_bwd_dkdv_kernel``: one program per key tile of one (batch, KV head); it loops
   over the query heads of the GQA group and over the query tiles that see the key tile,
   so dK/dV for a shared head are summed in registers without atomics. With a bias it
@@ -31,6 +31,7 @@ def attn_bwd_preprocess_kernel(
     Out,
     DOut,
     Lse,
+    DLse,
     Sink,
     Delta,
     LseB,
@@ -67,16 +68,28 @@ def attn_bwd_preprocess_kernel(
     )
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     row = (b64 * HQ + h64) * T + offs_m
-    lse2 = tl.load(Lse + row, mask=offs_m < T, other=float("-inf")) * LOG2E
+    in_t = offs_m < T
+    lse2 = tl.load(Lse + row, mask=in_t, other=float("-inf")) * LOG2E
+    dlse = tl.load(DLse + row, mask=in_t, other=0.0)
+    empty = lse2 == float("-inf")
     if HAS_SINK:
         sink2 = tl.load(Sink + h).to(tl.float32) * LOG2E
         mx = tl.maximum(lse2, sink2)
-        lse2 = mx + tl.log2(tl.exp2(lse2 - mx) + tl.exp2(sink2 - mx))
-        # d out / d sink = -p_sink * out, so d loss / d sink = -p_sink * delta.
-        tl.store(DSinkRow + row, -tl.exp2(sink2 - lse2) * delta, mask=offs_m < T)
-    lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
-    tl.store(Delta + row, delta, mask=offs_m < T)
-    tl.store(LseB + row, lse2, mask=offs_m < T)
+        tot2 = mx + tl.log2(tl.exp2(lse2 - mx) + tl.exp2(sink2 - mx))
+        # d out / d sink = -p_sink * out, so d loss / d sink = -p_sink * rowsum(dO * O).
+        tl.store(DSinkRow + row, -tl.exp2(sink2 - tot2) * delta, mask=in_t)
+        # Real-key probabilities are the normalised ones times exp(lse_total - lse).
+        real_scale = tl.where(empty, 0.0, tl.exp2(tot2 - lse2))
+    else:
+        tot2 = lse2
+        real_scale = tl.where(empty, 0.0, 1.0)
+    # The lse output's gradient adds dlse * p_real to every logit's gradient; folding it
+    # into delta keeps the dS = P * (dP - delta) form of the other two kernels.
+    delta = delta - dlse * real_scale
+    # +inf makes exp2(s - lse) an exact 0 for rows that see no key (never NaN).
+    tot2 = tl.where(tot2 == float("-inf"), float("inf"), tot2)
+    tl.store(Delta + row, delta, mask=in_t)
+    tl.store(LseB + row, tot2, mask=in_t)
 
 
 @triton.jit
@@ -127,6 +140,9 @@ def _dkdv_sweep(
     BLOCK_DV: tl.constexpr,
 ):
     TAIL_M: tl.constexpr = EDGE and (T % BLOCK_M != 0)
+    # See ``scores``: the logit scale is folded into exp2's argument on the plain path.
+    SCALED: tl.constexpr = HAS_SOFTCAP or HAS_BIAS
+    QK_SCALE: tl.constexpr = 1.0 * SCALED + SM_SCALE * LOG2E * (1 - SCALED)
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -154,8 +170,8 @@ def _dkdv_sweep(
             SM_SCALE, SOFTCAP, T, S, DIAG, LEFT, RIGHT, EDGE,
             HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP,
         )  # fmt: skip
-        p_t = tl.exp2(s_t - lse[None, :])
-        dv += tl.dot(p_t.to(do.dtype), do)
+        p_t = tl.exp2(s_t * QK_SCALE - lse[None, :])
+        dv = tl.dot(p_t.to(do.dtype), do, dv)
         dp_t = tl.dot(v, tl.trans(do))
         ds_t = p_t * (dp_t - delta[None, :])
         if HAS_BIAS:
@@ -164,7 +180,7 @@ def _dkdv_sweep(
             tl.store(dbias_ptr + offs_m[None, :] * stride_dbt + cols, ds_t, mask=inb)
         if HAS_SOFTCAP:
             ds_t = ds_t * (1.0 - th_t * th_t)
-        dk += tl.dot(ds_t.to(q.dtype), q)
+        dk = tl.dot(ds_t.to(q.dtype), q, dk)
     return dk, dv
 
 
@@ -346,6 +362,9 @@ def _dq_sweep(
     BLOCK_DV: tl.constexpr,
 ):
     TAIL_N: tl.constexpr = EDGE and (S % BLOCK_N != 0)
+    # See ``scores``: the logit scale is folded into exp2's argument on the plain path.
+    SCALED: tl.constexpr = HAS_SOFTCAP or HAS_BIAS
+    QK_SCALE: tl.constexpr = 1.0 * SCALED + SM_SCALE * LOG2E * (1 - SCALED)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -367,12 +386,12 @@ def _dq_sweep(
             SM_SCALE, SOFTCAP, T, S, DIAG, LEFT, RIGHT, EDGE,
             HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP,
         )  # fmt: skip
-        p = tl.exp2(s - lse[:, None])
+        p = tl.exp2(s * QK_SCALE - lse[:, None])
         dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:
             ds = ds * (1.0 - th * th)
-        dq += tl.dot(ds.to(k.dtype), k)
+        dq = tl.dot(ds.to(k.dtype), k, dq)
     return dq
 
 

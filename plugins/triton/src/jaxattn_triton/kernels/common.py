@@ -16,8 +16,8 @@ Conventions used by every kernel in this package:
 import triton
 import triton.language as tl
 
-LOG2E: tl.constexpr = 1.4426950408889634
-LN2: tl.constexpr = 0.6931471805599453
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -111,20 +111,25 @@ def scores(
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
 ):
-    """Turn raw ``q.k`` products into base-2 logits, ``-inf`` where masked.
+    """Mask raw ``q.k`` products; base-2 logits are ``s * QK_SCALE`` (see the kernels).
 
-    ``rows``/``cols`` are the query/key indices already broadcast to the tile's
-    orientation (``[M, 1]``/``[1, N]`` in the forward, transposed in dK/dV), so one
-    helper serves both. ``EDGE`` asks for the window and tail masks (tiles at the edge
-    of the visible band). Also returns ``tanh(x / c)`` for the soft-cap derivative
-    (the raw product when there is no cap; callers then ignore it).
+    Without soft cap or bias ``s`` stays the raw product and the caller folds the scale
+    into ``exp2(s * scale - m)``, one FMA per element in the hot loop; otherwise ``s`` is
+    already in base-2 units and the scale is 1. ``rows``/``cols`` are the query/key
+    indices broadcast to the tile's orientation (``[M, 1]``/``[1, N]`` in the forward,
+    transposed in dK/dV), so one helper serves both. ``EDGE`` asks for the window and
+    tail masks (tiles at the edge of the visible band). Also returns ``tanh(x / c)`` for
+    the soft-cap derivative (the raw product when there is no cap; callers ignore it).
     """
     if HAS_SOFTCAP:
         th = tanh_f32(qk * (SM_SCALE / SOFTCAP))
         s = th * (SOFTCAP * LOG2E)
-    else:
+    elif HAS_BIAS:
         th = qk
         s = qk * (SM_SCALE * LOG2E)
+    else:
+        th = qk
+        s = qk
     inb = (rows < T) & (cols < S)
     if HAS_BIAS:
         b = tl.load(bias_ptr + rows * stride_bt + cols * stride_bs, mask=inb, other=0.0)

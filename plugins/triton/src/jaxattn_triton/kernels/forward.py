@@ -13,7 +13,12 @@ the same kernel runs from JAX (jax_triton) and on torch tensors (interpreter or 
 import triton
 import triton.language as tl
 
-from jaxattn_triton.kernels.common import LN2, LOG2E, query_tile_key_range, scores
+from jaxattn_triton.kernels.common import (
+    LN2,
+    LOG2E,
+    query_tile_key_range,
+    scores,
+)
 
 
 @triton.jit
@@ -63,6 +68,9 @@ def _fwd_sweep(
     # without one skips the guard that keeps exp2(-inf - -inf) from producing NaN.
     MAY_BE_EMPTY: tl.constexpr = EDGE or HAS_MASK or HAS_SEG or HAS_BIAS
     TAIL_N: tl.constexpr = EDGE and (S % BLOCK_N != 0)
+    # See ``scores``: the logit scale is folded into exp2's argument on the plain path.
+    SCALED: tl.constexpr = HAS_SOFTCAP or HAS_BIAS
+    QK_SCALE: tl.constexpr = 1.0 * SCALED + SM_SCALE * LOG2E * (1 - SCALED)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -84,15 +92,15 @@ def _fwd_sweep(
             SM_SCALE, SOFTCAP, T, S, DIAG, LEFT, RIGHT, EDGE,
             HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP,
         )  # fmt: skip
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * QK_SCALE)
         if MAY_BE_EMPTY:
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_ref = m_new
-        p = tl.exp2(s - m_ref[:, None])
+        p = tl.exp2(s * QK_SCALE - m_ref[:, None])
         alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
     return acc, l_i, m_i
 

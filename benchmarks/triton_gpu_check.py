@@ -1,0 +1,246 @@
+"""GPU check of the Triton flash attention: correctness, cuDNN comparison, tile sweep.
+
+Run on a CUDA machine with jax-triton importable and ``plugins/triton/src`` on the path:
+
+    python3 benchmarks/triton_gpu_check.py [--check] [--bench] [--sweep] [--json OUT.json]
+
+``--check`` compares forward and gradients with a float32 JAX reference on the same
+inputs; ``--bench`` times forward and forward+backward against cuDNN
+(``jax.nn.dot_product_attention(implementation="cudnn")``) side by side in this process
+(bf16, B*S = 16k tokens, H = 32, D = 128, S in {4k, 8k}, causal and full); ``--sweep``
+times each kernel's tile candidates (``tuning.candidates``) on the S = 4k shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "triton" / "src"))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jaxattn_triton import bench_util as bu  # noqa: E402
+from jaxattn_triton import launch as L  # noqa: E402
+from jaxattn_triton import tuning  # noqa: E402
+from jaxattn_triton.ops import flash_attention, make_spec  # noqa: E402
+from jaxattn_triton.spec import AttnSpec  # noqa: E402
+
+RESULTS: dict[str, Any] = {}
+
+
+def log(*args: Any) -> None:
+    print(*args, flush=True)
+
+
+def reference(q, k, v, *, causal=False, sliding_window=None, logits_soft_cap=None, mask=None,
+              bias=None, q_segment_ids=None, kv_segment_ids=None, softmax_aux=None):  # type: ignore[no-untyped-def]
+    """Float32 attention with DESIGN.md's semantics (materialised logits)."""
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    b, t, hq, d = q.shape
+    s, hkv = k.shape[1], k.shape[2]
+    k = jnp.repeat(k, hq // hkv, 2)
+    v = jnp.repeat(v, hq // hkv, 2)
+    x = jnp.einsum("bthd,bshd->bhts", q, k) * d**-0.5
+    if logits_soft_cap:
+        x = logits_soft_cap * jnp.tanh(x / logits_soft_cap)
+    if bias is not None:
+        x = x + bias.astype(jnp.float32)
+    i = jnp.arange(t)[:, None] + s - t
+    j = jnp.arange(s)[None, :]
+    keep = jnp.ones((t, s), bool)
+    left, right = (None, None) if sliding_window is None else sliding_window
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    if left is not None:
+        keep &= j >= i - left
+    if right is not None:
+        keep &= j <= i + right
+    keep = jnp.broadcast_to(keep, (b, hq, t, s))
+    if mask is not None:
+        keep &= mask
+    if q_segment_ids is not None:
+        keep &= q_segment_ids[:, None, :, None] == kv_segment_ids[:, None, None, :]
+    x = jnp.where(keep, x, -jnp.inf)
+    m = jnp.max(x, -1, keepdims=True)
+    if softmax_aux is not None:
+        m = jnp.maximum(m, softmax_aux[None, :, None, None])
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(x - m)
+    den = jnp.sum(p, -1, keepdims=True)
+    if softmax_aux is not None:
+        den = den + jnp.exp(softmax_aux[None, :, None, None] - m)
+    p = p / jnp.where(den == 0, 1.0, den)
+    return jnp.einsum("bhts,bshd->bthd", p, v)
+
+
+def rel(a: jax.Array, b: jax.Array) -> float:
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def check() -> None:
+    rng = np.random.default_rng(0)
+    cases: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+        ("mha d128 full", dict(B=2, T=256, S=256, H=4, G=1, D=128), {}),
+        ("mha d128 causal", dict(B=2, T=256, S=256, H=4, G=1, D=128), dict(causal=True)),
+        ("gqa4 cross tails causal", dict(B=2, T=200, S=333, H=8, G=4, D=128), dict(causal=True)),
+        ("d64 causal", dict(B=2, T=384, S=384, H=4, G=1, D=64), dict(causal=True)),
+        ("d256 full", dict(B=1, T=256, S=256, H=4, G=2, D=256), {}),
+        ("d96 padded", dict(B=1, T=160, S=224, H=4, G=1, D=96), dict(causal=True)),
+        ("window", dict(B=1, T=512, S=512, H=4, G=2, D=128), dict(sliding_window=(64, 16))),
+        ("softcap+sinks", dict(B=1, T=256, S=256, H=4, G=1, D=128),
+         dict(causal=True, logits_soft_cap=5.0, softmax_aux=True)),
+        ("segments", dict(B=2, T=256, S=256, H=4, G=1, D=128), dict(segments=True)),
+        ("mask+bias", dict(B=2, T=128, S=192, H=4, G=2, D=64), dict(mask=True, bias=True)),
+        ("T>S causal (empty rows)", dict(B=1, T=192, S=64, H=2, G=1, D=64), dict(causal=True)),
+        ("fp16 gqa causal", dict(B=2, T=256, S=256, H=8, G=2, D=128, dtype="float16"),
+         dict(causal=True)),
+    ]
+    rows = []
+    for name, shp, feats in cases:
+        try:
+            dt = jnp.dtype(shp.get("dtype", "bfloat16"))
+            b, t, s, h, g, d = (shp[x] for x in ("B", "T", "S", "H", "G", "D"))
+            q = jnp.asarray(rng.standard_normal((b, t, h, d)), dt)
+            k = jnp.asarray(rng.standard_normal((b, s, h // g, d)), dt)
+            v = jnp.asarray(rng.standard_normal((b, s, h // g, d)), dt)
+            kw: dict[str, Any] = {
+                x: feats[x] for x in ("causal", "sliding_window", "logits_soft_cap") if x in feats
+            }
+            if feats.get("softmax_aux"):
+                kw["softmax_aux"] = jnp.asarray(rng.standard_normal(h), jnp.float32)
+            if feats.get("segments"):
+                qs = np.sort(rng.integers(0, 3, (b, t)), axis=1)
+                kw["q_segment_ids"] = jnp.asarray(qs, jnp.int32)
+                kw["kv_segment_ids"] = jnp.asarray(qs, jnp.int32)
+            if feats.get("mask"):
+                kw["mask"] = jnp.asarray(rng.random((b, 1, t, s)) > 0.3)
+            if feats.get("bias"):
+                kw["bias"] = jnp.asarray(rng.standard_normal((1, h, t, s)), jnp.float32)
+            do = jnp.asarray(rng.standard_normal((b, t, h, d)), dt)
+            argnums = (0, 1, 2, 3) if "bias" in kw else (0, 1, 2)
+
+            def ours(q, k, v, bias=None, kw=kw):  # type: ignore[no-untyped-def]
+                kw2 = dict(kw, bias=bias) if bias is not None else kw
+                return flash_attention(q, k, v, **kw2)[0]
+
+            def ref(q, k, v, bias=None, kw=kw):  # type: ignore[no-untyped-def]
+                kw2 = dict(kw, bias=bias) if bias is not None else kw
+                return reference(q, k, v, **kw2)
+
+            args = (q, k, v, kw.get("bias")) if "bias" in kw else (q, k, v)
+            o, vjp = jax.vjp(jax.jit(ours), *args)
+            grads = vjp(do)
+            args32 = tuple(x.astype(jnp.float32) for x in args)
+            ro, rvjp = jax.vjp(ref, *args32)
+            rgrads = rvjp(do.astype(jnp.float32))
+            nan = bool(np.isnan(np.asarray(o, np.float32)).any()) or any(
+                bool(np.isnan(np.asarray(x, np.float32)).any()) for x in grads
+            )
+            errs = [rel(o, ro)] + [rel(a, r) for a, r in zip(grads, rgrads)]
+            ok = not nan and max(errs) < 2e-2
+            rows.append({"case": name, "errors": errs, "nan": nan, "ok": ok})
+            log(f"check {name:28s} {'OK ' if ok else 'BAD'} nan={nan} rel(out,dq,dk,dv[,db])="
+                + " ".join(f"{e:.2e}" for e in errs))
+            del argnums
+        except Exception as err:  # noqa: BLE001
+            rows.append({"case": name, "error": repr(err)})
+            log(f"check {name}: ERROR {err!r}")
+            traceback.print_exc()
+    RESULTS["check"] = rows
+
+
+def bench() -> None:
+    rows = []
+    for s in (4096, 8192):
+        b = 16384 // s
+        for causal in (False, True):
+            key = jax.random.split(jax.random.PRNGKey(s + causal), 3)
+            q, k, v = (jax.random.normal(kk, (b, s, 32, 128), jnp.bfloat16) for kk in key)
+            fl_f = bu.attention_flops(b, 32, s, s, 128, causal=causal, backward=False)
+            fl_b = bu.attention_flops(b, 32, s, s, 128, causal=causal, backward=True)
+            impls = {
+                "cudnn": lambda q, k, v, c=causal: jax.nn.dot_product_attention(
+                    q, k, v, is_causal=c, implementation="cudnn"
+                ),
+                "triton": lambda q, k, v, c=causal: flash_attention(q, k, v, causal=c)[0],
+            }
+            res: dict[str, Any] = {"S": s, "B": b, "causal": causal}
+            for name, fn in impls.items():
+                try:
+                    t0 = time.perf_counter()
+                    tf, tb = bu.time_attention(fn, q, k, v)
+                    res[name] = {
+                        "fwd_ms": tf * 1e3,
+                        "fwdbwd_ms": tb * 1e3,
+                        "fwd_tflops": fl_f / tf / 1e12,
+                        "fwdbwd_tflops": fl_b / tb / 1e12,
+                        "wall_s": time.perf_counter() - t0,
+                    }
+                except Exception as err:  # noqa: BLE001
+                    res[name] = {"error": repr(err)}
+                    traceback.print_exc()
+            rows.append(res)
+            log(json.dumps(res))
+    RESULTS["bench"] = rows
+    log("\n  S  causal | cuDNN fwd  ours fwd  ratio | cuDNN f+b  ours f+b  ratio   (TFLOP/s)")
+    for r in rows:
+        c, o = r.get("cudnn", {}), r.get("triton", {})
+        if "fwd_tflops" in c and "fwd_tflops" in o:
+            log(f"{r['S']:5d} {r['causal']!s:6} | {c['fwd_tflops']:8.1f} {o['fwd_tflops']:8.1f} "
+                f"{o['fwd_tflops'] / c['fwd_tflops']:6.2f} | {c['fwdbwd_tflops']:8.1f} "
+                f"{o['fwdbwd_tflops']:8.1f} "
+                f"{o['fwdbwd_tflops'] / c['fwdbwd_tflops']:6.2f}")
+
+
+def sweep(seq: int = 4096) -> None:
+    """Run the tuner on the S = 4k shapes: every candidate's time is logged, the winner cached."""
+    rows = []
+    for causal in (False, True):
+        b = 16384 // seq
+        shape = jax.ShapeDtypeStruct((b, seq, 32, 128), jnp.bfloat16)
+        spec = make_spec(shape, shape, shape, causal=causal)
+        fl = bu.attention_flops(b, 32, seq, seq, 128, causal=causal, backward=False)
+        gemms = {"fwd": 2, "dkdv": 4, "dq": 3}  # T x S x D matrix products per kernel
+
+        def measure(t: L.Tiles, name: str, spec: AttnSpec = spec, fl: float = fl) -> float:
+            sec = bu.measure_kernels(spec, t, (name,))[name]
+            tile = getattr(t, name)
+            rows.append({"causal": spec.causal, "kernel": name, "tiles": [
+                tile.block_m, tile.block_n, tile.num_warps, tile.num_stages], "ms": sec * 1e3,
+                "tflops": fl / 2 * gemms[name] / sec / 1e12})
+            return sec
+
+        best = tuning.tune(spec, measure, log=lambda m, c=causal: log(f"tune causal={c} {m}"))
+        log(f"tuned causal={causal}: {best}")
+    RESULTS["sweep"] = rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    log("devices:", jax.devices())
+    t0 = time.perf_counter()
+    for flag, fn in (("check", check), ("sweep", sweep), ("bench", bench)):
+        if getattr(a, flag):
+            fn()
+            log(f"[{flag} done at {time.perf_counter() - t0:.0f}s]")
+            if a.json:
+                Path(a.json).write_text(json.dumps(RESULTS, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Timing helpers for the Triton kernels, reusable by ``jaxattn bench`` and the tuner.
+
+FLOPs follow GPU.md: ``4 * B * H * T * S * D`` forward (times the fraction of the score
+matrix inside the causal/window band), forward + backward = 3.5 x forward.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxattn_triton import launch as L
+from jaxattn_triton.spec import AttnSpec
+
+
+def attention_flops(
+    batch: int, heads: int, seq_q: int, seq_k: int, head_dim: int, *, causal: bool, backward: bool
+) -> float:
+    """GPU.md's count: causal halves the forward; forward + backward is 3.5 x forward."""
+    flops = 4.0 * batch * heads * seq_q * seq_k * head_dim
+    if causal:
+        flops /= 2
+    return flops * 3.5 if backward else flops
+
+
+def time_jax(fn: Callable[..., Any], *args: Any, reps: int = 20, inner: int = 5) -> float:
+    """Median seconds of one call of ``fn(*args)`` (already jitted), after a warm-up.
+
+    Each sample dispatches ``inner`` calls back to back and waits once, so host dispatch
+    overlaps device work as it does in a training step.
+    """
+    jax.block_until_ready(fn(*args))
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        out = None
+        for _ in range(inner):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - start) / inner)
+    return statistics.median(samples)
+
+
+def random_inputs(spec: AttnSpec, seed: int = 0) -> tuple[jax.Array, jax.Array, jax.Array]:
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(seed), 3)
+    dt = jnp.dtype(spec.dtype)
+    q = jax.random.normal(kq, (spec.batch, spec.seq_q, spec.heads_q, spec.head_dim), dt)
+    k = jax.random.normal(kk, (spec.batch, spec.seq_k, spec.heads_kv, spec.head_dim), dt)
+    v = jax.random.normal(kv, (spec.batch, spec.seq_k, spec.heads_kv, spec.head_dim_v), dt)
+    return q, k, v
+
+
+def measure_kernels(
+    spec: AttnSpec, tiles: L.Tiles, kernels: tuple[str, ...] = ("fwd", "dkdv", "dq"), reps: int = 10
+) -> dict[str, float]:
+    """Seconds per launch of the named kernels (``fwd``, ``dkdv``, ``dq``) of a plain call.
+
+    The backward kernels are timed on the real forward's outputs, so their inputs are
+    realistic (no zeros, no overflow). Used by ``tuning.tune`` on a GPU.
+    """
+    from jaxattn_triton.ops import _execute
+
+    if spec.mask_shape or spec.bias_shape or spec.segments or spec.sinks:
+        raise ValueError("measure_kernels times plain calls (causal/window/soft cap only)")
+    q, k, v = random_inputs(spec)
+    dummies = (
+        jnp.zeros((1,), jnp.int8),
+        jnp.zeros((1,), jnp.float32),
+        jnp.zeros((1,), jnp.int32),
+        jnp.zeros((1,), jnp.int32),
+    )
+    sinks = jnp.zeros((1,), jnp.float32)
+    fwd = jax.jit(lambda *a: _execute(L.forward(spec, tiles.fwd), a, False))
+    result = {}
+    if "fwd" in kernels:
+        result["fwd"] = time_jax(fwd, q, k, v, *dummies, sinks, reps=reps)
+    if "dkdv" not in kernels and "dq" not in kernels:
+        return result
+    out, lse = fwd(q, k, v, *dummies, sinks)
+    dout = jax.random.normal(jax.random.PRNGKey(1), out.shape, out.dtype)
+    pre = jax.jit(lambda *a: _execute(L.preprocess(spec), a, False))
+    delta, lse_b, _ = pre(out, dout, lse, jnp.zeros_like(lse), sinks)
+    common = (q, k, v, *dummies, dout, lse_b, delta)
+    if "dkdv" in kernels:
+        dkdv = jax.jit(lambda *a: _execute(L.dkdv(spec, tiles.dkdv), a, False))
+        result["dkdv"] = time_jax(dkdv, *common, reps=reps)
+    if "dq" in kernels:
+        dq = jax.jit(lambda *a: _execute(L.dq(spec, tiles.dq), a, False))
+        result["dq"] = time_jax(dq, *common, reps=reps)
+    return result
+
+
+def time_attention(
+    attn: Callable[[jax.Array, jax.Array, jax.Array], jax.Array],
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    reps: int = 20,
+) -> tuple[float, float]:
+    """Median seconds of the forward and of forward + backward (a VJP with a fixed dO)."""
+    fwd = jax.jit(attn)
+    dout = jax.random.normal(jax.random.PRNGKey(2), fwd(q, k, v).shape, q.dtype)
+
+    def fwd_bwd(q: jax.Array, k: jax.Array, v: jax.Array, do: jax.Array) -> Any:
+        _, vjp = jax.vjp(attn, q, k, v)
+        return vjp(do)
+
+    both = jax.jit(fwd_bwd)
+    return time_jax(fwd, q, k, v, reps=reps), time_jax(both, q, k, v, dout, reps=reps)

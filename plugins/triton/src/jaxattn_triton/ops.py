@@ -1,0 +1,232 @@
+"""FlashAttention-2 for JAX: the Triton kernels behind ``jax.custom_vjp``.
+
+On a CUDA GPU the kernels are launched with ``jax_triton.triton_call`` (imported when the
+first kernel is built). With ``interpret=True`` the same launches go through
+``jax.pure_callback`` to the Triton interpreter on torch CPU tensors instead, which lets
+CI check this module's autodiff wiring without a GPU (``TRITON_INTERPRET=1`` must have
+been set before triton was imported).
+
+Layout is BTHD throughout: q ``(B, T, Hq, D)``, k ``(B, S, Hkv, D)``, v ``(B, S, Hkv, Dv)``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxattn_triton import launch as L
+from jaxattn_triton.spec import AttnSpec
+
+Array = jax.Array
+
+
+def _execute(lz: L.Launch, inputs: Sequence[Array], interpret: bool) -> list[Array]:
+    out_shape = [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape, dtype in lz.outputs]
+    if interpret:
+        return _execute_interpreted(lz, inputs, out_shape)
+    import jax_triton as jt
+
+    outs = jt.triton_call(
+        *inputs,
+        kernel=lz.kernel,
+        out_shape=out_shape,
+        grid=lz.grid,
+        num_warps=lz.num_warps,
+        num_stages=lz.num_stages,
+        zeroed_outputs=lz.zeroed,
+        **lz.constexprs,
+    )
+    return list(outs)
+
+
+def _execute_interpreted(
+    lz: L.Launch, inputs: Sequence[Array], out_shape: list[jax.ShapeDtypeStruct]
+) -> list[Array]:
+    from jaxattn_triton import torch_ops
+
+    def host(*arrays: np.ndarray) -> list[np.ndarray]:
+        outs = torch_ops.run_launch(lz, [torch_ops.from_numpy(np.asarray(a)) for a in arrays])
+        return [torch_ops.to_numpy(o) for o in outs]
+
+    return list(jax.pure_callback(host, out_shape, *inputs))
+
+
+def _reduce_to(x: Array, shape: tuple[int, ...]) -> Array:
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
+    return jnp.sum(x, axis=axes, keepdims=True) if axes else x
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _flash(
+    spec: AttnSpec,
+    tiles: L.Tiles,
+    interpret: bool,
+    q: Array,
+    k: Array,
+    v: Array,
+    bias: Array,
+    sinks: Array,
+    mask: Array,
+    qseg: Array,
+    kseg: Array,
+) -> tuple[Array, Array]:
+    out, lse = _execute(
+        L.forward(spec, tiles.fwd), [q, k, v, mask, bias, qseg, kseg, sinks], interpret
+    )
+    return out, lse
+
+
+def _flash_fwd(
+    spec: AttnSpec,
+    tiles: L.Tiles,
+    interpret: bool,
+    q: Array,
+    k: Array,
+    v: Array,
+    bias: Array,
+    sinks: Array,
+    mask: Array,
+    qseg: Array,
+    kseg: Array,
+) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
+    out, lse = _flash(spec, tiles, interpret, q, k, v, bias, sinks, mask, qseg, kseg)
+    return (out, lse), (q, k, v, bias, sinks, mask, qseg, kseg, out, lse)
+
+
+def _flash_bwd(
+    spec: AttnSpec,
+    tiles: L.Tiles,
+    interpret: bool,
+    residuals: tuple[Array, ...],
+    cotangents: tuple[Array, Array],
+) -> tuple[Array | None, ...]:
+    q, k, v, bias, sinks, mask, qseg, kseg, out, lse = residuals
+    dout, dlse = cotangents
+    dout = dout.astype(q.dtype)
+    delta, lse_b, dsink_rows = _execute(
+        L.preprocess(spec), [out, dout, lse, dlse.astype(jnp.float32), sinks], interpret
+    )
+    common = [q, k, v, mask, bias, qseg, kseg, dout, lse_b, delta]
+    dk, dv, dbias_full = _execute(L.dkdv(spec, tiles.dkdv), common, interpret)
+    (dq,) = _execute(L.dq(spec, tiles.dq), common, interpret)
+    if spec.bias_shape is not None:
+        dbias = _reduce_to(dbias_full, spec.bias_shape).astype(bias.dtype)
+    else:
+        dbias = jnp.zeros_like(bias)
+    if spec.sinks:
+        dsinks = jnp.sum(dsink_rows, axis=(0, 2)).astype(sinks.dtype)
+    else:
+        dsinks = jnp.zeros_like(sinks)
+    # mask and segment ids are integer inputs: no cotangent.
+    return dq, dk, dv, dbias, dsinks, None, None, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def make_spec(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any = None,
+    bias: Any = None,
+    causal: bool = False,
+    sliding_window: int | tuple[int | None, int | None] | None = None,
+    segments: bool = False,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: bool = False,
+) -> AttnSpec:
+    """The :class:`AttnSpec` of a call, from arrays or ``ShapeDtypeStruct``s."""
+    b, t, hq, d = (int(x) for x in q.shape)
+    _, s, hkv, _ = (int(x) for x in k.shape)
+
+    def rank4(x: Any) -> tuple[int, int, int, int] | None:
+        if x is None:
+            return None
+        shape = (1,) * (4 - x.ndim) + tuple(int(n) for n in x.shape)
+        return (shape[0], shape[1], shape[2], shape[3])
+
+    window = (sliding_window, sliding_window) if isinstance(sliding_window, int) else sliding_window
+    return AttnSpec(
+        batch=b,
+        seq_q=t,
+        seq_k=s,
+        heads_q=hq,
+        heads_kv=hkv,
+        head_dim=d,
+        head_dim_v=int(v.shape[-1]),
+        dtype=jnp.dtype(q.dtype).name,
+        softmax_scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
+        causal=bool(causal),
+        window=None if window is None else (window[0], window[1]),
+        softcap=None if logits_soft_cap is None else float(logits_soft_cap),
+        mask_shape=rank4(mask),
+        bias_shape=rank4(bias),
+        segments=segments,
+        sinks=sinks,
+    )
+
+
+def flash_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    causal: bool = False,
+    sliding_window: int | tuple[int | None, int | None] | None = None,
+    q_segment_ids: Array | None = None,
+    kv_segment_ids: Array | None = None,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    softmax_aux: Array | None = None,
+    tiles: L.Tiles | None = None,
+    interpret: bool = False,
+) -> tuple[Array, Array]:
+    """Attention output ``(B, T, Hq, Dv)`` and log-sum-exp ``(B, Hq, T)`` (float32).
+
+    Differentiable in q, k, v, bias, softmax_aux (and through the log-sum-exp).
+    ``tiles`` overrides the tuned tile sizes.
+    """
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("pass both q_segment_ids and kv_segment_ids, or neither")
+    spec = make_spec(
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        causal=causal,
+        sliding_window=sliding_window,
+        segments=q_segment_ids is not None,
+        softmax_scale=softmax_scale,
+        logits_soft_cap=logits_soft_cap,
+        sinks=softmax_aux is not None,
+    )
+    if tiles is None:
+        from jaxattn_triton.tuning import tiles_for
+
+        tiles = tiles_for(spec, interpret=interpret)
+
+    def dummy(dtype: Any) -> Array:
+        # Absent optional inputs still occupy their kernel argument slot.
+        return jnp.zeros((1,), dtype)
+
+    def rank4(x: Array) -> Array:
+        return jnp.reshape(x, (1,) * (4 - x.ndim) + tuple(x.shape))
+
+    mask_arg = dummy(jnp.int8) if mask is None else rank4(mask).astype(jnp.int8)
+    bias_arg = dummy(jnp.float32) if bias is None else rank4(bias)
+    qseg = dummy(jnp.int32) if q_segment_ids is None else q_segment_ids.astype(jnp.int32)
+    kseg = dummy(jnp.int32) if kv_segment_ids is None else kv_segment_ids.astype(jnp.int32)
+    sinks = dummy(jnp.float32) if softmax_aux is None else softmax_aux.astype(jnp.float32)
+    out, lse = _flash(spec, tiles, interpret, q, k, v, bias_arg, sinks, mask_arg, qseg, kseg)
+    return out, lse

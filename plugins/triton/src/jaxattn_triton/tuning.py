@@ -1,0 +1,267 @@
+"""Tile sizes, warps and pipeline stages per device and shape.
+
+``tiles_for`` answers in this order: explicit overrides (``AttentionMetadata.block_*``,
+``num_warps``, ``num_stages``), a tuning result cached on disk for this device and shape
+class, then a table of defaults measured on Hopper (see the plugin README for the
+figures). ``tune`` times candidate configurations on the current GPU and stores the
+winner, so the measurement is paid once per device and shape class, not once per process.
+
+Nothing here imports triton or jax at module level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from jaxattn_triton.launch import KernelTiles, Tiles
+from jaxattn_triton.spec import AttnSpec, block_dim
+
+CACHE_ENV = "JAXATTN_TRITON_TUNE_CACHE"
+
+_lock = threading.Lock()
+_memory: dict[str, Tiles] = {}
+
+
+def _pow2_at_most(n: int, cap: int) -> int:
+    """The largest tile <= cap that does not exceed the sequence by more than one power of two."""
+    tile = cap
+    while tile > 16 and tile // 2 >= n:
+        tile //= 2
+    return tile
+
+
+def _fit(t: KernelTiles, seq_m: int, seq_n: int) -> KernelTiles:
+    return dataclasses.replace(
+        t, block_m=_pow2_at_most(seq_m, t.block_m), block_n=_pow2_at_most(seq_n, t.block_n)
+    )
+
+
+def default_tiles(spec: AttnSpec, compute_capability: str | None) -> Tiles:
+    """Defaults by head dim and features, measured on an H200 (sm_90); conservative elsewhere.
+
+    Masks and biases are tiles of their own that the pipeline stages in shared memory too,
+    so those calls get fewer stages and narrower key tiles to stay within 227 KB.
+    """
+    d = max(block_dim(spec.head_dim), block_dim(spec.head_dim_v))
+    hopper = compute_capability is not None and compute_capability.startswith("9")
+    banded = spec.window_right is not None or spec.window_left is not None
+    dense_extra = spec.mask_shape is not None or spec.bias_shape is not None
+    if hopper and d <= 128:
+        fwd = KernelTiles(128, 64 if banded else 128, 8, 3)
+        dkdv = KernelTiles(64, 128, 8, 3)
+        dq = KernelTiles(128, 64, 8, 3)
+    elif hopper:
+        fwd = KernelTiles(128, 64, 8, 2)
+        dkdv = KernelTiles(64, 64, 8, 2)
+        dq = KernelTiles(64, 64, 8, 2)
+    elif d <= 128:
+        fwd = KernelTiles(128, 64, 4, 3)
+        dkdv = KernelTiles(64, 64, 4, 2)
+        dq = KernelTiles(64, 64, 4, 2)
+    else:
+        fwd = KernelTiles(64, 32, 4, 2)
+        dkdv = KernelTiles(32, 32, 4, 1)
+        dq = KernelTiles(32, 32, 4, 1)
+    if dense_extra:
+        fwd, dkdv, dq = (
+            KernelTiles(t.block_m, min(t.block_n, 64), t.num_warps, min(t.num_stages, 2))
+            for t in (fwd, dkdv, dq)
+        )
+    return Tiles(
+        fwd=_fit(fwd, spec.seq_q, spec.seq_k),
+        dkdv=_fit(dkdv, spec.seq_q, spec.seq_k),
+        dq=_fit(dq, spec.seq_q, spec.seq_k),
+    )
+
+
+# The interpreter's cost is per tile operation, so larger tiles are faster there.
+INTERPRET_TILES = KernelTiles(32, 32, 4, 1)
+
+
+def shape_class(spec: AttnSpec) -> str:
+    """What a tuning result is valid for: tile choice depends on these, not on exact sizes."""
+    def bucket(n: int) -> int:
+        return 1 << max(0, (n - 1).bit_length())
+
+    feats = [
+        name
+        for name, on in (
+            ("causal", spec.window_right is not None),
+            ("window", spec.window_left is not None),
+            ("mask", spec.mask_shape is not None),
+            ("bias", spec.bias_shape is not None),
+            ("seg", spec.segments),
+            ("cap", spec.softcap is not None),
+        )
+        if on
+    ]
+    return (
+        f"{spec.dtype}-d{block_dim(spec.head_dim)}-dv{block_dim(spec.head_dim_v)}"
+        f"-g{spec.group}-t{bucket(spec.seq_q)}-s{bucket(spec.seq_k)}-{'+'.join(feats) or 'plain'}"
+    )
+
+
+def cache_path() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "jaxattn_triton" / "tuning.json"
+
+
+def _key(device_kind: str, spec: AttnSpec) -> str:
+    return f"{device_kind}|{shape_class(spec)}"
+
+
+def _tiles_to_json(t: Tiles) -> dict[str, list[int]]:
+    return {k: list(dataclasses.astuple(getattr(t, k))) for k in ("fwd", "dkdv", "dq")}
+
+
+def _tiles_from_json(d: dict[str, list[int]]) -> Tiles:
+    return Tiles(*(KernelTiles(*d[k]) for k in ("fwd", "dkdv", "dq")))
+
+
+def load_cached(device_kind: str, spec: AttnSpec) -> Tiles | None:
+    key = _key(device_kind, spec)
+    with _lock:
+        if key in _memory:
+            return _memory[key]
+        path = cache_path()
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        entry = data.get(key)
+        if entry is None:
+            return None
+        try:
+            tiles = _tiles_from_json(entry)
+        except (KeyError, TypeError):
+            return None  # written by an older layout: ignore, the next tune rewrites it
+        _memory[key] = tiles
+        return tiles
+
+
+def store(device_kind: str, spec: AttnSpec, tiles: Tiles) -> None:
+    key = _key(device_kind, spec)
+    with _lock:
+        _memory[key] = tiles
+        path = cache_path()
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data[key] = _tiles_to_json(tiles)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(path)  # atomic: concurrent processes never read half a file
+
+
+def _device() -> tuple[str, str | None]:
+    import jax
+
+    dev = jax.devices()[0]
+    return str(getattr(dev, "device_kind", dev.platform)), getattr(dev, "compute_capability", None)
+
+
+def tiles_for(
+    spec: AttnSpec,
+    *,
+    interpret: bool = False,
+    overrides: dict[str, int] | None = None,
+    device: tuple[str, str | None] | None = None,
+) -> Tiles:
+    """The tiles to launch ``spec`` with (see the module docstring for the order)."""
+    if interpret:
+        base = Tiles(
+            _fit(INTERPRET_TILES, spec.seq_q, spec.seq_k),
+            _fit(INTERPRET_TILES, spec.seq_q, spec.seq_k),
+            _fit(INTERPRET_TILES, spec.seq_q, spec.seq_k),
+        )
+    else:
+        kind, cc = device if device is not None else _device()
+        base = load_cached(kind, spec) or default_tiles(spec, cc)
+    return apply_overrides(base, overrides or {})
+
+
+def apply_overrides(tiles: Tiles, o: dict[str, int]) -> Tiles:
+    """``block_q``/``block_k`` set the forward tiles, ``*_bwd`` both backward kernels'."""
+    def patch(t: KernelTiles, bm: str, bn: str) -> KernelTiles:
+        return KernelTiles(
+            o.get(bm, t.block_m),
+            o.get(bn, t.block_n),
+            o.get("num_warps", t.num_warps),
+            o.get("num_stages", t.num_stages),
+        )
+
+    return Tiles(
+        patch(tiles.fwd, "block_q", "block_k"),
+        patch(tiles.dkdv, "block_q_bwd", "block_k_bwd"),
+        patch(tiles.dq, "block_q_bwd", "block_k_bwd"),
+    )
+
+
+def candidates(spec: AttnSpec) -> dict[str, list[KernelTiles]]:
+    """Per-kernel candidates the tuner times (each kernel is tuned independently)."""
+    d = max(block_dim(spec.head_dim), block_dim(spec.head_dim_v))
+    if d <= 128:
+        fwd = [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2),
+               (256, 64, 8, 3), (64, 64, 4, 3)]
+        dkdv = [(64, 128, 8, 3), (128, 128, 8, 2), (64, 128, 8, 4), (128, 64, 8, 3),
+                (32, 128, 8, 4), (64, 64, 4, 3)]
+        dq = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 32, 8, 4),
+              (64, 64, 4, 3)]
+    else:
+        fwd = [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 2), (64, 32, 4, 3)]
+        dkdv = [(64, 64, 8, 2), (32, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 3)]
+        dq = [(64, 64, 8, 2), (64, 32, 4, 2), (128, 32, 8, 2), (32, 32, 4, 3)]
+    return {
+        name: list(dict.fromkeys(_fit(KernelTiles(*c), spec.seq_q, spec.seq_k) for c in cs))
+        for name, cs in (("fwd", fwd), ("dkdv", dkdv), ("dq", dq))
+    }
+
+
+def tune(
+    spec: AttnSpec,
+    measure: Callable[[Tiles, str], float],
+    *,
+    device_kind: str | None = None,
+    log: Callable[[str], Any] | None = None,
+) -> Tiles:
+    """Time each kernel's candidates and cache the fastest.
+
+    ``measure(tiles, kernel)`` returns the seconds of one launch of ``kernel`` (``fwd``,
+    ``dkdv`` or ``dq``) with those tiles, or raises when a configuration does not build
+    or launch (too much shared memory, say); such candidates are skipped. On a GPU,
+    ``lambda t, n: bench_util.measure_kernels(spec, t, (n,))[n]`` is the measure.
+    """
+    kind = device_kind if device_kind is not None else _device()[0]
+    best = load_cached(kind, spec) or default_tiles(spec, _device()[1])
+    for name, cands in candidates(spec).items():
+        timings: list[tuple[float, KernelTiles]] = []
+        for cand in _with_current(cands, getattr(best, name)):
+            trial = dataclasses.replace(best, **{name: cand})
+            try:
+                seconds = measure(trial, name)
+            except Exception as err:  # noqa: BLE001  # a config that fails to build is not a winner
+                if log:
+                    log(f"{name} {cand}: failed ({type(err).__name__}: {err})")
+                continue
+            timings.append((seconds, cand))
+            if log:
+                log(f"{name} {cand}: {seconds * 1e3:.3f} ms")
+        if timings:
+            best = dataclasses.replace(best, **{name: min(timings, key=lambda x: x[0])[1]})
+    store(kind, spec, best)
+    return best
+
+
+def _with_current(cands: Iterable[KernelTiles], current: KernelTiles) -> list[KernelTiles]:
+    return list(dict.fromkeys([current, *cands]))
