@@ -57,22 +57,25 @@ def _version() -> str:
     return __version__
 
 
+def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options every subcommand has, after its name. Added per parser, not through a shared
+    parent parser, so a subcommand may redefine one (conflict_handler="resolve") without
+    altering the others' (a parent's actions are shared objects)."""
+    parser.add_argument("--json", action="store_true", help="print JSON for machines")
+    parser.add_argument("--plain", action="store_true", help="plain-text tables even when rich is installed")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jaxattn",
         description="Attention backends for JAX: what is installed, what runs here, and why.",
     )
     parser.add_argument("--version", action="version", version=f"jaxattn {_version()}")
-    # Options every subcommand shares; a parent parser puts them after the subcommand name.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print JSON for machines")
-    common.add_argument("--plain", action="store_true",
-                        help="plain-text tables even when rich is installed")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module in SUBCOMMANDS.items():
         command = _load(module)
-        sub = commands.add_parser(name, parents=[common], help=command.HELP,
-                                  description=command.HELP)
+        sub = commands.add_parser(name, help=command.HELP, description=command.HELP)
+        _add_common_arguments(sub)
         command.add_arguments(sub)
         sub.set_defaults(_subcommand=command)
     return parser
