@@ -17,7 +17,8 @@ __all__ = ["Progress"]
 
 def describe(result: BenchResult) -> str:
     if result.ok and result.median_ms is not None:
-        text = f"{result.median_ms:9.3f} ms {result.tflops or 0:8.2f} TFLOP/s"
+        tflops = result.cell()
+        text = f"{result.median_ms:9.3f} ms {tflops:>8} TFLOP/s"
         if result.ratio is not None:
             text += f" {result.ratio:5.2f}x ref"
         return text + (f"  {result.note}" if result.note else "")

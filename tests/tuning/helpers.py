@@ -1,0 +1,36 @@
+"""Building calls and tuning caches for the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxattn import AttentionProblem
+from jaxattn.plugins import RUNTIME_PLUGIN
+from jaxattn.tuning import Measurement, TuningCache
+
+
+def qkv(t: int = 16, hq: int = 4, hkv: int = 4, d: int = 8, b: int = 2, dtype: Any = jnp.float32) -> tuple[Any, ...]:
+    keys = jax.random.split(jax.random.key(0), 3)
+    return (jax.random.normal(keys[0], (b, t, hq, d), dtype), jax.random.normal(keys[1], (b, t, hkv, d), dtype),
+            jax.random.normal(keys[2], (b, t, hkv, d), dtype))
+
+
+def problem(t: int = 16, hq: int = 4, hkv: int = 4, d: int = 8, causal: bool = True, **kw: Any) -> AttentionProblem:
+    q, k, v = (jax.ShapeDtypeStruct(x.shape, x.dtype) for x in qkv(t, hq, hkv, d))
+    return AttentionProblem.from_inputs(q, k, v, causal=causal, **kw)
+
+
+def runtime(name: str, fwd: float | None, fwdbwd: float | None = None) -> Measurement:
+    """A measurement of an impl registered with ``register_impl`` (no distribution, no version)."""
+    return Measurement(impl=name, origin=RUNTIME_PLUGIN, version=None, fwd_ms=fwd, fwdbwd_ms=fwdbwd)
+
+
+def store(prob: AttentionProblem, *measurements: Measurement) -> TuningCache:
+    """Record ``measurements`` for ``prob`` in the default cache file and save it."""
+    cache = TuningCache.load()
+    cache.record(prob, measurements)
+    cache.save()
+    return cache
