@@ -23,6 +23,8 @@ from jaxattn.problem import AttentionProblem
 from .translate import Band, structural_band
 
 __all__ = [
+    "CUDNN_DTYPES",
+    "CUDNN_HEAD_DIMS",
     "CudnnLayout",
     "band_is_native",
     "cudnn_layout",
@@ -33,6 +35,8 @@ __all__ = [
 
 #: cuDNN computes in these only (fp8 needs scaling factors that jax.nn does not take).
 CUDNN_DTYPES = frozenset({"bfloat16", "float16"})
+#: Head dims cuDNN takes on sm_90+ (jax checks <= 256 there, <= 128 before; see cudnn_reasons).
+CUDNN_HEAD_DIMS: tuple[int, int] = (8, 256)
 
 
 @functools.lru_cache(maxsize=1)
@@ -47,7 +51,7 @@ def cudnn_version() -> int | None:
         return None
     try:
         return int(cuda_versions.cudnn_get_version())
-    except Exception:  # noqa: BLE001  # a plugin without a loadable libcudnn: same as none
+    except Exception:  # a plugin without a loadable libcudnn counts as none
         return None
 
 
@@ -142,13 +146,13 @@ def cudnn_reasons(problem: AttentionProblem, device: DeviceInfo, version: int | 
             f"cuDNN flash attention needs an sm_80 (Ampere) or newer GPU; this one is "
             f"sm_{capability[0]}{capability[1]}"
         )
-    hopper = capability is not None and capability >= (9, 0)
-    max_dim = 256 if hopper or capability is None else 128
+    # The declared range (8..256, CudnnAttention.head_dims) covers sm_90+; older GPUs stop at 128.
+    pre_hopper = capability is not None and capability < (9, 0)
     for label, dim in (("head dim", problem.head_dim), ("value head dim", problem.head_dim_v)):
-        if dim % 8 or dim > max_dim:
-            reasons.append(
-                f"cuDNN needs a {label} that is a multiple of 8 and at most {max_dim} on this GPU, got {dim}"
-            )
+        if dim % 8:
+            reasons.append(f"cuDNN needs a {label} that is a multiple of 8, got {dim}")
+        if pre_hopper and dim > 128:
+            reasons.append(f"cuDNN takes a {label} of at most 128 before sm_90, got {dim}")
     if problem.needs_grad:
         layout = cudnn_layout(problem)
         if layout.bias_sources and (problem.seq_q % 2 or layout.seq_k % 2):

@@ -20,7 +20,7 @@ from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 
-from .cudnn import CUDNN_DTYPES, cudnn_reasons, cudnn_version
+from .cudnn import CUDNN_DTYPES, CUDNN_HEAD_DIMS, cudnn_reasons, cudnn_version
 from .kernel import Implementation, sdpa_attention
 
 __all__ = ["CudnnAttention", "SdpaAttention"]
@@ -100,7 +100,7 @@ class CudnnAttention(_JaxNnAttention):
     platforms: ClassVar[frozenset[str]] = frozenset({"cuda"})
     dtypes: ClassVar[frozenset[str]] = CUDNN_DTYPES
     # cuDNN's ceiling is 256 on sm_90+ and 128 before; cudnn_reasons checks the GPU at hand.
-    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (8, 256)
+    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = CUDNN_HEAD_DIMS
     priority: ClassVar[int] = 100
     description: ClassVar[str] = "cuDNN flash attention via jax.nn (needs an NVIDIA GPU with cuDNN, fp16/bf16)"
 
@@ -132,6 +132,17 @@ class SdpaAttention(_JaxNnAttention):
     def get_impl_name(cls) -> str:
         return "sdpa"
 
+    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if self.compute_dtype(problem) == "float16" and self.platform in ("cpu", "tpu"):
+            # jax.nn's XLA path pins the dot algorithm F16_F16_F32; its fallback for platforms
+            # without it only catches eager errors, and under jit XLA rejects it at compile time.
+            reasons.append(
+                f"jax.nn's XLA path asks for the F16_F16_F32 dot algorithm, which XLA on {self.platform} "
+                "rejects under jit; use bfloat16 or float32 (AttentionMetadata(runtime_dtype=...))"
+            )
+        return reasons
+
     def cudnn_declines(self, problem: AttentionProblem) -> list[str]:
         """Why this call goes to XLA rather than cuDNN here (empty: it goes to cuDNN).
 
@@ -144,6 +155,10 @@ class SdpaAttention(_JaxNnAttention):
         dtype = self.compute_dtype(problem)
         if dtype not in CUDNN_DTYPES:
             reasons.append(f"cuDNN computes in float16/bfloat16 only, the inputs are {dtype}")
+        lo, hi = CUDNN_HEAD_DIMS
+        reasons += [f"cuDNN takes a {label} of {lo}..{hi}, got {dim}"
+                    for label, dim in (("head dim", problem.head_dim), ("value head dim", problem.head_dim_v))
+                    if not lo <= dim <= hi]
         return reasons + cudnn_reasons(dataclasses.replace(problem, needs_grad=True), self.device,
                                        cudnn_version())
 

@@ -153,7 +153,7 @@ def sdpa_attention(
     ``mask`` / ``bias`` are rank 4, broadcastable to ``(B, Hq, T, S)``. Returns
     ``(B, T, Hq, D)`` in q's dtype. The caller has checked what ``implementation`` supports.
     """
-    b, t, hq, _ = q.shape
+    _, t, hq, _ = q.shape
     s = k.shape[1]
     cudnn = implementation == "cudnn"
     band = structural_band(t, s, causal, sliding_window)
@@ -210,7 +210,7 @@ def sdpa_attention(
         kwargs["query_seq_lengths"] = jnp.asarray(lengths[0], jnp.int32)
         kwargs["key_value_seq_lengths"] = jnp.asarray(lengths[1], jnp.int32)
 
-    out = jax.nn.dot_product_attention(
+    out: Array = jax.nn.dot_product_attention(
         q, k, v, bias=bias, mask=combined, scale=softmax_scale, implementation=implementation, **kwargs
     )
     if row_valid is not None:
