@@ -16,6 +16,7 @@ from .device import DeviceInfo, detect_device
 from .errors import PluginError, UnsupportedError
 from .metadata import AttentionMetadata
 from .problem import AttentionProblem
+from .sharding.axes import sequence_reasons
 from .validation import CallSpec, resolve_call
 
 if TYPE_CHECKING:
@@ -72,6 +73,9 @@ class AttentionImpl:
     fallback_impl: ClassVar[str | None] = None
     #: One line for listings.
     description: ClassVar[str] = ""
+    #: True for impls that shard the sequence themselves (ring): the core then neither wraps
+    #: their forward in ``shard_map`` nor declines ``metadata.sequence_axis`` for them.
+    sequence_parallel: ClassVar[bool] = False
 
     def __init__(self, metadata: AttentionMetadata | None = None, device: DeviceInfo | None = None) -> None:
         self.metadata = metadata if metadata is not None else AttentionMetadata()
@@ -152,6 +156,7 @@ class AttentionImpl:
                 reasons.append(why)
         missing = sorted(problem.required_features() - self.features, key=str)
         reasons += [f"{_FEATURE_TEXT.get(f, str(f))} is not supported by {name}" for f in missing]
+        reasons += sequence_reasons(name, self.sequence_parallel, self.metadata)
         return reasons
 
     def fallback_reasons(self, problem: AttentionProblem) -> list[str]:
@@ -243,6 +248,10 @@ class AttentionImpl:
         mask = None if mask is None else jnp.reshape(mask, (1,) * (4 - mask.ndim) + tuple(mask.shape))
         bias = spec.bias
         bias = None if bias is None else jnp.reshape(bias, (1,) * (4 - bias.ndim) + tuple(bias.shape))
+        if self.metadata.mesh is not None and not self.sequence_parallel:
+            from .sharding.wrap import sharded_forward  # imports jax: only for calls on a mesh
+
+            forward = sharded_forward(self, forward.__name__)
         out = forward(
             q, k, v, mask=mask, bias=bias, init_bias=None, causal=spec.causal,
             sliding_window=spec.sliding_window, q_segment_ids=spec.q_segment_ids,

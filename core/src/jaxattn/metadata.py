@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._dtypes import dtype_name
+from .sharding.axes import check_metadata_axes
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
@@ -69,6 +70,7 @@ class AttentionMetadata:
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ValueError(f"AttentionMetadata.{name}: must be a positive int or None, got {value!r}")
         object.__setattr__(self, "extra", dict(self.extra))
+        check_metadata_axes(self)
 
     def __hash__(self) -> int:
         items = tuple(

@@ -1,0 +1,196 @@
+"""``RingAttention``: the ``ring`` impl, sequence-parallel attention over ``metadata.sequence_axis``.
+
+The call arrives with global arrays (or, with ``metadata.mesh=None``, with local shards
+inside the caller's own ``shard_map``). Batch, heads and sequence are split over their mesh
+axes; on each device the ring (``ring.make_ring``) runs a per-block kernel chosen among the
+registered impls that return their log-sum-exp.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import jax.numpy as jnp
+
+from jaxattn.capabilities import Feature
+from jaxattn.errors import InvalidInputError, UnsupportedError
+from jaxattn.impl import AttentionImpl
+from jaxattn.lookup import get_impl
+from jaxattn.output import AttentionOutput
+from jaxattn.problem import AttentionProblem
+from jaxattn.sharding.axes import MeshAxes, axis_tuple, describe_axes, kv_head_repeat, mesh_axes
+from jaxattn.sharding.compat import axis_size, shard_map
+from jaxattn.sharding.specs import AttentionSpecs
+from jaxattn.sharding.wrap import check_batch_heads, local_metadata
+
+from .blocks import BlockKernel, Mode, RingPlan, block_problems, choose_kernel
+from .layout import LAYOUTS, Layout, from_zigzag, to_zigzag
+from .ring import make_ring
+
+__all__ = ["RingAttention"]
+
+Array = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    """What a call resolves to before any array moves."""
+
+    mode: Mode
+    layout: Layout
+    local: AttentionProblem  # per-device sizes
+    kernel: AttentionImpl | None
+    reasons: list[str]
+
+
+class RingAttention(AttentionImpl):
+    """Ring attention: each device holds a slice of the sequence; K/V travel around the ring."""
+
+    platforms: ClassVar[frozenset[str]] = frozenset({"cpu", "gpu", "tpu"})
+    # What the per-block kernel accepts decides in the end; ring itself adds no dtype limit.
+    dtypes: ClassVar[frozenset[str]] = frozenset({"float16", "bfloat16", "float32", "float64"})
+    features: ClassVar[frozenset[Feature]] = frozenset({
+        Feature.CAUSAL, Feature.MASK, Feature.GQA, Feature.CROSS, Feature.VALUE_DIM, Feature.SLIDING_WINDOW,
+        Feature.SEGMENT_IDS, Feature.SOFT_CAP, Feature.SINKS, Feature.GRAD, Feature.LSE,
+    })
+    priority: ClassVar[int] = 0
+    sequence_parallel: ClassVar[bool] = True
+    description: ClassVar[str] = (
+        "sequence-parallel ring attention over metadata.sequence_axis, any per-block kernel with lse"
+    )
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "ring"
+
+    # -- what can run ------------------------------------------------------------------------
+    def _layout(self, causal: bool) -> Layout:
+        layout = self.metadata.extra.get("ring_layout") or ("zigzag" if causal else "contiguous")
+        if layout not in LAYOUTS:
+            raise InvalidInputError("metadata.extra['ring_layout']", f"{layout!r} is not one of {list(LAYOUTS)}")
+        return layout  # type: ignore[return-value]  # checked against LAYOUTS above
+
+    def _setup(self, problem: AttentionProblem, axes: MeshAxes | None, n: int) -> _Setup:
+        """Mode, layout, per-device problem and per-block kernel (or the reasons there is none)."""
+        mode = RingPlan.choose_mode(causal=problem.causal, window=problem.sliding_window,
+                                    mask=problem.mask_shape is not None, t=problem.seq_q, s=problem.seq_k)
+        layout = self._layout(problem.causal)
+        bs = hs = 1
+        if axes is not None:
+            bs, hs = axes.batch_size, axes.head_size
+        hkv = problem.heads_kv * kv_head_repeat(problem.heads_q, problem.heads_kv, hs)
+        local = dataclasses.replace(
+            problem, batch=max(problem.batch // bs, 1), heads_q=max(problem.heads_q // hs, 1),
+            heads_kv=max(hkv // hs, 1), seq_q=max(problem.seq_q // n, 1), seq_k=max(problem.seq_k // n, 1),
+        )
+        mask_dims = None
+        if problem.mask_shape is not None:
+            bm, hm = problem.mask_shape[:2]
+            mask_dims = (local.batch if bm > 1 else 1, local.heads_q if hm > 1 else 1)
+        problems = block_problems(mode, layout, local, mask_dims)
+        requested = str(self.metadata.extra.get("ring_block_impl", "auto")).lower()
+        kernel, reasons = choose_kernel(local_metadata(self.metadata), problems, requested)
+        return _Setup(mode, layout, local, kernel, reasons)
+
+    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if self.metadata.sequence_axis is None:
+            reasons.append("ring shards the sequence over a mesh axis: set AttentionMetadata(mesh=..., "
+                           "sequence_axis=...) (mesh=None inside your own shard_map)")
+            return reasons
+        axes = mesh_axes(self.metadata)
+        # Without a mesh the call runs inside the caller's shard_map: shapes are already local.
+        n = axes.sequence_size if axes is not None else 1
+        try:
+            setup = self._setup(problem, axes, n)
+        except InvalidInputError as err:
+            return [*reasons, str(err)]
+        if setup.kernel is None:
+            reasons.append("no per-block kernel that returns its lse accepts the blocks: "
+                           + " | ".join(setup.reasons))
+        return reasons
+
+    # -- running -------------------------------------------------------------------------------
+    def forward_native(self, q: Array, k: Array, v: Array, mask: Array = None, bias: Array = None,
+                       init_bias: Callable[[], Array] | None = None, causal: bool = False,
+                       **features: Any) -> AttentionOutput:
+        # bias and dropout are declined by not_supported_reasons (not in ``features``).
+        return self._ring(q, k, v, mask, causal, sliding_window=features.get("sliding_window"),
+                          q_segment_ids=features.get("q_segment_ids"), kv_segment_ids=features.get("kv_segment_ids"),
+                          softmax_scale=features["softmax_scale"], logits_soft_cap=features.get("logits_soft_cap"),
+                          softmax_aux=features.get("softmax_aux"))
+
+    def _ring(self, q: Array, k: Array, v: Array, mask: Array, causal: bool, *,
+              sliding_window: tuple[int, int] | None, q_segment_ids: Array, kv_segment_ids: Array,
+              softmax_scale: float, logits_soft_cap: float | None, softmax_aux: Array) -> AttentionOutput:
+        md = self.metadata
+        seq = axis_tuple(md.sequence_axis)
+        axis: str | tuple[str, ...] = seq[0] if len(seq) == 1 else seq
+        axes = mesh_axes(md)
+        if axes is not None:
+            repeat = check_batch_heads(axes, q, k)
+            if repeat > 1:  # documented replication, as for every impl on a mesh
+                k, v = (jnp.repeat(x, repeat, axis=2) for x in (k, v))
+            n = axes.sequence_size
+        else:
+            n = axis_size(axis)  # inside the caller's shard_map: q, k, v are local shards
+        problem = AttentionProblem.from_inputs(
+            q, k, v, mask=mask, causal=causal, sliding_window=sliding_window, q_segment_ids=q_segment_ids,
+            kv_segment_ids=kv_segment_ids, logits_soft_cap=logits_soft_cap, softmax_aux=softmax_aux,
+        )
+        if axes is None:  # global sizes, for the plan's bottom-right offset
+            problem = dataclasses.replace(problem, seq_q=problem.seq_q * n, seq_k=problem.seq_k * n)
+        setup = self._setup(problem, axes, n)
+        if setup.kernel is None:
+            raise UnsupportedError(self.name(), setup.reasons)
+        self._check_sequence(problem, n, setup.layout, seq, axes is not None)
+        plan = RingPlan(axis=axis, n=n, layout=setup.layout, mode=setup.mode, t_local=problem.seq_q // n,
+                        s_local=problem.seq_k // n, causal=causal, window=sliding_window,
+                        offset=problem.seq_k - problem.seq_q)
+        kernel = BlockKernel(setup.kernel, softmax_scale, logits_soft_cap)
+        vanilla = local_metadata(md)
+
+        def grad_fallback() -> BlockKernel:
+            return BlockKernel(get_impl("vanilla", vanilla), softmax_scale, logits_soft_cap)
+
+        ring = make_ring(plan, kernel, grad_fallback)
+
+        def per_device(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array,
+                       aux: Array) -> tuple[Array, Array]:
+            if plan.layout == "zigzag":
+                q, k, v, q_ids, kv_ids = (None if x is None else to_zigzag(x, 1, axis, n)
+                                          for x in (q, k, v, q_ids, kv_ids))
+                if mask is not None and mask.shape[2] > 1:
+                    mask = to_zigzag(mask, 2, axis, n)
+            out, lse = ring(q, k, v, q_ids, kv_ids, mask, aux)
+            if plan.layout == "zigzag":
+                out, lse = from_zigzag(out, 1, axis, n), from_zigzag(lse, 2, axis, n)
+            return out, lse
+
+        args = (q, k, v, q_segment_ids, kv_segment_ids, mask, softmax_aux)
+        if axes is None:
+            out, lse = per_device(*args)
+        else:
+            specs = AttentionSpecs.from_axes(axes, shard_sequence=True)
+            full = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+            in_specs = (specs.q, specs.kv, specs.kv, specs.q_ids, specs.kv_ids,
+                        specs.broadcast(mask, full, shard_keys=False), specs.aux)
+            out, lse = shard_map(per_device, mesh=md.mesh, in_specs=in_specs, out_specs=(specs.out, specs.lse))(*args)
+        return AttentionOutput(attention_outputs=out, softmax_lse=lse)
+
+    @staticmethod
+    def _check_sequence(problem: AttentionProblem, n: int, layout: Layout, seq: tuple[str, ...], global_: bool) -> None:
+        """T and S must split into n shards (2n chunks for zigzag); the error names axis and sizes."""
+        parts = 2 * n if layout == "zigzag" else n
+        for name, arg, size in (("query length T", "q", problem.seq_q), ("key length S", "k", problem.seq_k)):
+            if size % parts:
+                where = f"mesh axis {describe_axes(seq)} of size {n}"
+                what = f"{parts} = 2 x {n} chunks ({layout} layout)" if layout == "zigzag" else f"{n} shards"
+                raise InvalidInputError(
+                    arg,
+                    f"{name} {size}{'' if global_ else ' (all shards)'} does not split into {what} over {where} "
+                    "(AttentionMetadata.sequence_axis)",
+                    f"pad the sequence to a multiple of {parts} and mark the padding with segment ids or a mask",
+                )

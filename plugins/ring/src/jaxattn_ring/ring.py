@@ -1,0 +1,145 @@
+"""The ring: K/V blocks travel around the sequence axis, partial results merge by log-sum-exp.
+
+Runs per device, inside ``shard_map`` (or the caller's own), on shards in the plan's layout.
+Step 0 attends to the device's own keys; each of the ``n - 1`` further steps first passes
+K/V (and their segment ids) to the next device with ``ppermute`` and attends to what
+arrived. Each block's ``(o_b, lse_b)`` merges into the running result:
+``lse = logaddexp(lse, lse_b)``, ``o = o * exp(lse_old - lse) + o_b * exp(lse_b - lse)``.
+Attention sinks join once, at the end, as one more term of the denominator.
+
+Gradients: a ``custom_vjp`` whose backward runs the ring again. It keeps only the inputs,
+the output and the lse (O(T/n) per device, like flash attention), recomputes each block
+with ``jax.vjp`` of the per-block kernel and feeds it the exact cotangents of the merge:
+with ``w_b = exp(lse_b - L)`` (``L`` the global log-denominator, sink included) and
+``D = rowsum(dO * O)``,
+
+    d o_b   = w_b * dO
+    d lse_b = w_b * (rowsum(dO * o_b) - D) + exp(lse_b - lse) * d lse
+
+while dK/dV accumulators travel with their K/V and arrive home after ``n`` passes. This
+needs a kernel whose lse is differentiable; see ``blocks.gradient_kernel``. Autodiff
+through the forward loop would also be exact, but it would keep every step's K/V block
+and kernel residuals alive (the whole K/V on every device), which is what ring attention
+exists to avoid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .blocks import BlockKernel, RingPlan, acc_dtype, block, gradient_kernel
+
+__all__ = ["make_ring"]
+
+Array = Any
+
+
+def _permute(tree: Any, plan: RingPlan) -> Any:
+    """Pass every array of ``tree`` to the next device on the ring."""
+    perm = [(d, (d + 1) % plan.n) for d in range(plan.n)]
+    return jax.tree_util.tree_map(lambda x: jax.lax.ppermute(x, plan.axis, perm), tree)
+
+
+def _bthd(x: Array) -> Array:
+    """``(B, H, T)`` row statistics -> ``(B, T, H, 1)`` to scale outputs."""
+    return jnp.swapaxes(x, 1, 2)[..., None]
+
+
+def _finite_or_zero(x: Array) -> Array:
+    return jnp.where(jnp.isfinite(x), x, 0)
+
+
+def _merge(o: Array, lse: Array, o_b: Array, lse_b: Array) -> tuple[Array, Array]:
+    new = jnp.logaddexp(lse, lse_b)  # -inf only where both are: such rows stay zero
+    safe = _finite_or_zero(new)
+    o = o * _bthd(jnp.exp(lse - safe)) + o_b.astype(o.dtype) * _bthd(jnp.exp(lse_b - safe))
+    return o, new
+
+
+def _denominator(lse: Array, aux: Array) -> Array:
+    """``L``: log of the softmax denominator, the sink (one logit per head) included."""
+    if aux is None:
+        return lse
+    return jnp.logaddexp(lse, aux.astype(lse.dtype)[None, :, None])
+
+
+def make_ring(plan: RingPlan, kernel: BlockKernel, grad_fallback: Callable[[], BlockKernel]) -> Callable[..., Any]:
+    """``ring(q, k, v, q_ids, kv_ids, mask, aux) -> (output, lse)`` for one device's shards."""
+
+    def run_block(kern: BlockKernel, q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array,
+                  src: Array, first: bool) -> tuple[Array, Array]:
+        index = jax.lax.axis_index(plan.axis)
+        return block(plan, kern, q, k, v, q_ids, kv_ids, mask, index=index, src=src, first=first)
+
+    def forward(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array,
+                aux: Array) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
+        index = jax.lax.axis_index(plan.axis)
+        o_b, lse = run_block(kernel, q, k, v, q_ids, kv_ids, mask, index, True)
+        o = o_b.astype(acc_dtype(q.dtype))
+
+        def step(carry: Any, s: Array) -> tuple[Any, None]:
+            o, lse, kv = carry
+            kv = _permute(kv, plan)
+            k_blk, v_blk, kv_ids_blk = kv
+            o_b, lse_b = run_block(kernel, q, k_blk, v_blk, q_ids, kv_ids_blk, mask, (index - s) % plan.n, False)
+            o, lse = _merge(o, lse, o_b, lse_b)
+            return (o, lse, kv), None
+
+        (o, lse, _), _ = jax.lax.scan(step, (o, lse, (k, v, kv_ids)), jnp.arange(1, plan.n))
+        big_l = _denominator(lse, aux)
+        out = o * _bthd(jnp.exp(lse - _finite_or_zero(big_l)))
+        residuals = (q, k, v, q_ids, kv_ids, mask, aux, out, lse, big_l)
+        return (out.astype(q.dtype), lse), residuals
+
+    def backward(residuals: tuple[Array, ...], cts: tuple[Array, Array]) -> tuple[Array, ...]:
+        q, k, v, q_ids, kv_ids, mask, aux, out, lse, big_l = residuals
+        d_out, d_lse = cts
+        acc = out.dtype
+        d_out = d_out.astype(acc)
+        d_lse = d_lse.astype(acc)
+        delta = jnp.swapaxes(jnp.sum(d_out * out, axis=-1), 1, 2)  # D = rowsum(dO * O), (B, H, T)
+        lse_safe, big_l_safe = _finite_or_zero(lse), _finite_or_zero(big_l)
+        kern = gradient_kernel(kernel, q, k, v, grad_fallback)
+        index = jax.lax.axis_index(plan.axis)
+
+        def grads(k_blk: Array, v_blk: Array, kv_ids_blk: Array, src: Array, first: bool) -> tuple[Array, ...]:
+            def f(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
+                return run_block(kern, q, k, v, q_ids, kv_ids_blk, mask, src, first)
+
+            (o_b, lse_b), vjp = jax.vjp(f, q, k_blk, v_blk)
+            w = jnp.exp(lse_b - big_l_safe)  # this block's share of the final softmax
+            d_o_b = _bthd(w) * d_out
+            row = jnp.swapaxes(jnp.sum(d_out * o_b.astype(acc), axis=-1), 1, 2)
+            d_lse_b = w * (row - delta) + jnp.exp(lse_b - lse_safe) * d_lse
+            dq, dk, dv = vjp((d_o_b.astype(o_b.dtype), d_lse_b.astype(lse_b.dtype)))
+            return dq.astype(acc), dk.astype(acc), dv.astype(acc)
+
+        dq, dk, dv = grads(k, v, kv_ids, index, True)
+
+        def step(carry: Any, s: Array) -> tuple[Any, None]:
+            dq, kv, dkv = carry
+            kv, dkv = _permute((kv, dkv), plan)
+            k_blk, v_blk, kv_ids_blk = kv
+            g = grads(k_blk, v_blk, kv_ids_blk, (index - s) % plan.n, False)
+            return (dq + g[0], kv, (dkv[0] + g[1], dkv[1] + g[2])), None
+
+        (dq, _, (dk, dv)), _ = jax.lax.scan(step, (dq, (k, v, kv_ids), (dk, dv)), jnp.arange(1, plan.n))
+        dk, dv = _permute((dk, dv), plan)  # the n-th pass brings each device's own dK/dV home
+        d_aux = None
+        if aux is not None:
+            # O = sum_b exp(lse_b - L) o_b and dL/daux = p_sink, so dO/daux = -p_sink * O.
+            p_sink = jnp.exp(aux.astype(acc)[None, :, None] - big_l_safe)
+            d_aux = (-(p_sink * delta).sum(axis=(0, 2))).astype(aux.dtype)
+        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, d_aux
+
+    @jax.custom_vjp
+    def ring(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array,
+             aux: Array) -> tuple[Array, Array]:
+        return forward(q, k, v, q_ids, kv_ids, mask, aux)[0]
+
+    ring.defvjp(forward, backward)
+    return ring
