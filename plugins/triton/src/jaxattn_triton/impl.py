@@ -1,0 +1,145 @@
+"""``TritonFlashAttention``: ``flash_attn2`` on CUDA GPUs, the Triton kernels of this package.
+
+This module imports neither triton nor jax_triton: ``ops`` (and through it the kernels)
+is imported when the first call runs, so listing, ``explain`` and ``supports`` stay cheap.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from jaxattn.capabilities import Feature
+from jaxattn.impl import AttentionImpl
+from jaxattn.output import AttentionOutput
+from jaxattn.problem import AttentionProblem
+
+__all__ = ["TritonFlashAttention"]
+
+FEATURES: frozenset[Feature] = frozenset({
+    Feature.CAUSAL, Feature.MASK, Feature.BIAS, Feature.GQA, Feature.CROSS, Feature.VALUE_DIM,
+    Feature.SLIDING_WINDOW, Feature.SEGMENT_IDS, Feature.SOFT_CAP, Feature.SINKS, Feature.GRAD,
+    Feature.LSE,
+})
+
+#: Why the features it lacks are declined (added to the generic reason).
+WHY_NOT: dict[Feature, str] = {
+    Feature.DECODE: (
+        "flash_attn2 (Triton) has no split-K decode kernel: a single query row would occupy a "
+        "whole query tile and one program per head; use impl='cudnn' or 'sdpa' for T == 1"
+    ),
+    Feature.DROPOUT: (
+        "flash_attn2 (Triton) has no dropout (no in-kernel random generator tied to "
+        "dropout_rng); impl='vanilla' runs it"
+    ),
+    Feature.WEIGHTS: "flash attention never forms the (B, Hq, T, S) probabilities",
+}
+
+
+class TritonFlashAttention(AttentionImpl):
+    """FlashAttention-2 forward and backward in Triton, launched from JAX through jax-triton."""
+
+    platforms: ClassVar[frozenset[str]] = frozenset({"cuda"})
+    dtypes: ClassVar[frozenset[str]] = frozenset({"bfloat16", "float16"})
+    # 64/128/256 run unpadded; other sizes are padded in-kernel to the next power of two.
+    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 256)
+    features: ClassVar[frozenset[Feature]] = FEATURES
+    # Below cudnn (100), which measured faster on H200 for the calls both accept; above
+    # sdpa (50): "auto" picks this kernel for what cuDNN cannot do (soft cap, Dv != D).
+    priority: ClassVar[int] = 90
+    description: ClassVar[str] = "FlashAttention-2 in Triton via jax-triton (CUDA GPUs, fp16/bf16)"
+    #: Run the kernels in the Triton interpreter through a host callback (tests only).
+    interpret: ClassVar[bool] = False
+
+    @classmethod
+    def get_impl_name(cls) -> str | tuple[str, ...]:
+        return ("flash_attn2", "triton_flash_attn2")
+
+    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        missing = problem.required_features() - self.features
+        reasons += [WHY_NOT[f] for f in sorted(missing, key=str) if f in WHY_NOT]
+        if self.metadata.softmax_dtype != "float32":
+            reasons.append(
+                "flash_attn2 (Triton) accumulates the softmax in float32; "
+                f"softmax_dtype={self.metadata.softmax_dtype!r} cannot be honoured"
+            )
+        for name, value in self._overrides().items():
+            if name.startswith("block") and (value < 16 or value & (value - 1)):
+                reasons.append(
+                    f"metadata.{name}={value}: Triton tiles must be powers of two >= 16"
+                )
+        if not self.interpret:
+            for module, dist in (("triton", "triton"), ("jax_triton", "jax-triton>=0.3.1,<0.5")):
+                if not _installed(module):
+                    reasons.append(
+                        f"the {module!r} package is not installed; pip install '{dist}' "
+                        "(or jaxattn-triton[gpu])"
+                    )
+            cc = self.device.compute_capability
+            if cc is not None and _major(cc) < 8:
+                reasons.append(
+                    f"needs an NVIDIA GPU of compute capability 8.0 or newer (bf16 tensor cores); "
+                    f"this one is {cc}"
+                )
+        return reasons
+
+    def forward_cuda(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        mask: Any = None,
+        bias: Any = None,
+        init_bias: Callable[[], Any] | None = None,
+        causal: bool = False,
+        **features: Any,
+    ) -> AttentionOutput:
+        from jaxattn_triton.ops import flash_attention, make_spec
+        from jaxattn_triton.tuning import tiles_for
+
+        if bias is None and init_bias is not None:
+            bias = init_bias()
+        # __call__ declined these already; a direct forward_* call must not drop them either.
+        if features.get("dropout_prob", 0.0):
+            raise NotImplementedError(WHY_NOT[Feature.DROPOUT])
+        segments = features.get("q_segment_ids") is not None
+        spec = make_spec(
+            q, k, v, mask=mask, bias=bias, causal=causal,
+            sliding_window=features.get("sliding_window"), segments=segments,
+            softmax_scale=features.get("softmax_scale"),
+            logits_soft_cap=features.get("logits_soft_cap"),
+            sinks=features.get("softmax_aux") is not None,
+        )  # fmt: skip
+        tiles = tiles_for(spec, interpret=self.interpret, overrides=self._overrides())
+        out, lse = flash_attention(
+            q, k, v, mask=mask, bias=bias, causal=causal,
+            sliding_window=features.get("sliding_window"),
+            q_segment_ids=features.get("q_segment_ids"),
+            kv_segment_ids=features.get("kv_segment_ids"),
+            softmax_scale=features.get("softmax_scale"),
+            logits_soft_cap=features.get("logits_soft_cap"),
+            softmax_aux=features.get("softmax_aux"),
+            tiles=tiles, interpret=self.interpret,
+        )  # fmt: skip
+        return AttentionOutput(attention_outputs=out, attention_weights=None, softmax_lse=lse)
+
+    def _overrides(self) -> dict[str, int]:
+        md = self.metadata
+        names = ("block_q", "block_k", "block_q_bwd", "block_k_bwd", "num_warps", "num_stages")
+        return {n: v for n in names if (v := getattr(md, n)) is not None}
+
+
+@functools.cache
+def _installed(module: str) -> bool:
+    # find_spec locates the package without importing it (no CUDA initialisation).
+    return importlib.util.find_spec(module) is not None
+
+
+def _major(capability: str) -> int:
+    try:
+        return int(str(capability).split(".")[0])
+    except ValueError:
+        return 0

@@ -1,0 +1,1 @@
+"""The ``@triton.jit`` kernels (imported only when a kernel is launched)."""

@@ -1,0 +1,71 @@
+"""Test environment of jaxattn-triton: the Triton interpreter on hosts without a CUDA GPU.
+
+``TRITON_INTERPRET=1`` must be set before any ``@triton.jit`` kernel is defined (triton
+picks the interpreter at decoration time; this package's kernels are imported lazily, on
+first launch). It is set only when no CUDA device is visible, so a GPU run of the same
+tests launches real kernels.
+
+Triton's interpreter (3.9) stores bfloat16 as raw uint16 and multiplies those integers in
+``tl.dot``; :func:`_patch_interpreter_bf16_dot` makes the interpreter upcast bfloat16 dot
+operands to float32 (what the tensor cores do in effect: exact products, float32 sums).
+Only the test process is patched; kernels and GPUs are untouched.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+
+def _cuda_visible() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+ON_CUDA = _cuda_visible()
+INTERPRET = HAVE_TRITON and not ON_CUDA
+if INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def _patch_interpreter_bf16_dot() -> bool:
+    """Returns whether bfloat16 dots are right in the interpreter (patched or not needed)."""
+    if not INTERPRET:
+        return True
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    original = getattr(builder, "create_dot", None)
+    if builder is None or original is None or not hasattr(builder, "cast_impl"):
+        return False
+    if getattr(original, "_jaxattn_bf16", False):
+        return True
+
+    def create_dot(self, a, b, d, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if a.dtype.scalar == tl.bfloat16:
+            a = self.cast_impl(a, tl.float32)
+        if b.dtype.scalar == tl.bfloat16:
+            b = self.cast_impl(b, tl.float32)
+        return original(self, a, b, d, *args, **kwargs)
+
+    create_dot._jaxattn_bf16 = True  # type: ignore[attr-defined]
+    builder.create_dot = create_dot
+    return True
+
+
+BF16_DOT_OK = HAVE_TRITON and _patch_interpreter_bf16_dot()
+
+needs_kernels = pytest.mark.skipif(
+    not (HAVE_TORCH and HAVE_TRITON),
+    reason="the Triton kernel tests need triton and torch (pip install torch==2.13.0 triton)",
+)
