@@ -131,8 +131,7 @@ def visibility(
         ks = np.asarray(kv_segment_ids)
         if qs.shape != (batch, t) or ks.shape != (batch, s):
             raise ValueError(
-                f"segment ids must be (B, T)=({batch}, {t}) and (B, S)=({batch}, {s}), "
-                f"got {qs.shape} and {ks.shape}"
+                f"segment ids must be (B, T)=({batch}, {t}) and (B, S)=({batch}, {s}), got {qs.shape} and {ks.shape}"
             )
         visible &= qs[:, None, :, None] == ks[:, None, None, :]
     return visible
@@ -239,9 +238,7 @@ def _forward(x: _Inputs) -> _Forward:
         lse = np.where(key_sum > 0, shift + np.log(np.where(key_sum > 0, key_sum, 1.0)), -np.inf)
     weights = probs if x.keep_scaled is None else probs * x.keep_scaled
     output = np.einsum("bhts,bshd->bthd", weights, x.v)
-    return _Forward(
-        raw=raw, probs=probs, sink_prob=sink_prob, weights=weights, lse=lse, output=output
-    )
+    return _Forward(raw=raw, probs=probs, sink_prob=sink_prob, weights=weights, lse=lse, output=output)
 
 
 def attention(
@@ -284,9 +281,7 @@ def attention(
         dropout_keep=dropout_keep,
     )
     f = _forward(x)
-    return OracleResult(
-        output=f.output, probs=f.probs, weights=f.weights, lse=f.lse, visible=x.visible
-    )
+    return OracleResult(output=f.output, probs=f.probs, weights=f.weights, lse=f.lse, visible=x.visible)
 
 
 def _reduce_to(grad: F64, shape: tuple[int, ...]) -> F64:
@@ -349,9 +344,7 @@ def attention_backward(
     f = _forward(x)
     d_out = _f64(d_output)
     if d_out.shape != f.output.shape:
-        raise ValueError(
-            f"d_output must have the output's shape {f.output.shape}, got {d_out.shape}"
-        )
+        raise ValueError(f"d_output must have the output's shape {f.output.shape}, got {d_out.shape}")
     dv = _sum_groups(np.einsum("bhts,bthd->bshd", f.weights, d_out), x.groups)
     d_weights = np.einsum("bthd,bshd->bhts", d_out, x.v)
     d_probs = d_weights if x.keep_scaled is None else d_weights * x.keep_scaled

@@ -1,0 +1,258 @@
+"""The conformance matrix: small attention problems, one or two features each, as data.
+
+A ``Case`` describes shapes and features; ``make_inputs`` turns it into NumPy arrays
+(already rounded to the dtype under test, so the float64 oracle sees exactly what the
+backend sees). NumPy only: the matrix can be listed and checked without jax.
+
+Every feature case is built so that the feature changes the result (soft caps that
+actually clip, windows that actually cut, segments that actually split); the project's
+own tests check that, so a backend that ignores a feature cannot pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "DEFAULT_CASES",
+    "DEFAULT_TOLERANCES",
+    "FULL_CASES",
+    "Case",
+    "DtypeTolerance",
+    "Tolerance",
+    "cases_for",
+    "make_inputs",
+    "round_to_dtype",
+    "static_features",
+]
+
+Level = Literal["default", "full"]
+# A bias/mask shape as labels: "B", "H", "T", "S" take the full size, 1 stays 1.
+ShapeSpec = tuple[str | int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """``|actual - expected| <= atol * max(1, max|expected|) + rtol * |expected|``.
+
+    The atol term is relative to the largest expected value once that exceeds 1, so one
+    tolerance serves outputs (O(1)) and gradients (which can be larger).
+    """
+
+    atol: float
+    rtol: float
+
+
+@dataclasses.dataclass(frozen=True)
+class DtypeTolerance:
+    forward: Tolerance
+    grad: Tolerance
+
+
+# Inputs are rounded to the dtype before the oracle sees them, so these bound only the
+# backend's arithmetic: float32 accumulation, and for the 16-bit types the rounding of the
+# probabilities and of the output (bfloat16 keeps 8 mantissa bits: ~4e-3 relative).
+DEFAULT_TOLERANCES: Mapping[str, DtypeTolerance] = {
+    "float64": DtypeTolerance(Tolerance(1e-10, 1e-10), Tolerance(1e-9, 1e-9)),
+    "float32": DtypeTolerance(Tolerance(1e-4, 1e-4), Tolerance(2e-4, 2e-4)),
+    "float16": DtypeTolerance(Tolerance(3e-3, 3e-3), Tolerance(1e-2, 1e-2)),
+    "bfloat16": DtypeTolerance(Tolerance(2e-2, 2e-2), Tolerance(5e-2, 5e-2)),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One attention problem of the matrix (shapes, features; the values come from ``seed``)."""
+
+    name: str
+    b: int = 2
+    t: int = 8
+    s: int = 8
+    hq: int = 2
+    hkv: int = 2
+    d: int = 16
+    dv: int | None = None  # None: same as d
+    causal: bool = False
+    mask: ShapeSpec | None = None
+    empty_rows: bool = False  # some (b, t) rows of the mask see no key at all
+    bias: ShapeSpec | None = None
+    sliding_window: int | tuple[int, int] | None = None
+    segments: bool = False
+    logits_soft_cap: float | None = None
+    sinks: bool = False
+    softmax_scale: float | None = None
+    q_gain: float = 1.0  # multiplies q, to push logits where a soft cap bites
+    grad: bool = True  # also part of the gradient tests
+    seed: int = 0
+
+    @property
+    def value_dim(self) -> int:
+        return self.d if self.dv is None else self.dv
+
+    def describe(self) -> str:
+        feats = [
+            f.name
+            for f in dataclasses.fields(self)
+            if f.name not in {"name", "b", "t", "s", "hq", "hkv", "d", "dv", "grad", "seed"}
+            and getattr(self, f.name) not in (None, False, 1.0)
+        ]
+        return (
+            f"{self.name}: B={self.b} T={self.t} S={self.s} Hq={self.hq} Hkv={self.hkv} "
+            f"D={self.d} Dv={self.value_dim} [{', '.join(feats) or 'plain'}]"
+        )
+
+
+# Small shapes: the suite must take seconds per backend on a CPU. Odd sizes, T < S, T > S
+# and T == 1 are all here; the full level adds larger and more combined problems.
+DEFAULT_CASES: tuple[Case, ...] = (
+    Case("plain"),
+    Case("odd_sizes", b=1, t=7, s=13, hq=3, hkv=3, d=5),
+    Case("causal", t=9, s=9, causal=True),
+    Case("causal_t_lt_s", t=5, s=12, causal=True),
+    Case("causal_t_gt_s", t=6, s=4, causal=True),  # the first T - S queries see nothing
+    Case("decode", t=1, s=11, hq=4, hkv=2, causal=True),
+    Case("gqa", hq=6, hkv=2),
+    Case("mqa_causal", hq=4, hkv=1, t=7, s=10, causal=True),
+    Case("value_dim", d=16, dv=8),
+    Case("mask", mask=("B", 1, "T", "S")),
+    Case("mask_per_head", hq=4, hkv=2, mask=("B", "H", "T", "S")),
+    Case("bias", bias=("B", "H", "T", "S")),
+    Case("bias_broadcast", hq=4, hkv=2, bias=(1, "H", 1, "S")),
+    Case("sliding_window", t=12, s=12, sliding_window=(3, 2)),
+    Case("window_causal_cross", t=6, s=10, sliding_window=4, causal=True),
+    Case("segment_ids", t=10, s=10, segments=True),
+    Case("soft_cap", logits_soft_cap=2.0, q_gain=4.0),
+    Case("sinks", hq=4, hkv=2, sinks=True),
+    Case("softmax_scale", softmax_scale=0.37),
+    Case("empty_rows", mask=("B", 1, "T", "S"), empty_rows=True),
+    Case(
+        "combined",
+        b=2,
+        t=6,
+        s=9,
+        hq=4,
+        hkv=2,
+        d=8,
+        causal=True,
+        mask=("B", 1, "T", "S"),
+        bias=(1, "H", "T", "S"),
+        sliding_window=(5, 0),
+        segments=True,
+        logits_soft_cap=3.0,
+        sinks=True,
+        q_gain=2.0,
+    ),
+)
+
+FULL_CASES: tuple[Case, ...] = (
+    *DEFAULT_CASES,
+    Case("large", b=3, t=64, s=64, hq=4, hkv=4, d=64, seed=1),
+    Case("large_causal_gqa", b=2, t=48, s=80, hq=8, hkv=2, d=64, causal=True, seed=2),
+    Case("head_dim_128", b=1, t=16, s=16, hq=2, hkv=1, d=128, seed=3),
+    Case("odd_head_dim_causal", b=1, t=11, s=11, hq=2, hkv=2, d=7, dv=3, causal=True),
+    Case("decode_mqa_window", t=1, s=33, hq=8, hkv=1, sliding_window=(8, 0), causal=True),
+    Case("key_padding_mask", t=9, s=12, mask=("B", 1, 1, "S")),
+    Case("mask_2d", mask=("T", "S")),
+    Case("bias_2d", bias=("T", "S")),
+    Case("bias_batch", bias=("B", 1, "T", "S")),
+    Case("window_int", t=16, s=16, sliding_window=3),
+    Case("window_left_only", t=10, s=14, sliding_window=(2, 0)),
+    Case("segments_causal", t=12, s=12, segments=True, causal=True),
+    Case("segments_cross", t=6, s=11, segments=True),
+    Case("soft_cap_bias", logits_soft_cap=1.5, q_gain=3.0, bias=("B", "H", "T", "S")),
+    Case("sinks_causal_mqa", hq=4, hkv=1, causal=True, sinks=True),
+    Case("empty_rows_sinks", mask=("B", 1, "T", "S"), empty_rows=True, sinks=True),
+    Case("empty_rows_bias", mask=("B", "H", "T", "S"), empty_rows=True, bias=("B", "H", "T", "S")),
+    Case("t_gt_s_window", t=9, s=5, sliding_window=(1, 1)),
+)
+
+
+def cases_for(level: Level) -> tuple[Case, ...]:
+    """The matrix of a level: "default" (seconds) or "full" (a minute or so on a CPU)."""
+    if level == "default":
+        return DEFAULT_CASES
+    if level == "full":
+        return FULL_CASES
+    raise ValueError(f"conformance level must be 'default' or 'full', got {level!r}")
+
+
+def round_to_dtype(x: npt.ArrayLike, dtype: str) -> npt.NDArray[np.float64]:
+    """Round float64 values to ``dtype`` (bfloat16 through ml_dtypes) and back to float64."""
+    arr = np.asarray(x, dtype=np.float64)
+    if dtype == "bfloat16":
+        import ml_dtypes  # a dependency of jax; kept out of import time
+
+        return arr.astype(ml_dtypes.bfloat16).astype(np.float64)
+    return arr.astype(np.dtype(dtype)).astype(np.float64)
+
+
+def _resolve(spec: ShapeSpec, case: Case) -> tuple[int, ...]:
+    sizes = {"B": case.b, "H": case.hq, "T": case.t, "S": case.s}
+    return tuple(sizes[d] if isinstance(d, str) else int(d) for d in spec)
+
+
+def _packed_segments(rng: np.random.Generator, b: int, n: int, segments: int = 3) -> np.ndarray:
+    """Sorted ids in 0..segments-1 (packed sequences); every id present when n allows it."""
+    out = np.empty((b, n), dtype=np.int32)
+    for row in range(b):
+        cuts = np.sort(rng.choice(np.arange(1, n), size=min(segments - 1, n - 1), replace=False))
+        out[row] = np.searchsorted(cuts, np.arange(n), side="right")
+    return out
+
+
+def make_inputs(case: Case, dtype: str) -> dict[str, Any]:
+    """Arrays of ``case`` as float64 NumPy, rounded to ``dtype``; keys match the call's arguments.
+
+    Always ``q, k, v, d_output``; plus ``mask``, ``bias``, ``q_segment_ids``,
+    ``kv_segment_ids``, ``softmax_aux`` when the case uses them. ``softmax_aux`` is rounded
+    to float32 (sinks are parameters, usually kept in float32); ``d_output`` is float32.
+    """
+    # crc32, not hash(): str hashes change per process, and failures must reproduce.
+    rng = np.random.default_rng([zlib.crc32(case.name.encode()), case.seed])
+    dv = case.value_dim
+    out: dict[str, Any] = {
+        "q": round_to_dtype(rng.normal(size=(case.b, case.t, case.hq, case.d)) * case.q_gain, dtype),
+        "k": round_to_dtype(rng.normal(size=(case.b, case.s, case.hkv, case.d)), dtype),
+        "v": round_to_dtype(rng.normal(size=(case.b, case.s, case.hkv, dv)), dtype),
+        "d_output": round_to_dtype(rng.normal(size=(case.b, case.t, case.hq, dv)), "float32"),
+    }
+    if case.mask is not None:
+        shape = _resolve(case.mask, case)
+        mask = rng.random(shape) > 0.35
+        # Keep every row attendable (one random key per row) unless rows should be empty.
+        rows = mask.reshape(-1, shape[-1])
+        rows[np.arange(rows.shape[0]), rng.integers(0, shape[-1], rows.shape[0])] = True
+        if case.empty_rows:
+            if len(shape) < 2 or shape[-2] < 2:
+                raise ValueError(f"case {case.name}: empty_rows needs a mask with a T dim")
+            mask[..., 1, :] = False
+            mask[..., -1, :] = False
+        out["mask"] = mask
+    if case.bias is not None:
+        out["bias"] = round_to_dtype(rng.normal(size=_resolve(case.bias, case)), dtype)
+    if case.segments:
+        out["q_segment_ids"] = _packed_segments(rng, case.b, case.t)
+        out["kv_segment_ids"] = _packed_segments(rng, case.b, case.s)
+    if case.sinks:
+        out["softmax_aux"] = round_to_dtype(rng.normal(size=(case.hq,)), "float32")
+    return out
+
+
+def static_features(case: Case) -> dict[str, Any]:
+    """The non-array keyword arguments of ``case``'s call (only those it sets)."""
+    feats: dict[str, Any] = {}
+    if case.causal:
+        feats["causal"] = True
+    if case.sliding_window is not None:
+        feats["sliding_window"] = case.sliding_window
+    if case.logits_soft_cap is not None:
+        feats["logits_soft_cap"] = case.logits_soft_cap
+    if case.softmax_scale is not None:
+        feats["softmax_scale"] = case.softmax_scale
+    return feats

@@ -1,0 +1,438 @@
+"""The conformance suite: any backend, ours or a third party's, checks itself against the oracle.
+
+Subclass ``ConformanceSuite`` in a test module, name the impl, and pytest does the rest::
+
+    from jaxattn.testing.conformance import ConformanceSuite
+
+    class TestMyBackend(ConformanceSuite):
+        impl_name = "my_flash"                     # resolved with jaxattn.get_impl
+        metadata = AttentionMetadata()             # or e.g. platform="tpu", interpret=True
+        dtypes = ("float32", "bfloat16")
+
+For every case of the matrix (``jaxattn.testing.cases``) and every dtype the suite asks the
+impl whether it supports the call. If it does, outputs, attention weights and log-sum-exp
+(when returned) and gradients must match the float64 oracle within the dtype's tolerance.
+If it does not, calling it must raise ``UnsupportedError`` with reasons (the test is then
+reported as skipped, "declined"): a backend may refuse a feature but never ignore it.
+
+The default matrix takes seconds on a CPU; ``--jaxattn-conformance=full`` (with the
+``jaxattn.testing.pytest_plugin`` plugin loaded), ``JAXATTN_CONFORMANCE=full`` in the
+environment, or ``level = "full"`` on the class runs the larger one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxattn.capabilities import Feature
+from jaxattn.errors import UnsupportedError
+from jaxattn.impl import AttentionImpl
+from jaxattn.metadata import AttentionMetadata
+from jaxattn.output import AttentionOutput
+
+from . import oracle
+from .cases import (
+    DEFAULT_TOLERANCES,
+    Case,
+    DtypeTolerance,
+    Level,
+    cases_for,
+    make_inputs,
+    static_features,
+)
+from .compare import assert_close, to_float64
+
+__all__ = ["ConformanceSuite"]
+
+LEVEL_ENV = "JAXATTN_CONFORMANCE"
+LEVEL_OPTION = "jaxattn_conformance"
+
+# Array arguments of a call besides q, k, v, and the dtype each travels in.
+_OPTIONAL_ARRAYS = ("mask", "bias", "q_segment_ids", "kv_segment_ids", "softmax_aux")
+
+# One case per feature a call can require, to check that undeclared features are declined.
+_FEATURE_CASES = {
+    Feature.CAUSAL: "causal",
+    Feature.MASK: "mask",
+    Feature.BIAS: "bias",
+    Feature.GQA: "gqa",
+    Feature.CROSS: "odd_sizes",
+    Feature.DECODE: "decode",
+    Feature.VALUE_DIM: "value_dim",
+    Feature.SLIDING_WINDOW: "sliding_window",
+    Feature.SEGMENT_IDS: "segment_ids",
+    Feature.SOFT_CAP: "soft_cap",
+    Feature.SINKS: "sinks",
+}
+
+_impl_cache: dict[type, AttentionImpl] = {}
+# (suite class, case, dtype) -> (output, gradients | the error computing them | None)
+_results_cache: dict[tuple[type, Case, str], tuple[AttentionOutput, Any]] = {}
+
+
+def _jax_arrays(arrays: Mapping[str, Any], dtype: str) -> dict[str, jax.Array]:
+    """The call's arrays as jax arrays: floats in ``dtype``, sinks in float32, ids int32."""
+    out: dict[str, jax.Array] = {}
+    for name, value in arrays.items():
+        if name == "mask":
+            out[name] = jnp.asarray(value, dtype=bool)
+        elif name.endswith("segment_ids"):
+            out[name] = jnp.asarray(value, dtype=jnp.int32)
+        elif name in ("softmax_aux", "d_output"):
+            out[name] = jnp.asarray(value, dtype=jnp.float32)
+        else:
+            out[name] = jnp.asarray(value, dtype=dtype)
+    return out
+
+
+class ConformanceSuite:
+    """Base class of a backend's conformance tests (not collected itself: no ``Test`` prefix)."""
+
+    #: The impl to test, by registered name (``jaxattn.get_impl``) ...
+    impl_name: ClassVar[str | None] = None
+    #: ... or by class, for impls that are not registered (instantiated with ``metadata``).
+    impl_class: ClassVar[type[AttentionImpl] | None] = None
+    #: Bound to the impl; carries the platform override (``platform="tpu", interpret=True``).
+    metadata: ClassVar[AttentionMetadata | None] = None
+    #: Shorthand for ``metadata.platform``.
+    platform: ClassVar[str | None] = None
+    #: Dtypes to run every case in.
+    dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    tolerances: ClassVar[Mapping[str, DtypeTolerance]] = DEFAULT_TOLERANCES
+    #: "default" or "full"; None reads --jaxattn-conformance, then $JAXATTN_CONFORMANCE.
+    level: ClassVar[Level | None] = None
+    #: Compare the gradient of the bias (turn off for kernels whose bias is constant).
+    check_bias_grad: ClassVar[bool] = True
+    #: Run calls under jax.jit (the way models run them); eager when False.
+    jit: ClassVar[bool] = True
+    dropout_prob: ClassVar[float] = 0.25
+    #: XLA options of the suite's programs; None: on a CPU, skip LLVM's optimisations, which
+    #: cost 3-5x the compile time of these tiny programs and buy nothing at their size.
+    compiler_options: ClassVar[Mapping[str, Any] | None] = None
+
+    # -- configuration hooks -------------------------------------------------------------
+    @classmethod
+    def cases(cls, level: Level) -> Sequence[Case]:
+        """The matrix; override to adapt shapes for a kernel with tiling constraints."""
+        return cases_for(level)
+
+    @classmethod
+    def make_impl(cls) -> AttentionImpl:
+        """The impl under test (one instance per suite class)."""
+        if cls not in _impl_cache:
+            md = cls.metadata or AttentionMetadata()
+            if cls.platform is not None:
+                md = md.replace(platform=cls.platform)
+            if cls.impl_class is not None:
+                _impl_cache[cls] = cls.impl_class(md)
+            elif cls.impl_name is not None:
+                from jaxattn.lookup import get_impl
+
+                _impl_cache[cls] = get_impl(cls.impl_name, md)
+            else:
+                raise TypeError(f"{cls.__name__}: set impl_name or impl_class")
+        return _impl_cache[cls]
+
+    @classmethod
+    def _compiler_options(cls) -> dict[str, Any] | None:
+        if cls.compiler_options is not None:
+            return dict(cls.compiler_options)
+        if jax.default_backend() == "cpu":
+            return {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+        return None
+
+    @classmethod
+    def tolerance(cls, dtype: str) -> DtypeTolerance:
+        if dtype not in cls.tolerances:
+            raise KeyError(f"{cls.__name__}: no tolerance for dtype {dtype!r}; extend `tolerances`")
+        return cls.tolerances[dtype]
+
+    @classmethod
+    def resolved_level(cls, config: pytest.Config | None = None) -> Level:
+        """The class's level, else the command-line option, else the environment, else default."""
+        option = config.getoption(LEVEL_OPTION, None) if config is not None else None
+        level = cls.level or option or os.environ.get(LEVEL_ENV) or "default"
+        if level not in ("default", "full"):
+            raise ValueError(f"conformance level must be 'default' or 'full', got {level!r}")
+        return level  # type: ignore[return-value]  # narrowed by the check above
+
+    # -- parametrisation (pytest calls this hook on test classes) ------------------------
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        cls = type(self)
+        names = metafunc.fixturenames
+        if "case" in names:
+            wanted = cls.cases(cls.resolved_level(metafunc.config))
+            if metafunc.function.__name__ == "test_gradients":
+                wanted = [c for c in wanted if c.grad]
+            params = [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in wanted for dt in cls.dtypes]
+            metafunc.parametrize(("case", "dtype"), params)
+        elif "dtype" in names:
+            metafunc.parametrize("dtype", cls.dtypes)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _call(self, arrays: Mapping[str, Any], features: Mapping[str, Any]) -> AttentionOutput:
+        args = {n: a for n, a in arrays.items() if n != "d_output"}
+        q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
+        return self.make_impl()(q, k, v, **args, **features)
+
+    def _compiled(
+        self, features: Mapping[str, Any], diff_names: Sequence[str] = ()
+    ) -> Callable[[Mapping[str, Any]], tuple[AttentionOutput, dict[str, jax.Array]]]:
+        """``arrays -> (output, gradients of sum(out * d_output) for diff_names)``.
+
+        Both come from one compiled program (on a CPU compiling dominates the suite's time);
+        reuse the returned function to run one program on several inputs.
+        """
+
+        def run(diff: dict[str, jax.Array], fixed: dict[str, Any]) -> tuple[AttentionOutput, dict[str, jax.Array]]:
+            if not diff:
+                return self._call(fixed, features), {}
+
+            def loss(diff: dict[str, jax.Array]) -> tuple[jax.Array, AttentionOutput]:
+                out = self._call({**fixed, **diff}, features)
+                d_output = fixed["d_output"]
+                return jnp.sum(out.attention_outputs.astype(jnp.float32) * d_output), out
+
+            (_, out), grads = jax.value_and_grad(loss, has_aux=True)(diff)
+            return out, grads
+
+        compiled = jax.jit(run, compiler_options=self._compiler_options()) if self.jit else run
+
+        def split(arrays: Mapping[str, Any]) -> tuple[AttentionOutput, dict[str, jax.Array]]:
+            diff = {n: arrays[n] for n in diff_names}
+            fixed = {n: a for n, a in arrays.items() if n not in diff}
+            if not diff:
+                fixed.pop("d_output", None)
+            return compiled(diff, fixed)
+
+        return split
+
+    def _evaluate(
+        self, arrays: Mapping[str, Any], features: Mapping[str, Any], diff_names: Sequence[str] = ()
+    ) -> tuple[AttentionOutput, dict[str, jax.Array]]:
+        return self._compiled(features, diff_names)(arrays)
+
+    def _diff_names(self, arrays: Mapping[str, Any]) -> list[str]:
+        names = ["q", "k", "v"]
+        if "bias" in arrays and self.check_bias_grad:
+            names.append("bias")
+        if "softmax_aux" in arrays:
+            names.append("softmax_aux")
+        return names
+
+    def _case_results(
+        self, case: Case, dtype: str, arrays: Mapping[str, Any], features: Mapping[str, Any]
+    ) -> tuple[AttentionOutput, dict[str, jax.Array] | BaseException | None]:
+        """Forward (and, where supported, gradients) of a case, computed once per suite class.
+
+        ``test_forward`` and ``test_gradients`` share the compiled program. If only the
+        backward fails, the forward is still checked and ``test_gradients`` reports the error.
+        """
+        key = (type(self), case, dtype)
+        if key not in _results_cache:
+            grads: dict[str, jax.Array] | BaseException | None = None
+            if case.grad and not self._supports(arrays, features, grad=True):
+                try:
+                    out, grads = self._evaluate(arrays, features, self._diff_names(arrays))
+                except Exception as err:  # reported by test_gradients, not here
+                    grads = err
+                    out, _ = self._evaluate(arrays, features)
+            else:
+                out, _ = self._evaluate(arrays, features)
+            _results_cache[key] = (out, grads)
+        return _results_cache[key]
+
+    def _supports(self, arrays: Mapping[str, Any], features: Mapping[str, Any], grad: bool = False) -> list[str]:
+        args = {n: a for n, a in arrays.items() if n != "d_output"}
+        q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
+        return self.make_impl().supports(q, k, v, needs_grad=grad, **args, **features)
+
+    def _assert_declines(self, arrays: Mapping[str, Any], features: Mapping[str, Any]) -> None:
+        """A declined call must raise UnsupportedError with reasons, never run regardless."""
+        # Eagerly: the error must come from the call itself.
+        with pytest.raises(UnsupportedError) as info:
+            self._call(arrays, features)
+        assert info.value.reasons, "UnsupportedError without reasons"
+        assert all(isinstance(r, str) and r for r in info.value.reasons)
+
+    @staticmethod
+    def _oracle_kwargs(np_arrays: Mapping[str, Any], case: Case) -> dict[str, Any]:
+        kwargs = {n: np_arrays[n] for n in _OPTIONAL_ARRAYS if n in np_arrays}
+        return {**kwargs, **static_features(case)}
+
+    def _prepare(self, case: Case, dtype: str) -> tuple[dict[str, Any], dict[str, jax.Array]]:
+        np_arrays = make_inputs(case, dtype)
+        return np_arrays, _jax_arrays(np_arrays, dtype)
+
+    def _check_forward_out(self, out: AttentionOutput, ref: oracle.OracleResult, dtype: str, label: str) -> None:
+        tol = self.tolerance(dtype).forward
+        features = self.make_impl().features
+        assert_close(f"{label} attention_outputs", out.attention_outputs, ref.output, tol)
+        if Feature.WEIGHTS in features:
+            assert out.attention_weights is not None, "declares Feature.WEIGHTS but returned no weights"
+        if out.attention_weights is not None:
+            assert_close(f"{label} attention_weights", out.attention_weights, ref.weights, tol)
+        if Feature.LSE in features:
+            assert out.softmax_lse is not None, "declares Feature.LSE but returned no softmax_lse"
+        if out.softmax_lse is not None:
+            assert_close(f"{label} softmax_lse", out.softmax_lse, ref.lse, tol)
+
+    def _check_grads(self, grads: Mapping[str, jax.Array], ref: oracle.OracleGrads, dtype: str, label: str) -> None:
+        expected = {"q": ref.dq, "k": ref.dk, "v": ref.dv, "bias": ref.dbias, "softmax_aux": ref.dsoftmax_aux}
+        tol = self.tolerance(dtype).grad
+        for name, got in grads.items():
+            want = expected[name]
+            assert want is not None, f"oracle has no gradient for {name}"
+            assert_close(f"{label} d{name}", got, want, tol)
+
+    # -- the tests -----------------------------------------------------------------------
+    def test_forward(self, case: Case, dtype: str) -> None:
+        np_arrays, arrays = self._prepare(case, dtype)
+        features = static_features(case)
+        reasons = self._supports(arrays, features)
+        if reasons:
+            self._assert_declines(arrays, features)
+            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+        out, _ = self._case_results(case, dtype, arrays, features)
+        ref = oracle.attention(np_arrays["q"], np_arrays["k"], np_arrays["v"], **self._oracle_kwargs(np_arrays, case))
+        self._check_forward_out(out, ref, dtype, case.describe())
+
+    def test_gradients(self, case: Case, dtype: str) -> None:
+        np_arrays, arrays = self._prepare(case, dtype)
+        features = static_features(case)
+        reasons = self._supports(arrays, features, grad=True)
+        if reasons:
+            if self._supports(arrays, features):
+                self._assert_declines(arrays, features)
+            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+        _, grads = self._case_results(case, dtype, arrays, features)
+        if isinstance(grads, BaseException):
+            raise grads
+        assert grads is not None
+        ref = oracle.attention_backward(
+            np_arrays["q"],
+            np_arrays["k"],
+            np_arrays["v"],
+            np_arrays["d_output"],
+            **self._oracle_kwargs(np_arrays, case),
+        )
+        assert all(np.isfinite(to_float64(g)).all() for g in grads.values()), "non-finite gradients"
+        self._check_grads(grads, ref, dtype, case.describe())
+
+    def test_runs_something(self, dtype: str, request: pytest.FixtureRequest) -> None:
+        """Guard against a vacuous pass: some case of the matrix must run in every dtype listed."""
+        for case in self.cases(self.resolved_level(request.config)):
+            _, arrays = self._prepare(case, dtype)
+            if not self._supports(arrays, static_features(case)):
+                return
+        pytest.fail(f"{self.make_impl()!r} declines every case in {dtype}; is {dtype} in its dtypes?")
+
+    def test_undeclared_features_are_declined(self) -> None:
+        """Each feature the impl does not declare is declined, with reasons, when a call needs it."""
+        impl = self.make_impl()
+        by_name = {c.name: c for c in cases_for("default")}
+        dtype = self.dtypes[0]
+        problems = [
+            (str(feature), *self._prepare(by_name[name], dtype)[1:], static_features(by_name[name]))
+            for feature, name in _FEATURE_CASES.items()
+            if feature not in impl.features
+        ]
+        if Feature.DROPOUT not in impl.features:
+            problems.append(("dropout", *self._dropout_problem(dtype)))
+        for feature, arrays, features in problems:
+            reasons = self._supports(arrays, features)
+            assert reasons, f"{impl!r} does not declare {feature} but supports() accepts it"
+            self._assert_declines(arrays, features)
+
+    # -- dropout -------------------------------------------------------------------------
+    def _dropout_problem(
+        self, dtype: str, b: int = 2, t: int = 16, s: int = 32, h: int = 2
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """q = 0 makes every probability 1/S; v = one-hot(key) makes output[..., j] = weight of j.
+
+        So ``output * S * (1 - p)`` is exactly the keep-mask the backend drew.
+        """
+        q = jnp.zeros((b, t, h, 8), dtype=dtype)
+        k = jnp.asarray(np.random.default_rng(0).normal(size=(b, s, h, 8)), dtype=dtype)
+        v = jnp.broadcast_to(jnp.eye(s, dtype=dtype)[None, :, None, :], (b, s, h, s))
+        arrays = {"q": q, "k": k, "v": v, "dropout_rng": jax.random.key(0)}
+        return arrays, {"dropout_prob": self.dropout_prob}
+
+    def _kept(self, out: AttentionOutput, s: int) -> np.ndarray:
+        scaled = to_float64(out.attention_outputs) * s * (1.0 - self.dropout_prob)
+        keep = np.rint(scaled)
+        assert np.all(np.isin(keep, (0.0, 1.0))), "dropped weights are not 0 or (1/S)/(1-p)"
+        assert np.abs(scaled - keep).max() < 0.05, "kept weights are not scaled by 1/(1-p)"
+        return keep.astype(bool)  # (B, T, H, S)
+
+    def test_dropout_statistics(self, dtype: str) -> None:
+        """Keep-rate 1 - p, unbiased weights, one draw per rng, fresh masks per batch/head/query."""
+        arrays, features = self._dropout_problem(dtype)
+        reasons = self._supports(arrays, features)
+        if reasons:
+            self._assert_declines(arrays, features)
+            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+        run = self._compiled(features)  # one program, three calls
+        s = arrays["k"].shape[1]
+        first, _ = run(arrays)
+        again, _ = run(arrays)
+        other, _ = run({**arrays, "dropout_rng": jax.random.key(1)})
+        keep = self._kept(first, s)
+        p = self.dropout_prob
+        sigma = np.sqrt(p * (1 - p) / keep.size)
+        rate = keep.mean()
+        assert abs(rate - (1 - p)) < 6 * sigma, f"keep rate {rate:.3f}, expected {1 - p}"
+        # Unbiased: the mean weight equals the no-dropout weight 1/S.
+        mean_weight = to_float64(first.attention_outputs).mean()
+        assert abs(mean_weight * s - 1) < 6 * sigma / (1 - p), f"E[weight] * S = {mean_weight * s:.3f}"
+        np.testing.assert_array_equal(
+            to_float64(first.attention_outputs),
+            to_float64(again.attention_outputs),
+            err_msg="same dropout_rng, different result",
+        )
+        changed = (self._kept(other, s) != keep).mean()
+        assert changed > 0.1, f"another dropout_rng changed only {changed:.1%} of the keep-mask"
+        # One mask per (batch, query, head), not one broadcast over any of them.
+        for axis in (0, 1, 2):
+            a, b = np.take(keep, 0, axis=axis), np.take(keep, 1, axis=axis)
+            assert (a != b).mean() > 0.1, f"keep-mask repeats along axis {'BTH'[axis]}"
+        if first.attention_weights is not None:
+            # Returned weights are the ones that multiplied V, i.e. after dropout.
+            np.testing.assert_allclose(
+                to_float64(first.attention_weights),
+                to_float64(first.attention_outputs).transpose(0, 2, 1, 3),
+                rtol=1e-2,
+                atol=1e-3,
+            )
+
+    def test_dropout_matches_oracle(self, dtype: str) -> None:
+        """With the keep-mask read off the returned weights, dropout numerics match the oracle."""
+        case = Case("dropout", b=2, t=6, s=9, hq=4, hkv=2, d=8, causal=True, bias=(1, "H", "T", "S"))
+        np_arrays, arrays = self._prepare(case, dtype)
+        features = {**static_features(case), "dropout_prob": self.dropout_prob}
+        arrays["dropout_rng"] = jax.random.key(3)
+        if self._supports(arrays, features):
+            self._assert_declines(arrays, features)
+            pytest.skip("declines dropout (checked)")
+        grad_ok = not self._supports(arrays, features, grad=True)
+        diff_names = [n for n in self._diff_names(arrays) if grad_ok]
+        out, grads = self._evaluate(arrays, features, diff_names)
+        if out.attention_weights is None:
+            pytest.skip("returns no attention weights, so the keep-mask cannot be recovered")
+        kwargs = {
+            **self._oracle_kwargs(np_arrays, case),
+            "dropout_prob": self.dropout_prob,
+            "dropout_keep": to_float64(out.attention_weights) != 0,
+        }
+        q, k, v = np_arrays["q"], np_arrays["k"], np_arrays["v"]
+        self._check_forward_out(out, oracle.attention(q, k, v, **kwargs), dtype, "dropout")
+        if grads:
+            ref = oracle.attention_backward(q, k, v, np_arrays["d_output"], **kwargs)
+            self._check_grads(grads, ref, dtype, "dropout")
