@@ -182,7 +182,7 @@ def flash_attention(
     has_segments = q_segment_ids is not None and kv_segment_ids is not None
     # Rows left with no key: only a mask, segment ids or a -inf bias can do that now (with
     # causal masking on top of them).
-    valid = None
+    visible = None
     if mask is not None or bias is not None or has_segments:
         visible = _visibility(
             mask,
@@ -193,8 +193,7 @@ def flash_attention(
             t,
             s,
         )
-        assert visible is not None
-        valid = jnp.any(visible, axis=-1)  # (B|1, H|1, T)
+    valid = None if visible is None else jnp.any(visible, axis=-1)  # (B|1, H|1, T)
 
     # The additive bias the kernel gets: user bias / scale, masked keys at _MASKED_LOGIT.
     fill = -min(-_MASKED_LOGIT / scale, _MAX_BIAS_MAGNITUDE)

@@ -53,7 +53,7 @@ def _divisor_tile(length: int, cap: int) -> int:
 
 def _axis(n: int, fwd: int | None, bwd: int | None, cap: int, names: tuple[str, str]) -> tuple[int, int, int]:
     whole = _round_up(n, LANES)
-    for name, value in zip(names, (fwd, bwd)):
+    for name, value in zip(names, (fwd, bwd), strict=True):
         if value is not None and (value <= 0 or value % LANES):
             raise ValueError(f"{name}={value} must be a positive multiple of {LANES} for the splash kernel")
     fwd = None if fwd is None else min(fwd, whole)  # longer than the sequence: clamped

@@ -24,11 +24,13 @@ imported when a kernel is built (see ``impl.py``).
 from __future__ import annotations
 
 import functools
+from typing import cast
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel
 
 from .blocks import SplashPlan, plan_splash
 
@@ -65,7 +67,7 @@ def build_kernel(
     offset: int,
     soft_cap: float | None,
     interpret: bool,
-) -> splash.SplashAttentionKernel:
+) -> splash_attention_kernel.SplashAttentionKernel:
     """The splash kernel for one configuration (cached: building it analyses the mask).
 
     Built under ``ensure_compile_time_eval`` so its mask tables are concrete arrays even
@@ -84,16 +86,18 @@ def build_kernel(
     )
     make = splash.make_splash_mqa if mqa else splash.make_splash_mha
     with jax.ensure_compile_time_eval():
-        return make(
+        kernel: splash_attention_kernel.SplashAttentionKernel = make(
             splash.MultiHeadMask([head_mask] * heads),
             block_sizes=block_sizes,
             attn_logits_soft_cap=soft_cap,
             head_shards=1,
             q_seq_shards=1,
             # TPU interpret mode (simulated VMEM/SMEM, out-of-bounds reads raise), not the
-            # generic HLO interpreter that interpret=True would select.
-            interpret=pltpu.InterpretParams() if interpret else False,
+            # generic HLO interpreter that interpret=True would select. The builder annotates
+            # a bool but hands the value to pallas_call, which takes InterpretParams.
+            interpret=pltpu.InterpretParams() if interpret else False,  # type: ignore[arg-type]
         )
+    return kernel
 
 
 def _segment_sentinel(q_seg: jax.Array) -> jax.Array:
@@ -182,8 +186,7 @@ def splash_attention(
     # Padded keys are hidden by causal masking (the last query sees key S - 1 at most);
     # otherwise by a key segment no query carries.
     segments = None
-    if has_segments:
-        assert q_segment_ids is not None and kv_segment_ids is not None  # narrowed above
+    if q_segment_ids is not None and kv_segment_ids is not None:
         q_ids = q_segment_ids.astype(jnp.int32)
         kv_ids = _pad_axis(kv_segment_ids.astype(jnp.int32), 1, 0, tail_k, _segment_sentinel(q_ids))
         segments = splash.SegmentIds(q=_pad_axis(q_ids, 1, 0, tail_q), kv=kv_ids)
@@ -204,8 +207,9 @@ def splash_attention(
         interpret,
     )
     sinks = None if softmax_aux is None else softmax_aux.astype(jnp.float32)
-    seg_axes = None if segments is None else splash.SegmentIds(q=0, kv=0)
-    out = jax.vmap(kernel, in_axes=(0, 0, 0, seg_axes, None))(qh, kh, vh, segments, sinks)
+    seg_axis = None if segments is None else 0
+    # Built with save_residuals=False, the kernel returns the output alone.
+    out = cast(jax.Array, jax.vmap(kernel, in_axes=(0, 0, 0, seg_axis, None))(qh, kh, vh, segments, sinks))
 
     out = out[:, :, :t, :dv]
     if valid is not None:

@@ -1,0 +1,63 @@
+"""flash_attn2 on TPU (Pallas) runs the conformance suite in TPU interpret mode on any host.
+
+Forward and gradients (the kernel's own backward kernels, interpreted) against the float64
+oracle: every default case in float32, a subset in bfloat16 (interpret mode compiles each
+case for seconds; the 16-bit path differs only in dtype). ``JAXATTN_CONFORMANCE=full``
+runs the full matrix in both. Sliding windows, soft caps, sinks and dropout are declined,
+which the suite checks as well.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import ClassVar
+
+from jaxattn.metadata import AttentionMetadata
+from jaxattn.testing.cases import Case, Level
+from jaxattn.testing.conformance import ConformanceSuite
+
+INTERPRET = AttentionMetadata(platform="tpu", interpret=True)
+
+# Everything this kernel supports at once: causal with T < S folded into the bias, a
+# mask, a bias, packed segments and grouped heads.
+COMBINED = Case(
+    "combined_flash",
+    b=2,
+    t=6,
+    s=9,
+    hq=4,
+    hkv=2,
+    d=8,
+    causal=True,
+    mask=("B", 1, "T", "S"),
+    bias=(1, "H", "T", "S"),
+    segments=True,
+)
+
+BF16_CASES = {"causal_t_lt_s", "decode", "mqa_causal", "mask_per_head", "segment_ids", "empty_rows"}
+BF16_GRAD_CASES = {"causal_t_lt_s", "mask_per_head", "segment_ids"}
+
+
+class TestPallasFlashConformance(ConformanceSuite):
+    impl_name = "flash_attn2"
+    metadata = INTERPRET
+    dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+
+    @classmethod
+    def cases(cls, level: Level) -> Sequence[Case]:
+        return (*super().cases(level), COMBINED)
+
+
+class TestPallasFlashConformanceBfloat16(ConformanceSuite):
+    impl_name = "flash_attn2"
+    metadata = INTERPRET
+    dtypes: ClassVar[tuple[str, ...]] = ("bfloat16",)
+
+    @classmethod
+    def cases(cls, level: Level) -> Sequence[Case]:
+        every = (*super().cases(level), COMBINED)
+        if level == "full":
+            return every
+        subset = [c for c in every if c.name in BF16_CASES]
+        return [dataclasses.replace(c, grad=c.grad and c.name in BF16_GRAD_CASES) for c in subset]
