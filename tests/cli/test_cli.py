@@ -1,0 +1,245 @@
+"""The ``jaxattn`` command against a registry holding only this file's impls."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+import jaxattn
+from jaxattn import AttentionImpl, Feature
+from jaxattn.cli import SUBCOMMANDS, main
+from jaxattn.cli._output import Printer, Table
+from jaxattn.plugins import isolated_registry
+
+
+class Wide(AttentionImpl):
+    """Everywhere; causal, GQA, windows."""
+
+    features: ClassVar = frozenset({Feature.CAUSAL, Feature.GQA, Feature.CROSS, Feature.SLIDING_WINDOW})
+    priority: ClassVar[int] = 5
+
+    @classmethod
+    def get_impl_name(cls) -> tuple[str, ...]:
+        return ("wide", "wide_alias")
+
+
+class Narrow(AttentionImpl):
+    """Preferred, but causal only: declines GQA and windows."""
+
+    features: ClassVar = frozenset({Feature.CAUSAL})
+    priority: ClassVar[int] = 10
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "narrow"
+
+
+class TpuOnly(AttentionImpl):
+    platforms: ClassVar = frozenset({"tpu"})
+    features: ClassVar = Wide.features
+    priority: ClassVar[int] = 50
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "tpu_only"
+
+
+@pytest.fixture(autouse=True)
+def toy_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for var in ("JAXATTN_IMPL", "JAXATTN_PLUGINS", "JAXATTN_DISABLE_PLUGINS", "JAXATTN_STRICT_PLUGINS"):
+        monkeypatch.delenv(var, raising=False)
+    with isolated_registry(discover=False):
+        for impl in (Wide, Narrow, TpuOnly):
+            jaxattn.register_impl(impl)
+        yield
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    code, out, err = run_cli(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+# -- list ------------------------------------------------------------------------------------
+def test_list_json_has_every_impl_with_aliases_and_status(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = {r["name"]: r for r in run_json(capsys, "list")}
+    assert set(rows) == {"wide", "narrow", "tpu_only"}
+    assert rows["wide"]["aliases"] == ["wide_alias"]
+    assert rows["wide"]["platforms"] == ["cpu", "gpu", "tpu"]
+    assert rows["narrow"]["priority"] == 10
+    assert rows["wide"]["usable_here"] and rows["narrow"]["usable_here"]
+    assert not rows["tpu_only"]["usable_here"]
+    assert "tpu" in rows["tpu_only"]["reason"]
+
+
+def test_list_here_keeps_only_usable_impls(capsys: pytest.CaptureFixture[str]) -> None:
+    assert {r["name"] for r in run_json(capsys, "list", "--here")} == {"wide", "narrow"}
+
+
+def test_list_plain_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "list", "--plain")
+    assert code == 0
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("name"))
+    assert header.split() == ["name", "aliases", "plugin", "version", "platforms", "priority", "here", "status"]
+    wide = next(line for line in lines if line.startswith("wide "))
+    assert "wide_alias" in wide and "cpu, gpu, tpu" in wide
+    tpu = next(line for line in lines if line.startswith("tpu_only "))
+    assert " no " in tpu and "runs on tpu" in tpu
+
+
+# -- info ------------------------------------------------------------------------------------
+def test_info_json(capsys: pytest.CaptureFixture[str]) -> None:
+    info = run_json(capsys, "info")
+    assert info["jaxattn"] == jaxattn.__version__
+    assert info["jax"] == metadata.version("jax") and info["jaxlib"] == metadata.version("jaxlib")
+    assert info["device"]["platform"] == jaxattn.detect_device().platform
+    assert info["default"]["impl"] == "narrow"  # MHA causal: the highest priority that accepts
+    (plugin,) = info["plugins"]
+    assert plugin["status"] == "ok"
+    assert sorted(plugin["impls"]) == ["narrow", "tpu_only", "wide (wide_alias)"]
+    assert {r["name"] for r in info["impls"]} == {"wide", "narrow", "tpu_only"}
+    assert info["warnings"] == []
+
+
+def test_info_plain_sections(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "info", "--plain")
+    assert code == 0
+    for needle in ("jaxattn:", "device:", "auto picks: narrow", "Plugins", "Implementations", "usable here"):
+        assert needle in out
+
+
+def test_info_strict_passes_when_healthy(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(capsys, "info", "--strict", "--json")[0] == 0
+
+
+# -- explain ---------------------------------------------------------------------------------
+def test_explain_picks_and_gives_every_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, "explain", "--causal", "--heads-q", "8", "--heads-kv", "2", "--window", "16")
+    assert data["requested"] == "auto" and data["chosen"] == "wide"
+    rows = {c["name"]: c for c in data["candidates"]}
+    assert rows["wide"]["chosen"] and rows["wide"]["accepted"]
+    narrow = " ".join(rows["narrow"]["reasons"])
+    assert "grouped" in narrow and "sliding window" in narrow  # both reasons, not the first only
+    assert rows["tpu_only"]["status"] == "other platform"
+
+
+def test_explain_exit_status_when_nothing_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "explain", "--impl", "narrow", "--window", "8", "--plain")
+    assert code == 1
+    assert "nothing can run this call" in out and "sliding window" in out
+
+
+def test_explain_alias_and_scoped_choice(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run_json(capsys, "explain", "--impl", "wide_alias")["chosen"] == "wide"
+    monkeypatch.setenv("JAXATTN_IMPL", "wide")  # same precedence as jaxattn.attention
+    assert run_json(capsys, "explain")["requested"] == "wide"
+
+
+def test_explain_passes_every_feature_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(
+        capsys, "explain", "-b", "2", "-t", "1", "-s", "64", "--heads-q", "4", "--head-dim", "32",
+        "--head-dim-v", "16", "--dtype", "float16", "--mask", "b11s", "--bias", "1hts", "--segment-ids",
+        "--soft-cap", "30", "--sinks", "--dropout", "0.1", "--grad", "--window", "4,0", "--causal", "--json")
+    data = json.loads(out)
+    problem = data["problem"]
+    assert (problem["batch"], problem["seq_q"], problem["seq_k"]) == (2, 1, 64)
+    assert (problem["heads_q"], problem["heads_kv"], problem["head_dim"], problem["head_dim_v"]) == (4, 4, 32, 16)
+    assert problem["dtype"] == "float16" and problem["causal"]
+    assert problem["mask_shape"] == [2, 1, 1, 64] and problem["bias_shape"] == [1, 4, 1, 64]
+    assert problem["segment_ids"] and problem["sinks"] and problem["needs_grad"]
+    assert problem["logits_soft_cap"] == 30.0 and problem["dropout_prob"] == 0.1
+    assert problem["sliding_window"] == [4, 0]
+    assert data["chosen"] is None and code == 1  # no toy impl has soft cap, sinks, dropout...
+
+
+def test_explain_unknown_impl_lists_installed_names(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "explain", "--impl", "nope")
+    assert code == 2
+    assert "'nope'" in err and "wide_alias" in err and "narrow" in err
+
+
+def test_explain_invalid_shapes_name_the_argument(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "explain", "--heads-q", "6", "--heads-kv", "4")
+    assert code == 2 and out == ""
+    assert "Hq=6" in err and "multiple" in err
+
+
+@pytest.mark.parametrize("argv", [["--mask", "bhxs"], ["--bias", "b1t"], ["--window", "a,b"], ["--dropout", "x"]])
+def test_explain_rejects_malformed_flags(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["explain", *argv])
+    assert exit_info.value.code == 2
+    assert f"argument {argv[0]}" in capsys.readouterr().err
+
+
+# -- rendering -------------------------------------------------------------------------------
+def test_plain_table_aligns_multiline_cells() -> None:
+    stream = io.StringIO()
+    table = Table("T", ["a", "bb", "reasons"])
+    table.add("x", None, "first\nsecond")
+    table.add("longer", True, ["p", "q"])
+    Printer(plain=True, stream=stream).table(table)
+    lines = stream.getvalue().splitlines()
+    assert lines[:3] == ["T", "a       bb   reasons", "------  ---  -------"]
+    assert lines[3:6] == ["x       -    first", "             second", "longer  yes  p, q"]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_rich_only_on_a_terminal_and_not_when_plain() -> None:
+    pytest.importorskip("rich")
+    assert not Printer(stream=io.StringIO()).rich
+    assert not Printer(stream=_Terminal(), plain=True).rich
+    terminal = _Terminal()
+    printer = Printer(stream=terminal)
+    assert printer.rich
+    table = Table("Impls", ["name"])
+    table.add("wide")
+    printer.table(table)
+    assert "Impls" in terminal.getvalue() and "wide" in terminal.getvalue()
+
+
+# -- the command itself ----------------------------------------------------------------------
+def test_a_registered_subcommand_plugs_in(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "jaxattn_cli_hello.py").write_text(
+        "HELP = 'say hello'\n"
+        "def add_arguments(parser):\n    parser.add_argument('--name', default='world')\n"
+        "def run(args):\n    print('json' if args.json else f'hello {args.name}')\n    return 7\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(SUBCOMMANDS, "hello", "jaxattn_cli_hello")
+    assert run_cli(capsys, "hello", "--name", "jax") == (7, "hello jax\n", "")
+    assert run_cli(capsys, "hello", "--json") == (7, "json\n", "")
+
+
+def test_help_and_version_import_no_jax() -> None:
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "jaxattn", "--help"],
+                            capture_output=True, text=True, check=True)
+    for name in SUBCOMMANDS:
+        assert name in result.stdout
+    imported = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if "|" in line}
+    assert "jaxattn.cli" in imported
+    assert "jax" not in imported and "numpy" not in imported
+    version = subprocess.run([sys.executable, "-m", "jaxattn", "--version"], capture_output=True, text=True,
+                             check=True)
+    assert version.stdout.strip() == f"jaxattn {jaxattn.__version__}"

@@ -1,0 +1,80 @@
+"""The third-party example plugin, pip-installed into a fresh environment, found and run."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from venvtools import Venv
+
+pytestmark = pytest.mark.slow
+
+REQUIREMENTS = ("jaxattn-vanilla", "jaxattn-example-plugin")
+
+# Runs inside the fresh environment: by name and by alias, against the oracle, and checks
+# that a feature it does not declare is declined with a reason instead of being ignored.
+CHECK = """
+import jax, numpy as np
+import jaxattn
+from jaxattn.testing import oracle
+
+by_name, by_alias = jaxattn.get_impl("example"), jaxattn.get_impl("example_dense")
+assert type(by_name) is type(by_alias), (by_name, by_alias)
+assert type(by_name).__module__ == "jaxattn_example.impl", type(by_name).__module__
+
+keys = jax.random.split(jax.random.key(1), 3)
+q = jax.random.normal(keys[0], (2, 12, 4, 16))
+k = jax.random.normal(keys[1], (2, 20, 2, 16))
+v = jax.random.normal(keys[2], (2, 20, 2, 16))
+ref = oracle.attention(*(np.asarray(x, np.float64) for x in (q, k, v)), causal=True).output
+for name in ("example", "example_dense"):
+    out = jaxattn.attention(q, k, v, impl=name, causal=True)
+    err = float(np.max(np.abs(np.asarray(out, np.float64) - ref)))
+    assert err < 1e-5, (name, err)
+grad = jax.grad(lambda q: jaxattn.attention(q, k, v, impl="example").sum())(q)
+assert grad.shape == q.shape and bool(np.isfinite(np.asarray(grad)).all())
+
+try:
+    jaxattn.attention(q, k, v, impl="example", sliding_window=4)
+except jaxattn.UnsupportedError as err:
+    assert any("sliding window" in r for r in err.reasons), err.reasons
+else:
+    raise AssertionError("the example impl silently accepted a sliding window")
+
+# auto prefers the real backend: the example declares the lowest priority.
+assert jaxattn.explain(q, k, v).chosen == "vanilla"
+print("example plugin ok")
+"""
+
+
+@pytest.fixture(scope="module")
+def venv(make_venv: Callable[..., Venv]) -> Venv:
+    return make_venv(*REQUIREMENTS)
+
+
+def test_found_by_name_and_alias_and_runs(venv: Venv) -> None:
+    assert venv.run("-c", CHECK).stdout.strip().endswith("example plugin ok")
+
+
+def test_listed_with_its_distribution(venv: Venv) -> None:
+    rows = json.loads(venv.script("jaxattn", "list", "--json").stdout)
+    example = [r for r in rows if r["name"] == "example"]
+    assert len(example) == 1, rows
+    assert example[0]["aliases"] == ["example_dense"]
+    assert example[0]["distribution"] == "jaxattn-example-plugin"
+    assert example[0]["version"] == "0.1.0"
+    assert example[0]["status"] == "ok" and example[0]["usable_here"] is True
+
+
+def test_listing_does_not_import_the_impl_module(venv: Venv) -> None:
+    # The plugin hands over a lazy ImplRef: listing must not import jaxattn_example.impl.
+    code = "import sys, jaxattn; jaxattn.list_impls(); print('jaxattn_example.impl' in sys.modules)"
+    assert venv.run("-c", code).stdout.strip() == "False"
+
+
+def test_disabled_by_name(venv: Venv) -> None:
+    rows = json.loads(venv.script("jaxattn", "list", "--json",
+                                  env={"JAXATTN_DISABLE_PLUGINS": "example"}).stdout)
+    assert {r["name"]: r["status"] for r in rows}.get("example") == "disabled"
+    assert "example_dense" not in {a for r in rows for a in r["aliases"]}

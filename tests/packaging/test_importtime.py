@@ -1,0 +1,40 @@
+"""Discovery and listing import no kernel library (DESIGN.md: lazy ImplRefs)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from venvtools import clean_env, workspace_packages
+
+# Kernel libraries: only building a kernel may import them.
+FORBIDDEN = ("triton", "jax_triton", "torch", "jax.experimental.pallas")
+
+
+def _imported_modules(code: str) -> tuple[list[str], str]:
+    result = subprocess.run([sys.executable, "-X", "importtime", "-c", code], env=clean_env(),
+                            capture_output=True, text=True, check=True, timeout=300)
+    # Lines look like "import time:   self [us] | cumulative | imported package".
+    modules = [line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines()
+               if line.startswith("import time:") and "|" in line]
+    return modules, result.stdout
+
+
+@pytest.mark.slow
+def test_import_and_list_impls_import_no_kernel_library() -> None:
+    code = "import jaxattn; print('\\n'.join(sorted({r.distribution or '' for r in jaxattn.list_impls()})))"
+    modules, stdout = _imported_modules(code)
+    # The check means something only if every installed plugin was really discovered.
+    listed = set(stdout.split())
+    installed = {p.name for p in workspace_packages()} - {"core"}
+    assert {f"jaxattn-{name}" for name in installed} <= listed, listed
+    assert "jaxattn.plugins" in modules
+    kernels = sorted({m for m in modules if any(m == k or m.startswith(k + ".") for k in FORBIDDEN)})
+    assert not kernels, f"`import jaxattn; jaxattn.list_impls()` imported {kernels}"
+
+
+def test_import_jaxattn_imports_no_jax() -> None:
+    modules, _ = _imported_modules("import jaxattn")
+    assert "jaxattn" in modules
+    assert "jax" not in modules, "import jaxattn should be cheap: jax loads on first use"

@@ -1,0 +1,25 @@
+"""Each install target, from wheels into a fresh environment, brings exactly its backends."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from smoke_install import TARGETS
+from venvtools import Venv
+
+SMOKE = Path(__file__).with_name("smoke_install.py")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_install_target_from_wheels(make_venv: Callable[..., Venv], target: str) -> None:
+    requirement, dists, _ = TARGETS[target]
+    venv = make_venv(requirement)
+    installed = venv.distributions()
+    ours = {name for name in installed if name.startswith("jaxattn")}
+    assert ours == {"jaxattn", *dists}, f"{requirement} installed {sorted(ours)}"
+    result = venv.run(str(SMOKE), target)
+    assert "ok: discovery and listing imported no kernel library" in result.stdout
