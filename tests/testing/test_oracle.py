@@ -59,9 +59,7 @@ def test_causal_is_bottom_right_aligned() -> None:
     vis = oracle.visibility(1, 1, 2, 4, causal=True)[0, 0]
     # query 0 sits at key position 2, query 1 at key position 3 (the last one).
     np.testing.assert_array_equal(vis, [[1, 1, 1, 0], [1, 1, 1, 1]])
-    np.testing.assert_array_equal(
-        oracle.visibility(1, 1, 3, 3, causal=True)[0, 0], np.tril(np.ones((3, 3)))
-    )
+    np.testing.assert_array_equal(oracle.visibility(1, 1, 3, 3, causal=True)[0, 0], np.tril(np.ones((3, 3))))
 
 
 def test_sliding_window_is_relative_to_aligned_position_and_combines_with_causal() -> None:
@@ -85,9 +83,7 @@ def test_gqa_query_head_reads_kv_head_h_div_groups() -> None:
     q, k, v = _qkv(hq=6, hkv=2)
     res = oracle.attention(q, k, v)
     for h in range(6):
-        single = oracle.attention(
-            q[:, :, h : h + 1], k[:, :, h // 3 : h // 3 + 1], v[:, :, h // 3 : h // 3 + 1]
-        )
+        single = oracle.attention(q[:, :, h : h + 1], k[:, :, h // 3 : h // 3 + 1], v[:, :, h // 3 : h // 3 + 1])
         np.testing.assert_allclose(res.output[:, :, h], single.output[:, :, 0])
 
 
@@ -96,10 +92,7 @@ def test_soft_cap_applies_before_bias_and_mask() -> None:
     bias = RNG.normal(size=(1, 4, 3, 4)) * 3
     cap = 0.7
     res = oracle.attention(q, k, v, bias=bias, logits_soft_cap=cap)
-    logits = (
-        cap * np.tanh(np.einsum("bthd,bshd->bhts", q, np.repeat(k, 2, axis=2)) * 3**-0.5 / cap)
-        + bias
-    )
+    logits = cap * np.tanh(np.einsum("bthd,bshd->bhts", q, np.repeat(k, 2, axis=2)) * 3**-0.5 / cap) + bias
     expected = np.exp(logits - logits.max(-1, keepdims=True))
     expected /= expected.sum(-1, keepdims=True)
     np.testing.assert_allclose(res.probs, expected)
@@ -127,9 +120,7 @@ def test_fully_masked_rows_give_zeros_and_minus_inf_lse() -> None:
     np.testing.assert_array_equal(res.probs[0, 1, 2], 0.0)
     assert res.lse[0, 1, 2] == -np.inf
     assert np.all(np.isfinite(np.delete(res.lse.reshape(-1), 1 * 3 + 2)))
-    grads = oracle.attention_backward(
-        q, k, v, np.ones_like(res.output), mask=mask, softmax_aux=np.ones(4)
-    )
+    grads = oracle.attention_backward(q, k, v, np.ones_like(res.output), mask=mask, softmax_aux=np.ones(4))
     np.testing.assert_array_equal(grads.dq[0, 2, 1], 0.0)
     assert all(np.all(np.isfinite(g)) for g in (grads.dq, grads.dk, grads.dv, grads.dsoftmax_aux))
 
@@ -196,9 +187,7 @@ def test_backward_matches_finite_differences(name: str) -> None:
     rng = np.random.default_rng(len(name))
     q, k, v = _qkv(b=2, t=3, s=4, hq=4, hkv=2, d=3, dv=2)
     kw: dict[str, Any] = {
-        key: spec[key]
-        for key in ("causal", "logits_soft_cap", "sliding_window", "softmax_scale")
-        if key in spec
+        key: spec[key] for key in ("causal", "logits_soft_cap", "sliding_window", "softmax_scale") if key in spec
     }
     if spec.get("mask") == "empty_row":
         mask = rng.random((2, 1, 3, 4)) > 0.3
@@ -228,9 +217,7 @@ def test_backward_matches_finite_differences(name: str) -> None:
     if "bias" in kw:
         assert grads.dbias is not None
         assert grads.dbias.shape == kw["bias"].shape
-        np.testing.assert_allclose(
-            grads.dbias, _numeric_grad(lambda x: loss(bias=x), kw["bias"].copy()), **tol
-        )
+        np.testing.assert_allclose(grads.dbias, _numeric_grad(lambda x: loss(bias=x), kw["bias"].copy()), **tol)
     else:
         assert grads.dbias is None
     if "softmax_aux" in kw:
@@ -271,8 +258,10 @@ def test_matches_jax_dot_product_attention_with_float64_inputs(name: str) -> Non
     mask = (rng.random((2, 1, t, s)) > 0.3) | np.eye(t, s, dtype=bool) if spec.get("mask") else None
     causal = spec.get("causal", False)
     window = spec.get("window")
-    with jax.enable_x64(True):
-        expected = jax.nn.dot_product_attention(
+    from jaxattn.testing.quick_jit import quick_jit
+
+    def reference(q: Any, k: Any, v: Any, bias: Any, mask: Any) -> Any:
+        return jax.nn.dot_product_attention(
             q,
             k,
             v,
@@ -282,6 +271,9 @@ def test_matches_jax_dot_product_attention_with_float64_inputs(name: str) -> Non
             is_causal=causal,
             local_window_size=window,
         )
+
+    with jax.enable_x64(True):
+        expected = quick_jit(reference)(q, k, v, bias, mask)
         assert expected.dtype == np.float64
     got = oracle.attention(
         q,

@@ -48,6 +48,7 @@ from .cases import (
     static_features,
 )
 from .compare import assert_close, to_float64
+from .quick_jit import compiler_options_for_tests
 
 __all__ = ["ConformanceSuite"]
 
@@ -144,9 +145,7 @@ class ConformanceSuite:
     def _compiler_options(cls) -> dict[str, Any] | None:
         if cls.compiler_options is not None:
             return dict(cls.compiler_options)
-        if jax.default_backend() == "cpu":
-            return {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-        return None
+        return compiler_options_for_tests()
 
     @classmethod
     def tolerance(cls, dtype: str) -> DtypeTolerance:
