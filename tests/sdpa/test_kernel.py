@@ -64,6 +64,8 @@ def test_plain_call_is_jax_nn_plain(spy: Spy) -> None:
     q, k, v = inputs()
     sdpa_attention(q, k, v, softmax_scale=0.25)
     assert spy.last == {"key": k, "bias": None, "mask": None, "scale": 0.25, "implementation": "xla"}
+    sdpa_attention(q, k, v, softmax_scale=8**-0.5)  # the default: jax.nn's own (1 / sqrt(D))
+    assert spy.last["scale"] is None
     sdpa_attention(q, k, v, causal=True)  # T == S: bottom-right is top-left
     assert spy.last["is_causal"] is True and spy.last["mask"] is None and "local_window_size" not in spy.last
     q1, _, _ = inputs(t=1)

@@ -65,6 +65,20 @@ def _length_mask(q_len: np.ndarray, kv_len: np.ndarray, t: int, s: int) -> Array
     return (q_ok & kv_ok)[:, None]
 
 
+def _jax_nn_scale(scale: float | None, d: int) -> float | None:
+    """``scale`` for jax.nn: None where it is jax.nn's own default ``1 / sqrt(D)``.
+
+    Both paths apply the scale in float32 (XLA multiplies float32 logits, cuDNN takes a
+    float attribute), and ``D ** -0.5`` (the contract's default) can differ from jax.nn's
+    ``1 / np.sqrt(D)`` in the last bit of a float64. Passing None then gives the same
+    numbers and the same program text as a direct jax.nn call (cuDNN's backend config
+    spells the scale out as a float64).
+    """
+    if scale is not None and np.float32(scale) == np.float32(1.0 / np.sqrt(d)):
+        return None
+    return scale
+
+
 @jax.custom_vjp
 def _no_cudnn_bias_grad(x: Array) -> Array:
     """Identity whose gradient refuses: cuDNN returns no bias gradient for this layout."""
@@ -211,7 +225,8 @@ def sdpa_attention(
         kwargs["key_value_seq_lengths"] = jnp.asarray(lengths[1], jnp.int32)
 
     out: Array = jax.nn.dot_product_attention(
-        q, k, v, bias=bias, mask=combined, scale=softmax_scale, implementation=implementation, **kwargs
+        q, k, v, bias=bias, mask=combined, scale=_jax_nn_scale(softmax_scale, q.shape[-1]),
+        implementation=implementation, **kwargs,
     )
     if row_valid is not None:
         # (b, h, T) -> (b, T, h, 1) against the (B, T, Hq, D) output.
