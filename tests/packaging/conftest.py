@@ -31,7 +31,8 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def dependency_base(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path) -> Path:
     """site-packages of a venv holding the wheels' third-party dependencies, nothing of ours."""
     constraints = write_constraints(tmp_path_factory.mktemp("constraints") / "constraints.txt")
-    requirements = third_party_requirements(sorted(wheelhouse.glob("*.whl")))
+    # pytest too: the example plugin runs jaxattn's conformance suite inside its venv.
+    requirements = [*third_party_requirements(sorted(wheelhouse.glob("*.whl"))), "pytest"]
     return create_base(tmp_path_factory.mktemp("base"), requirements, constraints)
 
 

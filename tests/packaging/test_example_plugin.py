@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from venvtools import Venv
@@ -78,3 +79,26 @@ def test_disabled_by_name(venv: Venv) -> None:
                                   env={"JAXATTN_DISABLE_PLUGINS": "example"}).stdout)
     assert {r["name"]: r["status"] for r in rows}.get("example") == "disabled"
     assert "example_dense" not in {a for r in rows for a in r["aliases"]}
+
+
+CONFORMANCE = """
+from typing import ClassVar
+
+from jaxattn.testing.conformance import ConformanceSuite
+
+
+class TestExampleConformance(ConformanceSuite):
+    impl_name = "example_dense"
+    dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16")
+"""
+
+
+def test_passes_the_conformance_suite_as_a_third_party(venv: Venv, tmp_path: Path) -> None:
+    # What a plugin author does in their own repository: subclass the suite, run pytest.
+    (tmp_path / "test_example_conformance.py").write_text(CONFORMANCE)
+    result = venv.run("-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path), check=False, timeout=900)
+    summary = result.stdout.strip().splitlines()[-1]
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in summary and "failed" not in summary, summary
+    # Features the example does not declare are declined (skipped with a reason), not ignored.
+    assert " skipped" in summary, summary
