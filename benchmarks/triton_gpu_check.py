@@ -23,15 +23,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "triton" / "src"))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from jaxattn_triton import bench_util as bu  # noqa: E402
-from jaxattn_triton import launch as L  # noqa: E402
-from jaxattn_triton import tuning  # noqa: E402
-from jaxattn_triton.ops import flash_attention, make_spec  # noqa: E402
-from jaxattn_triton.spec import AttnSpec  # noqa: E402
+from jaxattn_triton import bench_util as bu
+from jaxattn_triton import launch as L
+from jaxattn_triton import tuning
+from jaxattn_triton.ops import flash_attention, make_spec
+from jaxattn_triton.spec import AttnSpec
 
 RESULTS: dict[str, Any] = {}
 
@@ -40,8 +40,20 @@ def log(*args: Any) -> None:
     print(*args, flush=True)
 
 
-def reference(q, k, v, *, causal=False, sliding_window=None, logits_soft_cap=None, mask=None,
-              bias=None, q_segment_ids=None, kv_segment_ids=None, softmax_aux=None):  # type: ignore[no-untyped-def]
+def reference(
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    sliding_window=None,
+    logits_soft_cap=None,
+    mask=None,
+    bias=None,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    softmax_aux=None,
+):  # type: ignore[no-untyped-def]
     """Float32 attention with DESIGN.md's semantics (materialised logits)."""
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
     b, t, hq, d = q.shape
@@ -90,20 +102,26 @@ def rel(a: jax.Array, b: jax.Array) -> float:
 def check() -> None:
     rng = np.random.default_rng(0)
     cases: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
-        ("mha d128 full", dict(B=2, T=256, S=256, H=4, G=1, D=128), {}),
-        ("mha d128 causal", dict(B=2, T=256, S=256, H=4, G=1, D=128), dict(causal=True)),
-        ("gqa4 cross tails causal", dict(B=2, T=200, S=333, H=8, G=4, D=128), dict(causal=True)),
-        ("d64 causal", dict(B=2, T=384, S=384, H=4, G=1, D=64), dict(causal=True)),
-        ("d256 full", dict(B=1, T=256, S=256, H=4, G=2, D=256), {}),
-        ("d96 padded", dict(B=1, T=160, S=224, H=4, G=1, D=96), dict(causal=True)),
-        ("window", dict(B=1, T=512, S=512, H=4, G=2, D=128), dict(sliding_window=(64, 16))),
-        ("softcap+sinks", dict(B=1, T=256, S=256, H=4, G=1, D=128),
-         dict(causal=True, logits_soft_cap=5.0, softmax_aux=True)),
-        ("segments", dict(B=2, T=256, S=256, H=4, G=1, D=128), dict(segments=True)),
-        ("mask+bias", dict(B=2, T=128, S=192, H=4, G=2, D=64), dict(mask=True, bias=True)),
-        ("T>S causal (empty rows)", dict(B=1, T=192, S=64, H=2, G=1, D=64), dict(causal=True)),
-        ("fp16 gqa causal", dict(B=2, T=256, S=256, H=8, G=2, D=128, dtype="float16"),
-         dict(causal=True)),
+        ("mha d128 full", {"B": 2, "T": 256, "S": 256, "H": 4, "G": 1, "D": 128}, {}),
+        ("mha d128 causal", {"B": 2, "T": 256, "S": 256, "H": 4, "G": 1, "D": 128}, {"causal": True}),
+        ("gqa4 cross tails causal", {"B": 2, "T": 200, "S": 333, "H": 8, "G": 4, "D": 128}, {"causal": True}),
+        ("d64 causal", {"B": 2, "T": 384, "S": 384, "H": 4, "G": 1, "D": 64}, {"causal": True}),
+        ("d256 full", {"B": 1, "T": 256, "S": 256, "H": 4, "G": 2, "D": 256}, {}),
+        ("d96 padded", {"B": 1, "T": 160, "S": 224, "H": 4, "G": 1, "D": 96}, {"causal": True}),
+        ("window", {"B": 1, "T": 512, "S": 512, "H": 4, "G": 2, "D": 128}, {"sliding_window": (64, 16)}),
+        (
+            "softcap+sinks",
+            {"B": 1, "T": 256, "S": 256, "H": 4, "G": 1, "D": 128},
+            {"causal": True, "logits_soft_cap": 5.0, "softmax_aux": True},
+        ),
+        ("segments", {"B": 2, "T": 256, "S": 256, "H": 4, "G": 1, "D": 128}, {"segments": True}),
+        ("mask+bias", {"B": 2, "T": 128, "S": 192, "H": 4, "G": 2, "D": 64}, {"mask": True, "bias": True}),
+        ("T>S causal (empty rows)", {"B": 1, "T": 192, "S": 64, "H": 2, "G": 1, "D": 64}, {"causal": True}),
+        (
+            "fp16 gqa causal",
+            {"B": 2, "T": 256, "S": 256, "H": 8, "G": 2, "D": 128, "dtype": "float16"},
+            {"causal": True},
+        ),
     ]
     rows = []
     for name, shp, feats in cases:
@@ -113,9 +131,7 @@ def check() -> None:
             q = jnp.asarray(rng.standard_normal((b, t, h, d)), dt)
             k = jnp.asarray(rng.standard_normal((b, s, h // g, d)), dt)
             v = jnp.asarray(rng.standard_normal((b, s, h // g, d)), dt)
-            kw: dict[str, Any] = {
-                x: feats[x] for x in ("causal", "sliding_window", "logits_soft_cap") if x in feats
-            }
+            kw: dict[str, Any] = {x: feats[x] for x in ("causal", "sliding_window", "logits_soft_cap") if x in feats}
             if feats.get("softmax_aux"):
                 kw["softmax_aux"] = jnp.asarray(rng.standard_normal(h), jnp.float32)
             if feats.get("segments"):
@@ -146,13 +162,15 @@ def check() -> None:
             nan = bool(np.isnan(np.asarray(o, np.float32)).any()) or any(
                 bool(np.isnan(np.asarray(x, np.float32)).any()) for x in grads
             )
-            errs = [rel(o, ro)] + [rel(a, r) for a, r in zip(grads, rgrads)]
+            errs = [rel(o, ro)] + [rel(a, r) for a, r in zip(grads, rgrads, strict=False)]
             ok = not nan and max(errs) < 2e-2
             rows.append({"case": name, "errors": errs, "nan": nan, "ok": ok})
-            log(f"check {name:28s} {'OK ' if ok else 'BAD'} nan={nan} rel(out,dq,dk,dv[,db])="
-                + " ".join(f"{e:.2e}" for e in errs))
+            log(
+                f"check {name:28s} {'OK ' if ok else 'BAD'} nan={nan} rel(out,dq,dk,dv[,db])="
+                + " ".join(f"{e:.2e}" for e in errs)
+            )
             del argnums
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             rows.append({"case": name, "error": repr(err)})
             log(f"check {name}: ERROR {err!r}")
             traceback.print_exc()
@@ -186,7 +204,7 @@ def bench() -> None:
                         "fwdbwd_tflops": fl_b / tb / 1e12,
                         "wall_s": time.perf_counter() - t0,
                     }
-                except Exception as err:  # noqa: BLE001
+                except Exception as err:
                     res[name] = {"error": repr(err)}
                     traceback.print_exc()
             rows.append(res)
@@ -196,33 +214,88 @@ def bench() -> None:
     for r in rows:
         c, o = r.get("cudnn", {}), r.get("triton", {})
         if "fwd_tflops" in c and "fwd_tflops" in o:
-            log(f"{r['S']:5d} {r['causal']!s:6} | {c['fwd_tflops']:8.1f} {o['fwd_tflops']:8.1f} "
+            log(
+                f"{r['S']:5d} {r['causal']!s:6} | {c['fwd_tflops']:8.1f} {o['fwd_tflops']:8.1f} "
                 f"{o['fwd_tflops'] / c['fwd_tflops']:6.2f} | {c['fwdbwd_tflops']:8.1f} "
                 f"{o['fwdbwd_tflops']:8.1f} "
-                f"{o['fwdbwd_tflops'] / c['fwdbwd_tflops']:6.2f}")
+                f"{o['fwdbwd_tflops'] / c['fwdbwd_tflops']:6.2f}"
+            )
+
+
+# Matrix products of T x S x D per kernel, for a rate comparable between kernels.
+GEMMS = {"fwd": 2, "dkdv": 4, "dq": 3}
+# Forward tiles beyond tuning.candidates, timed by --sweep-fwd.
+EXTRA_FWD = [(256, 64, 8, 3), (256, 64, 8, 4), (256, 32, 8, 3), (256, 64, 16, 3), (256, 128, 16, 2), (128, 128, 8, 3)]
+
+
+def _record(rows: list[dict[str, Any]], spec: AttnSpec, name: str, tile: L.KernelTiles, sec: float) -> None:
+    fl = bu.attention_flops(
+        spec.batch, spec.heads_q, spec.seq_q, spec.seq_k, spec.head_dim, causal=spec.causal, backward=False
+    )
+    rows.append(
+        {
+            "causal": spec.causal,
+            "kernel": name,
+            "tiles": [tile.block_m, tile.block_n, tile.num_warps, tile.num_stages],
+            "ms": sec * 1e3,
+            "tflops": fl / 2 * GEMMS[name] / sec / 1e12,
+        }
+    )
+
+
+def _specs(seq: int) -> list[AttnSpec]:
+    shape = jax.ShapeDtypeStruct((16384 // seq, seq, 32, 128), jnp.bfloat16)
+    return [make_spec(shape, shape, shape, causal=c) for c in (False, True)]
 
 
 def sweep(seq: int = 4096) -> None:
     """Run the tuner on the S = 4k shapes: every candidate's time is logged, the winner cached."""
-    rows = []
-    for causal in (False, True):
-        b = 16384 // seq
-        shape = jax.ShapeDtypeStruct((b, seq, 32, 128), jnp.bfloat16)
-        spec = make_spec(shape, shape, shape, causal=causal)
-        fl = bu.attention_flops(b, 32, seq, seq, 128, causal=causal, backward=False)
-        gemms = {"fwd": 2, "dkdv": 4, "dq": 3}  # T x S x D matrix products per kernel
+    rows: list[dict[str, Any]] = []
+    for spec in _specs(seq):
 
-        def measure(t: L.Tiles, name: str, spec: AttnSpec = spec, fl: float = fl) -> float:
+        def measure(t: L.Tiles, name: str, spec: AttnSpec = spec) -> float:
             sec = bu.measure_kernels(spec, t, (name,))[name]
-            tile = getattr(t, name)
-            rows.append({"causal": spec.causal, "kernel": name, "tiles": [
-                tile.block_m, tile.block_n, tile.num_warps, tile.num_stages], "ms": sec * 1e3,
-                "tflops": fl / 2 * gemms[name] / sec / 1e12})
+            _record(rows, spec, name, getattr(t, name), sec)
             return sec
 
-        best = tuning.tune(spec, measure, log=lambda m, c=causal: log(f"tune causal={c} {m}"))
-        log(f"tuned causal={causal}: {best}")
+        best = tuning.tune(spec, measure, log=lambda m, c=spec.causal: log(f"tune causal={c} {m}"))
+        log(f"tuned causal={spec.causal}: {best}")
     RESULTS["sweep"] = rows
+
+
+def sweep_fwd(seq: int = 4096) -> None:
+    """Time EXTRA_FWD forward tiles (no caching)."""
+    rows: list[dict[str, Any]] = []
+    for spec in _specs(seq):
+        base = tuning.tiles_for(spec)
+        for cand in EXTRA_FWD:
+            tile = L.KernelTiles(*cand)
+            try:
+                sec = bu.measure_kernels(spec, L.Tiles(tile, base.dkdv, base.dq), ("fwd",))["fwd"]
+            except Exception as err:  # report and go on: one bad config is data
+                log(f"fwd causal={spec.causal} {cand}: ERROR {repr(err)[:200]}")
+                continue
+            _record(rows, spec, "fwd", tile, sec)
+            log(f"fwd causal={spec.causal} {cand}: {sec * 1e3:.3f} ms {rows[-1]['tflops']:.0f} TFLOP/s")
+    RESULTS["sweep_fwd"] = rows
+
+
+def memory(seq: int = 32768) -> None:
+    """Compiled temporary memory of forward+backward at S = 32k: O(S), no S x S buffer."""
+    shape = jax.ShapeDtypeStruct((1, seq, 32, 128), jnp.bfloat16)
+
+    def loss(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return jnp.sum(flash_attention(q, k, v, causal=True)[0].astype(jnp.float32))
+
+    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape).compile()
+    stats = compiled.memory_analysis()
+    temp = int(getattr(stats, "temp_size_in_bytes", -1))
+    one_sxs = seq * seq * 2
+    RESULTS["memory"] = {"S": seq, "temp_bytes": temp, "one_SxS_bf16_bytes": one_sxs}
+    log(
+        f"memory S={seq}: compiled temp {temp / 2**20:.1f} MiB; one S x S bf16 buffer would be "
+        f"{one_sxs / 2**20:.0f} MiB"
+    )
 
 
 def main() -> None:
@@ -230,11 +303,14 @@ def main() -> None:
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-fwd", action="store_true")
+    ap.add_argument("--memory", action="store_true")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     log("devices:", jax.devices())
     t0 = time.perf_counter()
-    for flag, fn in (("check", check), ("sweep", sweep), ("bench", bench)):
+    steps = (("check", check), ("sweep", sweep), ("sweep_fwd", sweep_fwd), ("bench", bench), ("memory", memory))
+    for flag, fn in steps:
         if getattr(a, flag):
             fn()
             log(f"[{flag} done at {time.perf_counter() - t0:.0f}s]")

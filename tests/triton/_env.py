@@ -69,3 +69,10 @@ needs_kernels = pytest.mark.skipif(
     not (HAVE_TORCH and HAVE_TRITON),
     reason="the Triton kernel tests need triton and torch (pip install torch==2.13.0 triton)",
 )
+# Tests that reach the kernels through a host callback on CPU tensors: interpreter only.
+needs_interpreter = pytest.mark.skipif(
+    not (HAVE_TORCH and INTERPRET),
+    reason="runs the kernels in the Triton interpreter (hosts without a CUDA GPU, with torch)",
+)
+#: Where test_kernels puts its torch tensors: the GPU when there is one (native launches).
+TORCH_DEVICE = "cuda" if ON_CUDA else "cpu"

@@ -18,11 +18,22 @@ from jaxattn.problem import AttentionProblem
 
 __all__ = ["TritonFlashAttention"]
 
-FEATURES: frozenset[Feature] = frozenset({
-    Feature.CAUSAL, Feature.MASK, Feature.BIAS, Feature.GQA, Feature.CROSS, Feature.VALUE_DIM,
-    Feature.SLIDING_WINDOW, Feature.SEGMENT_IDS, Feature.SOFT_CAP, Feature.SINKS, Feature.GRAD,
-    Feature.LSE,
-})
+FEATURES: frozenset[Feature] = frozenset(
+    {
+        Feature.CAUSAL,
+        Feature.MASK,
+        Feature.BIAS,
+        Feature.GQA,
+        Feature.CROSS,
+        Feature.VALUE_DIM,
+        Feature.SLIDING_WINDOW,
+        Feature.SEGMENT_IDS,
+        Feature.SOFT_CAP,
+        Feature.SINKS,
+        Feature.GRAD,
+        Feature.LSE,
+    }
+)
 
 #: Why the features it lacks are declined (added to the generic reason).
 WHY_NOT: dict[Feature, str] = {
@@ -68,21 +79,17 @@ class TritonFlashAttention(AttentionImpl):
             )
         for name, value in self._overrides().items():
             if name.startswith("block") and (value < 16 or value & (value - 1)):
-                reasons.append(
-                    f"metadata.{name}={value}: Triton tiles must be powers of two >= 16"
-                )
+                reasons.append(f"metadata.{name}={value}: Triton tiles must be powers of two >= 16")
         if not self.interpret:
             for module, dist in (("triton", "triton"), ("jax_triton", "jax-triton>=0.3.1,<0.5")):
                 if not _installed(module):
                     reasons.append(
-                        f"the {module!r} package is not installed; pip install '{dist}' "
-                        "(or jaxattn-triton[gpu])"
+                        f"the {module!r} package is not installed; pip install '{dist}' (or jaxattn-triton[gpu])"
                     )
             cc = self.device.compute_capability
             if cc is not None and _major(cc) < 8:
                 reasons.append(
-                    f"needs an NVIDIA GPU of compute capability 8.0 or newer (bf16 tensor cores); "
-                    f"this one is {cc}"
+                    f"needs an NVIDIA GPU of compute capability 8.0 or newer (bf16 tensor cores); this one is {cc}"
                 )
         return reasons
 

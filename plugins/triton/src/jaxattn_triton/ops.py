@@ -44,9 +44,7 @@ def _execute(lz: L.Launch, inputs: Sequence[Array], interpret: bool) -> list[Arr
     return list(outs)
 
 
-def _execute_interpreted(
-    lz: L.Launch, inputs: Sequence[Array], out_shape: list[jax.ShapeDtypeStruct]
-) -> list[Array]:
+def _execute_interpreted(lz: L.Launch, inputs: Sequence[Array], out_shape: list[jax.ShapeDtypeStruct]) -> list[Array]:
     from jaxattn_triton import torch_ops
 
     def host(*arrays: np.ndarray) -> list[np.ndarray]:
@@ -75,9 +73,7 @@ def _flash(
     qseg: Array,
     kseg: Array,
 ) -> tuple[Array, Array]:
-    out, lse = _execute(
-        L.forward(spec, tiles.fwd), [q, k, v, mask, bias, qseg, kseg, sinks], interpret
-    )
+    out, lse = _execute(L.forward(spec, tiles.fwd), [q, k, v, mask, bias, qseg, kseg, sinks], interpret)
     return out, lse
 
 

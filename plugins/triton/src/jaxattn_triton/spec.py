@@ -42,9 +42,7 @@ class AttnSpec:
 
     def __post_init__(self) -> None:
         if self.heads_q % self.heads_kv:
-            raise ValueError(
-                f"heads_q={self.heads_q} must be a multiple of heads_kv={self.heads_kv}"
-            )
+            raise ValueError(f"heads_q={self.heads_q} must be a multiple of heads_kv={self.heads_kv}")
         full = (self.batch, self.heads_q, self.seq_q, self.seq_k)
         for name, shape in (("mask", self.mask_shape), ("bias", self.bias_shape)):
             if shape is not None and (

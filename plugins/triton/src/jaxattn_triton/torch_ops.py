@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 def _torch_dtype(name: str) -> torch.dtype:
     import torch
 
-    return getattr(torch, name)
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype
 
 
 def run_launch(lz: L.Launch, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -31,14 +32,10 @@ def run_launch(lz: L.Launch, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 
     device = inputs[0].device
     outs = [
-        (torch.zeros if i in lz.zeroed else torch.empty)(
-            shape, dtype=_torch_dtype(dtype), device=device
-        )
+        (torch.zeros if i in lz.zeroed else torch.empty)(shape, dtype=_torch_dtype(dtype), device=device)
         for i, (shape, dtype) in enumerate(lz.outputs)
     ]
-    lz.kernel[lz.grid](
-        *inputs, *outs, **lz.constexprs, num_warps=lz.num_warps, num_stages=lz.num_stages
-    )
+    lz.kernel[lz.grid](*inputs, *outs, **lz.constexprs, num_warps=lz.num_warps, num_stages=lz.num_stages)
     return outs
 
 
@@ -80,14 +77,8 @@ class TorchInputs:
 
         self.mask = dummy(torch.int8) if mask is None else mask.to(torch.int8).contiguous()
         self.bias = dummy(torch.float32) if bias is None else bias.contiguous()
-        self.qseg = (
-            dummy(torch.int32) if q_segment_ids is None else q_segment_ids.to(torch.int32).contiguous()
-        )
-        self.kseg = (
-            dummy(torch.int32)
-            if kv_segment_ids is None
-            else kv_segment_ids.to(torch.int32).contiguous()
-        )
+        self.qseg = dummy(torch.int32) if q_segment_ids is None else q_segment_ids.to(torch.int32).contiguous()
+        self.kseg = dummy(torch.int32) if kv_segment_ids is None else kv_segment_ids.to(torch.int32).contiguous()
         self.sinks = dummy(torch.float32) if sinks is None else sinks.to(torch.float32).contiguous()
 
     def kernel_inputs(self) -> list[torch.Tensor]:
@@ -130,9 +121,7 @@ def backward(
 
     q, k, v, dout = (x.contiguous() for x in (q, k, v, dout))
     dlse = torch.zeros_like(lse) if dlse is None else dlse.to(torch.float32).contiguous()
-    delta, lse_b, dsink_rows = run_launch(
-        L.preprocess(spec), [out.contiguous(), dout, lse, dlse, extra.sinks]
-    )
+    delta, lse_b, dsink_rows = run_launch(L.preprocess(spec), [out.contiguous(), dout, lse, dlse, extra.sinks])
     common = [q, k, v, *extra.kernel_inputs(), dout, lse_b, delta]
     dk, dv, dbias_full = run_launch(L.dkdv(spec, tiles.dkdv), common)
     (dq,) = run_launch(L.dq(spec, tiles.dq), common)

@@ -1,3 +1,6 @@
+# mypy: allow-untyped-defs, allow-incomplete-defs
+# (Triton reads a @triton.jit parameter's annotation as its kind: tl.constexpr, or nothing for
+# pointers and runtime scalars, which have no Python type to write.)
 """FlashAttention-2 backward kernels: preprocess, dK/dV, dQ.
 
 * ``attn_bwd_preprocess_kernel``: ``delta = rowsum(dO * O)`` (less the log-sum-exp

@@ -1,3 +1,6 @@
+# mypy: allow-untyped-defs, allow-incomplete-defs
+# (Triton reads a @triton.jit parameter's annotation as its kind: tl.constexpr, or nothing for
+# pointers and runtime scalars, which have no Python type to write.)
 """Triton helpers shared by the forward and backward attention kernels.
 
 Conventions used by every kernel in this package:

@@ -1,3 +1,6 @@
+# mypy: allow-untyped-defs, allow-incomplete-defs
+# (Triton reads a @triton.jit parameter's annotation as its kind: tl.constexpr, or nothing for
+# pointers and runtime scalars, which have no Python type to write.)
 """FlashAttention-2 forward kernel (online softmax over key/value tiles).
 
 One program handles ``BLOCK_M`` query rows of one (batch, query head). Key/value tiles

@@ -1,0 +1,202 @@
+"""Registration, declared capabilities, declines and tile selection (no kernel runs here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxattn.device import DeviceInfo
+from jaxattn.metadata import AttentionMetadata
+from jaxattn.problem import AttentionProblem
+from jaxattn.registry import Provider
+from jaxattn.testing import oracle
+from jaxattn_triton import impl as impl_module
+from jaxattn_triton import plugin, tuning
+from jaxattn_triton.impl import TritonFlashAttention
+from jaxattn_triton.launch import KernelTiles, Tiles
+from jaxattn_triton.spec import AttnSpec
+
+H100 = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0")
+T4 = DeviceInfo(platform="gpu", vendor="cuda", device_kind="Tesla T4", compute_capability="7.5")
+
+
+def _problem(**kw: object) -> AttentionProblem:
+    base: dict[str, object] = {
+        "batch": 2,
+        "seq_q": 128,
+        "seq_k": 128,
+        "heads_q": 8,
+        "heads_kv": 2,
+        "head_dim": 128,
+        "head_dim_v": 128,
+        "dtype": "bfloat16",
+    }
+    base.update(kw)
+    return AttentionProblem(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def kernels_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(impl_module, "_installed", lambda module: True)
+
+
+def test_registration_imports_no_kernel_library() -> None:
+    code = (
+        "import sys, jaxattn_triton.plugin as p, jaxattn_triton.impl;"
+        "p.jaxattn_register_impls();"
+        "bad = [m for m in ('triton', 'jax_triton', 'torch') if m in sys.modules];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_implref_matches_the_class() -> None:
+    (ref,) = plugin.jaxattn_register_impls()
+    provider = Provider.from_source(ref, "triton", "jaxattn-triton", "0.1.0")
+    assert provider.load() is TritonFlashAttention  # the registry's own consistency check
+    assert ref.priority == TritonFlashAttention.priority
+    assert TritonFlashAttention.name() == "flash_attn2"
+
+
+def test_declines_on_cpu_with_the_platform() -> None:
+    impl = TritonFlashAttention(AttentionMetadata(), DeviceInfo(platform="cpu"))
+    reasons = impl.not_supported_reasons(_problem())
+    assert any("cuda" in r and "cpu" in r for r in reasons), reasons
+
+
+@pytest.mark.usefixtures("kernels_installed")
+def test_accepts_every_declared_feature_on_an_h100() -> None:
+    impl = TritonFlashAttention(AttentionMetadata(), H100)
+    problem = _problem(
+        seq_q=100, seq_k=300, head_dim=96, head_dim_v=64, causal=True,
+        mask_shape=(2, 1, 100, 300), bias_shape=(1, 8, 100, 300), sliding_window=(64, 0),
+        segment_ids=True, logits_soft_cap=30.0, sinks=True, needs_grad=True,
+    )  # fmt: skip
+    assert impl.not_supported_reasons(problem) == []
+
+
+@pytest.mark.usefixtures("kernels_installed")
+@pytest.mark.parametrize(
+    ("problem", "metadata", "expected"),
+    [
+        (_problem(seq_q=1), AttentionMetadata(), "split-K"),
+        (_problem(dropout_prob=0.1), AttentionMetadata(), "dropout"),
+        (_problem(dtype="float32"), AttentionMetadata(), "float32"),
+        (_problem(head_dim=320, head_dim_v=320), AttentionMetadata(), "320"),
+        (_problem(), AttentionMetadata(softmax_dtype="bfloat16"), "softmax_dtype"),
+        (_problem(), AttentionMetadata(block_q=48), "powers of two"),
+    ],
+)
+def test_declines_with_a_reason(problem: AttentionProblem, metadata: AttentionMetadata, expected: str) -> None:
+    reasons = TritonFlashAttention(metadata, H100).not_supported_reasons(problem)
+    assert any(expected in r for r in reasons), reasons
+
+
+def test_declines_without_jax_triton_and_on_old_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(impl_module, "_installed", lambda module: module != "jax_triton")
+    reasons = TritonFlashAttention(AttentionMetadata(), T4).not_supported_reasons(_problem())
+    assert any("jax-triton" in r for r in reasons), reasons
+    assert any("7.5" in r for r in reasons), reasons
+
+
+def _spec(**kw: object) -> AttnSpec:
+    base: dict[str, object] = {
+        "batch": 2,
+        "seq_q": 4096,
+        "seq_k": 4096,
+        "heads_q": 32,
+        "heads_kv": 32,
+        "head_dim": 128,
+        "head_dim_v": 128,
+        "dtype": "bfloat16",
+        "softmax_scale": 128**-0.5,
+    }
+    base.update(kw)
+    return AttnSpec(**base)  # type: ignore[arg-type]
+
+
+def test_spec_rejects_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="multiple"):
+        _spec(heads_q=6, heads_kv=4)
+    with pytest.raises(ValueError, match="broadcast"):
+        _spec(mask_shape=(2, 3, 4096, 4096))
+
+
+@pytest.mark.parametrize(
+    ("t", "s", "causal", "window"),
+    [(7, 13, True, None), (13, 7, True, None), (10, 10, False, (2, 3)), (6, 15, True, (4, 9))],
+)
+def test_band_fraction_counts_visible_pairs(t: int, s: int, causal: bool, window: tuple[int, int] | None) -> None:
+    spec = _spec(batch=1, heads_q=1, heads_kv=1, seq_q=t, seq_k=s, causal=causal, window=window)
+    visible = oracle.visibility(1, 1, t, s, causal=causal, sliding_window=window)
+    assert spec.band_fraction() == pytest.approx(visible.mean())
+
+
+def test_default_tiles_shrink_for_short_sequences_and_dense_extras() -> None:
+    short = tuning.default_tiles(_spec(seq_q=20, seq_k=40), "9.0")
+    assert (short.fwd.block_m, short.fwd.block_n) == (32, 64)
+    masked = tuning.default_tiles(_spec(bias_shape=(1, 32, 4096, 4096)), "9.0")
+    assert masked.fwd.num_stages <= 2 and masked.dkdv.block_n <= 64
+
+
+def test_overrides_win(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(tuning.CACHE_ENV, str(tmp_path / "t.json"))
+    tiles = tuning.tiles_for(
+        _spec(), device=("H100", "9.0"), overrides={"block_q": 64, "block_k_bwd": 32, "num_warps": 4}
+    )
+    assert (tiles.fwd.block_m, tiles.fwd.num_warps) == (64, 4)
+    assert tiles.dkdv.block_n == 32 and tiles.dq.block_n == 32
+
+
+def test_tune_keeps_the_fastest_and_persists_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "tuning.json"
+    monkeypatch.setenv(tuning.CACHE_ENV, str(path))
+    monkeypatch.setattr(tuning, "_memory", {})
+    monkeypatch.setattr(tuning, "_device", lambda: ("FakeGPU", "9.0"))
+    spec = _spec(causal=True)
+    cands = tuning.candidates(spec)
+    winner = {name: c[-1] for name, c in cands.items()}
+    calls: list[str] = []
+
+    def measure(tiles: Tiles, name: str) -> float:
+        calls.append(name)
+        chosen = getattr(tiles, name)
+        if chosen.block_n == 128 and name == "dq":
+            raise RuntimeError("out of shared memory")  # failing candidates are skipped
+        return 1.0 if chosen == winner[name] else 2.0
+
+    best = tuning.tune(spec, measure)
+    assert (best.fwd, best.dkdv, best.dq) == (winner["fwd"], winner["dkdv"], winner["dq"])
+    assert set(calls) == {"fwd", "dkdv", "dq"}
+    saved = json.loads(path.read_text())
+    assert list(saved) == [f"FakeGPU|{tuning.shape_class(spec)}"]
+    # A new process (empty memory cache) reads the result instead of tuning again.
+    monkeypatch.setattr(tuning, "_memory", {})
+    assert tuning.tiles_for(spec, device=("FakeGPU", "9.0")) == best
+    # Another shape class is not served from it.
+    other = _spec(head_dim=64, head_dim_v=64)
+    assert tuning.tiles_for(other, device=("FakeGPU", "9.0")) == tuning.default_tiles(other, "9.0")
+
+
+def test_corrupt_cache_is_ignored(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "tuning.json"
+    path.write_text("{not json")
+    monkeypatch.setenv(tuning.CACHE_ENV, str(path))
+    monkeypatch.setattr(tuning, "_memory", {})
+    spec = _spec()
+    assert tuning.tiles_for(spec, device=("X", "9.0")) == tuning.default_tiles(spec, "9.0")
+    tuning.store("X", spec, Tiles(*(KernelTiles(64, 64, 4, 2),) * 3))
+    assert json.loads(path.read_text())  # rewritten whole
+
+
+def test_interpret_tiles_are_small_powers_of_two() -> None:
+    tiles = tuning.tiles_for(_spec(seq_q=5, seq_k=9), interpret=True)
+    for t in (tiles.fwd, tiles.dkdv, tiles.dq):
+        assert t.block_m == 16 and t.block_n == 16
+    assert np.log2(tuning.INTERPRET_TILES.block_m).is_integer()
