@@ -46,17 +46,19 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
     return recorder
 
 
-def inputs(b: int = 2, t: int = 6, s: int = 6, hq: int = 4, hkv: int = 2, d: int = 8,
-           seed: int = 0) -> tuple[jax.Array, jax.Array, jax.Array]:
+def inputs(
+    b: int = 2, t: int = 6, s: int = 6, hq: int = 4, hkv: int = 2, d: int = 8, seed: int = 0
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     rng = np.random.default_rng(seed)
-    return tuple(jnp.asarray(rng.normal(size=shape), jnp.float32)  # type: ignore[return-value]
-                 for shape in ((b, t, hq, d), (b, s, hkv, d), (b, s, hkv, d)))
+    return tuple(
+        jnp.asarray(rng.normal(size=shape), jnp.float32)  # type: ignore[return-value]
+        for shape in ((b, t, hq, d), (b, s, hkv, d), (b, s, hkv, d))
+    )
 
 
 def check(out: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, **features: Any) -> None:
-    want = oracle.attention(np.asarray(q), np.asarray(k), np.asarray(v),
-                            **{n: None if x is None else (np.asarray(x) if hasattr(x, "shape") else x)
-                               for n, x in features.items()}).output
+    as_numpy: dict[str, Any] = {n: np.asarray(x) if hasattr(x, "shape") else x for n, x in features.items()}
+    want = oracle.attention(np.asarray(q), np.asarray(k), np.asarray(v), **as_numpy).output
     np.testing.assert_allclose(np.asarray(out), want, atol=2e-5, rtol=2e-5)
 
 
@@ -145,7 +147,8 @@ def test_cudnn_native_window_only_for_t_equal_s(spy: Spy) -> None:
     check(out, q, k, v, causal=True, sliding_window=(3, 5))
     q, k, v = inputs(t=8, s=10)
     out = sdpa_attention(q, k, v, causal=True, implementation="cudnn")
-    assert "is_causal" not in spy.last and spy.last["mask"].shape == (1, 1, 8, 10)
+    call = spy.last
+    assert "is_causal" not in call and call["mask"].shape == (1, 1, 8, 10)
     check(out, q, k, v, causal=True)
 
 
@@ -220,5 +223,6 @@ def test_forward_called_directly_never_drops_a_feature() -> None:
     # init_bias is honoured on a direct call, as the base class does before routing.
     bias = jnp.full((1, 1, 6, 6), -1e9).at[..., 0].set(0.0)
     out = impl.forward_cpu(q, k, v, init_bias=lambda: bias).attention_outputs
-    np.testing.assert_allclose(np.asarray(out), np.broadcast_to(np.repeat(np.asarray(v[:, :1]), 2, 2), out.shape),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(out), np.broadcast_to(np.repeat(np.asarray(v[:, :1]), 2, 2), out.shape), atol=1e-6
+    )

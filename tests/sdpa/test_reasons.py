@@ -31,8 +31,10 @@ def sds(*shape: int, dtype: Any = jnp.bfloat16) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def qkv(b: int = 2, t: int = 8, s: int = 8, hq: int = 4, hkv: int = 2, d: int = 64,
-        dtype: Any = jnp.bfloat16) -> tuple[jax.ShapeDtypeStruct, ...]:
+QKV = tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]
+
+
+def qkv(b: int = 2, t: int = 8, s: int = 8, hq: int = 4, hkv: int = 2, d: int = 64, dtype: Any = jnp.bfloat16) -> QKV:
     return sds(b, t, hq, d, dtype=dtype), sds(b, s, hkv, d, dtype=dtype), sds(b, s, hkv, d, dtype=dtype)
 
 
@@ -66,11 +68,14 @@ class TestCudnnDeclines:
         # ... which works: the metadata's runtime dtype is what cuDNN sees.
         assert cudnn(runtime_dtype="bfloat16").supports(*qkv(dtype=jnp.float32)) == []
 
-    @pytest.mark.parametrize(("device", "d", "fragment"), [
-        (H100, 20, "multiple of 8"),
-        (H100, 264, "8..256"),
-        (A100, 192, "at most 128 before sm_90"),
-    ])
+    @pytest.mark.parametrize(
+        ("device", "d", "fragment"),
+        [
+            (H100, 20, "multiple of 8"),
+            (H100, 264, "8..256"),
+            (A100, 192, "at most 128 before sm_90"),
+        ],
+    )
     def test_head_dims(self, device: DeviceInfo, d: int, fragment: str) -> None:
         assert fragment in joined(cudnn(device).supports(*qkv(d=d)))
 
@@ -106,9 +111,9 @@ class TestCudnnDeclines:
         # A batched mask widens the bias tensor over the batch too (sinks ride in it as well).
         mask = sds(2, 1, 8, 8, dtype=jnp.bool_)
         aux = sds(4, dtype=jnp.float32)
-        for extra in ({"bias": shared}, {"softmax_aux": aux}):
-            assert "shared across the batch" in joined(
-                cudnn().supports(q, k, v, mask=mask, needs_grad=True, **extra))
+        extras: list[dict[str, Any]] = [{"bias": shared}, {"softmax_aux": aux}]
+        for extra in extras:
+            assert "shared across the batch" in joined(cudnn().supports(q, k, v, mask=mask, needs_grad=True, **extra))
 
     def test_every_reason_at_once(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(impl_module, "cudnn_version", lambda: None)
@@ -135,9 +140,9 @@ class TestSdpaChoosesAPath:
         sdpa = SdpaAttention(AttentionMetadata(), H100)
         q, k, v = qkv()
 
-        def notes(*args: Any, needs_grad: bool = False, **features: Any) -> str:
-            spec = resolve_call(*args, metadata=sdpa.metadata, **features)
-            problem = sdpa.problem(*args, features.get("mask"), spec, features.get("softmax_aux"), needs_grad)
+        def notes(q: Any, k: Any, v: Any, **features: Any) -> str:
+            spec = resolve_call(q, k, v, metadata=sdpa.metadata, **features)
+            problem = sdpa.problem(q, k, v, features.get("mask"), spec, features.get("softmax_aux"))
             return joined(sdpa.notes(problem))
 
         assert "through cuDNN" in notes(q, k, v, causal=True)
@@ -145,8 +150,7 @@ class TestSdpaChoosesAPath:
         # Judged as if a gradient followed: a batched bias would leave cuDNN without dbias.
         batched = notes(q, k, v, bias=sds(2, 4, 8, 8))
         assert "through XLA" in batched and "shared across the batch" in batched
-        assert "runs only on NVIDIA GPUs" in joined(SdpaAttention().notes(
-            AttentionProblem.from_inputs(q, k, v)))
+        assert "runs only on NVIDIA GPUs" in joined(SdpaAttention().notes(AttentionProblem.from_inputs(q, k, v)))
 
     def test_logs_its_choice_once(self, caplog: pytest.LogCaptureFixture) -> None:
         sdpa = SdpaAttention(AttentionMetadata(), H100)  # float32 goes to XLA, which runs here

@@ -34,7 +34,9 @@ def canonical_hlo(text: str) -> str:
 
 def programs(fn: Callable[..., Any], *args: jax.ShapeDtypeStruct) -> tuple[str, str]:
     lowered = jax.jit(fn).lower(*args)
-    return canonical_stablehlo(lowered.as_text()), canonical_hlo(lowered.compile().as_text())
+    compiled = lowered.compile().as_text()
+    assert compiled is not None
+    return canonical_stablehlo(lowered.as_text()), canonical_hlo(compiled)
 
 
 def assert_same_program(ours: Callable[..., Any], theirs: Callable[..., Any], *args: jax.ShapeDtypeStruct) -> None:
@@ -44,8 +46,11 @@ def assert_same_program(ours: Callable[..., Any], theirs: Callable[..., Any], *a
 
 
 def shapes(b: int, t: int, s: int, hq: int, hkv: int, d: int, dtype: Any) -> tuple[jax.ShapeDtypeStruct, ...]:
-    return (jax.ShapeDtypeStruct((b, t, hq, d), dtype), jax.ShapeDtypeStruct((b, s, hkv, d), dtype),
-            jax.ShapeDtypeStruct((b, s, hkv, d), dtype))
+    return (
+        jax.ShapeDtypeStruct((b, t, hq, d), dtype),
+        jax.ShapeDtypeStruct((b, s, hkv, d), dtype),
+        jax.ShapeDtypeStruct((b, s, hkv, d), dtype),
+    )
 
 
 # (T, S, Hq, Hkv, D, causal): jaxattn's causal; jax.nn gets what that means for its top-left rule.
@@ -68,8 +73,9 @@ def test_sdpa_is_jax_nn_on_this_host(t: int, s: int, hq: int, hkv: int, d: int, 
     args = shapes(2, t, s, hq, hkv, d, jnp.bfloat16)
     assert_same_program(
         lambda q, k, v: jaxattn.attention(q, k, v, impl="sdpa", causal=causal),
-        lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=jax_nn_causal(t, causal),
-                                                     implementation="cudnn" if ON_CUDA else None),
+        lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, is_causal=jax_nn_causal(t, causal), implementation="cudnn" if ON_CUDA else None
+        ),
         *args,
     )
 
@@ -98,8 +104,9 @@ def test_cudnn_is_jax_nn_cudnn(t: int, s: int, hq: int, hkv: int, d: int, causal
     args = shapes(2, t, s, hq, hkv, d, dtype)
     assert_same_program(
         lambda q, k, v: jaxattn.attention(q, k, v, impl="cudnn", causal=causal),
-        lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=jax_nn_causal(t, causal),
-                                                     implementation="cudnn"),
+        lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, is_causal=jax_nn_causal(t, causal), implementation="cudnn"
+        ),
         *args,
     )
 

@@ -33,6 +33,7 @@ from .translate import Band, band_row_valid, padding_lengths, structural_band
 __all__ = ["Implementation", "sdpa_attention"]
 
 Array = jax.Array
+ArrayLike = jax.typing.ArrayLike
 Implementation = Literal["xla", "cudnn"]
 
 
@@ -156,8 +157,8 @@ def sdpa_attention(
     bias: Array | None = None,
     causal: bool = False,
     sliding_window: tuple[int, int] | None = None,
-    q_segment_ids: Array | None = None,
-    kv_segment_ids: Array | None = None,
+    q_segment_ids: ArrayLike | None = None,
+    kv_segment_ids: ArrayLike | None = None,
     softmax_scale: float | None = None,
     softmax_aux: Array | None = None,
     implementation: Implementation = "xla",
