@@ -37,14 +37,23 @@ def test_auto_logs_once_per_distinct_signature(caplog: pytest.LogCaptureFixture)
 
 def test_repeated_calls_reuse_the_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[object] = []
-    evaluate = dispatch._evaluate
+    selected: list[object] = []
+    evaluate, select = dispatch._evaluate, dispatch.AutoAttention.select
     monkeypatch.setattr(dispatch, "_evaluate", lambda p, md: asked.append(p) or evaluate(p, md))
+    monkeypatch.setattr(dispatch.AutoAttention, "select", lambda self, p: selected.append(p) or select(self, p))
     q, k, v = qkv()
     for _ in range(5):
         jaxattn.attention(q, k, v, causal=True)
-    assert len(asked) == 1  # every later call is one dict lookup
+    # every later call is a key and one dict lookup: no validation, no choice, no candidates asked
+    assert len(asked) == 1 and len(selected) == 1
     jaxattn.attention(q, k, v, causal=False)
-    assert len(asked) == 2
+    assert len(asked) == 2 and len(selected) == 2
+    jaxattn.attention(q, k, v, causal=True, softmax_scale=0.5)
+    assert len(selected) == 3
+    # a feature value that cannot be a dict key goes the unmemoised way (here: to the toys' refusal)
+    with pytest.raises(jaxattn.UnsupportedError, match="sliding window is not supported by alpha"):
+        jaxattn.attention(q, k, v, causal=True, sliding_window=[3, 0])  # type: ignore[arg-type]
+    assert len(selected) == 4
 
 
 def test_memoised_choice_follows_new_registrations_and_new_measurements() -> None:

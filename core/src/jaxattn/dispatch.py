@@ -156,7 +156,7 @@ _refiners: list[RankRefiner] = []
 _default_refiners_loaded = False
 # choose()'s results per (problem, metadata, device, registry state): a repeated call signature
 # costs one dict lookup. Cleared when refiners or the tuning cache change (clear_choices).
-_choices: dict[tuple[Any, ...], tuple[str | None, list[Candidate]]] = {}
+_choices: dict[tuple[Any, ...], Any] = {}
 
 
 def add_rank_refiner(refiner: RankRefiner) -> None:
@@ -252,10 +252,41 @@ class AutoAttention(AttentionImpl):
     def __call__(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
                  init_bias: Callable[[], Any] | None = None, causal: bool = False,
                  **features: Any) -> AttentionOutput:
+        # A repeated call signature skips validation and choice here: the chosen impl validates
+        # the call itself, so auto's own cost per call is building this key and one lookup.
+        key = _call_key(q, k, v, mask, bias, causal, features, self.metadata) if init_bias is None else None
+        try:
+            impl = _choices.get(key) if key is not None else None
+        except TypeError:  # an unhashable feature value: this call is not memoised
+            key = impl = None
+        if impl is not None:
+            assert isinstance(impl, AttentionImpl)
+            return impl(q, k, v, mask, bias, None, causal, **features)
         spec = resolve_call(q, k, v, mask=mask, bias=bias, init_bias=init_bias, causal=causal,
                             metadata=self.metadata, **features)
         problem = self.problem(q, k, v, mask, spec, features.get("softmax_aux"))
-        return self.select(problem)(q, k, v, mask, spec.bias, None, causal, **features)
+        impl = self.select(problem)
+        if key is not None:
+            _choices[key] = impl
+        return impl(q, k, v, mask, spec.bias, None, causal, **features)
+
+
+_DEFAULT_METADATA = AttentionMetadata()
+
+
+def _signature(x: Any) -> Any:
+    shape = getattr(x, "shape", None)
+    return x if shape is None else (tuple(shape), x.dtype)  # dtype objects hash fast; str() does not
+
+
+def _call_key(q: Any, k: Any, v: Any, mask: Any, bias: Any, causal: Any, features: dict[str, Any],
+              metadata: AttentionMetadata) -> tuple[Any, ...]:
+    """Shapes, dtypes and static features of a call: what auto's choice depends on."""
+    # Comparing with the default is ~10x cheaper than hashing a metadata, and most calls use it.
+    md = None if metadata == _DEFAULT_METADATA else metadata
+    return ("call", _signature(q), _signature(k), _signature(v), _signature(mask), _signature(bias), causal,
+            tuple(sorted((name, _signature(x)) for name, x in features.items())), md, detect_device(),
+            registry().generation)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,8 @@
 is the chosen kernel's own (checked by comparing the lowered programs' text). Eager calls
 re-enter Python every time; there the choice must be a memo lookup, so "auto" should add
 only microseconds over calling the chosen impl by name. A tiny shape keeps the kernel's own
-time small, so the Python overhead is visible.
+time small; even so, eager totals vary by more than auto's own work from run to run, so
+that work (building the call key, one dict lookup) is also timed by itself.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from typing import Any
 from ..metadata import AttentionMetadata
 from .shapes import BenchShape
 
-__all__ = ["OverheadReport", "measure_overhead"]
+__all__ = ["AUTO_OWN", "OverheadReport", "measure_overhead"]
+
+AUTO_OWN = "auto's own work on a repeated call (call key + memo lookup)"
 
 
 @dataclasses.dataclass
@@ -34,19 +37,29 @@ class OverheadReport:
                 "per_call_us": dict(self.rows), "jit_programs_identical": self.jit_identical}
 
 
-def _per_call_us(fn: Callable[[], Any], calls: int) -> float:
-    """Median over 5 batches of ``calls`` calls (the batch absorbs timer resolution)."""
+def _per_call_us(fns: dict[str, Callable[[], Any]], batch_s: float, rounds: int = 7) -> dict[str, float]:
+    """Median per-call time of each function, in batches of about ``batch_s`` seconds.
+
+    Rounds interleave the functions (a, b, c, a, b, c, ...), so that drift in the machine's
+    load hits every function alike instead of whichever happened to run during it.
+    """
     import jax
 
-    jax.block_until_ready(fn())  # warm: compiles, fills caches
-    batches = []
-    for _ in range(5):
+    calls: dict[str, int] = {}
+    for name, fn in fns.items():
+        jax.block_until_ready(fn())  # warm: compiles, fills caches
         start = time.perf_counter()
-        for _ in range(calls):
-            out = fn()
-        jax.block_until_ready(out)
-        batches.append((time.perf_counter() - start) / calls * 1e6)
-    return float(statistics.median(batches))
+        jax.block_until_ready(fn())
+        calls[name] = max(3, min(100_000, int(batch_s / max(time.perf_counter() - start, 1e-7))))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(calls[name]):
+                out = fn()
+            jax.block_until_ready(out)
+            samples[name].append((time.perf_counter() - start) / calls[name] * 1e6)
+    return {name: float(statistics.median(times)) for name, times in samples.items()}
 
 
 def _lowered_text(fn: Callable[..., Any], args: tuple[Any, ...]) -> str:
@@ -59,12 +72,12 @@ def _lowered_text(fn: Callable[..., Any], args: tuple[Any, ...]) -> str:
 
 
 def measure_overhead(shape: BenchShape, metadata: AttentionMetadata | None = None,
-                     calls: int = 200) -> OverheadReport:
+                     batch_s: float = 0.2) -> OverheadReport:
     import jax
 
     import jaxattn
 
-    from ..dispatch import _evaluate, choose
+    from ..dispatch import _call_key, _choices, _evaluate, choose
     from ..problem import AttentionProblem
     from .timing import make_inputs
 
@@ -88,21 +101,20 @@ def measure_overhead(shape: BenchShape, metadata: AttentionMetadata | None = Non
 
     jit_direct = jax.jit(lambda q, k, v: direct(q, k, v, causal=causal).attention_outputs)
     jit_auto = jax.jit(lambda q, k, v: jaxattn.attention(q, k, v, impl="auto", causal=causal, metadata=md))
-    rows = [
-        ("choose(): memo hit", _per_call_us(lambda: choose(problem, md), calls * 10)),
-        ("choose(): every impl asked (what the memo saves)", _per_call_us(lambda: _evaluate(problem, md), calls)),
-        (f"eager: {chosen} impl object", _per_call_us(by_impl, calls)),
-        (f"eager: attention(impl={chosen!r})", _per_call_us(by_name, calls)),
-        ("eager: attention(impl='auto')", _per_call_us(by_auto, calls)),
-        (f"jit: {chosen} impl object", _per_call_us(lambda: jit_direct(q, k, v), calls)),
-        ("jit: attention(impl='auto')", _per_call_us(lambda: jit_auto(q, k, v), calls)),
-    ]
-    identical = _lowered_text(by_auto_fn(md, causal), (q, k, v)) == _lowered_text(
-        lambda q, k, v: direct(q, k, v, causal=causal).attention_outputs, (q, k, v))
+    auto = jaxattn.get_impl("auto", md)
+    rows = list(_per_call_us({
+        AUTO_OWN: lambda: _choices.get(_call_key(q, k, v, None, None, causal, {}, auto.metadata)),
+        "choose(): memo hit": lambda: choose(problem, md),
+        "choose(): every impl asked (what the memo saves)": lambda: _evaluate(problem, md),
+    }, batch_s).items())
+    rows += _per_call_us({
+        f"eager: {chosen} impl object": by_impl,
+        f"eager: attention(impl={chosen!r})": by_name,
+        "eager: attention(impl='auto')": by_auto,
+    }, batch_s).items()
+    rows += _per_call_us({
+        f"jit: {chosen} impl object": lambda: jit_direct(q, k, v),
+        "jit: attention(impl='auto')": lambda: jit_auto(q, k, v),
+    }, batch_s).items()
+    identical = _lowered_text(jit_auto, (q, k, v)) == _lowered_text(jit_direct, (q, k, v))
     return OverheadReport(shape, chosen, rows, identical, jaxattn.detect_device().label)
-
-
-def by_auto_fn(md: AttentionMetadata, causal: bool) -> Callable[[Any, Any, Any], Any]:
-    import jaxattn
-
-    return lambda q, k, v: jaxattn.attention(q, k, v, impl="auto", causal=causal, metadata=md)

@@ -1,0 +1,84 @@
+"""``jaxattn bench --quick`` on the CPU: the installed backends, a table, JSON and a PNG."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+import jaxattn
+from jaxattn.cli import main
+
+pytestmark = pytest.mark.slow
+
+QUICK = ["bench", "--quick", "--mask", "causal", "--warmup", "1", "--repeats", "2", "--progress", "plain", "--plain"]
+
+
+def test_quick_bench_writes_table_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    here = [i.name for i in jaxattn.list_impls() if i.usable_here]
+    assert "vanilla" in here, "the test environment installs jaxattn-vanilla"
+    json_path, png = tmp_path / "out" / "bench.json", tmp_path / "out" / "bench.png"
+    assert main([*QUICK, "--json", str(json_path), "--plot", str(png)]) == 0
+    out, err = capsys.readouterr()
+
+    # table: every backend, both modes, ratios against vanilla (the CPU reference)
+    assert "Attention benchmark on cpu" in out
+    for column in ("fwd TFLOP/s", "fwd+bwd TFLOP/s", "vs vanilla", "fwd temp"):
+        assert column in out
+    for name in [*here, "auto"]:
+        assert f"B2 S64 H4 D32 causal     {name}" in out or f" {name} " in out
+    assert "1.00x" in out  # the reference against itself
+    assert "[ 1/" in err or "[1/" in err  # progress while it ran
+
+    report = json.loads(json_path.read_text())
+    assert report["format"] == "jaxattn-bench/1" and report["config"]["reference"] == "vanilla"
+    assert {s["label"] for s in report["config"]["shapes"]} == {
+        "B2 S64 H4 D32 causal",
+        "B1 S128 H4 D32 causal",
+        "B2 S64 H4/1 D32 causal",
+        "B1 S128 H4/1 D32 causal",
+    }
+    ok = [r for r in report["results"] if r["status"] == "ok"]
+    assert {(r["backend"], r["mode"]) for r in ok} >= {
+        ("vanilla", "fwd"),
+        ("vanilla", "fwdbwd"),
+        ("auto", "fwd"),
+        ("auto", "fwdbwd"),
+    }
+    for r in ok:
+        shape = r["shape"]
+        flops = 4 * shape["batch"] * shape["heads_q"] * shape["seq_q"] * shape["seq_k"] * shape["head_dim"] / 2
+        flops *= 3.5 if r["mode"] == "fwdbwd" else 1
+        assert r["tflops"] == pytest.approx(flops / (r["median_ms"] * 1e-3) / 1e12)
+        assert len(r["times_ms"]) == 2 and r["temp_bytes"] is not None
+    assert all(r["ratio"] == pytest.approx(1.0) for r in ok if r["backend"] == "vanilla")
+    assert all(r["note"].startswith("-> ") for r in ok if r["backend"] == "auto")
+
+    if importlib.util.find_spec("matplotlib") is None:
+        assert "matplotlib is not installed" in out and not png.exists()
+    else:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"plot written to {png}" in out
+
+
+def test_json_to_stdout_and_impl_selection(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*QUICK, "--impls", "vanilla", "--no-auto", "--modes", "fwd", "--seqs", "64", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {(r["backend"], r["mode"]) for r in report["results"]} == {("vanilla", "fwd")}
+    assert len(report["results"]) == 2  # S=64, MHA and GQA
+
+
+def test_overhead_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--overhead", "--shape", "1,16,2,8", "--mask", "causal", "--plain"]) == 0
+    out = capsys.readouterr().out
+    assert "eager: attention(impl='auto')" in out and "choose(): memo hit" in out
+    assert "identical to the chosen impl's" in out
+
+
+def test_bad_arguments_are_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--shape", "1,2,3", "--plain"]) == 2
+    assert "--shape" in capsys.readouterr().err
+    assert main(["bench", "--quick", "--modes", "sideways", "--plain"]) == 2
+    assert "unknown --modes" in capsys.readouterr().err

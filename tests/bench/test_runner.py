@@ -1,0 +1,164 @@
+"""The benchmark runner with toy backends: declines, failures, limits and ratios are results, not crashes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import jax.numpy as jnp
+import pytest
+
+import jaxattn
+from jaxattn import AttentionImpl, AttentionOutput, Feature
+from jaxattn.bench import BenchConfig, BenchShape, default_matrix, quick_matrix, run_bench
+from jaxattn.bench.report import auto_gaps, summary_lines, table
+from jaxattn.cli._output import Printer
+from jaxattn.plugins import isolated_registry
+from jaxattn.tuning import TuningCache
+from jaxattn.tuning.measure import problem_of
+
+
+class Plain(AttentionImpl):
+    features: ClassVar = frozenset({Feature.CAUSAL, Feature.GRAD})
+    priority: ClassVar[int] = 10
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "plain"
+
+    def forward_native(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        mask: Any = None,
+        bias: Any = None,
+        init_bias: Any = None,
+        causal: bool = False,
+        **kw: Any,
+    ) -> AttentionOutput:
+        s = jnp.einsum("bthd,bshd->bhts", q, k) * kw["softmax_scale"]
+        if causal:
+            s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -jnp.inf)
+        return AttentionOutput(
+            jnp.einsum(
+                "bhts,bshd->bthd",
+                jnp.exp(s - s.max(-1, keepdims=True)) / jnp.exp(s - s.max(-1, keepdims=True)).sum(-1, keepdims=True),
+                v,
+            )
+        )
+
+
+class Broken(Plain):
+    """Accepts everything Plain does, then fails while tracing."""
+
+    features: ClassVar = Plain.features | {Feature.GQA}
+    priority: ClassVar[int] = 5
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "broken"
+
+    def forward_native(self, *args: Any, **kw: Any) -> AttentionOutput:
+        raise RuntimeError("kernel exploded")
+
+
+@pytest.fixture
+def toys() -> Iterator[None]:
+    with isolated_registry(discover=False):
+        jaxattn.register_impl(Plain)
+        jaxattn.register_impl(Broken)
+        yield
+
+
+MHA = BenchShape(1, 32, 32, 2, 2, 8, True, "float32")
+GQA = BenchShape(1, 32, 32, 4, 2, 8, True, "float32")
+
+
+def config(**kw: Any) -> BenchConfig:
+    base: dict[str, Any] = {
+        "shapes": [MHA, GQA],
+        "backends": ["plain", "broken", "auto"],
+        "reference": "plain",
+        "warmup": 0,
+        "repeats": 2,
+        "compile_workers": 2,
+    }
+    base.update(kw)
+    return BenchConfig(**base)
+
+
+def test_flops_follow_gpu_md() -> None:
+    shape = BenchShape(4, 4096, 4096, 32, 32, 128, False, "bfloat16")
+    assert shape.flops("fwd") == 4 * 4 * 32 * 4096 * 4096 * 128
+    assert BenchShape(4, 4096, 4096, 32, 32, 128, True, "bfloat16").flops("fwd") == shape.flops("fwd") / 2
+    assert shape.flops("fwdbwd") == 3.5 * shape.flops("fwd")
+
+
+def test_default_gpu_matrix() -> None:
+    shapes = default_matrix()
+    assert len(shapes) == 3 * 5 * 2 + 5 * 2  # D x S x mask, plus GQA 4:1 at D=128
+    assert all(s.batch * s.seq_k == 16384 and s.dtype == "bfloat16" for s in shapes)
+    assert {s.heads_q for s in shapes if s.head_dim == 256} == {16}
+    assert {s.heads_q for s in shapes if s.head_dim != 256} == {32}
+    assert {(s.head_dim, s.group) for s in shapes if s.group > 1} == {(128, 4)}
+    assert {s.label for s in shapes} >= {
+        "B4 S4096 H32 D128 causal",
+        "B1 S16384 H32/8 D128 full",
+        "B16 S1024 H16 D256 full",
+    }
+    assert len(quick_matrix()) == 8
+
+
+@pytest.mark.usefixtures("toys")
+def test_declines_and_failures_become_cells() -> None:
+    report = run_bench(config())
+    assert {(r.backend, r.mode): r.status for r in report.results if r.shape == MHA} == {
+        ("plain", "fwd"): "ok",
+        ("plain", "fwdbwd"): "ok",
+        ("broken", "fwd"): "failed",
+        ("broken", "fwdbwd"): "failed",
+        ("auto", "fwd"): "ok",
+        ("auto", "fwdbwd"): "ok",
+    }
+    gqa_plain = report.get(GQA, "plain", "fwd")
+    assert gqa_plain is not None and gqa_plain.status == "declined"
+    assert "grouped/multi-query heads" in gqa_plain.reason
+    assert gqa_plain.cell().startswith("declined: ")
+    failed = report.get(MHA, "broken", "fwd")
+    assert failed is not None and "kernel exploded" in failed.reason
+    auto = report.get(MHA, "auto", "fwd")
+    assert auto is not None and auto.note == "-> plain" and auto.ratio is not None
+    # auto on GQA: plain declines, broken accepts (and fails): a failed cell, not a crash
+    assert report.get(GQA, "auto", "fwd").status == "failed"  # type: ignore[union-attr]
+    text = "\n".join(table(report).rows[0]) + "".join(" ".join(r) for r in table(report).rows)
+    assert "declined: " in text and "failed: " in text
+    Printer(plain=True).table(table(report))
+    assert any("auto vs the fastest backend" in line for line in summary_lines(report))
+    assert [g["fastest"] for g in auto_gaps(report)] == ["plain", "plain"]
+
+
+@pytest.mark.usefixtures("toys")
+def test_memory_limit_and_time_budget_skip_with_a_reason() -> None:
+    report = run_bench(config(backends=["plain"], shapes=[MHA], max_temp_bytes=1))
+    assert {r.status for r in report.results} == {"skipped"}
+    assert "temporary memory" in report.results[0].reason
+    report = run_bench(config(backends=["plain"], time_budget_s=-1.0))
+    assert {r.status for r in report.results} == {"skipped"} and len(report.results) == 4
+    assert report.notes and "time budget" in report.notes[0]
+
+
+@pytest.mark.usefixtures("toys")
+def test_bench_tune_records_then_times_auto() -> None:
+    report = run_bench(config(backends=["plain", "auto"], shapes=[MHA], record_tuning=True))
+    entry = TuningCache.load().lookup(problem_of(MHA))
+    assert entry is not None and set(entry.results) == {"plain"}
+    measured = report.get(MHA, "plain", "fwd")
+    assert measured is not None and entry.results["plain"].fwd_ms == measured.median_ms
+    assert report.get(MHA, "auto", "fwd").status == "ok"  # type: ignore[union-attr]
+
+
+def test_pallas_mha_declines_off_gpu() -> None:
+    report = run_bench(config(backends=["pallas_mha"], shapes=[GQA], reference=None))
+    reasons = {r.reason for r in report.results}
+    assert all("needs a CUDA GPU" in r and "Hq == Hkv" in r for r in reasons)
