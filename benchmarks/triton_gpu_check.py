@@ -298,6 +298,81 @@ def memory(seq: int = 32768) -> None:
     )
 
 
+def _time_row(
+    label: str, impls: dict[str, Any], q: jax.Array, k: jax.Array, v: jax.Array, flops_fwd: float
+) -> dict[str, Any]:
+    row: dict[str, Any] = {"case": label}
+    for name, fn in impls.items():
+        try:
+            tf, tb = bu.time_attention(fn, q, k, v)
+            row[name] = {
+                "fwd_ms": tf * 1e3,
+                "fwdbwd_ms": tb * 1e3,
+                "fwd_tflops": flops_fwd / tf / 1e12,
+                "fwdbwd_tflops": 3.5 * flops_fwd / tb / 1e12,
+            }
+        except Exception as err:  # an impl that cannot take the shape is reported, not fatal
+            row[name] = {"error": repr(err)[:200]}
+    parts = [
+        f"{n}: " + (f"{r['fwd_tflops']:.0f}/{r['fwdbwd_tflops']:.0f}" if "fwd_tflops" in r else "n/a")
+        for n, r in row.items()
+        if n != "case"
+    ]
+    log(f"{label:34s} fwd/fwd+bwd TFLOP/s  " + "  ".join(parts))
+    return row
+
+
+def extra() -> None:
+    """Head dims 64/256, GQA 4:1, JAX's Pallas-Triton mha, and a sliding window's saving."""
+    rows = []
+    key = jax.random.PRNGKey(7)
+
+    def qkv(b: int, s: int, hq: int, hkv: int, d: int) -> tuple[jax.Array, ...]:
+        kq, kk, kv = jax.random.split(key, 3)
+        return (
+            jax.random.normal(kq, (b, s, hq, d), jnp.bfloat16),
+            jax.random.normal(kk, (b, s, hkv, d), jnp.bfloat16),
+            jax.random.normal(kv, (b, s, hkv, d), jnp.bfloat16),
+        )
+
+    def cudnn(c: bool) -> Any:
+        return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=c, implementation="cudnn")
+
+    def ours(c: bool, **kw: Any) -> Any:
+        return lambda q, k, v: flash_attention(q, k, v, causal=c, **kw)[0]
+
+    for d, h in ((64, 32), (256, 16)):
+        for c in (False, True):
+            q, k, v = qkv(4, 4096, h, h, d)
+            fl = bu.attention_flops(4, h, 4096, 4096, d, causal=c, backward=False)
+            rows.append(_time_row(f"D={d} H={h} S=4k causal={c}", {"cudnn": cudnn(c), "triton": ours(c)}, q, k, v, fl))
+    q, k, v = qkv(4, 4096, 32, 8, 128)
+    fl = bu.attention_flops(4, 32, 4096, 4096, 128, causal=True, backward=False)
+    rows.append(_time_row("GQA 32:8 D=128 S=4k causal", {"cudnn": cudnn(True), "triton": ours(True)}, q, k, v, fl))
+    try:
+        from jax.experimental.pallas.ops.gpu import attention as pallas_gpu
+
+        for c in (False, True):
+            q, k, v = qkv(4, 4096, 32, 32, 128)
+            fl = bu.attention_flops(4, 32, 4096, 4096, 128, causal=c, backward=False)
+
+            def mha(q: jax.Array, k: jax.Array, v: jax.Array, c: bool = c) -> jax.Array:
+                return pallas_gpu.mha(q, k, v, segment_ids=None, causal=c, sm_scale=128**-0.5)
+
+            rows.append(
+                _time_row(f"vs Pallas mha S=4k causal={c}", {"pallas_mha": mha, "triton": ours(c)}, q, k, v, fl)
+            )
+    except ImportError as err:
+        log(f"pallas mha unavailable: {err}")
+    q, k, v = qkv(2, 8192, 32, 32, 128)
+    for left in (None, 1024, 256):
+        kw = {} if left is None else {"sliding_window": (left, 0)}
+        frac = make_spec(q, k, v, causal=True, sliding_window=kw.get("sliding_window")).band_fraction()
+        fl = bu.attention_flops(2, 32, 8192, 8192, 128, causal=False, backward=False) * frac
+        rows.append(_time_row(f"S=8k causal window left={left}", {"triton": ours(True, **kw)}, q, k, v, fl))
+    RESULTS["extra"] = rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
@@ -305,6 +380,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-fwd", action="store_true")
     ap.add_argument("--memory", action="store_true")
+    ap.add_argument("--extra", action="store_true")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     log("devices:", jax.devices())
