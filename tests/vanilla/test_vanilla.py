@@ -87,6 +87,7 @@ def test_grad_under_jit_with_every_feature(impl: jaxattn.AttentionImpl) -> None:
     grads = quick_jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))(q, k, v, bias, aux)
     ref = oracle.attention_backward(q, k, v, d_out, mask=mask, bias=bias, softmax_aux=aux, **feats)
     for got, want in zip(grads, (ref.dq, ref.dk, ref.dv, ref.dbias, ref.dsoftmax_aux), strict=True):
+        assert want is not None
         assert np.all(np.isfinite(got))
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 

@@ -96,11 +96,13 @@ class Case:
         return self.d if self.dv is None else self.dv
 
     def describe(self) -> str:
+        defaults = {f.name: f.default for f in dataclasses.fields(Case)}
+        shapes = {"name", "b", "t", "s", "hq", "hkv", "d", "dv", "grad", "seed"}
+        # `is not` / type check: True == 1.0, so a plain comparison would hide causal=True
         feats = [
-            f.name
-            for f in dataclasses.fields(self)
-            if f.name not in {"name", "b", "t", "s", "hq", "hkv", "d", "dv", "grad", "seed"}
-            and getattr(self, f.name) not in (None, False, 1.0)
+            name
+            for name, default in defaults.items()
+            if name not in shapes and (type(getattr(self, name)) is not type(default) or getattr(self, name) != default)
         ]
         return (
             f"{self.name}: B={self.b} T={self.t} S={self.s} Hq={self.hq} Hkv={self.hkv} "
@@ -142,7 +144,7 @@ DEFAULT_CASES: tuple[Case, ...] = (
         causal=True,
         mask=("B", 1, "T", "S"),
         bias=(1, "H", "T", "S"),
-        sliding_window=(5, 0),
+        sliding_window=(4, 2),  # right > 0 so that causal still cuts
         segments=True,
         logits_soft_cap=3.0,
         sinks=True,

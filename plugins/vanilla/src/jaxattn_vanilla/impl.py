@@ -54,6 +54,4 @@ class VanillaAttention(AttentionImpl):
             softmax_dtype=self.metadata.softmax_dtype,
             **features,
         )
-        return AttentionOutput(
-            attention_outputs=res.output, attention_weights=res.weights, softmax_lse=res.lse
-        )
+        return AttentionOutput(attention_outputs=res.output, attention_weights=res.weights, softmax_lse=res.lse)

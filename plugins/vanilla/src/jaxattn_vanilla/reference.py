@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 __all__ = ["VanillaResult", "vanilla_attention"]
 
@@ -34,7 +35,7 @@ class VanillaResult(NamedTuple):
     lse: Array
 
 
-def _split_heads(x: Array, hq: int, hkv: int, name: str) -> Array:
+def _split_heads(x: ArrayLike, hq: int, hkv: int, name: str) -> Array:
     """Bring a ``(B|1, Hq|1, T|1, S|1)``-broadcastable array to ``(B|1, Hkv|1, G|1, T|1, S|1)``."""
     x = jnp.asarray(x)
     if x.ndim > 4:
@@ -80,7 +81,8 @@ def _visibility(
     if q_segment_ids is not None or kv_segment_ids is not None:
         if q_segment_ids is None or kv_segment_ids is None:
             raise ValueError("q_segment_ids and kv_segment_ids must be given together")
-        same = q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]  # (B, T, S)
+        q_ids, kv_ids = jnp.asarray(q_segment_ids), jnp.asarray(kv_segment_ids)
+        same = q_ids[:, :, None] == kv_ids[:, None, :]  # (B, T, S)
         visible = _and(visible, same[:, None, None])
     return visible
 
@@ -92,19 +94,19 @@ def _window(sliding_window: int | tuple[int, int] | None) -> tuple[int, int] | N
 
 
 def vanilla_attention(
-    q: Array,
-    k: Array,
-    v: Array,
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
     *,
-    mask: Array | None = None,
-    bias: Array | None = None,
+    mask: ArrayLike | None = None,
+    bias: ArrayLike | None = None,
     causal: bool = False,
     sliding_window: int | tuple[int, int] | None = None,
-    q_segment_ids: Array | None = None,
-    kv_segment_ids: Array | None = None,
+    q_segment_ids: ArrayLike | None = None,
+    kv_segment_ids: ArrayLike | None = None,
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
-    softmax_aux: Array | None = None,
+    softmax_aux: ArrayLike | None = None,
     dropout_prob: float = 0.0,
     dropout_rng: Array | None = None,
     softmax_dtype: Any = jnp.float32,
@@ -118,6 +120,7 @@ def vanilla_attention(
     is ``jax.random.bernoulli(dropout_rng, 1 - p, (B, Hq, T, S))``. Unused results (weights,
     lse) cost nothing under ``jit``: XLA drops them.
     """
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     b, t, hq, d = q.shape
     s, hkv = k.shape[1], k.shape[2]
     if hq % hkv:
@@ -128,9 +131,7 @@ def vanilla_attention(
     scale = float(d) ** -0.5 if softmax_scale is None else float(softmax_scale)
 
     qg = q.reshape(b, t, hkv, groups, d)
-    logits = jnp.einsum(
-        "btkgd,bskd->bkgts", qg, k, precision=precision, preferred_element_type=sdtype
-    )
+    logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, precision=precision, preferred_element_type=sdtype)
     logits = logits * jnp.asarray(scale, sdtype)
     if logits_soft_cap is not None:
         cap = jnp.asarray(logits_soft_cap, sdtype)
@@ -154,7 +155,7 @@ def vanilla_attention(
     row_max = jnp.max(logits, axis=-1)  # (B, Hkv, G, T); -inf on empty rows
     aux = None
     if softmax_aux is not None:
-        aux = softmax_aux.astype(sdtype).reshape(1, hkv, groups, 1)
+        aux = jnp.asarray(softmax_aux, sdtype).reshape(1, hkv, groups, 1)
         row_max = jnp.maximum(row_max, aux)
     # The softmax is invariant to the shift, so it needs no gradient; an empty row shifts by
     # 0 instead of -inf so that exp() yields 0 rather than exp(-inf + inf) = nan.
