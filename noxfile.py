@@ -50,14 +50,18 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", *(session.posargs or ["."]))
 
 
+# Test folders whose modules are typed too (module basenames are unique across them).
+TYPED_TESTS = ("tests/packaging", "tests/cli")
+
+
 @nox.session
 def typecheck(session: nox.Session) -> None:
     install_workspace(session, "typecheck", "test")
     sources = [p / "src" for p in workspace_packages()] + [ROOT / "tests/example_plugin/src"]
     # Each package's src/ is a search root, so `jaxattn_vanilla.impl` resolves by its own
     # name and the plugins resolve `jaxattn` to the checkout rather than an installed copy.
-    session.env["MYPYPATH"] = os.pathsep.join(str(s) for s in sources)
-    session.run("mypy", "--explicit-package-bases", *map(str, sources),
+    session.env["MYPYPATH"] = os.pathsep.join([*map(str, sources), str(ROOT / "tests/packaging")])
+    session.run("mypy", "--explicit-package-bases", *map(str, sources), *TYPED_TESTS,
                 "noxfile.py", "run.py", *session.posargs)
 
 
