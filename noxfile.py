@@ -93,7 +93,8 @@ def build(session: nox.Session) -> None:
 def _install_targets() -> dict[str, tuple[str, frozenset[str], frozenset[str]]]:
     """The smoke script's TARGETS: one table of what each install must bring, for nox and pytest."""
     spec = importlib.util.spec_from_file_location("smoke_install", SMOKE)
-    assert spec is not None and spec.loader is not None
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {SMOKE}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return dict(module.TARGETS)
