@@ -166,3 +166,17 @@ class TestSdpaChoosesAPath:
         why = joined(SdpaAttention().supports(*qkv(dtype=jnp.float16)))
         assert "F16_F16_F32" in why
         assert SdpaAttention(AttentionMetadata(), H100).supports(*qkv(dtype=jnp.float16)) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_CUDA, reason="needs an NVIDIA GPU with cuDNN")
+def test_this_gpu_runs_cudnn() -> None:
+    """On the GPU host cuDNN must be found: otherwise every cudnn case would skip as declined."""
+    from jaxattn_sdpa.cudnn import cudnn_version
+
+    assert cudnn_version() is not None
+    q, k, v = qkv(d=128)
+    assert jaxattn.get_impl("cudnn").supports(q, k, v, causal=True, needs_grad=True) == []
+    sdpa = jaxattn.get_impl("sdpa")
+    assert isinstance(sdpa, SdpaAttention)
+    assert sdpa.cudnn_declines(AttentionProblem.from_inputs(q, k, v, causal=True)) == []

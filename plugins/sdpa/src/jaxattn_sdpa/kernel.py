@@ -114,17 +114,17 @@ def _prepend_mask(m: Array, n: int) -> Array:
     return jnp.concatenate([cols, m], axis=-1)
 
 
-def _sink_bias(aux: Array, bias: Array | None, hq: int, t: int, s: int, n: int, dtype: Any) -> Array:
-    """The bias with ``n`` columns in front: the sink logit in column 0, zeros after it."""
-    aux_col = aux.astype(dtype).reshape(1, hq, 1, 1)
-    if bias is None:
-        bias = jnp.zeros((1, 1, 1, s), dtype)
-    bias = bias.astype(dtype)
-    lead = (bias.shape[0], hq, bias.shape[2])
-    cols = jnp.concatenate(
-        [jnp.broadcast_to(aux_col, (*lead, 1)), jnp.zeros((*lead, n - 1), dtype)], axis=-1
-    )
-    return jnp.concatenate([cols, jnp.broadcast_to(bias, (*lead, s))], axis=-1)
+def _sink_bias(aux: Array, bias: Array | None, hq: int, s: int, n: int, dtype: Any) -> Array:
+    """The bias with ``n`` columns in front: the sink logit in column 0, zeros after it.
+
+    The sink columns are cast to ``dtype`` last (and ``_cudnn_operands`` widens before it
+    casts), so the sinks' gradient is summed over queries in their own float32.
+    """
+    lead = (1, hq, 1) if bias is None else (bias.shape[0], hq, bias.shape[2])
+    col = jnp.broadcast_to(aux.reshape(1, hq, 1, 1), (*lead, 1))
+    cols = jnp.concatenate([col, jnp.zeros((*lead, n - 1), aux.dtype)], axis=-1).astype(dtype)
+    rest = jnp.zeros((*lead, s), dtype) if bias is None else jnp.broadcast_to(bias.astype(dtype), (*lead, s))
+    return jnp.concatenate([cols, rest], axis=-1)
 
 
 def _row_valid(
@@ -197,9 +197,8 @@ def sdpa_attention(
 
     if n:
         assert softmax_aux is not None
-        bias_dtype = q.dtype if cudnn else jnp.promote_types(softmax_aux.dtype, bias.dtype if bias is not None
-                                                             else softmax_aux.dtype)
-        bias = _sink_bias(softmax_aux, bias, hq, t, s, n, bias_dtype)
+        bias_dtype = softmax_aux.dtype if bias is None else jnp.promote_types(softmax_aux.dtype, bias.dtype)
+        bias = _sink_bias(softmax_aux, bias, hq, s, n, bias_dtype)  # cuDNN's cast comes later
         k, v = _prepend_keys(k, n), _prepend_keys(v, n)
         masks = [_prepend_mask(m, n) for m in masks]
         if n > 1 and not masks:
@@ -247,7 +246,7 @@ def _cudnn_operands(mask: Array | None, bias: Array | None, q: Array, t: int, s:
         mask = jnp.broadcast_to(mask, (*mask.shape[:2], t, s))
     if bias is not None:
         hq = q.shape[2]
-        bias = jnp.broadcast_to(bias.astype(q.dtype), (bias.shape[0], hq, t, s))
+        bias = jnp.broadcast_to(bias, (bias.shape[0], hq, t, s)).astype(q.dtype)
         if bias.shape[0] > 1 or (mask is not None and mask.shape[0] > 1):
             bias = _no_cudnn_bias_grad(bias)
     return mask, bias
