@@ -385,7 +385,14 @@ def main() -> None:
     a = ap.parse_args()
     log("devices:", jax.devices())
     t0 = time.perf_counter()
-    steps = (("check", check), ("sweep", sweep), ("sweep_fwd", sweep_fwd), ("bench", bench), ("memory", memory))
+    steps = (
+        ("check", check),
+        ("sweep", sweep),
+        ("sweep_fwd", sweep_fwd),
+        ("bench", bench),
+        ("memory", memory),
+        ("extra", extra),
+    )
     for flag, fn in steps:
         if getattr(a, flag):
             fn()
