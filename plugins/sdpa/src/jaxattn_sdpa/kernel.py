@@ -37,8 +37,12 @@ ArrayLike = jax.typing.ArrayLike
 Implementation = Literal["xla", "cudnn"]
 
 
-def _concrete(x: Any) -> bool:
-    return x is not None and not isinstance(x, jax.core.Tracer)
+def _on_host(x: ArrayLike) -> np.ndarray | None:
+    """``x`` as NumPy when its values are known at trace time (not a tracer), else None."""
+    try:
+        return np.asarray(x)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
 
 
 def _and_all(masks: Sequence[Array]) -> Array | None:
@@ -176,8 +180,9 @@ def sdpa_attention(
     masks: list[Array] = [] if mask is None else [mask]
     lengths: tuple[np.ndarray, np.ndarray] | None = None
     if q_segment_ids is not None and kv_segment_ids is not None:
-        if _concrete(q_segment_ids) and _concrete(kv_segment_ids):
-            lengths = padding_lengths(q_segment_ids, kv_segment_ids)
+        q_ids, kv_ids = _on_host(q_segment_ids), _on_host(kv_segment_ids)
+        if q_ids is not None and kv_ids is not None:
+            lengths = padding_lengths(q_ids, kv_ids)
         if lengths is not None and lengths[0].min() == t and lengths[1].min() == s:
             lengths = None  # one segment spanning everything: nothing to mask
         elif lengths is None:
