@@ -78,6 +78,7 @@ class EmulatedCudnn(CudnnAttention):
         return self._attend("cudnn", q, k, v, mask, bias, init_bias, causal, features)
 
 
+@pytest.mark.skipif(ON_CUDA, reason="the real cuDNN runs the suite here (TestCudnnConformance)")
 class TestEmulatedCudnnConformance(ConformanceSuite):
     impl_class = EmulatedCudnn
     metadata = AttentionMetadata()
