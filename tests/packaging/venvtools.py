@@ -69,21 +69,29 @@ def write_constraints(path: Path, exclude_prefix: str = "jaxattn") -> Path:
 
 
 def third_party_requirements(wheels: Iterable[Path], ours: str = "jaxattn") -> list[str]:
-    """Unconditional dependencies of ``wheels`` that are not our own distributions.
+    """Third-party dependencies of ``wheels``: unconditional ones, plus those behind a
+    plugin's own extras (kernel libraries such as triton for ``jaxattn-triton[gpu]``).
 
-    Requirements behind an extra (``jax[cuda12]; extra == "cuda12"``) are left out: the
-    accelerator runtimes are never needed here, and our own extras point at our wheels.
+    JAX's accelerator runtimes (``jax[cuda12]``, ``jax[tpu]``) and whatever the core's
+    extras add besides our own plugins (flax, rich) are never needed here and left out.
     """
     found: set[str] = set()
     for wheel in wheels:
         with zipfile.ZipFile(wheel) as archive:
             name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
             text = archive.read(name).decode()
+        is_core = wheel.name.startswith(f"{ours}-")
         for line in text.splitlines():
-            if line.startswith("Requires-Dist:"):
-                requirement = Requirement(line.split(":", 1)[1].strip())
-                if requirement.marker is None and not requirement.name.lower().startswith(ours):
-                    found.add(str(requirement))
+            if not line.startswith("Requires-Dist:"):
+                continue
+            requirement = Requirement(line.split(":", 1)[1].strip())
+            if requirement.name.lower().startswith(ours):
+                continue
+            behind_extra = requirement.marker is not None and "extra" in str(requirement.marker)
+            if behind_extra and (is_core or requirement.name.lower() == "jax"):
+                continue
+            requirement.marker = None
+            found.add(str(requirement))
     return sorted(found)
 
 
