@@ -1,0 +1,81 @@
+"""cuDNN's own answers for the translations the conformance matrix does not reach (GPU only).
+
+The default matrix never takes cuDNN's native sliding window (its windows have T != S or a
+right edge) nor the sequence-length path (segment ids are traced under jit there). These
+run eagerly and under jit through ``impl="cudnn"`` and are checked against the oracle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxattn
+from jaxattn.testing import oracle
+from jaxattn.testing.cases import DEFAULT_TOLERANCES
+from jaxattn.testing.compare import assert_close
+
+from ._devices import ON_CUDA
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not ON_CUDA, reason="needs an NVIDIA GPU with cuDNN")]
+
+
+def make(b: int, t: int, s: int, hq: int, hkv: int, d: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    as_bf16 = lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32), np.float64)  # noqa: E731
+    return {"q": as_bf16(rng.normal(size=(b, t, hq, d))), "k": as_bf16(rng.normal(size=(b, s, hkv, d))),
+            "v": as_bf16(rng.normal(size=(b, s, hkv, d))), "do": rng.normal(size=(b, t, hq, d))}
+
+
+def run_and_check(x: dict[str, np.ndarray], grads: bool, **features: Any) -> None:
+    q, k, v = (jnp.asarray(x[n], jnp.bfloat16) for n in ("q", "k", "v"))
+    ref_kw = {n: np.asarray(a) if hasattr(a, "shape") else a for n, a in features.items()}
+    tol = DEFAULT_TOLERANCES["bfloat16"]
+    out = jaxattn.attention(q, k, v, impl="cudnn", **features)
+    assert_close("eager output", out, oracle.attention(x["q"], x["k"], x["v"], **ref_kw).output, tol.forward)
+    if not grads:
+        return
+
+    def loss(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        out = jaxattn.attention(q, k, v, impl="cudnn", **features)
+        return jnp.sum(out.astype(jnp.float32) * jnp.asarray(x["do"], jnp.float32))
+
+    dq, dk, dv = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    ref = oracle.attention_backward(x["q"], x["k"], x["v"], x["do"], **ref_kw)
+    for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
+        assert_close(name, got, want, tol.grad)
+
+
+@pytest.mark.parametrize("window", [(15, 0), (15, 7)])
+def test_native_causal_sliding_window(window: tuple[int, int]) -> None:
+    run_and_check(make(2, 128, 128, 8, 2, 64), grads=True, causal=True, sliding_window=window)
+
+
+@pytest.mark.parametrize(("t", "s"), [(64, 192), (1, 257), (96, 64)])
+def test_bottom_right_causal(t: int, s: int) -> None:
+    run_and_check(make(2, t, s, 4, 4, 64), grads=t % 2 == 0 and s % 2 == 0, causal=True)
+
+
+def test_padding_segments_as_sequence_lengths() -> None:
+    q_ids = np.zeros((2, 128), np.int32)
+    kv_ids = np.zeros((2, 128), np.int32)
+    q_ids[0, 100:], kv_ids[0, 90:] = 1, 2  # row 0: 100 real queries, 90 real keys
+    run_and_check(make(2, 128, 128, 4, 4, 64), grads=False, causal=True, q_segment_ids=q_ids,
+                  kv_segment_ids=kv_ids)
+
+
+@pytest.mark.parametrize("s", [127, 128])
+def test_sinks(s: int) -> None:
+    aux = np.array([0.5, -1.0, 2.0, 0.0], np.float32)
+    run_and_check(make(1, s, s, 4, 2, 64), grads=s % 2 == 0, causal=True, softmax_aux=aux)
+
+
+def test_batched_bias_forward_and_key_padding_mask() -> None:
+    rng = np.random.default_rng(1)
+    bias = np.asarray(jnp.asarray(rng.normal(size=(2, 1, 64, 64)), jnp.bfloat16).astype(jnp.float32))
+    mask = rng.random((2, 1, 1, 64)) > 0.2
+    run_and_check(make(2, 64, 64, 4, 4, 64), grads=False, bias=jnp.asarray(bias, jnp.bfloat16), mask=mask)
