@@ -33,7 +33,7 @@ def make(b: int, t: int, s: int, hq: int, hkv: int, d: int, seed: int = 0) -> di
 
 def run_and_check(x: dict[str, np.ndarray], grads: bool, **features: Any) -> None:
     q, k, v = (jnp.asarray(x[n], jnp.bfloat16) for n in ("q", "k", "v"))
-    ref_kw = {n: np.asarray(a) if hasattr(a, "shape") else a for n, a in features.items()}
+    ref_kw: dict[str, Any] = {n: np.asarray(a) if hasattr(a, "shape") else a for n, a in features.items()}
     tol = DEFAULT_TOLERANCES["bfloat16"]
     out = jaxattn.attention(q, k, v, impl="cudnn", **features)
     assert_close("eager output", out, oracle.attention(x["q"], x["k"], x["v"], **ref_kw).output, tol.forward)
