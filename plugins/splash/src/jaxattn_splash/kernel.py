@@ -7,7 +7,8 @@ tiles it skips. It has no softmax scale (q is pre-scaled, so the soft cap sees s
 logits, as the contract wants), takes segment ids and sinks per call, and needs tile
 multiples of 128. This module translates, exactly:
 
-* BTHD <-> per-batch HTD (``jax.vmap`` over the batch);
+* BTHD <-> HTD: the batch folds into the heads (one kernel call), except with segment
+  ids, which splash takes per batch element (``jax.vmap`` over the batch);
 * causal / sliding window, aligned bottom-right, as ``CausalMask`` / ``LocalMask`` with
   ``offset = S - T`` (a causal window is the window with no right side); no causal and no
   window is ``FullMask``. Causal with ``T > S`` drops the first ``T - S`` queries, which see
@@ -24,7 +25,7 @@ imported when a kernel is built (see ``impl.py``).
 from __future__ import annotations
 
 import functools
-from typing import cast
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +108,11 @@ def _segment_sentinel(q_seg: jax.Array) -> jax.Array:
     return jnp.where(low > jnp.iinfo(jnp.int32).min, low - 1, jnp.max(q_seg) + 1)
 
 
+def _output(result: Any) -> jax.Array:
+    """The kernel's result: built with save_residuals=False, that is the output alone."""
+    return cast(jax.Array, result)
+
+
 def _valid_rows(
     t: int,
     s: int,
@@ -180,8 +186,6 @@ def splash_attention(
     kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     qh = _pad_axis(qh, 2, 0, tail_q)
     kh, vh = _pad_axis(kh, 2, 0, tail_k), _pad_axis(vh, 2, 0, tail_k)
-    if mqa:
-        kh, vh = kh[:, 0], vh[:, 0]
 
     # Padded keys are hidden by causal masking (the last query sees key S - 1 at most);
     # otherwise by a key segment no query carries.
@@ -196,20 +200,31 @@ def splash_attention(
             kv=jnp.broadcast_to((jnp.arange(plan.kv_len) >= s).astype(jnp.int32), (b, plan.kv_len)),
         )
 
-    kernel = build_kernel(
-        hq,
-        mqa,
-        plan,
-        causal,
-        sliding_window,
-        s - t,
-        None if logits_soft_cap is None else float(logits_soft_cap),
-        interpret,
-    )
-    sinks = None if softmax_aux is None else softmax_aux.astype(jnp.float32)
-    seg_axis = None if segments is None else 0
-    # Built with save_residuals=False, the kernel returns the output alone.
-    out = cast(jax.Array, jax.vmap(kernel, in_axes=(0, 0, 0, seg_axis, None))(qh, kh, vh, segments, sinks))
+    soft_cap = None if logits_soft_cap is None else float(logits_soft_cap)
+    # Sinks travel in the inputs' dtype: splash's backward returns their gradient in the
+    # output's dtype, and a float32 primal with a bfloat16 cotangent fails JAX's VJP check.
+    # (The kernel computes with them in float32 either way.)
+    sinks = None if softmax_aux is None else softmax_aux.astype(q.dtype)
+    if segments is None:
+        # One kernel over B * Hq heads: the batch folds into the heads (query head
+        # b * Hq + h reads kv head b * Hkv + h // G, which is splash's own grouping).
+        kernel = build_kernel(b * hq, False, plan, causal, sliding_window, s - t, soft_cap, interpret)
+        fold = (b * hq, plan.q_len, -1)
+        kf, vf = kh.reshape(b * hkv, plan.kv_len, -1), vh.reshape(b * hkv, plan.kv_len, -1)
+        folded_sinks = None if sinks is None else jnp.tile(sinks, b)
+        out = _output(kernel(qh.reshape(fold), kf, vf, None, folded_sinks))
+        out = out.reshape(b, hq, plan.q_len, -1)
+    else:
+        # Segment ids are per batch element: one kernel call per element.
+        kernel = build_kernel(hq, mqa, plan, causal, sliding_window, s - t, soft_cap, interpret)
+        if mqa:
+            kh, vh = kh[:, 0], vh[:, 0]  # make_splash_mqa takes (S, D) keys
+        if interpret:
+            # The TPU interpreter of jax 0.10 cannot run a vmapped pallas_call (its grid
+            # gains a dim its dimension_semantics lack); a sequential map computes the same.
+            out = _output(jax.lax.map(lambda xs: kernel(*xs, sinks), (qh, kh, vh, segments)))
+        else:
+            out = _output(jax.vmap(kernel, in_axes=(0, 0, 0, 0, None))(qh, kh, vh, segments, sinks))
 
     out = out[:, :, :t, :dv]
     if valid is not None:
