@@ -1,0 +1,231 @@
+"""``FlexibleAttentionModule``: jaxattn behind a Flax NNX module (the seed's model-facing layer).
+
+The module attends over query/key/value states that the model has projected (it holds no
+weights: projections, rotary embeddings and the like belong to the model). It resolves its
+implementation once, at construction (``jaxattn.get_impl``); with ``"auto"`` that object
+picks the backend per call signature at trace time, memoised, so every call after the first
+of a shape is a dictionary lookup away from the kernel.
+
+Three kinds of call, chosen by ``mode`` or inferred:
+
+* ``"train"``: self-attention over the given states (dropout when ``deterministic=False``);
+* ``"prefill"``: writes the states into a KV cache and attends over everything cached;
+* ``"decode"``: the same with one new position (T = 1).
+
+The cache is passed in (``cache=KVCache(...)``; the call then returns ``(output, new_cache)``)
+or held by the module after ``init_cache(...)`` (updated in place, NNX style).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import jaxattn
+from jaxattn import AttentionMetadata, AttentionOutput
+
+from .cache import KVCache
+
+if TYPE_CHECKING:
+    from jaxattn.bench import BenchReport
+
+__all__ = ["FlexibleAttentionModule", "Mode"]
+
+Mode = Literal["train", "prefill", "decode"]
+
+
+def _get(var: Any) -> Any:
+    # flax >= 0.12 deprecates .value in favour of get_value(); 0.10 has only .value
+    return var.get_value() if hasattr(var, "get_value") else var.value
+
+
+def _set(var: Any, value: Any) -> None:
+    if hasattr(var, "set_value"):
+        var.set_value(value)
+    else:
+        var.value = value
+
+
+class FlexibleAttentionModule(nnx.Module):
+    cached_key: nnx.Cache[Any]
+    cached_value: nnx.Cache[Any]
+    cache_index: nnx.Cache[Any]
+
+    """Attention over BTHD states through jaxattn's registry (``attention_mechanism="auto"`` by default).
+
+    Args:
+        num_q_heads, head_dims: query heads and head dim the module expects.
+        num_kv_heads: key/value heads (GQA/MQA); defaults to ``num_q_heads``.
+        attention_mechanism: an impl name ("auto", "vanilla", "cudnn", "flash_attn2", ...) or
+            an ``AttentionMechanisms`` member.
+        dtype: compute dtype (inputs are cast to it; the output has it). None keeps the inputs'.
+        cache_dtype: dtype of a held KV cache (default: ``dtype``, else float32).
+        causal, sliding_window, logits_soft_cap, softmax_scale, dropout_prob: the call's
+            features, fixed for the module (see ``jaxattn.attention``).
+        metadata: an ``AttentionMetadata`` (its ``runtime_dtype`` is replaced by ``dtype`` if given).
+        rngs: ``nnx.Rngs`` with a ``dropout`` stream, needed for dropout unless a call passes
+            ``dropout_rng``.
+    """
+
+    def __init__(
+        self,
+        num_q_heads: int,
+        head_dims: int,
+        num_kv_heads: int | None = None,
+        *,
+        attention_mechanism: str | jaxattn.AttentionMechanisms = "auto",
+        dtype: Any = None,
+        cache_dtype: Any = None,
+        causal: bool = True,
+        sliding_window: int | tuple[int, int] | None = None,
+        logits_soft_cap: float | None = None,
+        softmax_scale: float | None = None,
+        dropout_prob: float = 0.0,
+        metadata: AttentionMetadata | None = None,
+        rngs: nnx.Rngs | None = None,
+    ) -> None:
+        kv_heads = num_kv_heads or num_q_heads
+        if num_q_heads % kv_heads:
+            raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {kv_heads}")
+        md = metadata or AttentionMetadata()
+        if dtype is not None:
+            md = md.replace(runtime_dtype=jnp.dtype(dtype).name)
+        self.num_q_heads, self.num_kv_heads, self.head_dims = num_q_heads, kv_heads, head_dims
+        self.attention_mechanism = str(getattr(attention_mechanism, "value", attention_mechanism)).lower()
+        self.dtype = None if dtype is None else jnp.dtype(dtype)
+        self.cache_dtype = jnp.dtype(cache_dtype or dtype or jnp.float32)
+        self.causal, self.sliding_window, self.logits_soft_cap = causal, sliding_window, logits_soft_cap
+        self.softmax_scale, self.dropout_prob = softmax_scale, dropout_prob
+        self.metadata = md
+        self.rngs = rngs
+        # Resolved once: an unknown or unusable name fails here, not at the first forward pass.
+        self.impl = jaxattn.get_impl(self.attention_mechanism, md)
+        # cached_key / cached_value / cache_index exist only after init_cache(): NNX fixes an
+        # attribute's kind (static or data) at its first assignment, so no None placeholders.
+
+    # -- the KV cache held by the module ---------------------------------------------------------
+    def init_cache(self, batch_size: int, max_length: int) -> None:
+        """Hold a fixed-size KV cache of ``max_length`` positions (prefill and decode then use it)."""
+        empty = KVCache.empty(batch_size, max_length, self.num_kv_heads, self.head_dims, self.cache_dtype)
+        self.cached_key, self.cached_value = nnx.Cache(empty.key), nnx.Cache(empty.value)
+        self.cache_index = nnx.Cache(empty.index)
+
+    @property
+    def held_cache(self) -> KVCache | None:
+        if not hasattr(self, "cache_index"):
+            return None
+        return KVCache(_get(self.cached_key), _get(self.cached_value), _get(self.cache_index))
+
+    def _store(self, cache: KVCache) -> None:
+        _set(self.cached_key, cache.key)
+        _set(self.cached_value, cache.value)
+        _set(self.cache_index, cache.index)
+
+    # -- calls ---------------------------------------------------------------------------------
+    @overload
+    def __call__(self, query_states: Any, key_states: Any, value_states: Any, *, cache: None = None,
+                 mode: Mode | None = None, attention_mask: Any = None, bias: Any = None,
+                 segment_ids: Any = None, deterministic: bool = True, dropout_rng: Any = None) -> AttentionOutput: ...
+
+    @overload
+    def __call__(self, query_states: Any, key_states: Any, value_states: Any, *, cache: KVCache,
+                 mode: Mode | None = None, attention_mask: Any = None, bias: Any = None,
+                 segment_ids: Any = None, deterministic: bool = True,
+                 dropout_rng: Any = None) -> tuple[AttentionOutput, KVCache]: ...
+
+    def __call__(self, query_states: Any, key_states: Any, value_states: Any, *, cache: KVCache | None = None,
+                 mode: Mode | None = None, attention_mask: Any = None, bias: Any = None,
+                 segment_ids: Any = None, deterministic: bool = True,
+                 dropout_rng: Any = None) -> AttentionOutput | tuple[AttentionOutput, KVCache]:
+        """Attend. ``attention_mask`` is boolean, broadcastable to ``(B, Hq, T, S)`` (True = attend);
+        ``segment_ids`` ``(B, T)`` marks packed sequences in training calls."""
+        self._check_heads(query_states, key_states, value_states)
+        cache_in = cache if cache is not None else self.held_cache
+        mode = mode or ("train" if cache_in is None else "decode" if query_states.shape[1] == 1 else "prefill")
+        features = self._features(deterministic, dropout_rng)
+        if mode == "train":
+            if cache is not None:
+                raise ValueError("mode='train' takes no cache; use mode='prefill' or 'decode'")
+            ids = {} if segment_ids is None else {"q_segment_ids": segment_ids, "kv_segment_ids": segment_ids}
+            return self.impl(query_states, key_states, value_states, attention_mask, bias, None, self.causal,
+                             **ids, **features)
+        if cache_in is None:
+            raise ValueError(f"mode={mode!r} needs a KV cache: pass cache=KVCache(...) or call init_cache() first")
+        if mode == "decode" and query_states.shape[1] != 1:
+            raise ValueError(f"mode='decode' takes one new position (T=1), got T={query_states.shape[1]}")
+        if segment_ids is not None:
+            raise ValueError("segment_ids are for packed training calls, not for cached prefill/decode")
+        new_cache, keys, values, valid = cache_in.update(key_states, value_states, self.causal)
+        mask = valid if attention_mask is None or valid is None else jnp.logical_and(attention_mask, valid)
+        if valid is None:  # growing cache: causal bottom-right alignment does the masking
+            out = self.impl(query_states, keys, values, mask, bias, None, self.causal, **features)
+        else:  # fixed cache: validity and causality are both in the mask
+            out = self.impl(query_states, keys, values, mask, bias, None, False, **features)
+        if cache is not None:
+            return out, new_cache
+        self._store(new_cache)
+        return out
+
+    def _features(self, deterministic: bool, dropout_rng: Any) -> dict[str, Any]:
+        features: dict[str, Any] = {"sliding_window": self.sliding_window, "logits_soft_cap": self.logits_soft_cap,
+                                    "softmax_scale": self.softmax_scale}
+        if self.dropout_prob > 0 and not deterministic:
+            if dropout_rng is None:
+                if self.rngs is None:
+                    raise ValueError("dropout needs rngs=nnx.Rngs(dropout=...) at construction or dropout_rng=")
+                dropout_rng = self.rngs.dropout()
+            features.update(dropout_prob=self.dropout_prob, dropout_rng=dropout_rng)
+        return features
+
+    def _check_heads(self, q: Any, k: Any, v: Any) -> None:
+        want = {"query_states": (q, self.num_q_heads), "key_states": (k, self.num_kv_heads),
+                "value_states": (v, self.num_kv_heads)}
+        for name, (x, heads) in want.items():
+            if x.ndim != 4 or x.shape[2] != heads or (name != "value_states" and x.shape[3] != self.head_dims):
+                raise ValueError(f"{name}: expected (batch, seq, {heads}, {self.head_dims}) (BTHD), got {x.shape}")
+
+    # -- introspection and benchmarks -------------------------------------------------------------
+    def explain(self, batch_size: int = 1, seq_len: int = 2048, kv_len: int | None = None,
+                dtype: Any = None) -> jaxattn.Explanation:
+        """What "auto" (or the named impl) does for a call of this module's shape."""
+        q, k, v = self._structs(batch_size, seq_len, kv_len or seq_len, dtype)
+        return jaxattn.explain(q, k, v, impl=self.attention_mechanism, metadata=self.metadata, causal=self.causal,
+                               sliding_window=self.sliding_window, logits_soft_cap=self.logits_soft_cap)
+
+    def _structs(self, b: int, t: int, s: int, dtype: Any) -> tuple[Any, Any, Any]:
+        dt = jnp.dtype(dtype or self.dtype or jnp.float32)
+        return (jax.ShapeDtypeStruct((b, t, self.num_q_heads, self.head_dims), dt),
+                jax.ShapeDtypeStruct((b, s, self.num_kv_heads, self.head_dims), dt),
+                jax.ShapeDtypeStruct((b, s, self.num_kv_heads, self.head_dims), dt))
+
+    def run_attention_benchmarks(
+        self,
+        batch_sizes: tuple[int, ...] = (1, 2),
+        sequence_lengths: tuple[int, ...] = (512, 1024),
+        impls: list[str] | None = None,
+        modes: tuple[str, ...] = ("fwd", "fwdbwd"),
+        warmup: int = 2,
+        repeats: int = 10,
+        progress: str = "none",
+    ) -> BenchReport:
+        """Time every registered impl usable here (and "auto") on this module's shapes.
+
+        Shapes: each batch size x sequence length, with the module's heads, head dim, causal
+        flag and dtype. Backends that decline a shape get "declined" results, never an error.
+        ``jaxattn.bench.report`` turns the report into a table, JSON or a plot.
+        """
+        from jaxattn.bench import BenchConfig, BenchShape, run_bench
+        from jaxattn.bench.backends import available_backends
+        from jaxattn.bench.progress import Progress
+
+        dtype = jnp.dtype(self.dtype or jnp.float32).name
+        shapes = [BenchShape(b, s, s, self.num_q_heads, self.num_kv_heads, self.head_dims, self.causal, dtype)
+                  for s in sequence_lengths for b in batch_sizes]
+        names = [n for n in (impls or available_backends(self.metadata)) if n != "auto"] + ["auto"]
+        reference = next((n for n in ("cudnn", "vanilla") if n in names), names[0])
+        config = BenchConfig(shapes=shapes, backends=names, reference=reference, modes=modes, warmup=warmup,
+                             repeats=repeats, metadata=self.metadata)
+        return run_bench(config, Progress.choose(progress))
