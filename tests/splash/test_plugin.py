@@ -42,6 +42,14 @@ def test_discovery_and_listing_import_no_kernel() -> None:
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
 
 
+def test_public_api_matches_the_oracle() -> None:
+    q, k, v = _inputs(6, 9, 128)
+    out = jaxattn.attention(*(jnp.asarray(a, jnp.float32) for a in (q, k, v)), impl="splash", causal=True,
+                            sliding_window=(4, 0), metadata=INTERPRET)
+    ref = oracle.attention(q, k, v, causal=True, sliding_window=(4, 0)).output
+    np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5)
+
+
 def _inputs(t: int, s: int, d: int) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng(t * 1000 + d)
     return rng.standard_normal((1, t, 4, d)), rng.standard_normal((1, s, 2, d)), rng.standard_normal((1, s, 2, d))

@@ -238,14 +238,15 @@ def flash_attention(
     if ab is not None:
         ab = _pad_axis(_pad_axis(ab, 2, front_pad, tail_q), 3, 0, tail_k, value=fill)
 
-    # Segment ids: the caller's, plus a key segment no query has for padded keys (which
-    # in-kernel causal masking already hides).
+    # Segment ids: the caller's, with a key segment no query has for padded keys. Without
+    # them, padded keys are hidden by in-kernel causal masking or by the bias if there is
+    # one, else by a segment of their own.
     segments = None
     if q_seg is not None and kv_segment_ids is not None:
         q_ids = q_seg.astype(jnp.int32)
         kv_ids = _pad_axis(kv_segment_ids.astype(jnp.int32), 1, 0, tail_k, _segment_sentinel(q_ids))
         segments = tpu_flash.SegmentIds(q=_pad_axis(q_ids, 1, front_pad, tail_q), kv=kv_ids)
-    elif tail_k and not kernel_causal:
+    elif tail_k and not kernel_causal and ab is None:
         segments = tpu_flash.SegmentIds(
             q=jnp.zeros((b, plan.q_len), jnp.int32),
             kv=(jnp.arange(plan.kv_len) >= s).astype(jnp.int32)[None].repeat(b, axis=0),
