@@ -241,3 +241,15 @@ def test_get_optimal_config_agrees_with_auto() -> None:
     jaxattn.register_impl(FancyImpl)
     name, dtype = jaxattn.get_optimal_config()
     assert name == "fancy" and dtype == jnp.float32
+
+
+def test_impl_without_grad_feature_refuses_gradients_clearly() -> None:
+    jaxattn.register_impl(FancyImpl)  # declares no Feature.GRAD
+    q, k, v = qkv()
+    out = jaxattn.attention(q, k, v, impl="fancy")  # the forward is unaffected
+    np.testing.assert_allclose(out, oracle(q, k, v), atol=2e-5)
+    with pytest.raises(UnsupportedError, match="gradients are not supported by fancy"):
+        jax.grad(lambda q: jaxattn.attention(q, k, v, impl="fancy").sum())(q)
+    jaxattn.register_impl(PlainImpl)  # declares it: differentiable
+    g = jax.grad(lambda q: jaxattn.attention(q, k, v, impl="plain").sum())(q)
+    assert np.isfinite(np.asarray(g)).all()

@@ -56,6 +56,33 @@ def _resolve_platform(metadata: AttentionMetadata, device: DeviceInfo) -> tuple[
     return override, None
 
 
+def _refuse_gradients(forward: Callable[..., AttentionOutput], name: str) -> Callable[..., AttentionOutput]:
+    """Wrap a forward so that differentiating it raises ``UnsupportedError`` instead of failing
+    deep inside a kernel (or, worse, differentiating something that is not the kernel's math)."""
+    import jax
+
+    def run(q: Any, k: Any, v: Any, **kwargs: Any) -> AttentionOutput:
+        arrays = {n: kwargs.pop(n) for n in ("mask", "bias", "q_segment_ids", "kv_segment_ids",
+                                             "softmax_aux", "dropout_rng")}
+
+        @jax.custom_vjp
+        def call(q: Any, k: Any, v: Any, arrays: dict[str, Any]) -> AttentionOutput:
+            return forward(q, k, v, **arrays, **kwargs)
+
+        def fwd(q: Any, k: Any, v: Any, arrays: dict[str, Any]) -> tuple[AttentionOutput, None]:
+            return call(q, k, v, arrays), None
+
+        def bwd(_: None, __: Any) -> Any:
+            raise UnsupportedError(name, [f"gradients are not supported by {name}"],
+                                   hint="use an impl that declares Feature.GRAD (e.g. impl='vanilla') for training")
+
+        call.defvjp(fwd, bwd)
+        return call(q, k, v, arrays)
+
+    run.__name__ = getattr(forward, "__name__", "forward")
+    return run
+
+
 class AttentionImpl:
     """Base class of attention backends. Subclass it, declare capabilities, override forwards."""
 
@@ -248,6 +275,8 @@ class AttentionImpl:
         mask = None if mask is None else jnp.reshape(mask, (1,) * (4 - mask.ndim) + tuple(mask.shape))
         bias = spec.bias
         bias = None if bias is None else jnp.reshape(bias, (1,) * (4 - bias.ndim) + tuple(bias.shape))
+        if Feature.GRAD not in self.features:
+            forward = _refuse_gradients(forward, self.name())
         if self.metadata.mesh is not None and not self.sequence_parallel:
             from .sharding.wrap import sharded_forward  # imports jax: only for calls on a mesh
 
