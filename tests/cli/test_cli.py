@@ -95,11 +95,11 @@ def test_list_plain_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     lines = out.splitlines()
     header = next(line for line in lines if line.startswith("name"))
-    assert header.split() == ["name", "aliases", "plugin", "version", "platforms", "priority", "here", "status"]
+    assert header.split() == ["name", "aliases", "plugin", "version", "platforms", "priority", "here", "status", "note"]
     wide = next(line for line in lines if line.startswith("wide "))
     assert "wide_alias" in wide and "cpu, gpu, tpu" in wide
     tpu = next(line for line in lines if line.startswith("tpu_only "))
-    assert " no " in tpu and "runs on tpu" in tpu
+    assert " no " in tpu and " ok " in tpu and "runs on tpu" in tpu
 
 
 # -- info ------------------------------------------------------------------------------------

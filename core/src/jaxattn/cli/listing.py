@@ -25,14 +25,14 @@ def run(args: argparse.Namespace) -> int:
         dump_json([r.to_dict() for r in rows])
         return 0
     table = Table(f"Attention implementations ({jaxattn.detect_device().label})",
-                  ["name", "aliases", "plugin", "version", "platforms", "priority", "here", "status"])
+                  ["name", "aliases", "plugin", "version", "platforms", "priority", "here", "status",
+                   "note"])
     for r in rows:
-        status = r.status if not r.reason else f"{r.status}: {r.reason}"
-        if is_plugin_row(r):
+        if is_plugin_row(r):  # a broken or disabled plugin, which registered no impl
             table.add(f"[{r.name}]", None, r.distribution or r.plugin, r.version, None, None, False,
-                      status)
+                      r.status, r.reason or None)
         else:
             table.add(r.name, r.aliases, r.distribution or r.plugin, r.version, r.platforms,
-                      r.priority, r.usable_here, status)
+                      r.priority, r.usable_here, r.status, r.reason or None)
     Printer.from_args(args).table(table)
     return 0
