@@ -77,6 +77,7 @@ class Candidate:
     reasons: tuple[str, ...] = ()
     fallback: tuple[str, ...] = ()  # set when it would hand the call to another impl
     fallback_impl: str | None = None
+    notes: tuple[str, ...] = ()  # how an accepted impl would run the call
     here: bool = True
     chosen: bool = False
     # Why it holds its place in auto's ranking: declared priority, or a measurement.
@@ -125,6 +126,7 @@ def _evaluate(problem: AttentionProblem, metadata: AttentionMetadata) -> list[Ca
         reasons: list[str] = []
         fallback: list[str] = []
         fallback_impl = None
+        notes: list[str] = []
         priority = provider.priority
         if not here:
             reasons.append(f"runs on {'/'.join(provider.platforms)}, not {platform}")
@@ -135,6 +137,7 @@ def _evaluate(problem: AttentionProblem, metadata: AttentionMetadata) -> list[Ca
                 reasons = impl.not_supported_reasons(problem)
                 fallback = impl.fallback_reasons(problem)
                 fallback_impl = impl.fallback_impl
+                notes = impl.notes(problem) if not reasons else []
                 if fallback and not metadata.allow_fallback:
                     reasons += [f"{r} (allow_fallback=False)" for r in fallback]
             except JaxattnError as err:
@@ -143,7 +146,8 @@ def _evaluate(problem: AttentionProblem, metadata: AttentionMetadata) -> list[Ca
                 reasons.append(f"failed to import: {err}")
         rows.append(Candidate(
             name=provider.name, origin=provider.origin, priority=priority, platforms=provider.platforms,
-            reasons=tuple(reasons), fallback=tuple(fallback), fallback_impl=fallback_impl, here=here,
+            reasons=tuple(reasons), fallback=tuple(fallback), fallback_impl=fallback_impl, notes=tuple(notes),
+            here=here,
         ))
     return sorted(rows, key=lambda c: (not c.here, *_rank_key(c)))
 
@@ -316,6 +320,7 @@ class Explanation:
             if c.rank_reason:
                 lines.append(f"       {'measured' if c.measured else 'declared'}: {c.rank_reason}")
             lines += [f"       - {r}" for r in c.reasons]
+            lines += [f"       . {n}" for n in c.notes]
             if c.fallback and not c.reasons:
                 lines += [f"       ~ hands to {c.fallback_impl}: {r}" for r in c.fallback]
         return "\n".join(lines)

@@ -186,6 +186,10 @@ class AttentionImpl:
         reasons += sequence_reasons(name, self.sequence_parallel, self.metadata)
         return reasons
 
+    def notes(self, problem: AttentionProblem) -> list[str]:
+        """How this impl would run an accepted ``problem`` here (shown by ``explain``)."""
+        return []
+
     def fallback_reasons(self, problem: AttentionProblem) -> list[str]:
         """Why this impl would hand ``problem`` to ``fallback_impl`` instead of its own kernel."""
         return []

@@ -43,7 +43,9 @@ def _not_found(name: str, platform: str, vendor: str | None, md: AttentionMetada
     here = ", ".join(p.name for p in available_here(md)) or "none (install jaxattn[cpu])"
     providers = reg.providers_of(name)
     if providers:
-        elsewhere = "; ".join(f"{'/'.join(p.platforms)} ({p.origin})" for p in providers)
+        elsewhere = "; ".join(
+            f"{'/'.join(p.platforms)} ({p.origin}{': ' + p.description if p.description else ''})" for p in providers
+        )
         hint = ""
         if any("tpu" in p.platforms for p in providers) and platform != "tpu":
             hint = " To run the TPU kernel here in interpret mode: AttentionMetadata(platform='tpu', interpret=True)."
