@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,10 @@ if TYPE_CHECKING:
 __all__ = ["HELP", "add_arguments", "add_matrix_arguments", "add_run_arguments", "run", "shapes_from_args"]
 
 HELP = "time every attention backend side by side (TFLOP/s, ratio to a reference, memory)"
+
+#: Default --max-temp-gib on accelerators. Flash kernels need megabytes; a program that needs
+#: more than this holds S x S buffers (vanilla, XLA) and would be slow or fail at that length.
+ACCELERATOR_TEMP_GIB = 16.0
 
 
 def _ints(text: str) -> list[int]:
@@ -82,10 +87,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     run_.add_argument("--warmup", type=int, default=2, help="untimed runs per program (default 2)")
     run_.add_argument("--repeats", type=int, default=10, help="timed runs per program; the median is reported")
     run_.add_argument("--max-temp-gib", type=float,
-                      help="skip programs whose compiled temp memory exceeds this (default: free device memory)")
+                      help="skip programs whose compiled temp memory exceeds this, e.g. O(S^2) backends at "
+                           f"long S (default {ACCELERATOR_TEMP_GIB:g} on GPU/TPU, none on CPU; always: free memory)")
     run_.add_argument("--time-budget", type=float, metavar="SECONDS",
                       help="start no new shape after this many seconds (the rest is reported as skipped)")
-    run_.add_argument("--compile-workers", type=int, default=4, help="programs compiled in parallel (default 4)")
+    run_.add_argument("--compile-workers", type=int, default=min(8, os.cpu_count() or 1),
+                      help="programs compiled in parallel, while none is timed (default: CPUs, at most 8)")
     run_.add_argument("--progress", choices=("auto", "rich", "plain", "none"), default="auto",
                       help="progress display on stderr (default: rich on a terminal, else plain lines)")
 
@@ -117,6 +124,11 @@ def shapes_from_args(args: argparse.Namespace, platform: str) -> list[BenchShape
     if args.head_dims:
         kwargs["head_dims"] = args.head_dims
     return default_matrix(**kwargs)
+
+
+def max_temp_bytes(args: argparse.Namespace, platform: str) -> int | None:
+    gib = args.max_temp_gib if args.max_temp_gib is not None else (None if platform == "cpu" else ACCELERATOR_TEMP_GIB)
+    return None if gib is None else int(gib * 2**30)
 
 
 def _backends(args: argparse.Namespace, metadata: AttentionMetadata) -> list[str]:
@@ -167,7 +179,7 @@ def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: Att
     config = BenchConfig(
         shapes=shapes, backends=backends, reference=_reference(args, backends), modes=tuple(args.modes),
         warmup=args.warmup, repeats=args.repeats, metadata=metadata,
-        max_temp_bytes=None if args.max_temp_gib is None else int(args.max_temp_gib * 2**30),
+        max_temp_bytes=max_temp_bytes(args, _platform(metadata)),
         time_budget_s=args.time_budget, compile_workers=args.compile_workers, record_tuning=args.tune,
     )
     to_stdout = args.json == "-"

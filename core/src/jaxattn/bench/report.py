@@ -88,10 +88,18 @@ def auto_gaps(report: BenchReport) -> list[dict[str, Any]]:
                 continue
             best = min(others, key=lambda r: r.median_ms or math.inf)
             assert best.median_ms is not None
-            gaps.append({"shape": shape.label, "mode": mode, "auto_ms": auto.median_ms, "auto_note": auto.note,
+            gaps.append({"shape": shape.label, "mode": mode, "auto_ms": auto.median_ms, "auto_runs": _runs(auto),
                          "fastest": best.backend, "fastest_ms": best.median_ms,
                          "slowdown": auto.median_ms / best.median_ms - 1.0})
     return gaps
+
+
+def _runs(auto: BenchResult) -> str | None:
+    """The backend an auto row ran, from its note: ``-> cudnn`` or ``-> cudnn, grad flash_attn2``."""
+    if not auto.note.startswith("-> "):
+        return None
+    picked, _, grad = auto.note[3:].partition(", grad ")
+    return grad if auto.mode == "fwdbwd" and grad else picked
 
 
 def _geomean(values: Iterable[float]) -> float | None:
@@ -129,9 +137,15 @@ def summary_lines(report: BenchReport) -> list[str]:
                      f"{MODE_LABELS[worst['mode']]}, fastest {worst['fastest']})")
         if slow:
             lines.append(f"auto is more than {AUTO_TOLERANCE:.0%} slower than the fastest on {len(slow)} of "
-                         f"{len(gaps)}: " + "; ".join(f"{g['shape']} {g['mode']} ({g['slowdown']:+.1%} vs "
-                                                      f"{g['fastest']})" for g in slow[:10]))
-            lines.append("  run `jaxattn tune` to measure these shapes; auto then follows the measurements")
+                         f"{len(gaps)}: " + "; ".join(f"{g['shape']} {g['mode']} ({g['slowdown']:+.1%}, ran "
+                                                      f"{g['auto_runs']}, fastest {g['fastest']})"
+                                                      for g in slow[:10]))
+            same = [g for g in slow if g["auto_runs"] == g["fastest"]]
+            if same:
+                lines.append(f"  on {len(same)} of these auto ran the fastest backend itself: the gap is run-to-run "
+                             "noise between two timings of one kernel")
+            if not report.config.record_tuning:
+                lines.append("  `jaxattn tune` (or `jaxattn bench --tune`) measures these shapes for auto")
         else:
             lines.append(f"auto is within {AUTO_TOLERANCE:.0%} of the fastest backend on all {len(gaps)} "
                          "shape/mode pairs")

@@ -18,7 +18,7 @@ from ..metadata import AttentionMetadata
 from .backends import Verdict, make_backend
 from .progress import Progress
 from .shapes import MODES, BenchShape
-from .timing import Program, compile_program, device_memory_limit, make_inputs, median, time_program
+from .timing import Program, compile_program, device_memory_limit, input_structs, make_inputs, median, run_once
 
 __all__ = ["BenchConfig", "BenchReport", "BenchResult", "run_bench"]
 
@@ -32,7 +32,9 @@ class BenchConfig:
     warmup: int = 2
     repeats: int = 10
     metadata: AttentionMetadata = dataclasses.field(default_factory=AttentionMetadata)
-    max_temp_bytes: int | None = None  # None: what the device reports as free (no limit on CPU)
+    # Programs needing more compiled temp memory than this, or than the device has free, are
+    # skipped (O(T*S) backends at long sequences: they would fail or take long). None: free only.
+    max_temp_bytes: int | None = None
     time_budget_s: float | None = None
     compile_workers: int = 4
     # Store the impls' timings in the tuning cache after each shape, before "auto" is traced,
@@ -109,18 +111,32 @@ class _ShapeRun:
 
     def run(self) -> list[BenchResult]:
         backends = list(self.config.backends)
+        args: tuple[Any, ...] | None = None
         if self.config.record_tuning and "auto" in backends:
+            # Time the impls, store their timings, then trace auto (which now ranks by them) and
+            # time everything again, interleaved, so auto is compared with the others in one round.
             backends.remove("auto")
-            self._run_phase(backends)
+            first = self._prepare(backends)
+            if first:
+                args = make_inputs(self.shape.structs())
+                self._time(first, args)
             from ..tuning.measure import record_results
 
-            record_results(self.shape, self.results, self.config.metadata)
-            self._run_phase(["auto"])
+            record_results(self.shape, [r for r, _ in first], self.config.metadata)
+            for result, _ in first:
+                if result.ok:
+                    result.times_ms, result.median_ms, result.tflops = [], None, None
+            runnable = first + self._prepare(["auto"])
         else:
-            self._run_phase(backends)
+            runnable = self._prepare(backends)
+        if runnable:
+            self._time(runnable, args or make_inputs(self.shape.structs()))
+        for result, _ in runnable:
+            self._done(result)
         return self.results
 
-    def _run_phase(self, backends: list[str]) -> None:
+    def _prepare(self, backends: list[str]) -> list[tuple[BenchResult, Program]]:
+        """Ask, compile and size-check; declined, failed and skipped results are done at once."""
         jobs: list[tuple[str, str, Verdict]] = []
         for name in backends:
             backend = make_backend(name, self.config.metadata)
@@ -133,11 +149,10 @@ class _ShapeRun:
                     jobs.append((name, mode, verdict))
                 else:
                     self._done(BenchResult(self.shape, name, mode, "declined", "; ".join(verdict.reasons)))
+        runnable: list[tuple[BenchResult, Program]] = []
         if not jobs:
-            return
-        args = make_inputs(self.shape.structs())
-        programs = self._compile(jobs, args)
-        limit = self.config.max_temp_bytes
+            return runnable
+        programs = self._compile(jobs, input_structs(self.shape.structs()))
         for (name, mode, verdict), program in zip(jobs, programs, strict=True):
             result = BenchResult(self.shape, name, mode, "ok", note=verdict.note)
             if isinstance(program, BaseException):
@@ -145,23 +160,59 @@ class _ShapeRun:
                 self._done(result)
                 continue
             result.temp_bytes, result.compile_s = program.temp_bytes, round(program.compile_s, 3)
-            room = limit if limit is not None else device_memory_limit()
-            if room is not None and program.temp_bytes is not None and program.temp_bytes > 0.9 * room:
-                result.status = "skipped"
-                result.reason = (f"needs {program.temp_bytes / 2**30:.1f} GiB of temporary memory, "
-                                 f"{room / 2**30:.1f} GiB available")
+            too_big = self._too_big(program.temp_bytes)
+            if too_big:
+                result.status, result.reason = "skipped", too_big
                 self._done(result)
                 continue
+            runnable.append((result, program))
+        return runnable
+
+    def _time(self, runnable: list[tuple[BenchResult, Program]], args: tuple[Any, ...]) -> None:
+        """Warm every program up, then time them in interleaved rounds (a, b, c, a, b, c, ...).
+
+        Interleaving makes drift during the shape (clocks, temperature, other load) hit every
+        backend alike, so ratios between backends of one shape stay honest.
+        """
+        self.progress.status(f"{self.shape.label}: timing {len(runnable)} programs")
+
+        def attempt(result: BenchResult, program: Program) -> float | None:
             try:
-                times = time_program(program, args, warmup=self.config.warmup, repeats=self.config.repeats)
+                return run_once(program, args)
             except Exception as err:  # OOM or a kernel failure is a result, not a crash
                 result.status, result.reason = "failed", _first_line(err)
-            else:
-                result.times_ms = [round(t, 4) for t in times]
-                result.median_ms = median(times)
-                result.tflops = self.shape.flops(mode) / (result.median_ms * 1e-3) / 1e12
-            self._done(result)
-        del programs, args
+                return None
+
+        for result, program in runnable:
+            if not result.ok:  # failed in an earlier round (--tune times twice)
+                continue
+            for _ in range(self.config.warmup):
+                if attempt(result, program) is None:
+                    break
+        for _ in range(max(1, self.config.repeats)):
+            for result, program in runnable:
+                if result.ok:
+                    ms = attempt(result, program)
+                    if ms is not None:
+                        result.times_ms.append(round(ms, 4))
+        for result, _ in runnable:
+            if result.ok:
+                result.median_ms = median(result.times_ms)
+                result.tflops = self.shape.flops(result.mode) / (result.median_ms * 1e-3) / 1e12
+
+    def _too_big(self, temp: int | None) -> str:
+        """Why a program with ``temp`` bytes of compiled temp memory is not run, or ""."""
+        if temp is None:
+            return ""
+        gib = temp / 2**30
+        free = device_memory_limit()
+        if free is not None and temp > 0.9 * free:
+            return f"needs {gib:.1f} GiB of temporary memory, the device has {free / 2**30:.1f} GiB free"
+        limit = self.config.max_temp_bytes
+        if limit is not None and temp > limit:
+            return (f"needs {gib:.1f} GiB of temporary memory (an S x S buffer), over the "
+                    f"{limit / 2**30:.3g} GiB limit (--max-temp-gib)")
+        return ""
 
     def _compile(self, jobs: list[tuple[str, str, Verdict]],
                  args: tuple[Any, ...]) -> list[Program | BaseException]:

@@ -2,8 +2,8 @@
 
 Programs are compiled ahead of time (``jit(...).lower(...).compile()``), which gives the
 compiled temp memory (``memory_analysis``) before anything runs and keeps compilation out of
-the timings. Each timed run ends with ``block_until_ready``; the median of the runs after the
-warm-up is reported.
+the timings. Each timed run ends with ``block_until_ready``; the runner reports the median of
+the runs after the warm-up.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Program", "compile_program", "device_memory_limit", "make_inputs", "time_program"]
+__all__ = ["Program", "compile_program", "device_memory_limit", "input_structs", "make_inputs", "run_once"]
 
 AttentionFn = Callable[[Any, Any, Any], Any]
 
@@ -24,6 +24,14 @@ class Program:
     compiled: Any
     temp_bytes: int | None
     compile_s: float
+
+
+def input_structs(shapes: tuple[Any, Any, Any]) -> tuple[Any, Any, Any, Any]:
+    """q, k, v and the output cotangent as ShapeDtypeStructs: what programs are compiled for."""
+    import jax
+
+    q, k, v = shapes
+    return q, k, v, jax.ShapeDtypeStruct((*q.shape[:-1], v.shape[-1]), q.dtype)
 
 
 def make_inputs(shapes: tuple[Any, Any, Any], seed: int = 0) -> tuple[Any, Any, Any, Any]:
@@ -69,18 +77,13 @@ def compile_program(fn: AttentionFn, mode: str, args: tuple[Any, ...]) -> Progra
     return Program(compiled, temp, elapsed)
 
 
-def time_program(program: Program, args: tuple[Any, ...], *, warmup: int, repeats: int) -> list[float]:
-    """Wall times in milliseconds of ``repeats`` runs after ``warmup`` runs."""
+def run_once(program: Program, args: tuple[Any, ...]) -> float:
+    """Wall time in milliseconds of one run, until its results are ready."""
     import jax
 
-    for _ in range(warmup):
-        jax.block_until_ready(program.compiled(*args))
-    times = []
-    for _ in range(max(1, repeats)):
-        start = time.perf_counter()
-        jax.block_until_ready(program.compiled(*args))
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
+    start = time.perf_counter()
+    jax.block_until_ready(program.compiled(*args))
+    return (time.perf_counter() - start) * 1e3
 
 
 def median(times: list[float]) -> float:

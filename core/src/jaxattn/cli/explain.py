@@ -152,11 +152,13 @@ def render(explanation: Any, out: Printer) -> None:
         ("call", explanation.problem.describe()),
         ("requested", explanation.requested),
         ("runs", explanation.chosen or "nothing can run this call"),
+        *[("differentiated", c.grad_impl) for c in explanation.candidates if c.chosen and c.grad_impl],
     ])
     out.line()
     table = Table("Implementations, best first", ["", "impl", "status", "priority", "from", "reasons"])
     for c in explanation.candidates:
-        notes = list(c.reasons)
+        # Why it holds its place: declared priority, or a measurement from the tuning cache.
+        notes = ([c.rank_reason] if c.rank_reason else []) + list(c.reasons)
         if c.fallback and not c.reasons:
             notes += [f"hands the call to {c.fallback_impl}: {r}" for r in c.fallback]
         table.add("*" if c.chosen else "", c.name, c.status, c.priority, c.origin,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ..bench.cli import add_matrix_arguments, add_run_arguments, shapes_from_args
+from ..bench.cli import _platform, add_matrix_arguments, add_run_arguments, max_temp_bytes, shapes_from_args
 
 if TYPE_CHECKING:
     from ..bench.shapes import BenchShape
@@ -48,8 +48,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.show:
         return _show(args, printer)
-    from ..bench.cli import _platform
-
     shapes = shapes_from_args(args, _platform(metadata))
     return _tune(args, shapes, metadata, printer)
 
@@ -65,7 +63,7 @@ def _tune(args: argparse.Namespace, shapes: list[BenchShape], metadata: Attentio
     backends = [n for n in (args.impls or available_backends(metadata)) if n != "auto"]
     config = BenchConfig(shapes=shapes, backends=backends, reference=None, modes=tuple(args.modes),
                          warmup=args.warmup, repeats=args.repeats, metadata=metadata,
-                         max_temp_bytes=None if args.max_temp_gib is None else int(args.max_temp_gib * 2**30),
+                         max_temp_bytes=max_temp_bytes(args, _platform(metadata)),
                          time_budget_s=args.time_budget, compile_workers=args.compile_workers)
     progress = Progress.choose(args.progress)
     progress.line(f"jaxattn tune: {len(shapes)} shapes x {', '.join(backends)}; cache {active_cache().path}")
