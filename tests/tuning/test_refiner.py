@@ -34,7 +34,7 @@ def test_declared_priority_without_measurements() -> None:
     exp = jaxattn.explain(q, k, v, causal=True)
     alpha = next(c for c in exp.candidates if c.name == "alpha")
     assert not alpha.measured and alpha.rank_reason == "declared priority 30"
-    assert "declared: declared priority 30" in str(exp)
+    assert "rank: declared priority 30" in str(exp)
 
 
 def test_measurements_reorder_auto_and_explain_says_why() -> None:
@@ -47,7 +47,7 @@ def test_measurements_reorder_auto_and_explain_says_why() -> None:
     beta = exp.candidates[0]
     assert beta.measured and beta.rank_reason.startswith("measured fwd 1.000 ms (fastest)")
     assert "3.00x the fastest" in next(c for c in exp.candidates if c.name == "alpha").rank_reason
-    assert "measured: measured fwd 1.000 ms" in str(exp)
+    assert "rank: measured fwd 1.000 ms" in str(exp)
     # the call really runs the measured pick
     reset_calls()
     jaxattn.attention(q, k, v, causal=True)

@@ -318,7 +318,7 @@ class Explanation:
             mark = "*" if c.chosen else " "
             lines.append(f" {mark} {c.name:<18} {c.status:<15} prio {c.priority:<4} {c.origin}")
             if c.rank_reason:
-                lines.append(f"       {'measured' if c.measured else 'declared'}: {c.rank_reason}")
+                lines.append(f"       rank: {c.rank_reason}")
             lines += [f"       - {r}" for r in c.reasons]
             lines += [f"       . {n}" for n in c.notes]
             if c.fallback and not c.reasons:

@@ -77,7 +77,7 @@ def measure_overhead(shape: BenchShape, metadata: AttentionMetadata | None = Non
 
     import jaxattn
 
-    from ..dispatch import _call_key, _choices, _evaluate, choose
+    from ..dispatch import AutoAttention, _call_key, _choices, _evaluate, choose
     from ..problem import AttentionProblem
     from .timing import make_inputs
 
@@ -88,7 +88,12 @@ def measure_overhead(shape: BenchShape, metadata: AttentionMetadata | None = Non
     chosen, _ = choose(problem, md)
     if chosen is None:
         raise jaxattn.UnsupportedError("auto", [f"no impl accepts {shape.label} here"])
-    direct = jaxattn.get_impl(chosen, md)
+    auto = jaxattn.get_impl("auto", md)
+    assert isinstance(auto, AutoAttention)
+    direct = auto.select(problem)  # what auto runs: the chosen impl, or its measured fwd/grad split
+    # the keyword arguments attention() hands to auto, so the key below is the one a real call builds
+    features: dict[str, Any] = dict.fromkeys(("sliding_window", "q_segment_ids", "kv_segment_ids", "softmax_scale",
+                                              "logits_soft_cap", "softmax_aux", "dropout_prob", "dropout_rng"))
 
     def by_impl() -> Any:
         return direct(q, k, v, causal=causal).attention_outputs
@@ -101,9 +106,8 @@ def measure_overhead(shape: BenchShape, metadata: AttentionMetadata | None = Non
 
     jit_direct = jax.jit(lambda q, k, v: direct(q, k, v, causal=causal).attention_outputs)
     jit_auto = jax.jit(lambda q, k, v: jaxattn.attention(q, k, v, impl="auto", causal=causal, metadata=md))
-    auto = jaxattn.get_impl("auto", md)
     rows = list(_per_call_us({
-        AUTO_OWN: lambda: _choices.get(_call_key(q, k, v, None, None, causal, {}, auto.metadata)),
+        AUTO_OWN: lambda: _choices.get(_call_key(q, k, v, None, None, causal, features, auto.metadata)),
         "choose(): memo hit": lambda: choose(problem, md),
         "choose(): every impl asked (what the memo saves)": lambda: _evaluate(problem, md),
     }, batch_s).items())

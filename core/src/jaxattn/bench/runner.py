@@ -2,8 +2,9 @@
 
 Per shape: ask every backend (declines become result rows, never exceptions), compile what
 runs (in a small thread pool: XLA and Triton compile outside the GIL, and compiling dominates
-a large matrix), skip programs whose compiled temp memory exceeds what the device has left,
-then time the programs one after another so they never compete for the device.
+a large matrix), skip programs whose compiled temp memory exceeds what the device has left
+(or ``max_temp_bytes``), then time the programs in interleaved rounds, one run at a time, so
+they never compete for the device and drift hits them alike.
 """
 
 from __future__ import annotations
