@@ -13,7 +13,9 @@ from jaxattn.cli import main
 
 pytestmark = pytest.mark.slow
 
-QUICK = ["bench", "--quick", "--mask", "causal", "--warmup", "1", "--repeats", "2", "--progress", "plain", "--plain"]
+# vanilla as the reference everywhere (the default is cudnn where it runs), so the test holds on a GPU too
+QUICK = ["bench", "--quick", "--mask", "causal", "--warmup", "1", "--repeats", "2", "--progress", "plain", "--plain",
+         "--reference", "vanilla"]
 
 
 def test_quick_bench_writes_table_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
