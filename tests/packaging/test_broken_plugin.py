@@ -8,7 +8,9 @@ from collections.abc import Callable
 import pytest
 from venvtools import Venv
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs every fresh-venv test, so the wheelhouse and the dependency base
+# (session fixtures) are built once, not once per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fresh_venvs")]
 
 REQUIREMENTS = ("jaxattn-vanilla", "jaxattn-example-plugin", "jaxattn-broken-plugin")
 CAUSE = "cannot import name '_kernels'"

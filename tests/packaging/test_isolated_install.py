@@ -11,7 +11,9 @@ from venvtools import Venv
 
 SMOKE = Path(__file__).with_name("smoke_install.py")
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs every fresh-venv test, so the wheelhouse and the dependency base
+# (session fixtures) are built once, not once per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fresh_venvs")]
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))

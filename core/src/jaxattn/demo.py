@@ -80,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     reference = oracle.attention(np.asarray(q, np.float64), np.asarray(k, np.float64),
                                  np.asarray(v, np.float64), causal=args.causal).output
     tolerance = TOLERANCE[args.dtype]
+    if device.platform != "cpu":
+        # float32 matmuls on GPUs (TF32) and TPUs (bfloat16 passes) are not float32-exact
+        # under JAX's default precision; a wrong result is still orders of magnitude off.
+        tolerance = max(tolerance, 1e-2)
     # jit: the registry picks the backend while tracing, so the compiled program is its own.
     run = jax.jit(lambda q, k, v: jaxattn.attention(q, k, v, impl=args.impl, causal=args.causal))
     out = run(q, k, v)
