@@ -66,5 +66,7 @@ def test_unsupported_features_and_block_sizes_are_declined_with_reasons() -> Non
         impl(q, q, q, sliding_window=4)
     assert len(info.value.reasons) == 2
     assert jaxattn.get_impl("flash_attn2", INTERPRET).supports(x, x, x, softmax_aux=jax.numpy.zeros(2))
+    wide = jaxattn.get_impl("flash_attn2", INTERPRET.replace(softmax_dtype="float64")).supports(x, x, x)
+    assert any("softmax_dtype='float64'" in r for r in wide)
     half = x.update(dtype="float16")
     assert any("float16" in r for r in jaxattn.get_impl("flash_attn2", INTERPRET).supports(half, half, half))

@@ -84,7 +84,8 @@ def test_declines_masks_biases_and_dropout_with_reasons() -> None:
     impl = jaxattn.get_impl("splash", INTERPRET.replace(block_q=100))
     reasons = impl.supports(x, x, x, mask=jnp.ones((8, 8), bool), bias=jnp.zeros((8, 8)), dropout_prob=0.1,
                              dropout_rng=jax.random.key(0))
-    for word in ("mask", "bias", "dropout", "block_q=100"):
+    reasons += jaxattn.get_impl("splash", INTERPRET.replace(softmax_dtype="bfloat16")).supports(x, x, x)
+    for word in ("mask", "bias", "dropout", "block_q=100", "softmax_dtype='bfloat16'"):
         assert any(word in r for r in reasons), (word, reasons)
 
 

@@ -52,6 +52,11 @@ class PallasFlashAttention(AttentionImpl):
         # The base class declines every feature missing from ``features`` (sliding window,
         # soft cap, sinks, dropout, weights, lse), with a reason each.
         reasons = super().not_supported_reasons(problem)
+        if self.metadata.softmax_dtype != "float32":
+            reasons.append(
+                "the Pallas TPU flash kernel computes the softmax in float32; "
+                f"softmax_dtype={self.metadata.softmax_dtype!r} cannot be honoured"
+            )
         try:
             plan_flash(
                 problem.seq_q,

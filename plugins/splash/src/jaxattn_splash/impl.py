@@ -61,6 +61,11 @@ class SplashAttention(AttentionImpl):
         # The base class declines every feature missing from ``features`` (boolean mask,
         # bias, dropout, weights, lse), with a reason each.
         reasons = super().not_supported_reasons(problem)
+        if self.metadata.softmax_dtype != "float32":
+            reasons.append(
+                "the splash kernel computes the softmax in float32; "
+                f"softmax_dtype={self.metadata.softmax_dtype!r} cannot be honoured"
+            )
         try:
             plan_splash(problem.seq_q, problem.seq_k, **self.metadata.block_sizes)
         except ValueError as err:
