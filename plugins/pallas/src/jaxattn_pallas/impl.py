@@ -18,7 +18,9 @@ from .blocks import plan_flash
 
 __all__ = ["PallasFlashAttention"]
 
+# Bytes per element of the compute dtypes: the query tile quantum depends on it.
 _ITEMSIZE = {"float32": 4, "bfloat16": 2}
+
 
 class PallasFlashAttention(AttentionImpl):
     """Flash attention on TPU (jax.experimental.pallas.ops.tpu.flash_attention)."""
