@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from ..metadata import AttentionMetadata
     from .shapes import BenchShape
 
-__all__ = ["HELP", "add_arguments", "add_matrix_arguments", "add_run_arguments", "run", "shapes_from_args"]
+__all__ = ["HELP", "add_arguments", "add_matrix_arguments", "add_run_arguments", "max_temp_bytes", "platform_of", "run",
+           "shapes_from_args"]
 
 HELP = "time every attention backend side by side (TFLOP/s, ratio to a reference, memory)"
 
@@ -97,7 +98,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                       help="progress display on stderr (default: rich on a terminal, else plain lines)")
 
 
-def _platform(metadata: AttentionMetadata) -> str:
+def platform_of(metadata: AttentionMetadata) -> str:
+    """The platform runs go to: the metadata override, else the detected device."""
     from ..device import detect_device
     from ..impl import _resolve_platform
 
@@ -154,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     from ..metadata import AttentionMetadata
 
     metadata = AttentionMetadata()
-    platform = _platform(metadata)
+    platform = platform_of(metadata)
     try:
         shapes = shapes_from_args(args, platform)
     except ValueError as err:
@@ -179,7 +181,7 @@ def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: Att
     config = BenchConfig(
         shapes=shapes, backends=backends, reference=_reference(args, backends), modes=tuple(args.modes),
         warmup=args.warmup, repeats=args.repeats, metadata=metadata,
-        max_temp_bytes=max_temp_bytes(args, _platform(metadata)),
+        max_temp_bytes=max_temp_bytes(args, platform_of(metadata)),
         time_budget_s=args.time_budget, compile_workers=args.compile_workers, record_tuning=args.tune,
     )
     to_stdout = args.json == "-"

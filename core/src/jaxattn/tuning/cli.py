@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ..bench.cli import _platform, add_matrix_arguments, add_run_arguments, max_temp_bytes, shapes_from_args
+from ..bench.cli import add_matrix_arguments, add_run_arguments, max_temp_bytes, platform_of, shapes_from_args
 
 if TYPE_CHECKING:
     from ..bench.shapes import BenchShape
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.show:
         return _show(args, printer)
-    shapes = shapes_from_args(args, _platform(metadata))
+    shapes = shapes_from_args(args, platform_of(metadata))
     return _tune(args, shapes, metadata, printer)
 
 
@@ -63,7 +63,7 @@ def _tune(args: argparse.Namespace, shapes: list[BenchShape], metadata: Attentio
     backends = [n for n in (args.impls or available_backends(metadata)) if n != "auto"]
     config = BenchConfig(shapes=shapes, backends=backends, reference=None, modes=tuple(args.modes),
                          warmup=args.warmup, repeats=args.repeats, metadata=metadata,
-                         max_temp_bytes=max_temp_bytes(args, _platform(metadata)),
+                         max_temp_bytes=max_temp_bytes(args, platform_of(metadata)),
                          time_budget_s=args.time_budget, compile_workers=args.compile_workers)
     progress = Progress.choose(args.progress)
     progress.line(f"jaxattn tune: {len(shapes)} shapes x {', '.join(backends)}; cache {active_cache().path}")
@@ -76,12 +76,14 @@ def _tune(args: argparse.Namespace, shapes: list[BenchShape], metadata: Attentio
             record_results(shape, results, metadata)
 
     report = run_bench(config, progress, on_shape=store)
-    if args.json == "-" if isinstance(args.json, str) else args.json:
+    if args.json:
         from ..cli._output import dump_json
 
         dump_json(_picks(shapes, metadata))
         return 0
     _print_picks(printer, shapes, metadata, f"auto's picks after tuning ({report.elapsed_s:.0f} s)")
+    for note in report.notes:
+        printer.line(f"note: {note}")
     printer.line(f"tuning cache: {active_cache().path}")
     return 0
 
