@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import jax.numpy as jnp
@@ -149,7 +150,7 @@ def test_memory_limit_and_time_budget_skip_with_a_reason() -> None:
 
 
 @pytest.mark.usefixtures("toys")
-def test_bench_tune_records_then_times_auto() -> None:
+def test_bench_tune_records_then_times_auto(cache_dir: Path) -> None:
     report = run_bench(config(backends=["plain", "auto"], shapes=[MHA], record_tuning=True))
     entry = TuningCache.load().lookup(problem_of(MHA))
     assert entry is not None and set(entry.results) == {"plain"}
@@ -159,6 +160,12 @@ def test_bench_tune_records_then_times_auto() -> None:
         ("plain", "fwd"): 2, ("plain", "fwdbwd"): 2, ("auto", "fwd"): 2, ("auto", "fwdbwd"): 2}
     auto = report.get(MHA, "auto", "fwd")
     assert auto is not None and auto.ok and auto.note == "-> plain"
+    # without auto: measured once, stored all the same
+    (cache_dir / "tuning.json").unlink()
+    report = run_bench(config(backends=["plain"], shapes=[GQA, MHA], record_tuning=True))
+    assert {len(r.times_ms) for r in report.results if r.ok} == {2}
+    assert TuningCache.load().lookup(problem_of(MHA)) is not None
+    assert TuningCache.load().lookup(problem_of(GQA)) is None  # plain declines GQA: nothing to store
 
 
 def test_pallas_mha_declines_what_it_cannot_run() -> None:

@@ -113,25 +113,29 @@ class _ShapeRun:
     def run(self) -> list[BenchResult]:
         backends = list(self.config.backends)
         args: tuple[Any, ...] | None = None
-        if self.config.record_tuning and "auto" in backends:
-            # Time the impls, store their timings, then trace auto (which now ranks by them) and
-            # time everything again, interleaved, so auto is compared with the others in one round.
-            backends.remove("auto")
-            first = self._prepare(backends)
-            if first:
+        if self.config.record_tuning:
+            # Time the impls and store their timings. Then, if auto is benchmarked, trace it (it
+            # now ranks by them) and time everything again, interleaved, so auto is compared with
+            # the others in one round.
+            with_auto = "auto" in backends
+            runnable = self._prepare([b for b in backends if b != "auto"])
+            if runnable:
                 args = make_inputs(self.shape.structs())
-                self._time(first, args)
+                self._time(runnable, args)
             from ..tuning.measure import record_results
 
-            record_results(self.shape, [r for r, _ in first], self.config.metadata)
-            for result, _ in first:
-                if result.ok:
-                    result.times_ms, result.median_ms, result.tflops = [], None, None
-            runnable = first + self._prepare(["auto"])
+            record_results(self.shape, [r for r, _ in runnable], self.config.metadata)
+            auto = self._prepare(["auto"]) if with_auto else []
+            if auto:
+                for result, _ in runnable:
+                    if result.ok:
+                        result.times_ms, result.median_ms, result.tflops = [], None, None
+                runnable += auto
+                self._time(runnable, args or make_inputs(self.shape.structs()))
         else:
             runnable = self._prepare(backends)
-        if runnable:
-            self._time(runnable, args or make_inputs(self.shape.structs()))
+            if runnable:
+                self._time(runnable, make_inputs(self.shape.structs()))
         for result, _ in runnable:
             self._done(result)
         return self.results
