@@ -56,26 +56,18 @@ def _tune(args: argparse.Namespace, shapes: list[BenchShape], metadata: Attentio
           printer: Printer) -> int:
     from ..bench.backends import available_backends
     from ..bench.progress import Progress
-    from ..bench.runner import BenchConfig, BenchResult, run_bench
+    from ..bench.runner import BenchConfig, run_bench
     from .cache import active_cache
-    from .measure import record_results
 
     backends = [n for n in (args.impls or available_backends(metadata)) if n != "auto"]
     config = BenchConfig(shapes=shapes, backends=backends, reference=None, modes=tuple(args.modes),
                          warmup=args.warmup, repeats=args.repeats, metadata=metadata,
                          max_temp_bytes=max_temp_bytes(args, platform_of(metadata)),
-                         time_budget_s=args.time_budget, compile_workers=args.compile_workers)
+                         time_budget_s=args.time_budget, compile_workers=args.compile_workers,
+                         record_tuning=True)  # stored shape by shape: an interrupted run keeps what it measured
     progress = Progress.choose(args.progress)
     progress.line(f"jaxattn tune: {len(shapes)} shapes x {', '.join(backends)}; cache {active_cache().path}")
-    recorded: set[BenchShape] = set()
-
-    def store(results: list[BenchResult]) -> None:
-        # After each shape, so an interrupted run keeps what it measured.
-        for shape in {r.shape for r in results} - recorded:
-            recorded.add(shape)
-            record_results(shape, results, metadata)
-
-    report = run_bench(config, progress, on_shape=store)
+    report = run_bench(config, progress)
     if args.json:
         from ..cli._output import dump_json
 
