@@ -234,7 +234,10 @@ class _ShapeRun:
         if workers == 1:
             return [one(job) for job in jobs]
         with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="jaxattn-compile") as pool:
-            return list(pool.map(one, jobs))
+            programs = list(pool.map(one, jobs))
+        # A kernel library that is not safe to compile from several threads fails here and not
+        # alone: what failed in the pool is compiled again, alone, before it counts as failed.
+        return [one(job) if isinstance(p, BaseException) else p for job, p in zip(jobs, programs, strict=True)]
 
     def _done(self, result: BenchResult) -> None:
         self.results.append(result)
