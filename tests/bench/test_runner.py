@@ -64,11 +64,29 @@ class Broken(Plain):
         raise RuntimeError("kernel exploded")
 
 
+class Flaky(Plain):
+    """Fails its first trace only, like a kernel library that cannot compile in two threads at once."""
+
+    traces: ClassVar[list[int]] = []
+    priority: ClassVar[int] = 1  # never auto's pick in these tests
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "flaky"
+
+    def forward_native(self, *args: Any, **kw: Any) -> AttentionOutput:
+        type(self).traces.append(1)
+        if len(type(self).traces) == 1:
+            raise RuntimeError("compiler state clobbered by another thread")
+        return super().forward_native(*args, **kw)
+
+
 @pytest.fixture
 def toys() -> Iterator[None]:
     with isolated_registry(discover=False):
         jaxattn.register_impl(Plain)
         jaxattn.register_impl(Broken)
+        jaxattn.register_impl(Flaky)
         yield
 
 
@@ -174,3 +192,12 @@ def test_pallas_mha_declines_what_it_cannot_run() -> None:
     for r in report.results:
         assert "Hq == Hkv" in r.reason  # mha has no grouped-query attention
         assert ("needs a CUDA GPU" in r.reason) == (jaxattn.detect_device().vendor != "cuda")
+
+
+@pytest.mark.usefixtures("toys")
+def test_a_compile_that_fails_in_the_pool_is_retried_alone() -> None:
+    Flaky.traces.clear()
+    report = run_bench(config(backends=["flaky", "plain"], shapes=[MHA], modes=("fwd",)))
+    flaky = report.get(MHA, "flaky", "fwd")
+    assert flaky is not None and flaky.ok, flaky
+    assert len(Flaky.traces) == 2
