@@ -113,3 +113,13 @@ def test_metadata_defaults_and_checks() -> None:
         AttentionMetadata(platform="npu")
     with pytest.raises(ValueError, match="block_q"):
         AttentionMetadata(block_q=0)
+
+
+def test_metadata_hash_survives_pickle_and_replace() -> None:
+    import pickle
+
+    md = AttentionMetadata(extra={"k": 1}, block_q=64)
+    back = pickle.loads(pickle.dumps(md))
+    assert back == md and hash(back) == hash(md)
+    assert hash(md.replace(block_q=64)) == hash(md)
+    assert md.replace(block_q=128) != md

@@ -19,7 +19,7 @@ from .device import detect_device
 from .errors import JaxattnError, UnsupportedError
 from .impl import AttentionImpl, _resolve_platform
 from .lookup import available_here, get_impl
-from .metadata import AttentionMetadata
+from .metadata import DEFAULT_METADATA, AttentionMetadata
 from .names import AttentionMechanisms, normalize_name
 from .output import AttentionOutput
 from .plugins import registry
@@ -275,7 +275,6 @@ class AutoAttention(AttentionImpl):
         return impl(q, k, v, mask, spec.bias, None, causal, **features)
 
 
-_DEFAULT_METADATA = AttentionMetadata()
 
 
 def _signature(x: Any) -> Any:
@@ -287,7 +286,7 @@ def _call_key(q: Any, k: Any, v: Any, mask: Any, bias: Any, causal: Any, feature
               metadata: AttentionMetadata) -> tuple[Any, ...]:
     """Shapes, dtypes and static features of a call: what auto's choice depends on."""
     # Comparing with the default is ~10x cheaper than hashing a metadata, and most calls use it.
-    md = None if metadata == _DEFAULT_METADATA else metadata
+    md = None if metadata == DEFAULT_METADATA else metadata
     return ("call", _signature(q), _signature(k), _signature(v), _signature(mask), _signature(bias), causal,
             tuple(sorted((name, _signature(x)) for name, x in features.items())), md, detect_device(),
             registry().generation)
@@ -334,7 +333,7 @@ def explain(
 
     ``q``, ``k``, ``v`` (and mask/bias/segment ids) may be ``jax.ShapeDtypeStruct``s.
     """
-    md = metadata or AttentionMetadata()
+    md = metadata or DEFAULT_METADATA
     mask = features.pop("mask", None)
     spec = resolve_call(q, k, v, mask=mask, metadata=md, **features)
     problem = AttentionProblem.from_inputs(
@@ -386,7 +385,7 @@ def attention(
     explicitly chosen impl never falls back silently: it raises ``UnsupportedError`` with every
     reason and the names of the impls that would accept the call.
     """
-    md = metadata if metadata is not None else AttentionMetadata()
+    md = metadata if metadata is not None else DEFAULT_METADATA
     chosen = impl if isinstance(impl, AttentionImpl) else get_impl(current_impl_name(impl), md)
     kwargs: dict[str, Any] = {
         "sliding_window": sliding_window, "q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids,
@@ -416,7 +415,7 @@ def get_optimal_config(metadata: AttentionMetadata | None = None) -> tuple[str, 
     import jax
     import jax.numpy as jnp
 
-    md = metadata or AttentionMetadata()
+    md = metadata or DEFAULT_METADATA
     device = detect_device()
     platform, _ = _resolve_platform(md, device)
     old_tpu = platform == "tpu" and device.tpu_generation in ("v2", "v3")

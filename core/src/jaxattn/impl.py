@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .capabilities import Feature, describe_features, head_dim_reason, platform_matches
 from .device import DeviceInfo, detect_device
 from .errors import PluginError, UnsupportedError
-from .metadata import AttentionMetadata
+from .metadata import DEFAULT_METADATA, AttentionMetadata
 from .problem import AttentionProblem
 from .sharding.axes import sequence_reasons
 from .validation import CallSpec, resolve_call
@@ -105,7 +105,7 @@ class AttentionImpl:
     sequence_parallel: ClassVar[bool] = False
 
     def __init__(self, metadata: AttentionMetadata | None = None, device: DeviceInfo | None = None) -> None:
-        self.metadata = metadata if metadata is not None else AttentionMetadata()
+        self.metadata = metadata if metadata is not None else DEFAULT_METADATA
         self.device = device if device is not None else detect_device()
         self.platform, self.vendor = _resolve_platform(self.metadata, self.device)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from .device import DeviceInfo, detect_device
 from .errors import ImplNotFoundError, PluginError
 from .impl import _resolve_platform
-from .metadata import AttentionMetadata
+from .metadata import DEFAULT_METADATA, AttentionMetadata
 from .names import AttentionMechanisms, normalize_name
 from .plugins import plugin_records, register_impl_class, registry
 from .registry import ImplInfo, Provider
@@ -25,7 +25,7 @@ def _where(platform: str, vendor: str | None) -> str:
 
 def available_here(metadata: AttentionMetadata | None = None, device: DeviceInfo | None = None) -> list[Provider]:
     """Providers that serve this platform (best per name), in order of priority."""
-    md = metadata or AttentionMetadata()
+    md = metadata or DEFAULT_METADATA
     dev = device or detect_device()
     platform, vendor = _resolve_platform(md, dev)
     reg = registry()
@@ -82,7 +82,7 @@ def get_impl(name: str | AttentionMechanisms, metadata: AttentionMetadata | None
     ``"auto"`` returns an impl that picks the best backend per call.
     """
     key = normalize_name(name)
-    md = metadata if metadata is not None else AttentionMetadata()
+    md = metadata if metadata is not None else DEFAULT_METADATA
     if key == AttentionMechanisms.AUTO.value:
         from .dispatch import AutoAttention
 
@@ -107,7 +107,7 @@ def register_impl(impl_cls: type[AttentionImpl], *, replace: bool = False) -> ty
 
 def list_impls(metadata: AttentionMetadata | None = None) -> list[ImplInfo]:
     """Every implementation and plugin: names, origin, version, platforms, status, usable here."""
-    md = metadata or AttentionMetadata()
+    md = metadata or DEFAULT_METADATA
     reg = registry()
     dev = detect_device()
     platform, vendor = _resolve_platform(md, dev)

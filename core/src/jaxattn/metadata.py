@@ -12,7 +12,7 @@ from .sharding.axes import check_metadata_axes
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
-__all__ = ["AttentionMetadata", "AxisName"]
+__all__ = ["DEFAULT_METADATA", "AttentionMetadata", "AxisName"]
 
 AxisName = str | tuple[str, ...] | None
 
@@ -72,12 +72,27 @@ class AttentionMetadata:
         object.__setattr__(self, "extra", dict(self.extra))
         check_metadata_axes(self)
 
-    def __hash__(self) -> int:
+        # Hashed on every dispatch (impl and choice caches): compute it once.
+        object.__setattr__(self, "_hash", self._compute_hash())
+
+    def _compute_hash(self) -> int:
         items = tuple(
             tuple(sorted(self.extra.items())) if f.name == "extra" else getattr(self, f.name)
             for f in dataclasses.fields(self)
         )
         return hash(items)
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[no-any-return,attr-defined]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # String hashes differ between processes: never carry one across a pickle.
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            object.__setattr__(self, key, value)
+        object.__setattr__(self, "_hash", self._compute_hash())
 
     def replace(self, **changes: Any) -> AttentionMetadata:
         """A copy with some fields changed."""
@@ -88,3 +103,7 @@ class AttentionMetadata:
         """The tile sizes that were set explicitly."""
         names = ("block_q", "block_k", "block_q_bwd", "block_k_bwd")
         return {n: v for n in names if (v := getattr(self, n)) is not None}
+
+
+#: The metadata of calls that pass none (shared, so a call does not build one).
+DEFAULT_METADATA = AttentionMetadata()

@@ -12,7 +12,7 @@ from typing import Any
 
 from ._dtypes import dtype_name
 from .errors import InvalidInputError
-from .metadata import AttentionMetadata
+from .metadata import DEFAULT_METADATA, AttentionMetadata
 
 __all__ = ["CallSpec", "resolve_call"]
 
@@ -151,7 +151,7 @@ def resolve_call(
     metadata: AttentionMetadata | None = None,
 ) -> CallSpec:
     """Validate a call and fill its defaults from ``metadata`` (call arguments win)."""
-    md = metadata or AttentionMetadata()
+    md = metadata or DEFAULT_METADATA
     _check_qkv(q, k, v)
     b, t, hq, d = q.shape
     s = k.shape[1]
