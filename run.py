@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 import venv
 from pathlib import Path
 
@@ -62,6 +61,8 @@ def dependency_group(groups: dict[str, list[object]], name: str) -> list[str]:
 
 
 def requirements_for(profile: str) -> list[str]:
+    import tomllib  # here, so that Python < 3.11 gets main()'s message instead of an ImportError
+
     groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
     requirements: list[str] = []
     for group in PROFILES[profile]:
@@ -96,7 +97,11 @@ def ensure_environment(profile: str) -> Path:
     if not python.exists():
         print(f"run.py: creating {VENV.relative_to(ROOT)} with Python {sys.version.split()[0]}",
               flush=True)
-        venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
+        try:
+            venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
+        except (OSError, subprocess.CalledProcessError) as err:
+            raise SystemExit(f"run.py: could not create {VENV} ({err}); on Debian or Ubuntu, "
+                             "install the python3-venv package") from err
 
     packages = workspace_packages()
     wanted = install_hash(profile, packages)
