@@ -28,6 +28,8 @@ _EXPORTS: dict[str, str] = {
     "list_impls": "lookup",
     "register_impl": "lookup",
     "register_plugin": "plugins",
+    "list_plugins": "plugins",
+    "PluginRecord": "plugins",
     "attention": "dispatch",
     "explain": "dispatch",
     "Explanation": "dispatch",
@@ -55,6 +57,7 @@ __all__ = [
     "InvalidInputError",
     "JaxattnError",
     "PluginError",
+    "PluginRecord",
     "UnsupportedError",
     "__version__",
     "attention",
@@ -64,6 +67,7 @@ __all__ = [
     "get_optimal_config",
     "hookimpl",
     "list_impls",
+    "list_plugins",
     "register_impl",
     "register_plugin",
     "tpu_version_check",
@@ -95,6 +99,6 @@ if TYPE_CHECKING:
     from .metadata import AttentionMetadata
     from .names import AttentionMechanisms
     from .output import AttentionOutput
-    from .plugins import register_plugin
+    from .plugins import PluginRecord, list_plugins, register_plugin
     from .problem import AttentionProblem
     from .registry import ImplInfo, ImplRef

@@ -28,6 +28,7 @@ __all__ = [
     "PluginRecord",
     "PluginWarning",
     "isolated_registry",
+    "list_plugins",
     "plugin_manager",
     "plugin_records",
     "register_plugin",
@@ -198,7 +199,11 @@ def plugin_manager() -> pluggy.PluginManager:
 
 
 def plugin_records() -> list[PluginRecord]:
+    """Every discovered plugin: distribution, version, status ("ok", "broken", "disabled") and cause."""
     return list(_ensure().records.values())
+
+
+list_plugins = plugin_records
 
 
 def register_plugin(plugin: object, name: str | None = None) -> PluginRecord:
