@@ -2,18 +2,22 @@
 
 Run on a CUDA machine with jax-triton importable and ``plugins/triton/src`` on the path:
 
-    python3 benchmarks/triton_gpu_check.py [--check] [--bench] [--sweep] [--json OUT.json]
+    python3 benchmarks/triton_gpu_check.py [--check] [--bench] [--sweep] [--tune] [--bench-d256] [--json OUT.json]
 
 ``--check`` compares forward and gradients with a float32 JAX reference on the same
 inputs; ``--bench`` times forward and forward+backward against cuDNN
 (``jax.nn.dot_product_attention(implementation="cudnn")``) side by side in this process
 (bf16, B*S = 16k tokens, H = 32, D = 128, S in {4k, 8k}, causal and full); ``--sweep``
 times each kernel's tile candidates (``tuning.candidates``) on the S = 4k shapes.
+``--tune`` first tunes D = 128/256/64 at S = 4k (atomic-dQ and split dK/dV included)
+into the tuning cache, so that ``--bench`` and ``--bench-d256`` time the winners;
+``--check-dq-mode N`` runs ``--check`` with the backward ``launch.DQ_*`` = N.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -99,6 +103,10 @@ def rel(a: jax.Array, b: jax.Array) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
+# --check-dq-mode: run --check with this backward (launch.DQ_*) instead of the tuned one.
+CHECK_DQ_MODE: int | None = None
+
+
 def check() -> None:
     rng = np.random.default_rng(0)
     cases: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
@@ -145,9 +153,18 @@ def check() -> None:
             do = jnp.asarray(rng.standard_normal((b, t, h, d)), dt)
             argnums = (0, 1, 2, 3) if "bias" in kw else (0, 1, 2)
 
-            def ours(q, k, v, bias=None, kw=kw):  # type: ignore[no-untyped-def]
+            tiles = None
+            if CHECK_DQ_MODE is not None:
+                spec = make_spec(
+                    q, k, v, mask=kw.get("mask"), bias=kw.get("bias"), causal=kw.get("causal", False),
+                    sliding_window=kw.get("sliding_window"), segments="q_segment_ids" in kw,
+                    logits_soft_cap=kw.get("logits_soft_cap"), sinks="softmax_aux" in kw,
+                )  # fmt: skip
+                tiles = dataclasses.replace(tuning.tiles_for(spec), dq_mode=CHECK_DQ_MODE)
+
+            def ours(q, k, v, bias=None, kw=kw, tiles=tiles):  # type: ignore[no-untyped-def]
                 kw2 = dict(kw, bias=bias) if bias is not None else kw
-                return flash_attention(q, k, v, **kw2)[0]
+                return flash_attention(q, k, v, tiles=tiles, **kw2)[0]
 
             def ref(q, k, v, bias=None, kw=kw):  # type: ignore[no-untyped-def]
                 kw2 = dict(kw, bias=bias) if bias is not None else kw
@@ -164,7 +181,7 @@ def check() -> None:
             )
             errs = [rel(o, ro)] + [rel(a, r) for a, r in zip(grads, rgrads, strict=False)]
             ok = not nan and max(errs) < 2e-2
-            rows.append({"case": name, "errors": errs, "nan": nan, "ok": ok})
+            rows.append({"case": name, "dq_mode": CHECK_DQ_MODE, "errors": errs, "nan": nan, "ok": ok})
             log(
                 f"check {name:28s} {'OK ' if ok else 'BAD'} nan={nan} rel(out,dq,dk,dv[,db])="
                 + " ".join(f"{e:.2e}" for e in errs)
@@ -280,6 +297,146 @@ def sweep_fwd(seq: int = 4096) -> None:
     RESULTS["sweep_fwd"] = rows
 
 
+TUNE_DEADLINE_S = 250.0  # --tune stops timing candidates after this many seconds
+TUNE_SHAPES = ((4, 4096, 32, 128), (4, 4096, 16, 256), (4, 4096, 32, 64))  # B, S, H, D
+
+
+def _prepared_measure(spec: AttnSpec, rows: list[dict[str, Any]], t0: float) -> Any:
+    """A ``tuning.tune`` measure whose inputs (and backward residuals) are made once.
+
+    Each atomic-dQ candidate's dQ is also compared with the two-kernel backward's on the
+    same inputs (relative error), which catches a race at full size.
+    """
+    from jaxattn_triton.ops import _execute
+
+    q, k, v = bu.random_inputs(spec)
+    dummies = (
+        jnp.zeros((1,), jnp.int8),
+        jnp.zeros((1,), jnp.float32),
+        jnp.zeros((1,), jnp.int32),
+        jnp.zeros((1,), jnp.int32),
+    )
+    sinks = jnp.zeros((1,), jnp.float32)
+    base = tuning.default_tiles(spec, "9.0")
+    out, lse = jax.jit(lambda *a: _execute(L.forward(spec, base.fwd), a, False))(q, k, v, *dummies, sinks)
+    dout = jax.random.normal(jax.random.PRNGKey(1), out.shape, out.dtype)
+    delta, lse_b, _ = jax.jit(lambda *a: _execute(L.preprocess(spec), a, False))(
+        out, dout, lse, jnp.zeros_like(lse), sinks
+    )
+    common = (q, k, v, *dummies, dout, lse_b, delta)
+    ref: dict[str, Any] = {}
+
+    def measure(t: L.Tiles, name: str) -> float:
+        if time.perf_counter() - t0 > TUNE_DEADLINE_S:
+            raise RuntimeError("skipped: --tune time budget spent")
+        err = None
+        if name == "fwd":
+            fn = jax.jit(lambda *a: _execute(L.forward(spec, t.fwd), a, False)[0])
+            sec = bu.time_jax(fn, q, k, v, *dummies, sinks, reps=10)
+        elif name == "dkdv":
+            fn = jax.jit(lambda *a: _execute(L.dkdv(spec, t.dkdv), a, False)[:2])
+            sec = bu.time_jax(fn, *common, reps=10)
+            if "dkdv" not in ref:
+                ref["dkdv"] = [np.asarray(x, np.float32) for x in fn(*common)]
+        elif name == "dq":
+            fn = jax.jit(lambda *a: _execute(L.dq(spec, t.dq), a, False)[0])
+            sec = bu.time_jax(fn, *common, reps=10)
+            if "dq" not in ref:
+                ref["dq"] = np.asarray(fn(*common), np.float32)
+        elif name == "dkdv_split":
+
+            def split(*a: jax.Array) -> list[jax.Array]:
+                dv = _execute(L.dkdv(spec, t.dkdv, part=L.PART_DV), a, False)[1]
+                dk = _execute(L.dkdv(spec, t.dkdv, part=L.PART_DK), a, False)[0]
+                return [dk, dv]
+
+            fn = jax.jit(split)
+            sec = bu.time_jax(fn, *common, reps=10)
+            if "dkdv" in ref:
+                dk, dv = fn(*common)
+                err = max(rel(dk, ref["dkdv"][0]), rel(dv, ref["dkdv"][1]))
+        else:
+
+            def atomic(*a: jax.Array) -> jax.Array:
+                _, _, _, acc = _execute(L.dkdv(spec, t.dkdv, L.DQ_ATOMIC), a, False)
+                return (acc * spec.softmax_scale).astype(q.dtype)
+
+            fn = jax.jit(atomic)
+            sec = bu.time_jax(fn, *common, reps=10)
+            if "dq" in ref:
+                err = rel(fn(*common), ref["dq"])
+        tile = t.dkdv if name.startswith("dkdv") else getattr(t, name)
+        fl = bu.attention_flops(
+            spec.batch, spec.heads_q, spec.seq_q, spec.seq_k, spec.head_dim, causal=spec.causal, backward=False
+        )
+        gemms = {"fwd": 2, "dkdv": 4, "dq": 3, "dkdv_atomic": 5, "dkdv_split": 5}[name]
+        rows.append(
+            {
+                "D": spec.head_dim, "S": spec.seq_k, "causal": spec.causal, "kernel": name,
+                "dq_mode": t.dq_mode, "tiles": list(dataclasses.astuple(tile)), "ms": sec * 1e3,
+                "tflops_gemm": fl / 2 * gemms / sec / 1e12, "rel_err_vs_kernel": err,
+            }
+        )  # fmt: skip
+        log(
+            f"  D={spec.head_dim} causal={spec.causal} {name:11s} {tuple(dataclasses.astuple(tile))} "
+            f"mode={t.dq_mode}: {sec * 1e3:.3f} ms" + (f" rel err vs kernel {err:.2e}" if err is not None else "")
+        )
+        return sec
+
+    return measure
+
+
+def _tiles_json(t: L.Tiles) -> dict[str, Any]:
+    return {
+        "fwd": list(dataclasses.astuple(t.fwd)),
+        "dkdv": list(dataclasses.astuple(t.dkdv)),
+        "dq": list(dataclasses.astuple(t.dq)),
+        "dq_mode": t.dq_mode,
+        "dkdv_split": t.dkdv_split,
+    }
+
+
+def tune_all() -> None:
+    """Tune TUNE_SHAPES (D = 128, 256, 64; --tune-dims picks) at S = 4k, full and causal.
+
+    Winners (the atomic-dQ and split dK/dV backwards included) go to the tuning cache,
+    and the D = 128 winners are stored for S = 8k too, so --bench runs what was chosen.
+    Each atomic or split candidate's dQ or dK/dV is compared with the plain kernels'.
+    """
+    rows: list[dict[str, Any]] = []
+    chosen = {}
+    t0 = time.perf_counter()
+    kind = str(jax.devices()[0].device_kind)
+    for b, s, h, d in TUNE_SHAPES:
+        for causal in (False, True):
+            shape = jax.ShapeDtypeStruct((b, s, h, d), jnp.bfloat16)
+            spec = make_spec(shape, shape, shape, causal=causal)
+            measure = _prepared_measure(spec, rows, t0)
+            best = tuning.tune(spec, measure, log=lambda m: None)
+            log(f"tuned D={d} causal={causal}: {best}")
+            chosen[f"d{d}-causal{causal}"] = _tiles_json(best)
+            if d == 128:
+                shape8 = jax.ShapeDtypeStruct((b // 2, 2 * s, h, d), jnp.bfloat16)
+                tuning.store(kind, make_spec(shape8, shape8, shape8, causal=causal), best)
+            log(f"[tune D={d} causal={causal} done at {time.perf_counter() - t0:.0f}s]")
+            RESULTS["tune"] = {"rows": rows, "chosen": chosen}
+
+
+def bench_d256() -> None:
+    """D = 256 (B=4, S=4k, H=16) forward and forward+backward against cuDNN."""
+    rows = []
+    key = jax.random.split(jax.random.PRNGKey(11), 3)
+    q, k, v = (jax.random.normal(kk, (4, 4096, 16, 256), jnp.bfloat16) for kk in key)
+    for c in (False, True):
+        fl = bu.attention_flops(4, 16, 4096, 4096, 256, causal=c, backward=False)
+        impls = {
+            "cudnn": lambda q, k, v, c=c: jax.nn.dot_product_attention(q, k, v, is_causal=c, implementation="cudnn"),
+            "triton": lambda q, k, v, c=c: flash_attention(q, k, v, causal=c)[0],
+        }
+        rows.append(_time_row(f"D=256 H=16 S=4k causal={c}", impls, q, k, v, fl))
+    RESULTS["bench_d256"] = rows
+
+
 def memory(seq: int = 32768) -> None:
     """Compiled temporary memory of forward+backward at S = 32k: O(S), no S x S buffer."""
     shape = jax.ShapeDtypeStruct((1, seq, 32, 128), jnp.bfloat16)
@@ -381,15 +538,25 @@ def main() -> None:
     ap.add_argument("--sweep-fwd", action="store_true")
     ap.add_argument("--memory", action="store_true")
     ap.add_argument("--extra", action="store_true")
+    ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--bench-d256", action="store_true")
+    ap.add_argument("--check-dq-mode", type=int, default=None)
+    ap.add_argument("--tune-dims", default="128,256", help="head dims --tune tunes")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    global CHECK_DQ_MODE, TUNE_SHAPES
+    CHECK_DQ_MODE = a.check_dq_mode
+    dims = {int(x) for x in a.tune_dims.split(",")}
+    TUNE_SHAPES = tuple(sh for sh in TUNE_SHAPES if sh[3] in dims)
     log("devices:", jax.devices())
     t0 = time.perf_counter()
     steps = (
+        ("tune", tune_all),
         ("check", check),
         ("sweep", sweep),
         ("sweep_fwd", sweep_fwd),
         ("bench", bench),
+        ("bench_d256", bench_d256),
         ("memory", memory),
         ("extra", extra),
     )

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from jaxattn.testing import oracle
-from jaxattn_triton.launch import KernelTiles, Tiles
+from jaxattn_triton.launch import DQ_ATOMIC, DQ_KERNEL, KernelTiles, Tiles
 from jaxattn_triton.spec import AttnSpec
 
 from ._env import BF16_DOT_OK, TORCH_DEVICE, needs_kernels
@@ -60,6 +60,8 @@ class Problem:
     scale: float | None = None
     q_gain: float = 1.0
     tiles: tuple[int, int] = (16, 16)
+    dq_mode: int = DQ_KERNEL
+    dkdv_split: bool = False
     seed: int = 0
 
 
@@ -137,7 +139,7 @@ def _run_kernels(p: Problem, x: dict[str, Any]) -> dict[str, np.ndarray | None]:
     )  # fmt: skip
     bm, bn = p.tiles
     kt = KernelTiles(bm, bn, 4, 1)
-    tiles = Tiles(kt, KernelTiles(bn, bm, 4, 1), kt)  # dK/dV tiles swap roles: test both
+    tiles = Tiles(kt, KernelTiles(bn, bm, 4, 1), kt, p.dq_mode, p.dkdv_split)  # dK/dV tiles swap roles
     out, lse = torch_ops.forward(spec, tiles, q, k, v, extra)
     dq, dk, dv, dbias, dsinks = torch_ops.backward(spec, tiles, q, k, v, extra, out, lse, dout)
 
@@ -223,6 +225,21 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_against_oracle(name: str) -> None:
     check(CASES[name])
+
+
+# dQ summed by atomic adds in the dK/dV kernel (the default on Hopper for head dims up to
+# 128), and dK/dV in two launches (PART_DV, PART_DK; large head dims): every feature again.
+ATOMIC_CASES = {
+    **{f"atomic_{n}": dataclasses.replace(p, dq_mode=DQ_ATOMIC) for n, p in CASES.items()},
+    **{f"split_{n}": dataclasses.replace(p, dkdv_split=True) for n, p in CASES.items()},
+    "atomic_and_split_everything": dataclasses.replace(CASES["everything"], dq_mode=DQ_ATOMIC, dkdv_split=True),
+    "atomic_long_loop_causal_tiles_32x16": Problem(t=96, s=100, causal=True, tiles=(32, 16), dq_mode=DQ_ATOMIC),
+}
+
+
+@pytest.mark.parametrize("name", list(ATOMIC_CASES))
+def test_atomic_dq_and_split_dkdv_against_oracle(name: str) -> None:
+    check(ATOMIC_CASES[name])
 
 
 @pytest.mark.skipif(not BF16_DOT_OK, reason="this triton's interpreter multiplies bf16 bits as ints")

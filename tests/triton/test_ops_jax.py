@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from jaxattn.testing import oracle
-from jaxattn_triton.launch import KernelTiles, Tiles
+from jaxattn_triton.launch import DQ_ATOMIC, KernelTiles, Tiles
 from jaxattn_triton.ops import flash_attention
 
 from ._env import needs_interpreter
@@ -77,6 +77,30 @@ def test_gradients_through_output_and_lse_match_autodiff() -> None:
     want = jax.grad(loss(_reference), argnums=(0, 1, 2, 3, 4))(*args)
     for name, g, w in zip(("dq", "dk", "dv", "dbias", "dsinks"), got, want, strict=True):
         assert g.shape == w.shape, name
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=2e-4, err_msg=name)
+
+
+def test_gradients_with_atomic_dq_match_autodiff() -> None:
+    # dQ accumulated in float32 by the dK/dV kernel, scaled and cast by the JAX side.
+    a = _arrays(4)
+    kt = KernelTiles(16, 16, 4, 1)
+    tiles = Tiles(kt, kt, kt, dq_mode=DQ_ATOMIC, dkdv_split=True)
+
+    def loss(fn: Any) -> Any:
+        def f(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array, sinks: jax.Array) -> Any:
+            out, lse = fn(q, k, v, bias, sinks)
+            return jnp.sum(out * a["dout"]) + jnp.sum(lse * a["dlse"])
+
+        return f
+
+    def ours(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array, sinks: jax.Array) -> Any:
+        return flash_attention(q, k, v, bias=bias, causal=True, softmax_aux=sinks, tiles=tiles, interpret=True)
+
+    args = (a["q"], a["k"], a["v"], a["bias"], a["sinks"])
+    got = jax.jit(jax.grad(loss(ours), argnums=(0, 1, 2, 3, 4)))(*args)
+    want = jax.grad(loss(_reference), argnums=(0, 1, 2, 3, 4))(*args)
+    for name, g, w in zip(("dq", "dk", "dv", "dbias", "dsinks"), got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype, name
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=2e-4, err_msg=name)
 
 

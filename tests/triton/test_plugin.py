@@ -18,7 +18,7 @@ from jaxattn.testing import oracle
 from jaxattn_triton import impl as impl_module
 from jaxattn_triton import plugin, tuning
 from jaxattn_triton.impl import TritonFlashAttention
-from jaxattn_triton.launch import KernelTiles, Tiles
+from jaxattn_triton.launch import DQ_ATOMIC, DQ_KERNEL, KernelTiles, Tiles
 from jaxattn_triton.spec import AttnSpec
 
 H100 = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0")
@@ -161,19 +161,23 @@ def test_tune_keeps_the_fastest_and_persists_it(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(tuning, "_device", lambda: ("FakeGPU", "9.0"))
     spec = _spec(causal=True)
     cands = tuning.candidates(spec)
-    winner = {name: c[-1] for name, c in cands.items()}
+    winner = {name: c[-1] for name, c in cands.items() if c}
     calls: list[str] = []
 
     def measure(tiles: Tiles, name: str) -> float:
         calls.append(name)
-        chosen = getattr(tiles, name)
+        atomic = name == "dkdv_atomic"
+        assert (tiles.dq_mode != DQ_KERNEL) == atomic
+        chosen = tiles.dkdv if atomic else getattr(tiles, name)
         if chosen.block_n == 128 and name == "dq":
             raise RuntimeError("out of shared memory")  # failing candidates are skipped
-        return 1.0 if chosen == winner[name] else 2.0
+        # The atomic backward (one launch) loses to the two kernels: 2.5 > 1 + 1.
+        return (1.0 if chosen == winner[name] else 2.0) + (1.5 if atomic else 0.0)
 
     best = tuning.tune(spec, measure)
     assert (best.fwd, best.dkdv, best.dq) == (winner["fwd"], winner["dkdv"], winner["dq"])
-    assert set(calls) == {"fwd", "dkdv", "dq"}
+    assert best.dq_mode == DQ_KERNEL
+    assert set(calls) == {"fwd", "dkdv", "dq", "dkdv_atomic"}
     saved = json.loads(path.read_text())
     assert list(saved) == [f"FakeGPU|{tuning.shape_class(spec)}"]
     # A new process (empty memory cache) reads the result instead of tuning again.
@@ -182,6 +186,60 @@ def test_tune_keeps_the_fastest_and_persists_it(monkeypatch: pytest.MonkeyPatch,
     # Another shape class is not served from it.
     other = _spec(head_dim=64, head_dim_v=64)
     assert tuning.tiles_for(other, device=("FakeGPU", "9.0")) == tuning.default_tiles(other, "9.0")
+
+
+def test_tune_takes_the_atomic_backward_when_it_beats_two_kernels(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(tuning.CACHE_ENV, str(tmp_path / "tuning.json"))
+    monkeypatch.setattr(tuning, "_memory", {})
+    monkeypatch.setattr(tuning, "_device", lambda: ("FakeGPU", "9.0"))
+    spec = _spec()
+    fast = tuning.candidates(spec)["dkdv_atomic"][1]
+
+    def measure(tiles: Tiles, name: str) -> float:
+        if name == "dkdv_atomic":
+            return 1.5 if tiles.dkdv == fast else 3.0
+        return 1.0
+
+    best = tuning.tune(spec, measure)
+    assert best.dq_mode == DQ_ATOMIC and best.dkdv == fast
+    monkeypatch.setattr(tuning, "_memory", {})
+    assert tuning.tiles_for(spec, device=("FakeGPU", "9.0")) == best  # the mode is cached too
+
+
+def test_tune_takes_split_dkdv_when_it_beats_one_kernel(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(tuning.CACHE_ENV, str(tmp_path / "tuning.json"))
+    monkeypatch.setattr(tuning, "_memory", {})
+    monkeypatch.setattr(tuning, "_device", lambda: ("FakeGPU", "9.0"))
+    spec = _spec(head_dim=256, head_dim_v=256)
+    cands = tuning.candidates(spec)
+    assert cands["dkdv_split"]
+    fast = cands["dkdv_split"][-1]
+
+    def measure(tiles: Tiles, name: str) -> float:
+        assert tiles.dkdv_split == (name == "dkdv_split")
+        if name == "dkdv_split":
+            return 1.5 if tiles.dkdv == fast else 3.0
+        return {"dkdv": 2.0, "dq": 1.0, "dkdv_atomic": 9.0}.get(name, 1.0)
+
+    best = tuning.tune(spec, measure)
+    assert best.dkdv_split and best.dkdv == fast and best.dq_mode == DQ_KERNEL
+    monkeypatch.setattr(tuning, "_memory", {})
+    assert tuning.tiles_for(spec, device=("FakeGPU", "9.0")) == best
+
+
+def test_default_backward_modes_by_head_dim() -> None:
+    d128 = tuning.default_tiles(_spec(), "9.0")
+    assert d128.dq_mode == DQ_ATOMIC and not d128.dkdv_split
+    d64 = tuning.default_tiles(_spec(head_dim=64, head_dim_v=64), "9.0")
+    assert d64.dq_mode == DQ_KERNEL and not d64.dkdv_split
+    d256 = tuning.default_tiles(_spec(head_dim=256, head_dim_v=256), "9.0")
+    assert d256.dq_mode == DQ_KERNEL and d256.dkdv_split
+    # Dense masks get narrow tiles, where the atomic dQ was slower: two kernels.
+    masked = tuning.default_tiles(_spec(mask_shape=(1, 1, 4096, 4096)), "9.0")
+    assert masked.dq_mode == DQ_KERNEL
+    assert tuning.default_tiles(_spec(), "8.0").dq_mode == DQ_KERNEL
 
 
 def test_corrupt_cache_is_ignored(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -60,6 +60,10 @@ def measure_kernels(
 ) -> dict[str, float]:
     """Seconds per launch of the named kernels (``fwd``, ``dkdv``, ``dq``) of a plain call.
 
+    ``dkdv_atomic`` times the atomic-dQ backward instead: the dK/dV kernel with
+    ``tiles.dkdv`` summing dQ in float32, the accumulator's zeroing and its
+    scale-and-cast to the input dtype; ``dkdv_split`` the dV and dK launches of
+    ``tiles.dkdv`` (``Tiles.dkdv_split``).
     The backward kernels are timed on the real forward's outputs, so their inputs are
     realistic (no zeros, no overflow). Used by ``tuning.tune`` on a GPU.
     """
@@ -79,7 +83,7 @@ def measure_kernels(
     result = {}
     if "fwd" in kernels:
         result["fwd"] = time_jax(fwd, q, k, v, *dummies, sinks, reps=reps)
-    if "dkdv" not in kernels and "dq" not in kernels:
+    if not {"dkdv", "dq", "dkdv_atomic", "dkdv_split"} & set(kernels):
         return result
     out, lse = fwd(q, k, v, *dummies, sinks)
     dout = jax.random.normal(jax.random.PRNGKey(1), out.shape, out.dtype)
@@ -89,6 +93,21 @@ def measure_kernels(
     if "dkdv" in kernels:
         dkdv = jax.jit(lambda *a: _execute(L.dkdv(spec, tiles.dkdv), a, False))
         result["dkdv"] = time_jax(dkdv, *common, reps=reps)
+    if "dkdv_atomic" in kernels:
+
+        def atomic(*a: jax.Array) -> list[jax.Array]:
+            dk, dv, _, dq_acc = _execute(L.dkdv(spec, tiles.dkdv, L.DQ_ATOMIC), a, False)
+            return [dk, dv, (dq_acc * spec.softmax_scale).astype(q.dtype)]
+
+        result["dkdv_atomic"] = time_jax(jax.jit(atomic), *common, reps=reps)
+    if "dkdv_split" in kernels:
+
+        def split(*a: jax.Array) -> list[jax.Array]:
+            dv = _execute(L.dkdv(spec, tiles.dkdv, part=L.PART_DV), a, False)[1]
+            dk = _execute(L.dkdv(spec, tiles.dkdv, part=L.PART_DK), a, False)[0]
+            return [dk, dv]
+
+        result["dkdv_split"] = time_jax(jax.jit(split), *common, reps=reps)
     if "dq" in kernels:
         dq = jax.jit(lambda *a: _execute(L.dq(spec, tiles.dq), a, False))
         result["dq"] = time_jax(dq, *common, reps=reps)

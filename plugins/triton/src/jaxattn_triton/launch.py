@@ -30,11 +30,26 @@ class KernelTiles:
     num_stages: int
 
 
+# How the backward computes dQ (``Tiles.dq_mode``).
+DQ_KERNEL = 0  # a dQ kernel of its own (recomputes Q K^T and dO V^T: seven products)
+DQ_ATOMIC = 1  # the dK/dV kernel adds dS @ K into a float32 accumulator (five products)
+
+# What one dK/dV launch computes (``dkdv(part=...)``).
+PART_BOTH = 0
+PART_DV = 1  # dV only
+PART_DK = 2  # dK (and dBias, and dQ with DQ_ATOMIC) only
+
+
 @dataclasses.dataclass(frozen=True)
 class Tiles:
     fwd: KernelTiles
     dkdv: KernelTiles
     dq: KernelTiles
+    # DQ_KERNEL or DQ_ATOMIC; with DQ_ATOMIC ``dq`` is unused.
+    dq_mode: int = DQ_KERNEL
+    # True: dV and dK in two launches (PART_DV, PART_DK) of the ``dkdv`` tiles, each
+    # holding one accumulator (large head dims, whose two accumulators spill).
+    dkdv_split: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,17 +173,25 @@ def preprocess(spec: AttnSpec) -> Launch:
     )
 
 
-def dkdv(spec: AttnSpec, tiles: KernelTiles) -> Launch:
-    """Inputs: q, k, v, mask, bias, q_seg, kv_seg, dout, lse_b, delta. Outputs: dk, dv, dbias.
+def dkdv(spec: AttnSpec, tiles: KernelTiles, dq_mode: int = DQ_KERNEL, part: int = PART_BOTH) -> Launch:
+    """Inputs: q, k, v, mask, bias, q_seg, kv_seg, dout, lse_b, delta. Outputs: dk, dv, dbias, dq_acc.
 
     dbias is a dense ``(B, Hq, T, S)`` float32 buffer when there is a bias (zeroed, since
-    skipped tiles are never written), a one-element dummy otherwise.
+    skipped tiles are never written), a one-element dummy otherwise. With ``DQ_ATOMIC``,
+    dq_acc is q's shape in float32, zeroed, and receives dQ divided by the softmax scale
+    (the caller scales and casts it); a one-element dummy otherwise. ``part`` PART_DV or
+    PART_DK computes half of the work; the outputs the launch does not compute (dk, or
+    dv, dbias and dq_acc) are one-element dummies.
     """
     from jaxattn_triton.kernels.backward import attn_bwd_dkdv_kernel
 
     sh = _shapes(spec)
     has_bias = spec.bias_shape is not None
+    does_dk = part != PART_DV
+    has_bias = has_bias and does_dk
     dbias_shape = (spec.batch, spec.heads_q, spec.seq_q, spec.seq_k) if has_bias else (1,)
+    fuse = dq_mode != DQ_KERNEL and does_dk
+    dq_shape = sh["q"] if fuse else (1,)
     constexprs = {
         **_bthd_strides("q", sh["q"]),
         **_bthd_strides("k", sh["k"]),
@@ -179,17 +202,25 @@ def dkdv(spec: AttnSpec, tiles: KernelTiles) -> Launch:
         **_broadcast_strides("m", spec.mask_shape),
         **_broadcast_strides("b", spec.bias_shape),
         **_features(spec),
+        "FUSE_DQ": fuse,
+        "PART": part,
         "BLOCK_M": tiles.block_m,
         "BLOCK_N": tiles.block_n,
     }
+    zeroed = ((2,) if has_bias else ()) + ((3,) if fuse else ())
     return Launch(
         kernel=attn_bwd_dkdv_kernel,
         grid=(_cdiv(spec.seq_k, tiles.block_n), spec.batch * spec.heads_kv, 1),
-        outputs=((sh["k"], spec.dtype), (sh["v"], spec.dtype), (dbias_shape, "float32")),
+        outputs=(
+            (sh["k"] if does_dk else (1,), spec.dtype),
+            (sh["v"] if part != PART_DK else (1,), spec.dtype),
+            (dbias_shape, "float32"),
+            (dq_shape, "float32"),
+        ),
         constexprs=constexprs,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
-        zeroed=(2,) if has_bias else (),
+        zeroed=zeroed,
     )
 
 

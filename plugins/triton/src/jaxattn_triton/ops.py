@@ -108,8 +108,15 @@ def _flash_bwd(
         L.preprocess(spec), [out, dout, lse, dlse.astype(jnp.float32), sinks], interpret
     )
     common = [q, k, v, mask, bias, qseg, kseg, dout, lse_b, delta]
-    dk, dv, dbias_full = _execute(L.dkdv(spec, tiles.dkdv), common, interpret)
-    (dq,) = _execute(L.dq(spec, tiles.dq), common, interpret)
+    if tiles.dkdv_split:
+        _, dv, _, _ = _execute(L.dkdv(spec, tiles.dkdv, part=L.PART_DV), common, interpret)
+        dk, _, dbias_full, dq_acc = _execute(L.dkdv(spec, tiles.dkdv, tiles.dq_mode, L.PART_DK), common, interpret)
+    else:
+        dk, dv, dbias_full, dq_acc = _execute(L.dkdv(spec, tiles.dkdv, tiles.dq_mode), common, interpret)
+    if tiles.dq_mode == L.DQ_KERNEL:
+        (dq,) = _execute(L.dq(spec, tiles.dq), common, interpret)
+    else:
+        dq = (dq_acc * spec.softmax_scale).astype(q.dtype)
     if spec.bias_shape is not None:
         dbias = _reduce_to(dbias_full, spec.bias_shape).astype(bias.dtype)
     else:

@@ -123,8 +123,15 @@ def backward(
     dlse = torch.zeros_like(lse) if dlse is None else dlse.to(torch.float32).contiguous()
     delta, lse_b, dsink_rows = run_launch(L.preprocess(spec), [out.contiguous(), dout, lse, dlse, extra.sinks])
     common = [q, k, v, *extra.kernel_inputs(), dout, lse_b, delta]
-    dk, dv, dbias_full = run_launch(L.dkdv(spec, tiles.dkdv), common)
-    (dq,) = run_launch(L.dq(spec, tiles.dq), common)
+    if tiles.dkdv_split:
+        _, dv, _, _ = run_launch(L.dkdv(spec, tiles.dkdv, part=L.PART_DV), common)
+        dk, _, dbias_full, dq_acc = run_launch(L.dkdv(spec, tiles.dkdv, tiles.dq_mode, L.PART_DK), common)
+    else:
+        dk, dv, dbias_full, dq_acc = run_launch(L.dkdv(spec, tiles.dkdv, tiles.dq_mode), common)
+    if tiles.dq_mode == L.DQ_KERNEL:
+        (dq,) = run_launch(L.dq(spec, tiles.dq), common)
+    else:
+        dq = (dq_acc * spec.softmax_scale).to(q.dtype)
     dbias = None
     if spec.bias_shape is not None:
         dims = [i for i, n in enumerate(spec.bias_shape) if n == 1]

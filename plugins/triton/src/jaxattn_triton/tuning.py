@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from jaxattn_triton.launch import KernelTiles, Tiles
+from jaxattn_triton.launch import DQ_ATOMIC, DQ_KERNEL, KernelTiles, Tiles
 from jaxattn_triton.spec import AttnSpec, block_dim
 
 CACHE_ENV = "JAXATTN_TRITON_TUNE_CACHE"
@@ -49,16 +49,34 @@ def default_tiles(spec: AttnSpec, compute_capability: str | None) -> Tiles:
     d = max(block_dim(spec.head_dim), block_dim(spec.head_dim_v))
     hopper = compute_capability is not None and compute_capability.startswith("9")
     dense_extra = spec.mask_shape is not None or spec.bias_shape is not None
-    if hopper and d <= 128:
-        # 256-row query tiles (two warpgroups of 128 rows) measured 5% faster than 128 on
-        # full and causal S = 4k; a sliding window wastes less with 128.
+    # Figures: H200, bf16, B = 4, S = 4k, H = 32 (16 at D = 256), full / causal, one
+    # launch each (benchmarks/triton_gpu_check.py --tune).
+    dq_mode, split = DQ_KERNEL, False
+    if hopper and d <= 64:
+        # 128-row query tiles: 1.44 / 0.77 ms against 1.66 / 1.01 ms with 256 rows at D = 64.
+        fwd = KernelTiles(128, 64, 8, 3)
+        dkdv = KernelTiles(64, 128, 8, 3)
+        # The atomic dQ loses here: 4.73 / 2.58 ms against 3.05 + 1.42 / 1.73 + 0.81 ms.
+        dq = KernelTiles(128, 64, 8, 3)
+    elif hopper and d <= 128:
+        # 256-row query tiles (two warpgroups of 128 rows): 2.26 / 1.33 ms against
+        # 2.32 / 1.36 ms for 128 x 128; a sliding window wastes less with 128 rows.
         fwd = KernelTiles(128, 64, 8, 3) if spec.window_left is not None else KernelTiles(256, 64, 8, 3)
         dkdv = KernelTiles(64, 128, 8, 3)
         dq = KernelTiles(128, 64, 8, 3)
+        # dQ by atomic adds from the dK/dV kernel (five products instead of seven):
+        # 7.26 / 3.97 ms against 4.86 + 2.85 / 2.64 + 1.53 ms for the two kernels.
+        # Dense masks and biases narrow the tiles, where that was not measured.
+        dq_mode = DQ_KERNEL if dense_extra else DQ_ATOMIC
     elif hopper:
         fwd = KernelTiles(128, 64, 8, 2)
-        dkdv = KernelTiles(64, 64, 8, 2)
-        dq = KernelTiles(64, 64, 8, 2)
+        # dK/dV in one kernel spill at D = 256 (registers: 2 x 64 x 256 float32
+        # accumulators); dV and dK in two launches of 128 keys x 32 queries do not:
+        # 9.22 / 4.39 ms against 9.63 / 4.83 ms for the best single kernel (64 x 64).
+        dkdv = KernelTiles(32, 128, 8, 2) if not dense_extra else KernelTiles(64, 64, 8, 2)
+        split = not dense_extra
+        # 3.04 / 1.71 ms against 6.22 / 3.32 ms for (64, 64, 8, 2).
+        dq = KernelTiles(128, 32, 8, 3)
     elif d <= 128:
         fwd = KernelTiles(128, 64, 4, 3)
         dkdv = KernelTiles(64, 64, 4, 2)
@@ -75,6 +93,8 @@ def default_tiles(spec: AttnSpec, compute_capability: str | None) -> Tiles:
         fwd=_fit(fwd, spec.seq_q, spec.seq_k),
         dkdv=_fit(dkdv, spec.seq_q, spec.seq_k),
         dq=_fit(dq, spec.seq_q, spec.seq_k),
+        dq_mode=dq_mode,
+        dkdv_split=split,
     )
 
 
@@ -119,11 +139,18 @@ def _key(device_kind: str, spec: AttnSpec) -> str:
 
 
 def _tiles_to_json(t: Tiles) -> dict[str, list[int]]:
-    return {k: list(dataclasses.astuple(getattr(t, k))) for k in ("fwd", "dkdv", "dq")}
+    out = {k: list(dataclasses.astuple(getattr(t, k))) for k in ("fwd", "dkdv", "dq")}
+    out["dq_mode"] = [t.dq_mode]
+    out["dkdv_split"] = [int(t.dkdv_split)]
+    return out
 
 
 def _tiles_from_json(d: dict[str, list[int]]) -> Tiles:
-    return Tiles(*(KernelTiles(*d[k]) for k in ("fwd", "dkdv", "dq")))
+    mode = d.get("dq_mode", [DQ_KERNEL])[0]
+    if mode not in (DQ_KERNEL, DQ_ATOMIC):
+        raise KeyError(mode)
+    split = bool(d.get("dkdv_split", [0])[0])
+    return Tiles(KernelTiles(*d["fwd"]), KernelTiles(*d["dkdv"]), KernelTiles(*d["dq"]), dq_mode=mode, dkdv_split=split)
 
 
 def load_cached(device_kind: str, spec: AttnSpec) -> Tiles | None:
@@ -194,35 +221,52 @@ def apply_overrides(tiles: Tiles, o: dict[str, int]) -> Tiles:
     """``block_q``/``block_k`` set the forward tiles, ``*_bwd`` both backward kernels'."""
 
     def patch(t: KernelTiles, bm: str, bn: str) -> KernelTiles:
-        return KernelTiles(
-            o.get(bm, t.block_m),
-            o.get(bn, t.block_n),
-            o.get("num_warps", t.num_warps),
-            o.get("num_stages", t.num_stages),
+        return dataclasses.replace(
+            t,
+            block_m=o.get(bm, t.block_m),
+            block_n=o.get(bn, t.block_n),
+            num_warps=o.get("num_warps", t.num_warps),
+            num_stages=o.get("num_stages", t.num_stages),
         )
 
     return Tiles(
         patch(tiles.fwd, "block_q", "block_k"),
         patch(tiles.dkdv, "block_q_bwd", "block_k_bwd"),
         patch(tiles.dq, "block_q_bwd", "block_k_bwd"),
+        dq_mode=tiles.dq_mode,
+        dkdv_split=tiles.dkdv_split,
     )
 
 
 def candidates(spec: AttnSpec) -> dict[str, list[KernelTiles]]:
-    """Per-kernel candidates the tuner times (each kernel is tuned independently)."""
+    """Per-kernel candidates the tuner times (each kernel is tuned independently).
+
+    ``dkdv_atomic`` are dK/dV tiles for the backward that sums dQ with atomic adds
+    (``DQ_ATOMIC``, no dQ kernel); ``dkdv_split`` are tiles for dV and dK in two launches
+    (``Tiles.dkdv_split``). Lists are short on purpose: each candidate is a compilation,
+    and configurations whose registers spill in the sm_90 build
+    (``cuobjdump --dump-resource-usage``) are left out.
+    """
     d = max(block_dim(spec.head_dim), block_dim(spec.head_dim_v))
     if d <= 128:
-        fwd = [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (256, 64, 8, 3), (64, 64, 4, 3)]
-        dkdv = [(64, 128, 8, 3), (128, 128, 8, 2), (64, 128, 8, 4), (128, 64, 8, 3), (32, 128, 8, 4), (64, 64, 4, 3)]
-        dq = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 32, 8, 4), (64, 64, 4, 3)]
+        fwd = [(256, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 3)]
+        dkdv = [(64, 128, 8, 3), (64, 128, 8, 2)]
+        dq = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 32, 8, 3)]
+        atomic = [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3)]
+        split: list[tuple[int, int, int, int]] = []
     else:
-        fwd = [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 2), (64, 32, 4, 3)]
-        dkdv = [(64, 64, 8, 2), (32, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 3)]
-        dq = [(64, 64, 8, 2), (64, 32, 4, 2), (128, 32, 8, 2), (32, 32, 4, 3)]
+        fwd = [(128, 64, 8, 2), (128, 32, 8, 3)]
+        dkdv = [(64, 64, 8, 2), (32, 64, 8, 3)]
+        dq = [(128, 32, 8, 3), (64, 64, 8, 2), (128, 32, 8, 2)]
+        atomic = [(32, 64, 8, 3)]
+        split = SPLIT_CANDIDATES_D256
     return {
         name: list(dict.fromkeys(_fit(KernelTiles(*c), spec.seq_q, spec.seq_k) for c in cs))
-        for name, cs in (("fwd", fwd), ("dkdv", dkdv), ("dq", dq))
+        for name, cs in (("fwd", fwd), ("dkdv", dkdv), ("dq", dq), ("dkdv_atomic", atomic), ("dkdv_split", split))
     }
+
+
+SPLIT_CANDIDATES_D256 = [(64, 64, 8, 2), (32, 128, 8, 2), (32, 64, 8, 3)]
 
 
 def tune(
@@ -235,16 +279,33 @@ def tune(
     """Time each kernel's candidates and cache the fastest.
 
     ``measure(tiles, kernel)`` returns the seconds of one launch of ``kernel`` (``fwd``,
-    ``dkdv`` or ``dq``) with those tiles, or raises when a configuration does not build
-    or launch (too much shared memory, say); such candidates are skipped. On a GPU,
+    ``dkdv`` or ``dq``) with those tiles; for ``dkdv_atomic`` (``tiles.dq_mode`` is
+    ``DQ_ATOMIC``) the seconds of that whole backward but the preprocess, and for
+    ``dkdv_split`` (``tiles.dkdv_split``) of its two dK/dV launches. It raises when a
+    configuration does not build or launch (too much shared memory, say); such
+    candidates are skipped. The backward kept is the fastest of: best ``dkdv`` or
+    ``dkdv_split``, plus best ``dq``; or best ``dkdv_atomic``. On a GPU,
     ``lambda t, n: bench_util.measure_kernels(spec, t, (n,))[n]`` is the measure.
     """
     kind = device_kind if device_kind is not None else _device()[0]
-    best = load_cached(kind, spec) or default_tiles(spec, _device()[1])
+    start = load_cached(kind, spec) or default_tiles(spec, _device()[1])
+    best = dataclasses.replace(start, dq_mode=DQ_KERNEL, dkdv_split=False)
+    fastest: dict[str, tuple[float, KernelTiles]] = {}
     for name, cands in candidates(spec).items():
+        slot = "dkdv" if name.startswith("dkdv") else name
+        mode = DQ_ATOMIC if name == "dkdv_atomic" else DQ_KERNEL
+        split = name == "dkdv_split"
+        if name == "dkdv_atomic":
+            current = start.dkdv if start.dq_mode == DQ_ATOMIC else None
+        elif name == "dkdv_split":
+            current = start.dkdv if start.dkdv_split else None
+        elif name == "dkdv":
+            current = start.dkdv if start.dq_mode == DQ_KERNEL and not start.dkdv_split else None
+        else:
+            current = getattr(start, name)
         timings: list[tuple[float, KernelTiles]] = []
-        for cand in _with_current(cands, getattr(best, name)):
-            trial = dataclasses.replace(best, **{name: cand})
+        for cand in _with_current(cands, current):
+            trial = dataclasses.replace(_with_tile(best, slot, cand), dq_mode=mode, dkdv_split=split)
             try:
                 seconds = measure(trial, name)
             except Exception as err:  # a config that fails to build is not a winner
@@ -255,10 +316,29 @@ def tune(
             if log:
                 log(f"{name} {cand}: {seconds * 1e3:.3f} ms")
         if timings:
-            best = dataclasses.replace(best, **{name: min(timings, key=lambda x: x[0])[1]})
+            fastest[name] = min(timings, key=lambda x: x[0])
+            if name in ("fwd", "dkdv", "dq"):
+                best = _with_tile(best, name, fastest[name][1])
+    inf = (float("inf"), best.dkdv)
+    plain, split_t = fastest.get("dkdv", inf), fastest.get("dkdv_split", inf)
+    if split_t[0] < plain[0]:
+        best = dataclasses.replace(best, dkdv=split_t[1], dkdv_split=True)
+    separate = min(plain[0], split_t[0]) + fastest.get("dq", inf)[0]
+    if fastest.get("dkdv_atomic", inf)[0] < separate:
+        best = dataclasses.replace(best, dkdv=fastest["dkdv_atomic"][1], dq_mode=DQ_ATOMIC, dkdv_split=False)
+    if log:
+        log(f"backward: {best}")
     store(kind, spec, best)
     return best
 
 
-def _with_current(cands: Iterable[KernelTiles], current: KernelTiles) -> list[KernelTiles]:
-    return list(dict.fromkeys([current, *cands]))
+def _with_tile(tiles: Tiles, slot: str, tile: KernelTiles) -> Tiles:
+    if slot == "fwd":
+        return dataclasses.replace(tiles, fwd=tile)
+    if slot == "dkdv":
+        return dataclasses.replace(tiles, dkdv=tile)
+    return dataclasses.replace(tiles, dq=tile)
+
+
+def _with_current(cands: Iterable[KernelTiles], current: KernelTiles | None) -> list[KernelTiles]:
+    return list(dict.fromkeys([current, *cands] if current is not None else cands))

@@ -11,8 +11,15 @@
   over the query heads of the GQA group and over the query tiles that see the key tile,
   so dK/dV for a shared head are summed in registers without atomics. With a bias it
   also writes dBias (the logit gradient) for the tiles it visits.
+  With ``FUSE_DQ`` it also adds each visited tile's ``dS @ K`` into a float32 dQ
+  accumulator with atomic adds (FlashAttention-2's layout: five ``T x S x D`` products
+  instead of seven, since ``Q K^T`` and ``dO V^T`` are not recomputed by a dQ kernel);
+  the caller scales and casts the accumulator. Summation order is then not fixed.
+  ``PART`` 1 or 2 makes it compute dV only or dK (and dBias, dQ) only: two launches
+  that recompute ``Q K^T`` but each hold one accumulator, for head dims whose two
+  accumulators do not fit in registers together.
 * ``attn_bwd_dq_kernel``: one program per query tile, looping over key tiles like the
-  forward.
+  forward (used when dQ is not fused).
 
 Probabilities are recomputed from the saved log-sum-exp; the tile ranges and element
 masks are the forward's (``common.py``), so masked tiles are skipped here too.
@@ -111,6 +118,7 @@ def _dkdv_sweep(
     mask_ptr,
     bias_ptr,
     dbias_ptr,
+    dq_ptr,
     qseg_ptr,
     kseg_ptr,
     stride_qt,
@@ -138,11 +146,15 @@ def _dkdv_sweep(
     HAS_BIAS: tl.constexpr,
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    FUSE_DQ: tl.constexpr,
+    PART: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
     TAIL_M: tl.constexpr = EDGE and (T % BLOCK_M != 0)
+    DO_DV: tl.constexpr = PART != 2
+    DO_DK: tl.constexpr = PART != 1
     # See ``scores``: the logit scale is folded into exp2's argument on the plain path.
     SCALED: tl.constexpr = HAS_SOFTCAP or HAS_BIAS
     QK_SCALE: tl.constexpr = 1.0 * SCALED + SM_SCALE * LOG2E * (1 - SCALED)
@@ -174,16 +186,29 @@ def _dkdv_sweep(
             HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP,
         )  # fmt: skip
         p_t = tl.exp2(s_t * QK_SCALE - lse[None, :])
-        dv = tl.dot(p_t.to(do.dtype), do, dv)
-        dp_t = tl.dot(v, tl.trans(do))
-        ds_t = p_t * (dp_t - delta[None, :])
-        if HAS_BIAS:
-            # The bias is added to the logits, so its gradient is the logit gradient.
-            inb = (offs_m[None, :] < T) & (cols < S)
-            tl.store(dbias_ptr + offs_m[None, :] * stride_dbt + cols, ds_t, mask=inb)
-        if HAS_SOFTCAP:
-            ds_t = ds_t * (1.0 - th_t * th_t)
-        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        if DO_DV:
+            dv = tl.dot(p_t.to(do.dtype), do, dv)
+        if DO_DK:
+            dp_t = tl.dot(v, tl.trans(do))
+            ds_t = p_t * (dp_t - delta[None, :])
+            if HAS_BIAS:
+                # The bias is added to the logits, so its gradient is the logit gradient.
+                inb = (offs_m[None, :] < T) & (cols < S)
+                tl.store(dbias_ptr + offs_m[None, :] * stride_dbt + cols, ds_t, mask=inb)
+            if HAS_SOFTCAP:
+                ds_t = ds_t * (1.0 - th_t * th_t)
+            ds_t16 = ds_t.to(q.dtype)
+            dk = tl.dot(ds_t16, q, dk)
+            if FUSE_DQ:
+                # Unscaled: the caller multiplies the float32 sum by the softmax scale once.
+                dq_part = tl.dot(tl.trans(ds_t16), k)
+                dq_ptrs = dq_ptr + offs_m[:, None] * stride_qt + offs_d[None, :]
+                if TAIL_M:
+                    tl.atomic_add(dq_ptrs, dq_part, mask=(offs_m[:, None] < T) & (offs_d[None, :] < D), sem="relaxed")
+                elif D != BLOCK_D:
+                    tl.atomic_add(dq_ptrs, dq_part, mask=offs_d[None, :] < D, sem="relaxed")
+                else:
+                    tl.atomic_add(dq_ptrs, dq_part, sem="relaxed")
     return dk, dv
 
 
@@ -202,6 +227,7 @@ def attn_bwd_dkdv_kernel(
     DK,
     DV_,
     DBias,
+    DQAcc,
     stride_qb: tl.constexpr,
     stride_qt: tl.constexpr,
     stride_qh: tl.constexpr,
@@ -244,6 +270,8 @@ def attn_bwd_dkdv_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    FUSE_DQ: tl.constexpr,
+    PART: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -284,40 +312,46 @@ def attn_bwd_dkdv_kernel(
         # dBias is a dense (B, HQ, T, S) float32 buffer; the caller reduces it to the
         # bias's broadcast shape.
         dbias_ptr = DBias + row_ptr * S
+        # The dQ accumulator has q's (B, T, Hq, D) layout, in float32.
+        dq_ptr = DQAcc + b64 * stride_qb + h64 * stride_qh
         dk, dv = _dkdv_sweep(
             dk, dv, k, v, cols, lo, full_lo, q_ptr, do_ptr, LseB + row_ptr, Delta + row_ptr,
-            mask_ptr, bias_ptr, dbias_ptr, qseg_ptr, kseg_ptr, stride_qt, stride_dot,
+            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, stride_qt, stride_dot,
             stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
             SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, FUSE_DQ, PART,
             BLOCK_M, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
         dk, dv = _dkdv_sweep(
             dk, dv, k, v, cols, full_lo, full_hi, q_ptr, do_ptr, LseB + row_ptr, Delta + row_ptr,
-            mask_ptr, bias_ptr, dbias_ptr, qseg_ptr, kseg_ptr, stride_qt, stride_dot,
+            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, stride_qt, stride_dot,
             stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
             SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, FUSE_DQ, PART,
             BLOCK_M, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
         dk, dv = _dkdv_sweep(
             dk, dv, k, v, cols, full_hi, hi, q_ptr, do_ptr, LseB + row_ptr, Delta + row_ptr,
-            mask_ptr, bias_ptr, dbias_ptr, qseg_ptr, kseg_ptr, stride_qt, stride_dot,
+            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, stride_qt, stride_dot,
             stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
             SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, FUSE_DQ, PART,
             BLOCK_M, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
 
-    dk = dk * SM_SCALE
     dk_ptrs = DK + b64 * stride_dkb + hkv64 * stride_dkh + cols * stride_dkn + offs_d[None, :]
     dv_ptrs = DV_ + b64 * stride_dvb + hkv64 * stride_dvh + cols * stride_dvn + offs_dv[None, :]
-    if S % BLOCK_N != 0 or D != BLOCK_D or DV != BLOCK_DV:
-        tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=(cols < S) & (offs_d[None, :] < D))
-        tl.store(dv_ptrs, dv.to(DV_.dtype.element_ty), mask=(cols < S) & (offs_dv[None, :] < DV))
-    else:
-        tl.store(dk_ptrs, dk.to(DK.dtype.element_ty))
-        tl.store(dv_ptrs, dv.to(DV_.dtype.element_ty))
+    if PART != 1:
+        dk = dk * SM_SCALE
+        if S % BLOCK_N != 0 or D != BLOCK_D:
+            tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=(cols < S) & (offs_d[None, :] < D))
+        else:
+            tl.store(dk_ptrs, dk.to(DK.dtype.element_ty))
+    if PART != 2:
+        if S % BLOCK_N != 0 or DV != BLOCK_DV:
+            tl.store(dv_ptrs, dv.to(DV_.dtype.element_ty), mask=(cols < S) & (offs_dv[None, :] < DV))
+        else:
+            tl.store(dv_ptrs, dv.to(DV_.dtype.element_ty))
 
 
 @triton.jit
