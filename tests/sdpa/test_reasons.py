@@ -92,15 +92,17 @@ class TestCudnnDeclines:
         assert "v to have k's shape" in why
         assert "softmax in float32" in joined(cudnn(softmax_dtype="bfloat16").supports(q, k, v))
 
-    def test_backward_needs_even_lengths_with_a_bias_tensor(self) -> None:
+    def test_backward_needs_even_lengths(self) -> None:
         q, k, v = qkv(t=7, s=7)
         mask = sds(1, 1, 7, 7, dtype=jnp.bool_)
         assert cudnn().supports(q, k, v, mask=mask) == []  # forward only: fine
         assert "even T and S" in joined(cudnn().supports(q, k, v, mask=mask, needs_grad=True))
         # T != S causal is spelled out as a mask on cuDNN, so it counts too ...
         assert "even T and S" in joined(cudnn().supports(*qkv(t=3, s=8), causal=True, needs_grad=True))
-        # ... but T == S causal is native, and needs no bias.
-        assert cudnn().supports(q, k, v, causal=True, needs_grad=True) == []
+        # ... and so does T == S causal, native and without a bias: jax's cuDNN backward refused
+        # odd lengths there too on an H200 (jax 0.11.2), whatever its Python guard says.
+        assert "even T and S" in joined(cudnn().supports(q, k, v, causal=True, needs_grad=True))
+        assert cudnn().supports(*qkv(t=8, s=8), causal=True, needs_grad=True) == []
 
     def test_bias_gradient_only_for_a_batch_shared_bias(self) -> None:
         q, k, v = qkv()

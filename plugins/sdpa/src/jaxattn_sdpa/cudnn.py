@@ -155,10 +155,14 @@ def cudnn_reasons(problem: AttentionProblem, device: DeviceInfo, version: int | 
             reasons.append(f"cuDNN takes a {label} of at most 128 before sm_90, got {dim}")
     if problem.needs_grad:
         layout = cudnn_layout(problem)
-        if layout.bias_sources and (problem.seq_q % 2 or layout.seq_k % 2):
+        # jax's Python guard names only patterns with a bias, but its cuDNN backward refuses
+        # odd lengths without one too (seen on an H200, jax 0.11.2: causal T=S=9 and decode
+        # T=1 raised "Unsupported sequence length").
+        if problem.seq_q % 2 or layout.seq_k % 2:
+            carried = f" (the bias carries: {', '.join(layout.bias_sources)})" if layout.bias_sources else ""
             reasons.append(
-                f"cuDNN's backward pass with a bias tensor needs even T and S, got T={problem.seq_q}, "
-                f"S={layout.seq_k} (the bias carries: {', '.join(layout.bias_sources)})"
+                f"cuDNN's backward pass needs even T and S, got T={problem.seq_q}, S={layout.seq_k}{carried}; "
+                "use impl='sdpa' (XLA for these lengths) or pad to even lengths"
             )
         if layout.differentiable_bias and layout.bias_batch > 1:
             reasons.append(
