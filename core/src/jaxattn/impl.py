@@ -279,12 +279,12 @@ class AttentionImpl:
         mask = None if mask is None else jnp.reshape(mask, (1,) * (4 - mask.ndim) + tuple(mask.shape))
         bias = spec.bias
         bias = None if bias is None else jnp.reshape(bias, (1,) * (4 - bias.ndim) + tuple(bias.shape))
-        if Feature.GRAD not in self.features:
-            forward = _refuse_gradients(forward, self.name())
         if self.metadata.mesh is not None and not self.sequence_parallel:
             from .sharding.wrap import sharded_forward  # imports jax: only for calls on a mesh
 
             forward = sharded_forward(self, forward.__name__)
+        if Feature.GRAD not in self.features:  # after sharding, so that the sharded call refuses too
+            forward = _refuse_gradients(forward, self.name())
         out = forward(
             q, k, v, mask=mask, bias=bias, init_bias=None, causal=spec.causal,
             sliding_window=spec.sliding_window, q_segment_ids=spec.q_segment_ids,

@@ -1,0 +1,176 @@
+"""``ring`` on 4 and 8 devices (and with batch and heads sharded too) against the float64 oracle."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import jaxattn
+from jaxattn.errors import InvalidInputError, JaxattnError
+from jaxattn.sharding.compat import shard_map
+from jaxattn.testing import oracle
+
+from ._util import Shape, assert_close, check_against_oracle, inputs, mesh, packed_segments, requires_8_devices
+
+pytestmark = requires_8_devices
+
+
+def ring(n: int = 4, **extra: Any) -> jaxattn.AttentionMetadata:
+    return jaxattn.AttentionMetadata(mesh=mesh((n,), ("seq",)), sequence_axis="seq", extra=extra)
+
+
+def attend(md: jaxattn.AttentionMetadata) -> Any:
+    return functools.partial(jaxattn.attention, impl="ring", metadata=md)
+
+
+GQA = Shape(b=2, t=32, s=32, hq=4, hkv=2, d=8, dv=8)
+
+
+@pytest.mark.parametrize("n", [4, 8])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gqa_and_segment_ids_across_shard_boundaries(n: int, causal: bool) -> None:
+    shape = Shape(b=2, t=64, s=64, hq=4, hkv=2, d=8, dv=8)
+    ids = packed_segments(np.random.default_rng(n), shape.b, shape.t, segments=4)
+    ids[1, -11:] = 99  # padding at the end: on the last device and reaching into the one before
+    check_against_oracle(attend(ring(n)), inputs(shape, seed=n), causal=causal, q_segment_ids=ids,
+                         kv_segment_ids=ids)
+
+
+def test_causal_contiguous_layout() -> None:
+    # Unbalanced but exact: later devices' keys are skipped, earlier ones' taken whole.
+    check_against_oracle(attend(ring(4, ring_layout="contiguous")), inputs(GQA, seed=3), causal=True)
+
+
+def test_key_padding_mask() -> None:
+    shape = Shape(b=2, t=32, s=32, hq=4, hkv=1, d=8, dv=8)
+    mask = np.ones((shape.b, 1, 1, shape.s), bool)
+    mask[0, ..., 21:] = False  # padding over two devices' keys
+    mask[1, ..., 5:] = False
+    check_against_oracle(attend(ring(4)), inputs(shape, seed=5), causal=True, mask=mask)
+
+
+def test_bottom_right_causal_cross_lengths() -> None:
+    shape = Shape(b=1, t=32, s=64, hq=2, hkv=2, d=8, dv=4)  # T < S: queries at the end of a KV cache
+    check_against_oracle(attend(ring(4)), inputs(shape, seed=6), causal=True)
+
+
+def test_two_sided_sliding_window() -> None:
+    check_against_oracle(attend(ring(8)), inputs(GQA, seed=7), sliding_window=(3, 9))
+
+
+def test_sinks_soft_cap_and_scale() -> None:
+    aux = np.random.default_rng(8).normal(size=(GQA.hq,)).astype(np.float32)
+    check_against_oracle(attend(ring(4)), inputs(GQA, seed=8), causal=True, softmax_aux=aux,
+                         logits_soft_cap=2.0, softmax_scale=0.7)
+
+
+def test_batch_heads_and_sequence_sharded_together() -> None:
+    # 2 x 2 x 2: MQA heads over 'model' (K/V repeated), batch over 'data', a ring of 2.
+    shape = Shape(b=2, t=32, s=32, hq=4, hkv=1, d=8, dv=8)
+    md = jaxattn.AttentionMetadata(mesh=mesh((2, 2, 2), ("data", "model", "seq")), batch_axis="data",
+                                   head_axis="model", sequence_axis="seq")
+    check_against_oracle(attend(md), inputs(shape, seed=9), causal=True)
+
+
+def test_held_out_shapes() -> None:
+    # Sizes not used while writing the ring: odd head dims, Dv != D, 3 K/V heads, 5 segments.
+    shape = Shape(b=3, t=48, s=48, hq=6, hkv=3, d=12, dv=20)
+    ids = packed_segments(np.random.default_rng(10), shape.b, shape.t, segments=5)
+    check_against_oracle(attend(ring(4)), inputs(shape, seed=10), causal=True, q_segment_ids=ids,
+                         kv_segment_ids=ids)
+
+
+def test_bfloat16() -> None:
+    def attend_bf16(q: Any, k: Any, v: Any, **kw: Any) -> Any:
+        q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+        return jaxattn.attention(q, k, v, impl="ring", metadata=ring(8), **kw).astype(jnp.float32)
+
+    check_against_oracle(attend_bf16, inputs(GQA, seed=12, dtype=jnp.bfloat16), tol=2e-2, grad_tol=5e-2,
+                         causal=True)
+
+
+def test_lse_and_its_gradient() -> None:
+    data = inputs(GQA, seed=13)
+    q, k, v = (jnp.asarray(data[x]) for x in "qkv")
+    ref = oracle.attention(data["q"], data["k"], data["v"], causal=True)
+    weights = jnp.asarray(np.random.default_rng(14).normal(size=ref.lse.shape), jnp.float32)
+
+    def lse_and_grads(impl: str, md: jaxattn.AttentionMetadata) -> Any:
+        def loss(q: Any, k: Any, v: Any) -> Any:
+            res = jaxattn.get_impl(impl, md)(q, k, v, causal=True)
+            return (res.softmax_lse * weights).sum() + res.attention_outputs.sum(), res.softmax_lse
+
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+
+    grads, lse = lse_and_grads("ring", ring(8))
+    assert_close("softmax_lse", lse, ref.lse, 2e-5)
+    # The lse cotangent path of the ring backward, against single-device vanilla (itself oracle-tested).
+    want, _ = lse_and_grads("vanilla", jaxattn.AttentionMetadata())
+    for got, expected in zip(grads, want, strict=True):
+        assert_close("d(lse)", got, np.asarray(expected, np.float64), 5e-5)
+
+
+def test_inside_the_callers_shard_map() -> None:
+    # mesh=None: the caller's shard_map binds the axis and ring gets local shards.
+    md = jaxattn.AttentionMetadata(sequence_axis="seq")
+
+    def local(q: Any, k: Any, v: Any, bias: Any = None, softmax_aux: Any = None, **kw: Any) -> Any:
+        body = functools.partial(jaxattn.attention, impl="ring", metadata=md, **kw)
+        spec = P(None, "seq")
+        return shard_map(body, mesh=mesh((4,), ("seq",)), in_specs=(spec, spec, spec), out_specs=spec)(q, k, v)
+
+    check_against_oracle(local, inputs(GQA, seed=15), causal=True)
+
+
+def test_auto_picks_ring_when_the_sequence_is_sharded() -> None:
+    q = jax.ShapeDtypeStruct((2, 32, 4, 8), jnp.float32)
+    explanation = jaxattn.explain(q, q, q, causal=True, metadata=ring(4))
+    assert explanation.chosen == "ring", str(explanation)
+
+
+def test_sequence_that_does_not_split_names_axis_and_sizes() -> None:
+    q = jax.ShapeDtypeStruct((1, 36, 2, 8), jnp.float32)  # 36 % (2 x 4) != 0
+    with pytest.raises(InvalidInputError, match=r"36 .*8 = 2 x 4 chunks.*'seq' of size 4"):
+        jax.eval_shape(functools.partial(jaxattn.attention, impl="ring", causal=True, metadata=ring(4)), q, q, q)
+
+
+class _LseWithoutGradient(jaxattn.AttentionImpl):
+    """vanilla whose lse is a by-product, as cuDNN's is: its cotangent is dropped."""
+
+    platforms = frozenset({"cpu"})
+    features = frozenset({jaxattn.Feature.CAUSAL, jaxattn.Feature.GQA, jaxattn.Feature.CROSS,
+                          jaxattn.Feature.LSE, jaxattn.Feature.GRAD})
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "test_lse_without_gradient"
+
+    def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None, init_bias: Any = None,
+                       causal: bool = False, **features: Any) -> jaxattn.AttentionOutput:
+        res = jaxattn.get_impl("vanilla")(q, k, v, mask, bias, None, causal, **features)
+        return jaxattn.AttentionOutput(res.attention_outputs, None, jax.lax.stop_gradient(res.softmax_lse))
+
+
+@pytest.fixture(scope="module")
+def lse_without_gradient() -> str:
+    jaxattn.register_impl(_LseWithoutGradient)
+    return _LseWithoutGradient.get_impl_name()
+
+
+def test_kernel_whose_lse_has_no_gradient_differentiates_with_vanilla(lse_without_gradient: str) -> None:
+    check_against_oracle(attend(ring(4, ring_block_impl=lse_without_gradient)), inputs(GQA, seed=17), causal=True)
+
+
+def test_kernel_whose_lse_has_no_gradient_without_fallback_raises(lse_without_gradient: str) -> None:
+    md = ring(4, ring_block_impl=lse_without_gradient).replace(allow_fallback=False)
+    q = jax.ShapeDtypeStruct((2, 32, 4, 8), jnp.float32)
+    forward = functools.partial(jaxattn.attention, impl="ring", causal=True, metadata=md)
+    jax.eval_shape(forward, q, q, q)  # the forward needs no gradient
+    with pytest.raises(JaxattnError, match="cotangent"):
+        jax.eval_shape(jax.grad(lambda q, k, v: forward(q, k, v).sum()), q, q, q)

@@ -1,0 +1,82 @@
+"""ring's declarations, declines and layouts, on this process' single device (a ring of one)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+import jaxattn
+from jaxattn.testing import oracle
+from jaxattn_ring.layout import positions, zigzag_permutation
+
+
+def ring_of_one(**extra: Any) -> jaxattn.AttentionMetadata:
+    return jaxattn.AttentionMetadata(mesh=Mesh(np.array(jax.devices()[:1]), ("seq",)), sequence_axis="seq",
+                                     extra=extra)
+
+
+Q = jax.ShapeDtypeStruct((2, 16, 4, 8), np.float32)
+
+
+def test_ring_is_registered_for_every_platform() -> None:
+    rows = {r.name: r for r in jaxattn.list_impls()}
+    assert rows["ring"].platforms == ("cpu", "gpu", "tpu")
+    assert rows["ring"].distribution == "jaxattn-ring"
+    assert rows["ring"].usable_here
+
+
+def test_without_a_sequence_axis_ring_declines() -> None:
+    reasons = jaxattn.get_impl("ring").supports(Q, Q, Q)
+    assert any("set AttentionMetadata(mesh=..., sequence_axis=...)" in r for r in reasons)
+
+
+@pytest.mark.parametrize(("features", "expected"), [
+    ({"bias": jnp.zeros((1, 4, 16, 16))}, "an additive bias is not supported by ring"),
+    ({"dropout_prob": 0.1, "dropout_rng": jax.random.key(0)}, "dropout is not supported by ring"),
+])
+def test_declined_features_say_why(features: dict[str, Any], expected: str) -> None:
+    assert expected in jaxattn.get_impl("ring", ring_of_one()).supports(Q, Q, Q, **features)
+
+
+def test_a_block_kernel_without_lse_is_declined() -> None:
+    reasons = jaxattn.get_impl("ring", ring_of_one(ring_block_impl="sdpa")).supports(Q, Q, Q, causal=True)
+    assert any("block kernel sdpa: does not return its log-sum-exp" in r for r in reasons), reasons
+
+
+def test_unknown_layout_is_an_input_error() -> None:
+    reasons = jaxattn.get_impl("ring", ring_of_one(ring_layout="striped")).supports(Q, Q, Q, causal=True)
+    assert any("'striped' is not one of ['zigzag', 'contiguous']" in r for r in reasons), reasons
+
+
+def test_a_ring_of_one_matches_the_oracle() -> None:
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(2, 16, 4, 8)).astype(np.float32) for _ in range(3))
+    run = jax.jit(functools.partial(jaxattn.attention, impl="ring", causal=True, metadata=ring_of_one()))
+    out = run(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))
+    np.testing.assert_allclose(out, oracle.attention(q, k, v, causal=True).output, atol=2e-5)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+def test_zigzag_gives_each_device_chunk_i_and_its_mirror(n: int) -> None:
+    length = 4 * n
+    perm = zigzag_permutation(length, n)
+    assert sorted(perm) == list(range(length))
+    local, c = length // n, length // (2 * n)
+    for i in range(n):
+        rows = perm[i * local:(i + 1) * local]
+        assert list(rows) == [*range(i * c, (i + 1) * c), *range((2 * n - 1 - i) * c, (2 * n - i) * c)]
+        np.testing.assert_array_equal(positions("zigzag", i, n, local), rows)
+        # Causal work is balanced: every device's rows see the same number of keys in all.
+    work = [sum(int(p) + 1 for p in perm[i * local:(i + 1) * local]) for i in range(n)]
+    assert len(set(work)) == 1
+
+
+def test_zigzag_needs_2n_chunks() -> None:
+    with pytest.raises(ValueError, match="multiple of 2 \\* 4"):
+        zigzag_permutation(12, 4)
