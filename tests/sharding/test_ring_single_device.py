@@ -44,6 +44,11 @@ def test_declined_features_say_why(features: dict[str, Any], expected: str) -> N
     assert expected in jaxattn.get_impl("ring", ring_of_one()).supports(Q, Q, Q, **features)
 
 
+def test_the_block_kernel_is_the_best_impl_here_that_returns_its_lse() -> None:
+    # On a CPU: vanilla (sdpa's jax.nn path has no lse).
+    assert jaxattn.get_impl("ring", ring_of_one()).block_kernel(Q, Q, Q, causal=True).name() == "vanilla"
+
+
 def test_a_block_kernel_without_lse_is_declined() -> None:
     reasons = jaxattn.get_impl("ring", ring_of_one(ring_block_impl="sdpa")).supports(Q, Q, Q, causal=True)
     assert any("block kernel sdpa: does not return its log-sum-exp" in r for r in reasons), reasons

@@ -24,6 +24,7 @@ from jaxattn.sharding.axes import MeshAxes, axis_tuple, describe_axes, kv_head_r
 from jaxattn.sharding.compat import axis_size, shard_map
 from jaxattn.sharding.specs import AttentionSpecs
 from jaxattn.sharding.wrap import check_batch_heads, local_metadata
+from jaxattn.validation import resolve_call
 
 from .blocks import BlockKernel, Mode, RingPlan, block_problems, choose_kernel
 from .layout import LAYOUTS, Layout, from_zigzag, to_zigzag
@@ -111,6 +112,17 @@ class RingAttention(AttentionImpl):
             reasons.append("no per-block kernel that returns its lse accepts the blocks: "
                            + " | ".join(setup.reasons))
         return reasons
+
+    def block_kernel(self, q: Array, k: Array, v: Array, mask: Array = None, causal: bool = False,
+                     **features: Any) -> AttentionImpl:
+        """The per-block impl ring would run for this call (arrays or ShapeDtypeStructs)."""
+        spec = resolve_call(q, k, v, mask=mask, causal=causal, metadata=self.metadata, **features)
+        problem = self.problem(q, k, v, mask, spec, features.get("softmax_aux"))
+        axes = mesh_axes(self.metadata)
+        setup = self._setup(problem, axes, axes.sequence_size if axes is not None else 1)
+        if setup.kernel is None:
+            raise UnsupportedError(self.name(), setup.reasons)
+        return setup.kernel
 
     # -- running -------------------------------------------------------------------------------
     def forward_native(self, q: Array, k: Array, v: Array, mask: Array = None, bias: Array = None,
