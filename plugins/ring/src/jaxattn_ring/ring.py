@@ -1,9 +1,10 @@
 """The ring: K/V blocks travel around the sequence axis, partial results merge by log-sum-exp.
 
 Runs per device, inside ``shard_map`` (or the caller's own), on shards in the plan's layout.
-Step 0 attends to the device's own keys; each of the ``n - 1`` further steps first passes
-K/V (and their segment ids) to the next device with ``ppermute`` and attends to what
-arrived. Each block's ``(o_b, lse_b)`` merges into the running result:
+Step 0 attends to the device's own keys; each of the ``n - 1`` further steps attends to
+the K/V block (with its segment ids) that arrived from the previous device through
+``ppermute``, while the next transfer is already under way. Each block's ``(o_b, lse_b)``
+merges into the running result:
 ``lse = logaddexp(lse, lse_b)``, ``o = o * exp(lse_old - lse) + o_b * exp(lse_b - lse)``.
 Attention sinks join once, at the end, as one more term of the denominator.
 
@@ -78,18 +79,26 @@ def make_ring(plan: RingPlan, kernel: BlockKernel, grad_fallback: Callable[[], B
     def forward(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array,
                 aux: Array) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
         index = jax.lax.axis_index(plan.axis)
-        o_b, lse = run_block(kernel, q, k, v, q_ids, kv_ids, mask, index, True)
-        o = o_b.astype(acc_dtype(q.dtype))
+
+        def attend(kv: tuple[Array, Array, Array], s: Any, first: bool) -> tuple[Array, Array]:
+            k_blk, v_blk, ids_blk = kv
+            return run_block(kernel, q, k_blk, v_blk, q_ids, ids_blk, mask, (index - s) % plan.n, first)
 
         def step(carry: Any, s: Array) -> tuple[Any, None]:
             o, lse, kv = carry
-            kv = _permute(kv, plan)
-            k_blk, v_blk, kv_ids_blk = kv
-            o_b, lse_b = run_block(kernel, q, k_blk, v_blk, q_ids, kv_ids_blk, mask, (index - s) % plan.n, False)
-            o, lse = _merge(o, lse, o_b, lse_b)
-            return (o, lse, kv), None
+            # The next block's transfer does not depend on this block's attention: XLA runs
+            # the two at once (an asynchronous collective-permute).
+            nxt = _permute(kv, plan)
+            o, lse = _merge(o, lse, *attend(kv, s, False))
+            return (o, lse, nxt), None
 
-        (o, lse, _), _ = jax.lax.scan(step, (o, lse, (k, v, kv_ids)), jnp.arange(1, plan.n))
+        kv = (k, v, kv_ids)
+        nxt = _permute(kv, plan) if plan.n > 1 else kv
+        o_b, lse = attend(kv, 0, True)
+        o = o_b.astype(acc_dtype(q.dtype))
+        if plan.n > 1:  # steps 1 .. n-2 pass the block on; the last one only attends
+            (o, lse, kv), _ = jax.lax.scan(step, (o, lse, nxt), jnp.arange(1, plan.n - 1))
+            o, lse = _merge(o, lse, *attend(kv, plan.n - 1, False))
         big_l = _denominator(lse, aux)
         out = o * _bthd(jnp.exp(lse - _finite_or_zero(big_l)))
         residuals = (q, k, v, q_ids, kv_ids, mask, aux, out, lse, big_l)
@@ -106,9 +115,11 @@ def make_ring(plan: RingPlan, kernel: BlockKernel, grad_fallback: Callable[[], B
         kern = gradient_kernel(kernel, q, k, v, grad_fallback)
         index = jax.lax.axis_index(plan.axis)
 
-        def grads(k_blk: Array, v_blk: Array, kv_ids_blk: Array, src: Array, first: bool) -> tuple[Array, ...]:
+        def grads(kv: tuple[Array, Array, Array], s: Any, first: bool) -> tuple[Array, Array, Array]:
+            k_blk, v_blk, ids_blk = kv
+
             def f(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
-                return run_block(kern, q, k, v, q_ids, kv_ids_blk, mask, src, first)
+                return run_block(kern, q, k, v, q_ids, ids_blk, mask, (index - s) % plan.n, first)
 
             (o_b, lse_b), vjp = jax.vjp(f, q, k_blk, v_blk)
             w = jnp.exp(lse_b - big_l_safe)  # this block's share of the final softmax
@@ -118,17 +129,23 @@ def make_ring(plan: RingPlan, kernel: BlockKernel, grad_fallback: Callable[[], B
             dq, dk, dv = vjp((d_o_b.astype(o_b.dtype), d_lse_b.astype(lse_b.dtype)))
             return dq.astype(acc), dk.astype(acc), dv.astype(acc)
 
-        dq, dk, dv = grads(k, v, kv_ids, index, True)
-
         def step(carry: Any, s: Array) -> tuple[Any, None]:
+            # Holding block index-s; the accumulators arriving now belong to it too.
             dq, kv, dkv = carry
-            kv, dkv = _permute((kv, dkv), plan)
-            k_blk, v_blk, kv_ids_blk = kv
-            g = grads(k_blk, v_blk, kv_ids_blk, (index - s) % plan.n, False)
-            return (dq + g[0], kv, (dkv[0] + g[1], dkv[1] + g[2])), None
+            nxt = _permute(kv, plan)
+            dkv = _permute(dkv, plan)  # needed only after this block's gradients: overlaps them
+            g_q, g_k, g_v = grads(kv, s, False)
+            return (dq + g_q, nxt, (dkv[0] + g_k, dkv[1] + g_v)), None
 
-        (dq, _, (dk, dv)), _ = jax.lax.scan(step, (dq, (k, v, kv_ids), (dk, dv)), jnp.arange(1, plan.n))
-        dk, dv = _permute((dk, dv), plan)  # the n-th pass brings each device's own dK/dV home
+        kv = (k, v, kv_ids)
+        nxt = _permute(kv, plan) if plan.n > 1 else kv
+        dq, dk, dv = grads(kv, 0, True)
+        if plan.n > 1:
+            (dq, kv, dkv), _ = jax.lax.scan(step, (dq, nxt, (dk, dv)), jnp.arange(1, plan.n - 1))
+            dk, dv = _permute(dkv, plan)
+            g_q, g_k, g_v = grads(kv, plan.n - 1, False)
+            # The n-th pass of the accumulators brings each device's own dK/dV home.
+            dq, (dk, dv) = dq + g_q, _permute((dk + g_k, dv + g_v), plan)
         d_aux = None
         if aux is not None:
             # O = sum_b exp(lse_b - L) o_b and dL/daux = p_sink, so dO/daux = -p_sink * O.
