@@ -55,6 +55,13 @@ def test_key_padding_mask() -> None:
     check_against_oracle(attend(ring(4)), inputs(shape, seed=5), causal=True, mask=mask)
 
 
+def test_full_mask_rows_move_with_their_queries() -> None:
+    # A (B, 1, T, S) mask: its rows follow the queries into the zigzag layout, its keys stay whole.
+    shape = Shape(b=2, t=32, s=32, hq=2, hkv=2, d=8, dv=8)
+    mask = np.random.default_rng(4).random((shape.b, 1, shape.t, shape.s)) < 0.7
+    check_against_oracle(attend(ring(4)), inputs(shape, seed=4), causal=True, mask=mask)
+
+
 def test_bottom_right_causal_cross_lengths() -> None:
     shape = Shape(b=1, t=32, s=64, hq=2, hkv=2, d=8, dv=4)  # T < S: queries at the end of a KV cache
     check_against_oracle(attend(ring(4)), inputs(shape, seed=6), causal=True)
