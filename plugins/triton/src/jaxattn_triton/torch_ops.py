@@ -54,8 +54,10 @@ def to_numpy(x: torch.Tensor) -> np.ndarray:
     if x.dtype == torch.bfloat16:
         import ml_dtypes
 
-        return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return x.numpy()
+        out: np.ndarray = x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return out
+    plain: np.ndarray = x.numpy()  # torch is untyped here: name the type for mypy
+    return plain
 
 
 class TorchInputs:
