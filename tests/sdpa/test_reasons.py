@@ -104,6 +104,11 @@ class TestCudnnDeclines:
         assert "even T and S" in joined(cudnn().supports(q, k, v, causal=True, needs_grad=True))
         assert cudnn().supports(*qkv(t=8, s=8), causal=True, needs_grad=True) == []
 
+    def test_backward_refused_where_causal_leaves_queries_without_keys(self) -> None:
+        assert cudnn().supports(*qkv(t=12, s=8), causal=True) == []  # forward only: fine
+        assert "see no key" in joined(cudnn().supports(*qkv(t=12, s=8), causal=True, needs_grad=True))
+        assert cudnn().supports(*qkv(t=8, s=12), causal=True, needs_grad=True) == []
+
     def test_bias_gradient_only_for_a_batch_shared_bias(self) -> None:
         q, k, v = qkv()
         shared, batched = sds(1, 4, 8, 8), sds(2, 4, 8, 8)

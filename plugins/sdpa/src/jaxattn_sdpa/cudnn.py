@@ -164,6 +164,10 @@ def cudnn_reasons(problem: AttentionProblem, device: DeviceInfo, version: int | 
                 f"cuDNN's backward pass needs even T and S, got T={problem.seq_q}, S={layout.seq_k}{carried}; "
                 "use impl='sdpa' (XLA for these lengths) or pad to even lengths"
             )
+        if problem.causal and problem.seq_q > problem.seq_k:
+            from .kernel import EMPTY_ROWS_GRAD
+
+            reasons.append(EMPTY_ROWS_GRAD)
         if layout.differentiable_bias and layout.bias_batch > 1:
             reasons.append(
                 "cuDNN computes the bias gradient only for a bias shared across the batch, (1, Hq, T, S); "

@@ -104,6 +104,25 @@ def _no_grad_bwd(_: None, g: Array) -> tuple[Array]:
 
 _no_cudnn_bias_grad.defvjp(_no_grad_fwd, _no_grad_bwd)
 
+#: Why cuDNN's gradient is refused when bottom-right causal leaves queries without keys.
+EMPTY_ROWS_GRAD = (
+    "cuDNN's backward returns NaN for queries that see no key, as bottom-right causal with T > S leaves the "
+    "first T - S queries (seen on an H200, jax 0.11.2); use impl='sdpa' (XLA) for training such shapes"
+)
+
+
+@jax.custom_vjp
+def _no_cudnn_empty_rows_grad(x: Array) -> Array:
+    """Identity whose gradient refuses (see ``EMPTY_ROWS_GRAD``)."""
+    return x
+
+
+def _empty_rows_bwd(_: None, g: Array) -> tuple[Array]:
+    raise UnsupportedError("cudnn", [EMPTY_ROWS_GRAD])
+
+
+_no_cudnn_empty_rows_grad.defvjp(_no_grad_fwd, _empty_rows_bwd)
+
 
 def _prepend_keys(x: Array, n: int) -> Array:
     """n zero keys (or values) in front: a sink's K and V are zero."""
@@ -237,6 +256,8 @@ def sdpa_attention(
         # (b, h, T) -> (b, T, h, 1) against the (B, T, Hq, D) output.
         keep = jnp.transpose(jnp.asarray(row_valid), (0, 2, 1))[..., None]
         out = jnp.where(keep, out, jnp.zeros((), out.dtype))
+    if cudnn and causal and t > s:
+        out = _no_cudnn_empty_rows_grad(out)
     return out
 
 
