@@ -201,3 +201,41 @@ def test_a_compile_that_fails_in_the_pool_is_retried_alone() -> None:
     flaky = report.get(MHA, "flaky", "fwd")
     assert flaky is not None and flaky.ok, flaky
     assert len(Flaky.traces) == 2
+
+
+def test_calls_per_sample_fill_the_minimum_sample_time() -> None:
+    from jaxattn.bench.timing import calls_per_sample, default_min_sample_ms
+
+    assert calls_per_sample(0.3, 10.0, 1000) == 34  # ceil(10 / 0.3)
+    assert calls_per_sample(12.0, 10.0, 1000) == 1  # one call is long enough
+    assert calls_per_sample(0.3, 0.0, 1000) == 1  # 0: single calls
+    assert calls_per_sample(0.0, 10.0, 50) == 50  # capped
+    assert default_min_sample_ms("gpu") == default_min_sample_ms("tpu") == 10.0
+    assert default_min_sample_ms("cpu") < default_min_sample_ms("gpu")
+
+
+def test_run_sample_times_every_call_and_divides() -> None:
+    import jax
+
+    from jaxattn.bench.timing import Program, run_sample
+
+    calls: list[int] = []
+
+    def fake(x: Any) -> Any:
+        calls.append(1)
+        return jax.numpy.asarray(x)
+
+    ms = run_sample(Program(fake, None, 0.0), (1.0,), 7)
+    assert len(calls) == 7 and ms > 0
+
+
+@pytest.mark.usefixtures("toys")
+def test_samples_are_sized_by_the_warmup_call() -> None:
+    # a tiny CPU program takes well under 50 ms: each sample batches several calls
+    report = run_bench(config(backends=["plain"], shapes=[MHA], modes=("fwd",), warmup=1, min_sample_ms=50.0,
+                              max_calls_per_sample=5))
+    plain = report.get(MHA, "plain", "fwd")
+    assert plain is not None and plain.ok and plain.calls_per_sample == 5
+    assert len(plain.times_ms) == 2 and plain.median_ms is not None
+    single = run_bench(config(backends=["plain"], shapes=[MHA], modes=("fwd",), min_sample_ms=0.0))
+    assert single.results[0].calls_per_sample == 1

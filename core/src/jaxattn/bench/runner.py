@@ -3,8 +3,9 @@
 Per shape: ask every backend (declines become result rows, never exceptions), compile what
 runs (in a small thread pool: XLA and Triton compile outside the GIL, and compiling dominates
 a large matrix), skip programs whose compiled temp memory exceeds what the device has left
-(or ``max_temp_bytes``), then time the programs in interleaved rounds, one run at a time, so
-they never compete for the device and drift hits them alike.
+(or ``max_temp_bytes``), then time the programs in interleaved rounds, one sample at a time, so
+they never compete for the device and drift hits them alike. A sample is a batch of
+back-to-back calls lasting at least ``min_sample_ms`` (see :mod:`jaxattn.bench.timing`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,18 @@ from ..metadata import AttentionMetadata
 from .backends import Verdict, make_backend
 from .progress import Progress
 from .shapes import MODES, BenchShape
-from .timing import Program, compile_program, device_memory_limit, input_structs, make_inputs, median, run_once
+from .timing import (
+    Program,
+    calls_per_sample,
+    compile_program,
+    default_min_sample_ms,
+    device_memory_limit,
+    input_structs,
+    make_inputs,
+    median,
+    run_once,
+    run_sample,
+)
 
 __all__ = ["BenchConfig", "BenchReport", "BenchResult", "run_bench"]
 
@@ -32,6 +44,10 @@ class BenchConfig:
     modes: Sequence[str] = MODES
     warmup: int = 2
     repeats: int = 10
+    # Each sample lasts at least this long (back-to-back calls, see timing.py); 0: one call per
+    # sample; None: the platform's default (timing.MIN_SAMPLE_MS).
+    min_sample_ms: float | None = None
+    max_calls_per_sample: int = 1000
     metadata: AttentionMetadata = dataclasses.field(default_factory=AttentionMetadata)
     # Programs needing more compiled temp memory than this, or than the device has free, are
     # skipped (O(T*S) backends at long sequences: they would fail or take long). None: free only.
@@ -51,7 +67,8 @@ class BenchResult:
     status: str  # "ok", "declined", "skipped", "failed"
     reason: str = ""
     note: str = ""
-    times_ms: list[float] = dataclasses.field(default_factory=list)
+    times_ms: list[float] = dataclasses.field(default_factory=list)  # per call, one entry per sample
+    calls_per_sample: int = 1
     median_ms: float | None = None
     tflops: float | None = None
     ratio: float | None = None  # TFLOP/s relative to the reference backend on the same shape and mode
@@ -181,25 +198,35 @@ class _ShapeRun:
         """
         self.progress.status(f"{self.shape.label}: timing {len(runnable)} programs")
 
-        def attempt(result: BenchResult, program: Program) -> float | None:
+        def attempt(result: BenchResult, program: Program, number: int = 1) -> float | None:
             try:
-                return run_once(program, args)
+                return run_once(program, args) if number == 1 else run_sample(program, args, number)
             except Exception as err:  # OOM or a kernel failure is a result, not a crash
                 result.status, result.reason = "failed", _first_line(err)
                 return None
 
+        min_sample_ms = self.config.min_sample_ms
+        if min_sample_ms is None:
+            from .cli import platform_of
+
+            min_sample_ms = default_min_sample_ms(platform_of(self.config.metadata))
         for result, program in runnable:
             if not result.ok:  # failed in an earlier round (--tune times twice)
                 continue
-            for _ in range(self.config.warmup):
-                if attempt(result, program) is None:
+            one_call = None
+            for _ in range(max(1, self.config.warmup)):  # the last warm-up call sizes the samples
+                one_call = attempt(result, program)
+                if one_call is None:
                     break
+            if one_call is not None:
+                result.calls_per_sample = calls_per_sample(one_call, min_sample_ms,
+                                                           self.config.max_calls_per_sample)
         for _ in range(max(1, self.config.repeats)):
             for result, program in runnable:
                 if result.ok:
-                    ms = attempt(result, program)
+                    ms = attempt(result, program, result.calls_per_sample)
                     if ms is not None:
-                        result.times_ms.append(round(ms, 4))
+                        result.times_ms.append(round(ms, 5))
         for result, _ in runnable:
             if result.ok:
                 result.median_ms = median(result.times_ms)

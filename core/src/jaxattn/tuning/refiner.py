@@ -4,8 +4,10 @@
 ``add_rank_refiner``. It runs only when dispatch's memo of choices misses, so its cost (a
 ``stat`` of the cache file and a dict lookup) is paid once per distinct call signature.
 
-Ranking: the candidates measured for this problem's key come first, fastest first (ties keep
-the declared order, so the result is deterministic for a given cache); candidates without a
+Ranking: the candidates measured for this problem's key come first, fastest first; those
+within :data:`TIE_TOLERANCE` of the fastest count as tied and keep their declared order (a
+difference that small is timing noise, and a coin flip between two runs of ``jaxattn tune``
+must not flip the pick). The result is deterministic for a given cache. Candidates without a
 usable measurement follow in declared order. A forward call is ranked by forward time. When
 another exact backend is measurably faster for forward+backward, the first candidate carries
 ``grad_impl``: "auto" then runs that backend whenever the call is differentiated (see
@@ -26,11 +28,16 @@ if TYPE_CHECKING:
     from ..metadata import AttentionMetadata
     from ..problem import AttentionProblem
 
-__all__ = ["SPLIT_MARGIN", "enabled", "refine", "split_eligible"]
+__all__ = ["SPLIT_MARGIN", "TIE_TOLERANCE", "enabled", "rank_measured", "refine", "split_eligible"]
+
+#: Measured times within this fraction of the fastest are tied: declared priority orders them.
+#: ``jaxattn bench`` samples last >= 10 ms on accelerators, which keeps repeat-to-repeat noise
+#: of one kernel under about 1%; auto's target is 3%, so a tie costs at most a third of it.
+TIE_TOLERANCE = 0.01
 
 #: The gradient backend must beat the forward's own forward+backward by this fraction: within
 #: timing noise, one backend for both directions is the simpler program (and keeps jvp).
-SPLIT_MARGIN = 0.02
+SPLIT_MARGIN = 0.01
 
 
 def enabled() -> bool:
@@ -94,13 +101,17 @@ def refine(pool: list[Candidate], problem: AttentionProblem, metadata: Attention
     timed = [c for c in pool if c.name in usable and usable[c.name].time(grad) is not None]
     if not timed:
         return pool
-    declared = {c.name: i for i, c in enumerate(pool)}
-    timed.sort(key=lambda c: (usable[c.name].time(grad), declared[c.name]))
-    fastest = usable[timed[0].name].time(grad) or 1.0
+    times = {c.name: usable[c.name].time(grad) or 0.0 for c in timed}
+    fastest = min(times.values()) or 1.0
     ranked: list[Candidate] = []
-    for i, c in enumerate(timed):
-        t = usable[c.name].time(grad) or 0.0
-        why = "fastest" if i == 0 else f"{t / fastest:.2f}x the fastest"
+    for c in rank_measured(timed, times):
+        t = times[c.name]
+        if t == fastest:
+            why = "fastest"
+        elif t <= fastest * (1 + TIE_TOLERANCE):
+            why = f"{t / fastest:.3f}x the fastest: within {TIE_TOLERANCE:.0%}, a tie, declared priority {c.priority}"
+        else:
+            why = f"{t / fastest:.2f}x the fastest"
         ranked.append(dataclasses.replace(c, measured=True,
                                           rank_reason=f"measured {metric} {t:.3f} ms ({why})"))
     key = problem_key(problem)
@@ -109,6 +120,22 @@ def refine(pool: list[Candidate], problem: AttentionProblem, metadata: Attention
     if not grad and split_eligible(problem):
         ranked[0] = _with_grad_impl(ranked[0], usable, problem, metadata)
     return ranked + rest
+
+
+def rank_measured(timed: list[Candidate], times: dict[str, float]) -> list[Candidate]:
+    """``timed`` (in declared order) fastest first; ties keep declared order.
+
+    Repeatedly: the fastest remaining candidate and every one within :data:`TIE_TOLERANCE` of
+    it form a group, which is placed in declared order.
+    """
+    remaining = list(timed)
+    ranked: list[Candidate] = []
+    while remaining:
+        fastest = min(times[c.name] for c in remaining)
+        group = [c for c in remaining if times[c.name] <= fastest * (1 + TIE_TOLERANCE)]
+        ranked += group
+        remaining = [c for c in remaining if c not in group]
+    return ranked
 
 
 def _with_grad_impl(first: Candidate, usable: dict[str, Measurement], problem: AttentionProblem,
