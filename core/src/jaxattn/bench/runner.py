@@ -191,25 +191,30 @@ class _ShapeRun:
         return runnable
 
     def _time(self, runnable: list[tuple[BenchResult, Program]], args: tuple[Any, ...]) -> None:
-        """Warm every program up, then time them in interleaved rounds (a, b, c, a, b, c, ...).
+        """Warm every program up, then time them in interleaved, rotating rounds (a b c, b c a, ...).
 
         Interleaving makes drift during the shape (clocks, temperature, other load) hit every
-        backend alike, so ratios between backends of one shape stay honest.
+        backend alike, so ratios between backends of one shape stay honest; rotating, and an
+        untimed batch before each timed one, keep the program that ran just before out of a
+        sample (see :mod:`jaxattn.bench.timing`).
         """
         self.progress.status(f"{self.shape.label}: timing {len(runnable)} programs")
-
-        def attempt(result: BenchResult, program: Program, number: int = 1) -> float | None:
-            try:
-                return run_once(program, args) if number == 1 else run_sample(program, args, number)
-            except Exception as err:  # OOM or a kernel failure is a result, not a crash
-                result.status, result.reason = "failed", _first_line(err)
-                return None
-
         min_sample_ms = self.config.min_sample_ms
         if min_sample_ms is None:
             from .cli import platform_of
 
             min_sample_ms = default_min_sample_ms(platform_of(self.config.metadata))
+
+        def attempt(result: BenchResult, program: Program, number: int = 0) -> float | None:
+            """One call (``number`` 0, warm-up), or a sample of ``number`` calls after as many untimed."""
+            try:
+                if number == 0:
+                    return run_once(program, args)
+                return run_sample(program, args, number, preroll=number if min_sample_ms > 0 else 0)
+            except Exception as err:  # OOM or a kernel failure is a result, not a crash
+                result.status, result.reason = "failed", _first_line(err)
+                return None
+
         for result, program in runnable:
             if not result.ok:  # failed in an earlier round (--tune times twice)
                 continue
@@ -221,8 +226,9 @@ class _ShapeRun:
             if one_call is not None:
                 result.calls_per_sample = calls_per_sample(one_call, min_sample_ms,
                                                            self.config.max_calls_per_sample)
-        for _ in range(max(1, self.config.repeats)):
-            for result, program in runnable:
+        for round_ in range(max(1, self.config.repeats)):
+            shift = round_ % len(runnable)  # rotate: no program always follows the same one
+            for result, program in runnable[shift:] + runnable[:shift]:
                 if result.ok:
                     ms = attempt(result, program, result.calls_per_sample)
                     if ms is not None:
