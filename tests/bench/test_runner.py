@@ -203,21 +203,21 @@ def test_a_compile_that_fails_in_the_pool_is_retried_alone() -> None:
     assert len(Flaky.traces) == 2
 
 
-def test_calls_per_sample_fill_the_minimum_sample_time() -> None:
-    from jaxattn.bench.timing import calls_per_sample, default_min_sample_ms
+def test_samples_and_preroll_last_as_long_as_asked() -> None:
+    from jaxattn.bench.timing import calls_lasting, platform_defaults
 
-    assert calls_per_sample(0.3, 10.0, 1000) == 34  # ceil(10 / 0.3)
-    assert calls_per_sample(12.0, 10.0, 1000) == 1  # one call is long enough
-    assert calls_per_sample(0.3, 0.0, 1000) == 1  # 0: single calls
-    assert calls_per_sample(0.0, 10.0, 50) == 50  # capped
-    assert default_min_sample_ms("gpu") == default_min_sample_ms("tpu") == 10.0
-    assert default_min_sample_ms("cpu") < default_min_sample_ms("gpu")
+    assert calls_lasting(10.0, 0.3, 1000) == 34  # ceil(10 / 0.3)
+    assert calls_lasting(10.0, 12.0, 1000) == 1  # one call is long enough
+    assert calls_lasting(0.0, 0.3, 1000) == 0  # 0: none (no pre-roll; a sample is then one call)
+    assert calls_lasting(10.0, 0.0, 50) == 50  # capped
+    assert platform_defaults("gpu") == platform_defaults("tpu") == (10.0, 100.0)
+    assert platform_defaults("cpu") == (1.0, 0.0)
 
 
-def test_run_sample_times_every_call_and_divides() -> None:
+def test_run_sample_and_preroll_make_every_call() -> None:
     import jax
 
-    from jaxattn.bench.timing import Program, run_sample
+    from jaxattn.bench.timing import Program, preroll, run_sample
 
     calls: list[int] = []
 
@@ -227,15 +227,17 @@ def test_run_sample_times_every_call_and_divides() -> None:
 
     ms = run_sample(Program(fake, None, 0.0), (1.0,), 7)
     assert len(calls) == 7 and ms > 0
+    preroll(Program(fake, None, 0.0), (1.0,), 3)
+    assert len(calls) == 10
 
 
 @pytest.mark.usefixtures("toys")
-def test_samples_are_sized_by_the_warmup_call() -> None:
+def test_samples_are_sized_by_the_warmup_call_and_spread_over_rounds() -> None:
     # a tiny CPU program takes well under 50 ms: each sample batches several calls
     report = run_bench(config(backends=["plain"], shapes=[MHA], modes=("fwd",), warmup=1, min_sample_ms=50.0,
-                              max_calls_per_sample=5))
+                              preroll_ms=50.0, max_calls_per_sample=5, repeats=5, rounds=2))
     plain = report.get(MHA, "plain", "fwd")
-    assert plain is not None and plain.ok and plain.calls_per_sample == 5
-    assert len(plain.times_ms) == 2 and plain.median_ms is not None
-    single = run_bench(config(backends=["plain"], shapes=[MHA], modes=("fwd",), min_sample_ms=0.0))
-    assert single.results[0].calls_per_sample == 1
+    assert plain is not None and plain.ok and plain.calls_per_sample == 5 and plain.preroll_calls == 5
+    assert len(plain.times_ms) == 5 and plain.median_ms is not None
+    single = run_bench(config(backends=["plain"], shapes=[MHA], modes=("fwd",), min_sample_ms=0.0, preroll_ms=0.0))
+    assert (single.results[0].calls_per_sample, single.results[0].preroll_calls) == (1, 0)

@@ -87,10 +87,15 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     run_.add_argument("--modes", type=_names, default=["fwd", "fwdbwd"], help="fwd, fwdbwd (default both)")
     run_.add_argument("--warmup", type=int, default=2, help="untimed runs per program (default 2)")
     run_.add_argument("--repeats", type=int, default=10, help="timed samples per program; the median is reported")
+    run_.add_argument("--rounds", type=int, default=2,
+                      help="interleaved rounds the samples are spread over (default 2; order reversed every other)")
     run_.add_argument("--min-sample-ms", type=float, metavar="MS",
                       help="a sample is as many back-to-back calls as last this long, so dispatch latency "
                            "and timer jitter stay out of the figures (default 10 on GPU/TPU, 1 on CPU; "
                            "0 = one call per sample)")
+    run_.add_argument("--preroll-ms", type=float, metavar="MS",
+                      help="untimed run of each program before its samples in a round, so the device's clocks "
+                           "settle to that program's power draw (default 100 on GPU/TPU, 0 on CPU)")
     run_.add_argument("--max-temp-gib", type=float,
                       help="skip programs whose compiled temp memory exceeds this, e.g. O(S^2) backends at "
                            f"long S (default {ACCELERATOR_TEMP_GIB:g} on GPU/TPU, none on CPU; always: free memory)")
@@ -184,7 +189,8 @@ def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: Att
     backends = _backends(args, metadata)
     config = BenchConfig(
         shapes=shapes, backends=backends, reference=_reference(args, backends), modes=tuple(args.modes),
-        warmup=args.warmup, repeats=args.repeats, min_sample_ms=args.min_sample_ms, metadata=metadata,
+        warmup=args.warmup, repeats=args.repeats, rounds=args.rounds, min_sample_ms=args.min_sample_ms,
+        preroll_ms=args.preroll_ms, metadata=metadata,
         max_temp_bytes=max_temp_bytes(args, platform_of(metadata)),
         time_budget_s=args.time_budget, compile_workers=args.compile_workers, record_tuning=args.tune,
     )

@@ -3,9 +3,10 @@
 Per shape: ask every backend (declines become result rows, never exceptions), compile what
 runs (in a small thread pool: XLA and Triton compile outside the GIL, and compiling dominates
 a large matrix), skip programs whose compiled temp memory exceeds what the device has left
-(or ``max_temp_bytes``), then time the programs in interleaved rounds, one sample at a time, so
-they never compete for the device and drift hits them alike. A sample is a batch of
-back-to-back calls lasting at least ``min_sample_ms`` (see :mod:`jaxattn.bench.timing`).
+(or ``max_temp_bytes``), then time the programs one at a time, so they never compete for the
+device, in ``rounds`` interleaved rounds, so drift hits them alike. In a round each program
+runs untimed for ``preroll_ms``, then gives its share of the ``repeats`` samples, each a
+batch of back-to-back calls lasting at least ``min_sample_ms`` (see :mod:`jaxattn.bench.timing`).
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from .progress import Progress
 from .shapes import MODES, BenchShape
 from .timing import (
     Program,
-    calls_per_sample,
+    calls_lasting,
     compile_program,
-    default_min_sample_ms,
     device_memory_limit,
     input_structs,
     make_inputs,
     median,
+    platform_defaults,
+    preroll,
     run_once,
     run_sample,
 )
@@ -43,10 +45,13 @@ class BenchConfig:
     reference: str | None
     modes: Sequence[str] = MODES
     warmup: int = 2
-    repeats: int = 10
+    repeats: int = 10  # timed samples per program, spread over the rounds
+    rounds: int = 2  # interleaved rounds; odd rounds run the programs in reverse order
     # Each sample lasts at least this long (back-to-back calls, see timing.py); 0: one call per
-    # sample; None: the platform's default (timing.MIN_SAMPLE_MS).
+    # sample. Untimed run of a program before its samples in each round, so clocks settle.
+    # None: the platform's default (timing.PLATFORM_DEFAULTS).
     min_sample_ms: float | None = None
+    preroll_ms: float | None = None
     max_calls_per_sample: int = 1000
     metadata: AttentionMetadata = dataclasses.field(default_factory=AttentionMetadata)
     # Programs needing more compiled temp memory than this, or than the device has free, are
@@ -69,6 +74,7 @@ class BenchResult:
     note: str = ""
     times_ms: list[float] = dataclasses.field(default_factory=list)  # per call, one entry per sample
     calls_per_sample: int = 1
+    preroll_calls: int = 0
     median_ms: float | None = None
     tflops: float | None = None
     ratio: float | None = None  # TFLOP/s relative to the reference backend on the same shape and mode
@@ -191,52 +197,52 @@ class _ShapeRun:
         return runnable
 
     def _time(self, runnable: list[tuple[BenchResult, Program]], args: tuple[Any, ...]) -> None:
-        """Warm every program up, then time them in interleaved, rotating rounds (a b c, b c a, ...).
+        """Warm every program up, then time them in interleaved rounds (a b c, c b a, a b c, ...).
 
         Interleaving makes drift during the shape (clocks, temperature, other load) hit every
-        backend alike, so ratios between backends of one shape stay honest; rotating, and an
-        untimed batch before each timed one, keep the program that ran just before out of a
-        sample (see :mod:`jaxattn.bench.timing`).
+        backend alike, so ratios between backends of one shape stay honest; the pre-roll keeps
+        the program that ran before out of a sample (see :mod:`jaxattn.bench.timing`).
         """
         self.progress.status(f"{self.shape.label}: timing {len(runnable)} programs")
-        min_sample_ms = self.config.min_sample_ms
-        if min_sample_ms is None:
-            from .cli import platform_of
-
-            min_sample_ms = default_min_sample_ms(platform_of(self.config.metadata))
-
-        def attempt(result: BenchResult, program: Program, number: int = 0) -> float | None:
-            """One call (``number`` 0, warm-up), or a sample of ``number`` calls after as many untimed."""
-            try:
-                if number == 0:
-                    return run_once(program, args)
-                return run_sample(program, args, number, preroll=number if min_sample_ms > 0 else 0)
-            except Exception as err:  # OOM or a kernel failure is a result, not a crash
-                result.status, result.reason = "failed", _first_line(err)
-                return None
+        default_sample, default_preroll = platform_defaults(self._platform())
+        sample_ms = default_sample if self.config.min_sample_ms is None else self.config.min_sample_ms
+        preroll_ms = default_preroll if self.config.preroll_ms is None else self.config.preroll_ms
+        cap = self.config.max_calls_per_sample
 
         for result, program in runnable:
             if not result.ok:  # failed in an earlier round (--tune times twice)
                 continue
-            one_call = None
-            for _ in range(max(1, self.config.warmup)):  # the last warm-up call sizes the samples
-                one_call = attempt(result, program)
-                if one_call is None:
-                    break
-            if one_call is not None:
-                result.calls_per_sample = calls_per_sample(one_call, min_sample_ms,
-                                                           self.config.max_calls_per_sample)
-        for round_ in range(max(1, self.config.repeats)):
-            shift = round_ % len(runnable)  # rotate: no program always follows the same one
-            for result, program in runnable[shift:] + runnable[:shift]:
-                if result.ok:
-                    ms = attempt(result, program, result.calls_per_sample)
-                    if ms is not None:
-                        result.times_ms.append(round(ms, 5))
+            try:
+                for _ in range(max(1, self.config.warmup)):  # the last call sizes samples and pre-roll
+                    one_call = run_once(program, args)
+            except Exception as err:  # OOM or a kernel failure is a result, not a crash
+                result.status, result.reason = "failed", _first_line(err)
+                continue
+            result.calls_per_sample = max(1, calls_lasting(sample_ms, one_call, cap))
+            result.preroll_calls = calls_lasting(preroll_ms, one_call, cap)
+        repeats = max(1, self.config.repeats)
+        rounds = max(1, min(self.config.rounds, repeats))
+        for round_ in range(rounds):
+            count = repeats // rounds + (round_ < repeats % rounds)
+            for result, program in runnable if round_ % 2 == 0 else runnable[::-1]:
+                if not result.ok:
+                    continue
+                try:
+                    preroll(program, args, result.preroll_calls)
+                    for _ in range(count):
+                        result.times_ms.append(round(run_sample(program, args, result.calls_per_sample), 5))
+                except Exception as err:  # as above
+                    result.status, result.reason = "failed", _first_line(err)
         for result, _ in runnable:
             if result.ok:
                 result.median_ms = median(result.times_ms)
                 result.tflops = self.shape.flops(result.mode) / (result.median_ms * 1e-3) / 1e12
+
+    def _platform(self) -> str:
+        from ..device import detect_device
+        from ..impl import _resolve_platform
+
+        return _resolve_platform(self.config.metadata, detect_device())[0]
 
     def _too_big(self, temp: int | None) -> str:
         """Why a program with ``temp`` bytes of compiled temp memory is not run, or ""."""

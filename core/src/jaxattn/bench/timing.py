@@ -10,14 +10,14 @@ the host's dispatch and synchronisation latency (tens of microseconds, and jitte
 figure: on sub-millisecond kernels that is tens of percent of noise, and it penalises fast
 kernels most. Back to back, the host enqueues call i+1 while the device runs call i, so a
 sample measures the device's time. The runner sizes ``number`` so that a sample lasts at
-least ``min_sample_ms`` and reports the median of the samples after the warm-up.
+least ``min_sample_ms``.
 
-Before each timed batch the same program runs an untimed batch (``preroll``). Without it,
-a sample's time depended on which program ran before it: on an H200, cuDNN's forward at
-S=16k measured 9% faster right after the (lighter) Triton kernel than right after another
-cuDNN call, consistently over ten rounds, which is the GPU's power management (clocks
-follow the power draw of the last milliseconds), not the kernel. The runner also rotates
-the order of programs from round to round, so no program always follows the same one.
+Before a program's samples the runner runs it, untimed, for ``preroll_ms``: a GPU's clocks
+follow its power draw over the last ~100 ms, so without that a sample measures the program
+that ran before it as much as itself. Measured on an H200 (cuDNN forward, B1 S16384 H32
+D128, ms per call): 6.78 right after an idle moment, 7.03 after 20 ms of the Triton kernel,
+7.47 after 20 ms of cuDNN itself; after 100 ms of pre-roll 7.71-7.76 in all three cases, the
+sustained speed a training loop sees. The default pre-roll is 100 ms on accelerators.
 """
 
 from __future__ import annotations
@@ -30,14 +30,15 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
-    "MIN_SAMPLE_MS",
+    "PLATFORM_DEFAULTS",
     "Program",
-    "calls_per_sample",
+    "calls_lasting",
     "compile_program",
-    "default_min_sample_ms",
     "device_memory_limit",
     "input_structs",
     "make_inputs",
+    "platform_defaults",
+    "preroll",
     "run_once",
     "run_sample",
 ]
@@ -112,16 +113,10 @@ def run_once(program: Program, args: tuple[Any, ...]) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def run_sample(program: Program, args: tuple[Any, ...], number: int, preroll: int = 0) -> float:
-    """Milliseconds per call of ``number`` calls issued back to back (see the module docstring).
-
-    ``preroll`` untimed calls run (and finish) first, so the device is in the steady state of
-    this program (clocks under its own power draw, caches) when the clock starts.
-    """
+def run_sample(program: Program, args: tuple[Any, ...], number: int) -> float:
+    """Milliseconds per call of ``number`` calls issued back to back (see the module docstring)."""
     import jax
 
-    if preroll > 0:
-        jax.block_until_ready([program.compiled(*args) for _ in range(preroll)])
     if number <= 1:
         return run_once(program, args)
     start = time.perf_counter()
@@ -132,21 +127,31 @@ def run_sample(program: Program, args: tuple[Any, ...], number: int, preroll: in
     return (time.perf_counter() - start) * 1e3 / number
 
 
-#: Default ``min_sample_ms`` per platform: long enough on accelerators to hide dispatch latency
-#: and timer jitter (repeat-to-repeat noise under ~1%), short on CPUs, where calls are slow
-#: and synchronous anyway and CI runs the benchmark's tests.
-MIN_SAMPLE_MS = {"gpu": 10.0, "tpu": 10.0, "cpu": 1.0}
+def preroll(program: Program, args: tuple[Any, ...], number: int) -> None:
+    """Run ``program`` ``number`` times, untimed, and wait: the device reaches its steady state."""
+    import jax
+
+    if number > 0:
+        jax.block_until_ready([program.compiled(*args) for _ in range(number)])
 
 
-def default_min_sample_ms(platform: str) -> float:
-    return MIN_SAMPLE_MS.get(platform, 10.0)
+#: Per platform: (``min_sample_ms``, ``preroll_ms``). Accelerators: samples long enough to hide
+#: dispatch latency, and a pre-roll long enough for clocks to settle (see the module
+#: docstring). CPUs: calls are slow and synchronous, there is no boost clock to settle, and
+#: CI runs the benchmark's tests.
+PLATFORM_DEFAULTS: dict[str, tuple[float, float]] = {"gpu": (10.0, 100.0), "tpu": (10.0, 100.0), "cpu": (1.0, 0.0)}
 
 
-def calls_per_sample(one_call_ms: float, min_sample_ms: float, max_calls: int) -> int:
-    """How many back-to-back calls make a sample last ``min_sample_ms``, from one call's time."""
-    if min_sample_ms <= 0 or one_call_ms >= min_sample_ms:
-        return 1
-    return max(1, min(max_calls, math.ceil(min_sample_ms / max(one_call_ms, 1e-3))))
+def platform_defaults(platform: str) -> tuple[float, float]:
+    """``(min_sample_ms, preroll_ms)`` for ``platform``."""
+    return PLATFORM_DEFAULTS.get(platform, PLATFORM_DEFAULTS["gpu"])
+
+
+def calls_lasting(ms: float, one_call_ms: float, max_calls: int) -> int:
+    """How many back-to-back calls last at least ``ms`` (0 when ``ms`` <= 0), from one call's time."""
+    if ms <= 0:
+        return 0
+    return max(1, min(max_calls, math.ceil(ms / max(one_call_ms, 1e-3))))
 
 
 def median(times: list[float]) -> float:
