@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -81,12 +82,41 @@ class Flaky(Plain):
         return super().forward_native(*args, **kw)
 
 
+class Twin(Plain):
+    """Plain's computation under another name: compiles to Plain's very program."""
+
+    priority: ClassVar[int] = 2
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "twin"
+
+
+class Other(Plain):
+    """A different program: masks with a large negative number instead of -inf."""
+
+    priority: ClassVar[int] = 3
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "other"
+
+    def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None, init_bias: Any = None,
+                       causal: bool = False, **kw: Any) -> AttentionOutput:
+        s = jnp.einsum("bthd,bshd->bhts", q, k) * kw["softmax_scale"]
+        if causal:
+            s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -1e30)
+        return AttentionOutput(jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(s, axis=-1), v))
+
+
 @pytest.fixture
 def toys() -> Iterator[None]:
     with isolated_registry(discover=False):
         jaxattn.register_impl(Plain)
         jaxattn.register_impl(Broken)
         jaxattn.register_impl(Flaky)
+        jaxattn.register_impl(Twin)
+        jaxattn.register_impl(Other)
         yield
 
 
@@ -241,3 +271,35 @@ def test_samples_are_sized_by_the_warmup_call_and_spread_over_rounds() -> None:
     assert len(plain.times_ms) == 5 and plain.median_ms is not None
     single = run_bench(config(backends=["plain"], shapes=[MHA], modes=("fwd",), min_sample_ms=0.0, preroll_ms=0.0))
     assert (single.results[0].calls_per_sample, single.results[0].preroll_calls) == (1, 0)
+
+
+@pytest.mark.usefixtures("toys")
+def test_identical_programs_are_timed_once_and_share_the_timing() -> None:
+    report = run_bench(config(backends=["plain", "twin", "other", "auto"], shapes=[MHA]))
+    for mode in ("fwd", "fwdbwd"):
+        plain, twin, other, auto = (report.get(MHA, n, mode) for n in ("plain", "twin", "other", "auto"))
+        assert plain is not None and twin is not None and other is not None and auto is not None
+        assert plain.ok and plain.same_program_as is None
+        assert twin.same_program_as == "plain" and twin.times_ms == plain.times_ms and twin.ok
+        assert auto.same_program_as == "plain" and auto.median_ms == plain.median_ms and auto.note == "-> plain"
+        assert other.ok and other.same_program_as is None
+    rows = [" ".join(r) for r in table(report).rows]
+    assert any("twin" in r and "fwd = plain's program" in r for r in rows)
+    assert any("on 2 of 2 auto compiled to the very program" in line for line in summary_lines(report))
+    separate = run_bench(config(backends=["plain", "twin", "auto"], shapes=[MHA], dedupe=False))
+    assert all(r.same_program_as is None and r.ok and len(r.times_ms) == 2 for r in separate.results)
+
+
+@pytest.mark.usefixtures("toys")
+def test_bench_tune_times_auto_again_only_for_a_new_program(cache_dir: Path) -> None:
+    # auto compiles to plain's program: its timing is plain's, from the one round
+    report = run_bench(config(backends=["plain", "auto"], shapes=[MHA], record_tuning=True, repeats=3))
+    auto, plain = report.get(MHA, "auto", "fwd"), report.get(MHA, "plain", "fwd")
+    assert auto is not None and plain is not None
+    assert auto.same_program_as == "plain" and len(plain.times_ms) == 3
+    # not deduplicated: auto is a program of its own, timed in a new round with plain
+    report = run_bench(config(backends=["plain", "auto"], shapes=[MHA], record_tuning=True, repeats=3,
+                              dedupe=False))
+    assert {(r.backend, r.mode): (len(r.times_ms), r.same_program_as) for r in report.results} == {
+        ("plain", "fwd"): (3, None), ("plain", "fwdbwd"): (3, None),
+        ("auto", "fwd"): (3, None), ("auto", "fwdbwd"): (3, None)}

@@ -93,6 +93,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                       help="a sample is as many back-to-back calls as last this long, so dispatch latency "
                            "and timer jitter stay out of the figures (default 10 on GPU/TPU, 1 on CPU; "
                            "0 = one call per sample)")
+    run_.add_argument("--no-dedupe", dest="dedupe", action="store_false",
+                      help="time every backend's program, even where two compile to the identical program "
+                           "(by default such programs are timed once and share the timing)")
     run_.add_argument("--preroll-ms", type=float, metavar="MS",
                       help="untimed run of each program before its samples in a round, so the device's clocks "
                            "settle to that program's power draw (default 100 on GPU/TPU, 0 on CPU)")
@@ -190,7 +193,7 @@ def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: Att
     config = BenchConfig(
         shapes=shapes, backends=backends, reference=_reference(args, backends), modes=tuple(args.modes),
         warmup=args.warmup, repeats=args.repeats, rounds=args.rounds, min_sample_ms=args.min_sample_ms,
-        preroll_ms=args.preroll_ms, metadata=metadata,
+        preroll_ms=args.preroll_ms, dedupe=args.dedupe, metadata=metadata,
         max_temp_bytes=max_temp_bytes(args, platform_of(metadata)),
         time_budget_s=args.time_budget, compile_workers=args.compile_workers, record_tuning=args.tune,
     )

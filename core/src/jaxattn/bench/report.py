@@ -64,7 +64,7 @@ def table(report: BenchReport) -> Any:
         short = "fwd" if mode == "fwd" else "fwd+bwd"
         columns += [f"{short} ms", f"{short} TFLOP/s", f"vs {ref}", f"{short} temp"]
     columns.append("note")
-    out = Table(f"Attention benchmark on {report.device} (median of {report.config.repeats} runs)", columns)
+    out = Table(f"Attention benchmark on {report.device} (median of {report.config.repeats} samples)", columns)
     for shape in _shapes(report):
         for name in report.config.backends:
             cells: list[str] = [shape.label, name]
@@ -73,7 +73,9 @@ def table(report: BenchReport) -> Any:
                 r = report.get(shape, name, mode)
                 cells += [_ms(r), _tflops(r), _ratio(r), _mem(r)]
                 note = note or (r.note if r is not None else "")
-            out.add(*cells, note or "")
+            shared = sorted({f"{r.mode} = {r.same_program_as}'s program" for mode in report.config.modes
+                             if (r := report.get(shape, name, mode)) is not None and r.same_program_as})
+            out.add(*cells, "; ".join([n for n in (note, *shared) if n]))
     return out
 
 
@@ -89,8 +91,8 @@ def auto_gaps(report: BenchReport) -> list[dict[str, Any]]:
             best = min(others, key=lambda r: r.median_ms or math.inf)
             assert best.median_ms is not None
             gaps.append({"shape": shape.label, "mode": mode, "auto_ms": auto.median_ms, "auto_runs": _runs(auto),
-                         "fastest": best.backend, "fastest_ms": best.median_ms,
-                         "slowdown": auto.median_ms / best.median_ms - 1.0})
+                         "auto_program_of": auto.same_program_as, "fastest": best.backend,
+                         "fastest_ms": best.median_ms, "slowdown": auto.median_ms / best.median_ms - 1.0})
     return gaps
 
 
@@ -149,6 +151,10 @@ def summary_lines(report: BenchReport) -> list[str]:
         else:
             lines.append(f"auto is within {AUTO_TOLERANCE:.0%} of the fastest backend on all {len(gaps)} "
                          "shape/mode pairs")
+        shared = [g for g in gaps if g["auto_program_of"]]
+        if shared:
+            lines.append(f"  on {len(shared)} of {len(gaps)} auto compiled to the very program of the backend it picked "
+                         "(identical optimised HLO), timed once; on the others it was timed in its own round")
     lines += report.notes
     return lines
 
@@ -160,7 +166,8 @@ def report_dict(report: BenchReport) -> dict[str, Any]:
         "device": report.device,
         "environment": report.environment,
         "config": {"backends": list(cfg.backends), "reference": cfg.reference, "modes": list(cfg.modes),
-                   "warmup": cfg.warmup, "repeats": cfg.repeats, "shapes": [s.to_dict() for s in cfg.shapes],
+                   "warmup": cfg.warmup, "repeats": cfg.repeats, "rounds": cfg.rounds,
+                   "min_sample_ms": cfg.min_sample_ms, "preroll_ms": cfg.preroll_ms, "dedupe": cfg.dedupe, "shapes": [s.to_dict() for s in cfg.shapes],
                    "flops": "4*B*H*T*S*D forward, halved for causal; forward+backward = 3.5x forward"},
         "elapsed_s": report.elapsed_s,
         "notes": report.notes,

@@ -53,6 +53,10 @@ class BenchConfig:
     min_sample_ms: float | None = None
     preroll_ms: float | None = None
     max_calls_per_sample: int = 1000
+    # Time programs whose optimised HLO is identical (timing.program_key) once and share the
+    # result: cudnn and sdpa on NVIDIA GPUs, "auto" and the impl it picked. Timing one program
+    # twice measures only noise.
+    dedupe: bool = True
     metadata: AttentionMetadata = dataclasses.field(default_factory=AttentionMetadata)
     # Programs needing more compiled temp memory than this, or than the device has free, are
     # skipped (O(T*S) backends at long sequences: they would fail or take long). None: free only.
@@ -75,6 +79,7 @@ class BenchResult:
     times_ms: list[float] = dataclasses.field(default_factory=list)  # per call, one entry per sample
     calls_per_sample: int = 1
     preroll_calls: int = 0
+    same_program_as: str | None = None  # the backend whose identical program was timed for this one
     median_ms: float | None = None
     tflops: float | None = None
     ratio: float | None = None  # TFLOP/s relative to the reference backend on the same shape and mode
@@ -126,6 +131,15 @@ def _set_ratios(results: list[BenchResult], reference: str | None) -> None:
             r.ratio = r.tflops / ref
 
 
+def _share(result: BenchResult, leader: BenchResult) -> None:
+    """``result`` runs the very program ``leader`` timed: it takes the timing (see ``dedupe``)."""
+    result.status, result.reason = leader.status, leader.reason
+    result.times_ms = list(leader.times_ms)
+    result.calls_per_sample, result.preroll_calls = leader.calls_per_sample, leader.preroll_calls
+    result.median_ms, result.tflops = leader.median_ms, leader.tflops
+    result.same_program_as = leader.backend
+
+
 class _ShapeRun:
     """Everything for one shape: verdicts, compiled programs, timings."""
 
@@ -138,9 +152,9 @@ class _ShapeRun:
         args: tuple[Any, ...] | None = None
         if self.config.record_tuning:
             # Time the impls and store their timings. Then, if auto is benchmarked, trace it (it
-            # now ranks by them) and time everything again, interleaved, so auto is compared with
-            # the others in one round.
-            with_auto = "auto" in backends
+            # now ranks by them). Where auto's program is one already timed, that timing is
+            # auto's; a new program (a forward from one impl and gradients from another) is
+            # timed in a new round with the impls of its mode, so it is compared in one round.
             runnable = self._prepare([b for b in backends if b != "auto"])
             if runnable:
                 args = make_inputs(self.shape.structs())
@@ -148,13 +162,19 @@ class _ShapeRun:
             from ..tuning.measure import record_results
 
             record_results(self.shape, [r for r, _ in runnable], self.config.metadata)
-            auto = self._prepare(["auto"]) if with_auto else []
-            if auto:
-                for result, _ in runnable:
-                    if result.ok:
-                        result.times_ms, result.median_ms, result.tflops = [], None, None
-                runnable += auto
-                self._time(runnable, args or make_inputs(self.shape.structs()))
+            auto = self._prepare(["auto"]) if "auto" in backends else []
+            known = {p.key: r for r, p in runnable if r.ok and p.key} if self.config.dedupe else {}
+            fresh = [(r, p) for r, p in auto if p.key not in known]
+            for result, program in auto:
+                if program.key in known:
+                    _share(result, known[program.key])
+            if fresh:
+                modes = {r.mode for r, _ in fresh}
+                again = [(r, p) for r, p in runnable if r.ok and r.mode in modes]
+                for result, _ in again:
+                    result.times_ms, result.median_ms, result.tflops = [], None, None
+                self._time(again + fresh, args or make_inputs(self.shape.structs()))
+            runnable += auto
         else:
             runnable = self._prepare(backends)
             if runnable:
@@ -203,6 +223,19 @@ class _ShapeRun:
         backend alike, so ratios between backends of one shape stay honest; the pre-roll keeps
         the program that ran before out of a sample (see :mod:`jaxattn.bench.timing`).
         """
+        followers: list[tuple[BenchResult, BenchResult]] = []
+        if self.config.dedupe:
+            leaders: dict[str, BenchResult] = {}
+            timed = []
+            for result, program in runnable:
+                leader = leaders.get(program.key) if program.key else None
+                if leader is None:
+                    if program.key:
+                        leaders[program.key] = result
+                    timed.append((result, program))
+                else:
+                    followers.append((result, leader))
+            runnable = timed
         self.progress.status(f"{self.shape.label}: timing {len(runnable)} programs")
         default_sample, default_preroll = platform_defaults(self._platform())
         sample_ms = default_sample if self.config.min_sample_ms is None else self.config.min_sample_ms
@@ -213,8 +246,13 @@ class _ShapeRun:
             if not result.ok:  # failed in an earlier round (--tune times twice)
                 continue
             try:
-                for _ in range(max(1, self.config.warmup)):  # the last call sizes samples and pre-roll
+                for _ in range(max(1, self.config.warmup)):
                     one_call = run_once(program, args)
+                # A single call's time includes dispatch and sync latency; a batch sized by it
+                # gives the time per call that sizes samples and pre-roll.
+                number = calls_lasting(sample_ms, one_call, cap)
+                if number > 1:
+                    one_call = run_sample(program, args, number)
             except Exception as err:  # OOM or a kernel failure is a result, not a crash
                 result.status, result.reason = "failed", _first_line(err)
                 continue
@@ -237,6 +275,8 @@ class _ShapeRun:
             if result.ok:
                 result.median_ms = median(result.times_ms)
                 result.tflops = self.shape.flops(result.mode) / (result.median_ms * 1e-3) / 1e12
+        for result, leader in followers:
+            _share(result, leader)
 
     def _platform(self) -> str:
         from ..device import detect_device

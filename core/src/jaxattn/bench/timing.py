@@ -23,7 +23,9 @@ sustained speed a training loop sees. The default pre-roll is 100 ms on accelera
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -39,6 +41,7 @@ __all__ = [
     "make_inputs",
     "platform_defaults",
     "preroll",
+    "program_key",
     "run_once",
     "run_sample",
 ]
@@ -51,6 +54,42 @@ class Program:
     compiled: Any
     temp_bytes: int | None
     compile_s: float
+    key: str | None = None  # program_key(compiled): equal keys, identical device work
+
+
+_METADATA = re.compile(r",? ?metadata=\{[^{}]*\}")
+_STACK_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+_TABLE_ROW = re.compile(r"^\d+ ")
+
+
+def program_key(compiled: Any) -> str | None:
+    """A hash of the optimised program, source locations and the module's name left out.
+
+    Two programs with the same key run the same kernels with the same configurations (the
+    text holds every instruction, fusion, custom call and its backend config, autotuned
+    choices included); they differ only in which Python lines produced them. The benchmark
+    times such programs once (timing them twice measures nothing but noise). None when the
+    runtime gives no text: such programs are never taken as identical.
+    """
+    try:
+        text = compiled.as_text()
+    except Exception:  # a runtime without HLO text: never deduplicated
+        return None
+    if not text:
+        return None
+    kept: list[str] = []
+    in_table = False
+    for line in text.splitlines():
+        if line.startswith("HloModule "):
+            line = line.partition(",")[2]  # the module is named after the Python function
+        if line.strip() in _STACK_TABLES:  # tables of file names and line numbers: `N "..."`, `N {...}`
+            in_table = True
+            continue
+        if in_table and _TABLE_ROW.match(line):
+            continue
+        in_table = False
+        kept.append(line)
+    return hashlib.sha256(_METADATA.sub("", "\n".join(kept)).encode()).hexdigest()
 
 
 def input_structs(shapes: tuple[Any, Any, Any]) -> tuple[Any, Any, Any, Any]:
@@ -101,7 +140,7 @@ def compile_program(fn: AttentionFn, mode: str, args: tuple[Any, ...]) -> Progra
         temp = None if stats is None else int(stats.temp_size_in_bytes)
     except Exception:  # some backends do not report memory; it is informative only
         temp = None
-    return Program(compiled, temp, elapsed)
+    return Program(compiled, temp, elapsed, program_key(compiled))
 
 
 def run_once(program: Program, args: tuple[Any, ...]) -> float:
@@ -115,24 +154,37 @@ def run_once(program: Program, args: tuple[Any, ...]) -> float:
 
 def run_sample(program: Program, args: tuple[Any, ...], number: int) -> float:
     """Milliseconds per call of ``number`` calls issued back to back (see the module docstring)."""
-    import jax
-
     if number <= 1:
         return run_once(program, args)
     start = time.perf_counter()
-    # Every result is kept until the end and waited for: a runtime that may run calls out of
-    # order (or on several streams) still has finished all of them when the clock stops.
-    results = [program.compiled(*args) for _ in range(number)]
-    jax.block_until_ready(results)
+    _run(program, args, number)
     return (time.perf_counter() - start) * 1e3 / number
 
 
 def preroll(program: Program, args: tuple[Any, ...], number: int) -> None:
     """Run ``program`` ``number`` times, untimed, and wait: the device reaches its steady state."""
+    if number > 0:
+        _run(program, args, number)
+
+
+def _run(program: Program, args: tuple[Any, ...], number: int) -> None:
+    """``number`` calls back to back; returns when all are done.
+
+    Only the last result is kept and waited for: an accelerator runs one device's programs in
+    the order they were issued, so the last one done means all are. Keeping every result
+    would hold ``number`` outputs (gigabytes at long sequences) and make the allocator part
+    of the timing. A CPU client may run independent calls at once, so there each call is
+    waited for in turn.
+    """
     import jax
 
-    if number > 0:
-        jax.block_until_ready([program.compiled(*args) for _ in range(number)])
+    in_order = jax.devices()[0].platform != "cpu"
+    out = None
+    for _ in range(number):
+        out = program.compiled(*args)
+        if not in_order:
+            jax.block_until_ready(out)
+    jax.block_until_ready(out)
 
 
 #: Per platform: (``min_sample_ms``, ``preroll_ms``). Accelerators: samples long enough to hide

@@ -62,7 +62,8 @@ def _tune(args: argparse.Namespace, shapes: list[BenchShape], metadata: Attentio
     backends = [n for n in (args.impls or available_backends(metadata)) if n != "auto"]
     config = BenchConfig(shapes=shapes, backends=backends, reference=None, modes=tuple(args.modes),
                          warmup=args.warmup, repeats=args.repeats, rounds=args.rounds,
-                         min_sample_ms=args.min_sample_ms, preroll_ms=args.preroll_ms, metadata=metadata,
+                         min_sample_ms=args.min_sample_ms, preroll_ms=args.preroll_ms, dedupe=args.dedupe,
+                         metadata=metadata,
                          max_temp_bytes=max_temp_bytes(args, platform_of(metadata)),
                          time_budget_s=args.time_budget, compile_workers=args.compile_workers,
                          record_tuning=True)  # stored shape by shape: an interrupted run keeps what it measured
