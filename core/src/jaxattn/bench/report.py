@@ -153,8 +153,8 @@ def summary_lines(report: BenchReport) -> list[str]:
                          "shape/mode pairs")
         shared = [g for g in gaps if g["auto_program_of"]]
         if shared:
-            lines.append(f"  on {len(shared)} of {len(gaps)} auto compiled to the very program of the backend it picked "
-                         "(identical optimised HLO), timed once; on the others it was timed in its own round")
+            lines.append(f"  on {len(shared)} of {len(gaps)} auto compiled to the very program of the backend it "
+                         "picked (identical optimised HLO), timed once; on the others it was timed in its own round")
     lines += report.notes
     return lines
 
@@ -167,7 +167,8 @@ def report_dict(report: BenchReport) -> dict[str, Any]:
         "environment": report.environment,
         "config": {"backends": list(cfg.backends), "reference": cfg.reference, "modes": list(cfg.modes),
                    "warmup": cfg.warmup, "repeats": cfg.repeats, "rounds": cfg.rounds,
-                   "min_sample_ms": cfg.min_sample_ms, "preroll_ms": cfg.preroll_ms, "dedupe": cfg.dedupe, "shapes": [s.to_dict() for s in cfg.shapes],
+                   "min_sample_ms": cfg.min_sample_ms, "preroll_ms": cfg.preroll_ms, "dedupe": cfg.dedupe,
+                   "shapes": [s.to_dict() for s in cfg.shapes],
                    "flops": "4*B*H*T*S*D forward, halved for causal; forward+backward = 3.5x forward"},
         "elapsed_s": report.elapsed_s,
         "notes": report.notes,
