@@ -163,7 +163,10 @@ class _ShapeRun:
 
             record_results(self.shape, [r for r, _ in runnable], self.config.metadata)
             auto = self._prepare(["auto"]) if "auto" in backends else []
-            known = {p.key: r for r, p in runnable if r.ok and p.key} if self.config.dedupe else {}
+            known: dict[str | None, BenchResult] = {}
+            for result, program in runnable if self.config.dedupe else []:
+                if result.ok and program.key and result.same_program_as is None:
+                    known.setdefault(program.key, result)  # the program's first (timed) backend
             fresh = [(r, p) for r, p in auto if p.key not in known]
             for result, program in auto:
                 if program.key in known:
