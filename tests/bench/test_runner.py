@@ -283,6 +283,9 @@ def test_identical_programs_are_timed_once_and_share_the_timing() -> None:
         assert twin.same_program_as == "plain" and twin.times_ms == plain.times_ms and twin.ok
         assert auto.same_program_as == "plain" and auto.median_ms == plain.median_ms and auto.note == "-> plain"
         assert other.ok and other.same_program_as is None
+    from jaxattn.bench.progress import describe
+
+    assert describe(twin).endswith("plain's program")
     rows = [" ".join(r) for r in table(report).rows]
     assert any("twin" in r and "fwd = plain's program" in r for r in rows)
     assert any("on 2 of 2 auto compiled to the very program" in line for line in summary_lines(report))

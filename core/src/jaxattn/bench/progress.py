@@ -21,7 +21,8 @@ def describe(result: BenchResult) -> str:
         text = f"{result.median_ms:9.3f} ms {tflops:>8} TFLOP/s"
         if result.ratio is not None:
             text += f" {result.ratio:5.2f}x ref"
-        return text + (f"  {result.note}" if result.note else "")
+        notes = [result.note, f"{result.same_program_as}'s program" if result.same_program_as else ""]
+        return text + "".join(f"  {n}" for n in notes if n)
     return f"{result.status}: {result.reason}"
 
 
