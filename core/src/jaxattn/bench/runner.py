@@ -23,7 +23,6 @@ from .progress import Progress
 from .shapes import MODES, BenchShape
 from .timing import (
     Program,
-    calls_lasting,
     compile_program,
     device_memory_limit,
     input_structs,
@@ -33,6 +32,7 @@ from .timing import (
     preroll,
     run_once,
     run_sample,
+    size_samples,
 )
 
 __all__ = ["BenchConfig", "BenchReport", "BenchResult", "run_bench"]
@@ -251,16 +251,11 @@ class _ShapeRun:
             try:
                 for _ in range(max(1, self.config.warmup)):
                     one_call = run_once(program, args)
-                # A single call's time includes dispatch and sync latency; a batch sized by it
-                # gives the time per call that sizes samples and pre-roll.
-                number = calls_lasting(sample_ms, one_call, cap)
-                if number > 1:
-                    one_call = run_sample(program, args, number)
+                result.calls_per_sample, result.preroll_calls = size_samples(program, args, one_call, sample_ms,
+                                                                             preroll_ms, cap)
             except Exception as err:  # OOM or a kernel failure is a result, not a crash
                 result.status, result.reason = "failed", _first_line(err)
                 continue
-            result.calls_per_sample = max(1, calls_lasting(sample_ms, one_call, cap))
-            result.preroll_calls = calls_lasting(preroll_ms, one_call, cap)
         repeats = max(1, self.config.repeats)
         rounds = max(1, min(self.config.rounds, repeats))
         for round_ in range(rounds):

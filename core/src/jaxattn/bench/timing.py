@@ -44,6 +44,7 @@ __all__ = [
     "program_key",
     "run_once",
     "run_sample",
+    "size_samples",
 ]
 
 AttentionFn = Callable[[Any, Any, Any], Any]
@@ -197,6 +198,20 @@ PLATFORM_DEFAULTS: dict[str, tuple[float, float]] = {"gpu": (10.0, 100.0), "tpu"
 def platform_defaults(platform: str) -> tuple[float, float]:
     """``(min_sample_ms, preroll_ms)`` for ``platform``."""
     return PLATFORM_DEFAULTS.get(platform, PLATFORM_DEFAULTS["gpu"])
+
+
+def size_samples(program: Program, args: tuple[Any, ...], one_call_ms: float, min_sample_ms: float,
+                 preroll_ms: float, max_calls: int = 1000) -> tuple[int, int]:
+    """``(calls per sample, pre-roll calls)`` for ``program``, from one warm call's time.
+
+    A single call's time includes dispatch and sync latency, so a batch sized by it is run
+    once to measure the time per call that the sizes come from.
+    """
+    number = calls_lasting(min_sample_ms, one_call_ms, max_calls)
+    if number > 1:
+        one_call_ms = run_sample(program, args, number)
+    return max(1, calls_lasting(min_sample_ms, one_call_ms, max_calls)), calls_lasting(preroll_ms, one_call_ms,
+                                                                                          max_calls)
 
 
 def calls_lasting(ms: float, one_call_ms: float, max_calls: int) -> int:

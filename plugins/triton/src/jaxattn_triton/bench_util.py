@@ -7,7 +7,6 @@ matrix inside the causal/window band), forward + backward = 3.5 x forward.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,22 +27,22 @@ def attention_flops(
     return flops * 3.5 if backward else flops
 
 
-def time_jax(fn: Callable[..., Any], *args: Any, reps: int = 20, inner: int = 5) -> float:
-    """Median seconds of one call of ``fn(*args)`` (already jitted), after a warm-up.
+def time_jax(fn: Callable[..., Any], *args: Any, reps: int = 20, min_sample_ms: float = 10.0,
+             preroll_ms: float = 100.0) -> float:
+    """Median seconds of one call of ``fn(*args)`` (already jitted), timed as ``jaxattn bench`` does.
 
-    Each sample dispatches ``inner`` calls back to back and waits once, so host dispatch
-    overlaps device work as it does in a training step.
+    After a warm-up call and ``preroll_ms`` of untimed calls (the GPU's clocks settle to this
+    kernel's power draw), ``reps`` samples of back-to-back calls lasting ``min_sample_ms``
+    each (host dispatch overlaps device work, as in a training step); see
+    :mod:`jaxattn.bench.timing`.
     """
-    jax.block_until_ready(fn(*args))
-    samples = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        out = None
-        for _ in range(inner):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - start) / inner)
-    return statistics.median(samples)
+    from jaxattn.bench.timing import Program, preroll, run_once, run_sample, size_samples
+
+    program = Program(fn, None, 0.0)
+    run_once(program, args)
+    number, warm = size_samples(program, args, run_once(program, args), min_sample_ms, preroll_ms)
+    preroll(program, args, warm)
+    return statistics.median(run_sample(program, args, number) for _ in range(reps)) / 1e3
 
 
 def random_inputs(spec: AttnSpec, seed: int = 0) -> tuple[jax.Array, jax.Array, jax.Array]:
