@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .timing import platform_of  # stdlib-only at import time, like this module
+
 if TYPE_CHECKING:
     from ..metadata import AttentionMetadata
     from .shapes import BenchShape
@@ -108,14 +110,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                       help="programs compiled in parallel, while none is timed (default: CPUs, at most 8)")
     run_.add_argument("--progress", choices=("auto", "rich", "plain", "none"), default="auto",
                       help="progress display on stderr (default: rich on a terminal, else plain lines)")
-
-
-def platform_of(metadata: AttentionMetadata) -> str:
-    """The platform runs go to: the metadata override, else the detected device."""
-    from ..device import detect_device
-    from ..impl import _resolve_platform
-
-    return _resolve_platform(metadata, detect_device())[0]
 
 
 def shapes_from_args(args: argparse.Namespace, platform: str) -> list[BenchShape]:

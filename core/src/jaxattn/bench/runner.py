@@ -29,6 +29,7 @@ from .timing import (
     make_inputs,
     median,
     platform_defaults,
+    platform_of,
     preroll,
     run_once,
     run_sample,
@@ -140,6 +141,25 @@ def _share(result: BenchResult, leader: BenchResult) -> None:
     result.same_program_as = leader.backend
 
 
+def _split_by_program(pairs: list[tuple[BenchResult, Program]], leaders: dict[str, BenchResult],
+                      ) -> tuple[list[tuple[BenchResult, Program]], list[tuple[BenchResult, BenchResult]]]:
+    """Programs to time, and (result, leader) pairs whose program a leader already has.
+
+    ``leaders`` maps program keys to the result that times them; the first program of each
+    new key becomes its leader. Programs without a key are always timed.
+    """
+    timed, followers = [], []
+    for result, program in pairs:
+        leader = leaders.get(program.key) if program.key else None
+        if leader is None:
+            if program.key:
+                leaders[program.key] = result
+            timed.append((result, program))
+        else:
+            followers.append((result, leader))
+    return timed, followers
+
+
 class _ShapeRun:
     """Everything for one shape: verdicts, compiled programs, timings."""
 
@@ -163,14 +183,13 @@ class _ShapeRun:
 
             record_results(self.shape, [r for r, _ in runnable], self.config.metadata)
             auto = self._prepare(["auto"]) if "auto" in backends else []
-            known: dict[str | None, BenchResult] = {}
+            known: dict[str, BenchResult] = {}
             for result, program in runnable if self.config.dedupe else []:
                 if result.ok and program.key and result.same_program_as is None:
                     known.setdefault(program.key, result)  # the program's first (timed) backend
-            fresh = [(r, p) for r, p in auto if p.key not in known]
-            for result, program in auto:
-                if program.key in known:
-                    _share(result, known[program.key])
+            fresh, shared = _split_by_program(auto, known)
+            for result, leader in shared:
+                _share(result, leader)
             if fresh:
                 modes = {r.mode for r, _ in fresh}
                 again = [(r, p) for r, p in runnable if r.ok and r.mode in modes]
@@ -228,19 +247,9 @@ class _ShapeRun:
         """
         followers: list[tuple[BenchResult, BenchResult]] = []
         if self.config.dedupe:
-            leaders: dict[str, BenchResult] = {}
-            timed = []
-            for result, program in runnable:
-                leader = leaders.get(program.key) if program.key else None
-                if leader is None:
-                    if program.key:
-                        leaders[program.key] = result
-                    timed.append((result, program))
-                else:
-                    followers.append((result, leader))
-            runnable = timed
+            runnable, followers = _split_by_program(runnable, {})
         self.progress.status(f"{self.shape.label}: timing {len(runnable)} programs")
-        default_sample, default_preroll = platform_defaults(self._platform())
+        default_sample, default_preroll = platform_defaults(platform_of(self.config.metadata))
         sample_ms = default_sample if self.config.min_sample_ms is None else self.config.min_sample_ms
         preroll_ms = default_preroll if self.config.preroll_ms is None else self.config.preroll_ms
         cap = self.config.max_calls_per_sample
@@ -275,12 +284,6 @@ class _ShapeRun:
                 result.tflops = self.shape.flops(result.mode) / (result.median_ms * 1e-3) / 1e12
         for result, leader in followers:
             _share(result, leader)
-
-    def _platform(self) -> str:
-        from ..device import detect_device
-        from ..impl import _resolve_platform
-
-        return _resolve_platform(self.config.metadata, detect_device())[0]
 
     def _too_big(self, temp: int | None) -> str:
         """Why a program with ``temp`` bytes of compiled temp memory is not run, or ""."""

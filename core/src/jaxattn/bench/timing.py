@@ -4,8 +4,8 @@ Programs are compiled ahead of time (``jit(...).lower(...).compile()``), which g
 compiled temp memory (``memory_analysis``) before anything runs and keeps compilation out of
 the timings.
 
-A sample is ``number`` calls issued back to back, then one ``block_until_ready`` on all their
-results; its time divided by ``number`` is the time per call. One call per sample would add
+A sample is ``number`` calls issued back to back, then a wait until they are done (see
+``_run``); its time divided by ``number`` is the time per call. One call per sample would add
 the host's dispatch and synchronisation latency (tens of microseconds, and jittery) to every
 figure: on sub-millisecond kernels that is tens of percent of noise, and it penalises fast
 kernels most. Back to back, the host enqueues call i+1 while the device runs call i, so a
@@ -29,7 +29,10 @@ import re
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..metadata import AttentionMetadata
 
 __all__ = [
     "PLATFORM_DEFAULTS",
@@ -40,6 +43,7 @@ __all__ = [
     "input_structs",
     "make_inputs",
     "platform_defaults",
+    "platform_of",
     "preroll",
     "program_key",
     "run_once",
@@ -157,29 +161,37 @@ def run_sample(program: Program, args: tuple[Any, ...], number: int) -> float:
     """Milliseconds per call of ``number`` calls issued back to back (see the module docstring)."""
     if number <= 1:
         return run_once(program, args)
+    in_order = _runs_in_order()  # asked before the clock starts
     start = time.perf_counter()
-    _run(program, args, number)
+    _run(program, args, number, in_order)
     return (time.perf_counter() - start) * 1e3 / number
 
 
 def preroll(program: Program, args: tuple[Any, ...], number: int) -> None:
     """Run ``program`` ``number`` times, untimed, and wait: the device reaches its steady state."""
     if number > 0:
-        _run(program, args, number)
+        _run(program, args, number, _runs_in_order())
 
 
-def _run(program: Program, args: tuple[Any, ...], number: int) -> None:
-    """``number`` calls back to back; returns when all are done.
+def _runs_in_order() -> bool:
+    """Whether the default device runs programs in the order they were issued (accelerators).
 
-    Only the last result is kept and waited for: an accelerator runs one device's programs in
-    the order they were issued, so the last one done means all are. Keeping every result
-    would hold ``number`` outputs (gigabytes at long sequences) and make the allocator part
-    of the timing. A CPU client may run independent calls at once, so there each call is
-    waited for in turn.
+    A CPU client may run independent calls at once.
     """
     import jax
 
-    in_order = jax.devices()[0].platform != "cpu"
+    return bool(jax.devices()[0].platform != "cpu")
+
+
+def _run(program: Program, args: tuple[Any, ...], number: int, in_order: bool) -> None:
+    """``number`` calls back to back; returns when all are done.
+
+    In order, only the last result is kept and waited for: the last one done means all are.
+    Keeping every result would hold ``number`` outputs (gigabytes at long sequences) and make
+    the allocator part of the timing. Otherwise each call is waited for in turn.
+    """
+    import jax
+
     out = None
     for _ in range(number):
         out = program.compiled(*args)
@@ -193,6 +205,14 @@ def _run(program: Program, args: tuple[Any, ...], number: int) -> None:
 #: docstring). CPUs: calls are slow and synchronous, there is no boost clock to settle, and
 #: CI runs the benchmark's tests.
 PLATFORM_DEFAULTS: dict[str, tuple[float, float]] = {"gpu": (10.0, 100.0), "tpu": (10.0, 100.0), "cpu": (1.0, 0.0)}
+
+
+def platform_of(metadata: AttentionMetadata) -> str:
+    """The platform runs go to: the metadata's override, else the detected device."""
+    from ..device import detect_device
+    from ..impl import _resolve_platform
+
+    return _resolve_platform(metadata, detect_device())[0]
 
 
 def platform_defaults(platform: str) -> tuple[float, float]:
