@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .shapes import BenchShape
 
 __all__ = ["HELP", "add_arguments", "add_matrix_arguments", "add_run_arguments", "max_temp_bytes", "platform_of", "run",
+           "run_options",
            "shapes_from_args"]
 
 HELP = "time every attention backend side by side (TFLOP/s, ratio to a reference, memory)"
@@ -112,6 +113,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                       help="progress display on stderr (default: rich on a terminal, else plain lines)")
 
 
+def run_options(args: argparse.Namespace, metadata: AttentionMetadata) -> dict[str, Any]:
+    """The ``BenchConfig`` fields that ``add_run_arguments`` sets (shared by ``bench`` and ``tune``)."""
+    return {"modes": tuple(args.modes), "warmup": args.warmup, "repeats": args.repeats, "rounds": args.rounds,
+            "min_sample_ms": args.min_sample_ms, "preroll_ms": args.preroll_ms, "dedupe": args.dedupe,
+            "metadata": metadata, "max_temp_bytes": max_temp_bytes(args, platform_of(metadata)),
+            "time_budget_s": args.time_budget, "compile_workers": args.compile_workers}
+
+
 def shapes_from_args(args: argparse.Namespace, platform: str) -> list[BenchShape]:
     from .shapes import default_matrix, parse_shape, quick_matrix
 
@@ -184,13 +193,8 @@ def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: Att
         print(f"jaxattn bench: error: unknown --modes {bad}; use fwd and/or fwdbwd", file=sys.stderr)
         return 2
     backends = _backends(args, metadata)
-    config = BenchConfig(
-        shapes=shapes, backends=backends, reference=_reference(args, backends), modes=tuple(args.modes),
-        warmup=args.warmup, repeats=args.repeats, rounds=args.rounds, min_sample_ms=args.min_sample_ms,
-        preroll_ms=args.preroll_ms, dedupe=args.dedupe, metadata=metadata,
-        max_temp_bytes=max_temp_bytes(args, platform_of(metadata)),
-        time_budget_s=args.time_budget, compile_workers=args.compile_workers, record_tuning=args.tune,
-    )
+    config = BenchConfig(shapes=shapes, backends=backends, reference=_reference(args, backends),
+                         record_tuning=args.tune, **run_options(args, metadata))
     to_stdout = args.json == "-"
     progress = Progress.choose("none" if args.progress == "none" else args.progress)
     json_path = None if args.json in (None, "-") else Path(args.json)

@@ -69,12 +69,13 @@ def table(report: BenchReport) -> Any:
         for name in report.config.backends:
             cells: list[str] = [shape.label, name]
             note = ""
+            shared: list[str] = []
             for mode in report.config.modes:
                 r = report.get(shape, name, mode)
                 cells += [_ms(r), _tflops(r), _ratio(r), _mem(r)]
                 note = note or (r.note if r is not None else "")
-            shared = sorted({f"{r.mode} = {r.same_program_as}'s program" for mode in report.config.modes
-                             if (r := report.get(shape, name, mode)) is not None and r.same_program_as})
+                if r is not None and r.same_program_as:
+                    shared.append(f"{mode} = {r.same_program_as}'s program")
             out.add(*cells, "; ".join([n for n in (note, *shared) if n]))
     return out
 

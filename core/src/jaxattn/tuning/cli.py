@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ..bench.cli import add_matrix_arguments, add_run_arguments, max_temp_bytes, platform_of, shapes_from_args
+from ..bench.cli import add_matrix_arguments, add_run_arguments, platform_of, run_options, shapes_from_args
 
 if TYPE_CHECKING:
     from ..bench.shapes import BenchShape
@@ -60,13 +60,9 @@ def _tune(args: argparse.Namespace, shapes: list[BenchShape], metadata: Attentio
     from .cache import active_cache
 
     backends = [n for n in (args.impls or available_backends(metadata)) if n != "auto"]
-    config = BenchConfig(shapes=shapes, backends=backends, reference=None, modes=tuple(args.modes),
-                         warmup=args.warmup, repeats=args.repeats, rounds=args.rounds,
-                         min_sample_ms=args.min_sample_ms, preroll_ms=args.preroll_ms, dedupe=args.dedupe,
-                         metadata=metadata,
-                         max_temp_bytes=max_temp_bytes(args, platform_of(metadata)),
-                         time_budget_s=args.time_budget, compile_workers=args.compile_workers,
-                         record_tuning=True)  # stored shape by shape: an interrupted run keeps what it measured
+    # record_tuning: stored shape by shape, so an interrupted run keeps what it measured
+    config = BenchConfig(shapes=shapes, backends=backends, reference=None, record_tuning=True,
+                         **run_options(args, metadata))
     progress = Progress.choose(args.progress)
     progress.line(f"jaxattn tune: {len(shapes)} shapes x {', '.join(backends)}; cache {active_cache().path}")
     report = run_bench(config, progress)

@@ -7,11 +7,12 @@
 Ranking: the candidates measured for this problem's key come first, fastest first; those
 within :data:`TIE_TOLERANCE` of the fastest count as tied and keep their declared order (a
 difference that small is timing noise, and a coin flip between two runs of ``jaxattn tune``
-must not flip the pick). The result is deterministic for a given cache. Candidates without a
-usable measurement follow in declared order. A forward call is ranked by forward time. When
-another exact backend is measurably faster for forward+backward, the first candidate carries
-``grad_impl``: "auto" then runs that backend whenever the call is differentiated (see
-:mod:`jaxattn.tuning.split`). ``JAXATTN_TUNING=0`` turns measured ranking off.
+must not flip the pick), and so on for the rest (see :func:`rank_measured`). The result is
+deterministic for a given cache. Candidates without a usable measurement follow in declared
+order. A forward call is ranked by forward time. When another exact backend is measurably
+faster for forward+backward, the first candidate carries ``grad_impl``: "auto" then runs
+that backend whenever the call is differentiated (see :mod:`jaxattn.tuning.split`).
+``JAXATTN_TUNING=0`` turns measured ranking off.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ if TYPE_CHECKING:
 __all__ = ["SPLIT_MARGIN", "TIE_TOLERANCE", "enabled", "rank_measured", "refine", "split_eligible"]
 
 #: Measured times within this fraction of the fastest are tied: declared priority orders them.
-#: ``jaxattn bench`` samples last >= 10 ms on accelerators, which keeps repeat-to-repeat noise
-#: of one kernel under about 1%; auto's target is 3%, so a tie costs at most a third of it.
+#: Between two full ``jaxattn bench`` runs on an H200 one figure moved by 1.1% at the median
+#: (docs/bench.md); auto's target is 3%, so a tie costs at most a third of it.
 TIE_TOLERANCE = 0.01
 
 #: The gradient backend must beat the forward's own forward+backward by this fraction: within
@@ -134,7 +135,8 @@ def rank_measured(timed: list[Candidate], times: dict[str, float]) -> list[Candi
         fastest = min(times[c.name] for c in remaining)
         group = [c for c in remaining if times[c.name] <= fastest * (1 + TIE_TOLERANCE)]
         ranked += group
-        remaining = [c for c in remaining if c not in group]
+        grouped = {c.name for c in group}
+        remaining = [c for c in remaining if c.name not in grouped]
     return ranked
 
 
