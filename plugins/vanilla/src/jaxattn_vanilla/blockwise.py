@@ -1,0 +1,620 @@
+"""Blockwise attention in plain XLA: online softmax over key blocks, a custom VJP, O(T) memory.
+
+This is the function behind the ``blockwise`` impl. It computes exactly what
+``vanilla_attention`` computes (the contract in docs/contract.md), but never forms the
+``(T, S)`` logits: queries are cut into blocks of ``block_q`` rows and keys into blocks of
+``block_k`` columns, and only one ``block_q x block_k`` tile of logits (per batch and head)
+exists at a time.
+
+Forward: for each query block, a loop over the key blocks it can see keeps the running row
+max ``m``, the running sum ``l`` and the unnormalised output (the online softmax of
+FlashAttention); the result is the output and the log-sum-exp ``lse``.
+
+Backward (``jax.custom_vjp``): the residuals are q, k, v, the output and ``lse``, all
+``O(T)``. A loop over key blocks, and inside it over the query blocks that see them,
+recomputes each tile's probabilities from ``lse``, accumulates ``dk`` and ``dv`` for the
+key block and adds each tile's ``dq`` into one ``(B, T, Hq, D)`` buffer. Cotangents of
+``lse`` (ring attention merges blocks through it), of the bias and of the sinks are
+handled; an input that is not differentiated (``symbolic_zeros``) costs nothing, so a
+large constant bias gets no gradient buffer.
+
+Blocks that causal masking or a sliding window hide entirely are skipped: the key-block
+range of each query block (and the query-block range of each key block) is computed from
+the static shapes, and the loops run over those ranges only. Tiles are still masked
+element by element, so the ranges only need to cover every visible key, never to be tight.
+
+Lengths that are not multiples of the blocks are padded and the padding masked. Rows with
+no visible key give zeros (output and gradients) and ``lse = -inf``, never NaN. Dropout
+draws its keep-mask per tile from ``fold_in(dropout_rng, tile index)``, so the backward
+regenerates exactly the mask the forward used (the mask therefore depends on the block
+sizes, and forward and backward use the same ones when dropout is on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
+from jax.typing import ArrayLike
+
+__all__ = [
+    "DEFAULT_BLOCK_K",
+    "DEFAULT_BLOCK_Q",
+    "BlockPlan",
+    "BlockwiseResult",
+    "blockwise_attention",
+    "default_block",
+    "plan_blocks",
+    "tiles_visited",
+]
+
+Array = jax.Array
+
+#: Default caps of the query and key blocks: a 512 x 1024 float32 tile is 2 MiB per batch
+#: and head, large enough that a GPU's per-iteration overhead does not dominate, small
+#: enough that the working set stays far below the O(T * S) of dense attention.
+DEFAULT_BLOCK_Q = 512
+DEFAULT_BLOCK_K = 1024
+
+
+class BlockwiseResult(NamedTuple):
+    """``output (B, T, Hq, Dv)`` in q's dtype; ``lse (B, Hq, T)``: log-sum-exp of the final
+    logits over visible real keys (sink excluded, ``-inf`` for empty rows), float32 (float64
+    when the softmax runs in float64)."""
+
+    output: Array
+    lse: Array
+
+
+def default_block(n: int, cap: int) -> int:
+    """The block for an axis of ``n``: the fewest blocks of at most ``cap``, made equal so
+    that padding is under one row per block (1000 with cap 512 gives 2 blocks of 500)."""
+    blocks = -(-n // cap)
+    return -(-n // blocks)
+
+
+def _key_span(rows: tuple[int, int], t: int, s: int, causal: bool,
+              window: tuple[int, int] | None) -> tuple[int, int]:
+    """Inclusive column range any query in ``rows`` (inclusive) can see; empty if lo > hi."""
+    offset = s - t  # bottom-right alignment: query i sits at key position i + S - T
+    lo, hi = 0, s - 1
+    if window is not None:
+        lo = max(lo, rows[0] + offset - window[0])
+        hi = min(hi, rows[1] + offset + window[1])
+    if causal:
+        hi = min(hi, rows[1] + offset)
+    return lo, hi
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockPlan:
+    """The tiling of one call: block sizes, padded lengths and the tiles each loop visits.
+
+    ``k_first[i]`` / ``k_count[i]``: the key blocks query block ``i`` visits (forward and the
+    dq part of the backward); ``q_first[j]`` / ``q_count[j]``: the query blocks that visit key
+    block ``j`` (the backward's inner loop).
+    """
+
+    t: int
+    s: int
+    block_q: int
+    block_k: int
+    k_first: tuple[int, ...]
+    k_count: tuple[int, ...]
+    q_first: tuple[int, ...]
+    q_count: tuple[int, ...]
+
+    @property
+    def num_q(self) -> int:
+        return len(self.k_first)
+
+    @property
+    def num_k(self) -> int:
+        return len(self.q_first)
+
+    @property
+    def t_padded(self) -> int:
+        return self.num_q * self.block_q
+
+    @property
+    def s_padded(self) -> int:
+        return self.num_k * self.block_k
+
+    @property
+    def tiles_visited(self) -> int:
+        return sum(self.k_count)
+
+    @property
+    def dense(self) -> bool:
+        """Every query block visits every key block (the loops can have static bounds)."""
+        return all(c == self.num_k for c in self.k_count)
+
+
+def plan_blocks(t: int, s: int, block_q: int, block_k: int, *, causal: bool = False,
+                window: tuple[int, int] | None = None) -> BlockPlan:
+    """Tiles of a ``(t, s)`` problem with blocks capped at the lengths; pure Python."""
+    if block_q <= 0 or block_k <= 0:
+        raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
+    bq, bk = min(block_q, t), min(block_k, s)
+    nq, nk = -(-t // bq), -(-s // bk)
+    k_first, k_count = [], []
+    for i in range(nq):
+        lo, hi = _key_span((i * bq, min((i + 1) * bq, t) - 1), t, s, causal, window)
+        if lo > hi:
+            k_first.append(0)
+            k_count.append(0)
+        else:
+            k_first.append(lo // bk)
+            k_count.append(hi // bk - lo // bk + 1)
+    q_first, q_count = [], []
+    for j in range(nk):
+        # The spans are monotone in i, so the query blocks seeing key block j are contiguous;
+        # taking min..max would stay correct (tiles are masked) even if they were not.
+        seen = [i for i in range(nq) if k_count[i] and k_first[i] <= j < k_first[i] + k_count[i]]
+        q_first.append(seen[0] if seen else 0)
+        q_count.append(seen[-1] - seen[0] + 1 if seen else 0)
+    return BlockPlan(t, s, bq, bk, tuple(k_first), tuple(k_count), tuple(q_first), tuple(q_count))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """The hashable, non-array part of a call (the custom VJP's non-differentiable argument)."""
+
+    scale: float
+    soft_cap: float | None
+    causal: bool
+    window: tuple[int, int] | None
+    softmax_dtype: str
+    fwd_blocks: tuple[int, int]
+    bwd_blocks: tuple[int, int]
+    dropout_prob: float
+    precision: Any
+
+
+class _Padded(NamedTuple):
+    """One call's arrays, padded to the plan's lengths, in the layouts the tiles slice."""
+
+    q: Array  # (B, Tp, Hkv, G, D)
+    k: Array  # (B, Sp, Hkv, D)
+    v: Array  # (B, Sp, Hkv, Dv)
+    bias: Array | None  # (B|1, Hkv|1, G|1, Tp|1, Sp|1)
+    mask: Array | None  # same layout, bool
+    q_seg: Array | None  # (B, Tp)
+    kv_seg: Array | None  # (B, Sp)
+
+
+def _pad_to(x: Array, axis: int, size: int, value: Any = 0) -> Array:
+    extra = size - x.shape[axis]
+    if extra <= 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def _split_heads(x: Array, hq: int, hkv: int, name: str) -> Array:
+    """``(B|1, Hq|1, T|1, S|1)`` (rank <= 4) to ``(B|1, Hkv|1, G|1, T|1, S|1)``."""
+    if x.ndim > 4:
+        raise ValueError(f"{name}: rank {x.ndim} does not broadcast to (B, Hq, T, S)")
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+    b, h, t, s = x.shape
+    if h == hq:
+        return x.reshape(b, hkv, hq // hkv, t, s)
+    if h == 1:
+        return x.reshape(b, 1, 1, t, s)
+    raise ValueError(f"{name}: head dim {h} is neither 1 nor Hq={hq}")
+
+
+def _pad_bt(x: Array | None, plan: BlockPlan, value: Any) -> Array | None:
+    """Pad the T and S axes of a split mask/bias where they are full (size-1 axes broadcast)."""
+    if x is None:
+        return None
+    if x.shape[-2] != 1:
+        x = _pad_to(x, -2 % x.ndim, plan.t_padded, value)
+    if x.shape[-1] != 1:
+        x = _pad_to(x, -1 % x.ndim, plan.s_padded, value)
+    return x
+
+
+def _pad_inputs(plan: BlockPlan, q: Array, k: Array, v: Array, bias: Array | None, mask: Array | None,
+                q_seg: Array | None, kv_seg: Array | None) -> _Padded:
+    b, t, hq, d = q.shape
+    hkv = k.shape[2]
+    qg = q.reshape(b, t, hkv, hq // hkv, d)
+    return _Padded(
+        q=_pad_to(qg, 1, plan.t_padded),
+        k=_pad_to(k, 1, plan.s_padded),
+        v=_pad_to(v, 1, plan.s_padded),
+        bias=_pad_bt(bias, plan, 0),
+        mask=_pad_bt(mask, plan, False),
+        q_seg=None if q_seg is None else _pad_to(q_seg, 1, plan.t_padded),
+        kv_seg=None if kv_seg is None else _pad_to(kv_seg, 1, plan.s_padded),
+    )
+
+
+def _tile(x: Array, r0: Array, c0: Array, plan: BlockPlan) -> Array:
+    """The ``(.., bq|1, bk|1)`` tile of a split mask/bias; broadcast axes are not sliced."""
+    if x.shape[-2] != 1:
+        x = lax.dynamic_slice_in_dim(x, r0, plan.block_q, axis=x.ndim - 2)
+    if x.shape[-1] != 1:
+        x = lax.dynamic_slice_in_dim(x, c0, plan.block_k, axis=x.ndim - 1)
+    return x
+
+
+def _and(a: Array | None, b: Array) -> Array:
+    return b if a is None else jnp.logical_and(a, b)
+
+
+def _visible(st: _Static, plan: BlockPlan, pd: _Padded, r0: Array, c0: Array) -> Array | None:
+    """Boolean broadcastable to the tile ``(B, Hkv, G, bq, bk)``, True = attend; None if all."""
+    shape = (plan.block_q, plan.block_k)
+    rows = r0 + lax.broadcasted_iota(jnp.int32, shape, 0)
+    cols = c0 + lax.broadcasted_iota(jnp.int32, shape, 1)
+    offset = plan.s - plan.t
+    keep: Array | None = None
+    if plan.t_padded != plan.t:
+        # Padded query rows are hidden too, so that their (discarded) logits can never
+        # overflow into a NaN that a backward multiplication by zero would not remove.
+        keep = _and(keep, rows < plan.t)
+    if plan.s_padded != plan.s:
+        keep = _and(keep, cols < plan.s)
+    if st.causal:
+        keep = _and(keep, cols <= rows + offset)
+    if st.window is not None:
+        left, right = st.window
+        keep = _and(keep, (cols >= rows + offset - left) & (cols <= rows + offset + right))
+    if pd.mask is not None:
+        keep = _and(keep, _tile(pd.mask, r0, c0, plan))
+    if pd.q_seg is not None and pd.kv_seg is not None:
+        qs = lax.dynamic_slice_in_dim(pd.q_seg, r0, plan.block_q, axis=1)
+        ks = lax.dynamic_slice_in_dim(pd.kv_seg, c0, plan.block_k, axis=1)
+        keep = _and(keep, (qs[:, :, None] == ks[:, None, :])[:, None, None])
+    return keep
+
+
+def _logits(st: _Static, plan: BlockPlan, pd: _Padded, qb: Array, kb: Array, r0: Array, c0: Array,
+            sdtype: Any) -> tuple[Array, Array | None]:
+    """Masked logits of one tile ``(B, Hkv, G, bq, bk)`` (-inf where hidden) and, with a soft
+    cap, ``tanh(x / cap)`` (for the cap's derivative ``1 - tanh**2``)."""
+    x = jnp.einsum("bqkgd,bskd->bkgqs", qb, kb, precision=st.precision, preferred_element_type=sdtype)
+    x = x * jnp.asarray(st.scale, sdtype)
+    th = None
+    if st.soft_cap is not None:
+        cap = jnp.asarray(st.soft_cap, sdtype)
+        th = jnp.tanh(x / cap)
+        x = cap * th
+    if pd.bias is not None:
+        x = x + _tile(pd.bias, r0, c0, plan).astype(sdtype)
+    keep = _visible(st, plan, pd, r0, c0)
+    if keep is not None:
+        x = jnp.where(keep, x, -jnp.inf)
+    return x, th
+
+
+def _dropout_keep(st: _Static, rng: Array, plan: BlockPlan, i: Array, j: Array, shape: tuple[int, ...]) -> Array:
+    key = jax.random.fold_in(rng, i * plan.num_k + j)
+    return jax.random.bernoulli(key, 1.0 - st.dropout_prob, shape)
+
+
+def _dtypes(st: _Static, q: Array) -> tuple[Any, Any]:
+    """(softmax dtype, accumulation dtype): never narrower than the inputs, resp. float32."""
+    sdtype = jnp.promote_types(jnp.dtype(st.softmax_dtype), q.dtype)
+    return sdtype, jnp.promote_types(sdtype, jnp.float32)
+
+
+def _loop(plan_dense: bool, first: Array, count: Array, idx: Array, n_static: int, body: Any, init: Any) -> Any:
+    """``fori_loop`` over a block range: static bounds when every block is visited, else the
+    range looked up in the plan's table (a while loop; the custom VJP never differentiates it)."""
+    if plan_dense:
+        return lax.fori_loop(0, n_static, lambda n, c: body(n, c), init)
+    start = first[idx]
+    return lax.fori_loop(0, count[idx], lambda n, c: body(start + n, c), init)
+
+
+def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux: Array | None,
+             mask: Array | None, q_seg: Array | None, kv_seg: Array | None,
+             rng: Array | None) -> tuple[Array, Array]:
+    """``(output (B, T, Hq, Dv) in the accumulation dtype, lse (B, Hq, T))``."""
+    b, t, hq, _ = q.shape
+    s, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
+    g = hq // hkv
+    sdtype, adtype = _dtypes(st, q)
+    plan = plan_blocks(t, s, *st.fwd_blocks, causal=st.causal, window=st.window)
+    pd = _pad_inputs(plan, q, k, v, bias, mask, q_seg, kv_seg)
+    bq, bk = plan.block_q, plan.block_k
+    first = jnp.asarray(plan.k_first, jnp.int32)
+    count = jnp.asarray(plan.k_count, jnp.int32)
+
+    def q_block(_: None, i: Array) -> tuple[None, tuple[Array, Array]]:
+        r0 = i * bq
+        qb = lax.dynamic_slice_in_dim(pd.q, r0, bq, axis=1)
+
+        def step(j: Array, state: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
+            m, total, acc = state
+            c0 = j * bk
+            kb = lax.dynamic_slice_in_dim(pd.k, c0, bk, axis=1)
+            vb = lax.dynamic_slice_in_dim(pd.v, c0, bk, axis=1)
+            x, _ = _logits(st, plan, pd, qb, kb, r0, c0, sdtype)
+            m_new = jnp.maximum(m, jnp.max(x, axis=-1))
+            # A row with nothing visible so far shifts by 0, not -inf: exp() then gives 0, not NaN.
+            m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0)
+            p = jnp.exp(x - m_safe[..., None])
+            alpha = jnp.exp(m - m_safe)
+            total = alpha * total + jnp.sum(p, axis=-1, dtype=adtype)
+            if rng is not None:
+                keep = _dropout_keep(st, rng, plan, i, j, p.shape)
+                p = jnp.where(keep, p / jnp.asarray(1.0 - st.dropout_prob, p.dtype), 0)
+            pv = jnp.einsum("bkgqs,bskd->bkgqd", p.astype(v.dtype), vb, precision=st.precision,
+                            preferred_element_type=adtype)
+            return m_new, total, alpha[..., None] * acc + pv
+
+        init = (
+            jnp.full((b, hkv, g, bq), -jnp.inf, sdtype),
+            jnp.zeros((b, hkv, g, bq), adtype),
+            jnp.zeros((b, hkv, g, bq, dv), adtype),
+        )
+        m, total, acc = _loop(plan.dense, first, count, i, plan.num_k, step, init)
+        m_safe = jnp.where(jnp.isfinite(m), m, 0).astype(adtype)
+        has = total > 0
+        lse = jnp.where(has, m_safe + jnp.log(jnp.where(has, total, 1)), -jnp.inf)
+        if aux is None:
+            out = acc / jnp.where(has, total, 1)[..., None]
+        else:
+            # The sink joins the denominator: out = acc * exp(m - logaddexp(lse, aux)). Guarded
+            # so that an empty row (acc = 0) stays 0 even when exp() would overflow.
+            big = jnp.logaddexp(lse, aux.astype(adtype).reshape(1, hkv, g, 1))
+            out = acc * jnp.where(has, jnp.exp(m_safe - big), 0)[..., None]
+        return None, (out, lse)
+
+    _, (out, lse) = lax.scan(q_block, None, jnp.arange(plan.num_q, dtype=jnp.int32))
+    # (nq, B, Hkv, G, bq, Dv) -> (B, nq, bq, Hkv, G, Dv) -> (B, T, Hq, Dv)
+    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(b, plan.t_padded, hq, dv)[:, :t]
+    lse = lse.transpose(1, 2, 3, 0, 4).reshape(b, hq, plan.t_padded)[..., :t]
+    return out, lse
+
+
+def _reduce_to(x: Array, shape: tuple[int, ...]) -> Array:
+    """Sum ``x`` over the axes where ``shape`` broadcasts (size 1), keeping them."""
+    axes = tuple(a for a, n in enumerate(shape) if n == 1 and x.shape[a] != 1)
+    return jnp.sum(x, axis=axes, keepdims=True) if axes else x
+
+
+def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux: Array | None,
+              mask: Array | None, q_seg: Array | None, kv_seg: Array | None, rng: Array | None,
+              out: Array, lse: Array, dout: Array | None, dlse: Array | None,
+              want_dbias: bool, want_daux: bool) -> tuple[Array, Array, Array, Array | None, Array | None]:
+    b, t, hq, d = q.shape
+    s, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
+    g = hq // hkv
+    sdtype, adtype = _dtypes(st, q)
+    plan = plan_blocks(t, s, *st.bwd_blocks, causal=st.causal, window=st.window)
+    pd = _pad_inputs(plan, q, k, v, bias, mask, q_seg, kv_seg)
+    bq, bk = plan.block_q, plan.block_k
+
+    lse_g = lse.reshape(b, hkv, g, t).astype(adtype)
+    aux_g = None if aux is None else aux.astype(adtype).reshape(1, hkv, g, 1)
+    big = lse_g if aux_g is None else jnp.logaddexp(lse_g, aux_g)  # the full log-normaliser
+    if dout is None:
+        dout = jnp.zeros(out.shape, q.dtype)
+    # delta_i = sum_j p_ij dP_ij = dO_i . O_i, the softmax backward's row term.
+    delta = jnp.einsum("bthd,bthd->bht", dout.astype(adtype), out.astype(adtype)).reshape(b, hkv, g, t)
+    row = delta
+    if dlse is not None:
+        # d lse_i / d x_ij = exp(x_ij - lse_i) = p_ij * exp(big_i - lse_i) (1 without sinks).
+        ratio = jnp.where(jnp.isfinite(lse_g), jnp.exp(big - jnp.where(jnp.isfinite(lse_g), lse_g, 0)), 0)
+        row = row - dlse.reshape(b, hkv, g, t).astype(adtype) * ratio
+    daux = None
+    if want_daux and aux_g is not None and aux is not None:
+        sink = jnp.exp(aux_g - big)  # the sink's probability; big >= aux, so finite
+        daux = (-jnp.sum(sink * delta, axis=(0, 3))).reshape(hq).astype(aux.dtype)
+
+    big_p = _pad_to(jnp.where(jnp.isfinite(big), big, 0), 3, plan.t_padded)
+    row_p = _pad_to(row, 3, plan.t_padded)
+    do_p = _pad_to(dout.reshape(b, t, hkv, g, dv), 1, plan.t_padded)
+    first = jnp.asarray(plan.q_first, jnp.int32)
+    count = jnp.asarray(plan.q_count, jnp.int32)
+    dense = all(c == plan.num_q for c in plan.q_count)
+    scale = jnp.asarray(st.scale, adtype)
+    inv_keep = 1.0 / (1.0 - st.dropout_prob)
+
+    dq0 = jnp.zeros((b, plan.t_padded, hkv, g, d), adtype)
+    db0 = None if not (want_dbias and pd.bias is not None) else jnp.zeros(pd.bias.shape, adtype)
+
+    def k_block(carry: tuple[Array, Array | None], j: Array) -> tuple[tuple[Array, Array | None], tuple[Array, Array]]:
+        c0 = j * bk
+        kb = lax.dynamic_slice_in_dim(pd.k, c0, bk, axis=1)
+        vb = lax.dynamic_slice_in_dim(pd.v, c0, bk, axis=1)
+
+        def step(i: Array, state: tuple[Array, Array, Array, Array | None]) -> tuple[Array, Array, Array, Array | None]:
+            dk, dvv, dq, db = state
+            r0 = i * bq
+            qb = lax.dynamic_slice_in_dim(pd.q, r0, bq, axis=1)
+            dob = lax.dynamic_slice_in_dim(do_p, r0, bq, axis=1)
+            big_b = lax.dynamic_slice_in_dim(big_p, r0, bq, axis=3)
+            row_b = lax.dynamic_slice_in_dim(row_p, r0, bq, axis=3)
+            x, th = _logits(st, plan, pd, qb, kb, r0, c0, sdtype)
+            p = jnp.exp(x.astype(adtype) - big_b[..., None])
+            dp = jnp.einsum("bqkgd,bskd->bkgqs", dob.astype(v.dtype), vb, precision=st.precision,
+                            preferred_element_type=adtype)
+            if rng is not None:
+                keep = _dropout_keep(st, rng, plan, i, j, p.shape)
+                pz = jnp.where(keep, p * inv_keep, 0)
+                dp = jnp.where(keep, dp * inv_keep, 0)
+            else:
+                pz = p
+            dvv = dvv + jnp.einsum("bkgqs,bqkgd->bskd", pz.astype(dob.dtype), dob, precision=st.precision,
+                                   preferred_element_type=adtype)
+            ds = p * (dp - row_b[..., None])  # d loss / d (final logits); 0 where hidden
+            if db is not None and pd.bias is not None:
+                start = [0, 0, 0, r0 if db.shape[3] != 1 else 0, c0 if db.shape[4] != 1 else 0]
+                part = _reduce_to(ds, db.shape)
+                db = lax.dynamic_update_slice(db, lax.dynamic_slice(db, start, part.shape) + part, start)
+            if th is not None:
+                ds = ds * (1 - jnp.square(th.astype(adtype)))
+            ds = ds * scale
+            dq_b = jnp.einsum("bkgqs,bskd->bqkgd", ds.astype(k.dtype), kb, precision=st.precision,
+                              preferred_element_type=adtype)
+            dq = lax.dynamic_update_slice_in_dim(dq, lax.dynamic_slice_in_dim(dq, r0, bq, axis=1) + dq_b, r0, axis=1)
+            dk = dk + jnp.einsum("bkgqs,bqkgd->bskd", ds.astype(q.dtype), qb, precision=st.precision,
+                                 preferred_element_type=adtype)
+            return dk, dvv, dq, db
+
+        dq, db = carry
+        init = (jnp.zeros((b, bk, hkv, d), adtype), jnp.zeros((b, bk, hkv, dv), adtype), dq, db)
+        dk, dvv, dq, db = _loop(dense, first, count, j, plan.num_q, step, init)
+        return (dq, db), (dk, dvv)
+
+    (dq, db), (dk, dvv) = lax.scan(k_block, (dq0, db0), jnp.arange(plan.num_k, dtype=jnp.int32))
+    dq = dq[:, :t].reshape(b, t, hq, d).astype(q.dtype)
+    dk = dk.transpose(1, 0, 2, 3, 4).reshape(b, plan.s_padded, hkv, d)[:, :s].astype(k.dtype)
+    dvv = dvv.transpose(1, 0, 2, 3, 4).reshape(b, plan.s_padded, hkv, dv)[:, :s].astype(v.dtype)
+    dbias = None
+    if db is not None and bias is not None:
+        if db.shape[3] != 1:
+            db = db[:, :, :, :t]
+        if db.shape[4] != 1:
+            db = db[..., :s]
+        dbias = db.astype(bias.dtype)
+    return dq, dk, dvv, dbias, daux
+
+
+def _primal(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux: Array | None,
+            mask: Array | None, q_seg: Array | None, kv_seg: Array | None,
+            rng: Array | None) -> tuple[Array, Array]:
+    out, lse = _forward(st, q, k, v, bias, aux, mask, q_seg, kv_seg, rng)
+    return out.astype(q.dtype), lse
+
+
+_attend = jax.custom_vjp(_primal, nondiff_argnums=(0,))
+
+
+def _value(x: Any) -> Any:
+    return x.value if isinstance(x, CustomVJPPrimal) else x
+
+
+def _perturbed(x: Any) -> bool:
+    return bool(x.perturbed) if isinstance(x, CustomVJPPrimal) else True
+
+
+def _nonzero(ct: Any) -> Array | None:
+    return None if isinstance(ct, SymbolicZero) else ct
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _Residuals:
+    arrays: tuple[Any, ...]
+    want_dbias: bool = dataclasses.field(metadata={"static": True})
+    want_daux: bool = dataclasses.field(metadata={"static": True})
+
+
+def _attend_fwd(st: _Static, *args: Any) -> tuple[tuple[Array, Array], _Residuals]:
+    values = [_value(a) for a in args]
+    out, lse = _forward(st, *values)
+    res = _Residuals((*values, out, lse), want_dbias=_perturbed(args[3]), want_daux=_perturbed(args[4]))
+    return (out.astype(values[0].dtype), lse), res
+
+
+def _attend_bwd(st: _Static, res: _Residuals, cts: tuple[Any, Any]) -> tuple[Any, ...]:
+    q, k, v, bias, aux, mask, q_seg, kv_seg, rng, out, lse = res.arrays
+    dout, dlse = (_nonzero(c) for c in cts)
+    dq, dk, dv, dbias, daux = _backward(st, q, k, v, bias, aux, mask, q_seg, kv_seg, rng, out, lse,
+                                        dout, dlse, res.want_dbias, res.want_daux)
+    return dq, dk, dv, dbias, daux, None, None, None, None
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd, symbolic_zeros=True)
+
+
+def _window(sliding_window: int | tuple[int, int] | None) -> tuple[int, int] | None:
+    if sliding_window is None:
+        return None
+    if isinstance(sliding_window, int):
+        return (sliding_window, sliding_window)
+    left, right = sliding_window
+    return (int(left), int(right))
+
+
+def blockwise_attention(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    *,
+    mask: ArrayLike | None = None,
+    bias: ArrayLike | None = None,
+    causal: bool = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    q_segment_ids: ArrayLike | None = None,
+    kv_segment_ids: ArrayLike | None = None,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    softmax_aux: ArrayLike | None = None,
+    dropout_prob: float = 0.0,
+    dropout_rng: Array | None = None,
+    softmax_dtype: Any = jnp.float32,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    block_q_bwd: int | None = None,
+    block_k_bwd: int | None = None,
+    precision: jax.lax.PrecisionLike = None,
+) -> BlockwiseResult:
+    """Attention with the contract's semantics in ``O(T)`` memory; see the module docstring.
+
+    Shapes as ``vanilla_attention``: q ``(B, T, Hq, D)``, k ``(B, S, Hkv, D)``, v ``(B, S,
+    Hkv, Dv)``; mask (bool, True = attend) and bias broadcastable to ``(B, Hq, T, S)``
+    (size-1 dims are never broadcast in memory); segment ids ``(B, T)`` and ``(B, S)`` (one
+    set serves both sides when T == S); ``softmax_aux (Hq,)``. Blocks default to
+    ``default_block(T, 512)`` and ``default_block(S, 1024)``; the backward's blocks default
+    to the forward's, and with dropout they must be the forward's (the keep-mask is drawn
+    per tile).
+    """
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+    _, t, hq, d = q.shape
+    s, hkv = k.shape[1], k.shape[2]
+    if hq % hkv:
+        raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}")
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        if t != s:
+            raise ValueError("q_segment_ids and kv_segment_ids must be given together when T != S")
+        q_segment_ids = kv_segment_ids if q_segment_ids is None else q_segment_ids
+        kv_segment_ids = q_segment_ids if kv_segment_ids is None else kv_segment_ids
+    rng = None
+    if dropout_prob > 0.0:
+        if dropout_rng is None:
+            raise ValueError("dropout_prob > 0 needs dropout_rng")
+        rng = dropout_rng
+    fwd = (block_q or default_block(t, DEFAULT_BLOCK_Q), block_k or default_block(s, DEFAULT_BLOCK_K))
+    bwd = (block_q_bwd or fwd[0], block_k_bwd or fwd[1])
+    if rng is not None and bwd != fwd:
+        raise ValueError(f"with dropout the backward blocks {bwd} must equal the forward's {fwd}: "
+                         "the keep-mask is drawn per tile")
+    st = _Static(
+        scale=float(d) ** -0.5 if softmax_scale is None else float(softmax_scale),
+        soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        causal=bool(causal),
+        window=_window(sliding_window),
+        softmax_dtype=jnp.dtype(softmax_dtype).name,
+        fwd_blocks=(int(fwd[0]), int(fwd[1])),
+        bwd_blocks=(int(bwd[0]), int(bwd[1])),
+        dropout_prob=float(dropout_prob),
+        precision=precision,
+    )
+    bias_g = None if bias is None else _split_heads(jnp.asarray(bias), hq, hkv, "bias")
+    mask_g = None if mask is None else _split_heads(jnp.asarray(mask, dtype=bool), hq, hkv, "mask")
+    aux = None if softmax_aux is None else jnp.asarray(softmax_aux)
+    q_seg = None if q_segment_ids is None else jnp.asarray(q_segment_ids)
+    kv_seg = None if kv_segment_ids is None else jnp.asarray(kv_segment_ids)
+    out, lse = _attend(st, q, k, v, bias_g, aux, mask_g, q_seg, kv_seg, rng)
+    return BlockwiseResult(output=out, lse=lse)
+
+
+def tiles_visited(t: int, s: int, block_q: int, block_k: int, *, causal: bool = False,
+                  window: tuple[int, int] | None = None) -> tuple[int, int]:
+    """``(tiles computed, tiles of the full grid)`` for a problem: the compute the static
+    skipping of causal / window blocks saves."""
+    plan = plan_blocks(t, s, block_q, block_k, causal=causal, window=window)
+    return plan.tiles_visited, plan.num_q * plan.num_k

@@ -1,0 +1,99 @@
+"""``BlockwiseAttention``: the ``blockwise`` impl, an adapter over ``blockwise_attention``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from jaxattn.capabilities import ALL_FEATURES, Feature
+from jaxattn.impl import AttentionImpl
+from jaxattn.output import AttentionOutput
+from jaxattn.problem import AttentionProblem
+
+from .blockwise import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, blockwise_attention, default_block, plan_blocks
+
+__all__ = ["BlockwiseAttention"]
+
+
+class BlockwiseAttention(AttentionImpl):
+    """Chunked attention in plain XLA with a blockwise custom VJP: O(T) memory on any platform.
+
+    Block sizes follow ``metadata.block_q`` / ``block_k`` (and ``block_q_bwd`` /
+    ``block_k_bwd`` for the backward) where set; see ``jaxattn_vanilla.blockwise``.
+    """
+
+    platforms: ClassVar[frozenset[str]] = frozenset({"cpu", "gpu", "tpu"})
+    dtypes: ClassVar[frozenset[str]] = frozenset({"float16", "bfloat16", "float32", "float64"})
+    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 1 << 16)
+    # Every dense feature; the weights are exactly what it never forms.
+    features: ClassVar[frozenset[Feature]] = ALL_FEATURES - {Feature.WEIGHTS}
+    # Above vanilla (same math, O(T) instead of O(T*S) memory), below every real kernel:
+    # "auto" picks it where no kernel takes the call.
+    priority: ClassVar[int] = 10
+    description: ClassVar[str] = (
+        "pure-JAX blockwise attention with a custom VJP, every feature but weights, O(T) memory"
+    )
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "blockwise"
+
+    def _blocks(self, problem: AttentionProblem) -> tuple[int, int, int, int]:
+        md = self.metadata
+        bq = md.block_q or default_block(problem.seq_q, DEFAULT_BLOCK_Q)
+        bk = md.block_k or default_block(problem.seq_k, DEFAULT_BLOCK_K)
+        return bq, bk, md.block_q_bwd or bq, md.block_k_bwd or bk
+
+    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        bq, bk, bq_bwd, bk_bwd = self._blocks(problem)
+        if problem.dropout_prob > 0 and (min(bq, problem.seq_q), min(bk, problem.seq_k)) != (
+            min(bq_bwd, problem.seq_q), min(bk_bwd, problem.seq_k)
+        ):
+            reasons.append(
+                f"dropout needs the backward's blocks ({bq_bwd}, {bk_bwd}) to equal the forward's ({bq}, {bk}): "
+                "the keep-mask is drawn per tile; unset block_q_bwd / block_k_bwd"
+            )
+        return reasons
+
+    def notes(self, problem: AttentionProblem) -> list[str]:
+        bq, bk, bq_bwd, bk_bwd = self._blocks(problem)
+        plan = plan_blocks(problem.seq_q, problem.seq_k, bq, bk, causal=problem.causal,
+                           window=problem.sliding_window)
+        grid = plan.num_q * plan.num_k
+        skipped = "" if plan.tiles_visited == grid else " (the rest are hidden by causal/window)"
+        notes = [f"blocks {plan.block_q}x{plan.block_k}: {plan.tiles_visited} of {grid} tiles computed{skipped}"]
+        if (bq_bwd, bk_bwd) != (bq, bk):
+            notes.append(f"backward blocks {min(bq_bwd, problem.seq_q)}x{min(bk_bwd, problem.seq_k)}")
+        return notes
+
+    def forward_native(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        mask: Any = None,
+        bias: Any = None,
+        init_bias: Callable[[], Any] | None = None,
+        causal: bool = False,
+        **features: Any,
+    ) -> AttentionOutput:
+        # The base class resolves init_bias before routing; honour it when called directly.
+        if bias is None and init_bias is not None:
+            bias = init_bias()
+        md = self.metadata
+        res = blockwise_attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            causal=causal,
+            softmax_dtype=md.softmax_dtype,
+            block_q=md.block_q,
+            block_k=md.block_k,
+            block_q_bwd=md.block_q_bwd,
+            block_k_bwd=md.block_k_bwd,
+            **features,
+        )
+        return AttentionOutput(attention_outputs=res.output, softmax_lse=res.lse)
