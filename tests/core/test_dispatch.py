@@ -91,8 +91,11 @@ def test_use_impl_routes_the_call() -> None:
     PlainImpl.calls.clear()
     with jaxattn.use_impl("plain"):
         jaxattn.attention(q, k, v)
-    assert PlainImpl.calls and type(jaxattn.get_impl("auto").select(
-        jaxattn.AttentionProblem.from_inputs(q, k, v))) is FancyImpl
+    assert PlainImpl.calls
+    # Outside the scope auto runs fancy's forward; fancy has no backward, so plain's runs
+    # differentiated calls.
+    selected = jaxattn.get_impl("auto").select(jaxattn.AttentionProblem.from_inputs(q, k, v))
+    assert type(selected.forward) is FancyImpl and type(selected.backward) is PlainImpl
 
 
 def test_unknown_name_lists_known_and_available() -> None:
@@ -101,6 +104,20 @@ def test_unknown_name_lists_known_and_available() -> None:
         jaxattn.get_impl("nonesuch")
     text = str(info.value)
     assert "nonesuch" in text and "plain" in text and "jaxattn list" in text
+
+
+@pytest.mark.parametrize("name", ["ragged_page_attention_v3", "ragged_page_attention_v2", "page_attention",
+                                  "autoregressive_decodeattn", "blockwise", "flash_attn2"])
+def test_known_mechanism_without_a_plugin_says_which_plugin_brings_it(name: str) -> None:
+    jaxattn.register_impl(PlainImpl)
+    with pytest.raises(ImplNotFoundError) as info:
+        jaxattn.get_impl(name)
+    text = str(info.value)
+    assert "unknown" not in text
+    assert f"{name!r} is a known attention mechanism, but no installed plugin provides it" in text
+    assert "pip install 'jaxattn[" in text and "Available here: plain" in text
+    with pytest.raises(ImplNotFoundError, match="unknown attention impl 'ragged_page_attention_v9'"):
+        jaxattn.get_impl("ragged_page_attention_v9")
 
 
 def test_name_for_other_platform_says_where_and_what_runs_here() -> None:
@@ -253,3 +270,79 @@ def test_impl_without_grad_feature_refuses_gradients_clearly() -> None:
     jaxattn.register_impl(PlainImpl)  # declares it: differentiable
     g = jax.grad(lambda q: jaxattn.attention(q, k, v, impl="plain").sum())(q)
     assert np.isfinite(np.asarray(g)).all()
+
+
+def test_auto_differentiates_with_a_backward_that_runs_the_call() -> None:
+    """A forward cannot know whether a gradient follows: auto's VJP runs the best backward."""
+    from .toy_impls import OddBackwardImpl
+
+    jaxattn.register_impl(PlainImpl)
+    jaxattn.register_impl(OddBackwardImpl)
+    q, k, v = qkv(t=33, s=33, hkv=2)
+    exp = jaxattn.explain(q, k, v, causal=True)
+    chosen = next(c for c in exp.candidates if c.chosen)
+    assert exp.chosen == "odd_bwd" and chosen.grad_impl == "plain"
+    assert "backward needs even T and S" in chosen.rank_reason
+    assert "(differentiated: plain)" in str(exp)
+
+    PlainImpl.calls.clear()
+    out = jaxattn.attention(q, k, v, causal=True)  # the forward alone runs the fastest forward
+    np.testing.assert_allclose(out, oracle(q, k, v, causal=True), atol=2e-5)
+    assert PlainImpl.calls == ["odd_bwd"]
+
+    PlainImpl.calls.clear()
+    loss = lambda q, k, v: jnp.sum(jnp.sin(jaxattn.attention(q, k, v, causal=True)))  # noqa: E731
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    assert PlainImpl.calls == ["native:cpu"]  # differentiated: plain, forward and backward
+    want = jax.grad(lambda *a: jnp.sum(jnp.sin(oracle_jnp(*a))), argnums=(0, 1, 2))(q, k, v)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, atol=2e-5)
+
+    # Even lengths: odd_bwd differentiates the call itself (no split).
+    q2, k2, v2 = qkv(t=32, s=32, hkv=2)
+    assert next(c for c in jaxattn.explain(q2, k2, v2, causal=True).candidates if c.chosen).grad_impl is None
+    PlainImpl.calls.clear()
+    jax.grad(loss)(q2, k2, v2)
+    assert PlainImpl.calls == ["odd_bwd"]
+
+
+def oracle_jnp(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    from .toy_impls import dense_attention
+
+    return dense_attention(q, k, v, True, q.shape[-1] ** -0.5)
+
+
+def test_explicit_backend_whose_backward_cannot_run_raises_unsupported_not_a_kernel_error() -> None:
+    from .toy_impls import OddBackwardImpl
+
+    jaxattn.register_impl(PlainImpl)
+    jaxattn.register_impl(OddBackwardImpl)
+    q, k, v = qkv(t=33, s=33, hkv=2)
+    impl = jaxattn.get_impl("odd_bwd")
+    assert impl.supports(q, k, v, causal=True) == []
+    assert impl.supports(q, k, v, causal=True, needs_grad=True) == [
+        "the backward needs even T and S, got T=33, S=33"]
+    for run in (lambda q: jaxattn.attention(q, k, v, causal=True, impl="odd_bwd"),
+                lambda q: impl(q, k, v, causal=True).attention_outputs):
+        with pytest.raises(UnsupportedError) as info:
+            jax.grad(lambda q: run(q).sum())(q)  # noqa: B023
+        assert info.value.gradient and info.value.reasons == ["the backward needs even T and S, got T=33, S=33"]
+        assert "cannot differentiate this call" in str(info.value)
+    with pytest.raises(UnsupportedError, match="impls that differentiate this call here: plain"):
+        jax.jit(jax.grad(lambda q: jaxattn.attention(q, k, v, causal=True, impl="odd_bwd").sum()))(q)
+
+
+def test_auto_with_no_backward_for_the_call_refuses_with_every_reason() -> None:
+    from .toy_impls import OddBackwardImpl
+
+    jaxattn.register_impl(OddBackwardImpl)
+    jaxattn.register_impl(FancyImpl)  # MHA only, no gradients at all
+    q, k, v = qkv(t=33, s=33)
+    out = jaxattn.attention(q, k, v, causal=True)
+    np.testing.assert_allclose(out, oracle(q, k, v, causal=True), atol=2e-5)
+    assert "(differentiated: no impl here can)" in str(jaxattn.explain(q, k, v, causal=True))
+    with pytest.raises(UnsupportedError) as info:
+        jax.grad(lambda q: jaxattn.attention(q, k, v, causal=True).sum())(q)
+    text = str(info.value)
+    assert info.value.impl_name == "auto" and info.value.gradient
+    assert "odd_bwd: the backward needs even T and S" in text and "fancy: gradients are not supported" in text

@@ -86,3 +86,39 @@ class FallbackImpl(PlainImpl):
 
     def fallback_reasons(self, problem: Any) -> list[str]:
         return ["GQA is handed off"] if problem.heads_q != problem.heads_kv else []
+
+
+class OddBackwardImpl(PlainImpl):
+    """Fastest forward, but its backward refuses odd lengths (as cuDNN's does): declared, so
+    that "auto" can route differentiated calls elsewhere and an explicit choice can refuse."""
+
+    priority: ClassVar[int] = 30
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "odd_bwd"
+
+    def not_supported_reasons(self, problem: Any) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if problem.needs_grad and (problem.seq_q % 2 or problem.seq_k % 2):
+            reasons.append(f"the backward needs even T and S, got T={problem.seq_q}, S={problem.seq_k}")
+        return reasons
+
+    def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
+                       init_bias: Any = None, causal: bool = False, **kw: Any) -> AttentionOutput:
+        type(self).calls.append("odd_bwd")
+
+        @jax.custom_vjp
+        def attend(q: Any, k: Any, v: Any) -> Any:
+            return dense_attention(q, k, v, causal, kw["softmax_scale"])
+
+        def fwd(q: Any, k: Any, v: Any) -> tuple[Any, None]:
+            if q.shape[1] % 2 or k.shape[1] % 2:  # what a kernel library does: a raw error
+                raise NotImplementedError(f"Unsupported sequence length Q {q.shape[1]}, KV {k.shape[1]}.")
+            return jax.vjp(lambda *a: dense_attention(*a, causal, kw["softmax_scale"]), q, k, v)
+
+        def bwd(pullback: Any, g: Any) -> Any:
+            return pullback(g)
+
+        attend.defvjp(fwd, bwd)
+        return AttentionOutput(attend(q, k, v))

@@ -84,3 +84,31 @@ def test_batched_bias_forward_and_key_padding_mask() -> None:
     bias = np.asarray(jnp.asarray(rng.normal(size=(2, 1, 64, 64)), jnp.bfloat16).astype(jnp.float32))
     mask = rng.random((2, 1, 1, 64)) > 0.2
     run_and_check(make(2, 64, 64, 4, 4, 64), grads=False, bias=jnp.asarray(bias, jnp.bfloat16), mask=mask)
+
+
+def test_issue_odd_lengths_gradient_through_auto_and_explicit_cudnn() -> None:
+    """The reported case: B=2, T=S=333, Hq=8, Hkv=2, D=128, bf16, causal, differentiated.
+
+    auto runs cuDNN's forward and a backward that can take odd lengths; impl="cudnn" raises
+    UnsupportedError with the reason instead of cuDNN's raw NotImplementedError.
+    """
+    x = make(2, 333, 333, 8, 2, 128)
+    q, k, v = (jnp.asarray(x[n], jnp.bfloat16) for n in ("q", "k", "v"))
+    exp = jaxattn.explain(q, k, v, causal=True)
+    chosen = next(c for c in exp.candidates if c.chosen)
+    assert chosen.grad_impl not in (None, "cudnn"), str(exp)
+
+    def loss(impl: str) -> Any:
+        def f(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+            out = jaxattn.attention(q, k, v, impl=impl, causal=True)
+            return jnp.sum(out.astype(jnp.float32) * jnp.asarray(x["do"], jnp.float32))
+        return f
+
+    dq, dk, dv = jax.jit(jax.grad(loss("auto"), argnums=(0, 1, 2)))(q, k, v)
+    ref = oracle.attention_backward(x["q"], x["k"], x["v"], x["do"], causal=True)
+    tol = DEFAULT_TOLERANCES["bfloat16"]
+    for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
+        assert_close(name, got, want, tol.grad)
+    with pytest.raises(jaxattn.UnsupportedError, match="needs even T and S") as info:
+        jax.grad(loss("cudnn"))(q, k, v)
+    assert info.value.gradient

@@ -83,8 +83,10 @@ class Candidate:
     # Why it holds its place in auto's ranking: declared priority, or a measurement.
     rank_reason: str = ""
     measured: bool = False
-    # Set on auto's pick when measurements chose another impl for differentiated calls.
+    # Set on auto's pick when differentiated calls run another impl: its own backward cannot
+    # run the call (``grad_reasons`` says why), or measurements found another one faster.
     grad_impl: str | None = None
+    grad_reasons: tuple[str, ...] = ()
 
     @property
     def accepted(self) -> bool:
@@ -204,12 +206,35 @@ def choose(problem: AttentionProblem, metadata: AttentionMetadata) -> tuple[str 
     pool = [dataclasses.replace(c, rank_reason=f"declared priority {c.priority}") for c in direct or accepted]
     for refine in _refiners:
         pool = refine(pool, problem, metadata)
+    if pool and not problem.needs_grad:
+        pool[0] = _with_backward(pool[0], problem, metadata)
     chosen = pool[0].name if pool else None
     ranked = {c.name for c in pool}
     rows = pool + [c for c in rows if not (c.here and c.name in ranked)]
     rows = [dataclasses.replace(c, chosen=c.name == chosen and c.here) for c in rows]
     _choices[key] = (chosen, rows)
     return chosen, list(rows)
+
+
+def _with_backward(first: Candidate, problem: AttentionProblem, metadata: AttentionMetadata) -> Candidate:
+    """``first`` with the impl that runs differentiated calls when its own backward cannot.
+
+    A forward cannot know whether a gradient follows, so the backward is chosen on its own:
+    the best impl that accepts the call with ``needs_grad``. Without one, ``grad_impl`` stays
+    None and ``grad_reasons`` says why; differentiating the call then raises them.
+    """
+    reasons = tuple(get_impl(first.name, metadata).grad_reasons(problem))
+    if not reasons:
+        return first
+    if first.grad_impl:  # measurements already picked a backward that accepts the call
+        return dataclasses.replace(first, grad_reasons=reasons)
+    grad_choice, grad_rows = choose(dataclasses.replace(problem, needs_grad=True), metadata)
+    if grad_choice is None:
+        refusal = tuple(f"{c.name}: {'; '.join(c.reasons)}" for c in grad_rows if c.here)
+        return dataclasses.replace(first, grad_impl=None, grad_reasons=refusal or reasons)
+    why = f"differentiated calls run {grad_choice}: {first.name}'s backward cannot ({'; '.join(reasons)})"
+    return dataclasses.replace(first, grad_impl=grad_choice, grad_reasons=reasons,
+                               rank_reason=f"{first.rank_reason}; {why}" if first.rank_reason else why)
 
 
 def _log_choice(problem: AttentionProblem, metadata: AttentionMetadata, chosen: str, rows: list[Candidate]) -> None:
@@ -240,11 +265,12 @@ class AutoAttention(AttentionImpl):
             raise UnsupportedError("auto", reasons or ["no attention impl is installed for this platform"],
                                    hint="install a backend (pip install 'jaxattn[cpu]') or change the inputs")
         _log_choice(problem, self.metadata, chosen, rows)
-        grad_impl = next((c.grad_impl for c in rows if c.chosen), None)
-        if grad_impl and grad_impl != chosen:
+        row = next(c for c in rows if c.chosen)
+        if (row.grad_impl and row.grad_impl != chosen) or row.grad_reasons:
             from .tuning.split import SplitGradImpl
 
-            return SplitGradImpl(get_impl(chosen, self.metadata), get_impl(grad_impl, self.metadata))
+            backward = get_impl(row.grad_impl, self.metadata) if row.grad_impl else None
+            return SplitGradImpl(get_impl(chosen, self.metadata), backward, row.grad_reasons)
         return get_impl(chosen, self.metadata)
 
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
@@ -309,10 +335,14 @@ class Explanation:
         }
 
     def __str__(self) -> str:
-        grad = next((c.grad_impl for c in self.candidates if c.chosen and c.grad_impl), None)
+        chosen = next((c for c in self.candidates if c.chosen), None)
+        grad = ""
+        if chosen is not None and chosen.grad_impl:
+            grad = f" (differentiated: {chosen.grad_impl})"
+        elif chosen is not None and chosen.grad_reasons:
+            grad = " (differentiated: no impl here can)"
         lines = [f"device: {self.device}", f"call:   {self.problem.describe()}",
-                 f"impl:   {self.requested} -> {self.chosen or 'nothing can run this call'}"
-                 + (f" (differentiated: {grad})" if grad else "")]
+                 f"impl:   {self.requested} -> {self.chosen or 'nothing can run this call'}" + grad]
         for c in self.candidates:
             mark = "*" if c.chosen else " "
             lines.append(f" {mark} {c.name:<18} {c.status:<15} prio {c.priority:<4} {c.origin}")
@@ -399,10 +429,12 @@ def attention(
             raise
         spec = resolve_call(q, k, v, mask=mask, bias=bias, init_bias=init_bias, causal=causal, metadata=md,
                             **kwargs)
-        others = [n for n in _accepting(chosen.problem(q, k, v, mask, spec, softmax_aux), md) if n != err.impl_name]
-        hint = (f"impls that accept this call here: {', '.join(others)} (or impl='auto')" if others
-                else "no installed impl accepts this call here")
-        raise UnsupportedError(err.impl_name, err.reasons, hint=hint) from None
+        problem = chosen.problem(q, k, v, mask, spec, softmax_aux, needs_grad=err.gradient)
+        others = [n for n in _accepting(problem, md) if n != err.impl_name]
+        verb = "differentiate" if err.gradient else "accept"
+        hint = (f"impls that {verb} this call here: {', '.join(others)} (or impl='auto')" if others
+                else f"no installed impl can {verb} this call here")
+        raise UnsupportedError(err.impl_name, err.reasons, hint=hint, gradient=err.gradient) from None
     return out.attention_outputs
 
 

@@ -35,13 +35,20 @@ class InvalidInputError(JaxattnError, ValueError):
 
 
 class UnsupportedError(JaxattnError, ValueError):
-    """A chosen implementation cannot run these inputs; ``reasons`` lists every cause."""
+    """A chosen implementation cannot run these inputs; ``reasons`` lists every cause.
 
-    def __init__(self, impl_name: str, reasons: Sequence[str], hint: str | None = None) -> None:
+    ``gradient`` is True when the forward runs but the backward cannot: raised when the call
+    is differentiated, from JAX's tracing of the backward, never from inside a kernel.
+    """
+
+    def __init__(self, impl_name: str, reasons: Sequence[str], hint: str | None = None, *,
+                 gradient: bool = False) -> None:
         self.impl_name = impl_name
         self.reasons = list(reasons)
         self.hint = hint
-        lines = [f"attention impl {impl_name!r} cannot run these inputs:"]
+        self.gradient = gradient
+        what = "differentiate this call" if gradient else "run these inputs"
+        lines = [f"attention impl {impl_name!r} cannot {what}:"]
         lines += [f"  - {r}" for r in self.reasons]
         if hint:
             lines.append(hint)

@@ -7,6 +7,7 @@ Capabilities are class attributes (declared, not probed); ``not_supported_reason
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -56,25 +57,38 @@ def _resolve_platform(metadata: AttentionMetadata, device: DeviceInfo) -> tuple[
     return override, None
 
 
-def _refuse_gradients(forward: Callable[..., AttentionOutput], name: str) -> Callable[..., AttentionOutput]:
-    """Wrap a forward so that differentiating it raises ``UnsupportedError`` instead of failing
-    deep inside a kernel (or, worse, differentiating something that is not the kernel's math)."""
+#: Array arguments a forward takes besides q, k and v.
+ARRAY_ARGUMENTS = ("mask", "bias", "q_segment_ids", "kv_segment_ids", "softmax_aux", "dropout_rng")
+
+#: Features whose description is plural (for the grammar of decline reasons).
+_PLURAL = frozenset({Feature.GQA, Feature.CROSS, Feature.DECODE, Feature.SEGMENT_IDS, Feature.SINKS, Feature.GRAD})
+
+
+def _refuse_gradients(
+    forward: Callable[..., AttentionOutput], name: str, reasons: list[str]
+) -> Callable[..., AttentionOutput]:
+    """Wrap a forward so that differentiating it raises ``UnsupportedError`` with ``reasons``
+    instead of failing deep inside a kernel (or, worse, differentiating something that is not
+    the kernel's math).
+
+    The error comes from the custom VJP's forward rule, which JAX traces only when the call is
+    differentiated: an undifferentiated call runs the plain forward (the wrapper is transparent
+    in the compiled program).
+    """
     import jax
 
     def run(q: Any, k: Any, v: Any, **kwargs: Any) -> AttentionOutput:
-        arrays = {n: kwargs.pop(n) for n in ("mask", "bias", "q_segment_ids", "kv_segment_ids",
-                                             "softmax_aux", "dropout_rng")}
+        arrays = {n: kwargs.pop(n) for n in ARRAY_ARGUMENTS}
 
         @jax.custom_vjp
         def call(q: Any, k: Any, v: Any, arrays: dict[str, Any]) -> AttentionOutput:
             return forward(q, k, v, **arrays, **kwargs)
 
         def fwd(q: Any, k: Any, v: Any, arrays: dict[str, Any]) -> tuple[AttentionOutput, None]:
-            return call(q, k, v, arrays), None
+            raise UnsupportedError(name, reasons, gradient=True)
 
-        def bwd(_: None, __: Any) -> Any:
-            raise UnsupportedError(name, [f"gradients are not supported by {name}"],
-                                   hint="use an impl that declares Feature.GRAD (e.g. impl='vanilla') for training")
+        def bwd(_: None, __: Any) -> Any:  # never reached: fwd raises
+            raise UnsupportedError(name, reasons, gradient=True)
 
         call.defvjp(fwd, bwd)
         return call(q, k, v, arrays)
@@ -108,6 +122,7 @@ class AttentionImpl:
         self.metadata = metadata if metadata is not None else DEFAULT_METADATA
         self.device = device if device is not None else detect_device()
         self.platform, self.vendor = _resolve_platform(self.metadata, self.device)
+        self._grad_reasons: dict[AttentionProblem, tuple[str, ...]] = {}
 
     # -- identity ---------------------------------------------------------------------------
     @classmethod
@@ -182,7 +197,8 @@ class AttentionImpl:
             if why:
                 reasons.append(why)
         missing = sorted(problem.required_features() - self.features, key=str)
-        reasons += [f"{_FEATURE_TEXT.get(f, str(f))} is not supported by {name}" for f in missing]
+        reasons += [f"{_FEATURE_TEXT.get(f, str(f))} {'are' if f in _PLURAL else 'is'} not supported by {name}"
+                    for f in missing]
         reasons += sequence_reasons(name, self.sequence_parallel, self.metadata)
         return reasons
 
@@ -221,6 +237,18 @@ class AttentionImpl:
                         for r in self.fallback_reasons(problem)]
         return reasons
 
+    def grad_reasons(self, problem: AttentionProblem) -> list[str]:
+        """Every reason this impl cannot differentiate ``problem`` (empty when its backward runs it).
+
+        A forward cannot know whether a gradient will follow; the call checks this once and
+        arms a guard that raises these reasons if the call is differentiated.
+        """
+        key = dataclasses.replace(problem, needs_grad=True)
+        cached = self._grad_reasons.get(key)
+        if cached is None:
+            cached = self._grad_reasons[key] = tuple(self.reasons_to_decline(key))
+        return list(cached)
+
     def problem(
         self, q: Any, k: Any, v: Any, mask: Any, spec: CallSpec, softmax_aux: Any = None, needs_grad: bool = False
     ) -> AttentionProblem:
@@ -255,7 +283,7 @@ class AttentionImpl:
         fallback = self.fallback_reasons(problem)
         if fallback:
             return self._run_fallback(problem, fallback, q, k, v, mask, spec, softmax_aux, dropout_rng)
-        return self._run(self.route(), q, k, v, mask, spec, softmax_aux, dropout_rng)
+        return self._run(self.route(), problem, q, k, v, mask, spec, softmax_aux, dropout_rng)
 
     def route(self) -> Callable[..., AttentionOutput]:
         """The ``forward_*`` method for the effective platform."""
@@ -268,8 +296,8 @@ class AttentionImpl:
         return self.forward_native
 
     def _run(
-        self, forward: Callable[..., AttentionOutput], q: Any, k: Any, v: Any, mask: Any, spec: CallSpec,
-        softmax_aux: Any, dropout_rng: Any,
+        self, forward: Callable[..., AttentionOutput], problem: AttentionProblem, q: Any, k: Any, v: Any, mask: Any,
+        spec: CallSpec, softmax_aux: Any, dropout_rng: Any,
     ) -> AttentionOutput:
         import jax.numpy as jnp
 
@@ -283,8 +311,9 @@ class AttentionImpl:
             from .sharding.wrap import sharded_forward  # imports jax: only for calls on a mesh
 
             forward = sharded_forward(self, forward.__name__)
-        if Feature.GRAD not in self.features:  # after sharding, so that the sharded call refuses too
-            forward = _refuse_gradients(forward, self.name())
+        grad_reasons = self.grad_reasons(problem)
+        if grad_reasons:  # after sharding, so that the sharded call refuses too
+            forward = _refuse_gradients(forward, self.name(), grad_reasons)
         out = forward(
             q, k, v, mask=mask, bias=bias, init_bias=None, causal=spec.causal,
             sliding_window=spec.sliding_window, q_segment_ids=spec.q_segment_ids,
@@ -311,7 +340,7 @@ class AttentionImpl:
             _logged_fallbacks.add(key)
             logger.info("jaxattn: %s hands %s to %s: %s", self.name(), problem.describe(), target, "; ".join(why))
         other = get_impl(target, self.metadata.replace(platform=None, interpret=False))
-        return other._run(other.route(), q, k, v, mask, spec, softmax_aux, dropout_rng)
+        return other._run(other.route(), problem, q, k, v, mask, spec, softmax_aux, dropout_rng)
 
     # -- per-platform forwards (override the ones you have) ---------------------------------
     def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,

@@ -9,7 +9,7 @@ from .device import DeviceInfo, detect_device
 from .errors import ImplNotFoundError, PluginError
 from .impl import _resolve_platform
 from .metadata import DEFAULT_METADATA, AttentionMetadata
-from .names import AttentionMechanisms, normalize_name
+from .names import PROVIDERS, AttentionMechanisms, normalize_name
 from .plugins import plugin_records, register_impl_class, registry
 from .registry import ImplInfo, Provider
 
@@ -58,6 +58,13 @@ def _not_found(name: str, platform: str, vendor: str | None, md: AttentionMetada
             err = PluginError(f"plugin {record.name!r} ({record.distribution}) is installed but broken: "
                               f"{record.reason}")
             return err  # type: ignore[return-value]
+    sources = PROVIDERS.get(name)
+    if sources:
+        where = "; ".join(f"{src.distribution} ({src.platforms}): {src.install}" for src in sources)
+        return ImplNotFoundError(
+            f"{name!r} is a known attention mechanism, but no installed plugin provides it. It comes with "
+            f"{where}. Available here: {here}. `jaxattn list` shows what is installed."
+        )
     known = sorted(set(reg.names()) | {m.value for m in AttentionMechanisms})
     return ImplNotFoundError(
         f"unknown attention impl {name!r}. Known names: {', '.join(known)}. Available here: {here}. "

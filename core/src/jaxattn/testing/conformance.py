@@ -75,6 +75,13 @@ _FEATURE_CASES = {
     Feature.SINKS: "sinks",
 }
 
+# Under jax_enable_x64 (common in scientific code): the case of a bug report (GQA, causal,
+# T < S), and packed sequences whose segment ids arrive as int64, as x64 code makes them.
+_X64_CASES = (
+    Case("x64_gqa_causal", b=1, t=32, s=48, hq=4, hkv=2, d=16, causal=True),
+    Case("x64_segments", b=2, t=24, s=24, hq=2, hkv=1, d=16, segments=True, causal=True),
+)
+
 _impl_cache: dict[type, AttentionImpl] = {}
 # (suite class, case, dtype) -> (output, gradients | the error computing them | None)
 _results_cache: dict[tuple[type, Case, str], tuple[AttentionOutput, Any]] = {}
@@ -116,6 +123,10 @@ class ConformanceSuite:
     #: Run calls under jax.jit (the way models run them); eager when False.
     jit: ClassVar[bool] = True
     dropout_prob: ClassVar[float] = 0.25
+    #: (T, S) of the backward sweep (``test_backward_lengths``): tiny, odd and prime lengths,
+    #: decode and cross attention. Differentiating each must give gradients or raise
+    #: ``UnsupportedError``, never another exception from inside a kernel.
+    backward_lengths: ClassVar[tuple[tuple[int, int], ...]] = ((1, 1), (3, 3), (1, 333), (333, 333), (1001, 1001))
     #: XLA options of the suite's programs; None: on a CPU, skip LLVM's optimisations, which
     #: cost 3-5x the compile time of these tiny programs and buy nothing at their size.
     compiler_options: ClassVar[Mapping[str, Any] | None] = None
@@ -174,6 +185,10 @@ class ConformanceSuite:
                 wanted = [c for c in wanted if c.grad]
             params = [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in wanted for dt in cls.dtypes]
             metafunc.parametrize(("case", "dtype"), params)
+        elif "lengths" in names:
+            metafunc.parametrize("lengths", cls.backward_lengths, ids=[f"T{t}-S{s}" for t, s in cls.backward_lengths])
+        elif "x64_case" in names:
+            metafunc.parametrize("x64_case", _X64_CASES, ids=[c.name for c in _X64_CASES])
         elif "dtype" in names:
             metafunc.parametrize("dtype", cls.dtypes)
 
@@ -354,6 +369,53 @@ class ConformanceSuite:
             reasons = self._supports(arrays, features)
             assert reasons, f"{impl!r} does not declare {feature} but supports() accepts it"
             self._assert_declines(arrays, features)
+
+    def _check_case_with_grads(self, case: Case, dtype: str, arrays: Mapping[str, Any],
+                               np_arrays: Mapping[str, Any]) -> None:
+        """Forward and gradients of ``case`` against the oracle, or a consistent refusal.
+
+        Differentiating must raise ``UnsupportedError`` exactly when ``supports(needs_grad=True)``
+        declines; any other exception (a kernel's own error) fails the test.
+        """
+        features = static_features(case)
+        if self._supports(arrays, features):
+            self._assert_declines(arrays, features)
+            pytest.skip("forward declined as it should")
+        grad_reasons = self._supports(arrays, features, grad=True)
+        if grad_reasons:
+            with pytest.raises(UnsupportedError) as info:
+                self._evaluate(arrays, features, self._diff_names(arrays))
+            assert info.value.reasons, "UnsupportedError without reasons"
+            out, grads = self._evaluate(arrays, features)
+        else:
+            # Any exception here fails the test: supports(needs_grad=True) accepted the call.
+            out, grads = self._evaluate(arrays, features, self._diff_names(arrays))
+        kwargs = self._oracle_kwargs(np_arrays, case)
+        q, k, v = np_arrays["q"], np_arrays["k"], np_arrays["v"]
+        self._check_forward_out(out, oracle.attention(q, k, v, **kwargs), dtype, case.describe())
+        if grads:
+            assert all(np.isfinite(to_float64(g)).all() for g in grads.values()), "non-finite gradients"
+            ref = oracle.attention_backward(q, k, v, np_arrays["d_output"], **kwargs)
+            self._check_grads(grads, ref, dtype, case.describe())
+
+    def test_backward_lengths(self, lengths: tuple[int, int]) -> None:
+        """Tiny, odd and prime lengths: gradients match the oracle, or ``UnsupportedError``, nothing else."""
+        t, s = lengths
+        case = Case(f"lengths_{t}x{s}", b=1, t=t, s=s, hq=4, hkv=2, d=16, causal=True)
+        dtype = self.dtypes[0]
+        np_arrays, arrays = self._prepare(case, dtype)
+        self._check_case_with_grads(case, dtype, arrays, np_arrays)
+
+    def test_x64(self, x64_case: Case) -> None:
+        """With ``jax_enable_x64`` on, forward and backward run (or decline with reasons) and match."""
+        dtype = self.dtypes[0]
+        np_arrays = make_inputs(x64_case, dtype)
+        with jax.enable_x64(True):
+            arrays = _jax_arrays(np_arrays, dtype)
+            for name in ("q_segment_ids", "kv_segment_ids"):
+                if name in arrays:  # x64 code makes int64 ids
+                    arrays[name] = arrays[name].astype(jnp.int64)
+            self._check_case_with_grads(x64_case, dtype, arrays, np_arrays)
 
     # -- dropout -------------------------------------------------------------------------
     def _dropout_problem(

@@ -27,13 +27,14 @@ imported when a kernel is built (see ``impl.py``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+
+from jaxattn.tracing import traced_under, x64_off
 
 from .blocks import LANES, FlashPlan, plan_flash
 
@@ -62,32 +63,6 @@ def kernel_block_sizes(plan: FlashPlan) -> tpu_flash.BlockSizes:
         block_k_dq=plan.block_k_bwd,
         block_q_dq=plan.block_q_bwd,
     )
-
-
-def _interpreted(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
-    """``fn`` with every pallas_call it traces, forward and backward, in TPU interpret mode.
-
-    ``force_tpu_interpret_mode`` acts at trace time. The backward kernels are traced when
-    the caller differentiates, after this module's forward has returned, so the context is
-    re-entered in a custom VJP whose residual is the kernel's own VJP closure.
-    """
-
-    @jax.custom_vjp
-    def run(*args: Any) -> jax.Array:
-        with pltpu.force_tpu_interpret_mode():
-            return fn(*args)
-
-    def run_fwd(*args: Any) -> tuple[jax.Array, Any]:
-        with pltpu.force_tpu_interpret_mode():
-            out, vjp = jax.vjp(fn, *args)
-        return out, vjp
-
-    def run_bwd(vjp: Any, g: jax.Array) -> Any:
-        with pltpu.force_tpu_interpret_mode():
-            return vjp(g)
-
-    run.defvjp(run_fwd, run_bwd)
-    return run
 
 
 def _pad_axis(x: jax.Array, axis: int, before: int, after: int, value: Any = 0) -> jax.Array:
@@ -258,8 +233,9 @@ def flash_attention(
         sm_scale=scale,
         block_sizes=kernel_block_sizes(plan),
     )
-    run = _interpreted(kernel) if interpret else kernel
-    out = run(qh, kh, vh, ab, segments)
+    # The kernel indexes in int32 (it breaks under jax_enable_x64); interpret mode runs it on a CPU.
+    contexts = (x64_off, pltpu.force_tpu_interpret_mode) if interpret else (x64_off,)
+    out: jax.Array = traced_under(kernel, *contexts)(qh, kh, vh, ab, segments)
 
     out = out[:, :, front_pad : front_pad + rows, :dv]
     if fold:
