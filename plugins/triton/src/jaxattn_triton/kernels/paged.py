@@ -1,0 +1,401 @@
+# mypy: allow-untyped-defs, allow-incomplete-defs
+# (Triton reads a @triton.jit parameter's annotation as its kind: tl.constexpr, or nothing for
+# pointers and runtime scalars, which have no Python type to write.)
+"""Split-K flash-decoding over a paged KV cache (paged decode, ragged paged attention, dense decode).
+
+One program handles a *query block* (up to ``BLOCK_Q`` query tokens of one sequence), every
+query head of one KV head (or a chunk of them, ``HEAD_CHUNK``), and one split of the keys the
+block sees. Its rows are ``token x group head``, so each K/V tile is read once for the whole
+GQA group instead of once per query head; rows are padded to ``BLOCK_M`` (>= 16, for
+``tl.dot``). Keys are read tile by tile (``BLOCK_N`` tokens); each token's page comes from
+the page table (one scalar load per tile when a tile never straddles pages, a per-row
+gather otherwise), so any page size works and pages may be shared or permuted.
+
+Query blocks:
+
+* uniform (``RAGGED=False``, paged decode and dense decode): sequence ``s`` owns tokens
+  ``s*Q_LEN ... s*Q_LEN + Q_LEN - 1``; program ``pid`` is block ``pid % NBQ`` of sequence
+  ``pid // NBQ``.
+* ragged: sequence ``s`` owns tokens ``cu_q_lens[s] : cu_q_lens[s+1]``. Sequence ``s`` is
+  allotted the programs from ``start(s) = cu_q_lens[s] // BLOCK_Q + s`` (``+ s`` only when
+  ``BLOCK_Q > 1``: a block may then straddle two sequences' boundaries), which is at least
+  ``cdiv(q_len_s, BLOCK_Q)`` of them; a binary search over ``cu_q_lens`` finds a program's
+  sequence. Programs past ``start(num_seqs)`` cover the padding tokens: they attend to no key
+  and so write zeros, which is how padding rows get their zeros without a memset.
+
+Key range of a block: the union of its rows' visible keys ``[pos - LEFT, pos + RIGHT]``
+intersected with ``[0, kv_len)``, in tiles; it is cut into ``NUM_SPLITS`` even runs of tiles
+(the split is ``program_id(2)``), each visited in three sweeps like the forward kernel:
+masked tiles at the window's left edge, fully visible tiles without an element mask (the hot
+loop), masked tiles at the right edge (the causal diagonal and the length tail).
+
+With ``NUM_SPLITS == 1`` the program normalises and writes the output and log-sum-exp
+itself; otherwise it writes a float32 partial (unnormalised accumulator, running max in
+base 2, running sum) that ``paged_combine_kernel`` merges, adding the sinks.
+"""
+
+import triton
+import triton.language as tl
+
+from jaxattn_triton.kernels.common import LN2, LOG2E, tanh_f32
+
+
+@triton.jit
+def _paged_sweep(
+    acc,
+    l_i,
+    m_i,
+    q,
+    pos,
+    kv_len,
+    lo,
+    hi,
+    k_base,
+    v_base,
+    pt_row,
+    seq64,
+    stride_kp,
+    stride_kt,
+    stride_vp,
+    stride_vt,
+    offs_d,
+    offs_dv,
+    SM_SCALE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    LEFT: tl.constexpr,
+    RIGHT: tl.constexpr,
+    EDGE: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    IDENTITY_PAGES: tl.constexpr,
+    PAGE_PER_TILE: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    # Without a soft cap the logit scale is folded into exp2's argument (one FMA per score).
+    QK_SCALE: tl.constexpr = 1.0 * HAS_SOFTCAP + SM_SCALE * LOG2E * (1 - HAS_SOFTCAP)
+    PAD_D: tl.constexpr = D != BLOCK_D
+    PAD_DV: tl.constexpr = DV != BLOCK_DV
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        if IDENTITY_PAGES:
+            # A dense cache seen as one page per sequence: no page-table read at all.
+            k_rows = seq64 * stride_kp + offs_n.to(tl.int64) * stride_kt
+            v_rows = seq64 * stride_vp + offs_n.to(tl.int64) * stride_vt
+        elif PAGE_PER_TILE:
+            # The tile lies in one page; its first token is < kv_len, so the entry is in use.
+            page = tl.load(pt_row + start_n // PAGE_SIZE).to(tl.int64)
+            in_page = offs_n % PAGE_SIZE
+            k_rows = page * stride_kp + in_page * stride_kt
+            v_rows = page * stride_vp + in_page * stride_vt
+        else:
+            if EDGE:
+                # Entries past the last used page may hold anything: never follow them.
+                page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=offs_n < kv_len, other=0)
+            else:
+                page = tl.load(pt_row + offs_n // PAGE_SIZE)
+            page = page.to(tl.int64)
+            in_page = offs_n % PAGE_SIZE
+            k_rows = page * stride_kp + in_page * stride_kt
+            v_rows = page * stride_vp + in_page * stride_vt
+        k_ptrs = k_base + k_rows[:, None] + offs_d[None, :]
+        v_ptrs = v_base + v_rows[:, None] + offs_dv[None, :]
+        if EDGE:
+            # Rows past kv_len inside a used page are unwritten cache memory (possibly NaN bit
+            # patterns): V must be zero there, since 0 * NaN would reach the accumulator.
+            live = offs_n[:, None] < kv_len
+            if PAD_D:
+                k = tl.load(k_ptrs, mask=live & (offs_d[None, :] < D), other=0.0)
+            else:
+                k = tl.load(k_ptrs, mask=live, other=0.0)
+            if PAD_DV:
+                v = tl.load(v_ptrs, mask=live & (offs_dv[None, :] < DV), other=0.0)
+            else:
+                v = tl.load(v_ptrs, mask=live, other=0.0)
+        else:
+            if PAD_D:
+                k = tl.load(k_ptrs, mask=offs_d[None, :] < D, other=0.0)
+            else:
+                k = tl.load(k_ptrs)
+            if PAD_DV:
+                v = tl.load(v_ptrs, mask=offs_dv[None, :] < DV, other=0.0)
+            else:
+                v = tl.load(v_ptrs)
+        qk = tl.dot(q, tl.trans(k))
+        if HAS_SOFTCAP:
+            s = tanh_f32(qk * (SM_SCALE / SOFTCAP)) * (SOFTCAP * LOG2E)
+        else:
+            s = qk
+        if EDGE:
+            keep = offs_n[None, :] < kv_len
+            if HAS_LEFT:
+                keep &= offs_n[None, :] >= pos[:, None] - LEFT
+            if HAS_RIGHT:
+                keep &= offs_n[None, :] <= pos[:, None] + RIGHT
+            s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * QK_SCALE)
+        if EDGE:
+            # A row may have seen nothing yet: keep exp2(-inf - -inf) from making NaN.
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_ref = m_new
+        p = tl.exp2(s * QK_SCALE - m_ref[:, None])
+        alpha = tl.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def paged_attn_kernel(
+    Q,
+    K,
+    V,
+    PageTable,
+    KvLens,
+    CuQLens,
+    NumSeqs,
+    Sink,
+    Out,
+    Stat,
+    Sum,
+    stride_qt: tl.constexpr,
+    stride_qh: tl.constexpr,
+    stride_kp: tl.constexpr,
+    stride_kt: tl.constexpr,
+    stride_kh: tl.constexpr,
+    stride_vp: tl.constexpr,
+    stride_vt: tl.constexpr,
+    stride_vh: tl.constexpr,
+    V_OFF: tl.constexpr,
+    stride_pt: tl.constexpr,
+    NUM_TOKENS: tl.constexpr,
+    MAX_SEQS: tl.constexpr,
+    Q_LEN: tl.constexpr,
+    RAGGED: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+    CAPACITY: tl.constexpr,
+    HQ: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_CHUNK: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    IDENTITY_PAGES: tl.constexpr,
+    PAGE_PER_TILE: tl.constexpr,
+    SM_SCALE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    LEFT: tl.constexpr,
+    RIGHT: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    NUM_CHUNKS: tl.constexpr = (GROUP + HEAD_CHUNK - 1) // HEAD_CHUNK
+    hkv = tl.program_id(1) // NUM_CHUNKS
+    chunk = tl.program_id(1) % NUM_CHUNKS
+    sid = tl.program_id(2)
+
+    if RAGGED:
+        ns = tl.minimum(tl.maximum(tl.load(NumSeqs), 0), MAX_SEQS)
+        SPREAD: tl.constexpr = 1 if BLOCK_Q > 1 else 0
+        # Largest s in [0, ns] with start(s) <= pid; start() is non-decreasing.
+        s_lo = pid * 0
+        s_hi = ns
+        for _ in tl.static_range(SEARCH_STEPS):
+            mid = (s_lo + s_hi + 1) // 2
+            start_mid = tl.load(CuQLens + mid) // BLOCK_Q + mid * SPREAD
+            ok = start_mid <= pid
+            s_lo = tl.where(ok, mid, s_lo)
+            s_hi = tl.where(ok, s_hi, mid - 1)
+        seq = s_lo
+        real = seq < ns
+        cu_s = tl.load(CuQLens + seq)
+        cu_e = tl.load(CuQLens + seq + 1, mask=real, other=0)
+        blk = pid - (cu_s // BLOCK_Q + seq * SPREAD)
+        tok0 = blk * BLOCK_Q
+        q_len = tl.where(real, cu_e - cu_s, 0)
+        # Padding programs (seq == ns) take the padding tokens in BLOCK_Q runs, with no keys.
+        n_tok = tl.where(real, q_len - tok0, BLOCK_Q)
+        tok_start = cu_s + tok0
+        kv_len = tl.load(KvLens + seq, mask=real, other=0)
+    else:
+        NBQ: tl.constexpr = (Q_LEN + BLOCK_Q - 1) // BLOCK_Q
+        seq = pid // NBQ
+        tok0 = (pid % NBQ) * BLOCK_Q
+        q_len = Q_LEN
+        n_tok = Q_LEN - tok0
+        tok_start = seq * Q_LEN + tok0
+        kv_len = tl.load(KvLens + seq)
+    n_tok = tl.minimum(tl.minimum(n_tok, BLOCK_Q), NUM_TOKENS - tok_start)
+    n_tok = tl.maximum(n_tok, 0)
+    # kv_lengths beyond the cache would index past the page table.
+    kv_len = tl.minimum(tl.maximum(kv_len, 0), CAPACITY)
+    pos_first = kv_len - q_len + tok0
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    tok = offs_m // HEAD_CHUNK
+    g = chunk * HEAD_CHUNK + offs_m % HEAD_CHUNK
+    row_ok = (tok < n_tok) & (g < GROUP)
+    head = hkv * GROUP + g
+    token = (tok_start + tok).to(tl.int64)
+    pos = pos_first + tok
+
+    q_ptrs = Q + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+
+    # Keys seen by some row of the block, and the tiles every row sees in full.
+    pos_last = pos_first + n_tok - 1
+    if HAS_LEFT:
+        lo = tl.maximum(pos_first - LEFT, 0)
+    else:
+        lo = pos_first * 0
+    hi = kv_len
+    if HAS_RIGHT:
+        hi = tl.minimum(hi, pos_last + RIGHT + 1)
+    empty = (hi <= lo) | (n_tok <= 0)
+    lo = tl.where(empty, 0, lo // BLOCK_N * BLOCK_N)
+    hi = tl.where(empty, 0, hi)
+    if HAS_LEFT:
+        full_lo = (tl.maximum(pos_last - LEFT, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        full_lo = tl.maximum(full_lo, lo)
+    else:
+        full_lo = lo
+    full_hi = kv_len
+    if HAS_RIGHT:
+        full_hi = tl.minimum(full_hi, pos_first + RIGHT + 1)
+    full_hi = tl.maximum(full_hi, 0) // BLOCK_N * BLOCK_N
+    no_full = full_lo >= full_hi
+    full_lo = tl.where(no_full, lo, full_lo)
+    full_hi = tl.where(no_full, lo, full_hi)
+
+    # This split's run of tiles, and its overlap with the fully visible ones.
+    n_tiles = (hi - lo + BLOCK_N - 1) // BLOCK_N
+    per_split = (n_tiles + NUM_SPLITS - 1) // NUM_SPLITS
+    a = lo + sid * per_split * BLOCK_N
+    b = tl.minimum(a + per_split * BLOCK_N, hi)
+    b = tl.maximum(b, a)
+    f0 = tl.minimum(tl.maximum(full_lo, a), b)
+    f1 = tl.minimum(tl.maximum(full_hi, f0), b)
+
+    seq64 = seq.to(tl.int64)
+    k_base = K + hkv.to(tl.int64) * stride_kh
+    v_base = V + V_OFF + hkv.to(tl.int64) * stride_vh
+    pt_row = PageTable + seq64 * stride_pt
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    acc, l_i, m_i = _paged_sweep(
+        acc, l_i, m_i, q, pos, kv_len, a, f0, k_base, v_base, pt_row, seq64,
+        stride_kp, stride_kt, stride_vp, stride_vt, offs_d, offs_dv,
+        SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+        PAGE_SIZE, IDENTITY_PAGES, PAGE_PER_TILE, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+    )  # fmt: skip
+    acc, l_i, m_i = _paged_sweep(
+        acc, l_i, m_i, q, pos, kv_len, f0, f1, k_base, v_base, pt_row, seq64,
+        stride_kp, stride_kt, stride_vp, stride_vt, offs_d, offs_dv,
+        SM_SCALE, SOFTCAP, LEFT, RIGHT, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+        PAGE_SIZE, IDENTITY_PAGES, PAGE_PER_TILE, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+    )  # fmt: skip
+    acc, l_i, m_i = _paged_sweep(
+        acc, l_i, m_i, q, pos, kv_len, f1, b, k_base, v_base, pt_row, seq64,
+        stride_kp, stride_kt, stride_vp, stride_vt, offs_d, offs_dv,
+        SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+        PAGE_SIZE, IDENTITY_PAGES, PAGE_PER_TILE, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+    )  # fmt: skip
+
+    rows = token * HQ + head
+    o_cols = offs_dv[None, :]
+    o_mask = row_ok[:, None] & (o_cols < DV)
+    if NUM_SPLITS == 1:
+        # Log-sum-exp over keys only (sinks excluded), natural units; -inf for empty rows.
+        lse = (m_i + tl.log2(l_i)) * LN2
+        if HAS_SINK:
+            sink = tl.load(Sink + head, mask=row_ok, other=0.0).to(tl.float32) * LOG2E
+            m_fin = tl.maximum(m_i, sink)
+            alpha = tl.exp2(m_i - m_fin)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha + tl.exp2(sink - m_fin)
+        # Rows with no visible key have acc == 0: divide by 1 and they give zeros.
+        denom = tl.where(l_i == 0.0, 1.0, l_i)
+        out = acc / denom[:, None]
+        tl.store(Out + rows[:, None] * DV + o_cols, out.to(Out.dtype.element_ty), mask=o_mask)
+        tl.store(Stat + rows, lse, mask=row_ok)
+    else:
+        # Every split writes its rows, empty or not, so the combine never reads garbage.
+        part = sid.to(tl.int64) * NUM_TOKENS * HQ + rows
+        tl.store(Out + part[:, None] * DV + o_cols, acc, mask=o_mask)
+        tl.store(Stat + part, m_i, mask=row_ok)
+        tl.store(Sum + part, l_i, mask=row_ok)
+
+
+@triton.jit
+def paged_combine_kernel(
+    OPart,
+    MPart,
+    LPart,
+    Sink,
+    Out,
+    Lse,
+    NUM_TOKENS: tl.constexpr,
+    HQ: tl.constexpr,
+    DV: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    """Merges the splits' partials of one token and ``BLOCK_H`` heads; adds the sinks."""
+    token = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    h_ok = heads < HQ
+    rows = token * HQ + heads
+    SPLIT: tl.constexpr = NUM_TOKENS * HQ
+
+    m_all = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        m_s = tl.load(MPart + s * SPLIT + rows, mask=h_ok, other=float("-inf"))
+        m_all = tl.maximum(m_all, m_s)
+    m_fin = m_all
+    if HAS_SINK:
+        sink = tl.load(Sink + heads, mask=h_ok, other=0.0).to(tl.float32) * LOG2E
+        m_fin = tl.maximum(m_fin, sink)
+    m_ref = tl.where(m_fin == float("-inf"), 0.0, m_fin)
+
+    l_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    o_mask = h_ok[:, None] & (offs_dv[None, :] < DV)
+    for s in tl.static_range(NUM_SPLITS):
+        m_s = tl.load(MPart + s * SPLIT + rows, mask=h_ok, other=float("-inf"))
+        l_s = tl.load(LPart + s * SPLIT + rows, mask=h_ok, other=0.0)
+        w = tl.exp2(m_s - m_ref)
+        l_sum += l_s * w
+        o_s = tl.load(OPart + (s * SPLIT + rows)[:, None] * DV + offs_dv[None, :], mask=o_mask, other=0.0)
+        acc += o_s * w[:, None]
+    lse = (m_ref + tl.log2(l_sum)) * LN2
+    denom = l_sum
+    if HAS_SINK:
+        denom += tl.exp2(sink - m_ref)
+    denom = tl.where(denom == 0.0, 1.0, denom)
+    out = acc / denom[:, None]
+    tl.store(Out + rows[:, None] * DV + offs_dv[None, :], out.to(Out.dtype.element_ty), mask=o_mask)
+    tl.store(Lse + rows, lse, mask=h_ok)

@@ -1,0 +1,325 @@
+"""Launch descriptions of the paged attention kernels (``kernels/paged.py``), library-free.
+
+A :class:`PagedSpec` is the static description of one call (shapes, layout, features); a
+:class:`PagedTiles` the tiling and the number of key splits. :func:`attention` and
+:func:`combine` return :class:`~jaxattn_triton.launch.Launch` objects in ``launch.py``'s
+style, which ``paged_ops`` runs through ``jax_triton`` and the tests through
+``torch_ops.run_launch``; :func:`run` strings the two launches together for either.
+
+The kernels see every query in token-major layout ``(num_tokens, Hq, D)``: paged decode's
+``(num_seqs, T, Hq, D)`` and dense decode's ``(B, T, Hq, D)`` are the same memory. The cache
+is addressed by ``(page, row in page, head)`` strides:
+
+* separate ``k_pages (P, page_size, Hkv, D)`` / ``v_pages (P, page_size, Hkv, Dv)``;
+* combined ``kv_pages (P, page_size, 2*Hkv, D)``: the same array is passed as K and V, K head
+  ``h`` at head index ``2h`` and V head ``h`` at ``2h + 1`` (a head stride of ``2*D`` and a
+  V offset of ``D`` elements), so no copy is made;
+* dense ``k (B, S, Hkv, D)``: one page of ``S`` rows per sequence, ``page = sequence``
+  (``identity_pages``, no page-table read).
+
+Kernel arguments: q, k, v, page_table, kv_lengths, cu_q_lens, num_seqs, sinks (absent ones
+one-element dummies), then the outputs (see :func:`attention`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from jaxattn_triton.launch import Launch
+from jaxattn_triton.spec import block_dim
+
+SEPARATE = "separate"
+COMBINED = "combined"
+DENSE = "dense"
+
+#: Dtypes the kernels take for q and the cache (the same dtype for both).
+DTYPES = frozenset({"bfloat16", "float16", "float32"})
+#: Largest head dim (q/k and v): a [BLOCK_M, 256] float32 accumulator per program.
+MAX_HEAD_DIM = 256
+#: Query heads of one KV head in one program at most; larger groups are cut into chunks.
+MAX_HEAD_CHUNK = 64
+#: SMs of an H100 SXM, the default when the device does not say.
+DEFAULT_NUM_SMS = 132
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedSpec:
+    """Static description of one paged (or dense-as-paged) attention call.
+
+    ``q_len`` is the uniform number of queries per sequence (paged/dense decode) or None for
+    a ragged batch (``cu_q_lens``/``num_seqs`` arrays). ``max_seqs`` is the number of rows of
+    ``page_table``/``kv_lengths``. Query ``i`` of a sequence sits at position
+    ``kv_len - q_len + i`` and sees keys ``j`` with ``pos - window_left <= j <= pos +
+    window_right`` and ``j < kv_len``; ``window_right = 0`` is causal, None unbounded.
+    """
+
+    num_tokens: int
+    max_seqs: int
+    q_len: int | None
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    head_dim_v: int
+    dtype: str
+    num_pages: int
+    page_size: int
+    pages_per_seq: int
+    layout: str = SEPARATE
+    softmax_scale: float = 1.0
+    softcap: float | None = None
+    window_left: int | None = None
+    window_right: int | None = 0
+    sinks: bool = False
+
+    def __post_init__(self) -> None:
+        reasons = self.reasons()
+        if reasons:
+            raise ValueError("; ".join(reasons))
+
+    def reasons(self) -> list[str]:
+        """Why the kernels cannot run this call (empty when they can)."""
+        why = []
+        if self.heads_kv < 1 or self.heads_q % self.heads_kv:
+            why.append(f"heads_q={self.heads_q} must be a positive multiple of heads_kv={self.heads_kv}")
+        if self.dtype not in DTYPES:
+            why.append(f"dtype {self.dtype} is not one of {sorted(DTYPES)}")
+        if max(self.head_dim, self.head_dim_v) > MAX_HEAD_DIM or min(self.head_dim, self.head_dim_v) < 1:
+            why.append(f"head dims ({self.head_dim}, {self.head_dim_v}) must lie in 1..{MAX_HEAD_DIM}")
+        if self.layout not in (SEPARATE, COMBINED, DENSE):
+            why.append(f"unknown cache layout {self.layout!r}")
+        if self.layout == COMBINED and self.head_dim != self.head_dim_v:
+            why.append("the combined kv_pages layout holds K and V heads of one size (D == Dv)")
+        if self.page_size < 1 or self.pages_per_seq < 1 or self.num_pages < 1:
+            why.append("the cache needs at least one page of at least one row")
+        if self.q_len is not None and self.q_len < 1:
+            why.append(f"q_len={self.q_len} must be >= 1")
+        if self.softcap is not None and not self.softcap > 0:
+            why.append(f"logits_soft_cap={self.softcap} must be > 0")
+        if self.window_left is not None and self.window_left < 0:
+            why.append(f"window_left={self.window_left} must be >= 0")
+        return why
+
+    @property
+    def group(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    @property
+    def capacity(self) -> int:
+        """Tokens a sequence's page-table row can address."""
+        return self.pages_per_seq * self.page_size
+
+    @property
+    def ragged(self) -> bool:
+        return self.q_len is None
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedTiles:
+    """``block_q`` query tokens x ``head_chunk`` heads of one KV head per program (rows padded
+    to a power of two >= 16), ``block_n`` keys per iteration, ``num_splits`` key splits."""
+
+    block_q: int
+    head_chunk: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    num_splits: int
+
+    @property
+    def block_m(self) -> int:
+        return max(16, _pow2_at_least(self.block_q * self.head_chunk))
+
+
+def query_blocks(spec: PagedSpec, block_q: int) -> int:
+    """Programs along the grid's first axis (see the kernel module for the ragged allotment)."""
+    if spec.q_len is not None:
+        return spec.max_seqs * _cdiv(spec.q_len, block_q)
+    if block_q == 1:
+        return spec.num_tokens
+    return spec.num_tokens // block_q + spec.max_seqs + 1
+
+
+def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: int | None = None) -> PagedTiles:
+    """Tiles for the H100/H200 class, and enough key splits to fill the SMs.
+
+    Decode-shaped calls (one or a few queries per sequence) put the whole GQA group of the
+    sequence's queries in one program; ragged batches with prefill chunks take about 64 rows
+    per program. ``num_splits`` (when not given) is the smallest count that makes at least
+    twice as many programs as SMs, with each split keeping >= 4 key tiles of the cache's
+    capacity.
+    """
+    chunks = _cdiv(spec.group, MAX_HEAD_CHUNK)
+    head_chunk = _cdiv(spec.group, chunks)
+    rows_per_token = head_chunk
+    if spec.q_len is not None:
+        block_q = max(1, min(spec.q_len, 64 // rows_per_token))
+    elif spec.num_tokens <= spec.max_seqs:
+        block_q = 1  # at most one query per sequence on average: a decode batch
+    else:
+        block_q = max(1, 64 // rows_per_token)
+    wide = max(block_dim(spec.head_dim), block_dim(spec.head_dim_v)) > 128
+    block_n = 32 if wide else 64
+    num_stages = 2 if wide else 3
+    block_m = max(16, _pow2_at_least(block_q * head_chunk))
+    num_warps = 8 if block_m >= 128 else 4
+    if num_splits is None:
+        if spec.q_len is not None:
+            work_blocks = query_blocks(spec, block_q)
+        else:
+            work_blocks = min(_cdiv(spec.num_tokens, block_q), query_blocks(spec, block_q))
+        programs = max(1, work_blocks * spec.heads_kv * chunks)
+        most = max(1, spec.capacity // (4 * block_n))
+        num_splits = max(1, min(_cdiv(2 * num_sms, programs), most, 64))
+    return PagedTiles(block_q, head_chunk, block_n, num_warps, num_stages, int(num_splits))
+
+
+def _cache_strides(spec: PagedSpec) -> dict[str, int]:
+    hkv, d, dv, ps = spec.heads_kv, spec.head_dim, spec.head_dim_v, spec.page_size
+    if spec.layout == COMBINED:
+        row = 2 * hkv * d
+        return {
+            "stride_kp": ps * row, "stride_kt": row, "stride_kh": 2 * d,
+            "stride_vp": ps * row, "stride_vt": row, "stride_vh": 2 * d, "V_OFF": d,
+        }  # fmt: skip
+    return {
+        "stride_kp": ps * hkv * d, "stride_kt": hkv * d, "stride_kh": d,
+        "stride_vp": ps * hkv * dv, "stride_vt": hkv * dv, "stride_vh": dv, "V_OFF": 0,
+    }  # fmt: skip
+
+
+def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
+    """Inputs: q, k, v, page_table, kv_lengths, cu_q_lens, num_seqs, sinks (f32).
+
+    Outputs with one split: ``out (N, Hq, Dv)`` in q's dtype, ``lse (N, Hq)`` float32
+    (natural log, sinks excluded, -inf for rows without keys), and a one-element dummy.
+    With several: float32 partials ``acc (splits, N, Hq, Dv)``, ``m (splits, N, Hq)`` (base-2
+    running max) and ``l (splits, N, Hq)`` for :func:`combine`.
+    """
+    from jaxattn_triton.kernels.paged import paged_attn_kernel
+
+    if tiles.head_chunk < 1 or tiles.head_chunk > spec.group:
+        raise ValueError(f"head_chunk={tiles.head_chunk} must lie in 1..{spec.group}")
+    for name in ("block_n",):
+        value = getattr(tiles, name)
+        if value < 16 or value & (value - 1):
+            raise ValueError(f"{name}={value} must be a power of two >= 16")
+    n, hq, dv = spec.num_tokens, spec.heads_q, spec.head_dim_v
+    splits = tiles.num_splits
+    if splits < 1:
+        raise ValueError(f"num_splits={splits} must be >= 1")
+    chunks = _cdiv(spec.group, tiles.head_chunk)
+    identity = spec.layout == DENSE
+    # Large windows cut nothing: treat them as unbounded (and keep the arithmetic in int32).
+    left = spec.window_left if spec.window_left is not None and spec.window_left < spec.capacity else None
+    right = spec.window_right if spec.window_right is not None and spec.window_right < spec.capacity else None
+    constexprs: dict[str, Any] = {
+        "stride_qt": hq * spec.head_dim,
+        "stride_qh": spec.head_dim,
+        **_cache_strides(spec),
+        "stride_pt": 0 if identity else spec.pages_per_seq,
+        "NUM_TOKENS": n,
+        "MAX_SEQS": spec.max_seqs,
+        "Q_LEN": spec.q_len if spec.q_len is not None else 0,
+        "RAGGED": spec.ragged,
+        "SEARCH_STEPS": max(1, (spec.max_seqs + 1).bit_length()),
+        "CAPACITY": spec.capacity,
+        "HQ": hq,
+        "GROUP": spec.group,
+        "HEAD_CHUNK": tiles.head_chunk,
+        "D": spec.head_dim,
+        "DV": dv,
+        "PAGE_SIZE": spec.page_size,
+        "IDENTITY_PAGES": identity,
+        "PAGE_PER_TILE": spec.page_size % tiles.block_n == 0,
+        "SM_SCALE": float(spec.softmax_scale),
+        "SOFTCAP": float(spec.softcap) if spec.softcap else 1.0,
+        "LEFT": 0 if left is None else int(left),
+        "RIGHT": 0 if right is None else int(right),
+        "HAS_LEFT": left is not None,
+        "HAS_RIGHT": right is not None,
+        "HAS_SOFTCAP": bool(spec.softcap),
+        "HAS_SINK": spec.sinks,
+        "NUM_SPLITS": splits,
+        "BLOCK_Q": tiles.block_q,
+        "BLOCK_M": tiles.block_m,
+        "BLOCK_N": tiles.block_n,
+        "BLOCK_D": block_dim(spec.head_dim),
+        "BLOCK_DV": block_dim(dv),
+    }
+    if splits == 1:
+        outputs: tuple[tuple[tuple[int, ...], str], ...] = (
+            ((n, hq, dv), spec.dtype),
+            ((n, hq), "float32"),
+            ((1,), "float32"),
+        )
+    else:
+        outputs = (
+            ((splits, n, hq, dv), "float32"),
+            ((splits, n, hq), "float32"),
+            ((splits, n, hq), "float32"),
+        )
+    return Launch(
+        kernel=paged_attn_kernel,
+        grid=(query_blocks(spec, tiles.block_q), spec.heads_kv * chunks, splits),
+        outputs=outputs,
+        constexprs=constexprs,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
+
+
+def combine(spec: PagedSpec, tiles: PagedTiles) -> Launch:
+    """Inputs: the partials of :func:`attention`, sinks. Outputs: out (N, Hq, Dv), lse (N, Hq)."""
+    from jaxattn_triton.kernels.paged import paged_combine_kernel
+
+    n, hq, dv = spec.num_tokens, spec.heads_q, spec.head_dim_v
+    block_dv = block_dim(dv)
+    # About 4k float32 accumulators per program (32 per thread with 4 warps).
+    block_h = min(_pow2_at_least(hq), max(1, 4096 // block_dv))
+    return Launch(
+        kernel=paged_combine_kernel,
+        grid=(n, _cdiv(hq, block_h), 1),
+        outputs=(((n, hq, dv), spec.dtype), ((n, hq), "float32")),
+        constexprs={
+            "NUM_TOKENS": n,
+            "HQ": hq,
+            "DV": dv,
+            "NUM_SPLITS": tiles.num_splits,
+            "HAS_SINK": spec.sinks,
+            "BLOCK_H": block_h,
+            "BLOCK_DV": block_dv,
+        },
+        num_warps=4,
+        num_stages=1,
+    )
+
+
+ArrayT = TypeVar("ArrayT")
+
+
+def run(
+    spec: PagedSpec,
+    tiles: PagedTiles,
+    inputs: Sequence[ArrayT],
+    execute: Callable[[Launch, Sequence[ArrayT]], Sequence[ArrayT]],
+) -> tuple[ArrayT, ArrayT]:
+    """``(out (N, Hq, Dv), lse (N, Hq))`` of one call, launching through ``execute``.
+
+    ``inputs`` are the eight kernel inputs of :func:`attention`; ``execute(launch, inputs)``
+    returns the launch's outputs (jax_triton, the interpreter, or torch).
+    """
+    first = execute(attention(spec, tiles), inputs)
+    if tiles.num_splits == 1:
+        return first[0], first[1]
+    out, lse = execute(combine(spec, tiles), [first[0], first[1], first[2], inputs[7]])
+    return out, lse
