@@ -1,0 +1,417 @@
+"""Serving attention for JAX on NVIDIA GPUs: paged decode, ragged paged attention, dense decode.
+
+Forward only. The arrays follow the serving contract (int32 index arrays; ``kv_lengths``
+counts the tokens queried in this call; queries are causal and bottom-right aligned to each
+sequence's own length; rows without a visible key are zeros):
+
+* :func:`paged_decode`: q ``(num_seqs, T, Hq, D)``, T small (1 = decode, a few =
+  speculative decoding), over a paged cache;
+* :func:`ragged_paged`: q ``(num_tokens, Hq, D)``, sequences packed back to back
+  (``cu_q_lens``, ``num_seqs``), prefill chunks and decode rows mixed;
+* :func:`dense_decode`: q ``(B, T, Hq, D)`` over a dense ``(B, S, Hkv, D)`` cache with
+  optional per-sequence lengths, the cache seen as one page per sequence (no copy).
+
+The cache is ``k_pages (P, page_size, Hkv, D)`` and ``v_pages (P, page_size, Hkv, Dv)``,
+or ``kv_pages (P, page_size, 2*Hkv, D)`` (K head h at 2h, V head h at 2h + 1) passed by
+keyword with ``k_pages``/``v_pages`` None; both are read in place through strides.
+
+On a CUDA GPU the kernels launch through ``jax_triton`` (imported on first call); with
+``interpret=True`` they run in the Triton interpreter on torch CPU tensors through
+``jax.pure_callback`` (tests; ``TRITON_INTERPRET=1`` must be set before triton is imported).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxattn_triton import launch_paged as LP
+from jaxattn_triton.launch import Launch
+
+Array = jax.Array
+
+__all__ = ["decode_with_flash_grad", "dense_decode", "dense_spec", "paged_decode", "ragged_paged"]
+
+FORWARD_ONLY = (
+    "the Triton paged/decode kernels are forward only (serving); differentiate through "
+    "jaxattn_triton.ops.flash_attention or an impl that declares Feature.GRAD instead"
+)
+
+
+@functools.cache
+def _num_sms() -> int:
+    try:
+        device = jax.devices()[0]
+    except RuntimeError:
+        return LP.DEFAULT_NUM_SMS
+    count = getattr(device, "core_count", None)
+    return int(count) if isinstance(count, int) and count > 0 else LP.DEFAULT_NUM_SMS
+
+
+def _execute_all(
+    spec: LP.PagedSpec, tiles: LP.PagedTiles, inputs: Sequence[Array], interpret: bool
+) -> tuple[Array, Array]:
+    from jaxattn_triton.ops import _execute
+
+    def execute(lz: Launch, arrays: Sequence[Array]) -> list[Array]:
+        return _execute(lz, arrays, interpret)
+
+    return LP.run(spec, tiles, inputs, execute)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _forward(
+    spec: LP.PagedSpec, tiles: LP.PagedTiles, interpret: bool, q: Array, k: Array, v: Array, sinks: Array,
+    page_table: Array, kv_lengths: Array, cu_q_lens: Array, num_seqs: Array,
+) -> tuple[Array, Array]:  # fmt: skip
+    inputs = [q, k, v, page_table, kv_lengths, cu_q_lens, num_seqs, sinks]
+    return _execute_all(spec, tiles, inputs, interpret)
+
+
+def _refuse_fwd(*args: Any) -> Any:
+    raise NotImplementedError(FORWARD_ONLY)
+
+
+def _refuse_bwd(*args: Any) -> Any:  # never reached: the forward rule raises
+    raise NotImplementedError(FORWARD_ONLY)
+
+
+_forward.defvjp(_refuse_fwd, _refuse_bwd)
+
+
+def _int32(x: Any, name: str, shape: tuple[int, ...]) -> Array:
+    arr = jnp.asarray(x)
+    if not jnp.issubdtype(arr.dtype, jnp.integer):
+        raise ValueError(f"{name} must hold integers, got {arr.dtype}")
+    if arr.shape != shape:
+        raise ValueError(f"{name} has shape {arr.shape}, expected {shape}")
+    return arr.astype(jnp.int32)
+
+
+def _cache(
+    k_pages: Array | None, v_pages: Array | None, kv_pages: Array | None
+) -> tuple[Array, Array, str, int, int, int, int, int]:
+    """``(k, v, layout, num_pages, page_size, heads_kv, head_dim, head_dim_v)``."""
+    if kv_pages is not None:
+        if k_pages is not None or v_pages is not None:
+            raise ValueError("pass either kv_pages or k_pages and v_pages, not both")
+        if kv_pages.ndim != 4 or kv_pages.shape[2] % 2:
+            raise ValueError(f"kv_pages must be (num_pages, page_size, 2*Hkv, D), got {kv_pages.shape}")
+        p, ps, h2, d = kv_pages.shape
+        return kv_pages, kv_pages, LP.COMBINED, p, ps, h2 // 2, d, d
+    if k_pages is None or v_pages is None:
+        raise ValueError("pass k_pages and v_pages, or kv_pages=")
+    if k_pages.ndim != 4 or v_pages.ndim != 4 or k_pages.shape[:3] != v_pages.shape[:3]:
+        raise ValueError(
+            f"k_pages {k_pages.shape} and v_pages {v_pages.shape} must be (num_pages, page_size, Hkv, D|Dv)"
+        )
+    p, ps, hkv, d = k_pages.shape
+    if k_pages.dtype != v_pages.dtype:
+        raise ValueError(f"k_pages ({k_pages.dtype}) and v_pages ({v_pages.dtype}) must share a dtype")
+    return k_pages, v_pages, LP.SEPARATE, p, ps, hkv, d, v_pages.shape[3]
+
+
+def _sinks(sinks: Array | None, heads_q: int) -> Array:
+    if sinks is None:
+        return jnp.zeros((1,), jnp.float32)
+    if sinks.shape != (heads_q,):
+        raise ValueError(f"sinks (softmax_aux) must have shape ({heads_q},), got {sinks.shape}")
+    return sinks.astype(jnp.float32)
+
+
+def _check_dtypes(q: Array, k: Array) -> None:
+    if q.dtype != k.dtype:
+        raise ValueError(f"q ({q.dtype}) and the cache ({k.dtype}) must share a dtype")
+
+
+def _tiles(spec: LP.PagedSpec, tiles: LP.PagedTiles | None, num_splits: int | None) -> LP.PagedTiles:
+    if tiles is None:
+        return LP.default_tiles(spec, _num_sms(), num_splits)
+    if num_splits is not None and num_splits != tiles.num_splits:
+        raise ValueError(f"num_splits={num_splits} contradicts tiles.num_splits={tiles.num_splits}")
+    return tiles
+
+
+def paged_decode(
+    q: Array,
+    k_pages: Array | None,
+    v_pages: Array | None,
+    page_table: Array,
+    kv_lengths: Array,
+    *,
+    kv_pages: Array | None = None,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    window_left: int | None = None,
+    sinks: Array | None = None,
+    num_splits: int | None = None,
+    tiles: LP.PagedTiles | None = None,
+    return_lse: bool = False,
+    interpret: bool = False,
+) -> Array | tuple[Array, Array]:
+    """Attention of ``q (num_seqs, T, Hq, D)`` over a paged cache; ``(num_seqs, T, Hq, Dv)``.
+
+    Query ``i`` of sequence ``s`` sits at position ``kv_lengths[s] - T + i`` and sees keys
+    ``max(0, pos - window_left) <= j <= pos``. ``sinks`` (Hq,) float32 join each row's
+    softmax denominator. ``num_splits`` overrides the number of key splits (default: enough
+    programs for the GPU), ``tiles`` the whole tiling. With ``return_lse`` also returns the
+    log-sum-exp ``(num_seqs, Hq, T)`` float32 (natural log, sinks excluded, -inf for rows
+    without keys).
+    """
+    k, v, layout, num_pages, page_size, hkv, d, dv = _cache(k_pages, v_pages, kv_pages)
+    if q.ndim != 4 or q.shape[3] != d:
+        raise ValueError(f"q must be (num_seqs, T, Hq, {d}), got {q.shape}")
+    _check_dtypes(q, k)
+    num_seqs, t, hq, _ = q.shape
+    if page_table.ndim != 2 or page_table.shape[0] != num_seqs:
+        raise ValueError(f"page_table must be (num_seqs={num_seqs}, pages_per_seq), got {page_table.shape}")
+    spec = LP.PagedSpec(
+        num_tokens=num_seqs * t, max_seqs=num_seqs, q_len=t, heads_q=hq, heads_kv=hkv, head_dim=d,
+        head_dim_v=dv, dtype=jnp.dtype(q.dtype).name, num_pages=num_pages, page_size=page_size,
+        pages_per_seq=int(page_table.shape[1]), layout=layout,
+        softmax_scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
+        softcap=None if logits_soft_cap is None else float(logits_soft_cap),
+        window_left=None if window_left is None else int(window_left), window_right=0,
+        sinks=sinks is not None,
+    )  # fmt: skip
+    table = _int32(page_table, "page_table", tuple(page_table.shape))
+    lengths = _int32(kv_lengths, "kv_lengths", (num_seqs,))
+    sink_arr = _sinks(sinks, hq)
+    if num_seqs == 0:
+        out = jnp.zeros((0, t, hq, dv), q.dtype)
+        return (out, jnp.zeros((0, hq, t), jnp.float32)) if return_lse else out
+    dummy = jnp.zeros((1,), jnp.int32)
+    chosen = _tiles(spec, tiles, num_splits)
+    out, lse = _forward(
+        spec, chosen, interpret, q.reshape(num_seqs * t, hq, d), k, v, sink_arr, table, lengths, dummy, dummy
+    )
+    out = out.reshape(num_seqs, t, hq, dv)
+    if not return_lse:
+        return out
+    return out, jnp.transpose(lse.reshape(num_seqs, t, hq), (0, 2, 1))
+
+
+def ragged_paged(
+    q: Array,
+    k_pages: Array | None,
+    v_pages: Array | None,
+    page_table: Array,
+    kv_lengths: Array,
+    cu_q_lens: Array,
+    num_seqs: Array | int,
+    *,
+    kv_pages: Array | None = None,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    window_left: int | None = None,
+    sinks: Array | None = None,
+    num_splits: int | None = None,
+    tiles: LP.PagedTiles | None = None,
+    return_lse: bool = False,
+    interpret: bool = False,
+) -> Array | tuple[Array, Array]:
+    """Ragged paged attention of ``q (num_tokens, Hq, D)``; returns ``(num_tokens, Hq, Dv)``.
+
+    Sequence ``s < num_seqs`` owns query rows ``cu_q_lens[s] : cu_q_lens[s+1]`` (``q_len_s``
+    of them), row ``cu_q_lens[s] + i`` sitting at position ``kv_lengths[s] - q_len_s + i``
+    (causal per sequence); rows at and past ``cu_q_lens[num_seqs]`` are padding and give
+    zeros. ``page_table (max_num_seqs, pages_per_seq)``, ``kv_lengths (max_num_seqs,)``,
+    ``cu_q_lens (max_num_seqs + 1,)``, ``num_seqs`` a (1,) int32 array or a scalar. Other
+    arguments as :func:`paged_decode`; the log-sum-exp is ``(num_tokens, Hq)``.
+    """
+    k, v, layout, num_pages, page_size, hkv, d, dv = _cache(k_pages, v_pages, kv_pages)
+    if q.ndim != 3 or q.shape[2] != d:
+        raise ValueError(f"q must be (num_tokens, Hq, {d}), got {q.shape}")
+    _check_dtypes(q, k)
+    n, hq, _ = q.shape
+    if page_table.ndim != 2:
+        raise ValueError(f"page_table must be (max_num_seqs, pages_per_seq), got {page_table.shape}")
+    max_seqs = int(page_table.shape[0])
+    spec = LP.PagedSpec(
+        num_tokens=n, max_seqs=max_seqs, q_len=None, heads_q=hq, heads_kv=hkv, head_dim=d,
+        head_dim_v=dv, dtype=jnp.dtype(q.dtype).name, num_pages=num_pages, page_size=page_size,
+        pages_per_seq=int(page_table.shape[1]), layout=layout,
+        softmax_scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
+        softcap=None if logits_soft_cap is None else float(logits_soft_cap),
+        window_left=None if window_left is None else int(window_left), window_right=0,
+        sinks=sinks is not None,
+    )  # fmt: skip
+    table = _int32(page_table, "page_table", tuple(page_table.shape))
+    lengths = _int32(kv_lengths, "kv_lengths", (max_seqs,))
+    cu = _int32(cu_q_lens, "cu_q_lens", (max_seqs + 1,))
+    ns = jnp.reshape(jnp.asarray(num_seqs), (-1,))
+    ns = _int32(ns, "num_seqs", (1,))
+    sink_arr = _sinks(sinks, hq)
+    if n == 0 or max_seqs == 0:
+        out = jnp.zeros((n, hq, dv), q.dtype)
+        return (out, jnp.full((n, hq), -jnp.inf, jnp.float32)) if return_lse else out
+    chosen = _tiles(spec, tiles, num_splits)
+    out, lse = _forward(spec, chosen, interpret, q, k, v, sink_arr, table, lengths, cu, ns)
+    return (out, lse) if return_lse else out
+
+
+def dense_spec(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    window: int | tuple[int | None, int | None] | None = None,
+    sinks: bool = False,
+) -> LP.PagedSpec:
+    """The :class:`~jaxattn_triton.launch_paged.PagedSpec` of a :func:`dense_decode` call
+    (arrays or ``ShapeDtypeStruct``s); raises ``ValueError`` with the reasons it cannot run."""
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError("dense_decode takes BTHD arrays: q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv)")
+    b, t, hq, d = (int(x) for x in q.shape)
+    kb, s, hkv, kd = (int(x) for x in k.shape)
+    if kb != b or kd != d or tuple(v.shape[:3]) != tuple(k.shape[:3]):
+        raise ValueError(f"q {q.shape}, k {k.shape} and v {v.shape} do not match")
+    if s < 1:
+        raise ValueError("the cache must hold at least one position")
+    if q.dtype != k.dtype or k.dtype != v.dtype:
+        raise ValueError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    pair = (window, window) if isinstance(window, int) else window
+    left, right = (None, None) if pair is None else pair
+    if causal:
+        right = 0 if right is None else min(int(right), 0)
+    return LP.PagedSpec(
+        num_tokens=b * t, max_seqs=b, q_len=t, heads_q=hq, heads_kv=hkv, head_dim=d,
+        head_dim_v=int(v.shape[3]), dtype=jnp.dtype(q.dtype).name, num_pages=b, page_size=s,
+        pages_per_seq=1, layout=LP.DENSE,
+        softmax_scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
+        softcap=None if logits_soft_cap is None else float(logits_soft_cap),
+        window_left=None if left is None else int(left), window_right=None if right is None else int(right),
+        sinks=sinks,
+    )  # fmt: skip
+
+
+def dense_decode(
+    q: Array,
+    k: Array,
+    v: Array,
+    kv_lengths: Array | None = None,
+    *,
+    causal: bool,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    window: int | tuple[int | None, int | None] | None = None,
+    sinks: Array | None = None,
+    num_splits: int | None = None,
+    tiles: LP.PagedTiles | None = None,
+    return_lse: bool = False,
+    interpret: bool = False,
+) -> Array | tuple[Array, Array]:
+    """Decode-shaped attention (T small) of ``q (B, T, Hq, D)`` over a dense BTHD cache.
+
+    Keys ``j >= kv_lengths[b]`` (default: the cache's length S) are invisible; query ``i``
+    sits at position ``kv_lengths[b] - T + i``, the reference of ``causal`` and of
+    ``window = (left, right)`` (an int w means (w, w)). Returns ``(B, T, Hq, Dv)``, and with
+    ``return_lse`` also the log-sum-exp ``(B, Hq, T)`` float32 (sinks excluded).
+    """
+    b, t, hq, _ = q.shape
+    dv = v.shape[3]
+    if b == 0 or t == 0:
+        out = jnp.zeros((b, t, hq, dv), q.dtype)
+        return (out, jnp.zeros((b, hq, t), jnp.float32)) if return_lse else out
+    spec = dense_spec(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap,
+        window=window, sinks=sinks is not None,
+    )  # fmt: skip
+    lengths = jnp.full((b,), k.shape[1], jnp.int32) if kv_lengths is None else _int32(kv_lengths, "kv_lengths", (b,))
+    sink_arr = _sinks(sinks, hq)
+    chosen = _tiles(spec, tiles, num_splits)
+    out, lse = _forward(spec, chosen, interpret, *_dense_inputs(q, k, v, sink_arr, lengths))
+    out = out.reshape(b, t, hq, dv)
+    if not return_lse:
+        return out
+    return out, jnp.transpose(lse.reshape(b, t, hq), (0, 2, 1))
+
+
+def _dense_inputs(q: Array, k: Array, v: Array, sinks: Array, lengths: Array) -> tuple[Array, ...]:
+    """``_forward``'s array arguments for a dense cache (one page per sequence, no table)."""
+    b, t, hq, d = q.shape
+    dummy = jnp.zeros((1,), jnp.int32)
+    return q.reshape(b * t, hq, d), k, v, sinks, dummy, lengths, dummy, dummy
+
+
+def decode_with_flash_grad(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    causal: bool,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    window: int | tuple[int | None, int | None] | None = None,
+    sinks: Array | None = None,
+    flash_tiles: Any = None,
+    interpret: bool = False,
+) -> tuple[Array, Array]:
+    """:func:`dense_decode` (full cache, no kv_lengths) that can be differentiated.
+
+    Returns ``(out (B, T, Hq, Dv), lse (B, Hq, T))`` like ``ops.flash_attention``. The forward
+    is the split-K kernel; the VJP is FlashAttention-2's backward kernels (``ops``) run on
+    this forward's output and log-sum-exp, which are what they need (``flash_tiles``: that
+    backward's :class:`~jaxattn_triton.launch.Tiles`, tuned ones when None).
+    """
+    from jaxattn_triton.ops import make_spec
+
+    fspec = make_spec(
+        q, k, v, causal=causal, sliding_window=window, softmax_scale=softmax_scale,
+        logits_soft_cap=logits_soft_cap, sinks=sinks is not None,
+    )  # fmt: skip
+    if flash_tiles is None:
+        from jaxattn_triton.tuning import tiles_for
+
+        flash_tiles = tiles_for(fspec, interpret=interpret)
+    pspec = dense_spec(
+        q, k, v, causal=causal, softmax_scale=fspec.softmax_scale, logits_soft_cap=logits_soft_cap,
+        window=window, sinks=sinks is not None,
+    )  # fmt: skip
+    ptiles = LP.default_tiles(pspec, _num_sms())
+    return _decode_vjp(pspec, ptiles, fspec, flash_tiles, interpret, q, k, v, _sinks(sinks, q.shape[2]))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _decode_vjp(
+    pspec: LP.PagedSpec, ptiles: LP.PagedTiles, fspec: Any, ftiles: Any, interpret: bool,
+    q: Array, k: Array, v: Array, sinks: Array,
+) -> tuple[Array, Array]:  # fmt: skip
+    b, t, hq, _ = q.shape
+    lengths = jnp.full((b,), k.shape[1], jnp.int32)
+    out, lse = _execute_all(pspec, ptiles, _dense_inputs(q, k, v, sinks, lengths), interpret)
+    return out.reshape(b, t, hq, v.shape[3]), jnp.transpose(lse.reshape(b, t, hq), (0, 2, 1))
+
+
+def _decode_vjp_fwd(
+    pspec: LP.PagedSpec, ptiles: LP.PagedTiles, fspec: Any, ftiles: Any, interpret: bool,
+    q: Array, k: Array, v: Array, sinks: Array,
+) -> tuple[tuple[Array, Array], tuple[Array, ...]]:  # fmt: skip
+    out, lse = _decode_vjp(pspec, ptiles, fspec, ftiles, interpret, q, k, v, sinks)
+    return (out, lse), (q, k, v, sinks, out, lse)
+
+
+def _decode_vjp_bwd(
+    pspec: LP.PagedSpec, ptiles: LP.PagedTiles, fspec: Any, ftiles: Any, interpret: bool,
+    residuals: tuple[Array, ...], cotangents: tuple[Array, Array],
+) -> tuple[Array | None, ...]:  # fmt: skip
+    from jaxattn_triton.ops import _flash_bwd
+
+    q, k, v, sinks, out, lse = residuals
+    # The flash backward's optional inputs, absent here: one-element dummies as in ops.
+    bias = jnp.zeros((1,), jnp.float32)
+    mask = jnp.zeros((1,), jnp.int8)
+    seg = jnp.zeros((1,), jnp.int32)
+    grads = _flash_bwd(fspec, ftiles, interpret, (q, k, v, bias, sinks, mask, seg, seg, out, lse), cotangents)
+    dq, dk, dv, _, dsinks = grads[:5]
+    return dq, dk, dv, dsinks
+
+
+_decode_vjp.defvjp(_decode_vjp_fwd, _decode_vjp_bwd)
