@@ -37,7 +37,10 @@ from jaxattn_pallas.ragged import ragged_paged_attention
 
 ON_TPU = jax.default_backend() == "tpu"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2}
+# The stand-in computes in float32 on the CPU. On a TPU the MXU's float32 matmul passes
+# are looser (upstream's own tests use 0.15).
+TOLERANCE = {("emulated", "float32"): 2e-5, ("emulated", "bfloat16"): 3e-2,
+             ("tpu", "float32"): 1e-2, ("tpu", "bfloat16"): 5e-2}
 
 
 # --- the kernel's stand-in on CPU -------------------------------------------------------
@@ -271,8 +274,8 @@ def _ragged(c: Case, layout: str, **features: Any) -> np.ndarray:
     return np.asarray(out.astype(jnp.float32), np.float64)
 
 
-def _check(got: np.ndarray, want: np.ndarray, dtype: str) -> None:
-    tol = TOLERANCE[dtype]
+def _check(got: np.ndarray, want: np.ndarray, dtype: str, kernel: str = "emulated") -> None:
+    tol = TOLERANCE[kernel, dtype]
     np.testing.assert_allclose(got, want, atol=tol, rtol=tol)
 
 
@@ -293,7 +296,7 @@ def test_ragged_matches_oracle(kernel: str, layout: str, dtype: str, heads: str,
     c = _make_case(MIXED, hq=hq, hkv=hkv, d=d, dtype=dtype, seed=len(heads) + len(features))
     scale = 0.7 * d**-0.5
     got = _ragged(c, layout, softmax_scale=scale, **FEATURES[features])
-    _check(got, _oracle(c, scale=scale, **FEATURES[features]), dtype)
+    _check(got, _oracle(c, scale=scale, **FEATURES[features]), dtype, kernel)
     assert not got[int(c.cu_q_lens[c.num_seqs]) :].any()  # padding rows
     assert not got[int(c.cu_q_lens[3]) : int(c.cu_q_lens[4])].any()  # queries without a cache
 
@@ -303,7 +306,7 @@ def test_window_of_zero_sees_only_itself(kernel: str) -> None:
     got = _ragged(c, "combined", softmax_scale=0.3, window_left=0)
     for row in range(4):
         pos = 3 + row  # the value of the query's own position, for both query heads
-        np.testing.assert_allclose(got[row], c.v[c.page_table[0, pos // 4], pos % 4][[0, 0]], atol=2e-5)
+        _check(got[row], c.v[c.page_table[0, pos // 4], pos % 4][[0, 0]], "float32", kernel)
 
 
 def test_heads_and_groups_padded_where_the_kernel_would_not_tile(kernel: str) -> None:
@@ -316,13 +319,13 @@ def test_heads_and_groups_padded_where_the_kernel_would_not_tile(kernel: str) ->
         assert (plan.num_kv_heads, plan.q_per_kv) == expect
         c = _make_case([(2, 5), (3, 8)], hq=hq, hkv=hkv, d=16, dtype=dtype, seed=3)
         for layout in ("separate", "combined"):
-            _check(_ragged(c, layout, softmax_scale=0.25), _oracle(c, scale=0.25), dtype)
+            _check(_ragged(c, layout, softmax_scale=0.25), _oracle(c, scale=0.25), dtype, kernel)
 
 
 def test_value_head_dim_differs(kernel: str) -> None:
     c = _make_case([(2, 6), (1, 3)], hq=4, hkv=2, d=40, dv=24, seed=4)
     got = _ragged(c, "separate", softmax_scale=0.2, logits_soft_cap=3.0)
-    _check(got, _oracle(c, scale=0.2, logits_soft_cap=3.0), "float32")
+    _check(got, _oracle(c, scale=0.2, logits_soft_cap=3.0), "float32", kernel)
 
 
 def test_several_query_and_kv_blocks(kernel: str) -> None:
@@ -330,7 +333,7 @@ def test_several_query_and_kv_blocks(kernel: str) -> None:
     # sequences straddle query blocks and every sequence spans several KV blocks.
     c = _make_case([(7, 11), (9, 9), (3, 14)], hq=4, hkv=1, d=32, page_size=3, pad_rows=2, seed=5)
     got = _ragged(c, "combined", softmax_scale=0.2, window_left=5, num_queries_per_block=8, num_kv_pages_per_block=1)
-    _check(got, _oracle(c, scale=0.2, window_left=5), "float32")
+    _check(got, _oracle(c, scale=0.2, window_left=5), "float32", kernel)
 
 
 @pytest.mark.parametrize("num_seqs", [0, 2])
@@ -342,7 +345,7 @@ def test_num_seqs_bounds_real_sequences(kernel: str, num_seqs: int) -> None:
         jnp.asarray(c.q, jnp.float32), caches["k_pages"], caches["v_pages"], jnp.asarray(c.page_table),
         jnp.asarray(c.kv_lens), jnp.asarray(c.cu_q_lens), jnp.int32(num_seqs),  # a scalar
     )
-    _check(np.asarray(out, np.float64), _oracle(c, scale=0.5), "float32")
+    _check(np.asarray(out, np.float64), _oracle(c, scale=0.5), "float32", kernel)
 
 
 def test_nothing_to_compute_gives_zeros_without_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -387,7 +390,7 @@ def test_paged_decode_matches_oracle(kernel: str, t: int, layout: str, dtype: st
     )
     assert out.shape == (b, t, hq, 32) and out.dtype == DTYPES[dtype]
     want = _oracle(c, scale=0.3, **FEATURES[features]).reshape(b, t, hq, 32)
-    _check(np.asarray(out.astype(jnp.float32), np.float64), want, dtype)
+    _check(np.asarray(out.astype(jnp.float32), np.float64), want, dtype, kernel)
     assert not np.asarray(out[1]).any()
 
 

@@ -21,25 +21,31 @@ read from its source and checked by lowering it for TPU from a CPU host:
   zero KV heads (with zero query heads, outputs dropped) are exact;
 * it processes ``8 * p`` combined heads (or all of them) per grid step with the matching
   query heads; when that query-head count is not itself fully tiled for q's packing it
-  silently falls back to all heads per step, the path behind upstream's own TODO
-  "(12, 2) does not work after libtpu-2025-07-21". Padding each group of query heads with
-  zero heads keeps every call on the tiled path, exactly;
+  silently falls back to all heads per step. Of the head counts upstream's tests list,
+  (12, 2) is the one that takes this fallback, and it is the one they report broken
+  ("(12, 2) does not work after libtpu-2025-07-21"). Padding each group of query heads
+  with zero heads keeps every call on the tiled path, exactly, at a little extra compute;
 * causal masking per sequence, bottom-right aligned (row i of a q_len-row sequence sits at
   ``kv_len - q_len + i``); ``sliding_window=w`` hides keys ``j <= pos - w``, i.e. the query
   sees itself and ``w - 1`` keys before it, so the contract's ``window_left`` is ``w - 1``
   (``w`` must be positive); ``soft_cap`` applies ``c * tanh(x / c)`` to the scaled logits,
   as the contract does, and must not be 0;
 * no attention sinks and no log-sum-exp output, so sinks cannot be added outside the
-  kernel: they are declined;
+  kernel (a dummy key carrying the sink logit would have to sit at position 0 of every
+  sequence, shifting the whole cache, and a window would hide it): they are declined;
 * its tuned block sizes come from a table keyed on the TPU generation that raises off TPU
   and on TPU v2/v3 (upstream tests skip below v4); the wrappers always pass their own
   block sizes (:func:`plan_ragged`), so that lookup never runs, and decline v2/v3;
-* TPU interpret mode cannot run it (jax 0.10.2 and 0.11.2): the kernel reshapes and
-  bitcasts VMEM refs, which the interpreter's ref accessor does not model
-  ("'ReshapeTransform' object has no attribute 'indices'"), and the older HLO interpreter
-  fails discharging its masked ``pltpu.store``. Interpret mode is declined for those
-  versions. CPU CI checks the wrappers by lowering the real kernel for TPU and by running
-  them over an emulation of the kernel's semantics (``tests/pallas/test_paged.py``).
+* TPU interpret mode cannot run it: the kernel reshapes (and, for bfloat16, bitcasts)
+  VMEM refs, which the interpreter's ref accessor does not model ("'ReshapeTransform'
+  object has no attribute 'indices'" on jax 0.10.2; the accessor is unchanged in 0.11.2),
+  and the older HLO interpreter (``interpret=True``) fails discharging the kernel's masked
+  ``pltpu.store`` on an integer-indexed ref. Interpret mode is declined up to
+  :data:`INTERPRET_BROKEN_THROUGH`. CPU CI checks the wrappers by lowering the real kernel
+  for TPU and by running them over an emulation of the kernel's semantics
+  (``tests/pallas/test_paged.py``);
+* page sizes: nothing in the kernel's source or its lowering constrains them; upstream
+  tests only 16, and whether Mosaic compiles every size on a TPU is unverified here.
 
 Dynamic hazards the wrappers fix up outside the kernel (see ``ragged.py``): rows past
 ``cu_q_lens[num_seqs]`` and rows that see no key are left as garbage (uninitialised VMEM
@@ -51,6 +57,7 @@ started DMA unawaited.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
 import math
 import re
@@ -77,8 +84,8 @@ Layout = Literal["separate", "combined"]
 LANES = 128
 SUPPORTED_DTYPES = ("float32", "bfloat16")
 _BITS = {"float32": 32, "bfloat16": 16}
-#: The newest jax checked whose TPU interpret mode cannot run the kernel (0.10.2 and 0.11.2
-#: were read and run); a newer jax is given the benefit of the doubt.
+#: The newest jax known not to run the kernel in TPU interpret mode (0.10.2 run, 0.11.2 read);
+#: a newer jax is given the benefit of the doubt (a test fails once it can).
 INTERPRET_BROKEN_THROUGH = (0, 11, 2)
 #: Upstream's untuned default for the query block (its table's fallback is (128 pages, 32)).
 DEFAULT_QUERIES_PER_BLOCK = 32
@@ -92,6 +99,7 @@ KV_BUFFER_BUDGET_BYTES = 8 * 2**20
 _KERNEL = "the Pallas TPU ragged paged attention kernel"
 
 
+@functools.cache
 def installed_jax_version() -> tuple[int, ...]:
     """The installed jax version as integers, read from package metadata (jax is not imported)."""
     return _parse_version(importlib.metadata.version("jax"))
