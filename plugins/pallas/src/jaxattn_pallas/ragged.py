@@ -5,11 +5,11 @@
 
 * KV cache: the combined layout ``(num_pages, page_size, 2 * Hkv, D)`` is the kernel's own
   and is passed as is when its head dim is a multiple of 128 and ``2 * Hkv`` tiles the
-  dtype's layout. The separate layout is interleaved into it, which is one copy of the
-  whole cache per call (every page, used or not; under ``jit`` XLA fuses the padding
-  below into that one copy). Head dims off a multiple of 128, or KV head counts that do
-  not tile, are zero-padded in the same copy, or in a copy of their own for the combined
-  layout. ``paged_rules.plan_ragged(...).cache_copy`` says which calls copy, and
+  dtype's layout. The separate layout is interleaved into it: a copy of the whole cache
+  (every page, used or not) on every call. Head dims off a multiple of 128 and KV head
+  counts that do not tile are zero-padded as part of that conversion, and for the
+  combined layout they make a whole-cache copy of their own.
+  ``paged_rules.plan_ragged(...).cache_copy`` says which calls copy, and
   ``ragged_reasons(allow_cache_copy=False)`` refuses them;
 * query heads: per KV head group, padded with zero heads where the kernel would otherwise
   leave its tiled path (q is small; the cache is not touched); dummy heads' outputs and
@@ -17,14 +17,14 @@
 * ``window_left = w`` (the query sees itself and w keys before it) is the kernel's
   ``sliding_window = w + 1``; ``logits_soft_cap`` is its ``soft_cap``; ``softmax_scale``
   its ``sm_scale``;
-* outside the kernel, without reading the cache: the page table is clamped into range
-  (the kernel DMAs entry 0 of a sequence for every page slot past its last one); a real
-  sequence with ``kv_len == 0`` is given length 1 (the kernel's prefetch chain would
-  otherwise hand the next sequence this one's pages) and ``num_seqs == 0`` becomes 1 (its
-  first prefetch is unconditional); rows past ``cu_q_lens[num_seqs]`` and rows that see
-  no key (``kv_len - q_len + i < 0`` under the caller's lengths) are set to zero, as the
-  kernel leaves them uninitialised or averages masked keys there. Query rows are padded
-  to a whole number of query blocks;
+* outside the kernel, without reading the cache: a real sequence with ``kv_len == 0`` is
+  given length 1 (the kernel's prefetch chain would otherwise hand the next sequence this
+  one's pages) and ``num_seqs == 0`` becomes 1 (its first prefetch is unconditional); the
+  page table is clamped into range, since such a sequence's entry 0 (which the kernel
+  reads for every page slot of a block past the sequence's last page) may be junk; rows
+  past ``cu_q_lens[num_seqs]`` and rows that see no key (``kv_len - q_len + i < 0`` under
+  the caller's lengths) are set to zero, as the kernel leaves them uninitialised or
+  averages masked keys there. Query rows are padded to a whole number of query blocks;
 * block sizes are chosen here (:func:`paged_rules.plan_ragged`) or given by the caller:
   the kernel's own tuned table raises off TPU and on TPU v2/v3.
 
