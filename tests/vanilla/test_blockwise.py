@@ -3,9 +3,12 @@ gradients (lse and dropout included) at lengths that are not multiples of the bl
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import jax
@@ -431,3 +434,17 @@ def test_dropout_gradients_use_the_forwards_keep_mask() -> None:
     other = BlockwiseAttention(jaxattn.AttentionMetadata(block_q=5, block_k=8, block_q_bwd=4))
     reasons = other.supports(q, k, v, dropout_prob=p, dropout_rng=key)
     assert any("keep-mask is drawn per tile" in r for r in reasons), reasons
+
+
+# -- the docs page ---------------------------------------------------------------------------
+def test_docs_example_runs_and_prints_what_it_says() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "blockwise.md").read_text()
+    code = "\n".join(body for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", page, re.S | re.M) if lang == "python")
+    promised = re.search(r"^print\(.*\)  # (.*)$", code, re.M)
+    assert promised is not None
+    # The example uses plain jax.jit: skip LLVM's expensive passes as quick_jit does.
+    env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.strip() == promised.group(1)
