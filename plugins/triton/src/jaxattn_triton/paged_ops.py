@@ -386,7 +386,9 @@ def _decode_vjp(
 ) -> tuple[Array, Array]:  # fmt: skip
     b, t, hq, _ = q.shape
     lengths = jnp.full((b,), k.shape[1], jnp.int32)
-    out, lse = _execute_all(pspec, ptiles, _dense_inputs(q, k, v, sinks, lengths), interpret)
+    q2, k2, v2, sinks2, table, lengths2, cu, ns = _dense_inputs(q, k, v, sinks, lengths)
+    # The kernels' argument order (launch_paged.attention), not _forward's.
+    out, lse = _execute_all(pspec, ptiles, [q2, k2, v2, table, lengths2, cu, ns, sinks2], interpret)
     return out.reshape(b, t, hq, v.shape[3]), jnp.transpose(lse.reshape(b, t, hq), (0, 2, 1))
 
 
