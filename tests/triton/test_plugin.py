@@ -85,7 +85,6 @@ def test_accepts_every_declared_feature_on_an_h100() -> None:
 @pytest.mark.parametrize(
     ("problem", "metadata", "expected"),
     [
-        (_problem(seq_q=1), AttentionMetadata(), "split-K"),
         (_problem(dropout_prob=0.1), AttentionMetadata(), "dropout"),
         (_problem(dtype="float32"), AttentionMetadata(), "float32"),
         (_problem(head_dim=320, head_dim_v=320), AttentionMetadata(), "320"),

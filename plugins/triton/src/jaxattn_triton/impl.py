@@ -21,6 +21,7 @@ __all__ = ["TritonFlashAttention"]
 FEATURES: frozenset[Feature] = frozenset(
     {
         Feature.CAUSAL,
+        Feature.DECODE,
         Feature.MASK,
         Feature.BIAS,
         Feature.GQA,
@@ -37,10 +38,6 @@ FEATURES: frozenset[Feature] = frozenset(
 
 #: Why the features it lacks are declined (added to the generic reason).
 WHY_NOT: dict[Feature, str] = {
-    Feature.DECODE: (
-        "flash_attn2 (Triton) has no split-K decode kernel: a single query row would occupy a "
-        "whole query tile and one program per head; use impl='cudnn' or 'sdpa' for T == 1"
-    ),
     Feature.DROPOUT: (
         "flash_attn2 (Triton) has no dropout (no in-kernel random generator tied to "
         "dropout_rng); impl='vanilla' runs it"
@@ -121,6 +118,17 @@ class TritonFlashAttention(AttentionImpl):
             sinks=features.get("softmax_aux") is not None,
         )  # fmt: skip
         tiles = tiles_for(spec, interpret=self.interpret, overrides=self._overrides())
+        if _split_k_decode(q, k, mask, bias, segments):
+            from jaxattn_triton.paged_ops import decode_with_flash_grad
+
+            # Split-K over the keys (one program per query head would leave the GPU idle);
+            # its gradient is the flash backward below, on this forward's output and lse.
+            out, lse = decode_with_flash_grad(
+                q, k, v, causal=causal, softmax_scale=features.get("softmax_scale"),
+                logits_soft_cap=features.get("logits_soft_cap"), window=features.get("sliding_window"),
+                sinks=features.get("softmax_aux"), flash_tiles=tiles, interpret=self.interpret,
+            )  # fmt: skip
+            return AttentionOutput(attention_outputs=out, attention_weights=None, softmax_lse=lse)
         out, lse = flash_attention(
             q, k, v, mask=mask, bias=bias, causal=causal,
             sliding_window=features.get("sliding_window"),
@@ -137,6 +145,12 @@ class TritonFlashAttention(AttentionImpl):
         md = self.metadata
         names = ("block_q", "block_k", "block_q_bwd", "block_k_bwd", "num_warps", "num_stages")
         return {n: v for n in names if (v := getattr(md, n)) is not None}
+
+
+def _split_k_decode(q: Any, k: Any, mask: Any, bias: Any, segments: bool) -> bool:
+    """T == 1 over more than one key, without a mask, bias or segment ids (which the
+    split-K decode kernel does not take; the flash kernels run those)."""
+    return int(q.shape[1]) == 1 and int(k.shape[1]) > 1 and mask is None and bias is None and not segments
 
 
 @functools.cache
