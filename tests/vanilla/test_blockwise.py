@@ -20,7 +20,7 @@ import jaxattn
 from jaxattn.testing import oracle
 from jaxattn.testing.cases import Case, Level
 from jaxattn.testing.conformance import ConformanceSuite
-from jaxattn.testing.quick_jit import quick_jit
+from jaxattn.testing.quick_jit import compiler_options_for_tests, quick_jit
 from jaxattn_vanilla.blockwise import blockwise_attention, default_block, plan_blocks
 from jaxattn_vanilla.blockwise_impl import BlockwiseAttention
 from jaxattn_vanilla.plugin import BLOCKWISE
@@ -164,7 +164,8 @@ def _fwd_bwd_bytes(name: str, t: int, md: jaxattn.AttentionMetadata, wrt: tuple[
         bias = a[3] if len(a) > 3 else None
         return impl(a[0], a[1], a[2], bias=bias, **features).attention_outputs.sum()
 
-    compiled = quick_jit(jax.grad(loss, argnums=wrt)).lower(*args).compile()
+    grad = jax.jit(jax.grad(loss, argnums=wrt), compiler_options=compiler_options_for_tests())
+    compiled = grad.lower(*args).compile()
     stats = compiled.memory_analysis()
     assert stats is not None
     return int(stats.temp_size_in_bytes) + (int(stats.output_size_in_bytes) if with_outputs else 0)
@@ -224,7 +225,7 @@ def test_gradients_at_lengths_that_are_not_block_multiples(t: int, s: int, block
     b, hq = 2, 4
     q, k, v = _qkv(b=b, t=t, s=s, hq=hq, hkv=2, d=8, dv=6)
     arrays = _every_feature(b, t, s, hq)
-    static = {"causal": True, "sliding_window": (11, 3), "logits_soft_cap": 3.0}
+    static: dict[str, Any] = {"causal": True, "sliding_window": (11, 3), "logits_soft_cap": 3.0}
     d_out = np.random.default_rng(2).normal(size=(b, t, hq, 6)).astype(np.float32)
     impl = BlockwiseAttention(jaxattn.AttentionMetadata(block_q=blocks[0], block_k=blocks[1]))
 

@@ -49,7 +49,6 @@ __all__ = [
     "blockwise_attention",
     "default_block",
     "plan_blocks",
-    "tiles_visited",
 ]
 
 Array = jax.Array
@@ -587,8 +586,9 @@ def blockwise_attention(
         if dropout_rng is None:
             raise ValueError("dropout_prob > 0 needs dropout_rng")
         rng = dropout_rng
-    fwd = (block_q or default_block(t, DEFAULT_BLOCK_Q), block_k or default_block(s, DEFAULT_BLOCK_K))
-    bwd = (block_q_bwd or fwd[0], block_k_bwd or fwd[1])
+    # Capped here as plan_blocks caps them, so that equal effective blocks compare equal.
+    fwd = (min(block_q or default_block(t, DEFAULT_BLOCK_Q), t), min(block_k or default_block(s, DEFAULT_BLOCK_K), s))
+    bwd = (min(block_q_bwd or fwd[0], t), min(block_k_bwd or fwd[1], s))
     if rng is not None and bwd != fwd:
         raise ValueError(f"with dropout the backward blocks {bwd} must equal the forward's {fwd}: "
                          "the keep-mask is drawn per tile")
@@ -610,11 +610,3 @@ def blockwise_attention(
     kv_seg = None if kv_segment_ids is None else jnp.asarray(kv_segment_ids)
     out, lse = _attend(st, q, k, v, bias_g, aux, mask_g, q_seg, kv_seg, rng)
     return BlockwiseResult(output=out, lse=lse)
-
-
-def tiles_visited(t: int, s: int, block_q: int, block_k: int, *, causal: bool = False,
-                  window: tuple[int, int] | None = None) -> tuple[int, int]:
-    """``(tiles computed, tiles of the full grid)`` for a problem: the compute the static
-    skipping of causal / window blocks saves."""
-    plan = plan_blocks(t, s, block_q, block_k, causal=causal, window=window)
-    return plan.tiles_visited, plan.num_q * plan.num_k
