@@ -81,6 +81,16 @@ def _paged_sweep(
     QK_SCALE: tl.constexpr = 1.0 * HAS_SOFTCAP + SM_SCALE * LOG2E * (1 - HAS_SOFTCAP)
     PAD_D: tl.constexpr = D != BLOCK_D
     PAD_DV: tl.constexpr = DV != BLOCK_DV
+    # Page-table entries are read one tile ahead (carried through the loop): K/V addresses
+    # then depend on no load of their own iteration, so Triton's pipeliner keeps
+    # num_stages - 1 K/V tiles in flight instead of spending a stage on the index load.
+    # Entries at or past ``hi`` (<= kv_len) are never followed; they may hold anything.
+    if not IDENTITY_PAGES:
+        if PAGE_PER_TILE:
+            page_next = tl.load(pt_row + lo // PAGE_SIZE, mask=lo < hi, other=0)
+        else:
+            offs_first = lo + tl.arange(0, BLOCK_N)
+            page_next = tl.load(pt_row + offs_first // PAGE_SIZE, mask=offs_first < hi, other=0)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -88,19 +98,15 @@ def _paged_sweep(
             # A dense cache seen as one page per sequence: no page-table read at all.
             k_rows = seq64 * stride_kp + offs_n.to(tl.int64) * stride_kt
             v_rows = seq64 * stride_vp + offs_n.to(tl.int64) * stride_vt
-        elif PAGE_PER_TILE:
-            # The tile lies in one page; its first token is < kv_len, so the entry is in use.
-            page = tl.load(pt_row + start_n // PAGE_SIZE).to(tl.int64)
-            in_page = offs_n % PAGE_SIZE
-            k_rows = page * stride_kp + in_page * stride_kt
-            v_rows = page * stride_vp + in_page * stride_vt
         else:
-            if EDGE:
-                # Entries past the last used page may hold anything: never follow them.
-                page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=offs_n < kv_len, other=0)
+            # One entry per tile when a tile never straddles pages, one per row otherwise.
+            page = page_next.to(tl.int64)
+            if PAGE_PER_TILE:
+                nxt = start_n + BLOCK_N
+                page_next = tl.load(pt_row + nxt // PAGE_SIZE, mask=nxt < hi, other=0)
             else:
-                page = tl.load(pt_row + offs_n // PAGE_SIZE)
-            page = page.to(tl.int64)
+                offs_nxt = offs_n + BLOCK_N
+                page_next = tl.load(pt_row + offs_nxt // PAGE_SIZE, mask=offs_nxt < hi, other=0)
             in_page = offs_n % PAGE_SIZE
             k_rows = page * stride_kp + in_page * stride_kt
             v_rows = page * stride_vp + in_page * stride_vt
