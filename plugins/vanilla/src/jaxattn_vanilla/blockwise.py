@@ -309,7 +309,7 @@ def _loop(plan_dense: bool, first: Array, count: Array, idx: Array, n_static: in
     """``fori_loop`` over a block range: static bounds when every block is visited, else the
     range looked up in the plan's table (a while loop; the custom VJP never differentiates it)."""
     if plan_dense:
-        return lax.fori_loop(0, n_static, lambda n, c: body(n, c), init)
+        return lax.fori_loop(0, n_static, body, init)
     start = first[idx]
     return lax.fori_loop(0, count[idx], lambda n, c: body(start + n, c), init)
 
