@@ -1,0 +1,759 @@
+"""GPU check of the Triton serving kernels: paged decode, ragged paged attention, dense decode.
+
+Run on a CUDA machine (H100/H200, jax-triton importable) from the repository root:
+
+    python3 benchmarks/triton_paged_check.py --json OUT.json          # --check --bench --ragged --sweep
+    python3 benchmarks/triton_paged_check.py --check --bench --json OUT.json
+    python3 benchmarks/triton_paged_check.py --smoke                  # CPU: tiny shapes, Triton interpreter
+    python3 benchmarks/triton_paged_check.py --compile                # CPU ok: sm_90 registers/smem per config
+
+``--check`` compares ``paged_decode``, ``ragged_paged`` and ``dense_decode`` with a float32
+jnp reference (gathered pages, masks, softmax with sinks) on GPU-sized shapes: ragged
+lengths, empty sequences, permuted and shared pages, both cache layouts, window, soft cap,
+sinks, several splits. ``--bench`` times paged decode (bf16, D=128, Hq=32, Hkv=8, page size
+16 and 64, batch 16 and 64, context 2k-64k where memory allows) back to back, with the bytes
+of K and V read per call, against cuDNN dense decode over the same tokens
+(``jax.nn.dot_product_attention(implementation="cudnn")``, T=1) and JAX's Pallas GPU
+``paged_attention`` in this process, and ``dense_decode`` on the dense cache. ``--ragged``
+times a mixed batch (prefill chunks + decode rows) against its two parts run separately.
+``--sweep`` times other tiles and split counts on a few decode shapes. Every measurement is
+in its own try/except: an error is printed and recorded, and the script goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+import os
+import re
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+SMOKE = "--smoke" in sys.argv
+if SMOKE:
+    # Before triton is imported anywhere: the kernels run in the interpreter on CPU.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "core" / "src"))
+sys.path.insert(0, str(ROOT / "plugins" / "triton" / "src"))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jaxattn_triton import launch_paged as LP  # noqa: E402
+from jaxattn_triton.paged_ops import dense_decode, paged_decode, ragged_paged  # noqa: E402
+
+RESULTS: dict[str, Any] = {}
+Array = jax.Array
+
+
+def log(*args: Any) -> None:
+    print(*args, flush=True)
+
+
+def record_error(section: str, name: str, err: BaseException) -> dict[str, Any]:
+    log(f"{section} {name}: ERROR {type(err).__name__}: {str(err)[:400]}")
+    traceback.print_exc()
+    return {"name": name, "error": f"{type(err).__name__}: {str(err)[:2000]}"}
+
+
+# -- setup ----------------------------------------------------------------------------------
+
+
+def dtype_under_test() -> Any:
+    # The interpreter multiplies bf16 bits as integers in tl.dot (triton 3.9); float32 there.
+    return jnp.float32 if SMOKE else jnp.bfloat16
+
+
+def peak_bandwidth() -> float | None:
+    """HBM bytes/s of the device, from its name (None when unknown)."""
+    kind = jax.devices()[0].device_kind
+    if "H200" in kind:
+        return 4.8e12
+    if "H100" in kind:
+        return 2.0e12 if "PCIe" in kind else 3.35e12
+    if "A100" in kind:
+        return 2.0e12
+    return None
+
+
+def memory_limit() -> int | None:
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:
+        return None
+    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
+
+def time_fn(fn: Callable[..., Any], *args: Any) -> float:
+    """Median seconds per call of ``fn`` (jitted), back-to-back calls as ``jaxattn bench`` times."""
+    from jaxattn_triton import bench_util
+
+    if SMOKE:
+        return bench_util.time_jax(fn, *args, reps=1, min_sample_ms=0.0, preroll_ms=0.0)
+    return bench_util.time_jax(fn, *args, reps=10)
+
+
+def filled(shape: tuple[int, ...], dtype: Any, seed: int) -> Array:
+    """Random values of ``shape`` without a full-size float32 temporary: one random block of at
+    most 2^24 elements, repeated along the first axis (values only matter for NaN-freedom here)."""
+    inner = math.prod(shape[1:])
+    chunk = max(1, min(shape[0], (1 << 24) // max(inner, 1)))
+    block = jax.random.normal(jax.random.PRNGKey(seed), (chunk, *shape[1:]), jnp.float32).astype(dtype)
+    reps = -(-shape[0] // chunk)
+
+    @jax.jit
+    def tile(b: Array) -> Array:
+        return jnp.tile(b, (reps,) + (1,) * (len(shape) - 1))[: shape[0]]
+
+    return tile(block)
+
+
+def free(*arrays: Any) -> None:
+    for a in arrays:
+        if isinstance(a, jax.Array):
+            with contextlib.suppress(Exception):
+                a.delete()
+
+
+# -- reference ------------------------------------------------------------------------------
+
+
+def reference(
+    q: Array, k_pages: Array, v_pages: Array, table: np.ndarray, kv_lens: np.ndarray, cu: np.ndarray,
+    num_seqs: int, *, scale: float, softcap: float | None = None, left: int | None = None,
+    sinks: Array | None = None,
+) -> Array:  # fmt: skip
+    """float32 ragged paged attention (token-major q, separate cache layout), one sequence at a time."""
+    n, hq, _ = q.shape
+    page_size, hkv, dv = k_pages.shape[1], k_pages.shape[2], v_pages.shape[3]
+    group = hq // hkv
+    out = jnp.zeros((n, hq, dv), jnp.float32)
+    for s in range(num_seqs):
+        length, q0, q1 = int(kv_lens[s]), int(cu[s]), int(cu[s + 1])
+        if q1 == q0:
+            continue
+        j = np.arange(max(length, 1))
+        pages = jnp.asarray(table[s, j // page_size])
+        k = jnp.repeat(k_pages[pages, j % page_size].astype(jnp.float32), group, axis=1)
+        v = jnp.repeat(v_pages[pages, j % page_size].astype(jnp.float32), group, axis=1)
+        qs = q[q0:q1].astype(jnp.float32)
+        x = jnp.einsum("thd,lhd->htl", qs, k) * scale
+        if softcap:
+            x = softcap * jnp.tanh(x / softcap)
+        pos = length - (q1 - q0) + np.arange(q1 - q0)
+        keep = (j[None, :] <= pos[:, None]) & (j[None, :] < length)
+        if left is not None:
+            keep &= j[None, :] >= pos[:, None] - left
+        x = jnp.where(jnp.asarray(keep)[None], x, -jnp.inf)
+        m = jnp.max(x, axis=-1, keepdims=True)
+        if sinks is not None:
+            m = jnp.maximum(m, sinks[:, None, None])
+        m = jnp.where(jnp.isfinite(m), m, 0.0)
+        p = jnp.exp(x - m)
+        den = jnp.sum(p, axis=-1, keepdims=True)
+        if sinks is not None:
+            den = den + jnp.exp(sinks[:, None, None] - m)
+        o = jnp.einsum("htl,lhd->thd", p / jnp.where(den == 0, 1.0, den), v)
+        out = out.at[q0:q1].set(jnp.where(jnp.asarray(keep.any(axis=1))[:, None, None], o, 0.0))
+    return out
+
+
+def rel_err(a: Any, b: Any) -> float:
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+# -- check ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckCase:
+    name: str
+    kind: str  # "decode", "ragged", "dense"
+    kv_lens: tuple[int, ...]
+    q_lens: tuple[int, ...] | None = None  # ragged
+    t: int = 1
+    hq: int = 32
+    hkv: int = 8
+    d: int = 128
+    page_size: int = 16
+    capacity: int = 4096
+    layout: str = LP.SEPARATE
+    shared: bool = False
+    softcap: float | None = None
+    left: int | None = None
+    sinks: bool = False
+    num_splits: int | None = None
+    dtype: str = "bfloat16"
+    pad_tokens: int = 0
+    causal: bool = True
+
+
+def check_cases() -> list[CheckCase]:
+    if SMOKE:
+        small = CheckCase("", "decode", (37, 0, 64), hq=4, hkv=2, d=16, page_size=8, capacity=64, dtype="float32")
+        rep = dataclasses.replace
+        return [
+            rep(small, name="decode gqa"),
+            rep(
+                small,
+                name="decode splits3 sinks combined",
+                kv_lens=(37, 5, 60),
+                num_splits=3,
+                sinks=True,
+                layout=LP.COMBINED,
+            ),
+            rep(
+                small,
+                name="ragged mixed window softcap",
+                kind="ragged",
+                kv_lens=(40, 9, 0, 17),
+                q_lens=(5, 1, 0, 3),
+                left=7,
+                softcap=2.0,
+                pad_tokens=2,
+                num_splits=2,
+            ),
+            rep(small, name="dense decode t2 lengths", kind="dense", kv_lens=(64, 20, 3), t=2),
+        ]
+    rng = np.random.default_rng(0)
+    lens8 = tuple(int(x) for x in rng.integers(1, 4096, 8))
+    return [
+        CheckCase("decode bf16 ragged lengths ps16", "decode", lens8),
+        CheckCase("decode bf16 one split", "decode", lens8, num_splits=1),
+        CheckCase("decode bf16 empty seqs, len 1, full", "decode", (0, 1, 4096, 17, 0, 4095, 16, 33), num_splits=4),
+        CheckCase("decode bf16 ps64 combined layout", "decode", lens8, page_size=64, layout=LP.COMBINED),
+        CheckCase("decode bf16 shared pages ps16", "decode", lens8, shared=True),
+        CheckCase("decode bf16 window+softcap+sinks", "decode", lens8, left=300, softcap=30.0, sinks=True),
+        CheckCase("decode bf16 T=4 speculative", "decode", lens8, t=4),
+        CheckCase("decode fp16 ps32 gqa8", "decode", lens8, hq=64, hkv=8, page_size=32, dtype="float16"),
+        CheckCase("decode bf16 mha ps16", "decode", lens8, hq=8, hkv=8),
+        CheckCase(
+            "ragged bf16 mixed prefill+decode",
+            "ragged",
+            (2048, 700, 4000, 1, 0, 3000, 129, 64),
+            q_lens=(300, 1, 1, 1, 0, 77, 1, 64),
+            pad_tokens=5,
+        ),
+        CheckCase(
+            "ragged bf16 combined window sinks splits4",
+            "ragged",
+            (2048, 700, 4000, 1, 9, 3000),
+            q_lens=(200, 1, 33, 1, 9, 1),
+            layout=LP.COMBINED,
+            left=256,
+            sinks=True,
+            num_splits=4,
+        ),
+        CheckCase("dense decode bf16 T=1 lengths", "dense", lens8, capacity=4096),
+        CheckCase("dense decode bf16 T=3 window", "dense", lens8, t=3, left=500, capacity=4096),
+        CheckCase("dense decode bf16 non-causal", "dense", lens8, capacity=4096, causal=False),
+    ]
+
+
+def _table(rng: np.random.Generator, seqs: int, pages_per_seq: int, shared: bool) -> np.ndarray:
+    num_pages = seqs * pages_per_seq
+    table = rng.permutation(num_pages).reshape(seqs, pages_per_seq)
+    if shared and seqs > 1:
+        table[1, : pages_per_seq // 2] = table[0, : pages_per_seq // 2]
+    return table.astype(np.int32)
+
+
+def run_check_case(c: CheckCase, seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    dt = jnp.dtype(c.dtype)
+    seqs = len(c.kv_lens)
+    q_lens = c.q_lens if c.q_lens is not None else (c.t,) * seqs
+    lens = np.array(c.kv_lens, np.int32)
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    n = int(cu[-1]) + c.pad_tokens
+    scale = c.d**-0.5
+    sinks = jnp.asarray(rng.standard_normal(c.hq), jnp.float32) if c.sinks else None
+    q_tok = jnp.asarray(rng.standard_normal((n, c.hq, c.d)), dt)
+    if c.kind == "dense":
+        k = jnp.asarray(rng.standard_normal((seqs, c.capacity, c.hkv, c.d)), dt)
+        v = jnp.asarray(rng.standard_normal((seqs, c.capacity, c.hkv, c.d)), dt)
+        q = q_tok.reshape(seqs, c.t, c.hq, c.d)
+        window = None if c.left is None else (c.left, 0)
+        t0 = time.perf_counter()
+        out = dense_decode(
+            q, k, v, jnp.asarray(lens), causal=c.causal, window=window, logits_soft_cap=c.softcap,
+            sinks=sinks, num_splits=c.num_splits, interpret=SMOKE,
+        )  # fmt: skip
+        got = np.asarray(jnp.asarray(out).reshape(n, c.hq, c.d), np.float32)
+        wall = time.perf_counter() - t0
+        table = np.arange(seqs, dtype=np.int32)[:, None]
+        # The dense cache is one page per sequence. Non-causal cases have T == 1 and no window:
+        # the single query sees its whole length, which is what the causal reference computes.
+        assert c.causal or (c.t == 1 and c.left is None)
+        want = reference(q_tok, k, v, table, lens, cu, seqs, scale=scale, softcap=c.softcap, left=c.left,
+                         sinks=sinks)  # fmt: skip
+    else:
+        pps = c.capacity // c.page_size
+        table = _table(rng, len(c.kv_lens), pps, c.shared)
+        num_pages = int(table.max()) + 1
+        k_pages = jnp.asarray(rng.standard_normal((num_pages, c.page_size, c.hkv, c.d)), dt)
+        v_pages = jnp.asarray(rng.standard_normal((num_pages, c.page_size, c.hkv, c.d)), dt)
+        if c.layout == LP.COMBINED:
+            kv = jnp.stack([k_pages, v_pages], axis=3).reshape(num_pages, c.page_size, 2 * c.hkv, c.d)
+            cache: dict[str, Any] = {"kv_pages": kv}
+            args: tuple[Any, Any] = (None, None)
+        else:
+            cache = {}
+            args = (k_pages, v_pages)
+        kw = dict(
+            logits_soft_cap=c.softcap, window_left=c.left, sinks=sinks, num_splits=c.num_splits,
+            interpret=SMOKE, **cache,
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        if c.kind == "decode":
+            q = q_tok.reshape(seqs, c.t, c.hq, c.d)
+            out = paged_decode(q, *args, jnp.asarray(table), jnp.asarray(lens), **kw)  # type: ignore[arg-type]
+        else:
+            out = ragged_paged(
+                q_tok, *args, jnp.asarray(table), jnp.asarray(lens), jnp.asarray(cu), jnp.asarray([seqs], jnp.int32),
+                **kw,  # type: ignore[arg-type]
+            )  # fmt: skip
+        got = np.asarray(jnp.asarray(out).reshape(n, c.hq, c.d), np.float32)
+        wall = time.perf_counter() - t0
+        want = reference(q_tok, k_pages, v_pages, table, lens, cu, seqs, scale=scale, softcap=c.softcap,
+                         left=c.left, sinks=sinks)  # fmt: skip
+    nan = bool(np.isnan(got).any())
+    err = rel_err(got, want) if want is not None else None
+    tol = 2e-2 if c.dtype == "bfloat16" else (2e-3 if c.dtype == "float16" else 1e-4)
+    # Rows without keys (empty sequences, padding) must be exact zeros.
+    empty_rows = [r for s in range(seqs) for r in range(cu[s], cu[s + 1]) if lens[s] == 0]
+    empty_rows += list(range(int(cu[-1]), n))
+    zeros_ok = bool(np.all(got[empty_rows] == 0.0)) if empty_rows else True
+    ok = not nan and zeros_ok and (err is None or err < tol)
+    return {"name": c.name, "ok": ok, "rel_err": err, "nan": nan, "zeros_ok": zeros_ok, "wall_s": wall}
+
+
+def check() -> None:
+    rows = []
+    for i, c in enumerate(check_cases()):
+        try:
+            row = run_check_case(c, i)
+            err = row["rel_err"]
+            shown = "n/a" if err is None else f"{err:.2e}"
+            log(f"check {c.name:44s} {'OK ' if row['ok'] else 'BAD'} rel_err={shown} nan={row['nan']} "
+                f"zero_rows_ok={row['zeros_ok']}")  # fmt: skip
+        except Exception as err:
+            row = record_error("check", c.name, err)
+        rows.append(row)
+    RESULTS["check"] = rows
+
+
+# -- decode bandwidth -------------------------------------------------------------------------
+
+HQ, HKV, D = (4, 2, 16) if SMOKE else (32, 8, 128)
+
+
+def decode_shapes() -> list[tuple[int, int, int]]:
+    """(page_size, batch, context) of the decode table."""
+    if SMOKE:
+        return [(8, 2, 64), (16, 3, 128)]
+    return [(ps, b, ctx) for ps in (16, 64) for b in (16, 64) for ctx in (2048, 8192, 32768, 65536)]
+
+
+def kv_bytes(batch: int, ctx: int, itemsize: int) -> int:
+    return batch * ctx * HKV * 2 * D * itemsize
+
+
+def paged_cache(batch: int, ctx: int, page_size: int, dt: Any, seed: int) -> tuple[Array, Array, Array]:
+    pps = ctx // page_size
+    num_pages = batch * pps
+    k = filled((num_pages, page_size, HKV, D), dt, seed)
+    v = filled((num_pages, page_size, HKV, D), dt, seed + 1)
+    rng = np.random.default_rng(seed)
+    table = jnp.asarray(rng.permutation(num_pages).reshape(batch, pps).astype(np.int32))
+    return k, v, table
+
+
+def pallas_paged(q: Array, k_hpages: Array, v_hpages: Array, table: Array, lens: Array, *, ks: int, ppcb: int) -> Array:
+    from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
+
+    # Pallas takes q pre-scaled (its kernel applies no softmax scale).
+    return paged_attention(
+        q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype), k_hpages, v_hpages, table, lens,
+        k_splits=ks, pages_per_compute_block=ppcb, interpret=SMOKE,
+    )  # fmt: skip
+
+
+def pallas_configs(pages_per_seq: int, page_size: int) -> list[tuple[int, int]]:
+    """(k_splits, pages_per_compute_block) candidates that divide the table as Pallas asserts."""
+    out = []
+    for ks in (16, 8, 32):
+        if pages_per_seq % ks:
+            continue
+        part = pages_per_seq // ks
+        for tokens in (64, 128):
+            ppcb = max(1, min(part, tokens // page_size))
+            while part % ppcb:
+                ppcb -= 1
+            if (ks, ppcb) not in out:
+                out.append((ks, ppcb))
+    return out[:3] or [(1, 1)]
+
+
+def timed(res: dict[str, Any], nbytes: int, peak: float | None, label: str, name: str,
+          fn: Callable[..., Any], *args: Any) -> None:  # fmt: skip
+    """Times ``fn(*args)`` into ``res[name]`` (us, GB/s of K and V, fraction of peak), or its error."""
+    try:
+        sec = time_fn(jax.jit(fn), *args)
+        res[name] = {"us": sec * 1e6, "GBps": nbytes / sec / 1e9}
+        if peak:
+            res[name]["frac_peak"] = nbytes / sec / peak
+    except Exception as err:
+        res[name] = record_error("bench", f"{name} {label}", err)
+
+
+def bench() -> None:
+    rows: list[dict[str, Any]] = []
+    dt = dtype_under_test()
+    itemsize = jnp.dtype(dt).itemsize
+    peak = peak_bandwidth()
+    limit = memory_limit()
+    for page_size, batch, ctx in decode_shapes():
+        res: dict[str, Any] = {"page_size": page_size, "batch": batch, "ctx": ctx}
+        nbytes = kv_bytes(batch, ctx, itemsize)
+        res["kv_bytes"] = nbytes
+        if limit is not None and nbytes > 0.7 * limit:
+            res["skipped"] = f"K+V {nbytes / 2**30:.1f} GiB > 70% of device memory"
+            log(f"bench ps={page_size} B={batch} ctx={ctx}: {res['skipped']}")
+            rows.append(res)
+            continue
+        rng = np.random.default_rng(batch * 7 + ctx)
+        q = jnp.asarray(rng.standard_normal((batch, 1, HQ, D)), dt)
+        lens = jnp.full((batch,), ctx, jnp.int32)
+
+        measure = functools.partial(timed, res, nbytes, peak, f"ps={page_size} B={batch} ctx={ctx}")
+
+        # Ours, paged (one cache at a time on the device: the largest is 16 GiB).
+        try:
+            k, v, table = paged_cache(batch, ctx, page_size, dt, 1)
+            spec_tiles = LP.default_tiles(
+                LP.PagedSpec(
+                    num_tokens=batch, max_seqs=batch, q_len=1, heads_q=HQ, heads_kv=HKV, head_dim=D, head_dim_v=D,
+                    dtype=jnp.dtype(dt).name, num_pages=int(k.shape[0]), page_size=page_size,
+                    pages_per_seq=ctx // page_size,
+                ),
+                _num_sms(),
+            )  # fmt: skip
+            res["tiles"] = dataclasses.asdict(spec_tiles)
+            measure("paged", lambda q, k, v, t, n: paged_decode(q, k, v, t, n, interpret=SMOKE), q, k, v, table, lens)
+            free(k, v)
+        except Exception as err:
+            res["paged"] = record_error("bench", "paged setup", err)
+        # Pallas GPU paged_attention: head-major pages (Hkv, P, page_size, D).
+        try:
+            pps = ctx // page_size
+            kh = filled((HKV, batch * pps, page_size, D), dt, 3)
+            vh = filled((HKV, batch * pps, page_size, D), dt, 4)
+            table = jnp.asarray(np.random.default_rng(5).permutation(batch * pps).reshape(batch, pps).astype(np.int32))
+            best: dict[str, Any] | None = None
+            for ks, ppcb in pallas_configs(pps, page_size):
+                name = f"pallas_ks{ks}_ppcb{ppcb}"
+                measure(
+                    name, lambda q, k, v, t, n, ks=ks, ppcb=ppcb: pallas_paged(q[:, 0], k, v, t, n, ks=ks, ppcb=ppcb),
+                    q, kh, vh, table, lens,
+                )  # fmt: skip
+                got = res.pop(name)
+                got["config"] = {"k_splits": ks, "pages_per_compute_block": ppcb}
+                if best is None or ("us" in got and got["us"] < best.get("us", math.inf)):
+                    best = got
+            res["pallas"] = best
+            free(kh, vh)
+        except Exception as err:
+            res["pallas"] = record_error("bench", "pallas setup", err)
+        # cuDNN dense decode and ours on the same dense cache.
+        try:
+            kd = filled((batch, ctx, HKV, D), dt, 6)
+            vd = filled((batch, ctx, HKV, D), dt, 7)
+
+            def cudnn(q: Array, k: Array, v: Array, n: Array) -> Array:
+                return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=n, implementation="cudnn")
+
+            def cudnn_full(q: Array, k: Array, v: Array, n: Array) -> Array:
+                del n
+                return jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
+
+            measure("cudnn", cudnn, q, kd, vd, lens)
+            if "error" in res["cudnn"]:
+                first = res["cudnn"]["error"]
+                measure("cudnn", cudnn_full, q, kd, vd, lens)
+                res["cudnn"]["note"] = f"without key_value_seq_lengths (with them: {first[:300]})"
+            measure(
+                "dense_decode",
+                lambda q, k, v, n: dense_decode(q, k, v, n, causal=True, interpret=SMOKE),
+                q, kd, vd, lens,
+            )  # fmt: skip
+            free(kd, vd)
+        except Exception as err:
+            res["cudnn"] = record_error("bench", "dense setup", err)
+        for other in ("cudnn", "pallas", "dense_decode"):
+            o, p = res.get(other) or {}, res.get("paged") or {}
+            if "us" in o and "us" in p:
+                res[f"speedup_vs_{other}"] = o["us"] / p["us"]
+        rows.append(res)
+        log(json.dumps(res))
+    RESULTS["bench"] = rows
+    log("\n  ps     B    ctx |  ours us   GB/s  %peak | cudnn us  ratio | pallas us  ratio | dense_decode us")
+    for r in rows:
+        if "skipped" in r:
+            log(f"{r['page_size']:4d} {r['batch']:5d} {r['ctx']:6d} | skipped: {r['skipped']}")
+            continue
+        p, c, pl_, dd = (r.get(x) or {} for x in ("paged", "cudnn", "pallas", "dense_decode"))
+
+        def cell(x: dict[str, Any], key: str = "us", width: int = 8) -> str:
+            return f"{x[key]:{width}.1f}" if key in x else f"{'err':>{width}s}"
+
+        frac = f"{100 * p['frac_peak']:5.1f}" if "frac_peak" in p else "  n/a"
+        ratio_c = f"{r['speedup_vs_cudnn']:6.2f}" if "speedup_vs_cudnn" in r else "   n/a"
+        ratio_p = f"{r['speedup_vs_pallas']:6.2f}" if "speedup_vs_pallas" in r else "   n/a"
+        log(
+            f"{r['page_size']:4d} {r['batch']:5d} {r['ctx']:6d} | {cell(p)} {cell(p, 'GBps', 6)} {frac} | "
+            f"{cell(c)} {ratio_c} | {cell(pl_, width=9)} {ratio_p} | {cell(dd)}"
+        )
+    log("(ratio = their time / ours: > 1 means ours is faster)")
+
+
+def _num_sms() -> int:
+    from jaxattn_triton.paged_ops import _num_sms as n
+
+    return n()
+
+
+# -- ragged mixed batch ---------------------------------------------------------------------
+
+
+def ragged() -> None:
+    rows = []
+    dt = dtype_under_test()
+    itemsize = jnp.dtype(dt).itemsize
+    if SMOKE:
+        setups = [(8, 2, 12, 48, 6, 96)]
+    else:
+        # (page size, prefill chunks, chunk length, context before the chunk, decode rows, decode context)
+        setups = [(16, 4, 512, 1536, 60, 8192), (64, 4, 512, 1536, 60, 8192), (16, 2, 1024, 0, 126, 4096)]
+    for ps, n_pre, chunk, pre_ctx, n_dec, dec_ctx in setups:
+        name = f"ps={ps} prefill {n_pre}x{chunk}@{pre_ctx} + decode {n_dec}@{dec_ctx}"
+        res: dict[str, Any] = {"name": name}
+        try:
+            cap = max(pre_ctx + chunk, dec_ctx)
+            cap = -(-cap // ps) * ps
+            seqs = n_pre + n_dec
+            q_lens = [chunk] * n_pre + [1] * n_dec
+            kv_lens = [pre_ctx + chunk] * n_pre + [dec_ctx] * n_dec
+            k, v, table = paged_cache(seqs, cap, ps, dt, 11)
+            rng = np.random.default_rng(3)
+            n_tok = sum(q_lens)
+            q = jnp.asarray(rng.standard_normal((n_tok, HQ, D)), dt)
+            cu = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
+            lens = jnp.asarray(kv_lens, jnp.int32)
+            ns = jnp.asarray([seqs], jnp.int32)
+
+            def run_ragged(q: Array, k: Array, v: Array, t: Array, n: Array, cu: Array, ns: Array) -> Array:
+                out = ragged_paged(q, k, v, t, n, cu, ns, interpret=SMOKE)
+                assert isinstance(out, jax.Array)
+                return out
+
+            mixed = time_fn(jax.jit(run_ragged), q, k, v, table, lens, cu, ns)
+            pre_tok = n_pre * chunk
+            prefill = time_fn(
+                jax.jit(run_ragged), q[:pre_tok], k, v, table[:n_pre], lens[:n_pre], cu[: n_pre + 1],
+                jnp.asarray([n_pre], jnp.int32),
+            )  # fmt: skip
+            qd = q[pre_tok:].reshape(n_dec, 1, HQ, D)
+            decode = time_fn(
+                jax.jit(lambda q, k, v, t, n: paged_decode(q, k, v, t, n, interpret=SMOKE)),
+                qd, k, v, table[n_pre:], lens[n_pre:],
+            )  # fmt: skip
+            decode_ragged = time_fn(
+                jax.jit(run_ragged), q[pre_tok:], k, v, table[n_pre:], lens[n_pre:],
+                jnp.arange(n_dec + 1, dtype=jnp.int32), jnp.asarray([n_dec], jnp.int32),
+            )  # fmt: skip
+            pre_flops = 4.0 * HQ * D * sum(chunk * pre_ctx + chunk * (chunk + 1) / 2 for _ in range(n_pre))
+            dec_bytes = n_dec * dec_ctx * HKV * 2 * D * itemsize
+            res.update(
+                mixed_us=mixed * 1e6, prefill_us=prefill * 1e6, decode_us=decode * 1e6,
+                decode_as_ragged_us=decode_ragged * 1e6, separate_sum_us=(prefill + decode) * 1e6,
+                mixed_over_separate=mixed / (prefill + decode), prefill_tflops=pre_flops / prefill / 1e12,
+                decode_GBps=dec_bytes / decode / 1e9,
+            )  # fmt: skip
+            free(k, v)
+            log(
+                f"ragged {name}: mixed {mixed * 1e6:.1f} us | prefill {prefill * 1e6:.1f} us "
+                f"({res['prefill_tflops']:.1f} TFLOP/s) + decode {decode * 1e6:.1f} us "
+                f"({res['decode_GBps']:.0f} GB/s; as ragged {decode_ragged * 1e6:.1f} us) = "
+                f"{(prefill + decode) * 1e6:.1f} us | mixed/separate {res['mixed_over_separate']:.2f}"
+            )
+        except Exception as err:
+            res.update(record_error("ragged", name, err))
+        rows.append(res)
+    RESULTS["ragged"] = rows
+
+
+# -- tile sweep -----------------------------------------------------------------------------
+
+SWEEP_TILES = [(32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 2), (128, 8, 3)]
+
+
+def sweep() -> None:
+    rows = []
+    dt = dtype_under_test()
+    itemsize = jnp.dtype(dt).itemsize
+    shapes = [(8, 2, 64)] if SMOKE else [(16, 16, 2048), (16, 16, 8192), (64, 64, 32768), (16, 64, 8192)]
+    tiles = SWEEP_TILES[:2] if SMOKE else SWEEP_TILES
+    for ps, batch, ctx in shapes:
+        try:
+            k, v, table = paged_cache(batch, ctx, ps, dt, 21)
+            q = jnp.asarray(np.random.default_rng(0).standard_normal((batch, 1, HQ, D)), dt)
+            lens = jnp.full((batch,), ctx, jnp.int32)
+            spec = LP.PagedSpec(
+                num_tokens=batch, max_seqs=batch, q_len=1, heads_q=HQ, heads_kv=HKV, head_dim=D, head_dim_v=D,
+                dtype=jnp.dtype(dt).name, num_pages=int(k.shape[0]), page_size=ps, pages_per_seq=ctx // ps,
+            )  # fmt: skip
+            base = LP.default_tiles(spec, _num_sms())
+        except Exception as err:
+            rows.append(record_error("sweep", f"setup ps={ps} B={batch} ctx={ctx}", err))
+            continue
+        splits_options = sorted({1, max(1, base.num_splits // 2), base.num_splits, base.num_splits * 2})
+        nbytes = kv_bytes(batch, ctx, itemsize)
+        for bn, warps, stages in tiles:
+            for splits in splits_options:
+                t = dataclasses.replace(base, block_n=bn, num_warps=warps, num_stages=stages, num_splits=splits)
+                label = f"ps={ps} B={batch} ctx={ctx} bn={bn} w={warps} st={stages} splits={splits}"
+                try:
+                    sec = time_fn(
+                        jax.jit(lambda q, k, v, tb, n, t=t: paged_decode(q, k, v, tb, n, tiles=t, interpret=SMOKE)),
+                        q, k, v, table, lens,
+                    )  # fmt: skip
+                    row = {"name": label, "tiles": dataclasses.asdict(t), "us": sec * 1e6, "GBps": nbytes / sec / 1e9}
+                    log(f"sweep {label}: {sec * 1e6:.1f} us {nbytes / sec / 1e9:.0f} GB/s"
+                        + ("  (default)" if t == base else ""))  # fmt: skip
+                except Exception as err:
+                    row = record_error("sweep", label, err)
+                rows.append(row)
+        free(k, v)
+    RESULTS["sweep"] = rows
+
+
+# -- sm_90 compile check (no GPU needed) --------------------------------------------------------
+
+
+def compile_check() -> None:
+    """Compile the decode and ragged launches for sm_90 as jax_triton would; report resources."""
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    rows = []
+
+    def compile_one(lz: Any, types: list[str]) -> dict[str, Any]:
+        fn = lz.kernel
+        it = iter(types)
+        signature, attrs = {}, {}
+        for i, name in enumerate(fn.arg_names):
+            if name in lz.constexprs:
+                signature[name] = "constexpr"
+            else:
+                signature[name] = next(it)
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        src = ASTSource(fn, signature, constexprs=dict(lz.constexprs), attrs=attrs)
+        compiled = triton.compile(
+            src, target=GPUTarget("cuda", 90, 32), options={"num_warps": lz.num_warps, "num_stages": lz.num_stages}
+        )
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(compiled.asm["cubin"])
+            f.flush()
+            usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+        buffers = sorted(set(re.findall(r"memdesc<(\d+)x\d+x\d+x(?:bf16|f16|f32)", compiled.asm["ttgir"])))
+        return {
+            "reg": int(m.group(1)) if m else None, "stack": int(m.group(2)) if m else None,
+            "smem": compiled.metadata.shared, "kv_buffers": buffers,
+        }  # fmt: skip
+
+    for ps, q_len, bn, warps, stages, splits in [
+        (16, 1, 64, 4, 3, 1), (16, 1, 64, 4, 3, 4), (64, 1, 64, 4, 3, 4), (64, 1, 128, 4, 3, 4),
+        (16, 1, 32, 4, 3, 4), (16, 4, 64, 4, 3, 2), (16, None, 64, 4, 3, 1), (64, None, 64, 4, 3, 2),
+    ]:  # fmt: skip
+        label = f"ps={ps} q_len={q_len} bn={bn} w={warps} st={stages} splits={splits}"
+        try:
+            spec = LP.PagedSpec(
+                num_tokens=64 * (q_len or 16), max_seqs=64, q_len=q_len, heads_q=32, heads_kv=8, head_dim=128,
+                head_dim_v=128, dtype="bfloat16", num_pages=64 * 8192 // ps, page_size=ps, pages_per_seq=8192 // ps,
+                softmax_scale=128**-0.5,
+            )  # fmt: skip
+            t = dataclasses.replace(
+                LP.default_tiles(spec, num_splits=splits), block_n=bn, num_warps=warps, num_stages=stages
+            )
+            outs = ["*bf16", "*fp32", "*fp32"] if splits == 1 else ["*fp32"] * 3
+            row = {"name": label, **compile_one(LP.attention(spec, t), ["*bf16"] * 3 + ["*i32"] * 4 + ["*fp32"] + outs)}
+            if splits > 1:
+                row["combine"] = compile_one(LP.combine(spec, t), ["*fp32"] * 4 + ["*bf16", "*fp32"])
+            log(f"compile {label}: {row}")
+        except Exception as err:
+            row = record_error("compile", label, err)
+        rows.append(row)
+    RESULTS["compile"] = rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--ragged", action="store_true")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="sm_90 compile check (no GPU needed)")
+    ap.add_argument("--smoke", action="store_true", help="CPU: tiny shapes in the Triton interpreter")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    if not (args.check or args.bench or args.ragged or args.sweep or args.compile):
+        args.check = args.bench = args.ragged = args.sweep = True
+    RESULTS["device"] = str(jax.devices()[0])
+    RESULTS["device_kind"] = jax.devices()[0].device_kind
+    RESULTS["versions"] = {"jax": jax.__version__, "python": sys.version.split()[0]}
+    for mod in ("triton", "jax_triton", "jaxlib"):
+        try:
+            RESULTS["versions"][mod] = __import__(mod).__version__
+        except Exception as err:
+            RESULTS["versions"][mod] = repr(err)
+    RESULTS["smoke"] = SMOKE
+    log(f"device {RESULTS['device_kind']} ({RESULTS['device']}), versions {RESULTS['versions']}, smoke={SMOKE}")
+    t0 = time.perf_counter()
+    for flag, fn in (("compile", compile_check), ("check", check), ("bench", bench), ("ragged", ragged),
+                     ("sweep", sweep)):  # fmt: skip
+        if getattr(args, flag):
+            try:
+                fn()
+            except Exception as err:
+                RESULTS[flag + "_error"] = record_error(flag, "section", err)
+            if args.json:  # written after each section: a later crash keeps what was measured
+                args.json.write_text(json.dumps(RESULTS, indent=1, default=str))
+    RESULTS["wall_s"] = time.perf_counter() - t0
+    if args.json:
+        args.json.write_text(json.dumps(RESULTS, indent=1, default=str))
+        log(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
