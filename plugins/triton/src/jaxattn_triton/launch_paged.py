@@ -239,6 +239,7 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         "D": spec.head_dim,
         "DV": dv,
         "PAGE_SIZE": spec.page_size,
+        "NUM_PAGES": spec.num_pages,
         "IDENTITY_PAGES": identity,
         "PAGE_PER_TILE": spec.page_size % tiles.block_n == 0,
         "SM_SCALE": float(spec.softmax_scale),

@@ -69,6 +69,7 @@ def _paged_sweep(
     HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    NUM_PAGES: tl.constexpr,
     IDENTITY_PAGES: tl.constexpr,
     PAGE_PER_TILE: tl.constexpr,
     D: tl.constexpr,
@@ -100,7 +101,8 @@ def _paged_sweep(
             v_rows = seq64 * stride_vp + offs_n.to(tl.int64) * stride_vt
         else:
             # One entry per tile when a tile never straddles pages, one per row otherwise.
-            page = page_next.to(tl.int64)
+            # Clamped: a corrupt entry reads a wrong page, never memory outside the cache.
+            page = tl.minimum(tl.maximum(page_next, 0), NUM_PAGES - 1).to(tl.int64)
             if PAGE_PER_TILE:
                 nxt = start_n + BLOCK_N
                 page_next = tl.load(pt_row + nxt // PAGE_SIZE, mask=nxt < hi, other=0)
@@ -194,6 +196,7 @@ def paged_attn_kernel(
     D: tl.constexpr,
     DV: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    NUM_PAGES: tl.constexpr,
     IDENTITY_PAGES: tl.constexpr,
     PAGE_PER_TILE: tl.constexpr,
     SM_SCALE: tl.constexpr,
@@ -313,19 +316,19 @@ def paged_attn_kernel(
         acc, l_i, m_i, q, pos, kv_len, a, f0, k_base, v_base, pt_row, seq64,
         stride_kp, stride_kt, stride_vp, stride_vt, offs_d, offs_dv,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-        PAGE_SIZE, IDENTITY_PAGES, PAGE_PER_TILE, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+        PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _paged_sweep(
         acc, l_i, m_i, q, pos, kv_len, f0, f1, k_base, v_base, pt_row, seq64,
         stride_kp, stride_kt, stride_vp, stride_vt, offs_d, offs_dv,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-        PAGE_SIZE, IDENTITY_PAGES, PAGE_PER_TILE, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+        PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _paged_sweep(
         acc, l_i, m_i, q, pos, kv_len, f1, b, k_base, v_base, pt_row, seq64,
         stride_kp, stride_kt, stride_vp, stride_vt, offs_d, offs_dv,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-        PAGE_SIZE, IDENTITY_PAGES, PAGE_PER_TILE, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+        PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
 
     rows = token * HQ + head
