@@ -117,7 +117,8 @@ def filled(shape: tuple[int, ...], dtype: Any, seed: int) -> Array:
     def tile(b: Array) -> Array:
         return jnp.tile(b, (reps,) + (1,) * (len(shape) - 1))[: shape[0]]
 
-    return tile(block)
+    out: Array = tile(block)
+    return out
 
 
 def free(*arrays: Any) -> None:
@@ -170,10 +171,10 @@ def reference(
     return out
 
 
-def rel_err(a: Any, b: Any) -> float:
-    a = np.asarray(a, np.float64)
-    b = np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+def rel_err(got: Any, want: Any) -> float:
+    a: np.ndarray = np.asarray(got, np.float64)
+    b: np.ndarray = np.asarray(want, np.float64)
+    return float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), 1e-30))
 
 
 # -- check ----------------------------------------------------------------------------------
@@ -321,11 +322,11 @@ def run_check_case(c: CheckCase, seed: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         if c.kind == "decode":
             q = q_tok.reshape(seqs, c.t, c.hq, c.d)
-            out = paged_decode(q, *args, jnp.asarray(table), jnp.asarray(lens), **kw)  # type: ignore[arg-type]
+            out = paged_decode(q, *args, jnp.asarray(table), jnp.asarray(lens), **kw)
         else:
             out = ragged_paged(
                 q_tok, *args, jnp.asarray(table), jnp.asarray(lens), jnp.asarray(cu), jnp.asarray([seqs], jnp.int32),
-                **kw,  # type: ignore[arg-type]
+                **kw,
             )  # fmt: skip
         got = np.asarray(jnp.asarray(out).reshape(n, c.hq, c.d), np.float32)
         wall = time.perf_counter() - t0
@@ -387,10 +388,11 @@ def pallas_paged(q: Array, k_hpages: Array, v_hpages: Array, table: Array, lens:
     from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
 
     # Pallas takes q pre-scaled (its kernel applies no softmax scale).
-    return paged_attention(
+    out: Array = paged_attention(
         q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype), k_hpages, v_hpages, table, lens,
         k_splits=ks, pages_per_compute_block=ppcb, interpret=SMOKE,
     )  # fmt: skip
+    return out
 
 
 def pallas_configs(pages_per_seq: int, page_size: int) -> list[tuple[int, int]]:

@@ -29,7 +29,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:divide by zero encountered in log2:RuntimeWarning"),
 ]
 
-TOL = {"atol": 2e-5, "rtol": 2e-5}
+TOL = 2e-5
 
 
 def _ref(p: Paged, x: dict[str, Any], **kw: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -56,9 +56,9 @@ def test_paged_decode_separate_layout_under_jit() -> None:
     out, lse = run(q, _f32(x["k_pages"]), _f32(x["v_pages"]), x["page_table"], x["kv_lengths"], _f32(x["sinks"]))
     want, want_lse = _ref(p, x)
     assert out.shape == (n, 2, 4, p.d) and out.dtype == jnp.float32
-    np.testing.assert_allclose(np.asarray(out).reshape(-1, 4, p.d), want, **TOL)
+    np.testing.assert_allclose(np.asarray(out).reshape(-1, 4, p.d), want, atol=TOL, rtol=TOL)
     assert lse.shape == (n, 4, 2)
-    np.testing.assert_allclose(np.asarray(lse).transpose(0, 2, 1).reshape(-1, 4), want_lse, **TOL)
+    np.testing.assert_allclose(np.asarray(lse).transpose(0, 2, 1).reshape(-1, 4), want_lse, atol=TOL, rtol=TOL)
 
 
 def test_paged_decode_combined_layout_window_soft_cap() -> None:
@@ -72,7 +72,7 @@ def test_paged_decode_combined_layout_window_soft_cap() -> None:
     )  # fmt: skip
     want, _ = _ref(p, x, softcap=1.5, left=10)
     assert isinstance(out, jax.Array)
-    np.testing.assert_allclose(np.asarray(out).reshape(-1, 4, p.d), want, **TOL)
+    np.testing.assert_allclose(np.asarray(out).reshape(-1, 4, p.d), want, atol=TOL, rtol=TOL)
 
 
 @pytest.mark.parametrize("num_seqs_as_scalar", [False, True])
@@ -90,8 +90,8 @@ def test_ragged_paged_padding_rows_are_zero(num_seqs_as_scalar: bool) -> None:
 
     out, lse = run(_f32(x["q"]), _f32(x["k_pages"]), _f32(x["v_pages"]))
     want, want_lse = _ref(p, x)
-    np.testing.assert_allclose(np.asarray(out), want, **TOL)
-    np.testing.assert_allclose(np.asarray(lse), want_lse, **TOL)
+    np.testing.assert_allclose(np.asarray(out), want, atol=TOL, rtol=TOL)
+    np.testing.assert_allclose(np.asarray(lse), want_lse, atol=TOL, rtol=TOL)
     assert np.all(np.asarray(out)[-3:] == 0.0)
 
 
@@ -130,8 +130,8 @@ def test_dense_decode_with_lengths(causal: bool, window: Any, t: int) -> None:
     if causal:
         right = 0 if right is None else min(right, 0)
     want, want_lse = _dense_reference(q, k, v, lens, left=left, right=right, sinks=sinks)
-    np.testing.assert_allclose(np.asarray(out), want, **TOL)
-    np.testing.assert_allclose(np.asarray(lse), want_lse, **TOL)
+    np.testing.assert_allclose(np.asarray(out), want, atol=TOL, rtol=TOL)
+    np.testing.assert_allclose(np.asarray(lse), want_lse, atol=TOL, rtol=TOL)
 
 
 def test_dense_decode_full_cache_matches_oracle() -> None:
@@ -141,7 +141,7 @@ def test_dense_decode_full_cache_matches_oracle() -> None:
     v = rng.standard_normal((2, 37, 1, 16))
     out = dense_decode(_f32(q), _f32(k), _f32(v), causal=True, logits_soft_cap=2.0, interpret=True)
     want = oracle.attention(q, k, v, causal=True, logits_soft_cap=2.0).output
-    np.testing.assert_allclose(np.asarray(out), want, **TOL)
+    np.testing.assert_allclose(np.asarray(out), want, atol=TOL, rtol=TOL)
 
 
 def test_forward_only() -> None:
@@ -225,7 +225,7 @@ def test_flash_attn2_decode_runs_dense_decode_and_differentiates(
 
     (_, res), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(_f32(q), _f32(k), _f32(v))
     assert calls, "flash_attn2 did not take the decode path"
-    okw = {n: features[n] for n in ("causal", "sliding_window", "logits_soft_cap") if n in features}
+    okw: dict[str, Any] = {n: features[n] for n in ("causal", "sliding_window", "logits_soft_cap") if n in features}
     if sinks is not None:
         okw["softmax_aux"] = sinks
     ref = oracle.attention(q, k, v, **okw)

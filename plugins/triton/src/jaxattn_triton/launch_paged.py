@@ -312,14 +312,14 @@ def run(
     spec: PagedSpec,
     tiles: PagedTiles,
     inputs: Sequence[ArrayT],
-    execute: Callable[[Launch, Sequence[ArrayT]], Sequence[ArrayT]],
+    execute: Callable[[Launch, list[ArrayT]], Sequence[ArrayT]],
 ) -> tuple[ArrayT, ArrayT]:
     """``(out (N, Hq, Dv), lse (N, Hq))`` of one call, launching through ``execute``.
 
     ``inputs`` are the eight kernel inputs of :func:`attention`; ``execute(launch, inputs)``
     returns the launch's outputs (jax_triton, the interpreter, or torch).
     """
-    first = execute(attention(spec, tiles), inputs)
+    first = execute(attention(spec, tiles), list(inputs))
     if tiles.num_splits == 1:
         return first[0], first[1]
     out, lse = execute(combine(spec, tiles), [first[0], first[1], first[2], inputs[7]])
