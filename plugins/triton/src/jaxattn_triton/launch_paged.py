@@ -285,8 +285,9 @@ def combine(spec: PagedSpec, tiles: PagedTiles) -> Launch:
 
     n, hq, dv = spec.num_tokens, spec.heads_q, spec.head_dim_v
     block_dv = block_dim(dv)
-    # About 4k float32 accumulators per program (32 per thread with 4 warps).
-    block_h = min(_pow2_at_least(hq), max(1, 4096 // block_dv))
+    # About 1k float32 accumulators per program: a decode batch of 16 sequences still makes
+    # dozens of programs, so the merge is one short wave rather than a few long programs.
+    block_h = min(_pow2_at_least(hq), max(1, 1024 // block_dv))
     return Launch(
         kernel=paged_combine_kernel,
         grid=(n, _cdiv(hq, block_h), 1),
