@@ -17,7 +17,9 @@ of K and V read per call, against cuDNN dense decode over the same tokens
 ``paged_attention`` in this process, and ``dense_decode`` on the dense cache. ``--ragged``
 times a mixed batch (prefill chunks + decode rows) against its two parts run separately.
 ``--sweep`` times other tiles and split counts on a few decode shapes. Every measurement is
-in its own try/except: an error is printed and recorded, and the script goes on.
+in its own try/except: an error is printed and recorded, and the script goes on; after
+``--deadline-s`` seconds (default 540) the remaining measurements are skipped, and the JSON
+is rewritten after every section, so a run under a 10-minute limit keeps what it measured.
 """
 
 from __future__ import annotations
@@ -56,6 +58,17 @@ from jaxattn_triton.paged_ops import dense_decode, paged_decode, ragged_paged  #
 
 RESULTS: dict[str, Any] = {}
 Array = jax.Array
+# time.monotonic() after which measurements are skipped (--deadline-s): the run ends, with its
+# JSON written, inside a per-command time limit.
+DEADLINE = math.inf
+
+
+def out_of_time(section: str, name: str) -> dict[str, Any] | None:
+    """A "skipped" record once the deadline has passed, else None."""
+    if time.monotonic() < DEADLINE:
+        return None
+    log(f"{section} {name}: skipped (--deadline-s reached)")
+    return {"name": name, "skipped": "deadline"}
 
 
 def log(*args: Any) -> None:
@@ -346,6 +359,10 @@ def run_check_case(c: CheckCase, seed: int) -> dict[str, Any]:
 def check() -> None:
     rows = []
     for i, c in enumerate(check_cases()):
+        late = out_of_time("check", c.name)
+        if late:
+            rows.append(late)
+            continue
         try:
             row = run_check_case(c, i)
             err = row["rel_err"]
@@ -431,6 +448,9 @@ def bench() -> None:
     limit = memory_limit()
     for page_size, batch, ctx in decode_shapes():
         res: dict[str, Any] = {"page_size": page_size, "batch": batch, "ctx": ctx}
+        if out_of_time("bench", f"ps={page_size} B={batch} ctx={ctx}"):
+            rows.append({**res, "skipped": "deadline"})
+            continue
         nbytes = kv_bytes(batch, ctx, itemsize)
         res["kv_bytes"] = nbytes
         if limit is not None and nbytes > 0.7 * limit:
@@ -554,6 +574,10 @@ def ragged() -> None:
     for ps, n_pre, chunk, pre_ctx, n_dec, dec_ctx in setups:
         name = f"ps={ps} prefill {n_pre}x{chunk}@{pre_ctx} + decode {n_dec}@{dec_ctx}"
         res: dict[str, Any] = {"name": name}
+        late = out_of_time("ragged", name)
+        if late:
+            rows.append(late)
+            continue
         try:
             cap = max(pre_ctx + chunk, dec_ctx)
             cap = -(-cap // ps) * ps
@@ -618,7 +642,7 @@ def sweep() -> None:
     rows = []
     dt = dtype_under_test()
     itemsize = jnp.dtype(dt).itemsize
-    shapes = [(8, 2, 64)] if SMOKE else [(16, 16, 2048), (16, 16, 8192), (64, 64, 32768), (16, 64, 8192)]
+    shapes = [(8, 2, 64)] if SMOKE else [(16, 16, 2048), (16, 64, 8192), (64, 64, 32768)]
     tiles = SWEEP_TILES[:2] if SMOKE else SWEEP_TILES
     for ps, batch, ctx in shapes:
         try:
@@ -639,6 +663,10 @@ def sweep() -> None:
             for splits in splits_options:
                 t = dataclasses.replace(base, block_n=bn, num_warps=warps, num_stages=stages, num_splits=splits)
                 label = f"ps={ps} B={batch} ctx={ctx} bn={bn} w={warps} st={stages} splits={splits}"
+                late = out_of_time("sweep", label)
+                if late:
+                    rows.append(late)
+                    continue
                 try:
                     sec = time_fn(
                         jax.jit(lambda q, k, v, tb, n, t=t: paged_decode(q, k, v, tb, n, tiles=t, interpret=SMOKE)),
@@ -728,7 +756,13 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="sm_90 compile check (no GPU needed)")
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny shapes in the Triton interpreter")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--deadline-s", type=float, default=540.0,
+        help="skip the remaining measurements after this many seconds (default 540; 0: no limit)",
+    )  # fmt: skip
     args = ap.parse_args()
+    global DEADLINE
+    DEADLINE = time.monotonic() + args.deadline_s if args.deadline_s > 0 else math.inf
     if not (args.check or args.bench or args.ragged or args.sweep or args.compile):
         args.check = args.bench = args.ragged = args.sweep = True
     RESULTS["device"] = str(jax.devices()[0])
