@@ -13,11 +13,11 @@ import pytest
 import jaxattn
 from jaxattn import AttentionImpl, AttentionOutput, Feature
 from jaxattn.bench import BenchConfig, BenchShape, default_matrix, quick_matrix, run_bench
+from jaxattn.bench.record import problem_of
 from jaxattn.bench.report import auto_gaps, summary_lines, table
 from jaxattn.cli._output import Printer
 from jaxattn.plugins import isolated_registry
 from jaxattn.tuning import TuningCache
-from jaxattn.tuning.measure import problem_of
 
 
 class Plain(AttentionImpl):

@@ -12,7 +12,9 @@ from jax.sharding import PartitionSpec as P
 
 import jaxattn
 from jaxattn.errors import InvalidInputError
-from jaxattn.sharding.axes import axis_tuple, kv_head_repeat, mesh_axes, sequence_reasons
+from jaxattn.impl import sequence_reasons
+from jaxattn.metadata import axis_tuple
+from jaxattn.sharding.axes import kv_head_repeat, mesh_axes
 from jaxattn.sharding.specs import AttentionSpecs
 
 

@@ -46,10 +46,14 @@ def test_declined_features_say_why(features: dict[str, Any], expected: str) -> N
 
 
 def test_the_block_kernel_is_the_best_impl_here_that_returns_its_lse() -> None:
-    # On a CPU: vanilla (sdpa's jax.nn path has no lse).
+    # On a CPU: blockwise (priority 10, returns a differentiable lse); sdpa's jax.nn path has no
+    # lse, vanilla ranks below blockwise.
     ring = jaxattn.get_impl("ring", ring_of_one())
     assert isinstance(ring, RingAttention)
-    assert ring.block_kernel(Q, Q, Q, causal=True).name() == "vanilla"
+    assert ring.block_kernel(Q, Q, Q, causal=True).name() == "blockwise"
+    pinned = jaxattn.get_impl("ring", ring_of_one(ring_block_impl="vanilla"))
+    assert isinstance(pinned, RingAttention)
+    assert pinned.block_kernel(Q, Q, Q, causal=True).name() == "vanilla"
 
 
 def test_a_block_kernel_without_lse_is_declined() -> None:

@@ -15,6 +15,7 @@ import pytest
 
 import jaxattn
 import jaxattn.impl
+from jaxattn.compose import COMPOSED
 from jaxattn.device import DeviceInfo
 from jaxattn.errors import UnsupportedError
 from jaxattn.testing import oracle
@@ -61,7 +62,7 @@ def test_fallback_to_vanilla_is_visible_and_exact(
     t: int, d: int, why: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The core logs each hand-off once per process; other tests may have had this one.
-    monkeypatch.setattr(jaxattn.impl, "_logged_fallbacks", set())
+    monkeypatch.setattr(COMPOSED, "_logged", set())
     q, k, v = _inputs(t, 11, d)
     args = [jnp.asarray(a, jnp.float32) for a in (q, k, v)]
     explained = str(jaxattn.explain(*args, impl="splash", causal=True, metadata=INTERPRET))

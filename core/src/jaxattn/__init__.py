@@ -24,13 +24,13 @@ _EXPORTS: dict[str, str] = {
     "detect_device": "device",
     "tpu_version_check": "device",
     "hookimpl": "hookspecs",
-    "get_impl": "lookup",
+    "get_impl": "api",
     "list_impls": "lookup",
     "register_impl": "lookup",
     "register_plugin": "plugins",
     "list_plugins": "plugins",
     "PluginRecord": "plugins",
-    "attention": "dispatch",
+    "attention": "api",
     "explain": "dispatch",
     "Explanation": "dispatch",
     "use_impl": "dispatch",
@@ -89,13 +89,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from .api import attention, get_impl
     from .capabilities import Feature
     from .device import DeviceInfo, detect_device, tpu_version_check
-    from .dispatch import Explanation, attention, explain, get_optimal_config, use_impl
+    from .dispatch import Explanation, explain, get_optimal_config, use_impl
     from .errors import ImplNotFoundError, InvalidInputError, JaxattnError, PluginError, UnsupportedError
     from .hookspecs import hookimpl
     from .impl import AttentionImpl
-    from .lookup import get_impl, list_impls, register_impl
+    from .lookup import list_impls, register_impl
     from .metadata import AttentionMetadata
     from .names import AttentionMechanisms
     from .output import AttentionOutput

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from enum import StrEnum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .problem import AttentionProblem
 
 __all__ = ["ALL_FEATURES", "PLATFORM_TOKENS", "Feature", "head_dim_reason", "platform_matches"]
 
@@ -62,7 +58,3 @@ def head_dim_reason(label: str, dim: int, allowed: tuple[int, int] | Collection[
 
 def describe_features(features: Iterable[Feature | str]) -> str:
     return ", ".join(sorted(str(f) for f in features)) or "none"
-
-
-if TYPE_CHECKING:  # keep the import cycle type-only
-    _: AttentionProblem

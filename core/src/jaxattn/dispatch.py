@@ -1,4 +1,4 @@
-"""Choosing an implementation: ``attention``, ``use_impl``, ``explain`` and "auto".
+"""Choosing an implementation: "auto", ``explain``, ``use_impl`` and the name a call resolves to.
 
 Precedence: ``impl=`` argument > ``use_impl(...)`` > ``$JAXATTN_IMPL`` > "auto". Choice happens
 at trace time, so under ``jax.jit`` the compiled program is the chosen kernel's own.
@@ -11,26 +11,29 @@ import contextvars
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
+from .candidates import Candidate
 from .capabilities import ALL_FEATURES
 from .device import detect_device
 from .errors import JaxattnError, UnsupportedError
 from .impl import AttentionImpl, _resolve_platform
-from .lookup import available_here, get_impl
+from .lookup import available_here, impl_for
 from .metadata import DEFAULT_METADATA, AttentionMetadata
 from .names import AttentionMechanisms, normalize_name
 from .output import AttentionOutput
 from .plugins import registry
 from .problem import AttentionProblem
+from .tuning.cache import on_reload
+from .tuning.refiner import refine
 from .validation import resolve_call
 
 __all__ = [
     "AutoAttention",
     "Candidate",
     "Explanation",
-    "attention",
+    "accepting",
     "choose",
     "clear_choices",
     "current_impl_name",
@@ -66,50 +69,6 @@ def current_impl_name(impl: str | AttentionMechanisms | None = None) -> str:
     return normalize_name(env) if env else AttentionMechanisms.AUTO.value
 
 
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    """One implementation's answer for one call."""
-
-    name: str
-    origin: str
-    priority: int
-    platforms: tuple[str, ...]
-    reasons: tuple[str, ...] = ()
-    fallback: tuple[str, ...] = ()  # set when it would hand the call to another impl
-    fallback_impl: str | None = None
-    notes: tuple[str, ...] = ()  # how an accepted impl would run the call
-    here: bool = True
-    chosen: bool = False
-    # Why it holds its place in auto's ranking: declared priority, or a measurement.
-    rank_reason: str = ""
-    measured: bool = False
-    # Set on auto's pick when differentiated calls run another impl: its own backward cannot
-    # run the call (``grad_reasons`` says why), or measurements found another one faster.
-    grad_impl: str | None = None
-    grad_reasons: tuple[str, ...] = ()
-
-    @property
-    def accepted(self) -> bool:
-        return self.here and not self.reasons
-
-    @property
-    def status(self) -> str:
-        if self.chosen:
-            return "chosen"
-        if not self.here:
-            return "other platform"
-        if self.reasons:
-            return "declined"
-        if self.fallback:
-            return f"via {self.fallback_impl}"
-        return "accepted"
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out.update(status=self.status, accepted=self.accepted)
-        return out
-
-
 def _rank_key(candidate: Candidate) -> tuple[int, int, str]:
     # A candidate that would hand the call to another impl ranks after those that run it themselves.
     return (-candidate.priority, len(candidate.fallback) > 0, candidate.name)
@@ -134,7 +93,7 @@ def _evaluate(problem: AttentionProblem, metadata: AttentionMetadata) -> list[Ca
             reasons.append(f"runs on {'/'.join(provider.platforms)}, not {platform}")
         else:
             try:
-                impl = get_impl(provider.name, metadata)
+                impl = impl_for(provider.name, metadata)
                 priority = impl.priority_for(device)
                 reasons = impl.not_supported_reasons(problem)
                 fallback = impl.fallback_reasons(problem)
@@ -154,12 +113,10 @@ def _evaluate(problem: AttentionProblem, metadata: AttentionMetadata) -> list[Ca
     return sorted(rows, key=lambda c: (not c.here, *_rank_key(c)))
 
 
-#: Hook for measured ranking (the tuning cache): reorders accepted candidates.
+#: Hook for measured ranking: reorders accepted candidates. The tuning cache's refiner is first.
 RankRefiner = Callable[[list[Candidate], AttentionProblem, AttentionMetadata], list[Candidate]]
-_refiners: list[RankRefiner] = []
+_refiners: list[RankRefiner] = [refine]
 
-
-_default_refiners_loaded = False
 # choose()'s results per (problem, metadata, device, registry state): a repeated call signature
 # costs one dict lookup. Cleared when refiners or the tuning cache change (clear_choices).
 _choices: dict[tuple[Any, ...], Any] = {}
@@ -177,14 +134,8 @@ def clear_choices() -> None:
     _choices.clear()
 
 
-def _load_default_refiners() -> None:
-    # The tuning cache's refiner, imported on the first choice so `import jaxattn` stays cheap.
-    global _default_refiners_loaded
-    _default_refiners_loaded = True
-    from .tuning.refiner import refine
-
-    if refine not in _refiners:
-        _refiners.insert(0, refine)
+# A new tuning cache may change every choice.
+on_reload(clear_choices)
 
 
 def choose(problem: AttentionProblem, metadata: AttentionMetadata) -> tuple[str | None, list[Candidate]]:
@@ -193,8 +144,6 @@ def choose(problem: AttentionProblem, metadata: AttentionMetadata) -> tuple[str 
     Rows come back in ranking order: auto's pool (refined by measurements) first, each with
     the reason for its place, then every other candidate.
     """
-    if not _default_refiners_loaded:
-        _load_default_refiners()
     reg = registry()
     key = (problem, metadata, detect_device(), reg.generation)
     memo = _choices.get(key)
@@ -204,8 +153,8 @@ def choose(problem: AttentionProblem, metadata: AttentionMetadata) -> tuple[str 
     accepted = [c for c in rows if c.accepted]
     direct = [c for c in accepted if not c.fallback]
     pool = [dataclasses.replace(c, rank_reason=f"declared priority {c.priority}") for c in direct or accepted]
-    for refine in _refiners:
-        pool = refine(pool, problem, metadata)
+    for refiner in _refiners:
+        pool = refiner(pool, problem, metadata)
     if pool and not problem.needs_grad:
         pool[0] = _with_backward(pool[0], problem, metadata)
     chosen = pool[0].name if pool else None
@@ -223,7 +172,7 @@ def _with_backward(first: Candidate, problem: AttentionProblem, metadata: Attent
     the best impl that accepts the call with ``needs_grad``. Without one, ``grad_impl`` stays
     None and ``grad_reasons`` says why; differentiating the call then raises them.
     """
-    reasons = tuple(get_impl(first.name, metadata).grad_reasons(problem))
+    reasons = tuple(impl_for(first.name, metadata).grad_reasons(problem))
     if not reasons:
         return first
     if first.grad_impl:  # measurements already picked a backward that accepts the call
@@ -248,11 +197,26 @@ def _log_choice(problem: AttentionProblem, metadata: AttentionMetadata, chosen: 
                 f" (declined: {rejected})" if rejected else "")
 
 
+#: Builds the impl that runs a chosen name (``jaxattn.get_impl``, passed down by ``jaxattn.api``).
+Resolve = Callable[[str, AttentionMetadata], AttentionImpl]
+#: Builds "forward by one impl, differentiated by another (or refused with reasons)" (``SplitGradImpl``).
+Combine = Callable[[AttentionImpl, AttentionImpl | None, Sequence[str]], AttentionImpl]
+
+
 class AutoAttention(AttentionImpl):
-    """Picks, per call, the best implementation that supports the inputs on this device."""
+    """Picks, per call, the best implementation that supports the inputs on this device.
+
+    Choosing is this module's job; building what runs the choice is the caller's: ``resolve``
+    turns a name into a runnable impl and ``combine`` joins a forward impl with the impl that
+    differentiates the call, when they differ (see ``jaxattn.api.get_impl``).
+    """
 
     features: ClassVar = ALL_FEATURES
     priority: ClassVar[int] = -1
+
+    def __init__(self, metadata: AttentionMetadata | None = None, *, resolve: Resolve, combine: Combine) -> None:
+        super().__init__(metadata)
+        self.resolve, self.combine = resolve, combine
 
     @classmethod
     def get_impl_name(cls) -> str:
@@ -266,12 +230,11 @@ class AutoAttention(AttentionImpl):
                                    hint="install a backend (pip install 'jaxattn[cpu]') or change the inputs")
         _log_choice(problem, self.metadata, chosen, rows)
         row = next(c for c in rows if c.chosen)
+        forward = self.resolve(chosen, self.metadata)
         if (row.grad_impl and row.grad_impl != chosen) or row.grad_reasons:
-            from .tuning.split import SplitGradImpl
-
-            backward = get_impl(row.grad_impl, self.metadata) if row.grad_impl else None
-            return SplitGradImpl(get_impl(chosen, self.metadata), backward, row.grad_reasons)
-        return get_impl(chosen, self.metadata)
+            backward = self.resolve(row.grad_impl, self.metadata) if row.grad_impl else None
+            return self.combine(forward, backward, row.grad_reasons)
+        return forward
 
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
         chosen, rows = choose(problem, self.metadata)
@@ -385,57 +348,9 @@ def explain(
     return Explanation(problem, requested, chosen, tuple(rows), detect_device().label)
 
 
-def _accepting(problem: AttentionProblem, metadata: AttentionMetadata) -> list[str]:
+def accepting(problem: AttentionProblem, metadata: AttentionMetadata) -> list[str]:
+    """Names of the impls here that accept ``problem``, best first."""
     return [c.name for c in _evaluate(problem, metadata) if c.accepted]
-
-
-def attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    impl: str | AttentionMechanisms | AttentionImpl | None = None,
-    mask: Any = None,
-    bias: Any = None,
-    init_bias: Callable[[], Any] | None = None,
-    causal: bool = False,
-    sliding_window: int | tuple[int, int] | None = None,
-    q_segment_ids: Any = None,
-    kv_segment_ids: Any = None,
-    softmax_scale: float | None = None,
-    logits_soft_cap: float | None = None,
-    softmax_aux: Any = None,
-    dropout_prob: float | None = None,
-    dropout_rng: Any = None,
-    metadata: AttentionMetadata | None = None,
-) -> Any:
-    """Attention over BTHD tensors: ``(B, T, Hq, D) x (B, S, Hkv, D) -> (B, T, Hq, Dv)``.
-
-    ``impl=None`` means: ``use_impl(...)`` scope, else ``$JAXATTN_IMPL``, else "auto". An
-    explicitly chosen impl never falls back silently: it raises ``UnsupportedError`` with every
-    reason and the names of the impls that would accept the call.
-    """
-    md = metadata if metadata is not None else DEFAULT_METADATA
-    chosen = impl if isinstance(impl, AttentionImpl) else get_impl(current_impl_name(impl), md)
-    kwargs: dict[str, Any] = {
-        "sliding_window": sliding_window, "q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids,
-        "softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap, "softmax_aux": softmax_aux,
-        "dropout_prob": dropout_prob, "dropout_rng": dropout_rng,
-    }
-    try:
-        out = chosen(q, k, v, mask, bias, init_bias, causal, **kwargs)
-    except UnsupportedError as err:
-        if isinstance(chosen, AutoAttention) or err.hint:
-            raise
-        spec = resolve_call(q, k, v, mask=mask, bias=bias, init_bias=init_bias, causal=causal, metadata=md,
-                            **kwargs)
-        problem = chosen.problem(q, k, v, mask, spec, softmax_aux, needs_grad=err.gradient)
-        others = [n for n in _accepting(problem, md) if n != err.impl_name]
-        verb = "differentiate" if err.gradient else "accept"
-        hint = (f"impls that {verb} this call here: {', '.join(others)} (or impl='auto')" if others
-                else f"no installed impl can {verb} this call here")
-        raise UnsupportedError(err.impl_name, err.reasons, hint=hint, gradient=err.gradient) from None
-    return out.attention_outputs
 
 
 def get_optimal_config(metadata: AttentionMetadata | None = None) -> tuple[str, Any]:

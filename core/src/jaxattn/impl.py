@@ -8,24 +8,21 @@ Capabilities are class attributes (declared, not probed); ``not_supported_reason
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from .capabilities import Feature, describe_features, head_dim_reason, platform_matches
 from .device import DeviceInfo, detect_device
 from .errors import PluginError, UnsupportedError
 from .metadata import DEFAULT_METADATA, AttentionMetadata
 from .problem import AttentionProblem
-from .sharding.axes import sequence_reasons
 from .validation import CallSpec, resolve_call
 
 if TYPE_CHECKING:
     from .output import AttentionOutput
 
-__all__ = ["AttentionImpl"]
+__all__ = ["DIRECT", "AttentionImpl", "Call", "DirectRunner", "Forward", "Runner", "sequence_reasons"]
 
-logger = logging.getLogger("jaxattn")
 
 _FEATURE_TEXT = {
     Feature.CAUSAL: "causal masking",
@@ -42,9 +39,6 @@ _FEATURE_TEXT = {
     Feature.DROPOUT: "dropout",
     Feature.GRAD: "gradients",
 }
-
-_logged_fallbacks: set[tuple[str, str, tuple[str, ...]]] = set()
-
 
 def _resolve_platform(metadata: AttentionMetadata, device: DeviceInfo) -> tuple[str, str | None]:
     override = metadata.platform
@@ -97,6 +91,75 @@ def _refuse_gradients(
     return run
 
 
+def sequence_reasons(impl_name: str, sequence_parallel: bool, metadata: AttentionMetadata) -> list[str]:
+    """Why an impl cannot honour ``metadata.sequence_axis`` (empty when it can or none is set)."""
+    if metadata.sequence_axis is None or sequence_parallel:
+        return []
+    return [
+        f"metadata.sequence_axis={metadata.sequence_axis!r} shards the sequence, but {impl_name} runs whole "
+        "sequences on each device (shard_map over batch and heads only); use impl='ring' (which runs a "
+        "per-block kernel such as vanilla), or leave sequence_axis unset"
+    ]
+
+
+Forward = Callable[..., "AttentionOutput"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One accepted call, validated and normalised: what a ``forward_*`` method receives.
+
+    ``kwargs`` holds mask and bias at rank 4 (or None), ``init_bias=None``, ``causal`` and every
+    feature keyword (window pair, segment ids, float scale, soft cap, sinks, dropout).
+    """
+
+    q: Any
+    k: Any
+    v: Any
+    kwargs: dict[str, Any]
+
+
+class Runner(Protocol):
+    """How a call that an impl accepted runs: passed down by whoever built the impl.
+
+    ``jaxattn.get_impl`` builds impls with a runner that hands calls to ``fallback_impl`` and
+    wraps kernels in ``shard_map`` when the metadata carries a mesh (``jaxattn.compose``); an
+    impl constructed directly runs its own kernel on the arrays it is given (``DIRECT``).
+    """
+
+    def reasons(self, impl: AttentionImpl, problem: AttentionProblem) -> list[str]:
+        """Why this runner cannot run ``problem`` with ``impl`` (beyond the impl's own reasons)."""
+        ...
+
+    def run(self, impl: AttentionImpl, problem: AttentionProblem, call: Call) -> AttentionOutput:
+        """Run an accepted call."""
+        ...
+
+
+class DirectRunner:
+    """The runner of an impl built directly: its own kernel, on the arrays given, nothing around it."""
+
+    def reasons(self, impl: AttentionImpl, problem: AttentionProblem) -> list[str]:
+        reasons = []
+        md = impl.metadata
+        if md.mesh is not None and (md.batch_axis or md.head_axis) and not impl.sequence_parallel:
+            reasons.append(
+                f"metadata.mesh shards the batch or heads, but this {type(impl).__name__} was constructed "
+                "directly, so nothing wraps its kernel in shard_map; build it with jaxattn.get_impl(name, metadata)"
+            )
+        if md.allow_fallback:
+            reasons += [f"{r} (would hand the call to {impl.fallback_impl}, which only an impl built by "
+                        "jaxattn.get_impl can do)" for r in impl.fallback_reasons(problem)]
+        return reasons
+
+    def run(self, impl: AttentionImpl, problem: AttentionProblem, call: Call) -> AttentionOutput:
+        return impl.run_kernel(problem, call)
+
+
+#: The runner of impls that were constructed directly.
+DIRECT = DirectRunner()
+
+
 class AttentionImpl:
     """Base class of attention backends. Subclass it, declare capabilities, override forwards."""
 
@@ -117,6 +180,8 @@ class AttentionImpl:
     #: True for impls that shard the sequence themselves (ring): the core then neither wraps
     #: their forward in ``shard_map`` nor declines ``metadata.sequence_axis`` for them.
     sequence_parallel: ClassVar[bool] = False
+    #: How an accepted call runs; ``jaxattn.get_impl`` sets its own on the instances it builds.
+    runner: Runner = DIRECT
 
     def __init__(self, metadata: AttentionMetadata | None = None, device: DeviceInfo | None = None) -> None:
         self.metadata = metadata if metadata is not None else DEFAULT_METADATA
@@ -227,7 +292,7 @@ class AttentionImpl:
         spec = resolve_call(q, k, v, mask=mask, bias=bias, init_bias=init_bias, causal=causal,
                             metadata=self.metadata, **features)
         problem = self.problem(q, k, v, mask, spec, features.get("softmax_aux"), needs_grad)
-        return self.reasons_to_decline(problem)
+        return self.reasons_to_decline(problem) + self.runner.reasons(self, problem)
 
     def reasons_to_decline(self, problem: AttentionProblem) -> list[str]:
         """``not_supported_reasons``, plus the fallback conditions when fallback is not allowed."""
@@ -277,15 +342,31 @@ class AttentionImpl:
         spec = resolve_call(q, k, v, mask=mask, bias=bias, init_bias=init_bias, causal=causal,
                             softmax_aux=softmax_aux, dropout_rng=dropout_rng, metadata=self.metadata, **features)
         problem = self.problem(q, k, v, mask, spec, softmax_aux)
-        reasons = self.reasons_to_decline(problem)
+        reasons = self.reasons_to_decline(problem) + self.runner.reasons(self, problem)
         if reasons:
             raise UnsupportedError(self.name(), reasons)
-        fallback = self.fallback_reasons(problem)
-        if fallback:
-            return self._run_fallback(problem, fallback, q, k, v, mask, spec, softmax_aux, dropout_rng)
-        return self._run(self.route(), problem, q, k, v, mask, spec, softmax_aux, dropout_rng)
+        return self.runner.run(self, problem, self.prepare(q, k, v, mask, spec, softmax_aux, dropout_rng))
 
-    def route(self) -> Callable[..., AttentionOutput]:
+    def prepare(self, q: Any, k: Any, v: Any, mask: Any, spec: CallSpec, softmax_aux: Any,
+                dropout_rng: Any) -> Call:
+        """The normalised call: inputs in ``metadata.runtime_dtype``, mask and bias at rank 4."""
+        import jax.numpy as jnp
+
+        if self.metadata.runtime_dtype is not None:
+            dtype = jnp.dtype(self.metadata.runtime_dtype)
+            q, k, v = (x.astype(dtype) for x in (q, k, v))
+        mask = None if mask is None else jnp.reshape(mask, (1,) * (4 - mask.ndim) + tuple(mask.shape))
+        bias = spec.bias
+        bias = None if bias is None else jnp.reshape(bias, (1,) * (4 - bias.ndim) + tuple(bias.shape))
+        return Call(q, k, v, {
+            "mask": mask, "bias": bias, "init_bias": None, "causal": spec.causal,
+            "sliding_window": spec.sliding_window, "q_segment_ids": spec.q_segment_ids,
+            "kv_segment_ids": spec.kv_segment_ids, "softmax_scale": spec.softmax_scale,
+            "logits_soft_cap": spec.logits_soft_cap, "softmax_aux": softmax_aux,
+            "dropout_prob": spec.dropout_prob, "dropout_rng": dropout_rng,
+        })
+
+    def route(self) -> Forward:
         """The ``forward_*`` method for the effective platform."""
         if self.platform == "cpu":
             return self.forward_cpu
@@ -295,52 +376,26 @@ class AttentionImpl:
             return self.forward_rocm if self.vendor == "rocm" else self.forward_cuda
         return self.forward_native
 
-    def _run(
-        self, forward: Callable[..., AttentionOutput], problem: AttentionProblem, q: Any, k: Any, v: Any, mask: Any,
-        spec: CallSpec, softmax_aux: Any, dropout_rng: Any,
-    ) -> AttentionOutput:
-        import jax.numpy as jnp
+    def run_kernel(self, problem: AttentionProblem, call: Call,
+                   wrap: Callable[[AttentionImpl, Forward], Forward] | None = None) -> AttentionOutput:
+        """Run this impl's own forward for the platform on an accepted call.
 
-        if self.metadata.runtime_dtype is not None:
-            dtype = jnp.dtype(self.metadata.runtime_dtype)
-            q, k, v = (x.astype(dtype) for x in (q, k, v))
-        mask = None if mask is None else jnp.reshape(mask, (1,) * (4 - mask.ndim) + tuple(mask.shape))
-        bias = spec.bias
-        bias = None if bias is None else jnp.reshape(bias, (1,) * (4 - bias.ndim) + tuple(bias.shape))
-        if self.metadata.mesh is not None and not self.sequence_parallel:
-            from .sharding.wrap import sharded_forward  # imports jax: only for calls on a mesh
-
-            forward = sharded_forward(self, forward.__name__)
+        ``wrap`` (from the runner) wraps the forward, e.g. in ``shard_map``. Differentiating a
+        call whose backward this impl cannot run raises its ``grad_reasons``.
+        """
+        forward = self.route()
+        if wrap is not None:
+            forward = wrap(self, forward)
         grad_reasons = self.grad_reasons(problem)
-        if grad_reasons:  # after sharding, so that the sharded call refuses too
+        if grad_reasons:  # after the wrap, so that a sharded call refuses too
             forward = _refuse_gradients(forward, self.name(), grad_reasons)
-        out = forward(
-            q, k, v, mask=mask, bias=bias, init_bias=None, causal=spec.causal,
-            sliding_window=spec.sliding_window, q_segment_ids=spec.q_segment_ids,
-            kv_segment_ids=spec.kv_segment_ids, softmax_scale=spec.softmax_scale,
-            logits_soft_cap=spec.logits_soft_cap, softmax_aux=softmax_aux,
-            dropout_prob=spec.dropout_prob, dropout_rng=dropout_rng,
-        )
-        b, t, hq, _ = q.shape
-        want = (b, t, hq, v.shape[-1])
+        out = forward(call.q, call.k, call.v, **call.kwargs)
+        b, t, hq, _ = call.q.shape
+        want = (b, t, hq, call.v.shape[-1])
         got = tuple(out.attention_outputs.shape)
         if got != want:
             raise PluginError(f"impl {self.name()!r} returned attention_outputs of shape {got}, expected {want}")
         return out
-
-    def _run_fallback(
-        self, problem: AttentionProblem, why: list[str], q: Any, k: Any, v: Any, mask: Any, spec: CallSpec,
-        softmax_aux: Any, dropout_rng: Any,
-    ) -> AttentionOutput:
-        from .lookup import get_impl
-
-        target = self.fallback_impl or "vanilla"
-        key = (self.name(), target, tuple(why))
-        if key not in _logged_fallbacks:
-            _logged_fallbacks.add(key)
-            logger.info("jaxattn: %s hands %s to %s: %s", self.name(), problem.describe(), target, "; ".join(why))
-        other = get_impl(target, self.metadata.replace(platform=None, interpret=False))
-        return other._run(other.route(), problem, q, k, v, mask, spec, softmax_aux, dropout_rng)
 
     # -- per-platform forwards (override the ones you have) ---------------------------------
     def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,

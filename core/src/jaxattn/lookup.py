@@ -1,22 +1,23 @@
-"""Finding implementations by name: ``get_impl``, ``list_impls``, ``register_impl``."""
+"""Finding implementations by name: providers here, instances, ``list_impls``, ``register_impl``.
+
+Resolution only: the instances built here run their own kernel (``AttentionImpl.runner`` is
+``DIRECT``); ``jaxattn.get_impl`` (``jaxattn.api``) gives users instances composed with hand-off
+and sharding.
+"""
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
 
 from .device import DeviceInfo, detect_device
 from .errors import ImplNotFoundError, PluginError
-from .impl import _resolve_platform
+from .impl import AttentionImpl, _resolve_platform
 from .metadata import DEFAULT_METADATA, AttentionMetadata
 from .names import PROVIDERS, AttentionMechanisms, normalize_name
 from .plugins import plugin_records, register_impl_class, registry
 from .registry import ImplInfo, Provider
 
-if TYPE_CHECKING:
-    from .impl import AttentionImpl
-
-__all__ = ["available_here", "get_impl", "list_impls", "register_impl"]
+__all__ = ["available_here", "impl_for", "list_impls", "new_impl", "register_impl"]
 
 
 def _where(platform: str, vendor: str | None) -> str:
@@ -72,10 +73,19 @@ def _not_found(name: str, platform: str, vendor: str | None, md: AttentionMetada
     )
 
 
-@functools.lru_cache(maxsize=256)
-def _cached(name: str, metadata: AttentionMetadata, device: DeviceInfo, generation: int) -> AttentionImpl:
-    platform, vendor = _resolve_platform(metadata, device)
+def new_impl(name: str, metadata: AttentionMetadata, device: DeviceInfo) -> AttentionImpl:
+    """A fresh instance of the provider of ``name`` here (its default runner: see ``jaxattn.api``).
+
+    Raises ``PluginError`` for a broken plugin of that name and ``ImplNotFoundError`` (saying
+    what exists, where, and how to install it) when nothing here provides it.
+    """
+    broken = [r for r in plugin_records() if r.status == "broken" and name in (r.name, (r.distribution or "").lower())]
     reg = registry()
+    if broken and not reg.providers_of(name):
+        record = broken[0]
+        raise PluginError(f"plugin {record.name!r} ({record.distribution}) failed to load: {record.reason}") \
+            from record.error
+    platform, vendor = _resolve_platform(metadata, device)
     try:
         provider = reg.resolve(name, platform, vendor)
     except ImplNotFoundError:
@@ -83,23 +93,16 @@ def _cached(name: str, metadata: AttentionMetadata, device: DeviceInfo, generati
     return provider.load()(metadata, device)
 
 
-def get_impl(name: str | AttentionMechanisms, metadata: AttentionMetadata | None = None) -> AttentionImpl:
-    """The implementation called ``name`` (or an alias), bound to ``metadata`` and this device.
+@functools.lru_cache(maxsize=256)
+def _cached(name: str, metadata: AttentionMetadata, device: DeviceInfo, generation: int) -> AttentionImpl:
+    return new_impl(name, metadata, device)
 
-    ``"auto"`` returns an impl that picks the best backend per call.
-    """
-    key = normalize_name(name)
+
+def impl_for(name: str | AttentionMechanisms, metadata: AttentionMetadata | None = None) -> AttentionImpl:
+    """The provider of ``name`` here, bound to ``metadata``: one shared instance, for asking what
+    it can run (selection and explanation). Calls go through ``jaxattn.get_impl``'s instances."""
     md = metadata if metadata is not None else DEFAULT_METADATA
-    if key == AttentionMechanisms.AUTO.value:
-        from .dispatch import AutoAttention
-
-        return AutoAttention(md)
-    broken = [r for r in plugin_records() if r.status == "broken" and key in (r.name, (r.distribution or "").lower())]
-    if broken and not registry().providers_of(key):
-        record = broken[0]
-        raise PluginError(f"plugin {record.name!r} ({record.distribution}) failed to load: {record.reason}") \
-            from record.error
-    return _cached(key, md, detect_device(), registry().generation)
+    return _cached(normalize_name(name), md, detect_device(), registry().generation)
 
 
 def register_impl(impl_cls: type[AttentionImpl], *, replace: bool = False) -> type[AttentionImpl]:

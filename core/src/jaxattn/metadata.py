@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._dtypes import dtype_name
-from .sharding.axes import check_metadata_axes
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
-__all__ = ["DEFAULT_METADATA", "AttentionMetadata", "AxisName"]
+__all__ = ["DEFAULT_METADATA", "AttentionMetadata", "AxisName", "axis_tuple", "describe_axes"]
 
 AxisName = str | tuple[str, ...] | None
 
 _PLATFORMS = (None, "cpu", "gpu", "tpu", "cuda", "rocm")
+_AXIS_FIELDS = ("batch_axis", "head_axis", "sequence_axis")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +70,7 @@ class AttentionMetadata:
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ValueError(f"AttentionMetadata.{name}: must be a positive int or None, got {value!r}")
         object.__setattr__(self, "extra", dict(self.extra))
-        check_metadata_axes(self)
+        _check_axes(self)
 
         # Hashed on every dispatch (impl and choice caches): compute it once.
         object.__setattr__(self, "_hash", self._compute_hash())
@@ -103,6 +103,53 @@ class AttentionMetadata:
         """The tile sizes that were set explicitly."""
         names = ("block_q", "block_k", "block_q_bwd", "block_k_bwd")
         return {n: v for n in names if (v := getattr(self, n)) is not None}
+
+
+def axis_tuple(axis: str | Iterable[str] | None) -> tuple[str, ...]:
+    """``None`` -> ``()``, ``"data"`` -> ``("data",)``, ``("data", "fsdp")`` unchanged."""
+    if axis is None:
+        return ()
+    if isinstance(axis, str):
+        return (axis,)
+    return tuple(str(a) for a in axis)
+
+
+def describe_axes(axes: tuple[str, ...]) -> str:
+    """How error messages name one or several mesh axes."""
+    return repr(axes[0]) if len(axes) == 1 else "(" + ", ".join(repr(a) for a in axes) + ")"
+
+
+def _check_axes(metadata: AttentionMetadata) -> None:
+    """Raise ``ValueError`` naming the field when the axis names do not fit ``metadata.mesh``.
+
+    Without a mesh the names are allowed: the call then runs inside the caller's own
+    ``shard_map`` where those axes are bound (see docs/sharding.md).
+    """
+    seen: dict[str, str] = {}
+    for field in _AXIS_FIELDS:
+        value = getattr(metadata, field)
+        if value is not None and not (isinstance(value, str) or (
+                isinstance(value, tuple) and value and all(isinstance(a, str) for a in value))):
+            raise ValueError(
+                f"AttentionMetadata.{field}: expected a mesh axis name or a non-empty tuple of names, got {value!r}"
+            )
+        for name in axis_tuple(value):
+            if name in seen:
+                raise ValueError(
+                    f"AttentionMetadata.{field}: mesh axis {name!r} is already used by {seen[name]}; "
+                    "each mesh axis can shard only one dimension"
+                )
+            seen[name] = field
+    mesh = metadata.mesh
+    if mesh is None:
+        return
+    names = tuple(getattr(mesh, "axis_names", ()))
+    unknown = [n for n in seen if n not in names]
+    if unknown:
+        raise ValueError(
+            f"AttentionMetadata: mesh axes {unknown} ({', '.join(seen[n] for n in unknown)}) are not axes of "
+            f"metadata.mesh, whose axes are {list(names)}"
+        )
 
 
 #: The metadata of calls that pass none (shared, so a call does not build one).

@@ -6,16 +6,12 @@ import dataclasses
 import importlib
 import itertools
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .capabilities import PLATFORM_TOKENS, platform_matches
 from .errors import ImplNotFoundError, PluginError
+from .impl import AttentionImpl
 from .names import normalize_name
-
-if TYPE_CHECKING:
-    from .device import DeviceInfo
-    from .impl import AttentionImpl
-    from .metadata import AttentionMetadata
 
 __all__ = ["ImplInfo", "ImplRef", "Provider", "Registry"]
 
@@ -78,8 +74,6 @@ class Provider:
 
     @classmethod
     def from_source(cls, source: Any, plugin: str, distribution: str | None, version: str | None) -> Provider:
-        from .impl import AttentionImpl
-
         if isinstance(source, ImplRef):
             return cls(source.names, source.platforms, source.priority, source, plugin, distribution, version,
                        source.description)
@@ -215,9 +209,3 @@ class Registry:
         if len(top) > 1:
             raise PluginError(self._conflict_message(top[0], top[1]))
         return top[0]
-
-    def instantiate(
-        self, name: str, metadata: AttentionMetadata, device: DeviceInfo, platform: str, vendor: str | None
-    ) -> AttentionImpl:
-        impl_cls = self.resolve(name, platform, vendor).load()
-        return impl_cls(metadata, device)

@@ -6,7 +6,8 @@ command. Importing this package is cheap: jax loads when something runs.
 
 from __future__ import annotations
 
-from .runner import BenchConfig, BenchReport, BenchResult, run_bench
+from .results import BenchConfig, BenchReport, BenchResult
+from .runner import run_bench
 from .shapes import BenchShape, default_matrix, quick_matrix
 
 __all__ = ["BenchConfig", "BenchReport", "BenchResult", "BenchShape", "default_matrix", "quick_matrix", "run_bench"]

@@ -186,7 +186,8 @@ def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: Att
     from ..cli._output import Printer, dump_json
     from .progress import Progress
     from .report import report_dict, summary_lines, table, write_json, write_plot
-    from .runner import BenchConfig, BenchReport, BenchResult, run_bench
+    from .results import BenchConfig, BenchReport, BenchResult
+    from .runner import run_bench
 
     bad = sorted(set(args.modes) - {"fwd", "fwdbwd"})
     if bad:

@@ -10,7 +10,7 @@ import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from .runner import BenchResult
+    from .results import BenchResult
 
 __all__ = ["Progress"]
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .runner import BenchReport, BenchResult
+from .results import BenchReport, BenchResult
 from .shapes import MODE_LABELS, BenchShape
 
 __all__ = ["AUTO_TOLERANCE", "auto_gaps", "report_dict", "summary_lines", "table", "write_json", "write_plot"]

@@ -26,7 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
     "list": "jaxattn.cli.listing",
     "explain": "jaxattn.cli.explain",
     "bench": "jaxattn.bench.cli",
-    "tune": "jaxattn.tuning.cli",
+    "tune": "jaxattn.bench.tune",
 }
 
 

@@ -1,80 +1,19 @@
-"""Mesh axes of a call: which mesh axes shard the batch, the heads and the sequence.
+"""Mesh axes of a call: which mesh axes shard the batch, the heads and the sequence, and their sizes.
 
-Pure Python (no jax import): ``AttentionMetadata`` validates its axis names with it, and
-``not_supported_reasons`` asks it why an impl cannot honour a sequence axis, so discovery,
-listing and ``explain`` stay cheap.
+Pure Python (no jax import). The axis names themselves are checked where they are given,
+by ``AttentionMetadata``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import InvalidInputError
+from ..metadata import AttentionMetadata, axis_tuple, describe_axes
 
-if TYPE_CHECKING:
-    from ..metadata import AttentionMetadata
-
-__all__ = [
-    "MeshAxes",
-    "axis_tuple",
-    "check_metadata_axes",
-    "describe_axes",
-    "kv_head_repeat",
-    "mesh_axes",
-    "sequence_reasons",
-]
-
-_FIELDS = ("batch_axis", "head_axis", "sequence_axis")
-
-
-def axis_tuple(axis: str | Iterable[str] | None) -> tuple[str, ...]:
-    """``None`` -> ``()``, ``"data"`` -> ``("data",)``, ``("data", "fsdp")`` unchanged."""
-    if axis is None:
-        return ()
-    if isinstance(axis, str):
-        return (axis,)
-    return tuple(str(a) for a in axis)
-
-
-def describe_axes(axes: tuple[str, ...]) -> str:
-    """How error messages name one or several mesh axes."""
-    return repr(axes[0]) if len(axes) == 1 else "(" + ", ".join(repr(a) for a in axes) + ")"
-
-
-def check_metadata_axes(metadata: AttentionMetadata) -> None:
-    """Raise ``ValueError`` naming the field when the axis names do not fit ``metadata.mesh``.
-
-    Without a mesh the names are allowed: the call then runs inside the caller's own
-    ``shard_map`` where those axes are bound (see docs/sharding.md).
-    """
-    seen: dict[str, str] = {}
-    for field in _FIELDS:
-        value = getattr(metadata, field)
-        if value is not None and not (isinstance(value, str) or (
-                isinstance(value, tuple) and value and all(isinstance(a, str) for a in value))):
-            raise ValueError(
-                f"AttentionMetadata.{field}: expected a mesh axis name or a non-empty tuple of names, got {value!r}"
-            )
-        for name in axis_tuple(value):
-            if name in seen:
-                raise ValueError(
-                    f"AttentionMetadata.{field}: mesh axis {name!r} is already used by {seen[name]}; "
-                    "each mesh axis can shard only one dimension"
-                )
-            seen[name] = field
-    mesh = metadata.mesh
-    if mesh is None:
-        return
-    names = tuple(getattr(mesh, "axis_names", ()))
-    unknown = [n for n in seen if n not in names]
-    if unknown:
-        raise ValueError(
-            f"AttentionMetadata: mesh axes {unknown} ({', '.join(seen[n] for n in unknown)}) are not axes of "
-            f"metadata.mesh, whose axes are {list(names)}"
-        )
+__all__ = ["MeshAxes", "kv_head_repeat", "mesh_axes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,14 +85,3 @@ def kv_head_repeat(heads_q: int, heads_kv: int, parts: int) -> int:
     if parts <= 1 or heads_kv % parts == 0:
         return 1
     return parts // math.gcd(heads_kv, parts)
-
-
-def sequence_reasons(impl_name: str, sequence_parallel: bool, metadata: AttentionMetadata) -> list[str]:
-    """Why an impl cannot honour ``metadata.sequence_axis`` (empty when it can or none is set)."""
-    if metadata.sequence_axis is None or sequence_parallel:
-        return []
-    return [
-        f"metadata.sequence_axis={metadata.sequence_axis!r} shards the sequence, but {impl_name} runs whole "
-        "sequences on each device (shard_map over batch and heads only); use impl='ring' (which runs a "
-        "per-block kernel such as vanilla), or leave sequence_axis unset"
-    ]

@@ -147,7 +147,7 @@ class ConformanceSuite:
             if cls.impl_class is not None:
                 _impl_cache[cls] = cls.impl_class(md)
             elif cls.impl_name is not None:
-                from jaxattn.lookup import get_impl
+                from jaxattn.api import get_impl
 
                 _impl_cache[cls] = get_impl(cls.impl_name, md)
             else:

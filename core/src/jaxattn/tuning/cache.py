@@ -20,7 +20,7 @@ import os
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,7 @@ __all__ = [
     "TuningCacheWarning",
     "active_cache",
     "default_cache_path",
+    "on_reload",
     "reload",
 ]
 
@@ -248,10 +249,18 @@ def active_cache() -> TuningCache:
     return _active[1]
 
 
+_reload_listeners: list[Callable[[], None]] = []
+
+
+def on_reload(listener: Callable[[], None]) -> None:
+    """Call ``listener`` whenever the cache is reloaded (the selection layer forgets its choices)."""
+    if listener not in _reload_listeners:
+        _reload_listeners.append(listener)
+
+
 def reload() -> None:
     """Forget what was read, so the next "auto" choice reads the cache file again."""
     global _active
     _active = None
-    from .. import dispatch
-
-    dispatch.clear_choices()
+    for listener in _reload_listeners:
+        listener()

@@ -1,8 +1,8 @@
 """The rank refiner that lets measured timings reorder "auto"'s candidates.
 
-``jaxattn.dispatch`` registers :func:`refine` (lazily, on the first "auto" choice) through
-``add_rank_refiner``. It runs only when dispatch's memo of choices misses, so its cost (a
-``stat`` of the cache file and a dict lookup) is paid once per distinct call signature.
+``jaxattn.dispatch`` ranks with :func:`refine` first among its rank refiners. It runs only
+when dispatch's memo of choices misses, so its cost (a ``stat`` of the cache file and a dict
+lookup) is paid once per distinct call signature.
 
 Ranking: the candidates measured for this problem's key come first, fastest first; those
 within :data:`TIE_TOLERANCE` of the fastest count as tied and keep their declared order (a
@@ -11,7 +11,7 @@ must not flip the pick), and so on for the rest (see :func:`rank_measured`). The
 deterministic for a given cache. Candidates without a usable measurement follow in declared
 order. A forward call is ranked by forward time. When another exact backend is measurably
 faster for forward+backward, the first candidate carries ``grad_impl``: "auto" then runs
-that backend whenever the call is differentiated (see :mod:`jaxattn.tuning.split`).
+that backend whenever the call is differentiated (see :mod:`jaxattn.split`).
 ``JAXATTN_TUNING=0`` turns measured ranking off.
 """
 
@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING
 
+from ..candidates import Candidate
+from ..errors import JaxattnError
+from ..lookup import available_here, impl_for
+from ..metadata import AttentionMetadata
+from ..problem import AttentionProblem
 from .cache import Measurement, active_cache, warn_once
 from .keys import problem_key
-
-if TYPE_CHECKING:
-    from ..dispatch import Candidate
-    from ..metadata import AttentionMetadata
-    from ..problem import AttentionProblem
 
 __all__ = ["SPLIT_MARGIN", "TIE_TOLERANCE", "enabled", "rank_measured", "refine", "split_eligible"]
 
@@ -56,17 +55,12 @@ def split_eligible(problem: AttentionProblem) -> bool:
 
 
 def _installed(metadata: AttentionMetadata) -> dict[str, tuple[str | None, str | None]]:
-    from ..lookup import available_here
-
     return {p.name: (p.distribution or p.plugin, p.version) for p in available_here(metadata)}
 
 
 def _accepts_grad(name: str, problem: AttentionProblem, metadata: AttentionMetadata) -> bool:
-    from ..errors import JaxattnError
-    from ..lookup import get_impl
-
     try:
-        impl = get_impl(name, metadata)
+        impl = impl_for(name, metadata)
         return not impl.reasons_to_decline(dataclasses.replace(problem, needs_grad=True))
     except (JaxattnError, ImportError):
         return False

@@ -17,10 +17,11 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
+from jaxattn.api import get_impl
 from jaxattn.capabilities import Feature
 from jaxattn.errors import JaxattnError, PluginError
 from jaxattn.impl import AttentionImpl
-from jaxattn.lookup import available_here, get_impl
+from jaxattn.lookup import available_here
 from jaxattn.metadata import AttentionMetadata
 from jaxattn.problem import AttentionProblem
 

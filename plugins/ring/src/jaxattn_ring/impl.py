@@ -14,13 +14,14 @@ from typing import Any, ClassVar
 
 import jax.numpy as jnp
 
+from jaxattn.api import get_impl
 from jaxattn.capabilities import Feature
 from jaxattn.errors import InvalidInputError, UnsupportedError
 from jaxattn.impl import AttentionImpl
-from jaxattn.lookup import get_impl
+from jaxattn.metadata import axis_tuple, describe_axes
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
-from jaxattn.sharding.axes import MeshAxes, axis_tuple, describe_axes, kv_head_repeat, mesh_axes
+from jaxattn.sharding.axes import MeshAxes, kv_head_repeat, mesh_axes
 from jaxattn.sharding.compat import axis_size, shard_map
 from jaxattn.sharding.specs import AttentionSpecs
 from jaxattn.sharding.wrap import check_batch_heads, local_metadata

@@ -25,6 +25,7 @@ from .translate import Band, structural_band
 __all__ = [
     "CUDNN_DTYPES",
     "CUDNN_HEAD_DIMS",
+    "EMPTY_ROWS_GRAD",
     "CudnnLayout",
     "band_is_native",
     "cudnn_layout",
@@ -35,6 +36,11 @@ __all__ = [
 
 #: cuDNN computes in these only (fp8 needs scaling factors that jax.nn does not take).
 CUDNN_DTYPES = frozenset({"bfloat16", "float16"})
+EMPTY_ROWS_GRAD = (
+    "cuDNN's backward returns NaN for queries that see no key, as bottom-right causal with T > S leaves the "
+    "first T - S queries (seen on an H200, jax 0.11.2); use impl='sdpa' (XLA) for training such shapes"
+)
+
 #: Head dims cuDNN takes on sm_90+ (jax checks <= 256 there, <= 128 before; see cudnn_reasons).
 CUDNN_HEAD_DIMS: tuple[int, int] = (8, 256)
 
@@ -165,8 +171,6 @@ def cudnn_reasons(problem: AttentionProblem, device: DeviceInfo, version: int | 
                 "use impl='sdpa' (XLA for these lengths) or pad to even lengths"
             )
         if problem.causal and problem.seq_q > problem.seq_k:
-            from .kernel import EMPTY_ROWS_GRAD
-
             reasons.append(EMPTY_ROWS_GRAD)
         if layout.differentiable_bias and layout.bias_batch > 1:
             reasons.append(

@@ -27,7 +27,7 @@ import numpy as np
 
 from jaxattn.errors import UnsupportedError
 
-from .cudnn import band_is_native, sink_columns
+from .cudnn import EMPTY_ROWS_GRAD, band_is_native, sink_columns
 from .translate import Band, band_row_valid, padding_lengths, structural_band
 
 __all__ = ["Implementation", "sdpa_attention"]
@@ -105,12 +105,6 @@ def _no_grad_bwd(_: None, g: Array) -> tuple[Array]:
 _no_cudnn_bias_grad.defvjp(_no_grad_fwd, _no_grad_bwd)
 
 #: Why cuDNN's gradient is refused when bottom-right causal leaves queries without keys.
-EMPTY_ROWS_GRAD = (
-    "cuDNN's backward returns NaN for queries that see no key, as bottom-right causal with T > S leaves the "
-    "first T - S queries (seen on an H200, jax 0.11.2); use impl='sdpa' (XLA) for training such shapes"
-)
-
-
 @jax.custom_vjp
 def _no_cudnn_empty_rows_grad(x: Array) -> Array:
     """Identity whose gradient refuses (see ``EMPTY_ROWS_GRAD``)."""

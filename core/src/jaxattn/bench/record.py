@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from .cache import Measurement, active_cache
-
-if TYPE_CHECKING:
-    from ..bench.runner import BenchResult
-    from ..bench.shapes import BenchShape
-    from ..metadata import AttentionMetadata
-    from ..problem import AttentionProblem
+from ..lookup import available_here
+from ..metadata import AttentionMetadata
+from ..problem import AttentionProblem
+from ..tuning.cache import Measurement, active_cache
+from .results import BenchResult
+from .shapes import BenchShape
 
 __all__ = ["measurements_from", "problem_of", "record_results"]
 
 
 def problem_of(shape: BenchShape) -> AttentionProblem:
     """The call ``shape`` stands for, as "auto" sees it (a forward call: no ``needs_grad``)."""
-    from ..problem import AttentionProblem
-
     q, k, v = shape.structs()
     return AttentionProblem.from_inputs(q, k, v, causal=shape.causal)
 
@@ -27,8 +23,6 @@ def problem_of(shape: BenchShape) -> AttentionProblem:
 def measurements_from(shape: BenchShape, results: Sequence[BenchResult],
                       metadata: AttentionMetadata) -> list[Measurement]:
     """One measurement per registered impl with at least one timing for ``shape``."""
-    from ..lookup import available_here
-
     providers = {p.name: p for p in available_here(metadata)}
     times: dict[str, dict[str, float]] = {}
     for r in results:

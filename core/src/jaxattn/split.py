@@ -27,9 +27,9 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import UnsupportedError
-from ..impl import AttentionImpl
-from ..output import AttentionOutput
+from .errors import UnsupportedError
+from .impl import AttentionImpl
+from .output import AttentionOutput
 
 __all__ = ["SplitGradImpl"]
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ..bench.cli import add_matrix_arguments, add_run_arguments, platform_of, run_options, shapes_from_args
+from .cli import add_matrix_arguments, add_run_arguments, platform_of, run_options, shapes_from_args
 
 if TYPE_CHECKING:
-    from ..bench.shapes import BenchShape
     from ..cli._output import Printer
     from ..metadata import AttentionMetadata
+    from .shapes import BenchShape
 
 __all__ = ["HELP", "add_arguments", "run"]
 
@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..cli._output import Printer
     from ..metadata import AttentionMetadata
-    from .cache import active_cache
+    from ..tuning.cache import active_cache
 
     printer = Printer.from_args(args)
     metadata = AttentionMetadata()
@@ -54,10 +54,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace, shapes: list[BenchShape], metadata: AttentionMetadata,
           printer: Printer) -> int:
-    from ..bench.backends import available_backends
-    from ..bench.progress import Progress
-    from ..bench.runner import BenchConfig, run_bench
-    from .cache import active_cache
+    from ..tuning.cache import active_cache
+    from .backends import available_backends
+    from .progress import Progress
+    from .results import BenchConfig
+    from .runner import run_bench
 
     backends = [n for n in (args.impls or available_backends(metadata)) if n != "auto"]
     # record_tuning: stored shape by shape, so an interrupted run keeps what it measured
@@ -81,8 +82,8 @@ def _tune(args: argparse.Namespace, shapes: list[BenchShape], metadata: Attentio
 def _picks(shapes: list[BenchShape], metadata: AttentionMetadata) -> list[dict[str, str | None]]:
     import jaxattn
 
-    from .keys import problem_key
-    from .measure import problem_of
+    from ..tuning.keys import problem_key
+    from .record import problem_of
 
     rows = []
     for shape in shapes:
@@ -106,7 +107,7 @@ def _print_picks(printer: Printer, shapes: list[BenchShape], metadata: Attention
 
 def _show(args: argparse.Namespace, printer: Printer) -> int:
     from ..cli._output import Table, dump_json
-    from .cache import active_cache
+    from ..tuning.cache import active_cache
 
     cache = active_cache()
     if args.json:
