@@ -45,8 +45,10 @@ except jaxattn.UnsupportedError as err:
 else:
     raise AssertionError("the example impl silently accepted a sliding window")
 
-# auto prefers the real backend: the example declares the lowest priority.
-assert jaxattn.explain(q, k, v).chosen == "vanilla"
+# auto prefers the real backends: the example declares the lowest priority (jaxattn-vanilla
+# brings blockwise, priority 10, and vanilla, priority 0).
+chosen = jaxattn.explain(q, k, v).chosen
+assert chosen == "blockwise", chosen
 print("example plugin ok")
 """
 

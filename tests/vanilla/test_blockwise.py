@@ -39,6 +39,17 @@ class TestBlockwiseConformance(ConformanceSuite):
     backward_lengths: ClassVar[tuple[tuple[int, int], ...]] = ((1, 1), (3, 3), (1, 333), (333, 333))
 
 
+def test_backward_lengths_with_default_blocks() -> None:
+    """The suite's whole sweep, (1001, 1001) included, with the blocks a user gets (1001 rows
+    split into two 501-row blocks with padding): gradients match the oracle."""
+
+    class DefaultBlocks(ConformanceSuite):
+        impl_name = "blockwise"
+
+    for lengths in ConformanceSuite.backward_lengths:
+        DefaultBlocks().test_backward_lengths(lengths)
+
+
 class TestBlockwiseConformanceBfloat16(ConformanceSuite):
     """bfloat16 on the cases whose 16-bit roundings differ (grouped heads, sinks, soft cap,
     empty rows, decode, everything combined); the full matrix runs in float32 above. Each
