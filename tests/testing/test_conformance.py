@@ -44,7 +44,7 @@ CASES = {c.name: c for c in FULL_CASES}
 
 def _without(case: Case, feature: str, arrays: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The oracle's arguments for ``case``, and the same with one feature removed."""
-    optional = ("mask", "bias", "q_segment_ids", "kv_segment_ids", "softmax_aux")
+    optional = ("mask", "bias", "q_segment_ids", "kv_segment_ids", "softmax_aux", "kv_lengths")
     kwargs: dict[str, Any] = {n: arrays[n] for n in optional if n in arrays}
     kwargs.update(static_features(case))
     grouped = {"segments": ("q_segment_ids", "kv_segment_ids"), "sinks": ("softmax_aux",)}
@@ -55,7 +55,8 @@ def _without(case: Case, feature: str, arrays: dict[str, Any]) -> tuple[dict[str
 FEATURES_OF_CASES = [
     (case.name, feature)
     for case in FULL_CASES
-    for feature in ("causal", "mask", "bias", "sliding_window", "segments", "logits_soft_cap", "sinks", "softmax_scale")
+    for feature in ("causal", "mask", "bias", "sliding_window", "segments", "logits_soft_cap", "sinks", "softmax_scale",
+                    "kv_lengths")
     if getattr(case, feature) not in (None, False)
 ]
 

@@ -13,6 +13,11 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "AttentionImpl": "impl",
+    "PagedAttentionImpl": "paged_impl",
+    "PagedProblem": "problem",
+    "paged_attention": "api",
+    "ragged_paged_attention": "api",
+    "explain_paged": "api",
     "AttentionMetadata": "metadata",
     "AttentionOutput": "output",
     "AttentionProblem": "problem",
@@ -56,6 +61,8 @@ __all__ = [
     "ImplRef",
     "InvalidInputError",
     "JaxattnError",
+    "PagedAttentionImpl",
+    "PagedProblem",
     "PluginError",
     "PluginRecord",
     "UnsupportedError",
@@ -63,11 +70,14 @@ __all__ = [
     "attention",
     "detect_device",
     "explain",
+    "explain_paged",
     "get_impl",
     "get_optimal_config",
     "hookimpl",
     "list_impls",
     "list_plugins",
+    "paged_attention",
+    "ragged_paged_attention",
     "register_impl",
     "register_plugin",
     "tpu_version_check",
@@ -89,7 +99,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .api import attention, get_impl
+    from .api import attention, explain_paged, get_impl, paged_attention, ragged_paged_attention
     from .capabilities import Feature
     from .device import DeviceInfo, detect_device, tpu_version_check
     from .dispatch import Explanation, explain, get_optimal_config, use_impl
@@ -100,6 +110,7 @@ if TYPE_CHECKING:
     from .metadata import AttentionMetadata
     from .names import AttentionMechanisms
     from .output import AttentionOutput
+    from .paged_impl import PagedAttentionImpl
     from .plugins import PluginRecord, list_plugins, register_plugin
-    from .problem import AttentionProblem
+    from .problem import AttentionProblem, PagedProblem
     from .registry import ImplInfo, ImplRef

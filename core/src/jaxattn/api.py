@@ -1,4 +1,5 @@
-"""The public entry points that run attention: ``get_impl`` and ``attention``.
+"""The public entry points that run attention: ``get_impl``, ``attention``, ``paged_attention``,
+``ragged_paged_attention`` (and ``explain_paged``).
 
 This is where the layers meet: names are resolved by the selection layer (``lookup``,
 ``dispatch``), and what runs is composed here: every impl ``get_impl`` returns carries the
@@ -12,40 +13,62 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
+from .backend import Backend
 from .compose import COMPOSED
 from .device import DeviceInfo, detect_device
-from .dispatch import AutoAttention, accepting, current_impl_name
-from .errors import UnsupportedError
+from .dispatch import AutoAttention, AutoPagedAttention, Explanation, accepting, current_impl_name, explain_problem
+from .errors import InvalidInputError, UnsupportedError
 from .impl import AttentionImpl
 from .lookup import new_impl
 from .metadata import DEFAULT_METADATA, AttentionMetadata
 from .names import AttentionMechanisms, normalize_name
+from .paged_impl import PagedAttentionImpl
 from .plugins import registry
+from .problem import Problem
 from .split import SplitGradImpl
-from .validation import resolve_call
+from .validation import resolve_call, shape_of
 
-__all__ = ["attention", "get_impl"]
+__all__ = ["attention", "explain_paged", "get_impl", "paged_attention", "ragged_paged_attention"]
 
 
 @functools.lru_cache(maxsize=256)
-def _composed(name: str, metadata: AttentionMetadata, device: DeviceInfo, generation: int) -> AttentionImpl:
+def _composed(name: str, metadata: AttentionMetadata, device: DeviceInfo, generation: int) -> Backend[Any]:
     impl = new_impl(name, metadata, device)
     impl.runner = COMPOSED
     return impl
 
 
-def get_impl(name: str | AttentionMechanisms, metadata: AttentionMetadata | None = None) -> AttentionImpl:
+def get_impl(name: str | AttentionMechanisms, metadata: AttentionMetadata | None = None, *,
+             kind: str = "dense") -> Any:
     """The implementation called ``name`` (or an alias), bound to ``metadata`` and this device.
 
-    ``"auto"`` returns an impl that picks the best backend per call. The impl hands calls to
-    its ``fallback_impl`` where it says so and runs under ``shard_map`` when the metadata
+    A dense name gives an ``AttentionImpl``, a paged one (``page_attention``,
+    ``ragged_page_attention_v3``...) a ``PagedAttentionImpl`` (typed ``Any``: the name decides).
+    ``"auto"`` gives an impl that picks the best backend per call, of op ``kind`` ("dense" or
+    "paged"). The impl hands calls
+    to its ``fallback_impl`` where it says so and runs under ``shard_map`` when the metadata
     carries a mesh.
     """
     key = normalize_name(name)
     md = metadata if metadata is not None else DEFAULT_METADATA
     if key == AttentionMechanisms.AUTO.value:
+        if kind == "paged":
+            return AutoPagedAttention(md, resolve=get_impl)
+        if kind != "dense":
+            raise InvalidInputError("kind", f"must be 'dense' or 'paged', got {kind!r}")
         return AutoAttention(md, resolve=get_impl, combine=SplitGradImpl)
     return _composed(key, md, detect_device(), registry().generation)
+
+
+def _with_hint(err: UnsupportedError, problem: Problem, metadata: AttentionMetadata) -> UnsupportedError:
+    """``err`` with the impls that would accept (or differentiate) the call named in its hint."""
+    others = [n for n in accepting(problem, metadata) if n != err.impl_name]
+    verb = "differentiate" if err.gradient else "accept"
+    hint = (f"impls that {verb} this call here: {', '.join(others)} (or impl='auto')" if others
+            else f"no installed impl can {verb} this call here")
+    return UnsupportedError(err.impl_name, err.reasons, hint=hint, gradient=err.gradient)
 
 
 def attention(
@@ -66,9 +89,14 @@ def attention(
     softmax_aux: Any = None,
     dropout_prob: float | None = None,
     dropout_rng: Any = None,
+    kv_lengths: Any = None,
     metadata: AttentionMetadata | None = None,
 ) -> Any:
     """Attention over BTHD tensors: ``(B, T, Hq, D) x (B, S, Hkv, D) -> (B, T, Hq, Dv)``.
+
+    ``kv_lengths (B,)`` makes k and v a dense KV cache of capacity S: keys at and past a
+    sequence's length are invisible, and ``causal`` / ``sliding_window`` align the queries to
+    the sequence's own last token (decoding with per-sequence lengths).
 
     ``impl=None`` means: ``use_impl(...)`` scope, else ``$JAXATTN_IMPL``, else "auto". An
     explicitly chosen impl never falls back silently: it raises ``UnsupportedError`` with every
@@ -76,11 +104,16 @@ def attention(
     """
     md = metadata if metadata is not None else DEFAULT_METADATA
     chosen = impl if isinstance(impl, AttentionImpl) else get_impl(current_impl_name(impl), md)
+    if not isinstance(chosen, AttentionImpl):
+        raise InvalidInputError("impl", f"{chosen.name()!r} is a {chosen.kind} impl; attention() runs dense ones",
+                                "use paged_attention / ragged_paged_attention for paged impls")
     kwargs: dict[str, Any] = {
         "sliding_window": sliding_window, "q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids,
         "softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap, "softmax_aux": softmax_aux,
         "dropout_prob": dropout_prob, "dropout_rng": dropout_rng,
     }
+    if kv_lengths is not None:  # only impls that declare Feature.KV_LENGTHS see the keyword
+        kwargs["kv_lengths"] = kv_lengths
     try:
         out = chosen(q, k, v, mask, bias, init_bias, causal, **kwargs)
     except UnsupportedError as err:
@@ -89,9 +122,138 @@ def attention(
         spec = resolve_call(q, k, v, mask=mask, bias=bias, init_bias=init_bias, causal=causal, metadata=md,
                             **kwargs)
         problem = chosen.problem(q, k, v, mask, spec, softmax_aux, needs_grad=err.gradient)
-        others = [n for n in accepting(problem, md) if n != err.impl_name]
-        verb = "differentiate" if err.gradient else "accept"
-        hint = (f"impls that {verb} this call here: {', '.join(others)} (or impl='auto')" if others
-                else f"no installed impl can {verb} this call here")
-        raise UnsupportedError(err.impl_name, err.reasons, hint=hint, gradient=err.gradient) from None
+        raise _with_hint(err, problem, md) from None
     return out.attention_outputs
+
+
+def _paged_impl(impl: str | AttentionMechanisms | PagedAttentionImpl | None,
+                metadata: AttentionMetadata) -> PagedAttentionImpl:
+    if isinstance(impl, PagedAttentionImpl):
+        return impl
+    chosen = get_impl(current_impl_name(impl, "paged"), metadata, kind="paged")
+    if not isinstance(chosen, PagedAttentionImpl):
+        raise InvalidInputError("impl", f"{chosen.name()!r} is a {chosen.kind} impl, not a paged one",
+                                "name a paged impl (page_attention, ragged_page_attention_v3) or 'auto'")
+    return chosen
+
+
+def _num_seqs(num_seqs: Any) -> Any:
+    if isinstance(num_seqs, int) and not isinstance(num_seqs, bool):
+        return np.asarray([num_seqs], np.int32)
+    return num_seqs
+
+
+def _run_paged(chosen: PagedAttentionImpl, q: Any, k_pages: Any, v_pages: Any, page_table: Any, kv_lengths: Any,
+               features: dict[str, Any], metadata: AttentionMetadata) -> Any:
+    try:
+        return chosen(q, k_pages, v_pages, page_table, kv_lengths, **features).attention_outputs
+    except UnsupportedError as err:
+        if isinstance(chosen, AutoPagedAttention) or err.hint:
+            raise
+        spec = chosen._resolve(q, k_pages, v_pages, page_table, kv_lengths, features)
+        raise _with_hint(err, chosen.problem(spec, q, features.get("softmax_aux")), metadata) from None
+
+
+def ragged_paged_attention(
+    q: Any,
+    k_pages: Any,
+    v_pages: Any,
+    page_table: Any,
+    kv_lengths: Any,
+    cu_q_lens: Any,
+    num_seqs: Any,
+    *,
+    kv_pages: Any = None,
+    impl: str | AttentionMechanisms | PagedAttentionImpl | None = None,
+    sliding_window: int | tuple[int, int] | None = None,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    softmax_aux: Any = None,
+    metadata: AttentionMetadata | None = None,
+) -> Any:
+    """Attention of a ragged batch over a paged KV cache (vLLM-TPU style): ``(num_tokens, Hq, Dv)``.
+
+    ``q (num_tokens, Hq, D)`` packs the queries of several sequences: sequence s owns rows
+    ``cu_q_lens[s]:cu_q_lens[s + 1]`` (prefill chunks and decode steps mixed), only the first
+    ``num_seqs`` (an int or an int32 array of shape (1,)) are real. The cache is ``k_pages``,
+    ``v_pages`` ``(num_pages, page_size, Hkv, D|Dv)``, or ``kv_pages`` in JAX's combined TPU layout
+    (pass None for k_pages and v_pages); ``page_table (max_num_seqs, pages_per_seq)`` maps a
+    sequence's positions to pages and ``kv_lengths (max_num_seqs,)`` counts its cached tokens,
+    the queried ones included. Queries are causal per sequence, aligned to its last token.
+    """
+    md = metadata if metadata is not None else DEFAULT_METADATA
+    features = {"kv_pages": kv_pages, "cu_q_lens": cu_q_lens, "num_seqs": _num_seqs(num_seqs),
+                "sliding_window": sliding_window, "softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap,
+                "softmax_aux": softmax_aux}
+    return _run_paged(_paged_impl(impl, md), q, k_pages, v_pages, page_table, kv_lengths, features, md)
+
+
+def paged_attention(
+    q: Any,
+    k_pages: Any,
+    v_pages: Any,
+    page_table: Any,
+    kv_lengths: Any,
+    *,
+    kv_pages: Any = None,
+    impl: str | AttentionMechanisms | PagedAttentionImpl | None = None,
+    sliding_window: int | tuple[int, int] | None = None,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    softmax_aux: Any = None,
+    metadata: AttentionMetadata | None = None,
+) -> Any:
+    """A decode step over a paged KV cache: ``q (B, Hq, D)`` or ``(B, T, Hq, D)`` -> the same shape, Dv last.
+
+    Every sequence (row of ``page_table``) has T queries, the last T tokens of its
+    ``kv_lengths`` (T == 1: a decode step; a few: speculative decoding), causal. The cache is as
+    in ``ragged_paged_attention``.
+    """
+    md = metadata if metadata is not None else DEFAULT_METADATA
+    shape = shape_of(q, "q")
+    if len(shape) not in (3, 4):
+        raise InvalidInputError("q", f"must have shape (B, Hq, D) or (B, T, Hq, D), got {shape}",
+                                "ragged_paged_attention takes packed (num_tokens, Hq, D) queries")
+    b, t = shape[0], (1 if len(shape) == 3 else shape[1])
+    flat = q.reshape(b * t, *shape[-2:])
+    features = {"kv_pages": kv_pages, "cu_q_lens": np.arange(b + 1, dtype=np.int32) * t,
+                "num_seqs": np.asarray([b], np.int32), "queries_per_seq": t, "sliding_window": sliding_window,
+                "softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap, "softmax_aux": softmax_aux}
+    out = _run_paged(_paged_impl(impl, md), flat, k_pages, v_pages, page_table, kv_lengths, features, md)
+    return out.reshape(*shape[:-1], out.shape[-1])
+
+
+def explain_paged(
+    q: Any,
+    k_pages: Any,
+    v_pages: Any,
+    page_table: Any,
+    kv_lengths: Any,
+    cu_q_lens: Any = None,
+    num_seqs: Any = None,
+    *,
+    impl: str | AttentionMechanisms | None = None,
+    metadata: AttentionMetadata | None = None,
+    **features: Any,
+) -> Explanation:
+    """``explain`` for a paged call: ``paged_attention``'s arguments (q rank 3 or 4, no cu_q_lens),
+    or ``ragged_paged_attention``'s (q rank 3 with cu_q_lens and num_seqs). Arrays may be
+    ``jax.ShapeDtypeStruct``s."""
+    md = metadata if metadata is not None else DEFAULT_METADATA
+    shape = shape_of(q, "q")
+    if cu_q_lens is None:
+        b, t = shape[0], (1 if len(shape) == 3 else shape[1])
+        q = _Struct((b * t, *shape[-2:]), q.dtype)
+        cu_q_lens = np.arange(b + 1, dtype=np.int32) * t
+        num_seqs, features["queries_per_seq"] = np.asarray([b], np.int32), t
+    base = PagedAttentionImpl(md)
+    spec = base._resolve(q, k_pages, v_pages, page_table, kv_lengths,
+                         {**features, "cu_q_lens": cu_q_lens, "num_seqs": _num_seqs(num_seqs)})
+    return explain_problem(base.problem(spec, q, features.get("softmax_aux")), impl=impl, metadata=md)
+
+
+class _Struct:
+    """Shape and dtype only (what validation reads), without importing jax here."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any) -> None:
+        self.shape, self.dtype = shape, dtype

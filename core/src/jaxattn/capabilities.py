@@ -26,6 +26,10 @@ class Feature(StrEnum):
     GRAD = "grad"
     WEIGHTS = "weights"  # fills AttentionOutput.attention_weights
     LSE = "lse"  # fills AttentionOutput.softmax_lse
+    KV_LENGTHS = "kv_lengths"  # per-sequence key lengths: decode over a dense KV cache
+    # Paged (cached) calls: docs/contract.md, "Serving attention"
+    MULTI_TOKEN = "multi_token"  # more than one query per sequence (speculative decoding, chunked prefill)
+    RAGGED = "ragged"  # sequences with different query counts packed in one call (mixed prefill and decode)
 
 
 ALL_FEATURES: frozenset[Feature] = frozenset(Feature)

@@ -14,11 +14,13 @@ decide what surrounds the kernel. The instances ``jaxattn.get_impl`` returns car
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-from .impl import AttentionImpl, Call, Forward
+from .backend import Backend, Call, Forward
+from .impl import AttentionImpl
 from .lookup import impl_for
 from .output import AttentionOutput
-from .problem import AttentionProblem
+from .problem import Problem
 from .sharding.wrap import sharded_forward
 
 __all__ = ["COMPOSED", "ComposedRunner"]
@@ -26,7 +28,8 @@ __all__ = ["COMPOSED", "ComposedRunner"]
 logger = logging.getLogger("jaxattn")
 
 
-def _shard(impl: AttentionImpl, forward: Forward) -> Forward:
+def _shard(impl: Backend[Any], forward: Forward) -> Forward:
+    assert isinstance(impl, AttentionImpl)  # only dense calls run on a mesh (paged ones decline it)
     return sharded_forward(impl, forward.__name__)
 
 
@@ -36,10 +39,10 @@ class ComposedRunner:
     def __init__(self) -> None:
         self._logged: set[tuple[str, str, tuple[str, ...]]] = set()
 
-    def reasons(self, impl: AttentionImpl, problem: AttentionProblem) -> list[str]:
+    def reasons(self, impl: Backend[Any], problem: Problem) -> list[str]:
         return []  # hand-off and sharding are both available here
 
-    def run(self, impl: AttentionImpl, problem: AttentionProblem, call: Call) -> AttentionOutput:
+    def run(self, impl: Backend[Any], problem: Problem, call: Call) -> AttentionOutput:
         why = impl.fallback_reasons(problem)
         if why:
             target = impl.fallback_impl or "vanilla"
@@ -49,7 +52,8 @@ class ComposedRunner:
                 logger.info("jaxattn: %s hands %s to %s: %s", impl.name(), problem.describe(), target, "; ".join(why))
             # The platform override and interpret mode were for the handing impl's kernel.
             impl = impl_for(target, impl.metadata.replace(platform=None, interpret=False))
-        wrap = _shard if impl.metadata.mesh is not None and not impl.sequence_parallel else None
+        wrap = _shard if impl.metadata.mesh is not None and not impl.sequence_parallel and impl.kind == "dense" \
+            else None
         return impl.run_kernel(problem, call, wrap)
 
 

@@ -18,19 +18,21 @@ from .candidates import Candidate
 from .capabilities import ALL_FEATURES
 from .device import detect_device
 from .errors import JaxattnError, UnsupportedError
-from .impl import AttentionImpl, _resolve_platform
+from .impl import AttentionImpl, resolve_platform
 from .lookup import available_here, impl_for
 from .metadata import DEFAULT_METADATA, AttentionMetadata
 from .names import AttentionMechanisms, normalize_name
 from .output import AttentionOutput
+from .paged_impl import PagedAttentionImpl
 from .plugins import registry
-from .problem import AttentionProblem
+from .problem import AttentionProblem, PagedProblem, Problem
 from .tuning.cache import on_reload
 from .tuning.refiner import refine
 from .validation import resolve_call
 
 __all__ = [
     "AutoAttention",
+    "AutoPagedAttention",
     "Candidate",
     "Explanation",
     "accepting",
@@ -38,6 +40,7 @@ __all__ = [
     "clear_choices",
     "current_impl_name",
     "explain",
+    "explain_problem",
     "get_optimal_config",
     "use_impl",
 ]
@@ -58,15 +61,23 @@ def use_impl(name: str | AttentionMechanisms) -> Iterator[None]:
         _override.reset(token)
 
 
-def current_impl_name(impl: str | AttentionMechanisms | None = None) -> str:
-    """The name a call resolves to: argument, then ``use_impl``, then ``$JAXATTN_IMPL``, then auto."""
+def current_impl_name(impl: str | AttentionMechanisms | None = None, kind: str = "dense") -> str:
+    """The name a call of ``kind`` resolves to: argument, then ``use_impl``, then ``$JAXATTN_IMPL``,
+    then auto.
+
+    A scoped or environment name that is registered for the other op kind only (a paged impl
+    while a dense call runs, or the reverse) does not apply to this call: it resolves to auto.
+    """
     if impl is not None:
         return normalize_name(impl)
     scoped = _override.get()
-    if scoped is not None:
-        return scoped
-    env = os.environ.get("JAXATTN_IMPL", "").strip()
-    return normalize_name(env) if env else AttentionMechanisms.AUTO.value
+    if scoped is None:
+        env = os.environ.get("JAXATTN_IMPL", "").strip()
+        scoped = normalize_name(env) if env else None
+    if scoped is None or scoped == AttentionMechanisms.AUTO.value:
+        return AttentionMechanisms.AUTO.value
+    kinds = {p.kind for p in registry().providers_of(scoped)}
+    return AttentionMechanisms.AUTO.value if kinds and kind not in kinds else scoped
 
 
 def _rank_key(candidate: Candidate) -> tuple[int, int, str]:
@@ -74,13 +85,16 @@ def _rank_key(candidate: Candidate) -> tuple[int, int, str]:
     return (-candidate.priority, len(candidate.fallback) > 0, candidate.name)
 
 
-def _evaluate(problem: AttentionProblem, metadata: AttentionMetadata) -> list[Candidate]:
-    """Every provider's answer for ``problem``: ones for this platform first, best first."""
+def _evaluate(problem: Problem, metadata: AttentionMetadata) -> list[Candidate]:
+    """Every provider's answer for ``problem`` (those of its op kind): ones for this platform first,
+    best first."""
     device = detect_device()
-    platform, vendor = _resolve_platform(metadata, device)
-    best_here = {id(p) for p in available_here(metadata, device)}
+    platform, vendor = resolve_platform(metadata, device)
+    best_here = {id(p) for p in available_here(metadata, device, problem.kind)}
     rows: list[Candidate] = []
     for provider in registry().providers:
+        if provider.kind != problem.kind:
+            continue
         here = id(provider) in best_here
         if not here and provider.runs_on(platform, vendor):
             continue  # a lower-priority provider of a name served here by another
@@ -114,7 +128,7 @@ def _evaluate(problem: AttentionProblem, metadata: AttentionMetadata) -> list[Ca
 
 
 #: Hook for measured ranking: reorders accepted candidates. The tuning cache's refiner is first.
-RankRefiner = Callable[[list[Candidate], AttentionProblem, AttentionMetadata], list[Candidate]]
+RankRefiner = Callable[[list[Candidate], Problem, AttentionMetadata], list[Candidate]]
 _refiners: list[RankRefiner] = [refine]
 
 # choose()'s results per (problem, metadata, device, registry state): a repeated call signature
@@ -138,7 +152,7 @@ def clear_choices() -> None:
 on_reload(clear_choices)
 
 
-def choose(problem: AttentionProblem, metadata: AttentionMetadata) -> tuple[str | None, list[Candidate]]:
+def choose(problem: Problem, metadata: AttentionMetadata) -> tuple[str | None, list[Candidate]]:
     """Auto's pick for ``problem``: the best accepted candidate that runs the call itself.
 
     Rows come back in ranking order: auto's pool (refined by measurements) first, each with
@@ -155,7 +169,7 @@ def choose(problem: AttentionProblem, metadata: AttentionMetadata) -> tuple[str 
     pool = [dataclasses.replace(c, rank_reason=f"declared priority {c.priority}") for c in direct or accepted]
     for refiner in _refiners:
         pool = refiner(pool, problem, metadata)
-    if pool and not problem.needs_grad:
+    if pool and not problem.needs_grad and isinstance(problem, AttentionProblem):
         pool[0] = _with_backward(pool[0], problem, metadata)
     chosen = pool[0].name if pool else None
     ranked = {c.name for c in pool}
@@ -186,7 +200,7 @@ def _with_backward(first: Candidate, problem: AttentionProblem, metadata: Attent
                                rank_reason=f"{first.rank_reason}; {why}" if first.rank_reason else why)
 
 
-def _log_choice(problem: AttentionProblem, metadata: AttentionMetadata, chosen: str, rows: list[Candidate]) -> None:
+def _log_choice(problem: Problem, metadata: AttentionMetadata, chosen: str, rows: list[Candidate]) -> None:
     # The registry generation is part of the key: new providers may change the choice.
     key = (problem.signature(), hash(metadata), registry().generation)
     if key in _logged:
@@ -225,9 +239,7 @@ class AutoAttention(AttentionImpl):
     def select(self, problem: AttentionProblem) -> AttentionImpl:
         chosen, rows = choose(problem, self.metadata)
         if chosen is None:
-            reasons = [f"{c.name}: {'; '.join(c.reasons)}" for c in rows if c.here]
-            raise UnsupportedError("auto", reasons or ["no attention impl is installed for this platform"],
-                                   hint="install a backend (pip install 'jaxattn[cpu]') or change the inputs")
+            raise _no_choice(rows)
         _log_choice(problem, self.metadata, chosen, rows)
         row = next(c for c in rows if c.chosen)
         forward = self.resolve(chosen, self.metadata)
@@ -266,6 +278,46 @@ class AutoAttention(AttentionImpl):
 
 
 
+def _no_choice(rows: list[Candidate]) -> UnsupportedError:
+    reasons = [f"{c.name}: {'; '.join(c.reasons)}" for c in rows if c.here]
+    return UnsupportedError("auto", reasons or ["no attention impl is installed for this platform"],
+                            hint="install a backend (pip install 'jaxattn[cpu]') or change the inputs")
+
+
+class AutoPagedAttention(PagedAttentionImpl):
+    """"auto" for calls over a paged KV cache: per call, the best paged backend that accepts it."""
+
+    features: ClassVar = ALL_FEATURES
+    priority: ClassVar[int] = -1
+
+    def __init__(self, metadata: AttentionMetadata | None = None, *, resolve: Resolve) -> None:
+        super().__init__(metadata)
+        self.resolve = resolve
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return AttentionMechanisms.AUTO.value
+
+    def select(self, problem: PagedProblem) -> PagedAttentionImpl:
+        chosen, rows = choose(problem, self.metadata)
+        if chosen is None:
+            raise _no_choice(rows)
+        _log_choice(problem, self.metadata, chosen, rows)
+        impl = self.resolve(chosen, self.metadata)
+        assert isinstance(impl, PagedAttentionImpl)
+        return impl
+
+    def not_supported_reasons(self, problem: PagedProblem) -> list[str]:
+        chosen, rows = choose(problem, self.metadata)
+        return [] if chosen is not None else _no_choice(rows).reasons
+
+    def __call__(self, q: Any, k_pages: Any, v_pages: Any, page_table: Any, kv_lengths: Any,
+                 **features: Any) -> AttentionOutput:
+        spec = self._resolve(q, k_pages, v_pages, page_table, kv_lengths, features)
+        impl = self.select(self.problem(spec, q, features.get("softmax_aux")))
+        return impl(q, k_pages, v_pages, page_table, kv_lengths, **features)
+
+
 def _signature(x: Any) -> Any:
     shape = getattr(x, "shape", None)
     return x if shape is None else (tuple(shape), x.dtype)  # dtype objects hash fast; str() does not
@@ -285,7 +337,7 @@ def _call_key(q: Any, k: Any, v: Any, mask: Any, bias: Any, causal: Any, feature
 class Explanation:
     """What each implementation says about one call, and which one runs it."""
 
-    problem: AttentionProblem
+    problem: Problem
     requested: str
     chosen: str | None
     candidates: tuple[Candidate, ...]
@@ -334,8 +386,16 @@ def explain(
         q_segment_ids=spec.q_segment_ids, kv_segment_ids=spec.kv_segment_ids,
         logits_soft_cap=spec.logits_soft_cap, softmax_aux=features.get("softmax_aux"),
         dropout_prob=spec.dropout_prob, needs_grad=needs_grad, dtype=md.runtime_dtype or q.dtype,
+        kv_lengths=spec.kv_lengths,
     )
-    requested = current_impl_name(impl)
+    return explain_problem(problem, impl=impl, metadata=md)
+
+
+def explain_problem(problem: Problem, *, impl: str | AttentionMechanisms | None = None,
+                    metadata: AttentionMetadata | None = None) -> Explanation:
+    """``explain`` for a problem built by hand (``AttentionProblem`` or ``PagedProblem``)."""
+    md = metadata or DEFAULT_METADATA
+    requested = current_impl_name(impl, problem.kind)
     auto_choice, rows = choose(problem, md)
     if requested == AttentionMechanisms.AUTO.value:
         chosen = auto_choice
@@ -348,7 +408,7 @@ def explain(
     return Explanation(problem, requested, chosen, tuple(rows), detect_device().label)
 
 
-def accepting(problem: AttentionProblem, metadata: AttentionMetadata) -> list[str]:
+def accepting(problem: Problem, metadata: AttentionMetadata) -> list[str]:
     """Names of the impls here that accept ``problem``, best first."""
     return [c.name for c in _evaluate(problem, metadata) if c.accepted]
 
@@ -364,7 +424,7 @@ def get_optimal_config(metadata: AttentionMetadata | None = None) -> tuple[str, 
 
     md = metadata or DEFAULT_METADATA
     device = detect_device()
-    platform, _ = _resolve_platform(md, device)
+    platform, _ = resolve_platform(md, device)
     old_tpu = platform == "tpu" and device.tpu_generation in ("v2", "v3")
     dtype = jnp.float32 if platform == "cpu" or old_tpu else jnp.bfloat16
     shape = jax.ShapeDtypeStruct((1, 2048, 32, 128), dtype)

@@ -1,6 +1,6 @@
 """Finding implementations by name: providers here, instances, ``list_impls``, ``register_impl``.
 
-Resolution only: the instances built here run their own kernel (``AttentionImpl.runner`` is
+Resolution only: the instances built here run their own kernel (their ``runner`` is
 ``DIRECT``); ``jaxattn.get_impl`` (``jaxattn.api``) gives users instances composed with hand-off
 and sharding.
 """
@@ -8,10 +8,11 @@ and sharding.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
+from .backend import Backend, resolve_platform
 from .device import DeviceInfo, detect_device
 from .errors import ImplNotFoundError, PluginError
-from .impl import AttentionImpl, _resolve_platform
 from .metadata import DEFAULT_METADATA, AttentionMetadata
 from .names import PROVIDERS, AttentionMechanisms, normalize_name
 from .plugins import plugin_records, register_impl_class, registry
@@ -24,15 +25,17 @@ def _where(platform: str, vendor: str | None) -> str:
     return f"{platform}/{vendor}" if platform == "gpu" and vendor else platform
 
 
-def available_here(metadata: AttentionMetadata | None = None, device: DeviceInfo | None = None) -> list[Provider]:
-    """Providers that serve this platform (best per name), in order of priority."""
+def available_here(metadata: AttentionMetadata | None = None, device: DeviceInfo | None = None,
+                   kind: str | None = None) -> list[Provider]:
+    """Providers that serve this platform (best per name), in order of priority; of one op kind
+    when ``kind`` is given."""
     md = metadata or DEFAULT_METADATA
     dev = device or detect_device()
-    platform, vendor = _resolve_platform(md, dev)
+    platform, vendor = resolve_platform(md, dev)
     reg = registry()
     best: dict[str, Provider] = {}
     for provider in reg.providers:
-        if provider.runs_on(platform, vendor) and provider.error is None:
+        if provider.runs_on(platform, vendor) and provider.error is None and kind in (None, provider.kind):
             current = best.get(provider.name)
             if current is None or provider.priority > current.priority:
                 best[provider.name] = provider
@@ -73,7 +76,7 @@ def _not_found(name: str, platform: str, vendor: str | None, md: AttentionMetada
     )
 
 
-def new_impl(name: str, metadata: AttentionMetadata, device: DeviceInfo) -> AttentionImpl:
+def new_impl(name: str, metadata: AttentionMetadata, device: DeviceInfo) -> Backend[Any]:
     """A fresh instance of the provider of ``name`` here (its default runner: see ``jaxattn.api``).
 
     Raises ``PluginError`` for a broken plugin of that name and ``ImplNotFoundError`` (saying
@@ -85,7 +88,7 @@ def new_impl(name: str, metadata: AttentionMetadata, device: DeviceInfo) -> Atte
         record = broken[0]
         raise PluginError(f"plugin {record.name!r} ({record.distribution}) failed to load: {record.reason}") \
             from record.error
-    platform, vendor = _resolve_platform(metadata, device)
+    platform, vendor = resolve_platform(metadata, device)
     try:
         provider = reg.resolve(name, platform, vendor)
     except ImplNotFoundError:
@@ -94,19 +97,19 @@ def new_impl(name: str, metadata: AttentionMetadata, device: DeviceInfo) -> Atte
 
 
 @functools.lru_cache(maxsize=256)
-def _cached(name: str, metadata: AttentionMetadata, device: DeviceInfo, generation: int) -> AttentionImpl:
+def _cached(name: str, metadata: AttentionMetadata, device: DeviceInfo, generation: int) -> Backend[Any]:
     return new_impl(name, metadata, device)
 
 
-def impl_for(name: str | AttentionMechanisms, metadata: AttentionMetadata | None = None) -> AttentionImpl:
+def impl_for(name: str | AttentionMechanisms, metadata: AttentionMetadata | None = None) -> Backend[Any]:
     """The provider of ``name`` here, bound to ``metadata``: one shared instance, for asking what
     it can run (selection and explanation). Calls go through ``jaxattn.get_impl``'s instances."""
     md = metadata if metadata is not None else DEFAULT_METADATA
     return _cached(normalize_name(name), md, detect_device(), registry().generation)
 
 
-def register_impl(impl_cls: type[AttentionImpl], *, replace: bool = False) -> type[AttentionImpl]:
-    """Register an ``AttentionImpl`` subclass at runtime; usable as a class decorator.
+def register_impl(impl_cls: type[Backend[Any]], *, replace: bool = False) -> type[Backend[Any]]:
+    """Register an ``AttentionImpl`` or ``PagedAttentionImpl`` subclass at runtime; usable as a class decorator.
 
     An equal-priority provider of the same name on an overlapping platform is an error
     unless ``replace=True``, which removes it.
@@ -120,7 +123,7 @@ def list_impls(metadata: AttentionMetadata | None = None) -> list[ImplInfo]:
     md = metadata or DEFAULT_METADATA
     reg = registry()
     dev = detect_device()
-    platform, vendor = _resolve_platform(md, dev)
+    platform, vendor = resolve_platform(md, dev)
     here = {id(p) for p in available_here(md, dev)}
     rows: list[ImplInfo] = []
     for p in sorted(reg.providers, key=lambda p: (p.name, -p.priority)):
@@ -130,7 +133,7 @@ def list_impls(metadata: AttentionMetadata | None = None) -> list[ImplInfo]:
             status, reason = "broken", f"{type(p.error).__name__}: {p.error}"
         elif conflicts:
             status = "conflict"
-            reason = f"same name and priority as {', '.join(c.origin for c in conflicts)}"
+            reason = "; ".join(reg.conflict_message(p, c) for c in conflicts)
         elif not p.runs_on(platform, vendor):
             reason = f"runs on {'/'.join(p.platforms)}, not {_where(platform, vendor)}"
         elif id(p) not in here:
@@ -138,7 +141,7 @@ def list_impls(metadata: AttentionMetadata | None = None) -> list[ImplInfo]:
         rows.append(ImplInfo(
             name=p.name, aliases=p.names[1:], plugin=p.plugin, distribution=p.distribution, version=p.version,
             platforms=p.platforms, priority=p.priority, status=status, reason=reason,
-            usable_here=status == "ok" and id(p) in here, description=p.description,
+            usable_here=status == "ok" and id(p) in here, description=p.description, kind=p.kind,
         ))
     rows += [
         ImplInfo(

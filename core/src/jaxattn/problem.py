@@ -1,7 +1,9 @@
-"""``AttentionProblem``: the shapes, dtype and features of one call, without the arrays.
+"""The shapes, dtype and features of one call, without the arrays: what backends are asked about.
 
-Built from arrays or ``jax.ShapeDtypeStruct``s, so ``explain`` and the CLI can ask every
-backend about a call that was never materialised.
+``AttentionProblem`` describes a dense call (``attention``), ``PagedProblem`` a call over a paged
+KV cache (``paged_attention``, ``ragged_paged_attention``). Both are built from arrays or
+``jax.ShapeDtypeStruct``s, so ``explain`` and the CLI can ask every backend about a call that
+was never materialised, and both are hashable (choices are memoised per problem).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 from ._dtypes import dtype_name
 from .capabilities import Feature
 
-__all__ = ["AttentionProblem"]
+__all__ = ["AttentionProblem", "PagedProblem", "Problem"]
 
 
 def _shape(x: Any) -> tuple[int, ...] | None:
@@ -44,6 +46,10 @@ class AttentionProblem:
     sinks: bool = False
     dropout_prob: float = 0.0
     needs_grad: bool = False
+    kv_lengths: bool = False  # per-sequence key lengths (a dense KV cache of capacity S)
+
+    #: The op kind: which providers are asked (``AttentionImpl`` subclasses).
+    kind = "dense"
 
     @classmethod
     def from_inputs(
@@ -63,6 +69,7 @@ class AttentionProblem:
         dropout_prob: float = 0.0,
         needs_grad: bool = False,
         dtype: Any = None,
+        kv_lengths: Any = None,
     ) -> AttentionProblem:
         """Describe a call. Inputs are assumed validated (see ``jaxattn.validation``)."""
         b, t, hq, d = _shape(q) or ()
@@ -85,6 +92,7 @@ class AttentionProblem:
             sinks=softmax_aux is not None,
             dropout_prob=float(dropout_prob),
             needs_grad=bool(needs_grad),
+            kv_lengths=kv_lengths is not None,
         )
 
     @property
@@ -108,6 +116,7 @@ class AttentionProblem:
             Feature.SINKS: self.sinks,
             Feature.DROPOUT: self.dropout_prob > 0,
             Feature.GRAD: self.needs_grad,
+            Feature.KV_LENGTHS: self.kv_lengths,
         }
         need.update(f for f, on in flags.items() if on)
         return frozenset(need)
@@ -122,3 +131,71 @@ class AttentionProblem:
             f"B={self.batch} T={self.seq_q} S={self.seq_k} Hq={self.heads_q} Hkv={self.heads_kv} "
             f"D={self.head_dim} Dv={self.head_dim_v} {self.dtype} [{feats}]"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedProblem:
+    """A call over a paged KV cache, in the ragged form every paged backend receives.
+
+    ``num_tokens`` query rows of ``num_seqs`` sequences (the page table's rows);
+    ``queries_per_seq`` is T when every sequence has T queries (``paged_attention``: T == 1 is a
+    decode step), None for a ragged batch (``ragged_paged_attention``, per-sequence counts in
+    ``cu_q_lens``). Queries are causal per sequence, aligned to its last cached token.
+    """
+
+    num_seqs: int
+    num_tokens: int
+    queries_per_seq: int | None
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    head_dim_v: int
+    dtype: str
+    page_size: int
+    num_pages: int
+    pages_per_seq: int
+    kv_layout: str = "separate"  # "separate" (k_pages, v_pages) or "combined" (kv_pages)
+    sliding_window: int | None = None  # keys a query sees before itself (left window)
+    logits_soft_cap: float | None = None
+    sinks: bool = False
+    needs_grad: bool = False
+
+    kind = "paged"
+
+    @property
+    def group_size(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    @property
+    def max_context(self) -> int:
+        """The most tokens a sequence's pages hold."""
+        return self.pages_per_seq * self.page_size
+
+    def required_features(self) -> frozenset[Feature]:
+        flags = {
+            Feature.GQA: self.heads_q != self.heads_kv,
+            Feature.VALUE_DIM: self.head_dim_v != self.head_dim,
+            Feature.SLIDING_WINDOW: self.sliding_window is not None,
+            Feature.SOFT_CAP: self.logits_soft_cap is not None,
+            Feature.SINKS: self.sinks,
+            Feature.MULTI_TOKEN: self.queries_per_seq != 1,
+            Feature.RAGGED: self.queries_per_seq is None,
+            Feature.GRAD: self.needs_grad,
+        }
+        return frozenset(f for f, on in flags.items() if on)
+
+    def signature(self) -> tuple[Any, ...]:
+        return dataclasses.astuple(self)
+
+    def describe(self) -> str:
+        feats = ", ".join(sorted(str(f) for f in self.required_features())) or "plain"
+        queries = "ragged" if self.queries_per_seq is None else f"T={self.queries_per_seq}"
+        return (
+            f"paged: seqs={self.num_seqs} tokens={self.num_tokens} {queries} Hq={self.heads_q} Hkv={self.heads_kv} "
+            f"D={self.head_dim} Dv={self.head_dim_v} {self.dtype} pages={self.num_pages}x{self.page_size} "
+            f"({self.pages_per_seq}/seq, {self.kv_layout}) [{feats}]"
+        )
+
+
+#: Either kind of problem.
+Problem = AttentionProblem | PagedProblem

@@ -8,9 +8,9 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
+from .backend import Backend
 from .capabilities import PLATFORM_TOKENS, platform_matches
 from .errors import ImplNotFoundError, PluginError
-from .impl import AttentionImpl
 from .names import normalize_name
 
 __all__ = ["ImplInfo", "ImplRef", "Provider", "Registry"]
@@ -18,10 +18,11 @@ __all__ = ["ImplInfo", "ImplRef", "Provider", "Registry"]
 
 @dataclasses.dataclass(frozen=True)
 class ImplRef:
-    """A lazy reference to an ``AttentionImpl`` subclass: ``"package.module:ClassName"``.
+    """A lazy reference to a backend class (``AttentionImpl`` or ``PagedAttentionImpl`` subclass):
+    ``"package.module:ClassName"``.
 
-    The names, platforms and priority are declared here so that discovery and listing never
-    import the module (and whatever kernel library it pulls in).
+    The names, platforms, priority and op kind are declared here so that discovery and listing
+    never import the module (and whatever kernel library it pulls in).
     """
 
     target: str
@@ -29,15 +30,16 @@ class ImplRef:
     platforms: tuple[str, ...]
     priority: int = 0
     description: str = ""
+    kind: str = "dense"  # "dense" (AttentionImpl) or "paged" (PagedAttentionImpl)
 
     def __post_init__(self) -> None:
         if ":" not in self.target:
             raise PluginError(f"ImplRef target {self.target!r} must look like 'package.module:ClassName'")
         object.__setattr__(self, "names", tuple(normalize_name(n) for n in _as_tuple(self.names)))
         object.__setattr__(self, "platforms", tuple(_as_tuple(self.platforms)))
-        _check_declaration(self.target, self.names, self.platforms)
+        _check_declaration(self.target, self.names, self.platforms, self.kind)
 
-    def load(self) -> type[AttentionImpl]:
+    def load(self) -> type[Backend[Any]]:
         module_name, _, attr = self.target.partition(":")
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):
@@ -49,9 +51,15 @@ def _as_tuple(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
 
-def _check_declaration(what: str, names: tuple[str, ...], platforms: tuple[str, ...]) -> None:
+#: The op kinds a backend can serve.
+KINDS = ("dense", "paged")
+
+
+def _check_declaration(what: str, names: tuple[str, ...], platforms: tuple[str, ...], kind: str) -> None:
     if not names:
         raise PluginError(f"{what}: declares no name")
+    if kind not in KINDS:
+        raise PluginError(f"{what}: kind {kind!r} is not one of {KINDS}")
     unknown = set(platforms) - PLATFORM_TOKENS
     if not platforms or unknown:
         raise PluginError(f"{what}: platforms {platforms} must be a non-empty subset of {sorted(PLATFORM_TOKENS)}")
@@ -64,26 +72,29 @@ class Provider:
     names: tuple[str, ...]
     platforms: tuple[str, ...]
     priority: int
-    source: type[AttentionImpl] | ImplRef
+    source: type[Backend[Any]] | ImplRef
     plugin: str
     distribution: str | None = None
     version: str | None = None
     description: str = ""
+    kind: str = "dense"
     error: BaseException | None = None
-    _cls: type[AttentionImpl] | None = None
+    _cls: type[Backend[Any]] | None = None
 
     @classmethod
     def from_source(cls, source: Any, plugin: str, distribution: str | None, version: str | None) -> Provider:
         if isinstance(source, ImplRef):
             return cls(source.names, source.platforms, source.priority, source, plugin, distribution, version,
-                       source.description)
-        if isinstance(source, type) and issubclass(source, AttentionImpl):
+                       source.description, source.kind)
+        if isinstance(source, type) and issubclass(source, Backend):
             names, platforms = source.names(), tuple(sorted(source.platforms))
-            _check_declaration(source.__qualname__, names, platforms)
+            _check_declaration(source.__qualname__, names, platforms, source.kind)
             return cls(names, platforms, source.priority, source, plugin, distribution, version,
-                       source.description or (source.__doc__ or "").strip().split("\n")[0], _cls=source)
+                       source.description or (source.__doc__ or "").strip().split("\n")[0], source.kind,
+                       _cls=source)
         raise PluginError(
-            f"plugin {plugin!r} registered {source!r}; expected an AttentionImpl subclass or a jaxattn.ImplRef"
+            f"plugin {plugin!r} registered {source!r}; expected an AttentionImpl or PagedAttentionImpl subclass, "
+            "or a jaxattn.ImplRef"
         )
 
     @property
@@ -94,7 +105,7 @@ class Provider:
     def origin(self) -> str:
         return self.distribution or self.plugin
 
-    def load(self) -> type[AttentionImpl]:
+    def load(self) -> type[Backend[Any]]:
         """The impl class (imports its module on first use); re-raises a load failure."""
         if self._cls is not None:
             return self._cls
@@ -107,10 +118,11 @@ class Provider:
             self.error = err
             raise PluginError(f"impl {self.name!r} from {self.origin} failed to load: {err}") from err
         declared = set(self.names)
-        if not declared <= set(impl_cls.names()) or set(self.platforms) != set(impl_cls.platforms):
+        if (not declared <= set(impl_cls.names()) or set(self.platforms) != set(impl_cls.platforms)
+                or self.kind != impl_cls.kind):
             self.error = PluginError(
                 f"{self.source.target} declares names {impl_cls.names()} / platforms {sorted(impl_cls.platforms)}"
-                f" but its ImplRef says {self.names} / {self.platforms}"
+                f" / kind {impl_cls.kind!r} but its ImplRef says {self.names} / {self.platforms} / {self.kind!r}"
             )
             raise self.error
         self._cls = impl_cls
@@ -142,6 +154,7 @@ class ImplInfo:
     reason: str = ""
     usable_here: bool = False
     description: str = ""
+    kind: str = "dense"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -160,7 +173,7 @@ class Registry:
 
     def add(self, provider: Provider, *, strict: bool) -> list[str]:
         """Add a provider; returns conflict messages (raised at once when ``strict``)."""
-        conflicts = [self._conflict_message(provider, other) for other in self.conflicting(provider)]
+        conflicts = [self.conflict_message(provider, other) for other in self.conflicting(provider)]
         if conflicts and strict:
             raise PluginError(conflicts[0])
         self.providers.append(provider)
@@ -172,18 +185,22 @@ class Registry:
         self.generation = next(_generations)
 
     def conflicting(self, provider: Provider) -> Iterator[Provider]:
+        """Providers sharing a name with ``provider`` at its priority on a platform it serves, or
+        of another op kind (a name means one kind of call everywhere)."""
         for other in self.providers:
-            if (
-                other is not provider
-                and set(other.names) & set(provider.names)
-                and other.priority == provider.priority
-                and other.overlaps(provider)
+            if other is not provider and set(other.names) & set(provider.names) and (
+                other.kind != provider.kind or (other.priority == provider.priority and other.overlaps(provider))
             ):
                 yield other
 
     @staticmethod
-    def _conflict_message(a: Provider, b: Provider) -> str:
+    def conflict_message(a: Provider, b: Provider) -> str:
         shared = sorted(set(a.names) & set(b.names))
+        if a.kind != b.kind:
+            return (
+                f"{', '.join(shared)} names a {a.kind} impl from {a.origin} and a {b.kind} impl from {b.origin}; "
+                "a name means one kind of call: rename one, or disable one with JAXATTN_DISABLE_PLUGINS"
+            )
         return (
             f"two providers of {', '.join(shared)} for overlapping platforms at equal priority {a.priority}: "
             f"{a.origin} ({'/'.join(a.platforms)}) and {b.origin} ({'/'.join(b.platforms)}); "
@@ -207,5 +224,5 @@ class Registry:
         best = max(p.priority for p in here)
         top = [p for p in here if p.priority == best]
         if len(top) > 1:
-            raise PluginError(self._conflict_message(top[0], top[1]))
+            raise PluginError(self.conflict_message(top[0], top[1]))
         return top[0]

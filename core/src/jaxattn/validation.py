@@ -14,7 +14,7 @@ from ._dtypes import dtype_name
 from .errors import InvalidInputError
 from .metadata import DEFAULT_METADATA, AttentionMetadata
 
-__all__ = ["CallSpec", "resolve_call"]
+__all__ = ["CallSpec", "is_concrete", "positive", "resolve_call", "shape_of"]
 
 _FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
 
@@ -31,9 +31,10 @@ class CallSpec:
     q_segment_ids: Any
     kv_segment_ids: Any
     bias: Any
+    kv_lengths: Any = None
 
 
-def _shape(x: Any, name: str) -> tuple[int, ...]:
+def shape_of(x: Any, name: str) -> tuple[int, ...]:
     shape = getattr(x, "shape", None)
     if shape is None:
         raise InvalidInputError(name, f"expected an array, got {type(x).__name__}", "pass a jax.Array")
@@ -57,7 +58,7 @@ def _check_broadcast(name: str, shape: tuple[int, ...], target: tuple[int, ...])
 
 def _check_qkv(q: Any, k: Any, v: Any) -> None:
     for name, x, layout in (("q", q, "(B, T, Hq, D)"), ("k", k, "(B, S, Hkv, D)"), ("v", v, "(B, S, Hkv, Dv)")):
-        shape = _shape(x, name)
+        shape = shape_of(x, name)
         if len(shape) != 4:
             raise InvalidInputError(
                 name, f"must have rank 4 {layout}, got shape {shape}", "jaxattn uses the BTHD layout; add a batch axis"
@@ -111,7 +112,7 @@ def _segment_ids(q_ids: Any, kv_ids: Any, b: int, t: int, s: int) -> tuple[Any, 
         q_ids = kv_ids if q_ids is None else q_ids
         kv_ids = q_ids if kv_ids is None else kv_ids
     for name, ids, want in (("q_segment_ids", q_ids, (b, t)), ("kv_segment_ids", kv_ids, (b, s))):
-        shape = _shape(ids, name)
+        shape = shape_of(ids, name)
         if shape != want:
             raise InvalidInputError(name, f"must have shape {want} (B, {'T' if name[0] == 'q' else 'S'}), got {shape}")
         if not dtype_name(ids.dtype).startswith(("int", "uint")):
@@ -119,7 +120,39 @@ def _segment_ids(q_ids: Any, kv_ids: Any, b: int, t: int, s: int) -> tuple[Any, 
     return q_ids, kv_ids
 
 
-def _positive(name: str, value: Any) -> float | None:
+def is_concrete(x: Any) -> bool:
+    """Whether ``x`` holds values (not a tracer or a ``ShapeDtypeStruct``): checks of values run
+    only then; under ``jax.jit`` they cannot, and the contract says what happens instead."""
+    if not hasattr(x, "shape") or type(x).__name__ == "ShapeDtypeStruct":
+        return False
+    try:
+        import jax
+    except ImportError:  # a NumPy array on a host without jax
+        return True
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _check_lengths(kv_lengths: Any, b: int, s: int) -> None:
+    shape = shape_of(kv_lengths, "kv_lengths")
+    if shape != (b,):
+        raise InvalidInputError("kv_lengths", f"must have shape (B,) = ({b},), one key count per sequence, got {shape}")
+    if not dtype_name(kv_lengths.dtype).startswith(("int", "uint")):
+        raise InvalidInputError("kv_lengths", f"must be integers, got {dtype_name(kv_lengths.dtype)}",
+                                "use jnp.int32 lengths")
+    if is_concrete(kv_lengths):
+        import numpy as np
+
+        values = np.asarray(kv_lengths)
+        bad = np.flatnonzero((values < 0) | (values > s))
+        if bad.size:
+            i = int(bad[0])
+            raise InvalidInputError(
+                "kv_lengths", f"kv_lengths[{i}] = {int(values[i])} is outside 0..S = 0..{s} (the cache's capacity)",
+                "a length counts the valid keys at the front of k and v",
+            )
+
+
+def positive(name: str, value: Any) -> float | None:
     if value is None:
         return None
     try:
@@ -148,6 +181,7 @@ def resolve_call(
     softmax_aux: Any = None,
     dropout_prob: float | None = None,
     dropout_rng: Any = None,
+    kv_lengths: Any = None,
     metadata: AttentionMetadata | None = None,
 ) -> CallSpec:
     """Validate a call and fill its defaults from ``metadata`` (call arguments win)."""
@@ -156,7 +190,7 @@ def resolve_call(
     b, t, hq, d = q.shape
     s = k.shape[1]
     if mask is not None:
-        _check_broadcast("mask", _shape(mask, "mask"), (b, hq, t, s))
+        _check_broadcast("mask", shape_of(mask, "mask"), (b, hq, t, s))
         if dtype_name(mask.dtype) != "bool":
             raise InvalidInputError(
                 "mask", f"must be boolean (True = attend), got {dtype_name(mask.dtype)}",
@@ -167,7 +201,7 @@ def resolve_call(
             raise InvalidInputError("init_bias", "must be a zero-argument callable returning the bias")
         bias = init_bias()
     if bias is not None:
-        _check_broadcast("bias", _shape(bias, "bias"), (b, hq, t, s))
+        _check_broadcast("bias", shape_of(bias, "bias"), (b, hq, t, s))
         if dtype_name(bias.dtype) not in _FLOAT_DTYPES:
             raise InvalidInputError("bias", f"must be floating (additive), got {dtype_name(bias.dtype)}",
                                     "a boolean mask goes in mask=")
@@ -175,18 +209,20 @@ def resolve_call(
         raise InvalidInputError("causal", f"must be a bool, got {type(causal).__name__}")
     q_ids, kv_ids = _segment_ids(q_segment_ids, kv_segment_ids, b, t, s)
     if softmax_aux is not None:
-        shape = _shape(softmax_aux, "softmax_aux")
+        shape = shape_of(softmax_aux, "softmax_aux")
         if shape != (hq,):
             raise InvalidInputError("softmax_aux", f"must have shape (Hq,) = ({hq},), one sink logit per query head,"
                                     f" got {shape}")
+    if kv_lengths is not None:
+        _check_lengths(kv_lengths, b, s)
     p = md.dropout_prob if dropout_prob is None else float(dropout_prob)
     if not 0.0 <= p < 1.0:
         raise InvalidInputError("dropout_prob", f"must be in [0, 1), got {p}")
     if p > 0 and dropout_rng is None:
         raise InvalidInputError("dropout_rng", f"is required when dropout_prob > 0 (got {p})",
                                 "pass dropout_rng=jax.random.key(seed), or dropout_prob=0.0")
-    scale = _positive("softmax_scale", softmax_scale if softmax_scale is not None else md.softmax_scale)
-    cap = _positive("logits_soft_cap", logits_soft_cap if logits_soft_cap is not None else md.logits_soft_cap)
+    scale = positive("softmax_scale", softmax_scale if softmax_scale is not None else md.softmax_scale)
+    cap = positive("logits_soft_cap", logits_soft_cap if logits_soft_cap is not None else md.logits_soft_cap)
     return CallSpec(
         causal=causal,
         sliding_window=_window(sliding_window),
@@ -196,4 +232,5 @@ def resolve_call(
         q_segment_ids=q_ids,
         kv_segment_ids=kv_ids,
         bias=bias,
+        kv_lengths=kv_lengths,
     )

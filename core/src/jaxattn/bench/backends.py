@@ -127,4 +127,4 @@ def available_backends(metadata: AttentionMetadata) -> list[str]:
     """Every impl usable on this device (best provider per name), by declared priority."""
     from ..lookup import available_here
 
-    return [p.name for p in available_here(metadata)]
+    return [p.name for p in available_here(metadata, kind="dense")]

@@ -23,7 +23,7 @@ def problem_of(shape: BenchShape) -> AttentionProblem:
 def measurements_from(shape: BenchShape, results: Sequence[BenchResult],
                       metadata: AttentionMetadata) -> list[Measurement]:
     """One measurement per registered impl with at least one timing for ``shape``."""
-    providers = {p.name: p for p in available_here(metadata)}
+    providers = {p.name: p for p in available_here(metadata, kind="dense")}
     times: dict[str, dict[str, float]] = {}
     for r in results:
         if r.shape == shape and r.ok and r.median_ms is not None and r.backend in providers:

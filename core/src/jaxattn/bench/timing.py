@@ -209,10 +209,10 @@ PLATFORM_DEFAULTS: dict[str, tuple[float, float]] = {"gpu": (10.0, 100.0), "tpu"
 
 def platform_of(metadata: AttentionMetadata) -> str:
     """The platform runs go to: the metadata's override, else the detected device."""
+    from ..backend import resolve_platform
     from ..device import detect_device
-    from ..impl import _resolve_platform
 
-    return _resolve_platform(metadata, detect_device())[0]
+    return resolve_platform(metadata, detect_device())[0]
 
 
 def platform_defaults(platform: str) -> tuple[float, float]:

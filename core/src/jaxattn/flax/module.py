@@ -102,7 +102,7 @@ class FlexibleAttentionModule(nnx.Module):
         self.metadata = md
         self.rngs = rngs
         # Resolved once: an unknown or unusable name fails here, not at the first forward pass.
-        self.impl = jaxattn.get_impl(self.attention_mechanism, md)
+        self.impl: jaxattn.AttentionImpl = jaxattn.get_impl(self.attention_mechanism, md)
         # cached_key / cached_value / cache_index exist only after init_cache(): NNX fixes an
         # attribute's kind (static or data) at its first assignment, so no None placeholders.
 

@@ -65,6 +65,10 @@ class AttentionSpecs:
         return P(self.batch, self.seq_k)
 
     @property
+    def lengths(self) -> P:
+        return P(self.batch)
+
+    @property
     def aux(self) -> P:
         return P(self.heads)
 

@@ -74,7 +74,8 @@ def sharded_forward(impl: AttentionImpl, forward_name: str) -> Callable[..., Att
 
     def forward(q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None, init_bias: Any = None,
                 causal: bool = False, *, q_segment_ids: Any = None, kv_segment_ids: Any = None,
-                softmax_aux: Any = None, dropout_rng: Any = None, **static: Any) -> AttentionOutput:
+                softmax_aux: Any = None, dropout_rng: Any = None, kv_lengths: Any = None,
+                **static: Any) -> AttentionOutput:
         repeat = check_batch_heads(axes, q, k)
         if repeat > 1:  # documented replication: see kv_head_repeat
             k, v = (jnp.repeat(x, repeat, axis=2) for x in (k, v))
@@ -83,18 +84,20 @@ def sharded_forward(impl: AttentionImpl, forward_name: str) -> Callable[..., Att
         shard_axes = axes.batch + axes.heads
 
         def body(q: Any, k: Any, v: Any, mask: Any, bias: Any, q_ids: Any, kv_ids: Any, aux: Any,
-                 rng: Any) -> AttentionOutput:
+                 rng: Any, lengths: Any) -> AttentionOutput:
             if rng is not None:
                 # One key for every shard would repeat the same keep-mask on each of them.
                 rng = jax.random.fold_in(rng, jax.lax.axis_index(shard_axes))
+            extra = {} if lengths is None else {"kv_lengths": lengths}
             out = kernel(q, k, v, mask=mask, bias=bias, init_bias=None, causal=causal, q_segment_ids=q_ids,
-                         kv_segment_ids=kv_ids, softmax_aux=aux, dropout_rng=rng, **static)
+                         kv_segment_ids=kv_ids, softmax_aux=aux, dropout_rng=rng, **extra, **static)
             return out if isinstance(out, AttentionOutput) else AttentionOutput(out)
 
         in_specs = (specs.q, specs.kv, specs.kv, specs.broadcast(mask, full), specs.broadcast(bias, full),
-                    specs.q_ids, specs.kv_ids, specs.aux, P())
+                    specs.q_ids, specs.kv_ids, specs.aux, P(), specs.lengths)
         out_specs = AttentionOutput(specs.out, specs.weights, specs.lse)
         run = shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-        return run(q, k, v, mask, bias, q_segment_ids, kv_segment_ids, softmax_aux, dropout_rng)  # type: ignore[no-any-return]
+        return run(q, k, v, mask, bias, q_segment_ids, kv_segment_ids, softmax_aux,  # type: ignore[no-any-return]
+                   dropout_rng, kv_lengths)
 
     return forward

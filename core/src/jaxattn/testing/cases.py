@@ -87,6 +87,7 @@ class Case:
     logits_soft_cap: float | None = None
     sinks: bool = False
     softmax_scale: float | None = None
+    kv_lengths: tuple[int, ...] | None = None  # per-batch key lengths (a dense KV cache of capacity S)
     q_gain: float = 1.0  # multiplies q, to push logits where a soft cap bites
     grad: bool = True  # also part of the gradient tests
     seed: int = 0
@@ -133,6 +134,10 @@ DEFAULT_CASES: tuple[Case, ...] = (
     Case("sinks", hq=4, hkv=2, sinks=True),
     Case("softmax_scale", softmax_scale=0.37),
     Case("empty_rows", mask=("B", 1, "T", "S"), empty_rows=True),
+    # A dense KV cache of capacity S with per-sequence lengths: decode, and speculative decoding
+    # whose first query sits before the cache's start (length 2 < T = 3: that row sees nothing).
+    Case("kv_lengths_decode", t=1, s=12, hq=4, hkv=2, causal=True, kv_lengths=(5, 12)),
+    Case("kv_lengths_spec", t=3, s=16, hq=4, hkv=1, causal=True, kv_lengths=(2, 9)),
     Case(
         "combined",
         b=2,
@@ -172,6 +177,10 @@ FULL_CASES: tuple[Case, ...] = (
     Case("empty_rows_sinks", mask=("B", 1, "T", "S"), empty_rows=True, sinks=True),
     Case("empty_rows_bias", mask=("B", "H", "T", "S"), empty_rows=True, bias=("B", "H", "T", "S")),
     Case("t_gt_s_window", t=9, s=5, sliding_window=(1, 1)),
+    Case("kv_lengths_empty", t=1, s=8, kv_lengths=(0, 4)),
+    Case("kv_lengths_window", t=2, s=20, hq=4, hkv=2, causal=True, sliding_window=(4, 2), kv_lengths=(7, 20)),
+    Case("kv_lengths_sinks_cap", t=1, s=16, hq=2, hkv=1, causal=True, kv_lengths=(3, 11), sinks=True,
+         logits_soft_cap=2.0, q_gain=3.0),
 )
 
 
@@ -212,8 +221,8 @@ def make_inputs(case: Case, dtype: str) -> dict[str, Any]:
     """Arrays of ``case`` as float64 NumPy, rounded to ``dtype``; keys match the call's arguments.
 
     Always ``q, k, v, d_output``; plus ``mask``, ``bias``, ``q_segment_ids``,
-    ``kv_segment_ids``, ``softmax_aux`` when the case uses them. ``softmax_aux`` is rounded
-    to float32 (sinks are parameters, usually kept in float32); ``d_output`` is float32.
+    ``kv_segment_ids``, ``softmax_aux``, ``kv_lengths`` when the case uses them.
+    ``softmax_aux`` is rounded to float32 (sinks are parameters, usually kept in float32); ``d_output`` is float32.
     """
     # crc32, not hash(): str hashes change per process, and failures must reproduce.
     rng = np.random.default_rng([zlib.crc32(case.name.encode()), case.seed])
@@ -243,6 +252,10 @@ def make_inputs(case: Case, dtype: str) -> dict[str, Any]:
         out["kv_segment_ids"] = _packed_segments(rng, case.b, case.s)
     if case.sinks:
         out["softmax_aux"] = round_to_dtype(rng.normal(size=(case.hq,)), "float32")
+    if case.kv_lengths is not None:
+        if len(case.kv_lengths) != case.b or not all(0 <= n <= case.s for n in case.kv_lengths):
+            raise ValueError(f"case {case.name}: kv_lengths must be B={case.b} values in 0..S={case.s}")
+        out["kv_lengths"] = np.asarray(case.kv_lengths, dtype=np.int32)
     return out
 
 

@@ -58,7 +58,7 @@ LEVEL_ENV = "JAXATTN_CONFORMANCE"
 LEVEL_OPTION = "jaxattn_conformance"
 
 # Array arguments of a call besides q, k and v (absent from a case that does not use them).
-_OPTIONAL_ARRAYS = ("mask", "bias", "q_segment_ids", "kv_segment_ids", "softmax_aux")
+_OPTIONAL_ARRAYS = ("mask", "bias", "q_segment_ids", "kv_segment_ids", "softmax_aux", "kv_lengths")
 
 # One case per feature a call can require, to check that undeclared features are declined.
 _FEATURE_CASES = {
@@ -73,6 +73,7 @@ _FEATURE_CASES = {
     Feature.SEGMENT_IDS: "segment_ids",
     Feature.SOFT_CAP: "soft_cap",
     Feature.SINKS: "sinks",
+    Feature.KV_LENGTHS: "kv_lengths_decode",
 }
 
 # Under jax_enable_x64 (common in scientific code): the case of a bug report (GQA, causal,
@@ -93,7 +94,7 @@ def _jax_arrays(arrays: Mapping[str, Any], dtype: str) -> dict[str, jax.Array]:
     for name, value in arrays.items():
         if name == "mask":
             out[name] = jnp.asarray(value, dtype=bool)
-        elif name.endswith("segment_ids"):
+        elif name.endswith("segment_ids") or name == "kv_lengths":
             out[name] = jnp.asarray(value, dtype=jnp.int32)
         elif name in ("softmax_aux", "d_output"):
             out[name] = jnp.asarray(value, dtype=jnp.float32)

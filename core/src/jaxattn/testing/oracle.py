@@ -16,7 +16,12 @@ Semantics (DESIGN.md):
   (``i' - left <= j <= i' + right`` with ``i' = i + S - T``), and in the query's segment;
 * ``softmax_aux`` adds one logit per query head to the denominator only (a sink);
 * dropout multiplies the probabilities by ``keep / (1 - p)`` for a given keep-mask;
+* ``kv_lengths (B,)`` (a dense KV cache of capacity S): keys ``j >= L_b`` are invisible and
+  causal masking and the window align to ``i' = i + L_b - T`` instead;
 * a row that sees no key gives zeros (output, probabilities, gradients), ``lse = -inf``.
+
+:func:`paged_attention` spells out the paged contract (docs/contract.md, "Serving attention"):
+gather each sequence's tokens from its pages, then attend causally as above.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ __all__ = [
     "OracleResult",
     "attention",
     "attention_backward",
+    "paged_attention",
     "visibility",
 ]
 
@@ -110,14 +116,19 @@ def visibility(
     sliding_window: Window = None,
     q_segment_ids: Any = None,
     kv_segment_ids: Any = None,
+    kv_lengths: Any = None,
 ) -> npt.NDArray[np.bool_]:
     """The ``(B, Hq, T, S)`` boolean of which keys each query may see (every rule ANDed)."""
     visible = np.ones((batch, heads, t, s), dtype=bool)
     if mask is not None:
         visible &= np.broadcast_to(np.asarray(mask, dtype=bool), visible.shape)
-    # i' = i + S - T puts the last query on the last key (KV-cache decoding convention).
-    i_aligned = np.arange(t)[:, None] + (s - t)
-    j = np.arange(s)[None, :]
+    # i' = i + L - T puts the last query on the last valid key (KV-cache decoding convention);
+    # L is S, or each sequence's own length.
+    ends = np.full((batch,), s) if kv_lengths is None else np.asarray(kv_lengths).reshape(batch)
+    i_aligned = np.arange(t)[None, None, :, None] + (ends - t)[:, None, None, None]  # (B, 1, T, 1)
+    j = np.arange(s)[None, None, None, :]
+    if kv_lengths is not None:
+        visible &= j < ends[:, None, None, None]
     if causal:
         visible &= j <= i_aligned
     window = _normalize_window(sliding_window)
@@ -153,6 +164,7 @@ def _prepare(
     softmax_aux: Any,
     dropout_prob: float,
     dropout_keep: Any,
+    kv_lengths: Any = None,
 ) -> _Inputs:
     q64, k64, v64 = _f64(q), _f64(k), _f64(v)
     if q64.ndim != 4 or k64.ndim != 4 or v64.ndim != 4:
@@ -174,6 +186,7 @@ def _prepare(
         sliding_window=sliding_window,
         q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids,
+        kv_lengths=kv_lengths,
     )
     aux = None
     if softmax_aux is not None:
@@ -257,6 +270,7 @@ def attention(
     softmax_aux: Any = None,
     dropout_prob: float = 0.0,
     dropout_keep: Any = None,
+    kv_lengths: Any = None,
 ) -> OracleResult:
     """Attention in float64 with exactly DESIGN.md's semantics.
 
@@ -279,6 +293,7 @@ def attention(
         softmax_aux=softmax_aux,
         dropout_prob=dropout_prob,
         dropout_keep=dropout_keep,
+        kv_lengths=kv_lengths,
     )
     f = _forward(x)
     return OracleResult(output=f.output, probs=f.probs, weights=f.weights, lse=f.lse, visible=x.visible)
@@ -315,6 +330,7 @@ def attention_backward(
     softmax_aux: Any = None,
     dropout_prob: float = 0.0,
     dropout_keep: Any = None,
+    kv_lengths: Any = None,
 ) -> OracleGrads:
     """Analytic gradients of ``sum(attention(...).output * d_output)``, derived by hand.
 
@@ -340,6 +356,7 @@ def attention_backward(
         softmax_aux=softmax_aux,
         dropout_prob=dropout_prob,
         dropout_keep=dropout_keep,
+        kv_lengths=kv_lengths,
     )
     f = _forward(x)
     d_out = _f64(d_output)
@@ -356,3 +373,48 @@ def attention_backward(
     dq = np.einsum("bhts,bshd->bthd", d_raw, x.k) * x.scale
     dk = _sum_groups(np.einsum("bhts,bthd->bshd", d_raw, x.q) * x.scale, x.groups)
     return OracleGrads(dq=dq, dk=dk, dv=dv, dbias=d_bias, dsoftmax_aux=d_aux)
+
+
+def paged_attention(
+    q: Any,
+    k_pages: Any,
+    v_pages: Any,
+    page_table: Any,
+    kv_lengths: Any,
+    cu_q_lens: Any,
+    num_seqs: Any,
+    *,
+    kv_pages: Any = None,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    sliding_window: int | None = None,
+    softmax_aux: Any = None,
+) -> F64:
+    """A ragged paged call in float64: ``q (num_tokens, Hq, D)`` -> ``(num_tokens, Hq, Dv)``.
+
+    Sequence s (< num_seqs) owns query rows ``cu_q_lens[s]:cu_q_lens[s + 1]``; its keys are
+    the first ``kv_lengths[s]`` tokens of its pages, in page-table order; its queries are the
+    last q_len of those positions, causal, with ``sliding_window`` keys before each one. Every
+    other row is zero. ``kv_pages`` (combined layout) replaces k_pages/v_pages.
+    """
+    q64 = _f64(q)
+    if kv_pages is not None:
+        kv = _f64(kv_pages)
+        k64, v64 = kv[:, :, 0::2], kv[:, :, 1::2]
+    else:
+        k64, v64 = _f64(k_pages), _f64(v_pages)
+    page_size, dv = k64.shape[1], v64.shape[-1]
+    table, lengths, cu = np.asarray(page_table), np.asarray(kv_lengths), np.asarray(cu_q_lens)
+    out = np.zeros((q64.shape[0], q64.shape[1], dv))
+    for seq in range(int(np.asarray(num_seqs).reshape(-1)[0])):
+        start, stop, length = int(cu[seq]), int(cu[seq + 1]), int(lengths[seq])
+        if stop == start or length == 0:
+            continue
+        pages = table[seq, : -(-length // page_size)]
+        k_seq = k64[pages].reshape(-1, *k64.shape[2:])[:length]
+        v_seq = v64[pages].reshape(-1, *v64.shape[2:])[:length]
+        window = None if sliding_window is None else (int(sliding_window), 0)
+        res = attention(q64[None, start:stop], k_seq[None], v_seq[None], causal=True, sliding_window=window,
+                        softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap, softmax_aux=softmax_aux)
+        out[start:stop] = res.output[0]
+    return out

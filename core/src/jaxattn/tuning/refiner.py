@@ -24,7 +24,7 @@ from ..candidates import Candidate
 from ..errors import JaxattnError
 from ..lookup import available_here, impl_for
 from ..metadata import AttentionMetadata
-from ..problem import AttentionProblem
+from ..problem import AttentionProblem, Problem
 from .cache import Measurement, active_cache, warn_once
 from .keys import problem_key
 
@@ -55,7 +55,7 @@ def split_eligible(problem: AttentionProblem) -> bool:
 
 
 def _installed(metadata: AttentionMetadata) -> dict[str, tuple[str | None, str | None]]:
-    return {p.name: (p.distribution or p.plugin, p.version) for p in available_here(metadata)}
+    return {p.name: (p.distribution or p.plugin, p.version) for p in available_here(metadata, kind="dense")}
 
 
 def _accepts_grad(name: str, problem: AttentionProblem, metadata: AttentionMetadata) -> bool:
@@ -83,9 +83,12 @@ def _usable(pool: list[Candidate], results: dict[str, Measurement],
     return usable
 
 
-def refine(pool: list[Candidate], problem: AttentionProblem, metadata: AttentionMetadata) -> list[Candidate]:
-    """Reorder auto's accepted candidates by measured time (see the module docstring)."""
-    if not pool or not enabled():
+def refine(pool: list[Candidate], problem: Problem, metadata: AttentionMetadata) -> list[Candidate]:
+    """Reorder auto's accepted candidates by measured time (see the module docstring).
+
+    Dense calls only: the cache keys dense problems; paged calls keep their declared order.
+    """
+    if not pool or not enabled() or not isinstance(problem, AttentionProblem):
         return pool
     entry = active_cache().lookup(problem)
     if entry is None:

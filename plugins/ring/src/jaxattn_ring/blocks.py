@@ -178,7 +178,7 @@ def choose_kernel(metadata: AttentionMetadata, problems: list[AttentionProblem],
     returns its lse and accepts every block problem. Returns ``(impl, [])`` or ``(None, reasons)``.
     """
     if requested == "auto":
-        names = [p.name for p in available_here(metadata) if p.name not in ("auto", "ring")]
+        names = [p.name for p in available_here(metadata, kind="dense") if p.name not in ("auto", "ring")]
     else:
         names = [requested]
     reasons: list[str] = []

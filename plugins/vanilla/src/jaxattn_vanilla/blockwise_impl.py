@@ -26,7 +26,7 @@ class BlockwiseAttention(AttentionImpl):
     dtypes: ClassVar[frozenset[str]] = frozenset({"float16", "bfloat16", "float32", "float64"})
     head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 1 << 16)
     # Every dense feature; the weights are exactly what it never forms.
-    features: ClassVar[frozenset[Feature]] = ALL_FEATURES - {Feature.WEIGHTS}
+    features: ClassVar[frozenset[Feature]] = ALL_FEATURES - {Feature.WEIGHTS, Feature.KV_LENGTHS}
     # Above vanilla (same math, O(T) instead of O(T*S) memory), below every real kernel:
     # "auto" picks it where no kernel takes the call.
     priority: ClassVar[int] = 10

@@ -64,15 +64,21 @@ def _visibility(
     sliding_window: tuple[int, int] | None,
     q_segment_ids: Any,
     kv_segment_ids: Any,
+    kv_lengths: Any = None,
 ) -> Array | None:
     """Boolean broadcastable to ``(B, Hkv, G, T, S)``, True = attend; None when all visible."""
     visible: Array | None = None
     if mask is not None:
         visible = _split_heads(jnp.asarray(mask, dtype=bool), hq, hkv, "mask")
+    j = jnp.arange(s)[None, :]
+    end: Any = s
+    if kv_lengths is not None:
+        # A dense cache of capacity S: each sequence's keys end at its own length.
+        end = jnp.asarray(kv_lengths)[:, None, None, None, None]  # (B, 1, 1, 1, 1)
+        visible = _and(visible, j < end)
     if causal or sliding_window is not None:
-        # Bottom-right alignment: query i sits at key position i + S - T.
-        aligned = jnp.arange(t)[:, None] + (s - t)
-        j = jnp.arange(s)[None, :]
+        # Bottom-right alignment: query i sits at key position i + L - T (L = S, or the length).
+        aligned = jnp.arange(t)[:, None] + (end - t)
         if causal:
             visible = _and(visible, j <= aligned)
         if sliding_window is not None:
@@ -109,6 +115,7 @@ def vanilla_attention(
     softmax_aux: ArrayLike | None = None,
     dropout_prob: float = 0.0,
     dropout_rng: Array | None = None,
+    kv_lengths: ArrayLike | None = None,
     softmax_dtype: Any = jnp.float32,
     precision: jax.lax.PrecisionLike = None,
 ) -> VanillaResult:
@@ -116,7 +123,8 @@ def vanilla_attention(
 
     Shapes: q ``(B, T, Hq, D)``, k ``(B, S, Hkv, D)``, v ``(B, S, Hkv, Dv)``; mask (bool,
     True = attend) and bias broadcastable to ``(B, Hq, T, S)``; segment ids ``(B, T)`` and
-    ``(B, S)``; ``softmax_aux (Hq,)``. ``dropout_prob`` must be a Python float; the keep-mask
+    ``(B, S)``; ``softmax_aux (Hq,)``; ``kv_lengths (B,)`` (keys past a sequence's length are
+    invisible, causal and window align to it). ``dropout_prob`` must be a Python float; the keep-mask
     is ``jax.random.bernoulli(dropout_rng, 1 - p, (B, Hq, T, S))``. Unused results (weights,
     lse) cost nothing under ``jit``: XLA drops them.
     """
@@ -148,6 +156,7 @@ def vanilla_attention(
         sliding_window=_window(sliding_window),
         q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids,
+        kv_lengths=kv_lengths,
     )
     if visible is not None:
         logits = jnp.where(visible, logits, -jnp.inf)

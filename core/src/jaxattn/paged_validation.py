@@ -1,0 +1,211 @@
+"""Checks of a paged (cached) call's arguments, and their normalisation.
+
+Shapes and dtypes are always checked (``InvalidInputError`` naming the argument, the
+constraint and a way out). Values (page indices in range, lengths that fit the page table,
+``cu_q_lens`` starting at 0 and non-decreasing, ``num_seqs`` within the table) are checked
+only when the arrays are concrete: under ``jax.jit`` they are tracers, and the contract fixes
+what happens instead (docs/contract.md, "Serving attention": out-of-range page indices and
+lengths are clamped, never read out of bounds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ._dtypes import dtype_name
+from .errors import InvalidInputError
+from .metadata import DEFAULT_METADATA, AttentionMetadata
+from .validation import is_concrete, positive, shape_of
+
+__all__ = ["PagedSpec", "resolve_paged_call"]
+
+_FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedSpec:
+    """The validated, defaulted arguments of one paged call (arrays untouched)."""
+
+    kv_layout: str  # "separate" or "combined"
+    num_tokens: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    head_dim_v: int
+    num_pages: int
+    page_size: int
+    num_seqs_max: int
+    pages_per_seq: int
+    queries_per_seq: int | None
+    sliding_window: int | None
+    softmax_scale: float
+    logits_soft_cap: float | None
+
+
+def _ints(x: Any, name: str, shape: tuple[int, ...], what: str) -> None:
+    got = shape_of(x, name)
+    if got != shape:
+        raise InvalidInputError(name, f"must have shape {shape} ({what}), got {got}")
+    if not dtype_name(x.dtype).startswith(("int", "uint")):
+        raise InvalidInputError(name, f"must be integers, got {dtype_name(x.dtype)}", "use jnp.int32")
+
+
+def _pages(q: Any, k_pages: Any, v_pages: Any, kv_pages: Any) -> tuple[str, int, int, int, int, int]:
+    """``(layout, num_pages, page_size, Hkv, D, Dv)`` of the cache, checked against q."""
+    qd = dtype_name(q.dtype)
+    if kv_pages is not None:
+        if k_pages is not None or v_pages is not None:
+            raise InvalidInputError("kv_pages", "give either kv_pages (combined layout) or k_pages and v_pages, "
+                                    "not both")
+        shape = shape_of(kv_pages, "kv_pages")
+        if len(shape) != 4 or shape[2] % 2:
+            raise InvalidInputError(
+                "kv_pages", f"must have shape (num_pages, page_size, 2 * Hkv, D), K head h at 2h and V head h at "
+                f"2h + 1, got {shape}", "or pass k_pages and v_pages separately")
+        if dtype_name(kv_pages.dtype) != qd:
+            raise InvalidInputError("kv_pages", f"dtype {dtype_name(kv_pages.dtype)} differs from q's {qd}",
+                                    "cast the cache or q to one dtype")
+        return "combined", shape[0], shape[1], shape[2] // 2, shape[3], shape[3]
+    if k_pages is None or v_pages is None:
+        raise InvalidInputError("k_pages/v_pages", "the paged KV cache is missing",
+                                "pass k_pages and v_pages (num_pages, page_size, Hkv, D), or kv_pages")
+    ks, vs = shape_of(k_pages, "k_pages"), shape_of(v_pages, "v_pages")
+    for name, shape, last in (("k_pages", ks, "D"), ("v_pages", vs, "Dv")):
+        if len(shape) != 4:
+            raise InvalidInputError(name, f"must have rank 4 (num_pages, page_size, Hkv, {last}), got shape {shape}")
+    if ks[:3] != vs[:3]:
+        raise InvalidInputError("v_pages", f"shape {vs} does not match k_pages {ks} in (num_pages, page_size, Hkv)")
+    for name, x in (("k_pages", k_pages), ("v_pages", v_pages)):
+        if dtype_name(x.dtype) != qd:
+            raise InvalidInputError(name, f"dtype {dtype_name(x.dtype)} differs from q's {qd}",
+                                    "cast the cache or q to one dtype")
+    return "separate", ks[0], ks[1], ks[2], ks[3], vs[3]
+
+
+def _window(sliding_window: Any) -> int | None:
+    """The left window: keys a query sees before itself (causal masking cuts the right)."""
+    if sliding_window is None:
+        return None
+    left = sliding_window
+    if isinstance(sliding_window, tuple | list):
+        if len(sliding_window) != 2:
+            raise InvalidInputError("sliding_window",
+                                    f"expected an int or a (left, right) pair, got {sliding_window!r}")
+        left = sliding_window[0]
+    if not isinstance(left, int) or isinstance(left, bool) or left < 0:
+        raise InvalidInputError("sliding_window", f"the left window must be an int >= 0, got {sliding_window!r}")
+    return int(left)
+
+
+def _check_values(spec: PagedSpec, page_table: Any, kv_lengths: Any, cu_q_lens: Any, num_seqs: Any) -> None:
+    """Value checks of concrete arrays (see the module docstring for traced ones)."""
+    import numpy as np
+
+    n = spec.num_seqs_max
+    if is_concrete(num_seqs):
+        count = int(np.asarray(num_seqs).reshape(-1)[0])
+        if not 0 <= count <= n:
+            raise InvalidInputError("num_seqs", f"is {count}, but the page table has {n} rows",
+                                    f"num_seqs must be in 0..{n}")
+        n = count
+    if is_concrete(cu_q_lens):
+        cu = np.asarray(cu_q_lens)
+        if cu[0] != 0:
+            raise InvalidInputError("cu_q_lens", f"must start at 0, got {int(cu[0])}")
+        steps = np.diff(cu[: n + 1])
+        if (steps < 0).any():
+            i = int(np.flatnonzero(steps < 0)[0])
+            raise InvalidInputError("cu_q_lens", f"must not decrease: cu_q_lens[{i + 1}] = {int(cu[i + 1])} < "
+                                    f"cu_q_lens[{i}] = {int(cu[i])}", "cu_q_lens[s + 1] - cu_q_lens[s] is sequence "
+                                    "s's query count")
+        if cu[n] > spec.num_tokens:
+            raise InvalidInputError("cu_q_lens", f"cu_q_lens[num_seqs] = {int(cu[n])} exceeds the {spec.num_tokens} "
+                                    "query rows of q")
+    if not is_concrete(kv_lengths):
+        return
+    lengths = np.asarray(kv_lengths)[:n]
+    capacity = spec.pages_per_seq * spec.page_size
+    bad = np.flatnonzero((lengths < 0) | (lengths > capacity))
+    if bad.size:
+        s = int(bad[0])
+        raise InvalidInputError(
+            "kv_lengths", f"kv_lengths[{s}] = {int(lengths[s])} is outside 0..{capacity}, what {spec.pages_per_seq} "
+            f"pages of {spec.page_size} tokens hold", "grow the page table (pages_per_seq) or the page size")
+    if not is_concrete(page_table):
+        return
+    table = np.asarray(page_table)
+    used = -(-lengths // spec.page_size)  # pages each sequence reads
+    for s in range(n):
+        row = table[s, : int(used[s])]
+        out = np.flatnonzero((row < 0) | (row >= spec.num_pages))
+        if out.size:
+            p = int(out[0])
+            raise InvalidInputError(
+                "page_table", f"page_table[{s}, {p}] = {int(row[p])} is outside 0..{spec.num_pages - 1} (sequence {s} "
+                f"reads {int(used[s])} pages for {int(lengths[s])} tokens)", "entries past a sequence's last page "
+                "are never read and may hold anything")
+
+
+def resolve_paged_call(
+    q: Any,
+    k_pages: Any,
+    v_pages: Any,
+    page_table: Any,
+    kv_lengths: Any,
+    *,
+    kv_pages: Any = None,
+    cu_q_lens: Any,
+    num_seqs: Any,
+    queries_per_seq: int | None = None,
+    sliding_window: Any = None,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    softmax_aux: Any = None,
+    metadata: AttentionMetadata | None = None,
+) -> PagedSpec:
+    """Validate a paged call in its ragged form and fill its defaults from ``metadata``."""
+    md = metadata or DEFAULT_METADATA
+    qs = shape_of(q, "q")
+    if len(qs) != 3:
+        raise InvalidInputError("q", f"must have rank 3 (num_tokens, Hq, D), got shape {qs}",
+                                "paged_attention takes (B, T, Hq, D) and flattens it")
+    if dtype_name(q.dtype) not in _FLOAT_DTYPES:
+        raise InvalidInputError("q", f"dtype {dtype_name(q.dtype)} is not a floating dtype", "cast to bfloat16")
+    num_tokens, hq, d = qs
+    layout, num_pages, page_size, hkv, dk, dv = _pages(q, k_pages, v_pages, kv_pages)
+    if dk != d:
+        raise InvalidInputError("k_pages" if layout == "separate" else "kv_pages",
+                                f"head dim {dk} differs from q's {d}", "q and the keys must share the head dim D")
+    if hkv == 0 or hq % hkv:
+        raise InvalidInputError("q", f"Hq={hq} query heads is not a multiple of Hkv={hkv} cached key/value heads",
+                                "GQA/MQA needs Hq % Hkv == 0")
+    if num_pages == 0 or page_size == 0:
+        raise InvalidInputError("k_pages" if layout == "separate" else "kv_pages",
+                                f"the cache holds no tokens (num_pages={num_pages}, page_size={page_size})")
+    table = shape_of(page_table, "page_table")
+    if len(table) != 2:
+        raise InvalidInputError("page_table", f"must have shape (num_seqs, pages_per_seq), got {table}")
+    n, pages_per_seq = table
+    _ints(page_table, "page_table", table, "num_seqs, pages_per_seq")
+    _ints(kv_lengths, "kv_lengths", (n,), "one cached-token count per page-table row")
+    _ints(cu_q_lens, "cu_q_lens", (n + 1,), "query-row offsets of the page table's sequences")
+    if not hasattr(num_seqs, "shape") or shape_of(num_seqs, "num_seqs") not in ((), (1,)):
+        raise InvalidInputError("num_seqs", f"must be an int32 array of shape (1,) or (), got {num_seqs!r}")
+    if not dtype_name(num_seqs.dtype).startswith(("int", "uint")):
+        raise InvalidInputError("num_seqs", f"must be an integer, got {dtype_name(num_seqs.dtype)}")
+    if queries_per_seq is not None and queries_per_seq * n != num_tokens:
+        raise InvalidInputError("q", f"has {num_tokens} rows, not {n} sequences x {queries_per_seq} queries")
+    if softmax_aux is not None and shape_of(softmax_aux, "softmax_aux") != (hq,):
+        raise InvalidInputError("softmax_aux", f"must have shape (Hq,) = ({hq},), one sink logit per query head, "
+                                f"got {shape_of(softmax_aux, 'softmax_aux')}")
+    scale = positive("softmax_scale", softmax_scale if softmax_scale is not None else md.softmax_scale)
+    cap = positive("logits_soft_cap", logits_soft_cap if logits_soft_cap is not None else md.logits_soft_cap)
+    spec = PagedSpec(
+        kv_layout=layout, num_tokens=num_tokens, heads_q=hq, heads_kv=hkv, head_dim=d, head_dim_v=dv,
+        num_pages=num_pages, page_size=page_size, num_seqs_max=n, pages_per_seq=pages_per_seq,
+        queries_per_seq=queries_per_seq, sliding_window=_window(sliding_window),
+        softmax_scale=scale if scale is not None else float(d) ** -0.5, logits_soft_cap=cap,
+    )
+    _check_values(spec, page_table, kv_lengths, cu_q_lens, num_seqs)
+    return spec

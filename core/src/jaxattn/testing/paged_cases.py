@@ -1,0 +1,184 @@
+"""The paged conformance matrix: calls over a paged KV cache, as data (NumPy only).
+
+A ``PagedCase`` fixes the sequences (query and cached-token counts), the cache (page size,
+layout, how pages are allocated) and the features; ``make_paged_inputs`` builds the arrays,
+rounded to the dtype under test. The allocations are what a serving engine produces: pages in
+order, permuted (a fragmented pool), shared between sequences (a common prompt prefix), with
+unused table entries holding garbage, and lengths that are not multiples of the page size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from typing import Any, Literal
+
+import numpy as np
+
+from .cases import Level, round_to_dtype
+
+__all__ = ["DEFAULT_PAGED_CASES", "FULL_PAGED_CASES", "PagedCase", "make_paged_inputs", "paged_cases_for",
+           "paged_features"]
+
+Allocation = Literal["sequential", "permuted", "shared_prefix"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedCase:
+    """One paged call. ``q_lens`` and ``kv_lens`` per sequence (page-table row); ``uniform`` calls
+    go through the decode form (``paged_attention``: every sequence has ``q_lens[0]`` queries)."""
+
+    name: str
+    q_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
+    uniform: bool = False
+    hq: int = 4
+    hkv: int = 2
+    d: int = 16
+    dv: int | None = None
+    page_size: int = 4
+    spare_pages: int = 3  # pool pages no sequence uses
+    spare_table: int = 1  # page-table entries past the longest sequence (never read)
+    allocation: Allocation = "sequential"
+    layout: Literal["separate", "combined"] = "separate"
+    active: int | None = None  # num_seqs: real sequences (None: every row)
+    pad_tokens: int = 0  # query rows after the last real sequence's
+    sliding_window: int | None = None
+    logits_soft_cap: float | None = None
+    sinks: bool = False
+    softmax_scale: float | None = None
+    q_gain: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.q_lens) != len(self.kv_lens):
+            raise ValueError(f"case {self.name}: q_lens and kv_lens need one entry per sequence")
+        if self.uniform and len(set(self.q_lens)) != 1:
+            raise ValueError(f"case {self.name}: a uniform case has one query count")
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.q_lens)
+
+    @property
+    def num_seqs(self) -> int:
+        return self.num_rows if self.active is None else self.active
+
+    @property
+    def value_dim(self) -> int:
+        return self.d if self.dv is None else self.dv
+
+    @property
+    def pages_per_seq(self) -> int:
+        return -(-max(max(self.kv_lens), 1) // self.page_size) + self.spare_table
+
+    def describe(self) -> str:
+        form = f"decode T={self.q_lens[0]}" if self.uniform else f"ragged q_lens={self.q_lens}"
+        feats = [f for f in ("sliding_window", "logits_soft_cap", "softmax_scale") if getattr(self, f) is not None]
+        feats += ["sinks"] if self.sinks else []
+        return (f"{self.name}: {form} kv_lens={self.kv_lens} Hq={self.hq} Hkv={self.hkv} D={self.d} "
+                f"Dv={self.value_dim} page={self.page_size} {self.allocation} {self.layout} "
+                f"[{', '.join(feats) or 'plain'}]")
+
+
+DEFAULT_PAGED_CASES: tuple[PagedCase, ...] = (
+    PagedCase("decode", q_lens=(1, 1, 1, 1), kv_lens=(5, 16, 1, 11), uniform=True),
+    PagedCase("decode_gqa_8to1_permuted", q_lens=(1, 1, 1), kv_lens=(9, 3, 14), uniform=True, hq=8, hkv=1,
+              allocation="permuted"),
+    PagedCase("decode_combined", q_lens=(1, 1), kv_lens=(7, 13), uniform=True, layout="combined"),
+    PagedCase("decode_empty_sequence", q_lens=(1, 1, 1), kv_lens=(6, 0, 2), uniform=True),
+    PagedCase("speculative", q_lens=(3, 3, 3), kv_lens=(3, 10, 7), uniform=True, hq=4, hkv=1),
+    PagedCase("ragged_mixed", q_lens=(5, 1, 1, 3), kv_lens=(5, 9, 1, 12)),
+    PagedCase("ragged_empty_and_padding", q_lens=(2, 0, 1, 4), kv_lens=(7, 5, 0, 6), active=3, pad_tokens=3),
+    PagedCase("shared_prefix", q_lens=(2, 1, 1), kv_lens=(10, 9, 13), allocation="shared_prefix"),
+    PagedCase("window", q_lens=(4, 1), kv_lens=(11, 14), sliding_window=3),
+    PagedCase("soft_cap", q_lens=(1, 3), kv_lens=(8, 6), logits_soft_cap=2.0, q_gain=4.0),
+    PagedCase("sinks", q_lens=(2, 1, 1), kv_lens=(5, 1, 9), sinks=True, hq=4, hkv=2),
+    PagedCase("softmax_scale", q_lens=(1, 1), kv_lens=(6, 10), uniform=True, softmax_scale=0.31),
+    PagedCase("value_dim", q_lens=(2, 1), kv_lens=(7, 5), dv=8),
+    PagedCase("combined_everything", q_lens=(3, 1, 2), kv_lens=(9, 15, 2), layout="combined",
+              allocation="permuted", sliding_window=5, logits_soft_cap=3.0, sinks=True, q_gain=2.0, hq=8, hkv=2),
+)
+
+FULL_PAGED_CASES: tuple[PagedCase, ...] = (
+    *DEFAULT_PAGED_CASES,
+    PagedCase("decode_long", q_lens=(1,) * 5, kv_lens=(130, 77, 200, 1, 64), uniform=True, hq=8, hkv=2, d=64,
+              page_size=16, allocation="permuted", seed=1),
+    PagedCase("ragged_long_prefill", q_lens=(40, 1, 1, 17), kv_lens=(40, 90, 33, 57), hq=8, hkv=1, d=32,
+              page_size=8, allocation="permuted", seed=2),
+    PagedCase("page_size_1", q_lens=(1, 2), kv_lens=(5, 3), page_size=1),
+    PagedCase("mha_window_sinks_cap", q_lens=(2, 2), kv_lens=(12, 4), hq=2, hkv=2, sliding_window=0,
+              logits_soft_cap=1.5, sinks=True, q_gain=3.0),
+    PagedCase("shared_prefix_combined_decode", q_lens=(1, 1, 1), kv_lens=(12, 15, 9), uniform=True,
+              allocation="shared_prefix", layout="combined"),
+)
+
+
+def paged_cases_for(level: Level) -> tuple[PagedCase, ...]:
+    if level == "default":
+        return DEFAULT_PAGED_CASES
+    if level == "full":
+        return FULL_PAGED_CASES
+    raise ValueError(f"conformance level must be 'default' or 'full', got {level!r}")
+
+
+def _page_table(case: PagedCase, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    """``(page_table, num_pages)``: a pool big enough for every sequence plus spares."""
+    rows, per_seq, ps = case.num_rows, case.pages_per_seq, case.page_size
+    used = [-(-n // ps) for n in case.kv_lens]
+    shared = min(used[:2]) - 1 if case.allocation == "shared_prefix" and rows >= 2 else 0
+    shared = max(shared, 0)
+    num_pages = sum(used) - shared + case.spare_pages
+    order = rng.permutation(num_pages) if case.allocation == "permuted" else np.arange(num_pages)
+    # Entries that are never read hold garbage, out-of-range values included.
+    table = rng.integers(-3, num_pages + 3, size=(rows, per_seq)).astype(np.int32)
+    nxt = 0
+    for s, n in enumerate(used):
+        first = 0
+        if s == 1 and shared:  # sequence 1 reuses sequence 0's first pages (a common prefix)
+            table[1, :shared] = table[0, :shared]
+            first = shared
+        for p in range(first, n):
+            table[s, p] = order[nxt]
+            nxt += 1
+    return table, num_pages
+
+
+def make_paged_inputs(case: PagedCase, dtype: str) -> dict[str, Any]:
+    """Arrays of ``case`` (float64 NumPy rounded to ``dtype``, int32 indices): ``q``, ``k_pages`` and
+    ``v_pages`` or ``kv_pages``, ``page_table``, ``kv_lengths``, ``cu_q_lens``, ``num_seqs``, and
+    ``softmax_aux`` with sinks."""
+    rng = np.random.default_rng([zlib.crc32(case.name.encode()), case.seed])
+    table, num_pages = _page_table(case, rng)
+    ps, hkv, d, dv = case.page_size, case.hkv, case.d, case.value_dim
+    cu = np.zeros(case.num_rows + 1, np.int32)
+    cu[1:] = np.cumsum(case.q_lens)
+    num_tokens = int(cu[case.num_seqs]) + case.pad_tokens
+    if case.active is not None:  # rows of inactive sequences: their offsets stay where the real ones end
+        cu[case.num_seqs + 1:] = cu[case.num_seqs]
+    out: dict[str, Any] = {
+        "q": round_to_dtype(rng.normal(size=(num_tokens, case.hq, d)) * case.q_gain, dtype),
+        "page_table": table,
+        "kv_lengths": np.asarray(case.kv_lens, np.int32),
+        "cu_q_lens": cu,
+        "num_seqs": np.asarray([case.num_seqs], np.int32),
+    }
+    if case.layout == "combined":
+        if dv != d:
+            raise ValueError(f"case {case.name}: the combined layout needs Dv == D")
+        out["kv_pages"] = round_to_dtype(rng.normal(size=(num_pages, ps, 2 * hkv, d)), dtype)
+    else:
+        out["k_pages"] = round_to_dtype(rng.normal(size=(num_pages, ps, hkv, d)), dtype)
+        out["v_pages"] = round_to_dtype(rng.normal(size=(num_pages, ps, hkv, dv)), dtype)
+    if case.sinks:
+        out["softmax_aux"] = round_to_dtype(rng.normal(size=(case.hq,)), "float32")
+    return out
+
+
+def paged_features(case: PagedCase) -> dict[str, Any]:
+    """The static keyword arguments of ``case``'s call (only those it sets)."""
+    feats: dict[str, Any] = {}
+    for name in ("sliding_window", "logits_soft_cap", "softmax_scale"):
+        if getattr(case, name) is not None:
+            feats[name] = getattr(case, name)
+    return feats

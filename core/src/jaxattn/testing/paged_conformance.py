@@ -1,0 +1,245 @@
+"""The paged conformance suite: any backend over a paged KV cache checks itself against the oracle.
+
+Subclass ``PagedConformanceSuite`` in a test module and name the backend::
+
+    from jaxattn.testing.paged_conformance import PagedConformanceSuite
+
+    class TestMyPagedBackend(PagedConformanceSuite):
+        impl_name = "ragged_page_attention_v3"    # resolved with jaxattn.get_impl
+        dtypes = ("float32", "bfloat16")
+
+For every case of the matrix (``jaxattn.testing.paged_cases``) and dtype, the backend either
+accepts the call and matches the float64 oracle (every row: padding rows and rows that see no
+key must be exactly zero), or declines it with ``UnsupportedError`` and reasons. Uniform cases
+also go through ``jaxattn.paged_attention`` (the decode form); every case runs under
+``jax.jit``, where nothing is concrete. The same guards as the dense suite run too: a feature
+not declared must be declined, and the call runs (or declines) under ``jax_enable_x64``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxattn.capabilities import Feature
+from jaxattn.errors import UnsupportedError
+from jaxattn.metadata import AttentionMetadata
+from jaxattn.paged_impl import PagedAttentionImpl
+
+from . import oracle
+from .cases import DEFAULT_TOLERANCES, DtypeTolerance, Level
+from .compare import assert_close, to_float64
+from .paged_cases import PagedCase, make_paged_inputs, paged_cases_for, paged_features
+from .quick_jit import compiler_options_for_tests
+
+__all__ = ["PagedConformanceSuite"]
+
+LEVEL_ENV = "JAXATTN_CONFORMANCE"
+
+# One case per feature a paged call can require, to check that undeclared features are declined.
+_FEATURE_CASES = {
+    Feature.GQA: "decode",
+    Feature.VALUE_DIM: "value_dim",
+    Feature.SLIDING_WINDOW: "window",
+    Feature.SOFT_CAP: "soft_cap",
+    Feature.SINKS: "sinks",
+    Feature.MULTI_TOKEN: "speculative",
+    Feature.RAGGED: "ragged_mixed",
+}
+
+_ARRAYS = ("page_table", "kv_lengths", "cu_q_lens", "num_seqs")
+_impl_cache: dict[type, PagedAttentionImpl] = {}
+
+
+def _to_jax(arrays: Mapping[str, Any], dtype: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in arrays.items():
+        if name in _ARRAYS:
+            out[name] = jnp.asarray(value, jnp.int32)
+        elif name == "softmax_aux":
+            out[name] = jnp.asarray(value, jnp.float32)
+        else:
+            out[name] = jnp.asarray(value, dtype)
+    return out
+
+
+class PagedConformanceSuite:
+    """Base class of a paged backend's conformance tests (not collected itself: no ``Test`` prefix)."""
+
+    #: The backend to test, by registered name (``jaxattn.get_impl``) ...
+    impl_name: ClassVar[str | None] = None
+    #: ... or by class, for backends that are not registered (instantiated with ``metadata``).
+    impl_class: ClassVar[type[PagedAttentionImpl] | None] = None
+    metadata: ClassVar[AttentionMetadata | None] = None
+    #: Shorthand for ``metadata.platform``.
+    platform: ClassVar[str | None] = None
+    dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    tolerances: ClassVar[Mapping[str, DtypeTolerance]] = DEFAULT_TOLERANCES
+    #: "default" or "full"; None reads ``$JAXATTN_CONFORMANCE``, then default.
+    level: ClassVar[Level | None] = None
+    #: Run calls under jax.jit (as a serving loop does); eager when False.
+    jit: ClassVar[bool] = True
+
+    @classmethod
+    def cases(cls, level: Level) -> Sequence[PagedCase]:
+        """The matrix; override to adapt shapes for a kernel with tiling constraints."""
+        return paged_cases_for(level)
+
+    @classmethod
+    def make_impl(cls) -> PagedAttentionImpl:
+        if cls not in _impl_cache:
+            md = cls.metadata or AttentionMetadata()
+            if cls.platform is not None:
+                md = md.replace(platform=cls.platform)
+            if cls.impl_class is not None:
+                _impl_cache[cls] = cls.impl_class(md)
+            elif cls.impl_name is not None:
+                from jaxattn.api import get_impl
+
+                impl = get_impl(cls.impl_name, md)
+                if not isinstance(impl, PagedAttentionImpl):
+                    raise TypeError(f"{cls.__name__}: {cls.impl_name!r} is not a paged impl")
+                _impl_cache[cls] = impl
+            else:
+                raise TypeError(f"{cls.__name__}: set impl_name or impl_class")
+        return _impl_cache[cls]
+
+    @classmethod
+    def resolved_level(cls) -> Level:
+        level = cls.level or os.environ.get(LEVEL_ENV) or "default"
+        if level not in ("default", "full"):
+            raise ValueError(f"conformance level must be 'default' or 'full', got {level!r}")
+        return level  # type: ignore[return-value]  # narrowed by the check above
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        cls = type(self)
+        if "paged_case" in metafunc.fixturenames:
+            params = [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in cls.cases(cls.resolved_level())
+                      for dt in cls.dtypes]
+            metafunc.parametrize(("paged_case", "dtype"), params)
+        elif "dtype" in metafunc.fixturenames:
+            metafunc.parametrize("dtype", cls.dtypes)
+
+    # -- helpers -------------------------------------------------------------------------
+    @staticmethod
+    def _split(case: PagedCase, arrays: Mapping[str, Any]) -> tuple[tuple[Any, Any, Any, Any, Any], dict[str, Any]]:
+        """Positional arrays and keywords of the ragged form."""
+        args = (arrays["q"], arrays.get("k_pages"), arrays.get("v_pages"), arrays["page_table"], arrays["kv_lengths"])
+        kwargs = {"cu_q_lens": arrays["cu_q_lens"], "num_seqs": arrays["num_seqs"], **paged_features(case)}
+        for name in ("kv_pages", "softmax_aux"):
+            if name in arrays:
+                kwargs[name] = arrays[name]
+        if case.uniform:
+            kwargs["queries_per_seq"] = case.q_lens[0]
+        return args, kwargs
+
+    def _supports(self, case: PagedCase, arrays: Mapping[str, Any]) -> list[str]:
+        args, kwargs = self._split(case, arrays)
+        return self.make_impl().supports(*args, **kwargs)
+
+    def _run(self, case: PagedCase, arrays: Mapping[str, Any]) -> Any:
+        impl = self.make_impl()
+        args, kwargs = self._split(case, arrays)
+        static = {n: v for n, v in kwargs.items() if not hasattr(v, "shape")}
+        traced = {n: v for n, v in kwargs.items() if hasattr(v, "shape")}
+
+        def call(args: tuple[Any, Any, Any, Any, Any], traced: dict[str, Any]) -> Any:
+            q, k_pages, v_pages, page_table, kv_lengths = args
+            return impl(q, k_pages, v_pages, page_table, kv_lengths, **traced, **static).attention_outputs
+
+        run = jax.jit(call, compiler_options=compiler_options_for_tests()) if self.jit else call
+        return run(args, traced)
+
+    def _assert_declines(self, case: PagedCase, arrays: Mapping[str, Any]) -> None:
+        args, kwargs = self._split(case, arrays)
+        with pytest.raises(UnsupportedError) as info:
+            self.make_impl()(*args, **kwargs)
+        assert info.value.reasons, "UnsupportedError without reasons"
+
+    def _expected(self, case: PagedCase, np_arrays: Mapping[str, Any]) -> np.ndarray:
+        return oracle.paged_attention(
+            np_arrays["q"], np_arrays.get("k_pages"), np_arrays.get("v_pages"), np_arrays["page_table"],
+            np_arrays["kv_lengths"], np_arrays["cu_q_lens"], np_arrays["num_seqs"], kv_pages=np_arrays.get("kv_pages"),
+            softmax_aux=np_arrays.get("softmax_aux"), **paged_features(case),
+        )
+
+    def _check(self, case: PagedCase, got: Any, want: np.ndarray, dtype: str, label: str) -> None:
+        assert_close(label, got, want, self.tolerances[dtype].forward)
+        zero_rows = np.all(want == 0, axis=(1, 2))
+        assert np.all(to_float64(got)[zero_rows] == 0), f"{label}: rows that see no key (or padding) are not zero"
+
+    # -- the tests -----------------------------------------------------------------------
+    def test_forward(self, paged_case: PagedCase, dtype: str) -> None:
+        np_arrays = make_paged_inputs(paged_case, dtype)
+        arrays = _to_jax(np_arrays, dtype)
+        reasons = self._supports(paged_case, arrays)
+        if reasons:
+            self._assert_declines(paged_case, arrays)
+            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+        with jax.default_matmul_precision("highest"):
+            got = self._run(paged_case, arrays)
+        self._check(paged_case, got, self._expected(paged_case, np_arrays), dtype, paged_case.describe())
+
+    def test_decode_form(self, paged_case: PagedCase, dtype: str) -> None:
+        """Uniform cases through ``jaxattn.paged_attention`` with q ``(B, T, Hq, D)``."""
+        import jaxattn
+
+        if not paged_case.uniform:
+            pytest.skip("ragged case: paged_attention takes T queries per sequence")
+        np_arrays = make_paged_inputs(paged_case, dtype)
+        arrays = _to_jax(np_arrays, dtype)
+        if self._supports(paged_case, arrays):
+            pytest.skip("declined (checked by test_forward)")
+        b, t = paged_case.num_rows, paged_case.q_lens[0]
+        q = arrays["q"].reshape(b, t, paged_case.hq, paged_case.d)
+        with jax.default_matmul_precision("highest"):
+            got = jaxattn.paged_attention(
+                q, arrays.get("k_pages"), arrays.get("v_pages"), arrays["page_table"], arrays["kv_lengths"],
+                kv_pages=arrays.get("kv_pages"), softmax_aux=arrays.get("softmax_aux"), impl=self.make_impl(),
+                **paged_features(paged_case),
+            )
+        want = self._expected(paged_case, np_arrays).reshape(b, t, paged_case.hq, -1)
+        assert got.shape == want.shape
+        assert_close(paged_case.describe(), got, want, self.tolerances[dtype].forward)
+
+    def test_runs_something(self, dtype: str) -> None:
+        """Guard against a vacuous pass: some case of the matrix must run in every dtype listed."""
+        for case in self.cases(self.resolved_level()):
+            if not self._supports(case, _to_jax(make_paged_inputs(case, dtype), dtype)):
+                return
+        pytest.fail(f"{self.make_impl()!r} declines every paged case in {dtype}")
+
+    def test_undeclared_features_are_declined(self) -> None:
+        impl = self.make_impl()
+        by_name = {c.name: c for c in paged_cases_for("default")}
+        dtype = self.dtypes[0]
+        for feature, name in _FEATURE_CASES.items():
+            if feature in impl.features:
+                continue
+            case = by_name[name]
+            arrays = _to_jax(make_paged_inputs(case, dtype), dtype)
+            assert self._supports(case, arrays), f"{impl!r} does not declare {feature} but supports() accepts it"
+            self._assert_declines(case, arrays)
+
+    def test_x64(self) -> None:
+        """With ``jax_enable_x64`` on (int64 indices, as x64 code makes them): runs and matches, or declines."""
+        wanted = "ragged_mixed" if Feature.RAGGED in self.make_impl().features else "decode"
+        case = next(c for c in paged_cases_for("default") if c.name == wanted)
+        dtype = self.dtypes[0]
+        np_arrays = make_paged_inputs(case, dtype)
+        with jax.enable_x64(True):
+            arrays = _to_jax(np_arrays, dtype)
+            arrays.update({n: arrays[n].astype(jnp.int64) for n in _ARRAYS})
+            reasons = self._supports(case, arrays)
+            if reasons:
+                self._assert_declines(case, arrays)
+                pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+            with jax.default_matmul_precision("highest"):
+                got = self._run(case, arrays)
+        self._check(case, got, self._expected(case, np_arrays), dtype, f"x64 {case.describe()}")

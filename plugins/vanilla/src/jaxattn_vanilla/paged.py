@@ -1,0 +1,130 @@
+"""Attention over a paged KV cache in plain JAX: gather the pages, then attend.
+
+The reference of the paged contract on every platform (docs/contract.md, "Serving
+attention"), and what "auto" runs where no paged kernel is installed. Two paths:
+
+* uniform calls (T queries per sequence: decode, speculative decoding) gather each sequence's
+  pages into a dense ``(num_seqs, capacity, Hkv, D)`` cache and run ``vanilla_attention`` with
+  ``kv_lengths``: causal and window aligned to each sequence's own length;
+* ragged calls find each query row's sequence and position from ``cu_q_lens`` and attend to
+  that sequence's gathered keys, in chunks of query rows (``lax.map``), so memory grows with
+  the chunk times the capacity, not with all rows times it.
+
+Page-table entries are clamped into the pool (entries past a sequence's last page are never
+read: their keys are masked) and lengths to the table's capacity, so a traced call never reads
+out of bounds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from .reference import vanilla_attention
+
+__all__ = ["paged_reference"]
+
+# Query rows per step of the ragged path's loop.
+_CHUNK = 64
+
+
+def _split_layout(k_pages: Array, v_pages: Array | None) -> tuple[Array, Array]:
+    if v_pages is None:  # combined: K head h at 2h, V head h at 2h + 1
+        return k_pages[:, :, 0::2], k_pages[:, :, 1::2]
+    return k_pages, v_pages
+
+
+def _gather(pages: Array, table: Array) -> Array:
+    """``(num_seqs, pages_per_seq * page_size, H, D)``: every sequence's tokens in position order."""
+    n, per_seq = table.shape
+    safe = jnp.clip(table, 0, pages.shape[0] - 1)
+    return pages[safe].reshape(n, per_seq * pages.shape[1], *pages.shape[2:])
+
+
+def _ragged(q: Array, k_seq: Array, v_seq: Array, seq: Array, pos: Array, valid: Array, lengths: Array,
+            *, scale: float, cap: float | None, window: int | None, aux: Array | None, sdtype: Any) -> Array:
+    """Rows of a ragged batch: row r attends to sequence ``seq[r]``'s keys up to position ``pos[r]``.
+
+    Written for one row; ``lax.map`` vectorises it over chunks of rows.
+    """
+    _, hq, d = q.shape
+    hkv, capacity = k_seq.shape[2], k_seq.shape[1]
+    groups = hq // hkv
+    j = jnp.arange(capacity)
+
+    def one(row: tuple[Array, Array, Array, Array]) -> Array:
+        qr, sr, pr, vr = row  # (Hq, D), the row's sequence, position, validity
+        k, v = k_seq[sr], v_seq[sr]  # (S, Hkv, D|Dv)
+        visible = vr & (j <= pr) & (j < lengths[sr])
+        if window is not None:
+            visible &= j >= pr - window
+        logits = jnp.einsum("kgd,skd->kgs", qr.reshape(hkv, groups, d), k, preferred_element_type=sdtype)
+        logits = logits * jnp.asarray(scale, sdtype)
+        if cap is not None:
+            logits = cap * jnp.tanh(logits / cap)
+        logits = jnp.where(visible, logits, -jnp.inf)
+        row_max = jnp.max(logits, axis=-1)  # (Hkv, G)
+        if aux is not None:
+            row_max = jnp.maximum(row_max, aux)
+        shift = jnp.where(jnp.isfinite(row_max), row_max, 0)
+        exp = jnp.exp(logits - shift[..., None])
+        key_sum = jnp.sum(exp, axis=-1)
+        denom = key_sum if aux is None else key_sum + jnp.exp(aux - shift)
+        probs = exp / jnp.where(key_sum > 0, denom, 1)[..., None]
+        out = jnp.einsum("kgs,skd->kgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        return out.reshape(hq, v.shape[-1])
+
+    out: Array = jax.lax.map(one, (q, seq, pos, valid), batch_size=_CHUNK)
+    return out
+
+
+def paged_reference(
+    q: Array,
+    k_pages: Array,
+    v_pages: Array | None,
+    *,
+    page_table: Array,
+    kv_lengths: Array,
+    cu_q_lens: Array,
+    num_seqs: Array,
+    queries_per_seq: int | None,
+    softmax_scale: float,
+    logits_soft_cap: float | None = None,
+    sliding_window: int | None = None,
+    softmax_aux: Array | None = None,
+    softmax_dtype: Any = jnp.float32,
+) -> Array:
+    """``(num_tokens, Hq, Dv)`` in q's dtype: the paged call in its ragged form (see the module docstring)."""
+    k_pages, v_pages = _split_layout(k_pages, v_pages)
+    k_seq, v_seq = _gather(k_pages, page_table), _gather(v_pages, page_table)
+    n, capacity = page_table.shape[0], k_seq.shape[1]
+    lengths = jnp.clip(kv_lengths.astype(jnp.int32), 0, capacity)
+    count = num_seqs.reshape(-1)[0].astype(jnp.int32)
+    sdtype = jnp.promote_types(jnp.dtype(softmax_dtype), q.dtype)
+    num_tokens, hq, _ = q.shape
+    if queries_per_seq is not None:
+        t = queries_per_seq
+        res = vanilla_attention(
+            q.reshape(n, t, hq, -1), k_seq, v_seq, causal=True, kv_lengths=lengths,
+            sliding_window=None if sliding_window is None else (sliding_window, 0), softmax_scale=softmax_scale,
+            logits_soft_cap=logits_soft_cap, softmax_aux=softmax_aux, softmax_dtype=softmax_dtype,
+        )
+        out = res.output.reshape(num_tokens, hq, -1)
+        real = jnp.repeat(jnp.arange(n) < count, t)
+        return jnp.where(real[:, None, None], out, 0).astype(q.dtype)
+    rows = jnp.arange(num_tokens, dtype=jnp.int32)
+    cu = cu_q_lens.astype(jnp.int32)
+    seq = jnp.clip(jnp.searchsorted(cu[1:], rows, side="right"), 0, n - 1).astype(jnp.int32)
+    valid = (rows < cu[count]) & (seq < count)
+    q_len = cu[seq + 1] - cu[seq]
+    pos = lengths[seq] - q_len + (rows - cu[seq])
+    aux = None
+    if softmax_aux is not None:
+        hkv = k_seq.shape[2]
+        aux = softmax_aux.astype(sdtype).reshape(hkv, hq // hkv)
+    out = _ragged(q, k_seq, v_seq, seq, pos, valid, lengths, scale=softmax_scale, cap=logits_soft_cap,
+                  window=sliding_window, aux=aux, sdtype=sdtype)
+    return jnp.where(valid[:, None, None], out, 0).astype(q.dtype)
