@@ -95,11 +95,59 @@ def test_list_plain_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     lines = out.splitlines()
     header = next(line for line in lines if line.startswith("name"))
-    assert header.split() == ["name", "aliases", "plugin", "version", "platforms", "priority", "here", "status", "note"]
+    assert header.split() == ["name", "aliases", "kind", "plugin", "version", "platforms", "priority", "here", "status",
+                              "note"]
     wide = next(line for line in lines if line.startswith("wide "))
     assert "wide_alias" in wide and "cpu, gpu, tpu" in wide
     tpu = next(line for line in lines if line.startswith("tpu_only "))
     assert " no " in tpu and " ok " in tpu and "runs on tpu" in tpu
+
+
+def _register_paged() -> None:
+    from jaxattn_vanilla.paged_impl import PagedDecodeReference, RaggedPagedReference
+
+    jaxattn.register_impl(RaggedPagedReference)
+    jaxattn.register_impl(PagedDecodeReference)
+
+
+def test_list_kind_filters_dense_and_paged(capsys: pytest.CaptureFixture[str]) -> None:
+    _register_paged()
+    rows = {r["name"]: r for r in run_json(capsys, "list")}
+    assert rows["ragged_page_attention_v3"]["kind"] == "paged" and rows["wide"]["kind"] == "dense"
+    assert rows["ragged_page_attention_v3"]["aliases"] == ["ragged_page_attention_v2"]
+    paged = {r["name"] for r in run_json(capsys, "list", "--kind", "paged")}
+    assert paged == {"ragged_page_attention_v3", "page_attention"}
+    assert {r["name"] for r in run_json(capsys, "list", "--kind", "dense")} == {"wide", "narrow", "tpu_only"}
+
+
+def test_explain_paged_and_ragged_rank_only_paged_impls(capsys: pytest.CaptureFixture[str]) -> None:
+    _register_paged()
+    decode = run_json(capsys, "explain", "--paged", "-b", "4", "-t", "1", "-s", "300", "--heads-q", "8",
+                      "--heads-kv", "2", "--page-size", "16", "--window", "64")
+    assert decode["problem"]["queries_per_seq"] == 1 and decode["problem"]["pages_per_seq"] == 19
+    assert decode["problem"]["sliding_window"] == 64
+    assert {c["name"] for c in decode["candidates"]} == {"page_attention", "ragged_page_attention_v3"}
+    assert decode["chosen"] in {"page_attention", "ragged_page_attention_v3"}
+    code, out, _ = run_cli(capsys, "explain", "--ragged", "-b", "3", "-t", "40", "-s", "128", "--combined",
+                           "--impl", "page_attention", "--json")
+    ragged = json.loads(out)
+    assert code == 1  # nothing runs the call as asked
+    assert ragged["problem"]["queries_per_seq"] is None and ragged["problem"]["kv_layout"] == "combined"
+    assert ragged["chosen"] is None  # page_attention takes T queries per sequence, not a ragged batch
+    row = next(c for c in ragged["candidates"] if c["name"] == "page_attention")
+    assert any("ragged batches" in r for r in row["reasons"])
+    code, _, err = run_cli(capsys, "explain", "--paged", "--causal", "--grad")
+    assert code != 0 and "--causal, --grad" in err and "paged calls" in err
+
+
+def test_explain_kv_lengths_is_a_feature_of_the_call(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "explain", "-t", "1", "-s", "64", "--causal", "--kv-lengths", "--json")
+    exp = json.loads(out)
+    assert code == 1
+    assert exp["problem"]["kv_lengths"] is True
+    assert exp["chosen"] is None  # no toy impl declares Feature.KV_LENGTHS
+    wide = next(c for c in exp["candidates"] if c["name"] == "wide")
+    assert any("kv_lengths" in r for r in wide["reasons"])
 
 
 # -- info ------------------------------------------------------------------------------------
@@ -121,6 +169,8 @@ def test_info_plain_sections(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     for needle in ("jaxattn:", "device:", "auto picks: narrow", "Plugins", "Implementations", "usable here"):
         assert needle in out
+    # No paged impl in this registry: the paged line says why nothing runs.
+    assert "paged auto: none: no paged impl is installed here" in out
 
 
 def test_info_strict_passes_when_healthy(capsys: pytest.CaptureFixture[str]) -> None:

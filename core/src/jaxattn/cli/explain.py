@@ -1,7 +1,8 @@
 """``jaxattn explain``: for a call described by shapes and flags, which impl runs and why.
 
 Nothing is computed: the call is built from ``jax.ShapeDtypeStruct``s and handed to
-``jaxattn.explain``, which asks every implementation for its reasons.
+``jaxattn.explain`` (or ``jaxattn.explain_paged`` with ``--paged`` / ``--ragged``), which asks
+every implementation of the call's kind for its reasons.
 """
 
 from __future__ import annotations
@@ -61,6 +62,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     features.add_argument("--sinks", action="store_true", help="attention sinks (softmax_aux)")
     features.add_argument("--dropout", type=float, default=0.0, metavar="P", help="dropout prob")
     features.add_argument("--grad", action="store_true", help="the call is differentiated")
+    features.add_argument("--kv-lengths", action="store_true",
+                          help="per-sequence key lengths: k and v are a dense KV cache of capacity S")
+
+    paged = parser.add_argument_group(
+        "paged KV cache (--paged: T queries per sequence, as paged_attention; --ragged: a ragged batch of "
+        "-t query rows, as ragged_paged_attention); -b is the number of sequences, -s each one's capacity")
+    kinds = paged.add_mutually_exclusive_group()
+    kinds.add_argument("--paged", action="store_true", help="a decode step over a paged cache")
+    kinds.add_argument("--ragged", action="store_true", help="a ragged batch over a paged cache")
+    paged.add_argument("--page-size", type=int, default=16, help="tokens per page (default 16)")
+    paged.add_argument("--combined", action="store_true", help="JAX's combined kv_pages layout")
 
     choice = parser.add_argument_group("choice")
     choice.add_argument("--impl", help="explicit impl name or alias (default: use_impl/"
@@ -119,6 +131,45 @@ def build_call(args: argparse.Namespace) -> tuple[tuple[Any, Any, Any], dict[str
     return qkv, kwargs
 
 
+def build_paged_call(args: argparse.Namespace) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """ShapeDtypeStructs of a paged call and the keyword arguments of ``jaxattn.explain_paged``."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxattn
+
+    b, t, hq, d = args.batch, args.seq_q, args.heads_q, args.head_dim
+    hkv = args.heads_kv if args.heads_kv is not None else hq
+    dv = args.head_dim_v if args.head_dim_v is not None else d
+    capacity = args.seq_k if args.seq_k is not None else max(t, 1)
+    per_seq = -(-capacity // args.page_size)
+    spec = jax.ShapeDtypeStruct
+    dtype = jnp.dtype(args.dtype)
+    pool = (b * per_seq, args.page_size)
+    k_pages = v_pages = kv_pages = None
+    if args.combined:
+        kv_pages = spec((*pool, 2 * hkv, d), dtype)
+    else:
+        k_pages, v_pages = spec((*pool, hkv, d), dtype), spec((*pool, hkv, dv), dtype)
+    table, lengths = spec((b, per_seq), jnp.int32), spec((b,), jnp.int32)
+    kwargs: dict[str, Any] = {"kv_pages": kv_pages, "metadata": jaxattn.AttentionMetadata(
+        platform=args.platform, interpret=args.interpret, runtime_dtype=args.runtime_dtype)}
+    if args.impl is not None:
+        kwargs["impl"] = args.impl
+    if args.window is not None:
+        kwargs["sliding_window"] = args.window
+    if args.soft_cap is not None:
+        kwargs["logits_soft_cap"] = args.soft_cap
+    if args.sinks:
+        kwargs["softmax_aux"] = spec((hq,), jnp.float32)
+    if args.ragged:  # -t query rows in all, packed over the sequences
+        q = spec((t, hq, d), dtype)
+        kwargs.update(cu_q_lens=spec((b + 1,), jnp.int32), num_seqs=spec((1,), jnp.int32))
+    else:
+        q = spec((b, t, hq, d), dtype)
+    return (q, k_pages, v_pages, table, lengths), kwargs
+
+
 def _known_names() -> set[str]:
     import jaxattn
 
@@ -136,14 +187,32 @@ def run(args: argparse.Namespace) -> int:
         # explain() would only say that nothing can run the call; name the real problem.
         raise jaxattn.ImplNotFoundError(
             f"no attention impl is named {args.impl!r}; installed: {', '.join(sorted(_known_names()))}")
-    (q, k, v), kwargs = build_call(args)
-    explanation = jaxattn.explain(q, k, v, **kwargs)
+    if args.paged or args.ragged:
+        unused = [flag for flag, on in (("--causal", args.causal), ("--mask", args.mask), ("--bias", args.bias),
+                                        ("--segment-ids", args.segment_ids), ("--dropout", args.dropout),
+                                        ("--grad", args.grad), ("--kv-lengths", args.kv_lengths)) if on]
+        if unused:
+            raise jaxattn.InvalidInputError(", ".join(unused), "does not apply to paged calls (always causal per "
+                                            "sequence, forward-only, lengths in the call)")
+        arrays, kwargs = build_paged_call(args)
+        explanation = jaxattn.explain_paged(*arrays, **kwargs)
+    else:
+        (q, k, v), kwargs = build_call(args)
+        if args.kv_lengths:
+            kwargs["kv_lengths"] = jax_struct((args.batch,), "int32")
+        explanation = jaxattn.explain(q, k, v, **kwargs)
     if args.json:
         dump_json(explanation.to_dict())
     else:
         render(explanation, Printer.from_args(args))
     # Scripts can test the exit status: 0 when something runs the call, 1 when nothing does.
     return 0 if explanation.chosen else 1
+
+
+def jax_struct(shape: tuple[int, ...], dtype: str) -> Any:
+    import jax
+
+    return jax.ShapeDtypeStruct(shape, dtype)
 
 
 def render(explanation: Any, out: Printer) -> None:

@@ -45,6 +45,7 @@ def collect() -> dict[str, Any]:
             default: dict[str, Any] | None = {"impl": best, "dtype": str(getattr(dtype, "__name__", dtype))}
         except jaxattn.JaxattnError as err:
             default = {"impl": None, "error": str(err)}
+        paged = _paged_default(default.get("dtype") or "float32")
     return {
         "jaxattn": jaxattn.__version__,
         "python": f"{platform.python_implementation()} {platform.python_version()}",
@@ -54,11 +55,36 @@ def collect() -> dict[str, Any]:
         "jaxlib": _version("jaxlib"),
         "device": {"label": device.label, **device.to_dict()},
         "default": default,
+        "paged_default": paged,
         "environment": {k: os.environ[k] for k in ENVIRONMENT if k in os.environ},
         "plugins": [p.to_dict() for p in summarize_plugins(rows)],
         "impls": [r.to_dict() for r in rows if not is_plugin_row(r)],
         "warnings": [str(w.message) for w in caught],
     }
+
+
+PAGED_DEFAULT = "8 sequences, T=1, Hq=32 Hkv=8 D=128, pages of 16, 4096 tokens each"
+
+
+def _paged_default(dtype: str) -> dict[str, Any]:
+    """What "auto" runs for a decode step over a paged cache (``PAGED_DEFAULT``) here."""
+    import jax
+
+    import jaxattn
+
+    spec = jax.ShapeDtypeStruct
+    pages = (8 * 256, 16, 8, 128)
+    try:
+        explanation = jaxattn.explain_paged(spec((8, 32, 128), dtype), spec(pages, dtype), spec(pages, dtype),
+                                            spec((8, 256), "int32"), spec((8,), "int32"))
+    except jaxattn.JaxattnError as err:
+        return {"impl": None, "error": str(err)}
+    if explanation.chosen is None:
+        here = [c for c in explanation.candidates if c.here]
+        why = ("; ".join(f"{c.name}: {' / '.join(c.reasons)}" for c in here) if here else
+               "no paged impl is installed here (pip install 'jaxattn[cpu]' brings page_attention)")
+        return {"impl": None, "error": f"none: {why}"}
+    return {"impl": explanation.chosen, "dtype": dtype}
 
 
 def render(info: dict[str, Any], out: Printer) -> None:
@@ -72,6 +98,9 @@ def render(info: dict[str, Any], out: Printer) -> None:
         ("auto picks", f"{default.get('impl')} in {default.get('dtype')} "
                        "for B=1 T=S=2048 Hq=Hkv=32 D=128 causal"
          if default.get("impl") else default.get("error", "nothing")),
+        ("paged auto", f"{info['paged_default'].get('impl')} in {info['paged_default'].get('dtype')} for "
+                        f"{PAGED_DEFAULT}" if info["paged_default"].get("impl")
+         else info["paged_default"].get("error", "nothing")),
         *((f"${k}", v) for k, v in info["environment"].items()),
     ])
     out.line()
@@ -83,9 +112,9 @@ def render(info: dict[str, Any], out: Printer) -> None:
     out.table(plugins)
 
     impls = Table("Implementations",
-                  ["name", "aliases", "plugin", "platforms", "priority", "status", "usable here", "note"])
+                  ["name", "aliases", "kind", "plugin", "platforms", "priority", "status", "usable here", "note"])
     for r in info["impls"]:
-        impls.add(r["name"], r["aliases"], r["distribution"] or r["plugin"], r["platforms"],
+        impls.add(r["name"], r["aliases"], r["kind"], r["distribution"] or r["plugin"], r["platforms"],
                   r["priority"], r["status"], r["usable_here"], r["reason"] or None)
     out.table(impls)
 

@@ -7,12 +7,14 @@ import argparse
 from ._output import Printer, Table, dump_json
 from ._plugins import is_plugin_row
 
-HELP = "list every attention implementation (names, aliases, plugin, platforms, status here)"
+HELP = "list every attention implementation (names, aliases, kind, plugin, platforms, status here)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--here", action="store_true",
                         help="only the implementations usable on this device")
+    parser.add_argument("--kind", choices=["dense", "paged"],
+                        help="only implementations of this op kind (dense attention, or over a paged KV cache)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,18 +23,20 @@ def run(args: argparse.Namespace) -> int:
     rows = jaxattn.list_impls()
     if args.here:
         rows = [r for r in rows if r.usable_here]
+    if args.kind:
+        rows = [r for r in rows if is_plugin_row(r) or r.kind == args.kind]
     if args.json:
         dump_json([r.to_dict() for r in rows])
         return 0
     table = Table(f"Attention implementations ({jaxattn.detect_device().label})",
-                  ["name", "aliases", "plugin", "version", "platforms", "priority", "here", "status",
+                  ["name", "aliases", "kind", "plugin", "version", "platforms", "priority", "here", "status",
                    "note"])
     for r in rows:
         if is_plugin_row(r):  # a broken or disabled plugin, which registered no impl
-            table.add(f"[{r.name}]", None, r.distribution or r.plugin, r.version, None, None, False,
+            table.add(f"[{r.name}]", None, None, r.distribution or r.plugin, r.version, None, None, False,
                       r.status, r.reason or None)
         else:
-            table.add(r.name, r.aliases, r.distribution or r.plugin, r.version, r.platforms,
+            table.add(r.name, r.aliases, r.kind, r.distribution or r.plugin, r.version, r.platforms,
                       r.priority, r.usable_here, r.status, r.reason or None)
     Printer.from_args(args).table(table)
     return 0

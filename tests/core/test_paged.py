@@ -1,0 +1,199 @@
+"""The paged op kind in the core: validation, entry points, choosing within a kind, registry rules."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxattn
+from jaxattn import Feature, InvalidInputError, PagedAttentionImpl, PluginError, UnsupportedError
+from jaxattn.plugins import isolated_registry
+from jaxattn.testing import oracle
+from jaxattn_vanilla.paged_impl import PagedDecodeReference, RaggedPagedReference
+
+from .toy_impls import PlainImpl
+
+
+@pytest.fixture(autouse=True)
+def paged_registry() -> Any:
+    with isolated_registry(discover=False):
+        for impl in (RaggedPagedReference, PagedDecodeReference, PlainImpl):
+            jaxattn.register_impl(impl)
+        yield
+
+
+def cache(num_pages: int = 8, page_size: int = 4, hkv: int = 2, d: int = 8, seed: int = 0) -> tuple[Any, Any]:
+    rng = np.random.default_rng(seed)
+    k = jnp.asarray(rng.normal(size=(num_pages, page_size, hkv, d)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(num_pages, page_size, hkv, d)), jnp.float32)
+    return k, v
+
+
+def ragged_args(**over: Any) -> dict[str, Any]:
+    k, v = cache()
+    args = {
+        "q": jnp.ones((5, 4, 8), jnp.float32),
+        "k_pages": k, "v_pages": v,
+        "page_table": jnp.asarray([[3, 1, 0], [5, 2, 7]], jnp.int32),
+        "kv_lengths": jnp.asarray([9, 6], jnp.int32),
+        "cu_q_lens": jnp.asarray([0, 3, 5], jnp.int32),
+        "num_seqs": 2,
+    }
+    args.update(over)
+    return args
+
+
+def call_ragged(**over: Any) -> Any:
+    a = ragged_args(**over)
+    return jaxattn.ragged_paged_attention(a.pop("q"), a.pop("k_pages"), a.pop("v_pages"), a.pop("page_table"),
+                                         a.pop("kv_lengths"), a.pop("cu_q_lens"), a.pop("num_seqs"), **a)
+
+
+def test_ragged_call_matches_the_oracle_and_reads_the_right_pages() -> None:
+    a = ragged_args(q=jnp.asarray(np.random.default_rng(1).normal(size=(5, 4, 8)), jnp.float32))
+    got = call_ragged(q=a["q"])
+    want = oracle.paged_attention(*(np.asarray(a[n]) for n in ("q", "k_pages", "v_pages", "page_table",
+                                                               "kv_lengths", "cu_q_lens")), np.asarray([2]))
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+@pytest.mark.parametrize(("over", "argument", "words"), [
+    ({"page_table": jnp.asarray([[3, 9, 0], [5, 2, 7]], jnp.int32)}, "page_table", "page_table[0, 1] = 9"),
+    ({"kv_lengths": jnp.asarray([13, 6], jnp.int32)}, "kv_lengths", "outside 0..12"),
+    ({"kv_lengths": jnp.asarray([-1, 6], jnp.int32)}, "kv_lengths", "outside 0..12"),
+    ({"cu_q_lens": jnp.asarray([0, 4, 3], jnp.int32)}, "cu_q_lens", "must not decrease"),
+    ({"cu_q_lens": jnp.asarray([1, 3, 5], jnp.int32)}, "cu_q_lens", "must start at 0"),
+    ({"cu_q_lens": jnp.asarray([0, 3, 6], jnp.int32)}, "cu_q_lens", "exceeds the 5 query rows"),
+    ({"num_seqs": 3}, "num_seqs", "the page table has 2 rows"),
+    ({"q": jnp.ones((5, 3, 8), jnp.float32)}, "q", "not a multiple of Hkv=2"),
+    ({"q": jnp.ones((5, 4, 16), jnp.float32)}, "k_pages", "head dim 8 differs from q's 16"),
+    ({"q": jnp.ones((1, 5, 4, 8), jnp.float32)}, "q", "rank 3"),
+    ({"q": jnp.ones((5, 4, 8), jnp.bfloat16)}, "k_pages", "differs from q's bfloat16"),
+    ({"kv_lengths": jnp.asarray([9, 6, 1], jnp.int32)}, "kv_lengths", "shape (2,)"),
+    ({"page_table": jnp.asarray([[3, 1, 0], [5, 2, 7]], jnp.float32)}, "page_table", "integers"),
+    ({"kv_pages": jnp.ones((8, 4, 4, 8))}, "kv_pages", "not both"),
+])
+def test_bad_input_names_the_argument_the_constraint_and_a_way_out(over: dict[str, Any], argument: str,
+                                                                   words: str) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        call_ragged(**over)
+    assert info.value.argument == argument and words in str(info.value)
+
+
+def test_under_jit_values_cannot_be_checked_and_bad_pages_are_clamped_not_read_out_of_bounds() -> None:
+    a = ragged_args(page_table=jnp.asarray([[3, 1, 0], [5, 70, 7]], jnp.int32))  # 70: a bad allocator
+
+    @jax.jit
+    def step(q: Any, table: Any, lengths: Any) -> Any:
+        return jaxattn.ragged_paged_attention(q, a["k_pages"], a["v_pages"], table, lengths, a["cu_q_lens"], 2)
+
+    out = step(a["q"], a["page_table"], a["kv_lengths"])
+    assert np.isfinite(np.asarray(out)).all()
+    with pytest.raises(InvalidInputError, match="page_table"):  # the same values, concrete: checked
+        call_ragged(page_table=a["page_table"])
+
+
+def test_decode_form_takes_rank_3_and_rank_4_queries() -> None:
+    k, v = cache()
+    table, lengths = jnp.asarray([[3, 1, 0], [5, 2, 7]], jnp.int32), jnp.asarray([9, 6], jnp.int32)
+    q = jnp.asarray(np.random.default_rng(2).normal(size=(2, 4, 8)), jnp.float32)
+    one = jaxattn.paged_attention(q, k, v, table, lengths)
+    assert one.shape == (2, 4, 8)
+    four = jaxattn.paged_attention(q[:, None], k, v, table, lengths)
+    np.testing.assert_allclose(four[:, 0], one, atol=1e-6)
+    want = oracle.paged_attention(np.asarray(q), np.asarray(k), np.asarray(v), np.asarray(table),
+                                  np.asarray(lengths), np.arange(3) * 1, np.asarray([2]))
+    np.testing.assert_allclose(one, want, atol=2e-5)
+    with pytest.raises(InvalidInputError, match="q: must have shape"):
+        jaxattn.paged_attention(q[0], k, v, table, lengths)
+
+
+def test_names_resolve_to_paged_impls_and_kinds_do_not_mix() -> None:
+    impl = jaxattn.get_impl("ragged_page_attention_v2")
+    assert isinstance(impl, PagedAttentionImpl) and impl.name() == "ragged_page_attention_v3"
+    assert isinstance(jaxattn.get_impl("auto", kind="paged"), PagedAttentionImpl)
+    q = jnp.ones((1, 4, 4, 8))
+    with pytest.raises(InvalidInputError, match="is a paged impl; attention\\(\\) runs dense ones"):
+        jaxattn.attention(q, q, q, impl="page_attention")
+    with pytest.raises(InvalidInputError, match="not a paged one"):
+        call_ragged(impl="plain")
+    with pytest.raises(InvalidInputError, match="kind"):
+        jaxattn.get_impl("auto", kind="sparse")
+
+
+def test_use_impl_applies_to_calls_of_its_kind() -> None:
+    from jaxattn.dispatch import current_impl_name
+
+    with jaxattn.use_impl("plain"):
+        assert current_impl_name(None, "dense") == "plain"
+        assert current_impl_name(None, "paged") == "auto"
+        call_ragged()  # a dense scope does not break a paged call
+    with jaxattn.use_impl("page_attention"):
+        assert current_impl_name(None, "paged") == "page_attention"
+        assert current_impl_name(None, "dense") == "auto"
+        with pytest.raises(UnsupportedError, match="ragged batches"):  # it applies, and page_attention declines
+            call_ragged()
+
+
+def test_explicit_choice_declines_with_every_reason_and_names_who_accepts() -> None:
+    with pytest.raises(UnsupportedError) as info:
+        call_ragged(impl="page_attention", softmax_aux=jnp.zeros(4))
+    err = info.value
+    assert any("ragged batches" in r for r in err.reasons)
+    assert err.hint is not None and "ragged_page_attention_v3" in err.hint
+
+
+def test_auto_picks_within_the_kind_and_explain_shows_only_paged_impls() -> None:
+    k, v = cache()
+    table, lengths = jnp.asarray([[3, 1, 0], [5, 2, 7]], jnp.int32), jnp.asarray([9, 6], jnp.int32)
+    decode = jaxattn.explain_paged(jnp.ones((2, 4, 8)), k, v, table, lengths)
+    assert {c.name for c in decode.candidates} == {"page_attention", "ragged_page_attention_v3"}
+    assert decode.chosen is not None and "paged:" in str(decode)
+    a = ragged_args()
+    ragged = jaxattn.explain_paged(a["q"], k, v, table, lengths, a["cu_q_lens"], 2)
+    assert ragged.chosen == "ragged_page_attention_v3"
+    assert any("ragged batches" in r for c in ragged.candidates if c.name == "page_attention" for r in c.reasons)
+
+
+def test_paged_calls_are_forward_only_and_refuse_gradients_with_a_reason() -> None:
+    a = ragged_args()
+
+    def loss(q: Any) -> Any:
+        out = jaxattn.ragged_paged_attention(q, a["k_pages"], a["v_pages"], a["page_table"], a["kv_lengths"],
+                                             a["cu_q_lens"], 2, impl="ragged_page_attention_v3")
+        return jnp.sum(out)
+
+    with pytest.raises(UnsupportedError) as info:
+        jax.grad(loss)(a["q"])
+    assert info.value.gradient and any("gradients" in r for r in info.value.reasons)
+
+
+def test_a_mesh_is_declined_for_paged_calls() -> None:
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    with pytest.raises(UnsupportedError, match="your own shard_map"):
+        call_ragged(metadata=jaxattn.AttentionMetadata(mesh=mesh, batch_axis="data"))
+
+
+def test_a_name_means_one_kind_of_call() -> None:
+    class DenseNamedLikePaged(PlainImpl):
+        priority: ClassVar[int] = 77
+
+        @classmethod
+        def get_impl_name(cls) -> str:
+            return "page_attention"
+
+    with pytest.raises(PluginError, match=r"page_attention names a (dense|paged) impl from .* and a (paged|dense) impl"):
+        jaxattn.register_impl(DenseNamedLikePaged)
+
+
+def test_a_directly_constructed_reference_runs_on_its_own() -> None:
+    impl = RaggedPagedReference()
+    a = ragged_args()
+    out = impl(a["q"], a["k_pages"], a["v_pages"], a["page_table"], a["kv_lengths"], cu_q_lens=a["cu_q_lens"],
+               num_seqs=jnp.asarray([2], jnp.int32))
+    np.testing.assert_allclose(out.attention_outputs, call_ragged(), atol=1e-6)
+    assert Feature.RAGGED in impl.features and Feature.RAGGED not in PagedDecodeReference.features
