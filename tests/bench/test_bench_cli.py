@@ -84,3 +84,27 @@ def test_bad_arguments_are_reported(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--shape" in capsys.readouterr().err
     assert main(["bench", "--quick", "--modes", "sideways", "--plain"]) == 2
     assert "unknown --modes" in capsys.readouterr().err
+
+
+def test_serving_bench_reports_bandwidth_for_paged_and_dense_decode(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``--serving``: every paged backend, dense decode on the same tokens and the memory-read bar,
+    with GB/s from the bytes of K and V; mixed batches also as separate calls."""
+    path = tmp_path / "serving.json"
+    assert main(["bench", "--serving", "--quick", "--repeats", "2", "--json", str(path), "--plain"]) == 0
+    out, _ = capsys.readouterr()
+    assert "GB/s" in out and "memory read" in out
+    report = json.loads(path.read_text())
+    rows = {(r["shape"]["label"], r["backend"]): r for r in report["results"]}
+    decode = "B4 ctx96 H4/2 D32 page16"
+    for backend in ("page_attention", "ragged_page_attention_v3", "auto", "vanilla (dense)", "memory read"):
+        row = rows[(decode, backend)]
+        assert row["status"] == "ok" and row["median_ms"] > 0, row
+        # bytes of K and V: 4 sequences x 96 tokens x 2 heads x (K + V) x 32 dims x 4 bytes
+        assert row["gbps"] == pytest.approx(4 * 96 * 2 * 2 * 32 * 4 / (row["median_ms"] * 1e-3) / 1e9)
+    assert rows[(decode, "page_attention")]["ratio"] == pytest.approx(1.0)  # the CPU reference
+    assert rows[(decode, "pallas_gpu_paged")]["status"] == "declined"
+    mixed = next(label for label, _ in rows if "prefill" in label)
+    assert rows[(mixed, "ragged_page_attention_v3 separate")]["status"] == "ok"
+    assert rows[(mixed, "page_attention")]["status"] == "declined"
+    assert "ragged batches" in rows[(mixed, "page_attention")]["reason"]

@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
     parser.add_argument("--overhead", action="store_true",
                         help="instead: measure what impl='auto' adds per call over the impl it picks (eager, jit)")
+    parser.add_argument("--serving", action="store_true",
+                        help="instead: decode and ragged calls over a paged KV cache (GB/s of K/V read), paged "
+                             "backends beside dense decode (cuDNN...) and JAX's Pallas GPU paged_attention")
     # The shared --json flag (print JSON) gains an optional PATH: with one, the JSON goes to the file
     # and the table still goes to stdout. "resolve" lets this definition replace the shared one
     # (set before the group is made: a group copies its parser's handler).
@@ -179,7 +183,43 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.overhead:
         return _run_overhead(args, shapes, metadata)
+    if args.serving:
+        return _run_serving(args, metadata, platform)
     return _run_bench(args, shapes, metadata)
+
+
+def _run_serving(args: argparse.Namespace, metadata: AttentionMetadata, platform: str) -> int:
+    from ..cli._output import Printer, dump_json
+    from ..device import detect_device
+    from ..lookup import available_here
+    from .serving import run_serving, serving_matrix, serving_table
+
+    dtype = args.dtype or ("float32" if platform == "cpu" else "bfloat16")
+    shapes = serving_matrix(quick=args.quick or platform == "cpu", dtype=dtype)
+    paged_here = [p.name for p in available_here(metadata, kind="paged")]
+    dense_here = [p.name for p in available_here(metadata, kind="dense") if p.name != "ring"]
+    wanted = set(args.impls or paged_here + dense_here)
+    paged = [n for n in paged_here if n in wanted] + ([] if args.no_auto else ["auto"])
+    dense = [n for n in dense_here if n in wanted]
+    printer = Printer.from_args(args)
+    if args.json != "-":
+        printer.line(f"jaxattn bench --serving: {len(shapes)} shapes; paged {', '.join(paged)}; dense decode "
+                     f"{', '.join(dense)}")
+    start = time.perf_counter()
+    results = run_serving(shapes, paged=paged, dense=dense, metadata=metadata, repeats=args.repeats,
+                          reference=args.reference, min_sample_ms=args.min_sample_ms, preroll_ms=args.preroll_ms)
+    device = detect_device().label
+    report = {"device": device, "kind": "serving", "results": [r.to_dict() for r in results],
+              "elapsed_s": time.perf_counter() - start}
+    if args.json == "-":
+        dump_json(report)
+        return 0
+    printer.table(serving_table(results, device, args.reference))
+    if args.json is not None:
+        Path(args.json).write_text(json.dumps(report, indent=1, default=str) + "\n")
+        printer.line(f"JSON written to {args.json}")
+    printer.line(f"took {report['elapsed_s']:.1f} s")
+    return 0
 
 
 def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: AttentionMetadata) -> int:

@@ -45,7 +45,7 @@ def collect() -> dict[str, Any]:
             default: dict[str, Any] | None = {"impl": best, "dtype": str(getattr(dtype, "__name__", dtype))}
         except jaxattn.JaxattnError as err:
             default = {"impl": None, "error": str(err)}
-        paged = _paged_default(default.get("dtype") or "float32")
+        paged = _paged_default((default or {}).get("dtype") or "float32")
     return {
         "jaxattn": jaxattn.__version__,
         "python": f"{platform.python_implementation()} {platform.python_version()}",

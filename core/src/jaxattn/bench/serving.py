@@ -1,0 +1,375 @@
+"""``jaxattn bench --serving``: decode and ragged serving calls over a paged KV cache, side by side.
+
+Decode is memory-bound: a step reads every cached key and value once, so the figure of merit
+is the bandwidth achieved, ``bytes of K and V read / time``, against what the device can read
+at all (``memory read``: a reduction over exactly those bytes, timed in the same run). Per
+shape, in one process:
+
+* every paged backend here (``paged_attention(impl=name)``; ``ragged_paged_attention`` for
+  mixed batches) and paged "auto";
+* dense decode on the same tokens: every dense backend here that accepts a decode step over a
+  dense cache of the same length (cuDNN through ``cudnn``, ``flash_attn2``'s split-K path,
+  ``autoregressive_decodeattn``, ...), fed a contiguous cache (the layout costs nothing to
+  read there, so it is the bar a paged kernel must meet);
+* JAX's Pallas GPU ``paged_attention`` on CUDA GPUs (its own layout, built untimed).
+
+A mixed shape packs prefill chunks and decode steps in one ragged call; each paged backend is
+also timed running the two parts as separate calls, so "mixed vs separate" shows whether the
+single call is at least as fast. Timing follows ``jaxattn bench`` (compiled ahead of time,
+back-to-back samples, pre-roll on accelerators: :mod:`jaxattn.bench.timing`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..metadata import AttentionMetadata
+from .timing import Program, median, platform_defaults, platform_of, preroll, run_once, run_sample, size_samples
+
+__all__ = ["ServingResult", "ServingShape", "run_serving", "serving_matrix"]
+
+READ_PEAK = "memory read"
+PALLAS_GPU_PAGED = "pallas_gpu_paged"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingShape:
+    """``batch`` decode sequences of ``context`` cached tokens (T=``queries`` each); with
+    ``prefill`` > 0 also ``prefill`` sequences adding a ``chunk``-token prefill chunk (a ragged
+    mixed batch)."""
+
+    batch: int
+    context: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    page_size: int
+    dtype: str
+    queries: int = 1
+    prefill: int = 0
+    chunk: int = 0
+
+    @property
+    def mixed(self) -> bool:
+        return self.prefill > 0
+
+    @property
+    def label(self) -> str:
+        heads = f"H{self.heads_q}/{self.heads_kv}"
+        base = f"B{self.batch} ctx{self.context} {heads} D{self.head_dim} page{self.page_size}"
+        if self.mixed:
+            return f"{base} + {self.prefill}x{self.chunk} prefill"
+        return base + (f" T{self.queries}" if self.queries != 1 else "")
+
+    @property
+    def num_seqs(self) -> int:
+        return self.batch + self.prefill
+
+    @property
+    def pages_per_seq(self) -> int:
+        return -(-self.context // self.page_size)
+
+    def kv_bytes(self) -> int:
+        """Bytes of K and V a call reads: every cached token of every sequence, once."""
+        import numpy as np
+
+        itemsize = np.dtype(self.dtype).itemsize if self.dtype != "bfloat16" else 2
+        return self.num_seqs * self.context * self.heads_kv * 2 * self.head_dim * itemsize
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "label": self.label}
+
+
+def serving_matrix(*, quick: bool = False, dtype: str = "bfloat16") -> list[ServingShape]:
+    """The issue's targets: bf16, D=128, GQA 32/8, pages of 16 and 64, batch 16 and 64, 2k-64k
+    tokens; plus mixed batches. ``quick``: tiny shapes for a CPU."""
+    if quick:
+        return [ServingShape(4, 96, 4, 2, 32, 16, dtype), ServingShape(4, 96, 4, 2, 32, 16, dtype, queries=2),
+                ServingShape(4, 96, 4, 2, 32, 16, dtype, prefill=2, chunk=24)]
+    shapes = [ServingShape(b, ctx, 32, 8, 128, ps, dtype)
+              for ps in (16, 64) for b in (16, 64) for ctx in (2048, 8192, 32768) if b * ctx <= 64 * 32768]
+    shapes += [ServingShape(16, 65536, 32, 8, 128, ps, dtype) for ps in (16, 64)]
+    shapes += [ServingShape(64, 4096, 32, 8, 128, 16, dtype, prefill=4, chunk=512),
+               ServingShape(32, 16384, 32, 8, 128, 64, dtype, prefill=2, chunk=2048)]
+    return shapes
+
+
+@dataclasses.dataclass
+class ServingResult:
+    shape: ServingShape
+    backend: str
+    status: str  # "ok", "declined", "failed"
+    reason: str = ""
+    note: str = ""
+    median_ms: float | None = None
+    gbps: float | None = None
+    ratio: float | None = None  # reference time / this time: > 1 is faster than the reference
+    of_read_peak: float | None = None  # GB/s as a fraction of the memory-read peer's
+    times_ms: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["shape"] = self.shape.to_dict()
+        return out
+
+
+# -- inputs ------------------------------------------------------------------------------------
+def _inputs(shape: ServingShape, seed: int = 0) -> dict[str, Any]:
+    """The cache (a fragmented pool: pages in a random order), tables and queries, on the device."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    dtype = jnp.dtype(shape.dtype)
+    n, per_seq = shape.num_seqs, shape.pages_per_seq
+    rng = np.random.default_rng(seed)
+    table = rng.permutation(n * per_seq).reshape(n, per_seq).astype(np.int32)
+    keys = jax.random.split(jax.random.key(seed), 4)
+    pool = (n * per_seq, shape.page_size, shape.heads_kv, shape.head_dim)
+    k_pages = jax.random.normal(keys[0], pool, dtype)
+    v_pages = jax.random.normal(keys[1], pool, dtype)
+    q_lens = [shape.queries] * shape.batch + [shape.chunk] * shape.prefill
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = jax.random.normal(keys[2], (int(cu[-1]), shape.heads_q, shape.head_dim), dtype)
+    out = {"q": q, "k_pages": k_pages, "v_pages": v_pages, "page_table": jnp.asarray(table),
+           "kv_lengths": jnp.full((n,), shape.context, jnp.int32), "cu_q_lens": jnp.asarray(cu),
+           "num_seqs": jnp.asarray([n], jnp.int32)}
+    return dict(zip(out, jax.block_until_ready(tuple(out.values())), strict=True))
+
+
+def _dense_cache(shape: ServingShape, arrays: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The same tokens as a contiguous dense cache ``(B, context, Hkv, D)``, and q ``(B, 1, Hq, D)``."""
+    import jax
+
+    n, ctx = shape.batch, shape.context
+    table = arrays["page_table"][:n]
+    k = arrays["k_pages"][table].reshape(n, -1, shape.heads_kv, shape.head_dim)[:, :ctx]
+    v = arrays["v_pages"][table].reshape(n, -1, shape.heads_kv, shape.head_dim)[:, :ctx]
+    q = arrays["q"].reshape(n, shape.queries, shape.heads_q, shape.head_dim)
+    q, k, v = jax.block_until_ready((q, k, v))
+    return q, k, v
+
+
+# -- backends ------------------------------------------------------------------------------------
+Runnable = tuple[Callable[..., Any], tuple[Any, ...], str]  # (fn, args, note)
+
+
+def _paged(name: str, md: AttentionMetadata, shape: ServingShape, arrays: dict[str, Any]) -> Runnable:
+    import jaxattn
+
+    a = arrays
+    if shape.mixed:
+        exp = jaxattn.explain_paged(a["q"], a["k_pages"], a["v_pages"], a["page_table"], a["kv_lengths"],
+                                    a["cu_q_lens"], a["num_seqs"], impl=name, metadata=md)
+    else:
+        q4 = a["q"].reshape(shape.batch, shape.queries, shape.heads_q, shape.head_dim)
+        exp = jaxattn.explain_paged(q4, a["k_pages"], a["v_pages"], a["page_table"], a["kv_lengths"], impl=name,
+                                    metadata=md)
+    if exp.chosen is None:
+        row = next((c for c in exp.candidates if c.name == name and c.here), None)
+        raise _Declined("; ".join(row.reasons) if row else f"no paged impl named {name!r} here")
+    note = f"-> {exp.chosen}" if name == "auto" else ""
+    if shape.mixed:
+        def fn(q: Any, kp: Any, vp: Any, table: Any, lengths: Any, cu: Any, count: Any) -> Any:
+            return jaxattn.ragged_paged_attention(q, kp, vp, table, lengths, cu, count, impl=name, metadata=md)
+
+        return fn, (a["q"], a["k_pages"], a["v_pages"], a["page_table"], a["kv_lengths"], a["cu_q_lens"],
+                    a["num_seqs"]), note
+
+    def decode(q: Any, kp: Any, vp: Any, table: Any, lengths: Any) -> Any:
+        return jaxattn.paged_attention(q, kp, vp, table, lengths, impl=name, metadata=md)
+
+    return decode, (q4, a["k_pages"], a["v_pages"], a["page_table"], a["kv_lengths"]), note
+
+
+def _separate(name: str, md: AttentionMetadata, shape: ServingShape, arrays: dict[str, Any]) -> Runnable:
+    """A mixed batch as two ragged calls: the decode rows, then the prefill chunks."""
+    import jax.numpy as jnp
+
+    import jaxattn
+
+    a, b = arrays, shape.batch
+    split = b * shape.queries
+    cu = a["cu_q_lens"]
+    decode_cu = cu[: b + 1]
+    prefill_cu = jnp.concatenate([jnp.zeros(1, jnp.int32), cu[b + 1:] - cu[b]])
+
+    def fn(q: Any, kp: Any, vp: Any, table: Any, lengths: Any) -> Any:
+        first = jaxattn.ragged_paged_attention(q[:split], kp, vp, table[:b], lengths[:b], decode_cu, b, impl=name,
+                                               metadata=md)
+        second = jaxattn.ragged_paged_attention(q[split:], kp, vp, table[b:], lengths[b:], prefill_cu,
+                                                shape.prefill, impl=name, metadata=md)
+        return jnp.concatenate([first, second])
+
+    _paged(name, md, shape, arrays)  # declines the same way as the mixed call
+    return fn, (a["q"], a["k_pages"], a["v_pages"], a["page_table"], a["kv_lengths"]), "two calls"
+
+
+def _dense(name: str, md: AttentionMetadata, shape: ServingShape, dense: tuple[Any, Any, Any]) -> Runnable:
+    import jaxattn
+
+    q, k, v = dense
+    impl = jaxattn.get_impl(name, md)
+    reasons = impl.supports(q, k, v, causal=True)
+    if reasons:
+        raise _Declined("; ".join(reasons))
+
+    def fn(q: Any, k: Any, v: Any) -> Any:
+        return jaxattn.attention(q, k, v, impl=name, causal=True, metadata=md)
+
+    return fn, dense, "dense cache"
+
+
+def _pallas_gpu(shape: ServingShape, arrays: dict[str, Any]) -> Runnable:
+    from ..device import detect_device
+
+    device = detect_device()
+    if device.platform != "gpu" or device.vendor != "cuda":
+        raise _Declined(f"needs a CUDA GPU (Pallas Triton lowering); this is {device.label}")
+    if shape.mixed or shape.queries != 1:
+        raise _Declined("decode steps only (one query per sequence)")
+    try:
+        from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
+    except ImportError as err:
+        raise _Declined(f"not importable: {err}") from None
+    import jax
+
+    # Its layout: (Hkv, num_pages, page_size, D); built once, untimed.
+    kp, vp = (jax.block_until_ready(arrays[n].transpose(2, 0, 1, 3)) for n in ("k_pages", "v_pages"))
+    q3 = arrays["q"]
+    pages = max(1, min(8, 128 // shape.page_size))
+    while shape.pages_per_seq % pages:
+        pages //= 2
+
+    def fn(q: Any, kp: Any, vp: Any, table: Any, lengths: Any) -> Any:
+        return paged_attention(q, kp, vp, table, lengths, pages_per_compute_block=pages)
+
+    return fn, (q3, kp, vp, arrays["page_table"], arrays["kv_lengths"]), f"{pages} pages per block"
+
+
+def _read_peak(arrays: dict[str, Any]) -> Runnable:
+    import jax.numpy as jnp
+
+    def fn(kp: Any, vp: Any) -> Any:
+        return jnp.sum(kp, dtype=jnp.float32) + jnp.sum(vp, dtype=jnp.float32)
+
+    return fn, (arrays["k_pages"], arrays["v_pages"]), "a reduction over the cache: the bandwidth bar"
+
+
+class _Declined(Exception):
+    pass
+
+
+# -- running -------------------------------------------------------------------------------------
+def _compile(fn: Callable[..., Any], args: tuple[Any, ...]) -> Program:
+    import jax
+
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    return Program(compiled, None, time.perf_counter() - start)
+
+
+def _candidates(shape: ServingShape, md: AttentionMetadata, paged: Sequence[str], dense: Sequence[str],
+                arrays: dict[str, Any]) -> list[tuple[str, Callable[[], Runnable]]]:
+    out: list[tuple[str, Callable[[], Runnable]]] = [(READ_PEAK, lambda: _read_peak(arrays))]
+    for name in paged:
+        out.append((name, lambda name=name: _paged(name, md, shape, arrays)))  # type: ignore[misc]
+        if shape.mixed and name != "auto":
+            out.append((f"{name} separate", lambda name=name: _separate(name, md, shape, arrays)))  # type: ignore[misc]
+    if not shape.mixed:
+        cache: list[tuple[Any, Any, Any]] = []
+
+        def dense_inputs() -> tuple[Any, Any, Any]:
+            if not cache:
+                cache.append(_dense_cache(shape, arrays))
+            return cache[0]
+
+        out += [(f"{name} (dense)", lambda name=name: _dense(name, md, shape, dense_inputs()))  # type: ignore[misc]
+                for name in dense]
+        out.append((PALLAS_GPU_PAGED, lambda: _pallas_gpu(shape, arrays)))
+    return out
+
+
+def run_serving(shapes: Sequence[ServingShape], *, paged: Sequence[str], dense: Sequence[str],
+                metadata: AttentionMetadata, repeats: int = 10, reference: str | None = None,
+                min_sample_ms: float | None = None, preroll_ms: float | None = None,
+                on_result: Callable[[ServingResult], None] | None = None) -> list[ServingResult]:
+    """Time every backend on every shape; ratios against ``reference`` (default: the first of
+    cudnn (dense), page_attention, then the first that ran)."""
+    default_sample, default_preroll = platform_defaults(platform_of(metadata))
+    sample_ms = default_sample if min_sample_ms is None else min_sample_ms
+    roll_ms = default_preroll if preroll_ms is None else preroll_ms
+    results: list[ServingResult] = []
+    for shape in shapes:
+        arrays = _inputs(shape)
+        timed: list[tuple[ServingResult, Program, tuple[Any, ...], int, int]] = []
+        for name, make in _candidates(shape, metadata, paged, dense, arrays):
+            result = ServingResult(shape, name, "ok")
+            try:
+                fn, args, result.note = make()
+                program = _compile(fn, args)
+                run_once(program, args)  # warm-up
+                number, rolls = size_samples(program, args, run_once(program, args), sample_ms, roll_ms)
+                timed.append((result, program, args, number, rolls))
+            except _Declined as why:
+                result.status, result.reason = "declined", str(why)
+            except Exception as err:  # a backend that fails is a row, not a crash
+                result.status, result.reason = "failed", f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            results.append(result)
+        # Samples in two rounds, the second in reverse order, so drift hits every backend alike.
+        for round_ in range(2):
+            for result, program, args, number, rolls in (timed if round_ == 0 else timed[::-1]):
+                preroll(program, args, rolls)
+                result.times_ms += [run_sample(program, args, number) for _ in range(max(1, repeats // 2))]
+        _summarise(shape, [r for r in results if r.shape == shape], reference)
+        for r in results:
+            if r.shape == shape and on_result is not None:
+                on_result(r)
+    return results
+
+
+def _summarise(shape: ServingShape, rows: list[ServingResult], reference: str | None) -> None:
+    for r in rows:
+        if r.ok and r.times_ms:
+            r.median_ms = median(r.times_ms)
+            r.gbps = shape.kv_bytes() / (r.median_ms * 1e-3) / 1e9
+    ran = {r.backend: r for r in rows if r.ok and r.median_ms}
+    ref_name = reference or next((n for n in ("cudnn (dense)", "page_attention") if n in ran),
+                                 next((n for n in ran if n != READ_PEAK), None))
+    ref = ran.get(ref_name or "")
+    peak = ran.get(READ_PEAK)
+    for r in ran.values():
+        if ref is not None and ref.median_ms and r.backend != READ_PEAK:
+            r.ratio = ref.median_ms / (r.median_ms or 1.0)
+        if peak is not None and peak.gbps and r.gbps:
+            r.of_read_peak = r.gbps / peak.gbps
+
+
+def serving_table(results: Sequence[ServingResult], device: str, reference: str | None = None) -> Any:
+    from ..cli._output import Table
+
+    ref = reference or "cudnn (dense), else page_attention"
+    table = Table(f"Serving attention on {device}: time, K/V bytes read per second, and ratios (vs {ref}: "
+                  "its time / this time; of read: GB/s / the memory-read GB/s)",
+                  ["shape", "backend", "ms", "GB/s", "vs ref", "of read", "note"])
+    for r in results:
+        if r.ok and r.median_ms is not None:
+            table.add(r.shape.label, r.backend, f"{r.median_ms:.3f}", _gbps(r.gbps),
+                      f"{r.ratio:.2f}x" if r.ratio else None,
+                      f"{r.of_read_peak:.0%}" if r.of_read_peak else None, r.note or None)
+        else:
+            table.add(r.shape.label, r.backend, None, None, None, None, f"{r.status}: {r.reason}"[:160])
+    return table
+
+
+def _gbps(value: float | None) -> str | None:
+    if value is None:
+        return None
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
