@@ -112,3 +112,44 @@ def test_issue_odd_lengths_gradient_through_auto_and_explicit_cudnn() -> None:
     with pytest.raises(jaxattn.UnsupportedError, match="needs even T and S") as info:
         jax.grad(loss("cudnn"))(q, k, v)
     assert info.value.gradient
+
+
+# -- kv_lengths: decode over a dense cache (lengths traced under jit, as a server runs them) ----
+
+
+def check_kv_lengths(x: dict[str, np.ndarray], lengths: np.ndarray, grads: bool, **features: Any) -> None:
+    """Eager, then jitted with traced lengths; cuDNN must run it (its custom call in the program)."""
+    run_and_check(x, grads=grads, kv_lengths=lengths, **features)
+    q, k, v = (jnp.asarray(x[n], jnp.bfloat16) for n in ("q", "k", "v"))
+    run = jax.jit(lambda q, k, v, n: jaxattn.attention(q, k, v, impl="cudnn", kv_lengths=n, **features))
+    n = jnp.asarray(lengths, jnp.int32)
+    assert "__cudnn$fmha" in run.lower(q, k, v, n).as_text()
+    ref_kw = {name: np.asarray(a) if hasattr(a, "shape") else a for name, a in features.items()}
+    want = oracle.attention(x["q"], x["k"], x["v"], kv_lengths=lengths, **ref_kw).output
+    assert_close("jit output", run(q, k, v, n), want, DEFAULT_TOLERANCES["bfloat16"].forward)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_kv_lengths_decode_step(causal: bool) -> None:
+    """T = 1: cuDNN's kv_seqlen (PADDING); the empty sequence must come out as zeros."""
+    lengths = np.array([1, 77, 256, 0], np.int32)
+    check_kv_lengths(make(4, 1, 256, 8, 2, 128), lengths, grads=False, causal=causal)
+
+
+def test_kv_lengths_speculative_decode() -> None:
+    """T = 3, causal per sequence (a per-sequence mask); length 2 < T leaves query 0 without keys."""
+    lengths = np.array([2, 3, 130, 256], np.int32)
+    check_kv_lengths(make(4, 3, 256, 8, 2, 128), lengths, grads=False, causal=True)
+
+
+def test_kv_lengths_gradient_with_empty_rows() -> None:
+    """T = 4 (even, so cuDNN's backward runs): rows before the cache's start get zero gradients."""
+    lengths = np.array([2, 0, 131, 256], np.int32)
+    check_kv_lengths(make(4, 4, 256, 8, 2, 128), lengths, grads=True, causal=True)
+
+
+def test_kv_lengths_decode_with_sinks_and_window() -> None:
+    aux = np.array([0.5, -1.0, 2.0, 0.0, 1.0, -2.0, 0.25, 3.0], np.float32)
+    lengths = np.array([5, 200, 0, 256], np.int32)
+    check_kv_lengths(make(4, 1, 256, 8, 2, 128), lengths, grads=False, causal=True, softmax_aux=aux)
+    check_kv_lengths(make(4, 1, 256, 8, 2, 128), lengths, grads=False, causal=True, sliding_window=(31, 0))

@@ -226,3 +226,82 @@ def test_forward_called_directly_never_drops_a_feature() -> None:
     np.testing.assert_allclose(
         np.asarray(out), np.broadcast_to(np.repeat(np.asarray(v[:, :1]), 2, 2), out.shape), atol=1e-6
     )
+
+
+# -- kv_lengths: a dense KV cache of capacity S ------------------------------------------------
+
+
+def _rows_see_a_key(mask: jax.Array, t: int, s: int) -> bool:
+    return bool(np.asarray(jnp.broadcast_to(mask, (*mask.shape[:2], t, s))).any(axis=-1).all())
+
+
+@pytest.mark.parametrize("implementation", ["xla", "cudnn"])
+def test_kv_lengths_decode_is_jax_nn_key_value_seq_lengths(spy: Spy, implementation: str) -> None:
+    q, k, v = inputs(b=3, t=1, s=9)
+    lengths = jnp.asarray([4, 9, 0], jnp.int32)
+    for causal in (False, True):  # for T = 1, causal hides nothing that the length does not
+        out = sdpa_attention(q, k, v, causal=causal, kv_lengths=lengths, implementation=implementation)  # type: ignore[arg-type]
+        call = spy.last
+        assert call["mask"] is None and "is_causal" not in call and "local_window_size" not in call
+        # The empty sequence is shown key 0 (never a softmax over nothing, cuDNN's undefined case) ...
+        assert call["key_value_seq_lengths"].tolist() == [4, 9, 1]
+        check(out, q, k, v, causal=causal, kv_lengths=lengths)
+        assert not np.asarray(out[2]).any()  # ... and zeroed after
+
+
+@pytest.mark.parametrize("implementation", ["xla", "cudnn"])
+def test_kv_lengths_with_causal_spelled_per_sequence(spy: Spy, implementation: str) -> None:
+    q, k, v = inputs(b=3, t=4, s=8)
+    lengths = jnp.asarray([2, 8, 0], jnp.int32)  # row 0: queries 0, 1 sit before the cache's start
+    out = sdpa_attention(q, k, v, causal=True, kv_lengths=lengths, implementation=implementation)  # type: ignore[arg-type]
+    call = spy.last
+    assert "is_causal" not in call and "local_window_size" not in call and "key_value_seq_lengths" not in call
+    assert call["mask"].shape[0] == 3 and _rows_see_a_key(call["mask"], 4, 8)
+    check(out, q, k, v, causal=True, kv_lengths=lengths)
+    assert not np.asarray(out[0, :2]).any() and not np.asarray(out[2]).any()
+
+    def loss(q: jax.Array, k: jax.Array, v: jax.Array, impl: str) -> jax.Array:
+        out = sdpa_attention(q, k, v, causal=True, kv_lengths=lengths, implementation=impl)  # type: ignore[arg-type]
+        return jnp.sum(out * jnp.arange(out.size, dtype=out.dtype).reshape(out.shape) / out.size)
+
+    grads = jax.grad(loss, argnums=(0, 1, 2))(q, k, v, implementation)
+    d_out = np.arange(q.size, dtype=np.float64).reshape(q.shape) / q.size
+    ref = oracle.attention_backward(np.asarray(q), np.asarray(k), np.asarray(v), d_out, causal=True,
+                                    kv_lengths=np.asarray(lengths))
+    for got, want in zip(grads, (ref.dq, ref.dk, ref.dv), strict=True):
+        assert np.isfinite(np.asarray(got)).all()
+        np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("implementation", ["xla", "cudnn"])
+def test_kv_lengths_with_a_mask_shows_key_zero_to_empty_rows(spy: Spy, implementation: str) -> None:
+    q, k, v = inputs(b=2, t=1, s=6)
+    lengths = jnp.asarray([3, 6], jnp.int32)
+    mask = jnp.asarray([[[[False, False, False, True, True, True]]], [[[True] * 6]]])  # row 0 sees nothing
+    out = sdpa_attention(q, k, v, mask=mask, kv_lengths=lengths, implementation=implementation)  # type: ignore[arg-type]
+    call = spy.last
+    assert call["key_value_seq_lengths"].tolist() == [3, 6] and _rows_see_a_key(call["mask"], 1, 6)
+    check(out, q, k, v, mask=mask, kv_lengths=lengths)
+    assert not np.asarray(out[0]).any()
+
+
+def test_kv_lengths_with_sinks_and_a_window(spy: Spy) -> None:
+    q, k, v = inputs(b=2, t=1, s=10)
+    lengths = jnp.asarray([0, 7], jnp.int32)
+    aux = jnp.asarray([0.5, -1.0, 2.0, 0.0], jnp.float32)
+    out = sdpa_attention(q, k, v, softmax_aux=aux, kv_lengths=lengths)  # native lengths, one sink key in front
+    assert spy.last["key_value_seq_lengths"].tolist() == [1, 8] and spy.last["mask"] is None
+    check(out, q, k, v, softmax_aux=aux, kv_lengths=lengths)
+    out = sdpa_attention(q, k, v, softmax_aux=aux, kv_lengths=lengths, sliding_window=(2, 0), causal=True,
+                         implementation="cudnn")
+    assert "key_value_seq_lengths" not in spy.last and spy.last["mask"].shape == (2, 1, 1, 12)
+    check(out, q, k, v, softmax_aux=aux, kv_lengths=lengths, sliding_window=(2, 0), causal=True)
+
+
+def test_kv_lengths_traced_under_jit_and_clamped(spy: Spy) -> None:
+    q, k, v = inputs(b=2, t=3, s=8)
+    run = jax.jit(lambda q, k, v, n: sdpa_attention(q, k, v, causal=True, kv_lengths=n))
+    check(run(q, k, v, jnp.asarray([5, 1], jnp.int32)), q, k, v, causal=True, kv_lengths=np.array([5, 1]))
+    # Out-of-range lengths cannot be checked under jit; they are clamped to 0..S, never read past the cache.
+    out = run(q, k, v, jnp.asarray([99, -4], jnp.int32))
+    check(out, q, k, v, causal=True, kv_lengths=np.array([8, 0]))

@@ -122,6 +122,25 @@ class TestCudnnDeclines:
         for extra in extras:
             assert "shared across the batch" in joined(cudnn().supports(q, k, v, mask=mask, needs_grad=True, **extra))
 
+    def test_kv_lengths(self) -> None:
+        lengths = sds(2, dtype=jnp.int32)
+        # Decode over a cache: kv_seqlen alone, no bias tensor; forward only (T = 1 is odd).
+        assert cudnn().supports(*qkv(t=1, s=64), causal=True, kv_lengths=lengths) == []
+        why = joined(cudnn().supports(*qkv(t=1, s=64), causal=True, kv_lengths=lengths, needs_grad=True))
+        assert "even T and S" in why and "the bias carries" not in why
+        # Causal with T > 1 follows each length: a per-sequence mask, which cuDNN differentiates ...
+        assert cudnn().supports(*qkv(t=4, s=64), causal=True, kv_lengths=lengths, needs_grad=True) == []
+        why = joined(cudnn().supports(*qkv(t=3, s=64), causal=True, kv_lengths=lengths, needs_grad=True))
+        assert "per-sequence mask" in why
+        # ... but then its bias tensor varies over the batch: no gradient for a bias or sinks.
+        q, k, v = qkv(t=4, s=64)
+        aux = sds(4, dtype=jnp.float32)
+        assert cudnn().supports(q, k, v, causal=True, kv_lengths=lengths, softmax_aux=aux) == []
+        why = joined(cudnn().supports(q, k, v, causal=True, kv_lengths=lengths, softmax_aux=aux, needs_grad=True))
+        assert "shared across the batch" in why and "per-sequence mask" in why
+        # Without causal or a window the lengths are kv_seqlen: a shared bias keeps its gradient.
+        assert cudnn().supports(q, k, v, kv_lengths=lengths, bias=sds(1, 4, 4, 64), needs_grad=True) == []
+
     def test_every_reason_at_once(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(impl_module, "cudnn_version", lambda: None)
         reasons = cudnn(T4).supports(*qkv(d=20, dtype=jnp.float32), logits_soft_cap=5.0)

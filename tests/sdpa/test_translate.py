@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxattn_sdpa.translate import Band, band_row_valid, padding_lengths, structural_band
+from jaxattn_sdpa.translate import Band, band_row_valid, kv_band_restricts, padding_lengths, structural_band
 
 
 def _contract_visible(t: int, s: int, causal: bool, window: tuple[int, int] | None) -> np.ndarray:
@@ -86,6 +86,30 @@ def test_row_valid_matches_brute_force(t: int, s: int, causal: bool, window: tup
     lengths = np.minimum(np.asarray(kv_len, np.int32), s)
     padded = vis[None] & (np.arange(s)[None, None, :] < lengths[:, None, None])
     np.testing.assert_array_equal(band_row_valid(band, t, s, lengths), padded.any(axis=-1))
+
+
+def _per_length_visible(t: int, s: int, length: int, causal: bool, window: tuple[int, int] | None) -> np.ndarray:
+    """docs/contract.md, kv_lengths: keys j < L, query i at position L - T + i."""
+    i = np.arange(t)[:, None] + (length - t)
+    j = np.arange(s)[None, :]
+    vis = np.broadcast_to(j < length, (t, s)).copy()
+    if causal:
+        vis &= j <= i
+    if window is not None:
+        vis &= (j >= i - window[0]) & (j <= i + window[1])
+    return vis
+
+
+@settings(max_examples=400, deadline=None)
+@given(t=sizes, s=sizes, causal=st.booleans(), window=windows)
+def test_kv_band_restricts_exactly_when_some_length_is_cut(t: int, s: int, causal: bool,
+                                                           window: tuple[int, int] | None) -> None:
+    """False: for every length 0..S the rule is ``j < L`` alone; True: for some length it is not."""
+    cut = any(
+        not np.array_equal(_per_length_visible(t, s, n, causal, window), _per_length_visible(t, s, n, False, None))
+        for n in range(s + 1)
+    )
+    assert kv_band_restricts(t, s, causal, window) == cut
 
 
 def _brute_lengths(q: np.ndarray, kv: np.ndarray) -> tuple[list[int], list[int]] | None:

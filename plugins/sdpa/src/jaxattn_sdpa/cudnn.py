@@ -10,6 +10,9 @@ How a call reaches cuDNN (see ``kernel.py``): ``is_causal`` / the sliding window
 only when T == S (cuDNN's own alignment for T != S is not part of jax's contract, so we
 never rely on it); everything else (masks, segment ids, bands with T != S, sinks) goes in
 as one additive bias tensor of full ``(T, S)`` extent, which is what cuDNN accepts.
+``kv_lengths`` go in as cuDNN's ``kv_seqlen`` (mask type ``PADDING``) when they are the
+whole rule, and as a per-sequence ``(B, 1, T, S)`` mask when causal or a window must align
+to each length (cuDNN's ``PADDING_CAUSAL`` is top-left, as jax exposes it).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import functools
 from jaxattn.device import DeviceInfo
 from jaxattn.problem import AttentionProblem
 
-from .translate import Band, structural_band
+from .translate import Band, kv_band_restricts, structural_band
 
 __all__ = [
     "CUDNN_DTYPES",
@@ -107,9 +110,13 @@ def cudnn_layout(problem: AttentionProblem, *, segment_mask: bool | None = None)
     """The layout of ``problem`` on cuDNN. ``segment_mask``: segment ids become a mask (the
     default assumes they do; only concrete padding patterns become sequence lengths)."""
     t, s, b = problem.seq_q, problem.seq_k, problem.batch
-    band = structural_band(t, s, problem.causal, problem.sliding_window)
     seg = problem.segment_ids if segment_mask is None else segment_mask
-    native = band_is_native(t, s, band) and not (problem.sinks and band is not None)
+    per_sequence = problem.kv_lengths and kv_band_restricts(t, s, problem.causal, problem.sliding_window)
+    if problem.kv_lengths:  # the band follows each sequence's length: kv_seqlen, or a mask
+        band, native = None, True
+    else:
+        band = structural_band(t, s, problem.causal, problem.sliding_window)
+        native = band_is_native(t, s, band) and not (problem.sinks and band is not None)
     sources: list[str] = []
     batch = 1
     if problem.bias_shape is not None:
@@ -123,6 +130,11 @@ def cudnn_layout(problem: AttentionProblem, *, segment_mask: bool | None = None)
         batch = max(batch, b)
     if not native:
         sources.append("causal/sliding window as a mask (cuDNN aligns them natively only for T == S)")
+    if per_sequence:
+        sources.append("kv_lengths with causal/sliding window as a per-sequence mask")
+    if problem.kv_lengths and (per_sequence or (problem.mask_shape is not None and not problem.sinks)):
+        # The mask follows the lengths (and, without sinks, shows key 0 to rows that see nothing).
+        batch = b
     if problem.sinks:
         sources.append("sinks")
     return CudnnLayout(

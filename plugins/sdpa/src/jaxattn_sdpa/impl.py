@@ -27,10 +27,11 @@ __all__ = ["CudnnAttention", "SdpaAttention"]
 
 logger = logging.getLogger("jaxattn")
 
-#: What jax.nn runs exactly, on both paths (sinks through an extra key, see kernel.py).
+#: What jax.nn runs exactly, on both paths (sinks through an extra key, kv_lengths through
+#: key_value_seq_lengths or a per-sequence mask: see kernel.py).
 FEATURES: frozenset[Feature] = frozenset({
     Feature.CAUSAL, Feature.MASK, Feature.BIAS, Feature.GQA, Feature.CROSS, Feature.DECODE,
-    Feature.SLIDING_WINDOW, Feature.SEGMENT_IDS, Feature.SINKS, Feature.GRAD,
+    Feature.SLIDING_WINDOW, Feature.SEGMENT_IDS, Feature.SINKS, Feature.GRAD, Feature.KV_LENGTHS,
 })
 
 #: Why the features jax.nn lacks cannot be emulated exactly (added to the generic reason).
@@ -70,7 +71,7 @@ class _JaxNnAttention(AttentionImpl):
         return AttentionProblem.from_inputs(
             q, k, v, mask=mask, bias=bias, causal=causal, sliding_window=features.get("sliding_window"),
             q_segment_ids=features.get("q_segment_ids"), kv_segment_ids=features.get("kv_segment_ids"),
-            softmax_aux=features.get("softmax_aux"), dtype=q.dtype,
+            softmax_aux=features.get("softmax_aux"), dtype=q.dtype, kv_lengths=features.get("kv_lengths"),
         )
 
     def _attend(
@@ -89,7 +90,7 @@ class _JaxNnAttention(AttentionImpl):
             sliding_window=features.get("sliding_window"),
             q_segment_ids=features.get("q_segment_ids"), kv_segment_ids=features.get("kv_segment_ids"),
             softmax_scale=features.get("softmax_scale"), softmax_aux=features.get("softmax_aux"),
-            implementation=implementation,
+            kv_lengths=features.get("kv_lengths"), implementation=implementation,
         )
         return AttentionOutput(attention_outputs=out)
 

@@ -13,7 +13,15 @@ The rest is translated exactly:
   Prepending keeps the bottom-right alignment of every real key;
 * rows with nothing to attend to: jax.nn masks with a large finite negative number, so such
   rows come out as the mean of V; we replace them by zeros (the contract) with a ``where``,
-  which also zeroes their gradients.
+  which also zeroes their gradients;
+* ``kv_lengths`` (a dense KV cache of capacity S): without causal or a window that could cut
+  (``translate.kv_band_restricts``; e.g. a T = 1 decode step, causal or not) they are jax.nn's
+  ``key_value_seq_lengths``, nothing else. Otherwise the per-sequence bottom-right rule
+  (query i at ``L_b - T + i``) is spelled out as a ``(B, 1, T, S)`` mask: jax.nn's causal
+  and window are top-left, and cuDNN's ``PADDING_CAUSAL`` as well. A row that sees no key
+  (``L_b = 0``, or ``L_b < T`` under causal) is shown key 0 (length 1, or one mask bit) and
+  zeroed afterwards, so neither path ever computes a softmax over nothing: its output and
+  every gradient through it are exactly zero, on cuDNN too.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import numpy as np
 from jaxattn.errors import UnsupportedError
 
 from .cudnn import EMPTY_ROWS_GRAD, band_is_native, sink_columns
-from .translate import Band, band_row_valid, padding_lengths, structural_band
+from .translate import Band, band_row_valid, kv_band_restricts, padding_lengths, structural_band
 
 __all__ = ["Implementation", "sdpa_attention"]
 
@@ -165,6 +173,74 @@ def _row_valid(
     return valid.reshape(-1 if valid.ndim == 2 else 1, 1, t)
 
 
+def _kv_positions(kv_len: Array, t: int) -> Array:
+    """``(B, T)``: query i of sequence b sits at key position ``L_b - T + i``."""
+    return kv_len[:, None] - t + jnp.arange(t, dtype=jnp.int32)[None, :]
+
+
+def _kv_mask(kv_len: Array, t: int, s: int, causal: bool, window: tuple[int, int] | None) -> Array:
+    """``(B, 1, T, S)``: keys ``j < L_b``, with causal and the window aligned to ``L_b``."""
+    pos = _kv_positions(kv_len, t)[:, None, :, None]
+    j = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, s), 3)
+    keep = j < kv_len[:, None, None, None]
+    if causal:
+        keep = keep & (j <= pos)
+    if window is not None:
+        left, right = window
+        keep = keep & (j >= pos - left) & (j <= pos + right)
+    return keep
+
+
+def _kv_row_valid(kv_len: Array, t: int, causal: bool, window: tuple[int, int] | None) -> Array:
+    """``(B, 1, T)``: whether the row sees a key; its keys are ``[first, last]``, so O(B * T)."""
+    pos = _kv_positions(kv_len, t)
+    first = jnp.zeros_like(pos)
+    last = jnp.broadcast_to(kv_len[:, None] - 1, pos.shape)
+    if causal:
+        last = jnp.minimum(last, pos)
+    if window is not None:
+        left, right = window
+        first = jnp.maximum(first, pos - left)
+        last = jnp.minimum(last, pos + right)
+    return (first <= last)[:, None, :]
+
+
+def _show_key_zero(mask: Array, row_valid: Array) -> Array:
+    """``mask`` with key 0 visible to rows that see nothing (they are zeroed afterwards)."""
+    j = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, mask.shape[-1]), 3)
+    return mask | (jnp.logical_not(row_valid)[..., None] & (j == 0))
+
+
+def _kv_lengths_operands(
+    kv_lengths: ArrayLike, masks: list[Array], t: int, s: int, causal: bool, window: tuple[int, int] | None,
+    sinks: bool,
+) -> tuple[list[Array], Array | None, Array]:
+    """``(masks, native lengths or None, row_valid (b, h, T))`` of a call with ``kv_lengths``.
+
+    Lengths outside 0..S (possible under jit, where they cannot be checked) are clamped.
+    """
+    kv_len = jnp.clip(jnp.asarray(kv_lengths).astype(jnp.int32), 0, s)
+    native: Array | None = kv_len
+    if kv_band_restricts(t, s, causal, window):
+        masks = [*masks, _kv_mask(kv_len, t, s, causal, window)]
+        native = None
+    if not masks:
+        row_valid = _kv_row_valid(kv_len, t, causal, window)
+        if not sinks:
+            native = jnp.maximum(kv_len, 1)  # an empty sequence shows key 0 (zeroed below)
+        return masks, native, row_valid
+    combined = _and_all(masks)
+    assert combined is not None
+    visible = combined
+    if native is not None:
+        j = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, s), 3)
+        visible = visible & (j < native[:, None, None, None])
+    row_valid = jnp.any(visible, axis=-1)
+    if sinks:  # the sink column is always visible: no row is ever empty for the kernel
+        return [combined], native, row_valid
+    return [_show_key_zero(combined, row_valid)], None if native is None else jnp.maximum(native, 1), row_valid
+
+
 def sdpa_attention(
     q: Array,
     k: Array,
@@ -178,30 +254,39 @@ def sdpa_attention(
     kv_segment_ids: ArrayLike | None = None,
     softmax_scale: float | None = None,
     softmax_aux: Array | None = None,
+    kv_lengths: ArrayLike | None = None,
     implementation: Implementation = "xla",
 ) -> Array:
     """Attention with DESIGN.md's semantics through ``jax.nn.dot_product_attention``.
 
-    ``mask`` / ``bias`` are rank 4, broadcastable to ``(B, Hq, T, S)``. Returns
-    ``(B, T, Hq, D)`` in q's dtype. The caller has checked what ``implementation`` supports.
+    ``mask`` / ``bias`` are rank 4, broadcastable to ``(B, Hq, T, S)``; ``kv_lengths (B,)``
+    makes k and v a cache of capacity S (docs/contract.md). Returns ``(B, T, Hq, D)`` in q's
+    dtype. The caller has checked what ``implementation`` supports.
     """
     _, t, hq, _ = q.shape
     s = k.shape[1]
     cudnn = implementation == "cudnn"
-    band = structural_band(t, s, causal, sliding_window)
+    # With kv_lengths the band depends on each sequence's length: _kv_lengths_operands has it.
+    band = None if kv_lengths is not None else structural_band(t, s, causal, sliding_window)
 
     masks: list[Array] = [] if mask is None else [mask]
     lengths: tuple[np.ndarray, np.ndarray] | None = None
     if q_segment_ids is not None and kv_segment_ids is not None:
         q_ids, kv_ids = _on_host(q_segment_ids), _on_host(kv_segment_ids)
-        if q_ids is not None and kv_ids is not None:
+        if q_ids is not None and kv_ids is not None and kv_lengths is None:
             lengths = padding_lengths(q_ids, kv_ids)
         if lengths is not None and lengths[0].min() == t and lengths[1].min() == s:
             lengths = None  # one segment spanning everything: nothing to mask
         elif lengths is None:
             masks.append(jnp.asarray(q_segment_ids)[:, None, :, None] == jnp.asarray(kv_segment_ids)[:, None, None, :])
 
-    row_valid = _row_valid(masks, band, lengths, t, s)
+    kv_native: Array | None = None
+    row_valid: Array | np.ndarray | None
+    if kv_lengths is not None:
+        masks, kv_native, row_valid = _kv_lengths_operands(
+            kv_lengths, masks, t, s, causal, sliding_window, softmax_aux is not None)
+    else:
+        row_valid = _row_valid(masks, band, lengths, t, s)
 
     # Prepended sink keys shift every real key by n; bottom-right alignment is unchanged.
     n = 0 if softmax_aux is None else (sink_columns(s) if cudnn else 1)
@@ -223,6 +308,8 @@ def sdpa_attention(
             masks = [_prepend_mask(jnp.ones((1, 1, 1, s), bool), n)]
         if lengths is not None:
             lengths = (lengths[0], lengths[1] + n)
+        if kv_native is not None:
+            kv_native = kv_native + n
         if band is not None:
             band = Band(None, band.hi + n if band.hi is not None else None)
 
@@ -241,6 +328,8 @@ def sdpa_attention(
     if lengths is not None:
         kwargs["query_seq_lengths"] = jnp.asarray(lengths[0], jnp.int32)
         kwargs["key_value_seq_lengths"] = jnp.asarray(lengths[1], jnp.int32)
+    if kv_native is not None:
+        kwargs["key_value_seq_lengths"] = kv_native
 
     out: Array = jax.nn.dot_product_attention(
         q, k, v, bias=bias, mask=combined, scale=_jax_nn_scale(softmax_scale, q.shape[-1]),

@@ -22,6 +22,7 @@ import numpy.typing as npt
 __all__ = [
     "Band",
     "band_row_valid",
+    "kv_band_restricts",
     "padding_lengths",
     "structural_band",
 ]
@@ -81,6 +82,28 @@ def structural_band(t: int, s: int, causal: bool, window: tuple[int, int] | None
     if lo is None and hi is None:
         return None
     return Band(lo, hi)
+
+
+def kv_band_restricts(t: int, s: int, causal: bool, window: tuple[int, int] | None) -> bool:
+    """Whether causal / the window can hide a key that ``kv_lengths`` alone leaves visible.
+
+    With per-sequence lengths L (``0 <= L <= S``) query ``i`` sits at ``i' = L - T + i`` and
+    sees keys ``j < L``; then (over every L):
+
+    * causal ``j <= i'`` cuts only when T > 1 (for T = 1, ``i' = L - 1``);
+    * the window's left edge ``j >= i' - left`` only when ``left < S - 1`` (``i' <= S - 1``);
+    * its right edge ``j <= i' + right`` only when ``right < T - 1`` (``i' + right >= L - 1``
+      for every query exactly when ``right >= T - 1``).
+
+    False means ``key_value_seq_lengths`` alone is the whole rule; True means the rule
+    depends on each sequence's length, and is spelled out per sequence.
+    """
+    if causal and t > 1:
+        return True
+    if window is not None:
+        left, right = window
+        return left < s - 1 or right < t - 1
+    return False
 
 
 def band_row_valid(
