@@ -1,7 +1,8 @@
-"""Entry-point module of jaxattn-pallas: registers ``flash_attn2`` for TPU lazily.
+"""Entry-point module of jaxattn-pallas: registers ``flash_attn2`` and the paged mechanisms
+(``ragged_page_attention_v3``/``_v2``, ``page_attention``) for TPU lazily.
 
-Imports neither jax nor any Pallas module: the class (and the kernel behind it) load only
-when ``flash_attn2`` is asked for on a TPU (or in interpret mode).
+Imports neither jax nor any Pallas module: the classes (and the kernels behind them) load
+only when a name is asked for on a TPU (or in interpret mode).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from jaxattn.hookspecs import hookimpl
 from jaxattn.registry import ImplRef
 
-__all__ = ["PALLAS_FLASH", "jaxattn_register_impls"]
+__all__ = ["PALLAS_FLASH", "PALLAS_PAGE_ATTENTION", "PALLAS_RAGGED_PAGE_ATTENTION", "jaxattn_register_impls"]
 
 # Must match PallasFlashAttention's declarations; the registry checks it when the class loads.
 PALLAS_FLASH = ImplRef(
@@ -20,7 +21,29 @@ PALLAS_FLASH = ImplRef(
     description="Pallas TPU flash attention (causal, mask, bias, GQA, segment ids)",
 )
 
+# The paged mechanisms (kind "paged"); each must match its class in jaxattn_pallas.paged_impl.
+# On a TPU the ragged kernel (100) is the faster one for every call, decode steps included, so
+# "auto" runs it first; page_attention (50, JAX's paged_attention kernel) serves that name, and
+# "auto"'s decode steps in TPU interpret mode, where the ragged kernel cannot run on
+# jax <= 0.11.2. Both are above jaxattn-vanilla's references of the same names (0).
+PALLAS_RAGGED_PAGE_ATTENTION = ImplRef(
+    "jaxattn_pallas.paged_impl:PallasRaggedPagedAttention",
+    names=("ragged_page_attention_v3", "ragged_page_attention_v2"),
+    platforms=("tpu",),
+    priority=100,
+    description="Pallas TPU ragged paged attention (mixed prefill and decode, window, soft cap)",
+    kind="paged",
+)
+PALLAS_PAGE_ATTENTION = ImplRef(
+    "jaxattn_pallas.paged_impl:PallasPagedDecode",
+    names=("page_attention",),
+    platforms=("tpu",),
+    priority=50,
+    description="Pallas TPU paged decode (JAX's paged_attention kernel; runs in interpret mode)",
+    kind="paged",
+)
+
 
 @hookimpl
 def jaxattn_register_impls() -> list[ImplRef]:
-    return [PALLAS_FLASH]
+    return [PALLAS_FLASH, PALLAS_RAGGED_PAGE_ATTENTION, PALLAS_PAGE_ATTENTION]
