@@ -47,7 +47,8 @@ def kernels_installed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_registration_imports_no_kernel_library() -> None:
     code = (
-        "import sys, jaxattn_triton.plugin as p, jaxattn_triton.impl;"
+        "import sys, jaxattn_triton.plugin as p, jaxattn_triton.impl, jaxattn_triton.decode_impl,"
+        " jaxattn_triton.paged_impl;"
         "p.jaxattn_register_impls();"
         "bad = [m for m in ('triton', 'jax_triton', 'torch') if m in sys.modules];"
         "print(bad); sys.exit(1 if bad else 0)"
@@ -57,11 +58,18 @@ def test_registration_imports_no_kernel_library() -> None:
 
 
 def test_implref_matches_the_class() -> None:
-    (ref,) = plugin.jaxattn_register_impls()
-    provider = Provider.from_source(ref, "triton", "jaxattn-triton", "0.1.0")
+    refs = plugin.jaxattn_register_impls()
+    assert refs[0] is plugin.FLASH_ATTN2
+    provider = Provider.from_source(refs[0], "triton", "jaxattn-triton", "0.1.0")
     assert provider.load() is TritonFlashAttention  # the registry's own consistency check
-    assert ref.priority == TritonFlashAttention.priority
+    assert refs[0].priority == TritonFlashAttention.priority
     assert TritonFlashAttention.name() == "flash_attn2"
+    # Every reference agrees with its class (names, platforms, priority, kind): the serving
+    # backends' references are checked in test_serving_plugin.
+    for ref in refs:
+        cls = Provider.from_source(ref, "triton", "jaxattn-triton", "0.1.0").load()
+        assert (ref.names, ref.priority, ref.kind) == (cls.names(), cls.priority, cls.kind)
+        assert set(ref.platforms) == set(cls.platforms)
 
 
 def test_declines_on_cpu_with_the_platform() -> None:

@@ -12,11 +12,12 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from jaxattn.capabilities import Feature
+from jaxattn.device import DeviceInfo
 from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 
-__all__ = ["TritonFlashAttention"]
+__all__ = ["TritonFlashAttention", "kernel_library_reasons", "kv_lengths_reasons"]
 
 FEATURES: frozenset[Feature] = frozenset(
     {
@@ -33,6 +34,7 @@ FEATURES: frozenset[Feature] = frozenset(
         Feature.SINKS,
         Feature.GRAD,
         Feature.LSE,
+        Feature.KV_LENGTHS,  # on the split-K decode path only (see kv_lengths_reasons)
     }
 )
 
@@ -77,17 +79,9 @@ class TritonFlashAttention(AttentionImpl):
         for name, value in self._overrides().items():
             if name.startswith("block") and (value < 16 or value & (value - 1)):
                 reasons.append(f"metadata.{name}={value}: Triton tiles must be powers of two >= 16")
+        reasons += kv_lengths_reasons(problem)
         if not self.interpret:
-            for module, dist in (("triton", "triton"), ("jax_triton", "jax-triton>=0.3.1,<0.5")):
-                if not _installed(module):
-                    reasons.append(
-                        f"the {module!r} package is not installed; pip install '{dist}' (or jaxattn-triton[gpu])"
-                    )
-            cc = self.device.compute_capability
-            if cc is not None and _major(cc) < 8:
-                reasons.append(
-                    f"needs an NVIDIA GPU of compute capability 8.0 or newer (bf16 tensor cores); this one is {cc}"
-                )
+            reasons += kernel_library_reasons(self.device)
         return reasons
 
     def forward_cuda(
@@ -110,6 +104,10 @@ class TritonFlashAttention(AttentionImpl):
         if features.get("dropout_prob", 0.0):
             raise NotImplementedError(WHY_NOT[Feature.DROPOUT])
         segments = features.get("q_segment_ids") is not None
+        kv_lengths = features.get("kv_lengths")
+        if kv_lengths is not None and not _split_k_decode(q, k, mask, bias, segments, kv_lengths):
+            # __call__ declined it already; a direct forward_* call must not drop the lengths.
+            raise NotImplementedError(KV_LENGTHS_ONLY_DECODE)
         spec = make_spec(
             q, k, v, mask=mask, bias=bias, causal=causal,
             sliding_window=features.get("sliding_window"), segments=segments,
@@ -117,18 +115,19 @@ class TritonFlashAttention(AttentionImpl):
             logits_soft_cap=features.get("logits_soft_cap"),
             sinks=features.get("softmax_aux") is not None,
         )  # fmt: skip
-        tiles = tiles_for(spec, interpret=self.interpret, overrides=self._overrides())
-        if _split_k_decode(q, k, mask, bias, segments):
+        if _split_k_decode(q, k, mask, bias, segments, kv_lengths):
             from jaxattn_triton.paged_ops import decode_with_flash_grad
 
             # Split-K over the keys (one program per query head would leave the GPU idle);
-            # its gradient is the flash backward below, on this forward's output and lse.
+            # its gradient is the flash backward, on this forward's output and lse (with
+            # kv_lengths, on the mask they make: flash tiles for that spec, overrides applied).
             out, lse = decode_with_flash_grad(
-                q, k, v, causal=causal, softmax_scale=features.get("softmax_scale"),
+                q, k, v, kv_lengths, causal=causal, softmax_scale=features.get("softmax_scale"),
                 logits_soft_cap=features.get("logits_soft_cap"), window=features.get("sliding_window"),
-                sinks=features.get("softmax_aux"), flash_tiles=tiles, interpret=self.interpret,
+                sinks=features.get("softmax_aux"), flash_overrides=self._overrides(), interpret=self.interpret,
             )  # fmt: skip
             return AttentionOutput(attention_outputs=out, attention_weights=None, softmax_lse=lse)
+        tiles = tiles_for(spec, interpret=self.interpret, overrides=self._overrides())
         out, lse = flash_attention(
             q, k, v, mask=mask, bias=bias, causal=causal,
             sliding_window=features.get("sliding_window"),
@@ -147,10 +146,43 @@ class TritonFlashAttention(AttentionImpl):
         return {n: v for n in names if (v := getattr(md, n)) is not None}
 
 
-def _split_k_decode(q: Any, k: Any, mask: Any, bias: Any, segments: bool) -> bool:
-    """T == 1 over more than one key, without a mask, bias or segment ids (which the
-    split-K decode kernel does not take; the flash kernels run those)."""
-    return int(q.shape[1]) == 1 and int(k.shape[1]) > 1 and mask is None and bias is None and not segments
+def _split_k_decode(q: Any, k: Any, mask: Any, bias: Any, segments: bool, kv_lengths: Any = None) -> bool:
+    """T == 1 over more than one key (or over a cache with ``kv_lengths``), without a mask,
+    bias or segment ids (which the split-K decode kernel does not take; the flash kernels
+    run those)."""
+    if int(q.shape[1]) != 1 or mask is not None or bias is not None or segments:
+        return False
+    return int(k.shape[1]) > 1 or kv_lengths is not None
+
+
+KV_LENGTHS_ONLY_DECODE = (
+    "flash_attn2 (Triton) takes kv_lengths only on its split-K decode path (T == 1 without a mask, bias or "
+    "segment ids): the flash kernels have no per-sequence key lengths. autoregressive_decodeattn runs "
+    "kv_lengths calls of up to 16 queries (impl='auto' picks a backend that accepts the call), or express the "
+    "lengths as a mask"
+)
+
+
+def kv_lengths_reasons(problem: AttentionProblem) -> list[str]:
+    """Why flash_attn2 cannot take this call's ``kv_lengths`` (empty without them, or on the decode path)."""
+    if not problem.kv_lengths:
+        return []
+    if problem.seq_q == 1 and problem.mask_shape is None and problem.bias_shape is None and not problem.segment_ids:
+        return []
+    return [KV_LENGTHS_ONLY_DECODE]
+
+
+def kernel_library_reasons(device: DeviceInfo) -> list[str]:
+    """Why this package's kernels cannot launch on ``device``: triton and jax-triton
+    missing, or a GPU older than compute capability 8.0 (bf16 tensor cores)."""
+    reasons = []
+    for module, dist in (("triton", "triton"), ("jax_triton", "jax-triton>=0.3.1,<0.5")):
+        if not _installed(module):
+            reasons.append(f"the {module!r} package is not installed; pip install '{dist}' (or jaxattn-triton[gpu])")
+    cc = device.compute_capability
+    if cc is not None and _major(cc) < 8:
+        reasons.append(f"needs an NVIDIA GPU of compute capability 8.0 or newer (bf16 tensor cores); this one is {cc}")
+    return reasons
 
 
 @functools.cache

@@ -220,8 +220,13 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
     chunks = _cdiv(spec.group, tiles.head_chunk)
     identity = spec.layout == DENSE
     # Large windows cut nothing: treat them as unbounded (and keep the arithmetic in int32).
+    # A query sits at pos in [-q_len, capacity - 1] and keys at j in [0, capacity - 1]: a left
+    # window >= capacity never cuts, a right one only from capacity + q_len - 1 on (a query
+    # before the cache's start, T > kv_len, still sees only keys j <= pos + right).
+    q_span = spec.q_len if spec.q_len is not None else spec.num_tokens
     left = spec.window_left if spec.window_left is not None and spec.window_left < spec.capacity else None
-    right = spec.window_right if spec.window_right is not None and spec.window_right < spec.capacity else None
+    right_bound = spec.capacity + q_span
+    right = spec.window_right if spec.window_right is not None and spec.window_right < right_bound else None
     constexprs: dict[str, Any] = {
         "stride_qt": hq * spec.head_dim,
         "stride_qh": spec.head_dim,

@@ -34,7 +34,7 @@ from jaxattn_triton.launch import Launch
 
 Array = jax.Array
 
-__all__ = ["decode_with_flash_grad", "dense_decode", "dense_spec", "paged_decode", "ragged_paged"]
+__all__ = ["decode_with_flash_grad", "dense_decode", "dense_spec", "paged_decode", "ragged_paged", "visibility_mask"]
 
 FORWARD_ONLY = (
     "the Triton paged/decode kernels are forward only (serving); differentiate through "
@@ -345,6 +345,7 @@ def decode_with_flash_grad(
     q: Array,
     k: Array,
     v: Array,
+    kv_lengths: Array | None = None,
     *,
     causal: bool,
     softmax_scale: float | None = None,
@@ -352,40 +353,74 @@ def decode_with_flash_grad(
     window: int | tuple[int | None, int | None] | None = None,
     sinks: Array | None = None,
     flash_tiles: Any = None,
+    flash_overrides: dict[str, int] | None = None,
     interpret: bool = False,
 ) -> tuple[Array, Array]:
-    """:func:`dense_decode` (full cache, no kv_lengths) that can be differentiated.
+    """:func:`dense_decode` that can be differentiated.
 
     Returns ``(out (B, T, Hq, Dv), lse (B, Hq, T))`` like ``ops.flash_attention``. The forward
     is the split-K kernel; the VJP is FlashAttention-2's backward kernels (``ops``) run on
-    this forward's output and log-sum-exp, which are what they need (``flash_tiles``: that
-    backward's :class:`~jaxattn_triton.launch.Tiles`, tuned ones when None).
+    this forward's output and log-sum-exp, which are what they need. With ``kv_lengths`` the
+    backward takes the visibility as a ``(B, 1, T, S)`` mask built from the lengths (keys
+    ``j < L_b``, causal and window aligned to ``L_b - T + i``), the forward's own rule, so
+    the gradients are those of the forward (the flash kernels have no per-sequence lengths).
+    ``flash_tiles`` is that backward's :class:`~jaxattn_triton.launch.Tiles`; when None they
+    are tuned ones for its spec, with ``flash_overrides`` (metadata block sizes) applied.
     """
     from jaxattn_triton.ops import make_spec
 
+    b, t, hq, _ = q.shape
+    s = k.shape[1]
+    mask = None if kv_lengths is None else jax.ShapeDtypeStruct((b, 1, t, s), jnp.int8)
     fspec = make_spec(
-        q, k, v, causal=causal, sliding_window=window, softmax_scale=softmax_scale,
-        logits_soft_cap=logits_soft_cap, sinks=sinks is not None,
+        q, k, v, mask=mask, causal=causal and mask is None, sliding_window=window if mask is None else None,
+        softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap, sinks=sinks is not None,
     )  # fmt: skip
+    if b == 0 or t == 0:
+        return jnp.zeros((b, t, hq, v.shape[3]), q.dtype), jnp.full((b, hq, t), -jnp.inf, jnp.float32)
     if flash_tiles is None:
         from jaxattn_triton.tuning import tiles_for
 
-        flash_tiles = tiles_for(fspec, interpret=interpret)
+        flash_tiles = tiles_for(fspec, interpret=interpret, overrides=flash_overrides)
     pspec = dense_spec(
         q, k, v, causal=causal, softmax_scale=fspec.softmax_scale, logits_soft_cap=logits_soft_cap,
         window=window, sinks=sinks is not None,
     )  # fmt: skip
     ptiles = LP.default_tiles(pspec, _num_sms())
-    return _decode_vjp(pspec, ptiles, fspec, flash_tiles, interpret, q, k, v, _sinks(sinks, q.shape[2]))
+    if kv_lengths is None:
+        lengths = jnp.full((b,), s, jnp.int32)
+    else:
+        lengths = _int32(kv_lengths, "kv_lengths", (b,))
+    return _decode_vjp(pspec, ptiles, fspec, flash_tiles, interpret, q, k, v, _sinks(sinks, hq), lengths)
+
+
+def visibility_mask(spec: LP.PagedSpec, lengths: Array) -> Array:
+    """``(B, 1, T, S)`` int8: which keys each query of a dense-decode call sees (the kernel's rule).
+
+    Key ``j`` is visible to query ``i`` of sequence ``b`` when ``j < L_b`` and, with
+    ``pos = L_b - T + i``, ``pos - left <= j <= pos + right`` for the bounded sides; lengths
+    are clamped to ``0..S`` as the kernel clamps them.
+    """
+    assert spec.q_len is not None
+    t, s = spec.q_len, spec.page_size
+    lens = jnp.clip(lengths.astype(jnp.int32), 0, s)[:, None, None, None]
+    i = jnp.arange(t, dtype=jnp.int32)[None, None, :, None]
+    j = jnp.arange(s, dtype=jnp.int32)[None, None, None, :]
+    pos = lens - t + i
+    seen = j < lens
+    if spec.window_left is not None:
+        seen &= j >= pos - spec.window_left
+    if spec.window_right is not None:
+        seen &= j <= pos + spec.window_right
+    return seen.astype(jnp.int8)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
 def _decode_vjp(
     pspec: LP.PagedSpec, ptiles: LP.PagedTiles, fspec: Any, ftiles: Any, interpret: bool,
-    q: Array, k: Array, v: Array, sinks: Array,
+    q: Array, k: Array, v: Array, sinks: Array, lengths: Array,
 ) -> tuple[Array, Array]:  # fmt: skip
     b, t, hq, _ = q.shape
-    lengths = jnp.full((b,), k.shape[1], jnp.int32)
     q2, k2, v2, sinks2, table, lengths2, cu, ns = _dense_inputs(q, k, v, sinks, lengths)
     # The kernels' argument order (launch_paged.attention), not _forward's.
     out, lse = _execute_all(pspec, ptiles, [q2, k2, v2, table, lengths2, cu, ns, sinks2], interpret)
@@ -394,10 +429,10 @@ def _decode_vjp(
 
 def _decode_vjp_fwd(
     pspec: LP.PagedSpec, ptiles: LP.PagedTiles, fspec: Any, ftiles: Any, interpret: bool,
-    q: Array, k: Array, v: Array, sinks: Array,
+    q: Array, k: Array, v: Array, sinks: Array, lengths: Array,
 ) -> tuple[tuple[Array, Array], tuple[Array, ...]]:  # fmt: skip
-    out, lse = _decode_vjp(pspec, ptiles, fspec, ftiles, interpret, q, k, v, sinks)
-    return (out, lse), (q, k, v, sinks, out, lse)
+    out, lse = _decode_vjp(pspec, ptiles, fspec, ftiles, interpret, q, k, v, sinks, lengths)
+    return (out, lse), (q, k, v, sinks, lengths, out, lse)
 
 
 def _decode_vjp_bwd(
@@ -406,14 +441,16 @@ def _decode_vjp_bwd(
 ) -> tuple[Array | None, ...]:  # fmt: skip
     from jaxattn_triton.ops import _flash_bwd
 
-    q, k, v, sinks, out, lse = residuals
-    # The flash backward's optional inputs, absent here: one-element dummies as in ops.
+    q, k, v, sinks, lengths, out, lse = residuals
+    # The flash backward's optional inputs, absent here: one-element dummies as in ops. With
+    # kv_lengths its spec has a mask instead of causal/window: the visibility, built here.
     bias = jnp.zeros((1,), jnp.float32)
-    mask = jnp.zeros((1,), jnp.int8)
+    mask = jnp.zeros((1,), jnp.int8) if fspec.mask_shape is None else visibility_mask(pspec, lengths)
     seg = jnp.zeros((1,), jnp.int32)
     grads = _flash_bwd(fspec, ftiles, interpret, (q, k, v, bias, sinks, mask, seg, seg, out, lse), cotangents)
     dq, dk, dv, _, dsinks = grads[:5]
-    return dq, dk, dv, dsinks
+    # lengths are integers: no cotangent.
+    return dq, dk, dv, dsinks, None
 
 
 _decode_vjp.defvjp(_decode_vjp_fwd, _decode_vjp_bwd)

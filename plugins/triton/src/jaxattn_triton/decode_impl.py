@@ -1,0 +1,139 @@
+"""``autoregressive_decodeattn`` on CUDA GPUs: decode over a dense KV cache, split-K.
+
+The seed's decode mechanism: a few queries per sequence (T <= 16: a decode step, speculative
+decoding) over a dense ``(B, S, Hkv, D)`` cache, optionally holding ``kv_lengths[b]`` valid
+tokens per sequence. It runs ``paged_ops.dense_decode``'s kernel (the paged kernel with the
+cache seen as one page per sequence, no copy): the whole GQA group of a sequence's queries in
+one program, the keys cut into enough splits to fill the GPU, merged by a second kernel.
+
+Gradients are exact: the backward is FlashAttention-2's (this package's ``ops``), run on the
+split-K forward's output and log-sum-exp; with ``kv_lengths`` it takes the visibility as a
+``(B, 1, T, S)`` mask built from the lengths (``paged_ops.decode_with_flash_grad``).
+
+Declined, with reasons: masks, biases and segment ids (the split-K kernel reads none;
+flash_attn2 runs them), dropout, attention weights, T > 16 (flash_attn2 or cudnn run longer
+queries), float32 (TF32 products), a softmax dtype other than float32.
+
+This module imports neither triton nor jax_triton: ``paged_ops`` loads on the first call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from jaxattn.capabilities import Feature
+from jaxattn.impl import AttentionImpl
+from jaxattn.output import AttentionOutput
+from jaxattn.problem import AttentionProblem
+from jaxattn_triton import impl as flash_impl
+from jaxattn_triton.launch_paged import MAX_HEAD_DIM
+
+__all__ = ["MAX_DECODE_QUERIES", "TritonDecodeAttention"]
+
+#: Most queries per sequence. Up to 64 // group of them share one program (one read of each
+#: K/V tile for the sequence); past 16 a call is a prefill chunk, which the flash kernels
+#: (flash_attn2, cudnn) tile better.
+MAX_DECODE_QUERIES = 16
+
+FEATURES: frozenset[Feature] = frozenset({
+    Feature.CAUSAL, Feature.GQA, Feature.CROSS, Feature.DECODE, Feature.VALUE_DIM, Feature.SLIDING_WINDOW,
+    Feature.SOFT_CAP, Feature.SINKS, Feature.KV_LENGTHS, Feature.GRAD, Feature.LSE,
+})  # fmt: skip
+
+_FLASH = "flash_attn2 runs it (impl='auto' picks a backend that accepts the call)"
+#: Why the features it lacks are declined (added to the generic reason).
+WHY_NOT: dict[Feature, str] = {
+    Feature.MASK: f"the split-K decode kernel reads no mask; {_FLASH}",
+    Feature.BIAS: f"the split-K decode kernel reads no bias; {_FLASH}",
+    Feature.SEGMENT_IDS: f"the split-K decode kernel reads no segment ids; {_FLASH}",
+    Feature.DROPOUT: "the split-K decode kernel has no dropout; impl='vanilla' runs it",
+    Feature.WEIGHTS: "the split-K decode kernel never forms the (B, Hq, T, S) probabilities; impl='vanilla' "
+    "returns them",
+}
+
+#: Metadata tile overrides the flash backward honours (the decode forward tiles itself).
+_BACKWARD_OVERRIDES = ("block_q_bwd", "block_k_bwd", "num_warps", "num_stages")
+
+
+class TritonDecodeAttention(AttentionImpl):
+    """Split-K decode over a dense KV cache (T <= 16), differentiable through the flash backward."""
+
+    platforms: ClassVar[frozenset[str]] = frozenset({"cuda"})
+    dtypes: ClassVar[frozenset[str]] = frozenset({"bfloat16", "float16"})
+    # 64/128/256 run unpadded; other sizes are masked to the next power of two (>= 16).
+    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, MAX_HEAD_DIM)
+    features: ClassVar[frozenset[Feature]] = FEATURES
+    priority: ClassVar[int] = 100
+    description: ClassVar[str] = "Triton split-K decode over a dense KV cache (CUDA GPUs, fp16/bf16, T <= 16)"
+    #: Run the kernels in the Triton interpreter through a host callback (tests only).
+    interpret: ClassVar[bool] = False
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "autoregressive_decodeattn"
+
+    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        missing = problem.required_features() - self.features
+        reasons += [WHY_NOT[f] for f in sorted(missing, key=str) if f in WHY_NOT]
+        if problem.seq_q > MAX_DECODE_QUERIES:
+            reasons.append(
+                f"T={problem.seq_q} queries per sequence: autoregressive_decodeattn is the split-K decode kernel "
+                f"(T <= {MAX_DECODE_QUERIES}: decode steps, speculative decoding); flash_attn2 or cudnn run "
+                "longer queries (impl='auto' picks one)"
+            )
+        if self.compute_dtype(problem) == "float32":
+            reasons.append("the Triton decode kernel multiplies float32 in TF32 on the tensor cores, which does not "
+                           "honour float32 precision; impl='vanilla' or 'blockwise' runs float32")
+        if self.metadata.softmax_dtype != "float32":
+            reasons.append(f"the Triton decode kernel computes the softmax in float32; "
+                           f"softmax_dtype={self.metadata.softmax_dtype!r} cannot be honoured")
+        if problem.needs_grad:
+            for name, value in self._overrides().items():
+                if name.startswith("block") and (value < 16 or value & (value - 1)):
+                    reasons.append(f"metadata.{name}={value}: the flash backward's Triton tiles must be powers of "
+                                   "two >= 16")
+        if not self.interpret:
+            reasons += flash_impl.kernel_library_reasons(self.device)
+        return reasons
+
+    def notes(self, problem: AttentionProblem) -> list[str]:
+        lengths = "keys past kv_lengths skipped" if problem.kv_lengths else "the whole cache"
+        return [f"split-K decode kernel over {lengths}; gradients by the flash backward"]
+
+    def forward_cuda(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        mask: Any = None,
+        bias: Any = None,
+        init_bias: Callable[[], Any] | None = None,
+        causal: bool = False,
+        **features: Any,
+    ) -> AttentionOutput:
+        from jaxattn_triton.paged_ops import decode_with_flash_grad
+
+        if bias is None and init_bias is not None:
+            bias = init_bias()
+        # __call__ declined these already; a direct forward_* call must not drop them either.
+        for feature, present in (
+            (Feature.MASK, mask is not None), (Feature.BIAS, bias is not None),
+            (Feature.SEGMENT_IDS, features.get("q_segment_ids") is not None),
+            (Feature.DROPOUT, bool(features.get("dropout_prob", 0.0))),
+        ):  # fmt: skip
+            if present:
+                raise NotImplementedError(WHY_NOT[feature])
+        if int(q.shape[1]) > MAX_DECODE_QUERIES:
+            raise NotImplementedError(f"autoregressive_decodeattn takes T <= {MAX_DECODE_QUERIES} queries")
+        out, lse = decode_with_flash_grad(
+            q, k, v, features.get("kv_lengths"), causal=causal, softmax_scale=features.get("softmax_scale"),
+            logits_soft_cap=features.get("logits_soft_cap"), window=features.get("sliding_window"),
+            sinks=features.get("softmax_aux"), flash_overrides=self._overrides(), interpret=self.interpret,
+        )  # fmt: skip
+        return AttentionOutput(attention_outputs=out, attention_weights=None, softmax_lse=lse)
+
+    def _overrides(self) -> dict[str, int]:
+        md = self.metadata
+        return {n: v for n in _BACKWARD_OVERRIDES if (v := getattr(md, n)) is not None}

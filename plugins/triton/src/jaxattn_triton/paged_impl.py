@@ -1,0 +1,162 @@
+"""The paged mechanisms on CUDA GPUs (op kind "paged"), over this package's split-K paged kernel.
+
+* ``ragged_page_attention_v3`` (alias ``ragged_page_attention_v2``): any ragged batch, prefill
+  chunks and decode steps mixed (``paged_ops.ragged_paged``: a program's sequence is found by a
+  binary search over ``cu_q_lens``);
+* ``page_attention``: T queries per sequence (decode, speculative decoding), no ragged batches.
+
+A uniform call (``queries_per_seq`` = T, which ``paged_attention`` makes) runs
+``paged_ops.paged_decode`` in both: sequence s owns query rows ``s*T ... s*T + T - 1``, so no
+search is needed and a program takes the whole GQA group of a sequence's T queries. Rows of
+sequences past ``num_seqs`` get length 0 there (zeros, no key read). Both cache layouts are
+read in place (the combined ``kv_pages`` through strides, no copy); page-table entries and
+lengths are clamped inside the kernel, so a traced bad value never reads outside the cache.
+
+Forward only (serving): the core refuses to differentiate paged calls. float32 is declined:
+the kernels' ``tl.dot`` multiplies float32 in TF32 on the tensor cores, which does not honour
+float32 precision (nor JAX's matmul-precision setting).
+
+This module imports neither triton nor jax_triton: ``paged_ops`` (and the kernels) load on the
+first call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+from jaxattn.capabilities import Feature
+from jaxattn.output import AttentionOutput
+from jaxattn.paged_impl import PagedAttentionImpl
+from jaxattn.problem import PagedProblem
+from jaxattn_triton import impl as flash_impl
+from jaxattn_triton.launch_paged import MAX_HEAD_DIM
+
+__all__ = ["TritonPagedDecode", "TritonRaggedPagedAttention"]
+
+_FEATURES: frozenset[Feature] = frozenset({
+    Feature.GQA, Feature.VALUE_DIM, Feature.SLIDING_WINDOW, Feature.SOFT_CAP, Feature.SINKS, Feature.MULTI_TOKEN,
+    Feature.RAGGED,
+})  # fmt: skip
+
+_REFERENCE = (
+    "jaxattn-vanilla's pure-JAX reference runs it: on a CUDA GPU, where '{name}' is this Triton kernel, pass "
+    "impl=jaxattn_vanilla.paged_impl.{cls}(metadata)"
+)
+
+
+class _TritonPaged(PagedAttentionImpl):
+    """What both paged backends share: declarations, declines and the forward."""
+
+    platforms: ClassVar[frozenset[str]] = frozenset({"cuda"})
+    dtypes: ClassVar[frozenset[str]] = frozenset({"bfloat16", "float16"})
+    # 64/128/256 run unpadded; other sizes are masked to the next power of two (>= 16).
+    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, MAX_HEAD_DIM)
+    features: ClassVar[frozenset[Feature]] = _FEATURES
+    priority: ClassVar[int] = 100
+    #: Run the kernels in the Triton interpreter through a host callback (tests only).
+    interpret: ClassVar[bool] = False
+    #: jaxattn-vanilla's class of the same name (where a declined call can run).
+    reference: ClassVar[str] = "RaggedPagedReference"
+
+    def instead(self) -> str:
+        name = "page_attention" if self.reference == "PagedDecodeReference" else "ragged_page_attention_v3"
+        return "instead: " + _REFERENCE.format(name=name, cls=self.reference)
+
+    def not_supported_reasons(self, problem: PagedProblem) -> list[str]:
+        declared = self.declared_reasons(problem)
+        # The base class adds the op kind's own rules (the mesh) after the declarations.
+        rest = super().not_supported_reasons(problem)[len(declared):]
+        grad = []
+        if problem.needs_grad:  # no paged backend differentiates: the reference is no way out
+            declared = self.declared_reasons(dataclasses.replace(problem, needs_grad=False))
+            grad = [f"gradients are not supported by {self.name()}: the Triton paged kernel is forward only "
+                    "(serving); differentiate a dense call over the gathered cache instead"]
+        if self.compute_dtype(problem) == "float32":
+            declared = [r for r in declared if not r.startswith("dtype float32")]
+            declared.append("dtype float32 is not supported: the Triton paged kernel multiplies float32 in TF32 on "
+                            "the tensor cores, which does not honour float32 precision; cast to bfloat16 or float16")
+        own = []
+        if problem.kv_layout == "combined" and problem.head_dim_v != problem.head_dim:
+            own.append("the combined kv_pages layout holds K and V heads of one size (D == Dv); pass k_pages and "
+                       "v_pages separately")
+        if self.metadata.softmax_dtype != "float32":
+            own.append(f"the Triton paged kernel computes the softmax in float32; "
+                       f"softmax_dtype={self.metadata.softmax_dtype!r} cannot be honoured")
+        if not self.interpret:
+            own += flash_impl.kernel_library_reasons(self.device)
+        return [f"{r}; {self.instead()}" for r in declared + own] + grad + rest
+
+    def notes(self, problem: PagedProblem) -> list[str]:
+        if problem.queries_per_seq is not None:
+            kernel = (f"paged_decode kernel: {problem.queries_per_seq} queries per sequence, the GQA group of a "
+                      "sequence's queries in one program, split-K over its pages")
+        else:
+            kernel = ("ragged_paged kernel: each program finds its sequence by a binary search over cu_q_lens, "
+                      "split-K over its pages")
+        layout = "kv_pages read in place through strides" if problem.kv_layout == "combined" else \
+            "k_pages and v_pages read in place"
+        return [kernel, layout]
+
+    def forward_cuda(self, q: Any, k_pages: Any, v_pages: Any, *, page_table: Any, kv_lengths: Any, cu_q_lens: Any,
+                     num_seqs: Any, kv_layout: str, queries_per_seq: int | None, softmax_scale: float,
+                     logits_soft_cap: float | None, sliding_window: int | None,
+                     softmax_aux: Any) -> AttentionOutput:
+        import jax.numpy as jnp
+
+        from jaxattn_triton.paged_ops import paged_decode, ragged_paged
+
+        if kv_layout == "combined":
+            k, v, cache = None, None, {"kv_pages": k_pages}
+        else:
+            k, v, cache = k_pages, v_pages, {}
+        kw: dict[str, Any] = {
+            "softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap, "window_left": sliding_window,
+            "sinks": softmax_aux, "interpret": self.interpret, **cache,
+        }
+        if queries_per_seq is not None:
+            # Uniform: sequence s owns rows s*T ... s*T + T - 1 (cu_q_lens = arange * T). Rows of
+            # sequences past num_seqs see no key: length 0 gives their zeros.
+            n, t = int(page_table.shape[0]), int(queries_per_seq)
+            _, hq, d = q.shape
+            live = jnp.arange(n) < jnp.reshape(num_seqs, (-1,))[0]
+            lengths = jnp.where(live, kv_lengths, 0)
+            out = paged_decode(q.reshape(n, t, hq, d), k, v, page_table, lengths, **kw)
+            return AttentionOutput(attention_outputs=jnp.reshape(out, (n * t, hq, -1)))
+        out = ragged_paged(q, k, v, page_table, kv_lengths, cu_q_lens, num_seqs, **kw)
+        return AttentionOutput(attention_outputs=out)
+
+
+class TritonRaggedPagedAttention(_TritonPaged):
+    """``ragged_page_attention_v3`` / ``_v2`` on CUDA GPUs: ragged batches (uniform ones through paged_decode)."""
+
+    description: ClassVar[str] = "Triton split-K ragged paged attention (CUDA GPUs, fp16/bf16; mixed prefill+decode)"
+
+    @classmethod
+    def get_impl_name(cls) -> tuple[str, ...]:
+        # v2 and v3 differ in EasyDeL by kernel generation and cache layout; the contract fixes
+        # the call, so both name this op (docs/contract.md).
+        return ("ragged_page_attention_v3", "ragged_page_attention_v2")
+
+
+class TritonPagedDecode(_TritonPaged):
+    """``page_attention`` on CUDA GPUs: T queries per sequence (decode, speculative decoding)."""
+
+    features: ClassVar[frozenset[Feature]] = _FEATURES - {Feature.RAGGED}
+    reference: ClassVar[str] = "PagedDecodeReference"
+    description: ClassVar[str] = "Triton split-K paged decode (CUDA GPUs, fp16/bf16; T queries per sequence)"
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "page_attention"
+
+    def not_supported_reasons(self, problem: PagedProblem) -> list[str]:
+        if problem.queries_per_seq is not None:
+            return super().not_supported_reasons(problem)
+        # A ragged batch: the reference of this name takes none either, so the advice differs.
+        # The other reasons are those of the same call with one query per sequence.
+        reasons = super().not_supported_reasons(dataclasses.replace(problem, queries_per_seq=1))
+        reasons.append("ragged batches (per-sequence query counts, cu_q_lens) are not supported by page_attention, "
+                       "which takes T queries per sequence; ragged_page_attention_v3 runs them on this GPU with the "
+                       "same kernel (impl='auto' picks it)")
+        return reasons
