@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -30,9 +30,13 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa_kernel
 
+from jaxattn.device import DeviceInfo
 from jaxattn.errors import InvalidInputError, UnsupportedError
+from jaxattn.metadata import AttentionMetadata
+from jaxattn.testing.paged_conformance import PagedConformanceSuite
 from jaxattn_pallas import paged_rules
 from jaxattn_pallas.paged import paged_decode
+from jaxattn_pallas.paged_impl import PallasRaggedPagedAttention
 from jaxattn_pallas.ragged import ragged_paged_attention
 
 ON_TPU = jax.default_backend() == "tpu"
@@ -597,3 +601,30 @@ def test_plans() -> None:
     assert "64 (K) and 32 (V) to 128" in separate.cache_copy
     with pytest.raises(ValueError, match="page_size"):
         paged_rules.plan_ragged(**_facts(page_size=0, pages_per_seq=1, num_tokens=1))
+
+
+# --- the registered backend over the emulated kernel --------------------------------------
+
+FAKE_TPU = DeviceInfo(platform="tpu", device_kind="TPU v5 lite", tpu_generation="v5e")
+
+
+class TestRaggedBackendOverTheEmulatedKernel(PagedConformanceSuite):
+    """``ragged_page_attention_v3`` as registered (``PallasRaggedPagedAttention``: its declines,
+    the contract's arguments handed to the wrapper, x64 handling) against the paged conformance
+    suite, on a TPU host as jaxattn sees it (a fake one here, with the kernel emulated: it
+    cannot run in interpret mode on this jax); on a TPU host, the real kernel."""
+
+    metadata = AttentionMetadata(platform="tpu")
+    dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16")
+    _impl: ClassVar[PallasRaggedPagedAttention | None] = None
+
+    @classmethod
+    def make_impl(cls) -> PallasRaggedPagedAttention:
+        if cls._impl is None:
+            cls._impl = PallasRaggedPagedAttention(cls.metadata, None if ON_TPU else FAKE_TPU)
+        return cls._impl
+
+    @pytest.fixture(autouse=True)
+    def _kernel(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        if not ON_TPU:
+            monkeypatch.setattr(rpa_kernel, "ragged_paged_attention", _emulated_kernel)

@@ -134,29 +134,28 @@ class PallasRaggedPagedAttention(_PallasPaged):
                 else "reads the combined KV cache in place")
         return [copy, f"blocks: {plan.num_queries_per_block} query rows x {plan.num_kv_pages_per_block} pages"]
 
-    def forward_tpu(self, q: Any, k_pages: Any, v_pages: Any, *, page_table: Any, kv_lengths: Any, cu_q_lens: Any,
-                    num_seqs: Any, kv_layout: str, queries_per_seq: int | None, softmax_scale: float,
-                    logits_soft_cap: float | None, sliding_window: int | None,
-                    softmax_aux: Any) -> AttentionOutput:
+    def forward_tpu(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> AttentionOutput:
         import jax.numpy as jnp
 
         from jaxattn.tracing import traced_under, x64_off
 
         from .ragged import ragged_paged_attention
 
-        kv = k_pages if kv_layout == "combined" else None
-        k, v = (None, None) if kv_layout == "combined" else (k_pages, v_pages)
+        combined = features["kv_layout"] == "combined"
+        kv = k_pages if combined else None
+        k, v = (None, None) if combined else (k_pages, v_pages)
 
         def run(q: Any, k: Any, v: Any, kv: Any, table: Any, lengths: Any, cu: Any, n: Any) -> Any:
             return ragged_paged_attention(
-                q, k, v, table, lengths, cu, n, kv_pages=kv, softmax_scale=softmax_scale,
-                logits_soft_cap=logits_soft_cap, window_left=sliding_window, sinks=softmax_aux,
-                interpret=self.metadata.interpret,
+                q, k, v, table, lengths, cu, n, kv_pages=kv, softmax_scale=features["softmax_scale"],
+                logits_soft_cap=features["logits_soft_cap"], window_left=features["sliding_window"],
+                sinks=features["softmax_aux"], interpret=self.metadata.interpret,
             )
 
         # The kernel and the wrapper's index arithmetic run in int32 with x64 off (Pallas TPU
         # kernels break under jax_enable_x64); the indices are cast before, under the caller's mode.
-        ints = [jnp.asarray(x).astype(jnp.int32) for x in (page_table, kv_lengths, cu_q_lens, num_seqs)]
+        names = ("page_table", "kv_lengths", "cu_q_lens", "num_seqs")
+        ints = [jnp.asarray(features[n]).astype(jnp.int32) for n in names]
         out = traced_under(run, x64_off)(q, k, v, kv, *ints)
         return AttentionOutput(attention_outputs=out)
 
@@ -219,20 +218,18 @@ class PallasPagedDecode(_PallasPaged):
         return [plan.describe_copy(self.compute_dtype(problem), problem.kv_layout),
                 f"blocks of {plan.pages_per_compute_block} pages"]
 
-    def forward_tpu(self, q: Any, k_pages: Any, v_pages: Any, *, page_table: Any, kv_lengths: Any, cu_q_lens: Any,
-                    num_seqs: Any, kv_layout: str, queries_per_seq: int | None, softmax_scale: float,
-                    logits_soft_cap: float | None, sliding_window: int | None,
-                    softmax_aux: Any) -> AttentionOutput:
+    def forward_tpu(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> AttentionOutput:
         from .paged_kernel import paged_attention_decode
 
         # Declined otherwise: one query per sequence, so row s is sequence s (cu_q_lens is arange).
-        assert queries_per_seq == 1
-        assert sliding_window is None
-        assert softmax_aux is None
-        combined = kv_layout == "combined"
+        assert features["queries_per_seq"] == 1
+        assert features["sliding_window"] is None
+        assert features["softmax_aux"] is None
+        combined = features["kv_layout"] == "combined"
         out = paged_attention_decode(
-            q, None if combined else k_pages, None if combined else v_pages, page_table, kv_lengths, num_seqs,
-            kv_pages=k_pages if combined else None, softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap,
+            q, None if combined else k_pages, None if combined else v_pages, features["page_table"],
+            features["kv_lengths"], features["num_seqs"], kv_pages=k_pages if combined else None,
+            softmax_scale=features["softmax_scale"], logits_soft_cap=features["logits_soft_cap"],
             interpret=self.metadata.interpret,
         )
         return AttentionOutput(attention_outputs=out)

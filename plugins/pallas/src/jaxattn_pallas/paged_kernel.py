@@ -46,14 +46,17 @@ _NAME = "pallas_paged_attention_decode"
 def bf16_terms(x: jax.Array, terms: int) -> list[jax.Array]:
     """``terms`` bfloat16 arrays whose float32 sum is ``x`` (to ``x``'s own precision for the
     terms :data:`paged_kernel_rules.TERMS` gives its dtype): each term rounds what the previous
-    ones left, and that remainder is exact in float32."""
+    ones left, and that remainder is exact in float32. An infinite or NaN value stays in the
+    first term, the others are 0 (no inf - inf); so does a float32 value past bfloat16's largest
+    finite one (about 3.39e38), which becomes infinite."""
     rest = x.astype(jnp.float32)
     out = []
     for i in range(terms):
         term = rest.astype(jnp.bfloat16)
         out.append(term)
         if i + 1 < terms:
-            rest = rest - term.astype(jnp.float32)
+            wide = term.astype(jnp.float32)
+            rest = jnp.where(jnp.isfinite(wide), rest - wide, jnp.zeros((), jnp.float32))
     return out
 
 
