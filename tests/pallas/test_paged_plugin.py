@@ -335,3 +335,21 @@ def test_decode_wrapper_lowers_for_tpu(dtype: str, layout: str, hq: int, hkv: in
               else [S((64, 16, hkv, d), dtype), S((64, 16, hkv, dv), dtype)])
     text = _lower_for_tpu(decode, S((8, hq, d), dtype), *caches, S((8, 40), I32), S((8,), I32))
     assert "tpu_custom_call" in text and "paged_flash_attention_kernel" in text
+
+
+def test_the_advice_of_a_decline_runs_the_call() -> None:
+    # Sinks: both kernels decline and point to jaxattn-vanilla's reference, passed as an
+    # instance (under the TPU override the names resolve to the kernels).
+    rng = np.random.default_rng(2)
+    q, cache = rng.standard_normal((3, 4, 16)), rng.standard_normal((14, 4, 2, 16))
+    table, lengths, sinks = np.arange(12, dtype=np.int32).reshape(3, 4), np.asarray([3, 9, 16], np.int32), np.ones(4)
+    args = (jnp.asarray(q, jnp.float32), jnp.asarray(cache, jnp.float32), jnp.asarray(cache, jnp.float32),
+            jnp.asarray(table), jnp.asarray(lengths))
+    with pytest.raises(UnsupportedError, match="PagedDecodeReference"):
+        jaxattn.paged_attention(*args, softmax_aux=jnp.asarray(sinks, jnp.float32), impl="page_attention",
+                                metadata=INTERPRET)
+    out = jaxattn.paged_attention(*args, softmax_aux=jnp.asarray(sinks, jnp.float32),
+                                  impl=PagedDecodeReference(INTERPRET))
+    want = oracle.paged_attention(q, cache, cache, table, lengths, np.arange(4, dtype=np.int32),
+                                  np.asarray([3], np.int32), softmax_aux=sinks)
+    np.testing.assert_allclose(np.asarray(out, np.float64), want, atol=1e-5, rtol=1e-5)

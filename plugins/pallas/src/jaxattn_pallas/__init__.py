@@ -1,8 +1,9 @@
-"""jaxattn-pallas: ``flash_attn2`` on TPU, over the Pallas TPU flash-attention kernel.
+"""jaxattn-pallas: ``flash_attn2`` on TPU, over the Pallas TPU flash-attention kernel, and the
+paged mechanisms (``ragged_page_attention_v3``/``_v2`` on the ragged paged-attention kernel,
+``page_attention`` on JAX's paged_attention kernel).
 
 The package root imports nothing heavy (the entry point ``jaxattn_pallas.plugin`` is
-imported during discovery); ``PallasFlashAttention`` and ``flash_attention`` load on first
-access.
+imported during discovery); the classes and kernel wrappers load on first access.
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .impl import PallasFlashAttention
     from .kernel import flash_attention
+    from .paged_impl import PallasPagedDecode, PallasRaggedPagedAttention
+    from .paged_kernel import paged_attention_decode
 
-__all__ = ["PallasFlashAttention", "__version__", "flash_attention"]
+__all__ = ["PallasFlashAttention", "PallasPagedDecode", "PallasRaggedPagedAttention", "__version__",
+           "flash_attention", "paged_attention_decode"]
 __version__ = "0.1.0"
 
-_LAZY = {"PallasFlashAttention": ".impl", "flash_attention": ".kernel"}
+_LAZY = {"PallasFlashAttention": ".impl", "flash_attention": ".kernel", "PallasPagedDecode": ".paged_impl",
+         "PallasRaggedPagedAttention": ".paged_impl", "paged_attention_decode": ".paged_kernel"}
 
 
 def __getattr__(name: str) -> Any:

@@ -6,8 +6,8 @@ every sequence real); query i of sequence s then sits at ``kv_lengths[s] - T + i
 is the contract's position, and everything else is :mod:`jaxattn_pallas.ragged`'s
 translation (same fix-ups, same refusals, same block-size rules).
 
-Why the ragged kernel and not ``jax.experimental.pallas.ops.tpu.paged_attention`` (read in
-jax 0.10.2 and 0.11.2, where the two kernels' sources are unchanged):
+Why the ragged kernel for this function, and not ``jax.experimental.pallas.ops.tpu.paged_attention``
+(read in jax 0.10.2 and 0.11.2, where the two kernels' sources are unchanged):
 
 * layout: paged_attention wants K and V each as ``(Hkv, num_pages, page_size, D)``, so
   either of the contract's layouts costs a transpose of the whole cache on every call,
@@ -15,7 +15,9 @@ jax 0.10.2 and 0.11.2, where the two kernels' sources are unchanged):
   page. The ragged kernel reads the combined layout in place; the separate layout costs
   it one interleaving copy, no more than the transpose;
 * precision: paged_attention casts every loaded K/V page to bfloat16
-  (``_maybe_dequantize`` defaults to it), so a float32 cache is not attended in float32;
+  (``_maybe_dequantize`` defaults to it), so a float32 cache is attended in float32 only
+  if it is split into bfloat16 terms first (what :mod:`jaxattn_pallas.paged_kernel` does),
+  at two to three times the kernel's work;
 * features: paged_attention has no sliding window and no causal offset (one query per
   sequence; T > 1 would need one batch row per query, re-reading the pages T times),
   while the ragged kernel masks causally per sequence, takes a window and a soft cap,
@@ -24,7 +26,10 @@ jax 0.10.2 and 0.11.2, where the two kernels' sources are unchanged):
   kernel does not in these jax versions (see :mod:`jaxattn_pallas.paged_rules`). That is
   a testing convenience, not a property of the call; it does not buy back the transpose.
 
-So one kernel, the ragged one, for every call; there is no per-call choice to make.
+The registered backends follow from this (:mod:`jaxattn_pallas.paged_impl`): on a TPU "auto"
+runs ``ragged_page_attention_v3`` (this kernel) for decode steps too, while the name
+``page_attention`` is :mod:`jaxattn_pallas.paged_kernel` on paged_attention, the interpretable
+one, which the conformance suite runs on CPU.
 Supported and declined: as :func:`jaxattn_pallas.paged_rules.paged_decode_reasons` says
 (any T >= 0; T == 0 or num_seqs == 0 return an empty result).
 """
