@@ -21,7 +21,13 @@ from jaxattn.testing import oracle
 from jaxattn.testing.cases import Case, Level
 from jaxattn.testing.conformance import ConformanceSuite
 from jaxattn.testing.quick_jit import compiler_options_for_tests, quick_jit
-from jaxattn_vanilla.blockwise import blockwise_attention, default_block, plan_blocks
+from jaxattn_vanilla.blockwise import (
+    blockwise_attention,
+    default_block,
+    key_block_ranges,
+    plan_blocks,
+    query_block_range,
+)
 from jaxattn_vanilla.blockwise_impl import BlockwiseAttention
 from jaxattn_vanilla.plugin import BLOCKWISE
 from jaxattn_vanilla.reference import vanilla_attention
@@ -235,7 +241,7 @@ def test_a_constant_bias_gets_no_gradient_buffer() -> None:
 def _every_feature(b: int, t: int, s: int, hq: int, seed: int = 1) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     mask = rng.random((b, 1, t, s)) > 0.2
-    mask[0, 0, 3] = False  # an empty row
+    mask[0, 0, min(3, t - 1)] = False  # an empty row
     return {
         "mask": mask,
         "bias": rng.normal(size=(1, hq, t, s)).astype(np.float32),
@@ -430,6 +436,133 @@ def test_vmap_and_init_bias() -> None:
         _assert_close(batched[i], oracle.attention(q[i], k[i], v[i], bias=bias[i], causal=True).output, 1e-5)
     direct = impl.forward_native(q[0], k[0], v[0], init_bias=lambda: bias[0], causal=True, softmax_scale=8**-0.5)
     _assert_close(direct.attention_outputs, batched[0], 1e-6)
+
+
+# -- kv_lengths: a dense KV cache of capacity S ----------------------------------------------
+def _tiles_of(visible: np.ndarray, bq: int, bk: int) -> set[tuple[int, int]]:
+    rows, cols = np.nonzero(visible)
+    return set(zip((rows // bq).tolist(), (cols // bk).tolist(), strict=True))
+
+
+def _random_tiling(rng: np.random.Generator) -> tuple[int, int, int, int, bool, tuple[int, int] | None]:
+    t, s = int(rng.integers(1, 30)), int(rng.integers(1, 40))
+    bq, bk = (int(x) for x in rng.integers(1, 10, 2))
+    causal = bool(rng.integers(2))
+    window = None if rng.integers(3) == 0 else (int(rng.integers(0, 12)), int(rng.integers(0, 12)))
+    return t, s, bq, bk, causal, window
+
+
+def test_plan_with_kv_lengths_covers_every_length() -> None:
+    """The static plan keeps a tile whenever some length 0..S can see a key in it (causal and the
+    window's right edge still skip; its left edge does not)."""
+    rng = np.random.default_rng(12)
+    for _ in range(200):
+        t, s, bq, bk, causal, window = _random_tiling(rng)
+        plan = plan_blocks(t, s, bq, bk, causal=causal, window=window, kv_lengths=True)
+        planned = {(i, plan.k_first[i] + n) for i in range(plan.num_q) for n in range(plan.k_count[i])}
+        lengths = np.arange(s + 1)
+        vis = oracle.visibility(s + 1, 1, t, s, causal=causal, sliding_window=window, kv_lengths=lengths)
+        assert _tiles_of(vis.any(axis=(0, 1)), plan.block_q, plan.block_k) <= planned, (t, s, bq, bk, causal, window)
+    # Causal still skips the tiles above the S-aligned diagonal.
+    plan = plan_blocks(64, 64, 16, 16, causal=True, kv_lengths=True)
+    assert plan.tiles_visited == 10
+
+
+def test_run_time_ranges_are_safe_and_tight_for_one_sequence() -> None:
+    """The tiles the loops visit for given lengths: every tile with a visible key (any batch),
+    and only those for a batch of one (forward's key ranges and backward's query ranges)."""
+    def visited(plan: Any, causal: bool, window: tuple[int, int] | None, lengths: Any, xp: Any) -> list[Any]:
+        first, last = key_block_ranges(plan, lengths, causal=causal, window=window, xp=xp)
+        return [np.asarray(x) for x in (first, last, *query_block_range(first, last, xp.arange(plan.num_k), xp=xp))]
+
+    rng = np.random.default_rng(13)
+    for n in range(300):
+        t, s, bq, bk, causal, window = _random_tiling(rng)
+        plan = plan_blocks(t, s, bq, bk, causal=causal, window=window, kv_lengths=True)
+        for lengths in (rng.integers(0, s + 1, 1), rng.integers(0, s + 1, 3)):
+            # The rule on the host (NumPy); jnp (what the loops run) on a few, eagerly: it compiles
+            # every primitive per shape.
+            first, last, starts, counts = visited(plan, causal, window, lengths.astype(np.int32), np)
+            if n < 4:
+                for mine, theirs in zip(visited(plan, causal, window, jnp.asarray(lengths, jnp.int32), jnp),
+                                        (first, last, starts, counts), strict=True):
+                    np.testing.assert_array_equal(mine, theirs)
+            backward = {(i, j) for j in range(plan.num_k) for i in range(starts[j], starts[j] + counts[j])}
+            forward = {(i, j) for i in range(plan.num_q) for j in range(first[i], last[i] + 1)}
+            vis = oracle.visibility(len(lengths), 1, t, s, causal=causal, sliding_window=window, kv_lengths=lengths)
+            want = _tiles_of(vis.any(axis=(0, 1)), plan.block_q, plan.block_k)
+            label = f"t={t} s={s} blocks={bq}x{bk} causal={causal} window={window} lengths={lengths.tolist()}"
+            assert want <= forward and want <= backward, label
+            if len(lengths) == 1:
+                assert forward == want and backward == want, label
+
+
+@pytest.mark.parametrize(("t", "s", "blocks", "lengths"), [
+    (1, 29, (1, 4), (0, 29, 13)),  # decode: an empty sequence, a full one, one ending mid-block
+    (3, 23, (2, 5), (2, 23, 9)),  # speculative decoding: length 2 < T leaves query 0 without keys
+    (13, 31, (4, 8), (31, 5, 17)),  # a chunked prefill that ends inside the second query block
+])
+def test_kv_lengths_every_feature_against_the_oracle(t: int, s: int, blocks: tuple[int, int],
+                                                      lengths: tuple[int, ...]) -> None:
+    """Outputs, lse and every gradient with lengths that are not block multiples, combined with
+    mask, bias, sinks, segment ids, soft cap, causal and a window (whose left edge moves)."""
+    b, hq = len(lengths), 4
+    q, k, v = _qkv(b=b, t=t, s=s, hq=hq, hkv=2, d=8, dv=6, seed=t)
+    arrays = _every_feature(b, t, s, hq, seed=s)
+    arrays["kv_lengths"] = np.asarray(lengths, np.int32)
+    d_out = np.random.default_rng(14).normal(size=(b, t, hq, 6)).astype(np.float32)
+    impl = BlockwiseAttention(jaxattn.AttentionMetadata(block_q=blocks[0], block_k=blocks[1]))
+    for static in ({"causal": True}, {"causal": True, "sliding_window": (6, 1), "logits_soft_cap": 3.0},
+                   {"sliding_window": (3, 4)}):
+        def loss(q: Any, k: Any, v: Any, bias: Any, aux: Any, static: dict[str, Any] = static) -> tuple[Any, Any]:
+            out = impl(q, k, v, mask=arrays["mask"], bias=bias, softmax_aux=aux, kv_lengths=arrays["kv_lengths"],
+                       q_segment_ids=arrays["q_segment_ids"], kv_segment_ids=arrays["kv_segment_ids"], **static)
+            return jnp.sum(out.attention_outputs * d_out), out
+
+        grads, out = quick_jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True))(
+            q, k, v, arrays["bias"], arrays["softmax_aux"])
+        ref = oracle.attention(q, k, v, **arrays, **static)
+        label = f"{static} lengths={lengths}"
+        _assert_close(out.attention_outputs, ref.output, 1e-5, f"output {label}")
+        assert np.array_equal(np.isneginf(out.softmax_lse), np.isneginf(ref.lse)), label
+        _assert_close(out.softmax_lse, ref.lse, 1e-5, f"lse {label}")
+        back = oracle.attention_backward(q, k, v, d_out, **arrays, **static)
+        for name, got, want in zip(("dq", "dk", "dv", "dbias", "daux"), grads,
+                                   (back.dq, back.dk, back.dv, back.dbias, back.dsoftmax_aux), strict=True):
+            assert want is not None
+            _assert_close(got, want, 1e-4, f"{name} {label}")
+
+
+def test_kv_lengths_traced_under_jit_clamped_and_vmapped() -> None:
+    q, k, v = _qkv(b=2, t=3, s=20)
+    impl = BlockwiseAttention(jaxattn.AttentionMetadata(block_q=2, block_k=6))
+    run = quick_jit(lambda q, k, v, n: impl(q, k, v, causal=True, kv_lengths=n).attention_outputs)
+    for given, meant in (([7, 20], [7, 20]), ([99, -3], [20, 0])):  # jit cannot check: clamped to 0..S
+        want = oracle.attention(q, k, v, causal=True, kv_lengths=np.asarray(meant)).output
+        _assert_close(run(q, k, v, jnp.asarray(given, jnp.int32)), want, 1e-5, str(given))
+    # vmapped over an outer axis, lengths included (the run-time ranges become batched loops)
+    lengths = np.array([[3, 11], [20, 0]], np.int32)
+    qs, ks, vs = (np.stack([x, -x]) for x in (q, k, v))
+    batched = quick_jit(jax.vmap(lambda q, k, v, n: impl(q, k, v, causal=True, kv_lengths=n).attention_outputs))(
+        qs, ks, vs, lengths)
+    for i in range(2):
+        want = oracle.attention(qs[i], ks[i], vs[i], causal=True, kv_lengths=lengths[i]).output
+        _assert_close(batched[i], want, 1e-5, f"vmap {i}")
+
+
+def test_kv_lengths_memory_grows_linearly() -> None:
+    """The per-tile masks come from the lengths: no (T, S) mask appears."""
+    sizes = [_fwd_bwd_bytes("blockwise", t, BLOCKS_128, causal=True, kv_lengths=jnp.asarray([t - 5], jnp.int32))
+             for t in (1024, 2048)]
+    assert sizes[1] / sizes[0] < 2.05, sizes
+    assert sizes[1] < 2048 * 2048 * 4, sizes
+
+
+def test_kv_lengths_notes_say_tiles_are_skipped_at_run_time() -> None:
+    q, k, v = _qkv(b=2, t=1, s=64)
+    exp = jaxattn.explain(q, k, v, impl="blockwise", causal=True, kv_lengths=np.array([3, 40], np.int32))
+    notes = " ".join(next(c for c in exp.candidates if c.name == "blockwise").notes)
+    assert "at most" in notes and "skipped at run time" in notes
 
 
 # -- dropout ---------------------------------------------------------------------------------

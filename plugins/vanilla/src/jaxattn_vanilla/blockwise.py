@@ -23,6 +23,15 @@ range of each query block (and the query-block range of each key block) is compu
 the static shapes, and the loops run over those ranges only. Tiles are still masked
 element by element, so the ranges only need to cover every visible key, never to be tight.
 
+With ``kv_lengths`` (a dense KV cache of capacity S: keys ``j >= L_b`` invisible, causal and
+the window aligned to ``L_b``) each tile's mask is built from the lengths, so memory stays
+``O(T)``. The static skip keeps only what holds for every length ``<= S``: causal and the
+window's right edge (aligned to S they hide a superset of what they hide aligned to any
+``L_b <= S``), not the window's left edge (it moves left as ``L_b`` shrinks). At run time
+each query block's key-block range is then narrowed to the lengths of the batch (keys past
+``max(L)``, and left of the window of ``min(L)``, are never visited), so a cache filled to a
+quarter costs about a quarter of the tiles.
+
 Lengths that are not multiples of the blocks are padded and the padding masked. Rows with
 no visible key give zeros (output and gradients) and ``lse = -inf``, never NaN. Dropout
 draws its keep-mask per tile from ``fold_in(dropout_rng, tile index)``, so the backward
@@ -48,7 +57,9 @@ __all__ = [
     "BlockwiseResult",
     "blockwise_attention",
     "default_block",
+    "key_block_ranges",
     "plan_blocks",
+    "query_block_range",
 ]
 
 Array = jax.Array
@@ -77,12 +88,17 @@ def default_block(n: int, cap: int) -> int:
 
 
 def _key_span(rows: tuple[int, int], t: int, s: int, causal: bool,
-              window: tuple[int, int] | None) -> tuple[int, int]:
-    """Inclusive column range any query in ``rows`` (inclusive) can see; empty if lo > hi."""
+              window: tuple[int, int] | None, kv_lengths: bool = False) -> tuple[int, int]:
+    """Inclusive column range any query in ``rows`` (inclusive) can see; empty if lo > hi.
+
+    With ``kv_lengths`` the range covers every length ``L <= S`` (query i at ``i + L - T``):
+    the upper edges hold as for S, the window's lower edge is dropped.
+    """
     offset = s - t  # bottom-right alignment: query i sits at key position i + S - T
     lo, hi = 0, s - 1
     if window is not None:
-        lo = max(lo, rows[0] + offset - window[0])
+        if not kv_lengths:
+            lo = max(lo, rows[0] + offset - window[0])
         hi = min(hi, rows[1] + offset + window[1])
     if causal:
         hi = min(hi, rows[1] + offset)
@@ -134,15 +150,18 @@ class BlockPlan:
 
 
 def plan_blocks(t: int, s: int, block_q: int, block_k: int, *, causal: bool = False,
-                window: tuple[int, int] | None = None) -> BlockPlan:
-    """Tiles of a ``(t, s)`` problem with blocks capped at the lengths; pure Python."""
+                window: tuple[int, int] | None = None, kv_lengths: bool = False) -> BlockPlan:
+    """Tiles of a ``(t, s)`` problem with blocks capped at the lengths; pure Python.
+
+    ``kv_lengths``: the tiles any per-sequence length ``0..S`` can need (see ``_key_span``).
+    """
     if block_q <= 0 or block_k <= 0:
         raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
     bq, bk = min(block_q, t), min(block_k, s)
     nq, nk = -(-t // bq), -(-s // bk)
     k_first, k_count = [], []
     for i in range(nq):
-        lo, hi = _key_span((i * bq, min((i + 1) * bq, t) - 1), t, s, causal, window)
+        lo, hi = _key_span((i * bq, min((i + 1) * bq, t) - 1), t, s, causal, window, kv_lengths)
         if lo > hi:
             k_first.append(0)
             k_count.append(0)
@@ -184,6 +203,7 @@ class _Padded(NamedTuple):
     mask: Array | None  # same layout, bool
     q_seg: Array | None  # (B, Tp)
     kv_seg: Array | None  # (B, Sp)
+    kv_len: Array | None  # (B,) int32, within 0..S
 
 
 def _pad_to(x: Array, axis: int, size: int, value: Any = 0) -> Array:
@@ -220,7 +240,7 @@ def _pad_bt(x: Array | None, plan: BlockPlan, value: Any) -> Array | None:
 
 
 def _pad_inputs(plan: BlockPlan, q: Array, k: Array, v: Array, bias: Array | None, mask: Array | None,
-                q_seg: Array | None, kv_seg: Array | None) -> _Padded:
+                q_seg: Array | None, kv_seg: Array | None, kv_len: Array | None) -> _Padded:
     b, t, hq, d = q.shape
     hkv = k.shape[2]
     qg = q.reshape(b, t, hkv, hq // hkv, d)
@@ -232,6 +252,7 @@ def _pad_inputs(plan: BlockPlan, q: Array, k: Array, v: Array, bias: Array | Non
         mask=_pad_bt(mask, plan, False),
         q_seg=None if q_seg is None else _pad_to(q_seg, 1, plan.t_padded),
         kv_seg=None if kv_seg is None else _pad_to(kv_seg, 1, plan.s_padded),
+        kv_len=kv_len,
     )
 
 
@@ -259,13 +280,20 @@ def _visible(st: _Static, plan: BlockPlan, pd: _Padded, r0: Array, c0: Array) ->
         # Padded query rows are hidden too, so that their (discarded) logits can never
         # overflow into a NaN that a backward multiplication by zero would not remove.
         keep = _and(keep, rows < plan.t)
-    if plan.s_padded != plan.s:
+    aligned: Array = rows + offset
+    if pd.kv_len is not None:
+        # A cache of capacity S: each sequence ends at its own length (which also hides the
+        # padded columns), and causal / the window align to it. (B, 1, 1, bq, bk).
+        length = pd.kv_len[:, None, None, None, None]
+        keep = _and(keep, cols < length)
+        aligned = rows + (length - plan.t)
+    elif plan.s_padded != plan.s:
         keep = _and(keep, cols < plan.s)
     if st.causal:
-        keep = _and(keep, cols <= rows + offset)
+        keep = _and(keep, cols <= aligned)
     if st.window is not None:
         left, right = st.window
-        keep = _and(keep, (cols >= rows + offset - left) & (cols <= rows + offset + right))
+        keep = _and(keep, (cols >= aligned - left) & (cols <= aligned + right))
     if pd.mask is not None:
         keep = _and(keep, _tile(pd.mask, r0, c0, plan))
     if pd.q_seg is not None and pd.kv_seg is not None:
@@ -314,19 +342,65 @@ def _loop(plan_dense: bool, first: Array, count: Array, idx: Array, n_static: in
     return lax.fori_loop(0, count[idx], lambda n, c: body(start + n, c), init)
 
 
+def key_block_ranges(plan: BlockPlan, kv_len: Array, *, causal: bool, window: tuple[int, int] | None,
+                     xp: Any = jnp) -> tuple[Array, Array]:
+    """``(first, last)`` ``(num_q,)``: each query block's key blocks, the plan's narrowed to the
+    batch's lengths (inclusive; empty where first > last).
+
+    Query rows ``r0..r1`` of sequence b sit at ``L_b - T + r``; over the batch the visible keys
+    lie within ``[min(L) - T + r0 - left, max(L) - T + r1 (+ right)]`` and below ``max(L)``.
+    ``xp``: the array namespace (``numpy`` evaluates the same rule on the host, for tests).
+    """
+    i = xp.arange(plan.num_q, dtype=xp.int32)
+    r0 = i * plan.block_q
+    r1 = xp.minimum(r0 + plan.block_q, plan.t) - 1
+    shortest, longest = xp.min(kv_len), xp.max(kv_len)
+    lo = xp.zeros_like(i)
+    hi = xp.broadcast_to(longest - 1, i.shape)
+    if causal:
+        hi = xp.minimum(hi, longest - plan.t + r1)
+    if window is not None:
+        left, right = window
+        lo = xp.maximum(lo, shortest - plan.t + r0 - left)
+        hi = xp.minimum(hi, longest - plan.t + r1 + right)
+    first = xp.asarray(plan.k_first, xp.int32)
+    last = first + xp.asarray(plan.k_count, xp.int32) - 1
+    return xp.maximum(first, lo // plan.block_k), xp.minimum(last, hi // plan.block_k)  # floor: hi < 0 is empty
+
+
+def query_block_range(first: Array, last: Array, j: Array, xp: Any = jnp) -> tuple[Array, Array]:
+    """``(start, count)`` of the query blocks whose key-block range holds key block ``j``
+    (min to max: tiles in between are masked, so a gap would only cost time). ``j`` may be an
+    array of key blocks; the results then have its shape."""
+    j = xp.asarray(j)[..., None]
+    sees = (first <= j) & (j <= last)
+    n = sees.shape[-1]
+    start = xp.argmax(sees, axis=-1).astype(xp.int32)
+    end = (n - xp.argmax(sees[..., ::-1], axis=-1)).astype(xp.int32)
+    return start, xp.where(xp.any(sees, axis=-1), end - start, 0)
+
+
+def _run(start: Array, count: Array, body: Any, init: Any) -> Any:
+    """``fori_loop`` over blocks ``start .. start + count - 1`` (a while loop)."""
+    return lax.fori_loop(0, count, lambda n, c: body(start + n, c), init)
+
+
 def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux: Array | None,
              mask: Array | None, q_seg: Array | None, kv_seg: Array | None,
-             rng: Array | None) -> tuple[Array, Array]:
+             rng: Array | None, kv_len: Array | None) -> tuple[Array, Array]:
     """``(output (B, T, Hq, Dv) in the accumulation dtype, lse (B, Hq, T))``."""
     b, t, hq, _ = q.shape
     s, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
     g = hq // hkv
     sdtype, adtype = _dtypes(st, q)
-    plan = plan_blocks(t, s, *st.fwd_blocks, causal=st.causal, window=st.window)
-    pd = _pad_inputs(plan, q, k, v, bias, mask, q_seg, kv_seg)
+    plan = plan_blocks(t, s, *st.fwd_blocks, causal=st.causal, window=st.window, kv_lengths=kv_len is not None)
+    pd = _pad_inputs(plan, q, k, v, bias, mask, q_seg, kv_seg, kv_len)
     bq, bk = plan.block_q, plan.block_k
     first = jnp.asarray(plan.k_first, jnp.int32)
     count = jnp.asarray(plan.k_count, jnp.int32)
+    if kv_len is not None:
+        first, last = key_block_ranges(plan, kv_len, causal=st.causal, window=st.window)
+        count = jnp.maximum(last - first + 1, 0)
 
     def q_block(_: None, i: Array) -> tuple[None, tuple[Array, Array]]:
         r0 = i * bq
@@ -356,7 +430,10 @@ def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux:
             jnp.zeros((b, hkv, g, bq), adtype),
             jnp.zeros((b, hkv, g, bq, dv), adtype),
         )
-        m, total, acc = _loop(plan.dense, first, count, i, plan.num_k, step, init)
+        if kv_len is not None:
+            m, total, acc = _run(first[i], count[i], step, init)
+        else:
+            m, total, acc = _loop(plan.dense, first, count, i, plan.num_k, step, init)
         m_safe = jnp.where(jnp.isfinite(m), m, 0).astype(adtype)
         has = total > 0
         lse = jnp.where(has, m_safe + jnp.log(jnp.where(has, total, 1)), -jnp.inf)
@@ -384,14 +461,14 @@ def _reduce_to(x: Array, shape: tuple[int, ...]) -> Array:
 
 def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux: Array | None,
               mask: Array | None, q_seg: Array | None, kv_seg: Array | None, rng: Array | None,
-              out: Array, lse: Array, dout: Array | None, dlse: Array | None,
+              kv_len: Array | None, out: Array, lse: Array, dout: Array | None, dlse: Array | None,
               want_dbias: bool, want_daux: bool) -> tuple[Array, Array, Array, Array | None, Array | None]:
     b, t, hq, d = q.shape
     s, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
     g = hq // hkv
     sdtype, adtype = _dtypes(st, q)
-    plan = plan_blocks(t, s, *st.bwd_blocks, causal=st.causal, window=st.window)
-    pd = _pad_inputs(plan, q, k, v, bias, mask, q_seg, kv_seg)
+    plan = plan_blocks(t, s, *st.bwd_blocks, causal=st.causal, window=st.window, kv_lengths=kv_len is not None)
+    pd = _pad_inputs(plan, q, k, v, bias, mask, q_seg, kv_seg, kv_len)
     bq, bk = plan.block_q, plan.block_k
 
     lse_g = lse.reshape(b, hkv, g, t).astype(adtype)
@@ -417,6 +494,7 @@ def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux
     first = jnp.asarray(plan.q_first, jnp.int32)
     count = jnp.asarray(plan.q_count, jnp.int32)
     dense = all(c == plan.num_q for c in plan.q_count)
+    ranges = None if kv_len is None else key_block_ranges(plan, kv_len, causal=st.causal, window=st.window)
     scale = jnp.asarray(st.scale, adtype)
     inv_keep = 1.0 / (1.0 - st.dropout_prob)
 
@@ -464,7 +542,10 @@ def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux
 
         dq, db = carry
         init = (jnp.zeros((b, bk, hkv, d), adtype), jnp.zeros((b, bk, hkv, dv), adtype), dq, db)
-        dk, dvv, dq, db = _loop(dense, first, count, j, plan.num_q, step, init)
+        if ranges is not None:
+            dk, dvv, dq, db = _run(*query_block_range(*ranges, j), step, init)
+        else:
+            dk, dvv, dq, db = _loop(dense, first, count, j, plan.num_q, step, init)
         return (dq, db), (dk, dvv)
 
     (dq, db), (dk, dvv) = lax.scan(k_block, (dq0, db0), jnp.arange(plan.num_k, dtype=jnp.int32))
@@ -483,8 +564,8 @@ def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux
 
 def _primal(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux: Array | None,
             mask: Array | None, q_seg: Array | None, kv_seg: Array | None,
-            rng: Array | None) -> tuple[Array, Array]:
-    out, lse = _forward(st, q, k, v, bias, aux, mask, q_seg, kv_seg, rng)
+            rng: Array | None, kv_len: Array | None) -> tuple[Array, Array]:
+    out, lse = _forward(st, q, k, v, bias, aux, mask, q_seg, kv_seg, rng, kv_len)
     return out.astype(q.dtype), lse
 
 
@@ -519,11 +600,11 @@ def _attend_fwd(st: _Static, *args: Any) -> tuple[tuple[Array, Array], _Residual
 
 
 def _attend_bwd(st: _Static, res: _Residuals, cts: tuple[Any, Any]) -> tuple[Any, ...]:
-    q, k, v, bias, aux, mask, q_seg, kv_seg, rng, out, lse = res.arrays
+    q, k, v, bias, aux, mask, q_seg, kv_seg, rng, kv_len, out, lse = res.arrays
     dout, dlse = (_nonzero(c) for c in cts)
-    dq, dk, dv, dbias, daux = _backward(st, q, k, v, bias, aux, mask, q_seg, kv_seg, rng, out, lse,
+    dq, dk, dv, dbias, daux = _backward(st, q, k, v, bias, aux, mask, q_seg, kv_seg, rng, kv_len, out, lse,
                                         dout, dlse, res.want_dbias, res.want_daux)
-    return dq, dk, dv, dbias, daux, None, None, None, None
+    return dq, dk, dv, dbias, daux, None, None, None, None, None
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd, symbolic_zeros=True)
@@ -554,6 +635,7 @@ def blockwise_attention(
     softmax_aux: ArrayLike | None = None,
     dropout_prob: float = 0.0,
     dropout_rng: Array | None = None,
+    kv_lengths: ArrayLike | None = None,
     softmax_dtype: Any = jnp.float32,
     block_q: int | None = None,
     block_k: int | None = None,
@@ -566,7 +648,9 @@ def blockwise_attention(
     Shapes as ``vanilla_attention``: q ``(B, T, Hq, D)``, k ``(B, S, Hkv, D)``, v ``(B, S,
     Hkv, Dv)``; mask (bool, True = attend) and bias broadcastable to ``(B, Hq, T, S)``
     (size-1 dims are never broadcast in memory); segment ids ``(B, T)`` and ``(B, S)`` (one
-    set serves both sides when T == S); ``softmax_aux (Hq,)``. Blocks default to
+    set serves both sides when T == S); ``softmax_aux (Hq,)``; ``kv_lengths (B,)`` (keys at and
+    past a sequence's length are invisible, causal and the window align to it; values outside
+    0..S, which jit cannot check, are clamped). Blocks default to
     ``default_block(T, 512)`` and ``default_block(S, 1024)``; the backward's blocks default
     to the forward's, and with dropout they must be the forward's (the keep-mask is drawn
     per tile).
@@ -608,5 +692,6 @@ def blockwise_attention(
     aux = None if softmax_aux is None else jnp.asarray(softmax_aux)
     q_seg = None if q_segment_ids is None else jnp.asarray(q_segment_ids)
     kv_seg = None if kv_segment_ids is None else jnp.asarray(kv_segment_ids)
-    out, lse = _attend(st, q, k, v, bias_g, aux, mask_g, q_seg, kv_seg, rng)
+    kv_len = None if kv_lengths is None else jnp.clip(jnp.asarray(kv_lengths).astype(jnp.int32), 0, s)
+    out, lse = _attend(st, q, k, v, bias_g, aux, mask_g, q_seg, kv_seg, rng, kv_len)
     return BlockwiseResult(output=out, lse=lse)

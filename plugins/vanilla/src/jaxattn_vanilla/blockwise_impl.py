@@ -26,7 +26,7 @@ class BlockwiseAttention(AttentionImpl):
     dtypes: ClassVar[frozenset[str]] = frozenset({"float16", "bfloat16", "float32", "float64"})
     head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 1 << 16)
     # Every dense feature; the weights are exactly what it never forms.
-    features: ClassVar[frozenset[Feature]] = ALL_FEATURES - {Feature.WEIGHTS, Feature.KV_LENGTHS}
+    features: ClassVar[frozenset[Feature]] = ALL_FEATURES - {Feature.WEIGHTS}
     # Above vanilla (same math, O(T) instead of O(T*S) memory), below every real kernel:
     # "auto" picks it where no kernel takes the call.
     priority: ClassVar[int] = 10
@@ -59,10 +59,15 @@ class BlockwiseAttention(AttentionImpl):
     def notes(self, problem: AttentionProblem) -> list[str]:
         bq, bk, bq_bwd, bk_bwd = self._blocks(problem)
         plan = plan_blocks(problem.seq_q, problem.seq_k, bq, bk, causal=problem.causal,
-                           window=problem.sliding_window)
+                           window=problem.sliding_window, kv_lengths=problem.kv_lengths)
         grid = plan.num_q * plan.num_k
         skipped = "" if plan.tiles_visited == grid else " (the rest are hidden by causal/window)"
-        notes = [f"blocks {plan.block_q}x{plan.block_k}: {plan.tiles_visited} of {grid} tiles computed{skipped}"]
+        at_most = "at most " if problem.kv_lengths else ""
+        tiles = f"{at_most}{plan.tiles_visited} of {grid} tiles computed{skipped}"
+        notes = [f"blocks {plan.block_q}x{plan.block_k}: {tiles}"]
+        if problem.kv_lengths:
+            notes.append("kv_lengths: tiles past the batch's longest sequence (or left of its shortest's "
+                         "window) are skipped at run time")
         if (bq_bwd, bk_bwd) != (bq, bk):
             notes.append(f"backward blocks {min(bq_bwd, problem.seq_q)}x{min(bk_bwd, problem.seq_k)}")
         return notes
