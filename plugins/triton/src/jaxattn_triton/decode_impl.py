@@ -75,6 +75,11 @@ class TritonDecodeAttention(AttentionImpl):
 
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
         reasons = super().not_supported_reasons(problem)
+        if any(r.startswith("dtype float32 ") for r in reasons):
+            reasons = [r for r in reasons if not r.startswith("dtype float32 ")]
+            reasons.append("dtype float32 is not supported: the Triton decode kernel multiplies float32 in TF32 on "
+                           "the tensor cores, which does not honour float32 precision; cast to bfloat16 or float16, "
+                           "or impl='vanilla' / 'blockwise' runs float32 (impl='auto' picks one)")
         missing = problem.required_features() - self.features
         reasons += [WHY_NOT[f] for f in sorted(missing, key=str) if f in WHY_NOT]
         if problem.seq_q > MAX_DECODE_QUERIES:
@@ -83,9 +88,6 @@ class TritonDecodeAttention(AttentionImpl):
                 f"(T <= {MAX_DECODE_QUERIES}: decode steps, speculative decoding); flash_attn2 or cudnn run "
                 "longer queries (impl='auto' picks one)"
             )
-        if self.compute_dtype(problem) == "float32":
-            reasons.append("the Triton decode kernel multiplies float32 in TF32 on the tensor cores, which does not "
-                           "honour float32 precision; impl='vanilla' or 'blockwise' runs float32")
         if self.metadata.softmax_dtype != "float32":
             reasons.append(f"the Triton decode kernel computes the softmax in float32; "
                            f"softmax_dtype={self.metadata.softmax_dtype!r} cannot be honoured")

@@ -72,8 +72,8 @@ class _TritonPaged(PagedAttentionImpl):
             declared = self.declared_reasons(dataclasses.replace(problem, needs_grad=False))
             grad = [f"gradients are not supported by {self.name()}: the Triton paged kernel is forward only "
                     "(serving); differentiate a dense call over the gathered cache instead"]
-        if self.compute_dtype(problem) == "float32":
-            declared = [r for r in declared if not r.startswith("dtype float32")]
+        if any(r.startswith("dtype float32 ") for r in declared):
+            declared = [r for r in declared if not r.startswith("dtype float32 ")]
             declared.append("dtype float32 is not supported: the Triton paged kernel multiplies float32 in TF32 on "
                             "the tensor cores, which does not honour float32 precision; cast to bfloat16 or float16")
         own = []
@@ -98,22 +98,25 @@ class _TritonPaged(PagedAttentionImpl):
             "k_pages and v_pages read in place"
         return [kernel, layout]
 
-    def forward_cuda(self, q: Any, k_pages: Any, v_pages: Any, *, page_table: Any, kv_lengths: Any, cu_q_lens: Any,
-                     num_seqs: Any, kv_layout: str, queries_per_seq: int | None, softmax_scale: float,
-                     logits_soft_cap: float | None, sliding_window: int | None,
-                     softmax_aux: Any) -> AttentionOutput:
+    def forward_cuda(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> AttentionOutput:
+        """The ragged form's keywords (``jaxattn.paged_impl``): page_table, kv_lengths, cu_q_lens,
+        num_seqs, kv_layout, queries_per_seq, softmax_scale, logits_soft_cap, sliding_window,
+        softmax_aux."""
         import jax.numpy as jnp
 
         from jaxattn_triton.paged_ops import paged_decode, ragged_paged
 
-        if kv_layout == "combined":
+        page_table, kv_lengths = features["page_table"], features["kv_lengths"]
+        num_seqs, queries_per_seq = features["num_seqs"], features.get("queries_per_seq")
+        if features.get("kv_layout", "separate") == "combined":
             k, v, cache = None, None, {"kv_pages": k_pages}
         else:
             k, v, cache = k_pages, v_pages, {}
         kw: dict[str, Any] = {
-            "softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap, "window_left": sliding_window,
-            "sinks": softmax_aux, "interpret": self.interpret, **cache,
-        }
+            "softmax_scale": features.get("softmax_scale"), "logits_soft_cap": features.get("logits_soft_cap"),
+            "window_left": features.get("sliding_window"), "sinks": features.get("softmax_aux"),
+            "interpret": self.interpret, **cache,
+        }  # fmt: skip
         if queries_per_seq is not None:
             # Uniform: sequence s owns rows s*T ... s*T + T - 1 (cu_q_lens = arange * T). Rows of
             # sequences past num_seqs see no key: length 0 gives their zeros.
@@ -122,8 +125,9 @@ class _TritonPaged(PagedAttentionImpl):
             live = jnp.arange(n) < jnp.reshape(num_seqs, (-1,))[0]
             lengths = jnp.where(live, kv_lengths, 0)
             out = paged_decode(q.reshape(n, t, hq, d), k, v, page_table, lengths, **kw)
+            assert not isinstance(out, tuple)
             return AttentionOutput(attention_outputs=jnp.reshape(out, (n * t, hq, -1)))
-        out = ragged_paged(q, k, v, page_table, kv_lengths, cu_q_lens, num_seqs, **kw)
+        out = ragged_paged(q, k, v, page_table, kv_lengths, features["cu_q_lens"], num_seqs, **kw)
         return AttentionOutput(attention_outputs=out)
 
 
