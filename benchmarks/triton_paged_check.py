@@ -16,7 +16,16 @@ of K and V read per call, against cuDNN dense decode over the same tokens
 (``jax.nn.dot_product_attention(implementation="cudnn")``, T=1) and JAX's Pallas GPU
 ``paged_attention`` in this process, and ``dense_decode`` on the dense cache. ``--ragged``
 times a mixed batch (prefill chunks + decode rows) against its two parts run separately.
-``--sweep`` times other tiles and split counts on a few decode shapes. Every measurement is
+``--sweep`` times other tiles and split counts on a few decode shapes. The registered
+backends are measured too, through jaxattn's dispatch (validation, support checks, the
+ragged-form call, the kernel choice): ``--check`` runs ``jaxattn.paged_attention(...,
+impl="page_attention")``, ``jaxattn.ragged_paged_attention(..., impl="ragged_page_attention_v3")``
+and ``jaxattn.attention(..., kv_lengths=..., impl="autoregressive_decodeattn")`` against the
+reference, ``--bench`` times the first and the last beside the raw kernels (columns
+"page_attn" and "decodeattn", and their ratio to the kernel), ``--ragged`` the mixed batch
+through ``ragged_paged_attention``. Where the jaxattn-triton entry point is not installed, the
+classes are registered at runtime (``RESULTS["dispatch_impls"]`` says which class each name
+resolved to). Every measurement is
 in its own try/except: an error is printed and recorded, and the script goes on; after
 ``--deadline-s`` seconds (default 540) the remaining measurements are skipped, and the JSON
 is rewritten after every section, so a run under a 10-minute limit keeps what it measured.
@@ -190,6 +199,66 @@ def rel_err(got: Any, want: Any) -> float:
     return float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), 1e-30))
 
 
+# -- the registered backends ------------------------------------------------------------------
+
+DISPATCH_NAMES = {
+    "page_attention": ("paged", "TritonPagedDecode"),
+    "ragged_page_attention_v3": ("paged", "TritonRaggedPagedAttention"),
+    "autoregressive_decodeattn": ("dense", "TritonDecodeAttention"),
+}
+
+
+def _backend_classes() -> dict[str, Any]:
+    """The Triton serving classes by name (on --smoke: CPU subclasses that run the interpreter)."""
+    from jaxattn_triton.decode_impl import TritonDecodeAttention
+    from jaxattn_triton.paged_impl import TritonPagedDecode, TritonRaggedPagedAttention
+
+    classes: dict[str, Any] = {
+        "page_attention": TritonPagedDecode, "ragged_page_attention_v3": TritonRaggedPagedAttention,
+        "autoregressive_decodeattn": TritonDecodeAttention,
+    }  # fmt: skip
+    if not SMOKE:
+        return classes
+
+    def on_cpu(cls: Any) -> Any:
+        def forward_cpu(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return self.forward_cuda(*args, **kwargs)
+
+        body = {"platforms": frozenset({"cpu"}), "dtypes": frozenset({"float32", "bfloat16", "float16"}),
+                "interpret": True, "forward_cpu": forward_cpu}  # fmt: skip
+        return type("Interpreted" + cls.__name__, (cls,), body)
+
+    return {name: on_cpu(cls) for name, cls in classes.items()}
+
+
+@functools.cache
+def ensure_registered() -> dict[str, str]:
+    """Make the serving names resolve to the Triton classes here; returns name -> resolved class.
+
+    With jaxattn-triton installed the entry point registers them (nothing to do); run from a
+    checkout, they are registered at runtime. On --smoke the CPU subclasses are (interpreter).
+    """
+    import jaxattn
+
+    resolved: dict[str, str] = {}
+    for name, cls in _backend_classes().items():
+        kind = DISPATCH_NAMES[name][0]
+        try:
+            current = jaxattn.get_impl(name, kind=kind)
+        except Exception:
+            current = None
+        if not isinstance(current, cls):
+            try:
+                jaxattn.register_impl(cls)
+                current = jaxattn.get_impl(name, kind=kind)
+            except Exception as err:
+                record_error("dispatch", f"register {name}", err)
+        resolved[name] = type(current).__qualname__ if current is not None else "none"
+        log(f"dispatch {name} -> {resolved[name]}")
+    RESULTS["dispatch_impls"] = resolved
+    return resolved
+
+
 # -- check ----------------------------------------------------------------------------------
 
 
@@ -214,6 +283,7 @@ class CheckCase:
     dtype: str = "bfloat16"
     pad_tokens: int = 0
     causal: bool = True
+    via: str = "kernel"  # "kernel" (paged_ops) or "dispatch" (jaxattn's entry points, registered impls)
 
 
 def check_cases() -> list[CheckCase]:
@@ -242,6 +312,12 @@ def check_cases() -> list[CheckCase]:
                 num_splits=2,
             ),
             rep(small, name="dense decode t2 lengths", kind="dense", kv_lens=(64, 20, 3), t=2),
+            rep(small, name="dispatch page_attention sinks combined", kv_lens=(37, 5, 60), sinks=True,
+                layout=LP.COMBINED, via="dispatch"),
+            rep(small, name="dispatch ragged_page_attention_v3 window", kind="ragged", kv_lens=(40, 9, 0, 17),
+                q_lens=(5, 1, 0, 3), left=7, softcap=2.0, pad_tokens=2, via="dispatch"),
+            rep(small, name="dispatch autoregressive_decodeattn t2", kind="dense", kv_lens=(64, 20, 3), t=2,
+                via="dispatch"),
         ]
     rng = np.random.default_rng(0)
     lens8 = tuple(int(x) for x in rng.integers(1, 4096, 8))
@@ -275,6 +351,23 @@ def check_cases() -> list[CheckCase]:
         CheckCase("dense decode bf16 T=1 lengths", "dense", lens8, capacity=4096),
         CheckCase("dense decode bf16 T=3 window", "dense", lens8, t=3, left=500, capacity=4096),
         CheckCase("dense decode bf16 non-causal", "dense", lens8, capacity=4096, causal=False),
+        # The registered backends, through jaxattn's dispatch.
+        CheckCase("dispatch page_attention bf16 window+softcap+sinks", "decode", lens8, left=300, softcap=30.0,
+                  sinks=True, via="dispatch"),
+        CheckCase("dispatch page_attention bf16 T=4 combined", "decode", lens8, t=4, layout=LP.COMBINED,
+                  via="dispatch"),
+        CheckCase(
+            "dispatch ragged_page_attention_v3 bf16 mixed",
+            "ragged",
+            (2048, 700, 4000, 1, 0, 3000, 129, 64),
+            q_lens=(300, 1, 1, 1, 0, 77, 1, 64),
+            pad_tokens=5,
+            sinks=True,
+            via="dispatch",
+        ),
+        CheckCase("dispatch autoregressive_decodeattn bf16 T=1 lengths", "dense", lens8, via="dispatch"),
+        CheckCase("dispatch autoregressive_decodeattn fp16 T=3 window", "dense", lens8, t=3, left=500,
+                  dtype="float16", via="dispatch"),
     ]
 
 
@@ -303,10 +396,18 @@ def run_check_case(c: CheckCase, seed: int) -> dict[str, Any]:
         q = q_tok.reshape(seqs, c.t, c.hq, c.d)
         window = None if c.left is None else (c.left, 0)
         t0 = time.perf_counter()
-        out = dense_decode(
-            q, k, v, jnp.asarray(lens), causal=c.causal, window=window, logits_soft_cap=c.softcap,
-            sinks=sinks, num_splits=c.num_splits, interpret=SMOKE,
-        )  # fmt: skip
+        if c.via == "dispatch":
+            import jaxattn
+
+            out = jaxattn.attention(
+                q, k, v, kv_lengths=jnp.asarray(lens), causal=c.causal, sliding_window=window,
+                logits_soft_cap=c.softcap, softmax_aux=sinks, impl="autoregressive_decodeattn",
+            )  # fmt: skip
+        else:
+            out = dense_decode(
+                q, k, v, jnp.asarray(lens), causal=c.causal, window=window, logits_soft_cap=c.softcap,
+                sinks=sinks, num_splits=c.num_splits, interpret=SMOKE,
+            )  # fmt: skip
         got = np.asarray(jnp.asarray(out).reshape(n, c.hq, c.d), np.float32)
         wall = time.perf_counter() - t0
         table = np.arange(seqs, dtype=np.int32)[:, None]
@@ -333,7 +434,24 @@ def run_check_case(c: CheckCase, seed: int) -> dict[str, Any]:
             interpret=SMOKE, **cache,
         )  # fmt: skip
         t0 = time.perf_counter()
-        if c.kind == "decode":
+        if c.via == "dispatch":
+            import jaxattn
+
+            common: dict[str, Any] = {
+                "kv_pages": cache.get("kv_pages"), "sliding_window": c.left, "logits_soft_cap": c.softcap,
+                "softmax_aux": sinks,
+            }  # fmt: skip
+            if c.kind == "decode":
+                out = jaxattn.paged_attention(
+                    q_tok.reshape(seqs, c.t, c.hq, c.d), *args, jnp.asarray(table), jnp.asarray(lens),
+                    impl="page_attention", **common,
+                )  # fmt: skip
+            else:
+                out = jaxattn.ragged_paged_attention(
+                    q_tok, *args, jnp.asarray(table), jnp.asarray(lens), jnp.asarray(cu), seqs,
+                    impl="ragged_page_attention_v3", **common,
+                )  # fmt: skip
+        elif c.kind == "decode":
             q = q_tok.reshape(seqs, c.t, c.hq, c.d)
             out = paged_decode(q, *args, jnp.asarray(table), jnp.asarray(lens), **kw)
         else:
@@ -357,6 +475,7 @@ def run_check_case(c: CheckCase, seed: int) -> dict[str, Any]:
 
 
 def check() -> None:
+    ensure_registered()
     rows = []
     for i, c in enumerate(check_cases()):
         late = out_of_time("check", c.name)
@@ -440,7 +559,24 @@ def timed(res: dict[str, Any], nbytes: int, peak: float | None, label: str, name
         res[name] = record_error("bench", f"{name} {label}", err)
 
 
+def page_attention(q: Array, k: Array, v: Array, table: Array, lens: Array) -> Array:
+    """paged_decode's call through jaxattn.paged_attention and the registered page_attention."""
+    import jaxattn
+
+    out: Array = jaxattn.paged_attention(q, k, v, table, lens, impl="page_attention")
+    return out
+
+
+def decodeattn(q: Array, k: Array, v: Array, lens: Array) -> Array:
+    """dense_decode's call through jaxattn.attention and the registered autoregressive_decodeattn."""
+    import jaxattn
+
+    out: Array = jaxattn.attention(q, k, v, kv_lengths=lens, causal=True, impl="autoregressive_decodeattn")
+    return out
+
+
 def bench() -> None:
+    ensure_registered()
     rows: list[dict[str, Any]] = []
     dt = dtype_under_test()
     itemsize = jnp.dtype(dt).itemsize
@@ -477,6 +613,8 @@ def bench() -> None:
             )  # fmt: skip
             res["tiles"] = dataclasses.asdict(spec_tiles)
             measure("paged", lambda q, k, v, t, n: paged_decode(q, k, v, t, n, interpret=SMOKE), q, k, v, table, lens)
+            # The same call through jaxattn's dispatch and the registered page_attention backend.
+            measure("page_attention", page_attention, q, k, v, table, lens)
             free(k, v)
         except Exception as err:
             res["paged"] = record_error("bench", "paged setup", err)
@@ -523,6 +661,7 @@ def bench() -> None:
                 lambda q, k, v, n: dense_decode(q, k, v, n, causal=True, interpret=SMOKE),
                 q, kd, vd, lens,
             )  # fmt: skip
+            measure("decodeattn", decodeattn, q, kd, vd, lens)
             free(kd, vd)
         except Exception as err:
             res["cudnn"] = record_error("bench", "dense setup", err)
@@ -530,15 +669,23 @@ def bench() -> None:
             o, p = res.get(other) or {}, res.get("paged") or {}
             if "us" in o and "us" in p:
                 res[f"speedup_vs_{other}"] = o["us"] / p["us"]
+        # Dispatch overhead: the registered backend's time over its kernel's (1.0: none).
+        for via, kernel in (("page_attention", "paged"), ("decodeattn", "dense_decode")):
+            o, p = res.get(via) or {}, res.get(kernel) or {}
+            if "us" in o and "us" in p:
+                res[f"{via}_over_kernel"] = o["us"] / p["us"]
         rows.append(res)
         log(json.dumps(res))
     RESULTS["bench"] = rows
-    log("\n  ps     B    ctx |  ours us   GB/s  %peak | cudnn us  ratio | pallas us  ratio | dense_decode us")
+    log("\n  ps     B    ctx |  ours us   GB/s  %peak | cudnn us  ratio | pallas us  ratio | dense_decode us"
+        " | page_attn us  /ours | decodeattn us  /dense")
     for r in rows:
         if "skipped" in r:
             log(f"{r['page_size']:4d} {r['batch']:5d} {r['ctx']:6d} | skipped: {r['skipped']}")
             continue
-        p, c, pl_, dd = (r.get(x) or {} for x in ("paged", "cudnn", "pallas", "dense_decode"))
+        p, c, pl_, dd, pa, da = (
+            r.get(x) or {} for x in ("paged", "cudnn", "pallas", "dense_decode", "page_attention", "decodeattn")
+        )
 
         def cell(x: dict[str, Any], key: str = "us", width: int = 8) -> str:
             return f"{x[key]:{width}.1f}" if key in x else f"{'err':>{width}s}"
@@ -546,11 +693,15 @@ def bench() -> None:
         frac = f"{100 * p['frac_peak']:5.1f}" if "frac_peak" in p else "  n/a"
         ratio_c = f"{r['speedup_vs_cudnn']:6.2f}" if "speedup_vs_cudnn" in r else "   n/a"
         ratio_p = f"{r['speedup_vs_pallas']:6.2f}" if "speedup_vs_pallas" in r else "   n/a"
+        over_p = f"{r['page_attention_over_kernel']:5.2f}" if "page_attention_over_kernel" in r else "  n/a"
+        over_d = f"{r['decodeattn_over_kernel']:6.2f}" if "decodeattn_over_kernel" in r else "   n/a"
         log(
             f"{r['page_size']:4d} {r['batch']:5d} {r['ctx']:6d} | {cell(p)} {cell(p, 'GBps', 6)} {frac} | "
-            f"{cell(c)} {ratio_c} | {cell(pl_, width=9)} {ratio_p} | {cell(dd)}"
+            f"{cell(c)} {ratio_c} | {cell(pl_, width=9)} {ratio_p} | {cell(dd, width=15)} | "
+            f"{cell(pa, width=12)} {over_p} | {cell(da, width=13)} {over_d}"
         )
-    log("(ratio = their time / ours: > 1 means ours is faster)")
+    log("(ratio = their time / ours: > 1 means ours is faster; /ours, /dense = through jaxattn's dispatch over the "
+        "raw kernel: 1.00 means no overhead)")
 
 
 def _num_sms() -> int:
@@ -563,6 +714,7 @@ def _num_sms() -> int:
 
 
 def ragged() -> None:
+    ensure_registered()
     rows = []
     dt = dtype_under_test()
     itemsize = jnp.dtype(dt).itemsize
@@ -598,6 +750,18 @@ def ragged() -> None:
                 return out
 
             mixed = time_fn(jax.jit(run_ragged), q, k, v, table, lens, cu, ns)
+
+            def run_dispatch(q: Array, k: Array, v: Array, t: Array, n: Array, cu: Array, ns: Array) -> Array:
+                import jaxattn
+
+                out: Array = jaxattn.ragged_paged_attention(q, k, v, t, n, cu, ns, impl="ragged_page_attention_v3")
+                return out
+
+            try:
+                mixed_dispatch: float | None = time_fn(jax.jit(run_dispatch), q, k, v, table, lens, cu, ns)
+            except Exception as err:
+                res["mixed_dispatch"] = record_error("ragged", f"{name} via ragged_page_attention_v3", err)
+                mixed_dispatch = None
             pre_tok = n_pre * chunk
             prefill = time_fn(
                 jax.jit(run_ragged), q[:pre_tok], k, v, table[:n_pre], lens[:n_pre], cu[: n_pre + 1],
@@ -620,12 +784,15 @@ def ragged() -> None:
                 mixed_over_separate=mixed / (prefill + decode), prefill_tflops=pre_flops / prefill / 1e12,
                 decode_GBps=dec_bytes / decode / 1e9,
             )  # fmt: skip
+            if mixed_dispatch is not None:
+                res.update(mixed_dispatch_us=mixed_dispatch * 1e6, mixed_dispatch_over_kernel=mixed_dispatch / mixed)
             free(k, v)
             log(
                 f"ragged {name}: mixed {mixed * 1e6:.1f} us | prefill {prefill * 1e6:.1f} us "
                 f"({res['prefill_tflops']:.1f} TFLOP/s) + decode {decode * 1e6:.1f} us "
                 f"({res['decode_GBps']:.0f} GB/s; as ragged {decode_ragged * 1e6:.1f} us) = "
                 f"{(prefill + decode) * 1e6:.1f} us | mixed/separate {res['mixed_over_separate']:.2f}"
+                + (f" | via ragged_page_attention_v3 {mixed_dispatch * 1e6:.1f} us" if mixed_dispatch else "")
             )
         except Exception as err:
             res.update(record_error("ragged", name, err))
