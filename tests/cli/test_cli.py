@@ -104,19 +104,30 @@ def test_list_plain_table(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def _register_paged() -> None:
-    from jaxattn_vanilla.paged_impl import PagedDecodeReference, RaggedPagedReference
+    from jaxattn_vanilla.paged_impl import PagedReference
 
-    jaxattn.register_impl(RaggedPagedReference)
-    jaxattn.register_impl(PagedDecodeReference)
+    class DecodeOnly(PagedReference):
+        """A paged backend that takes T queries per sequence, no ragged batch."""
+
+        features: ClassVar = PagedReference.features - {Feature.RAGGED}
+        priority: ClassVar[int] = 5
+
+        @classmethod
+        def get_impl_name(cls) -> str:
+            return "decode_only"
+
+    jaxattn.register_impl(PagedReference)
+    jaxattn.register_impl(DecodeOnly)
 
 
 def test_list_kind_filters_dense_and_paged(capsys: pytest.CaptureFixture[str]) -> None:
     _register_paged()
     rows = {r["name"]: r for r in run_json(capsys, "list")}
-    assert rows["ragged_page_attention_v3"]["kind"] == "paged" and rows["wide"]["kind"] == "dense"
-    assert rows["ragged_page_attention_v3"]["aliases"] == ["ragged_page_attention_v2"]
+    assert rows["vanilla_paged"]["kind"] == "paged" and rows["wide"]["kind"] == "dense"
+    aliases = ["ragged_page_attention_v3", "ragged_page_attention_v2", "page_attention"]
+    assert rows["vanilla_paged"]["aliases"] == aliases
     paged = {r["name"] for r in run_json(capsys, "list", "--kind", "paged")}
-    assert paged == {"ragged_page_attention_v3", "page_attention"}
+    assert paged == {"vanilla_paged", "decode_only"}
     assert {r["name"] for r in run_json(capsys, "list", "--kind", "dense")} == {"wide", "narrow", "tpu_only"}
 
 
@@ -126,15 +137,15 @@ def test_explain_paged_and_ragged_rank_only_paged_impls(capsys: pytest.CaptureFi
                       "--heads-kv", "2", "--page-size", "16", "--window", "64")
     assert decode["problem"]["queries_per_seq"] == 1 and decode["problem"]["pages_per_seq"] == 19
     assert decode["problem"]["sliding_window"] == 64
-    assert {c["name"] for c in decode["candidates"]} == {"page_attention", "ragged_page_attention_v3"}
-    assert decode["chosen"] in {"page_attention", "ragged_page_attention_v3"}
+    assert {c["name"] for c in decode["candidates"]} == {"vanilla_paged", "decode_only"}
+    assert decode["chosen"] == "decode_only"  # the higher priority
     code, out, _ = run_cli(capsys, "explain", "--ragged", "-b", "3", "-t", "40", "-s", "128", "--combined",
-                           "--impl", "page_attention", "--json")
+                           "--impl", "decode_only", "--json")
     ragged = json.loads(out)
     assert code == 1  # nothing runs the call as asked
     assert ragged["problem"]["queries_per_seq"] is None and ragged["problem"]["kv_layout"] == "combined"
-    assert ragged["chosen"] is None  # page_attention takes T queries per sequence, not a ragged batch
-    row = next(c for c in ragged["candidates"] if c["name"] == "page_attention")
+    assert ragged["chosen"] is None  # decode_only takes T queries per sequence, not a ragged batch
+    row = next(c for c in ragged["candidates"] if c["name"] == "decode_only")
     assert any("ragged batches" in r for r in row["reasons"])
     code, _, err = run_cli(capsys, "explain", "--paged", "--causal", "--grad")
     assert code != 0 and "--causal, --grad" in err and "paged calls" in err

@@ -13,15 +13,26 @@ import jaxattn
 from jaxattn import Feature, InvalidInputError, PagedAttentionImpl, PluginError, UnsupportedError
 from jaxattn.plugins import isolated_registry
 from jaxattn.testing import oracle
-from jaxattn_vanilla.paged_impl import PagedDecodeReference, RaggedPagedReference
+from jaxattn_vanilla.paged_impl import PagedReference
 
 from .toy_impls import PlainImpl
+
+
+class DecodeOnly(PagedReference):
+    """A paged backend for T queries per sequence (no ragged batch), as a decode kernel is."""
+
+    features: ClassVar = PagedReference.features - {Feature.RAGGED}
+    priority: ClassVar[int] = 5
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "page_decode"
 
 
 @pytest.fixture(autouse=True)
 def paged_registry() -> Any:
     with isolated_registry(discover=False):
-        for impl in (RaggedPagedReference, PagedDecodeReference, PlainImpl):
+        for impl in (PagedReference, DecodeOnly, PlainImpl):
             jaxattn.register_impl(impl)
         yield
 
@@ -114,11 +125,11 @@ def test_decode_form_takes_rank_3_and_rank_4_queries() -> None:
 
 def test_names_resolve_to_paged_impls_and_kinds_do_not_mix() -> None:
     impl = jaxattn.get_impl("ragged_page_attention_v2")
-    assert isinstance(impl, PagedAttentionImpl) and impl.name() == "ragged_page_attention_v3"
+    assert isinstance(impl, PagedAttentionImpl) and impl.name() == "vanilla_paged"
     assert isinstance(jaxattn.get_impl("auto", kind="paged"), PagedAttentionImpl)
     q = jnp.ones((1, 4, 4, 8))
     with pytest.raises(InvalidInputError, match="is a paged impl; attention\\(\\) runs dense ones"):
-        jaxattn.attention(q, q, q, impl="page_attention")
+        jaxattn.attention(q, q, q, impl="page_decode")
     with pytest.raises(InvalidInputError, match="not a paged one"):
         call_ragged(impl="plain")
     with pytest.raises(InvalidInputError, match="kind"):
@@ -132,31 +143,31 @@ def test_use_impl_applies_to_calls_of_its_kind() -> None:
         assert current_impl_name(None, "dense") == "plain"
         assert current_impl_name(None, "paged") == "auto"
         call_ragged()  # a dense scope does not break a paged call
-    with jaxattn.use_impl("page_attention"):
-        assert current_impl_name(None, "paged") == "page_attention"
+    with jaxattn.use_impl("page_decode"):
+        assert current_impl_name(None, "paged") == "page_decode"
         assert current_impl_name(None, "dense") == "auto"
-        with pytest.raises(UnsupportedError, match="ragged batches"):  # it applies, and page_attention declines
+        with pytest.raises(UnsupportedError, match="ragged batches"):  # it applies, and page_decode declines
             call_ragged()
 
 
 def test_explicit_choice_declines_with_every_reason_and_names_who_accepts() -> None:
     with pytest.raises(UnsupportedError) as info:
-        call_ragged(impl="page_attention", softmax_aux=jnp.zeros(4))
+        call_ragged(impl="page_decode", softmax_aux=jnp.zeros(4))
     err = info.value
     assert any("ragged batches" in r for r in err.reasons)
-    assert err.hint is not None and "ragged_page_attention_v3" in err.hint
+    assert err.hint is not None and "vanilla_paged" in err.hint
 
 
 def test_auto_picks_within_the_kind_and_explain_shows_only_paged_impls() -> None:
     k, v = cache()
     table, lengths = jnp.asarray([[3, 1, 0], [5, 2, 7]], jnp.int32), jnp.asarray([9, 6], jnp.int32)
     decode = jaxattn.explain_paged(jnp.ones((2, 4, 8)), k, v, table, lengths)
-    assert {c.name for c in decode.candidates} == {"page_attention", "ragged_page_attention_v3"}
-    assert decode.chosen is not None and "paged:" in str(decode)
+    assert {c.name for c in decode.candidates} == {"vanilla_paged", "page_decode"}
+    assert decode.chosen == "page_decode" and "paged:" in str(decode)
     a = ragged_args()
     ragged = jaxattn.explain_paged(a["q"], k, v, table, lengths, a["cu_q_lens"], 2)
-    assert ragged.chosen == "ragged_page_attention_v3"
-    assert any("ragged batches" in r for c in ragged.candidates if c.name == "page_attention" for r in c.reasons)
+    assert ragged.chosen == "vanilla_paged"  # the decode-only backend declines a ragged batch
+    assert any("ragged batches" in r for c in ragged.candidates if c.name == "page_decode" for r in c.reasons)
 
 
 def test_paged_calls_are_forward_only_and_refuse_gradients_with_a_reason() -> None:
@@ -184,16 +195,16 @@ def test_a_name_means_one_kind_of_call() -> None:
 
         @classmethod
         def get_impl_name(cls) -> str:
-            return "page_attention"
+            return "page_attention"  # an alias of the paged reference
 
     with pytest.raises(PluginError, match=r"page_attention names a (dense|paged) impl .* and a (paged|dense) impl"):
         jaxattn.register_impl(DenseNamedLikePaged)
 
 
 def test_a_directly_constructed_reference_runs_on_its_own() -> None:
-    impl = RaggedPagedReference()
+    impl = PagedReference()
     a = ragged_args()
     out = impl(a["q"], a["k_pages"], a["v_pages"], a["page_table"], a["kv_lengths"], cu_q_lens=a["cu_q_lens"],
                num_seqs=jnp.asarray([2], jnp.int32))
     np.testing.assert_allclose(out.attention_outputs, call_ragged(), atol=1e-6)
-    assert Feature.RAGGED in impl.features and Feature.RAGGED not in PagedDecodeReference.features
+    assert Feature.RAGGED in impl.features and Feature.RAGGED not in DecodeOnly.features

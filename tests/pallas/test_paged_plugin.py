@@ -31,7 +31,7 @@ from jaxattn.testing import oracle
 from jaxattn_pallas import paged_kernel_rules
 from jaxattn_pallas.paged_impl import PallasPagedDecode, PallasRaggedPagedAttention
 from jaxattn_pallas.paged_kernel import bf16_terms, paged_attention_decode
-from jaxattn_vanilla.paged_impl import PagedDecodeReference, RaggedPagedReference
+from jaxattn_vanilla.paged_impl import PagedReference
 
 INTERPRET = jaxattn.AttentionMetadata(platform="tpu", interpret=True)
 V5E = DeviceInfo(platform="tpu", device_kind="TPU v5 lite", tpu_generation="v5e")
@@ -70,7 +70,7 @@ def test_registration_and_listing_import_no_kernel() -> None:
         assert ragged.platforms == ("tpu",) and ragged.priority == 100, ragged
         assert ragged.aliases == ("ragged_page_attention_v2",), ragged
         assert decode.platforms == ("tpu",) and decode.priority == 50, decode
-        assert rows["page_attention", "jaxattn-vanilla"].priority == 0
+        assert rows["vanilla_paged", "jaxattn-vanilla"].priority == 0
         import jax, numpy as np
         md = jaxattn.AttentionMetadata(platform="tpu", interpret=True)
         q = jax.ShapeDtypeStruct((3, 4, 16), "float32")
@@ -104,8 +104,9 @@ def test_each_name_has_one_provider_per_platform() -> None:
 def test_names_resolve_to_the_kernels_on_a_tpu_and_the_references_on_a_cpu() -> None:
     assert type(jaxattn.get_impl("page_attention", INTERPRET)) is PallasPagedDecode
     assert type(jaxattn.get_impl("ragged_page_attention_v2", INTERPRET)) is PallasRaggedPagedAttention
-    assert type(jaxattn.get_impl("page_attention")) is PagedDecodeReference
-    assert type(jaxattn.get_impl("ragged_page_attention_v3")) is RaggedPagedReference
+    assert type(jaxattn.get_impl("page_attention")) is PagedReference
+    assert type(jaxattn.get_impl("ragged_page_attention_v3")) is PagedReference
+    assert type(jaxattn.get_impl("vanilla_paged", INTERPRET)) is PagedReference
     # On a TPU host (as jaxattn sees it), both kernels take a plain decode step.
     md = jaxattn.AttentionMetadata()
     args, kw = _decode_call(dtype="bfloat16", layout="combined")
@@ -179,7 +180,7 @@ def test_page_attention_declines_what_its_kernel_lacks_with_a_way_out() -> None:
     args, kw = _decode_call(t=3)
     (reason,) = impl.supports(*args, **kw)
     assert "3 queries per sequence" in reason and "ragged_page_attention_v3" in reason
-    assert "PagedDecodeReference" in reason
+    assert "impl='vanilla_paged'" in reason
     args, kw = _decode_call()
     reasons = impl.supports(*args, **kw, sliding_window=2, softmax_aux=S((4,), "float32"))
     assert len(reasons) == 2
@@ -187,7 +188,7 @@ def test_page_attention_declines_what_its_kernel_lacks_with_a_way_out() -> None:
     assert "sinks" in reasons[0] and "jaxattn-vanilla" in reasons[0]
     ragged = dict(kw, cu_q_lens=np.asarray([0, 1, 3, 4], np.int32), queries_per_seq=None)
     (reason,) = impl.supports(S((4, 4, 16), "float32"), *args[1:], **ragged)
-    assert "ragged batches" in reason and "RaggedPagedReference" in reason
+    assert "ragged batches" in reason and "impl='vanilla_paged'" in reason
     wide = jaxattn.get_impl("page_attention", INTERPRET.replace(softmax_dtype="float64"))
     assert any("softmax_dtype='float64'" in r for r in wide.supports(*args, **kw))
     # A call raises one error with every reason, before any kernel runs.
@@ -204,7 +205,7 @@ def test_ragged_declines_with_reasons() -> None:
     on_tpu = PallasRaggedPagedAttention(jaxattn.AttentionMetadata(), V5E)
     assert on_tpu.supports(*args, **kw) == []
     (sinks,) = on_tpu.supports(*args, **kw, softmax_aux=S((4,), "float32"))
-    assert "sinks" in sinks and "RaggedPagedReference" in sinks
+    assert "sinks" in sinks and "impl='vanilla_paged'" in sinks
     half = _decode_call(dtype="float16")
     (dtype,) = on_tpu.supports(*half[0], **half[1])
     assert "float16" in dtype and "jaxattn-vanilla" in dtype
@@ -338,18 +339,19 @@ def test_decode_wrapper_lowers_for_tpu(dtype: str, layout: str, hq: int, hkv: in
 
 
 def test_the_advice_of_a_decline_runs_the_call() -> None:
-    # Sinks: both kernels decline and point to jaxattn-vanilla's reference, passed as an
-    # instance (under the TPU override the names resolve to the kernels).
+    # Sinks: both kernels decline and point to jaxattn-vanilla's reference, by its own name
+    # (under the TPU override the mechanism names resolve to the kernels); auto finds it too.
     rng = np.random.default_rng(2)
     q, cache = rng.standard_normal((3, 4, 16)), rng.standard_normal((14, 4, 2, 16))
     table, lengths, sinks = np.arange(12, dtype=np.int32).reshape(3, 4), np.asarray([3, 9, 16], np.int32), np.ones(4)
     args = (jnp.asarray(q, jnp.float32), jnp.asarray(cache, jnp.float32), jnp.asarray(cache, jnp.float32),
             jnp.asarray(table), jnp.asarray(lengths))
-    with pytest.raises(UnsupportedError, match="PagedDecodeReference"):
+    with pytest.raises(UnsupportedError, match="impl='vanilla_paged'"):
         jaxattn.paged_attention(*args, softmax_aux=jnp.asarray(sinks, jnp.float32), impl="page_attention",
                                 metadata=INTERPRET)
-    out = jaxattn.paged_attention(*args, softmax_aux=jnp.asarray(sinks, jnp.float32),
-                                  impl=PagedDecodeReference(INTERPRET))
     want = oracle.paged_attention(q, cache, cache, table, lengths, np.arange(4, dtype=np.int32),
                                   np.asarray([3], np.int32), softmax_aux=sinks)
-    np.testing.assert_allclose(np.asarray(out, np.float64), want, atol=1e-5, rtol=1e-5)
+    for impl in ("vanilla_paged", "auto"):
+        out = jaxattn.paged_attention(*args, softmax_aux=jnp.asarray(sinks, jnp.float32), impl=impl,
+                                      metadata=INTERPRET)
+        np.testing.assert_allclose(np.asarray(out, np.float64), want, atol=1e-5, rtol=1e-5)

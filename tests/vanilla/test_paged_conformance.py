@@ -1,4 +1,4 @@
-"""The pure-JAX paged references against the paged conformance suite."""
+"""The pure-JAX paged reference against the paged conformance suite, by each of its names."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ from typing import ClassVar
 from jaxattn.testing.paged_conformance import PagedConformanceSuite
 
 
-class TestRaggedPagedReference(PagedConformanceSuite):
-    impl_name = "ragged_page_attention_v3"
+class TestVanillaPaged(PagedConformanceSuite):
+    impl_name = "vanilla_paged"
     dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16")
 
 
-class TestPagedDecodeReference(PagedConformanceSuite):
+class TestPageAttentionOnCpu(PagedConformanceSuite):
+    """On a CPU the mechanism name resolves to the reference."""
+
     impl_name = "page_attention"

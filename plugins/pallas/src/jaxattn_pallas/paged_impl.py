@@ -38,10 +38,7 @@ from .paged_kernel_rules import plan_paged_kernel
 
 __all__ = ["PallasPagedDecode", "PallasRaggedPagedAttention"]
 
-_REFERENCE = (
-    "jaxattn-vanilla's pure-JAX reference runs it ('{name}' on cpu or gpu; on a TPU, where that name is a Pallas "
-    "kernel, pass impl=jaxattn_vanilla.paged_impl.{cls}(metadata))"
-)
+_REFERENCE = "impl='vanilla_paged' (jaxattn-vanilla's pure-JAX reference) runs it, and impl='auto' picks it"
 _INTERPRET = (
     "in TPU interpret mode use 'page_attention' for decode steps (JAX's paged_attention kernel, which interprets; "
     "impl='auto' picks it), or drop the TPU override: on a CPU this name runs jaxattn-vanilla's pure-JAX reference"
@@ -61,15 +58,9 @@ class _PallasPaged(PagedAttentionImpl):
     """What both share: platform, dtypes, the float32 softmax, the advice on a decline."""
 
     platforms: ClassVar[frozenset[str]] = frozenset({"tpu"})
-    #: The reference class a decline points to.
-    reference: ClassVar[str] = "RaggedPagedReference"
-
-    def instead(self, reference: str | None = None) -> str:
-        """Where a call this backend declines runs: jaxattn-vanilla's reference (``reference``
-        names its class, this backend's counterpart by default)."""
-        cls = reference or self.reference
-        name = "page_attention" if cls == "PagedDecodeReference" else "ragged_page_attention_v3"
-        return "instead: " + _REFERENCE.format(name=name, cls=cls)
+    def instead(self) -> str:
+        """Where a call this backend declines runs: jaxattn-vanilla's reference."""
+        return "instead: " + _REFERENCE
 
     def kernel_reasons(self, problem: PagedProblem) -> list[str]:
         """The kernel's own limits beyond the declarations (each with its own advice)."""
@@ -170,7 +161,6 @@ class PallasPagedDecode(_PallasPaged):
     # Below the ragged kernel (100), which is faster on a TPU (see the module docstring); this
     # one serves the name ``page_attention`` and, in TPU interpret mode, "auto"'s decode steps.
     priority: ClassVar[int] = 50
-    reference: ClassVar[str] = "PagedDecodeReference"
     description: ClassVar[str] = "Pallas TPU paged decode (JAX's paged_attention kernel; runs in interpret mode)"
 
     @classmethod
@@ -190,7 +180,7 @@ class PallasPagedDecode(_PallasPaged):
         if problem.queries_per_seq is None:
             reasons.append("ragged batches (per-sequence query counts) are not supported by page_attention: JAX's "
                            "paged_attention kernel takes one query per sequence; "
-                           + ragged + self.instead("RaggedPagedReference").removeprefix("instead: "))
+                           + ragged + self.instead().removeprefix("instead: "))
         elif problem.queries_per_seq != 1:
             reasons.append(f"{problem.queries_per_seq} queries per sequence are not supported by page_attention: "
                            f"JAX's paged_attention kernel takes one query per sequence; {decode}")

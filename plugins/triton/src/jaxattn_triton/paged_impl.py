@@ -39,10 +39,7 @@ _FEATURES: frozenset[Feature] = frozenset({
     Feature.RAGGED,
 })  # fmt: skip
 
-_REFERENCE = (
-    "jaxattn-vanilla's pure-JAX reference runs it: on a CUDA GPU, where '{name}' is this Triton kernel, pass "
-    "impl=jaxattn_vanilla.paged_impl.{cls}(metadata)"
-)
+_REFERENCE = "impl='vanilla_paged' (jaxattn-vanilla's pure-JAX reference) runs it, and impl='auto' picks it"
 
 
 class _TritonPaged(PagedAttentionImpl):
@@ -56,12 +53,8 @@ class _TritonPaged(PagedAttentionImpl):
     priority: ClassVar[int] = 100
     #: Run the kernels in the Triton interpreter through a host callback (tests only).
     interpret: ClassVar[bool] = False
-    #: jaxattn-vanilla's class of the same name (where a declined call can run).
-    reference: ClassVar[str] = "RaggedPagedReference"
-
     def instead(self) -> str:
-        name = "page_attention" if self.reference == "PagedDecodeReference" else "ragged_page_attention_v3"
-        return "instead: " + _REFERENCE.format(name=name, cls=self.reference)
+        return "instead: " + _REFERENCE
 
     def not_supported_reasons(self, problem: PagedProblem) -> list[str]:
         declared = self.declared_reasons(problem)
@@ -147,7 +140,6 @@ class TritonPagedDecode(_TritonPaged):
     """``page_attention`` on CUDA GPUs: T queries per sequence (decode, speculative decoding)."""
 
     features: ClassVar[frozenset[Feature]] = _FEATURES - {Feature.RAGGED}
-    reference: ClassVar[str] = "PagedDecodeReference"
     description: ClassVar[str] = "Triton split-K paged decode (CUDA GPUs, fp16/bf16; T queries per sequence)"
 
     @classmethod

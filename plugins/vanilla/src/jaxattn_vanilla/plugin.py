@@ -5,7 +5,7 @@ from __future__ import annotations
 from jaxattn.hookspecs import hookimpl
 from jaxattn.registry import ImplRef
 
-__all__ = ["BLOCKWISE", "PAGE_ATTENTION", "RAGGED_PAGE_ATTENTION", "VANILLA", "jaxattn_register_impls"]
+__all__ = ["BLOCKWISE", "VANILLA", "VANILLA_PAGED", "jaxattn_register_impls"]
 
 # Must match VanillaAttention's declarations; the registry checks it when the class loads.
 VANILLA = ImplRef(
@@ -26,26 +26,19 @@ BLOCKWISE = ImplRef(
 )
 
 
-# The paged mechanisms' references (kind "paged"), on every platform at the lowest priority:
-# kernel plugins provide the same names for their platforms above them.
-RAGGED_PAGE_ATTENTION = ImplRef(
-    "jaxattn_vanilla.paged_impl:RaggedPagedReference",
-    names=("ragged_page_attention_v3", "ragged_page_attention_v2"),
+# The paged mechanisms' reference (kind "paged"), on every platform at the lowest priority:
+# kernel plugins provide the mechanism names for their platforms above it, and "auto" still
+# sees it under its own name.
+VANILLA_PAGED = ImplRef(
+    "jaxattn_vanilla.paged_impl:PagedReference",
+    names=("vanilla_paged", "ragged_page_attention_v3", "ragged_page_attention_v2", "page_attention"),
     platforms=("cpu", "gpu", "tpu"),
     priority=0,
-    description="pure-JAX paged attention (gather the pages, then attend), ragged batches",
-    kind="paged",
-)
-PAGE_ATTENTION = ImplRef(
-    "jaxattn_vanilla.paged_impl:PagedDecodeReference",
-    names=("page_attention",),
-    platforms=("cpu", "gpu", "tpu"),
-    priority=0,
-    description="pure-JAX paged decode (gather the pages, then attend), T queries per sequence",
+    description="pure-JAX paged attention (gather the pages, then attend), every paged call",
     kind="paged",
 )
 
 
 @hookimpl
 def jaxattn_register_impls() -> list[ImplRef]:
-    return [VANILLA, BLOCKWISE, RAGGED_PAGE_ATTENTION, PAGE_ATTENTION]
+    return [VANILLA, BLOCKWISE, VANILLA_PAGED]
