@@ -802,14 +802,17 @@ def ragged() -> None:
 
 # -- tile sweep -----------------------------------------------------------------------------
 
-SWEEP_TILES = [(32, 4, 3), (64, 2, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 2), (128, 8, 3)]
+SWEEP_TILES = [(32, 4, 4), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 3), (128, 8, 3)]
+# Key splits tried on every shape besides the default's: at 64 sequences the default is one
+# split (512 programs for 132 SMs), where finer work may balance the waves better.
+SWEEP_SPLITS = (1, 2, 3, 4, 6, 8)
 
 
 def sweep() -> None:
     rows = []
     dt = dtype_under_test()
     itemsize = jnp.dtype(dt).itemsize
-    shapes = [(8, 2, 64)] if SMOKE else [(16, 16, 2048), (16, 64, 8192), (64, 64, 32768)]
+    shapes = [(8, 2, 64)] if SMOKE else [(16, 64, 8192), (64, 64, 32768), (16, 16, 8192)]
     tiles = SWEEP_TILES[:2] if SMOKE else SWEEP_TILES
     for ps, batch, ctx in shapes:
         try:
@@ -824,7 +827,7 @@ def sweep() -> None:
         except Exception as err:
             rows.append(record_error("sweep", f"setup ps={ps} B={batch} ctx={ctx}", err))
             continue
-        splits_options = sorted({1, max(1, base.num_splits // 2), base.num_splits, base.num_splits * 2})
+        splits_options = sorted({base.num_splits, *(SWEEP_SPLITS[:2] if SMOKE else SWEEP_SPLITS)})
         nbytes = kv_bytes(batch, ctx, itemsize)
         for bn, warps, stages in tiles:
             for splits in splits_options:

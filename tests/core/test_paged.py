@@ -31,7 +31,9 @@ class DecodeOnly(PagedReference):
 
 @pytest.fixture(autouse=True)
 def paged_registry() -> Any:
-    with isolated_registry(discover=False):
+    # Float32 products at full precision: on a GPU jax's default is TF32, and these tests check
+    # the math against the float64 oracle.
+    with isolated_registry(discover=False), jax.default_matmul_precision("highest"):
         for impl in (PagedReference, DecodeOnly, PlainImpl):
             jaxattn.register_impl(impl)
         yield

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One GPU session's work, in stages, for the device machine (see ../shared/GPU.md): install the
+# wheels built by ../shared/tools/gpu-wheelhouse.sh (carried in .whl/), then run what a stage
+# names, writing logs and JSON under $OUT. Usage: bash benchmarks/gpu_session.sh STAGE...
+#   tests     the GPU tests of the dense and serving backends (cuDNN, Triton, serving)
+#   paged     benchmarks/triton_paged_check.py: numerics and bandwidth of the Triton paged kernels
+#   sweep     benchmarks/triton_paged_check.py --sweep: tiles and key splits of the paged kernel
+#   serving   jaxattn bench --serving: every serving backend side by side (GB/s)
+#   dense     jaxattn bench on the D=128 flash targets (regression check of the dense kernels)
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 JAXATTN_CACHE_DIR=/tmp/jaxattn-cache
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+for stage in "$@"; do
+  start=$(date +%s)
+  case "$stage" in
+    tests)
+      # Several test processes share the GPU: none may take most of its memory up front.
+      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${TESTS_S:-500}" python3 -m pytest -q -n 4 -p no:cacheprovider -m "gpu or not tpu" \
+        tests/sdpa tests/triton tests/serving tests/core/test_paged.py \
+        -k "gpu or Gpu or cudnn or Cudnn or paged or serving or decode or lengths or x64" \
+        > "$OUT/gpu-tests.log" 2>&1
+      tail -n 40 "$OUT/gpu-tests.log" ;;
+    paged)
+      python3 benchmarks/triton_paged_check.py --check --bench --ragged --deadline-s 300 \
+        --json "$OUT/triton_paged.json" > "$OUT/triton_paged.txt" 2>&1
+      tail -n 60 "$OUT/triton_paged.txt" ;;
+    sweep)
+      python3 benchmarks/triton_paged_check.py --sweep --deadline-s "${SWEEP_S:-300}" \
+        --json "$OUT/sweep.json" > "$OUT/sweep.txt" 2>&1
+      grep -E "sweep ps" "$OUT/sweep.txt" | sort -t: -k2 | head -n 120 ;;
+    serving)
+      python3 -m jaxattn bench --serving --plain --json "$OUT/serving.json" > "$OUT/serving.txt" 2>&1
+      cat "$OUT/serving.txt" | cut -c1-220 ;;
+    dense)
+      python3 -m jaxattn bench --head-dims 128 --seqs 4k,16k --gqa 4 --progress plain --time-budget 240 \
+        --json "$OUT/bench.json" > "$OUT/bench.txt" 2> "$OUT/bench.log"
+      cat "$OUT/bench.txt" | cut -c1-220 ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+  echo "stage $stage took $(( $(date +%s) - start )) s"
+done
