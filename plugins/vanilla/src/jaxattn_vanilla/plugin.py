@@ -1,11 +1,12 @@
-"""Entry-point module of jaxattn-vanilla: registers ``vanilla`` and ``blockwise`` lazily (imports no jax)."""
+"""Entry-point module of jaxattn-vanilla: registers ``vanilla``, ``blockwise`` and
+``autoregressive_decodeattn`` (dense), and the paged reference, lazily (imports no jax)."""
 
 from __future__ import annotations
 
 from jaxattn.hookspecs import hookimpl
 from jaxattn.registry import ImplRef
 
-__all__ = ["BLOCKWISE", "VANILLA", "VANILLA_PAGED", "jaxattn_register_impls"]
+__all__ = ["BLOCKWISE", "DECODE", "VANILLA", "VANILLA_PAGED", "jaxattn_register_impls"]
 
 # Must match VanillaAttention's declarations; the registry checks it when the class loads.
 VANILLA = ImplRef(
@@ -24,6 +25,17 @@ BLOCKWISE = ImplRef(
     priority=10,
     description="pure-JAX blockwise attention with a custom VJP, every feature but weights, O(T) memory",
 )
+# Must match DecodeAttention's declarations. Priority 60 (decode_impl.py says why): above sdpa
+# (50) for the decode calls it accepts on a CPU, where it was measured faster; its
+# priority_for() drops it to 5 on GPUs and TPUs. Kernel plugins' providers of this name (the
+# Triton decode kernel, 100 on CUDA) shadow it on their platforms.
+DECODE = ImplRef(
+    "jaxattn_vanilla.decode_impl:DecodeAttention",
+    names=("autoregressive_decodeattn",),
+    platforms=("cpu", "gpu", "tpu"),
+    priority=60,
+    description="pure-JAX split-K decode over a dense KV cache (T <= 16), any platform",
+)
 
 
 # The paged mechanisms' reference (kind "paged"), on every platform at the lowest priority:
@@ -41,4 +53,4 @@ VANILLA_PAGED = ImplRef(
 
 @hookimpl
 def jaxattn_register_impls() -> list[ImplRef]:
-    return [VANILLA, BLOCKWISE, VANILLA_PAGED]
+    return [VANILLA, BLOCKWISE, DECODE, VANILLA_PAGED]

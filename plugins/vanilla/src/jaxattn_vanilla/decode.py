@@ -1,0 +1,250 @@
+"""Split-K decode over a dense KV cache in plain XLA: the kernel of ``autoregressive_decodeattn``.
+
+A decode step (or a few queries: speculative decoding, T <= 16) reads the whole cache once,
+so it is bound by memory, not arithmetic. Two things decide its speed in XLA:
+
+* **No copy of the cache.** ``jax.nn.dot_product_attention`` (and any ``einsum`` over the
+  ``(B, S, Hkv, D)`` layout with the heads as a batch dimension) makes XLA transpose K and V
+  into ``(B, Hkv, D, S)`` before its matrix products: on a CPU that copy costs several times
+  the read itself. Here the logits are a multiply-and-reduce over D and the output a
+  multiply-and-reduce over the keys, both fused by XLA into loops that stream K and V in
+  their own layout. The query heads of one KV head are packed together (``R = T * G`` rows
+  per KV head, G = Hq / Hkv), so each K/V element is read once for all of them, and K and V
+  are never repeated over the group.
+* **Split-K (flash-decoding).** The keys of a step are cut into ``num_chunks`` contiguous
+  chunks; each chunk gets its own partial softmax (row max ``m_c``, sum ``l_c`` and
+  unnormalised output ``o_c``), computed side by side (the chunks are folded into the batch
+  dimension, so XLA runs them as independent reductions), and the chunks are combined
+  exactly: with ``M = max_c m_c``, ``out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) l_c``.
+  Steps of ``step`` keys run in a ``lax.scan`` that folds each step's chunks into a running
+  ``(M, l, o)`` by the same combine. How many chunks pay depends on the platform: on a CPU
+  XLA already spreads one long reduction over the cores, and more chunks measured slower
+  (see ``decode_impl``), so the impl asks for one there.
+
+With several steps, a step whose keys no query can see (past the longest ``kv_lengths``, or
+left of every query's sliding window) is skipped with ``lax.cond``: with steps shorter than S, a cache of
+capacity S filled to L costs about ``L / S`` of a full read (XLA copies each step's slice of
+the cache, though, so one step over all S is faster for full caches). The last step is
+shifted left to end at S (no padded copy of the cache is ever made) and masks the keys an
+earlier step already counted.
+
+Semantics are the contract's (docs/contract.md): soft cap, then masking (keys ``j >=
+kv_lengths[b]``, causal and the window aligned to ``kv_lengths[b]`` or S), softmax in
+``softmax_dtype`` (float32 by default; float64 inputs stay float64), sinks in the
+denominator. Rows that see no key give zeros and ``lse = -inf``. Everything is plain JAX:
+gradients come from autodiff (the shifts ``m_c`` and ``M`` are ``stop_gradient`` constants,
+which is exact since the softmax does not depend on them), and ``lax.cond`` / ``lax.scan``
+are differentiable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.typing import ArrayLike
+
+__all__ = ["DecodePlan", "DecodeResult", "decode_attention", "plan_decode"]
+
+Array = jax.Array
+
+
+class DecodeResult(NamedTuple):
+    """``output (B, T, Hq, Dv)`` in q's dtype; ``lse (B, Hq, T)``: log-sum-exp of the final logits
+    over visible keys (sink excluded, ``-inf`` for empty rows), in the accumulation dtype."""
+
+    output: Array
+    lse: Array
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    """How the S keys are cut: ``steps`` scan steps of ``step_keys`` keys, each split into
+    ``num_chunks`` chunks of ``chunk`` keys. Step ``n`` reads keys ``[start, start + step_keys)``
+    with ``start = min(n * step_keys, S - step_keys)`` (the last step is shifted left to end
+    at S) and counts only keys ``>= n * step_keys``."""
+
+    s: int
+    step_keys: int
+    num_chunks: int
+
+    @property
+    def chunk(self) -> int:
+        return self.step_keys // self.num_chunks
+
+    @property
+    def steps(self) -> int:
+        return -(-self.s // self.step_keys)
+
+
+def plan_decode(s: int, num_chunks: int | None = None, step: int | None = None) -> DecodePlan:
+    """Steps of ``min(step, S)`` keys (default S: one step), each cut into the largest number
+    of equal chunks that is at most ``num_chunks`` (default 1) and divides the step."""
+    step_keys = s if step is None else int(step)
+    want = 1 if num_chunks is None else int(num_chunks)
+    if step_keys <= 0 or want <= 0:
+        raise ValueError(f"step and num_chunks must be positive, got {step} and {num_chunks}")
+    step_keys = min(step_keys, s)
+    chunks = max(c for c in range(1, min(want, step_keys) + 1) if step_keys % c == 0)
+    return DecodePlan(s=s, step_keys=step_keys, num_chunks=chunks)
+
+
+def _visible_range(t: int, s: int, lengths: Array | None, window: tuple[int, int] | None) -> tuple[Array, Array]:
+    """``[lo, hi)``: the keys some query of the batch can see (steps outside are skipped).
+
+    Keys past the longest sequence are invisible (causal cuts nothing below it: the last
+    query sits on the last valid key); with a window, so are keys left of the first query's
+    window in the shortest sequence (query 0 sits at ``L - T``).
+    """
+    longest = jnp.asarray(s, jnp.int32) if lengths is None else jnp.max(lengths)
+    shortest = jnp.asarray(s, jnp.int32) if lengths is None else jnp.min(lengths)
+    lo = jnp.asarray(0, jnp.int32)
+    if window is not None:
+        lo = jnp.maximum(lo, shortest - t - window[0])
+    return lo, longest
+
+
+def _and(a: Array | None, b: Array) -> Array:
+    return b if a is None else a & b
+
+
+def decode_attention(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    *,
+    kv_lengths: ArrayLike | None = None,
+    causal: bool = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    softmax_aux: ArrayLike | None = None,
+    softmax_dtype: Any = jnp.float32,
+    num_chunks: int | None = None,
+    step: int | None = None,
+) -> DecodeResult:
+    """Decode attention over a dense cache, split-K; see the module docstring.
+
+    q ``(B, T, Hq, D)``, k ``(B, S, Hkv, D)``, v ``(B, S, Hkv, Dv)``; ``kv_lengths (B,)``
+    (values outside 0..S, which jit cannot check, are clamped); ``softmax_aux (Hq,)``.
+    ``num_chunks`` and ``step`` cut the keys (``plan_decode``).
+    """
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+    b, t, hq, d = q.shape
+    s, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
+    if hq % hkv:
+        raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}")
+    g = hq // hkv
+    r = t * g  # query rows per KV head: (t, g) order
+    window = (sliding_window, sliding_window) if isinstance(sliding_window, int) else sliding_window
+    sdtype = jnp.promote_types(jnp.dtype(softmax_dtype), q.dtype)
+    adtype = jnp.promote_types(sdtype, jnp.float32)
+    scale = float(d) ** -0.5 if softmax_scale is None else float(softmax_scale)
+    plan = plan_decode(s, num_chunks, step)
+    nc, sc, keys = plan.num_chunks, plan.chunk, plan.step_keys
+
+    lengths = None if kv_lengths is None else jnp.clip(jnp.asarray(kv_lengths).astype(jnp.int32), 0, s)
+    ends = jnp.full((b,), s, jnp.int32) if lengths is None else lengths
+    # Row r of KV head h is query i = r // G of head h * G + r % G; it sits at key L - T + i.
+    pos = (ends[:, None] - t + jnp.arange(t, dtype=jnp.int32)[None, :]).repeat(g, axis=1)  # (B, R)
+    # The query rows of each KV head side by side, pre-scaled, repeated over a step's chunks
+    # (a few KB): (B * nc, Hkv, R, D). Products keep rank 5 with the chunks folded into the
+    # batch: XLA's CPU emitters were several times slower on the same product at rank 6.
+    qr = q.reshape(b, t, hkv, g, d).transpose(0, 2, 1, 3, 4).reshape(b, 1, hkv, r, d).astype(sdtype) * scale
+    qr = jnp.broadcast_to(qr, (b, nc, hkv, r, d)).reshape(b * nc, hkv, r, d)
+    aux = None if softmax_aux is None else jnp.asarray(softmax_aux).astype(adtype)
+    lo, hi = _visible_range(t, s, lengths, window)
+
+    # Which rules can hide a key of a step (others are left out of the program): the shifted
+    # last step's overlap, the lengths, causal for T > 1, and the window's edges where they cut.
+    shifted = s % keys != 0
+    cut_causal = causal and t > 1
+    cut_left = window is not None and window[0] < s - 1
+    cut_right = window is not None and window[1] < t - 1
+
+    def _keep(n: Array, start: Array) -> Array | None:
+        """``(B|1, nc, sc, 1, R|1)``: which keys of step n (read from ``start``) each row sees."""
+        j = (start + jnp.arange(keys, dtype=jnp.int32)).reshape(1, nc, sc, 1, 1)
+        p_ = pos[:, None, None, None, :]  # (B, 1, 1, 1, R)
+        keep: Array | None = None
+        if shifted:  # keys an earlier step counted
+            keep = j >= n * keys
+        if lengths is not None:
+            keep = _and(keep, j < lengths[:, None, None, None, None])
+        if cut_causal:
+            keep = _and(keep, j <= p_)
+        if cut_left and window is not None:
+            keep = _and(keep, j >= p_ - window[0])
+        if cut_right and window is not None:
+            keep = _and(keep, j <= p_ + window[1])
+        return keep
+
+    def attend(n: Array) -> tuple[Array, Array, Array]:
+        """Step n's chunks: ``(m, l, o)`` of shapes (B, nc, Hkv, R) and (B, nc, Hkv, R, Dv)."""
+        first = n * keys
+        start = jnp.minimum(first, s - keys)  # the last step ends at S: no padded copy
+        kb = lax.dynamic_slice_in_dim(k, start, keys, axis=1).reshape(b * nc, sc, hkv, d)
+        vb = lax.dynamic_slice_in_dim(v, start, keys, axis=1).reshape(b * nc, sc, hkv, dv)
+        # Logits (B * nc, sc, Hkv, R): multiply and reduce over D, streaming K in its own layout.
+        x = jnp.sum(kb[:, :, :, None, :].astype(sdtype) * qr[:, None], axis=-1)
+        if logits_soft_cap is not None:
+            cap = jnp.asarray(logits_soft_cap, sdtype)
+            x = cap * jnp.tanh(x / cap)
+        keep = _keep(n, start)
+        if keep is not None:
+            keep = jnp.broadcast_to(keep, (b, nc, sc, 1, keep.shape[-1]))
+            x = jnp.where(keep.reshape(b * nc, sc, 1, keep.shape[-1]), x, -jnp.inf)
+        m = lax.stop_gradient(jnp.max(x, axis=1))  # (B * nc, Hkv, R); a shift: no gradient
+        m_safe = jnp.where(jnp.isfinite(m), m, 0)
+        p = jnp.exp(x - m_safe[:, None])
+        l_c = jnp.sum(p, axis=1, dtype=adtype)
+        # Partial outputs (B * nc, Hkv, R, Dv): multiply and reduce over the chunk's keys.
+        o_c = jnp.sum(p[..., None].astype(adtype) * vb[:, :, :, None, :].astype(adtype), axis=1)
+        return (m.astype(adtype).reshape(b, nc, hkv, r), l_c.reshape(b, nc, hkv, r),
+                o_c.reshape(b, nc, hkv, r, dv))
+
+    def combine(m_c: Array, l_c: Array, o_c: Array,
+                run: tuple[Array, Array, Array] | None = None) -> tuple[Array, Array, Array]:
+        """The split-K combine: chunk partials (and the running ones) rescaled to one max."""
+        m_new = jnp.max(m_c, axis=1) if run is None else jnp.maximum(run[0], jnp.max(m_c, axis=1))
+        safe = jnp.where(jnp.isfinite(m_new), m_new, 0)
+        w_c = jnp.exp(m_c - safe[:, None])
+        l_new = jnp.sum(w_c * l_c, axis=1)
+        o_new = jnp.sum(w_c[..., None] * o_c, axis=1)
+        if run is not None:
+            w_run = jnp.exp(run[0] - safe)
+            l_new, o_new = w_run * run[1] + l_new, w_run[..., None] * run[2] + o_new
+        return m_new, l_new, o_new
+
+    def scan_step(run: tuple[Array, Array, Array], n: Array) -> tuple[tuple[Array, Array, Array], None]:
+        seen = (n * keys < hi) & ((n + 1) * keys > lo)  # some query can see a key of this step
+        return lax.cond(seen, lambda run: combine(*attend(n), run), lambda run: run, run), None
+
+    if plan.steps == 1:  # one step over the whole cache: nothing to skip, no loop
+        m_run, l_run, o_run = combine(*attend(jnp.int32(0)))
+    else:
+        init = (
+            jnp.full((b, hkv, r), -jnp.inf, adtype),
+            jnp.zeros((b, hkv, r), adtype),
+            jnp.zeros((b, hkv, r, dv), adtype),
+        )
+        (m_run, l_run, o_run), _ = lax.scan(scan_step, init, jnp.arange(plan.steps, dtype=jnp.int32))
+
+    has = l_run > 0
+    m_safe = jnp.where(jnp.isfinite(m_run), m_run, 0)
+    lse = jnp.where(has, m_safe + jnp.log(jnp.where(has, l_run, 1)), -jnp.inf)
+    if aux is None:
+        out = o_run / jnp.where(has, l_run, 1)[..., None]
+    else:
+        # The sink joins the denominator: out = o * e^(m - logaddexp(lse, sink)). An empty row
+        # (o = 0) stays 0.
+        sink = jnp.broadcast_to(aux.reshape(1, hkv, 1, g), (1, hkv, t, g)).reshape(1, hkv, r)
+        big = jnp.logaddexp(lse, sink)
+        out = o_run * jnp.where(has, jnp.exp(m_safe - big), 0)[..., None]
+    # (B, Hkv, T*G, Dv) -> (B, T, Hq, Dv); lse (B, Hkv, T, G) -> (B, Hq, T)
+    out = out.reshape(b, hkv, t, g, dv).transpose(0, 2, 1, 3, 4).reshape(b, t, hq, dv)
+    lse = lse.reshape(b, hkv, t, g).transpose(0, 1, 3, 2).reshape(b, hq, t)
+    return DecodeResult(output=out.astype(q.dtype), lse=lse)

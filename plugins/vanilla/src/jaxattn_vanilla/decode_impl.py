@@ -1,0 +1,139 @@
+"""``DecodeAttention``: ``autoregressive_decodeattn`` in plain XLA, an adapter over ``decode_attention``.
+
+The seed's decode mechanism on every platform: a few queries per sequence (T <= 16: a decode
+step, speculative decoding) over a dense ``(B, S, Hkv, D)`` cache, optionally holding
+``kv_lengths[b]`` valid tokens per sequence; split-K, the query heads of a KV head packed
+together, K and V read in place (``jaxattn_vanilla.decode``). Gradients come from JAX's
+autodiff of the same code, exactly.
+
+Declined, with reasons: masks, biases and segment ids (the decode path reads none),
+dropout, attention weights, and T > 16 (a prefill: the dense paths tile it better).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from jaxattn.capabilities import Feature
+from jaxattn.device import DeviceInfo
+from jaxattn.impl import AttentionImpl
+from jaxattn.output import AttentionOutput
+from jaxattn.problem import AttentionProblem
+
+from .decode import decode_attention, plan_decode
+
+__all__ = ["MAX_DECODE_QUERIES", "DecodeAttention"]
+
+#: Most queries per sequence: decode steps and speculative decoding. Longer calls are a
+#: prefill, for which the dense paths (sdpa, blockwise) are the better tiling.
+MAX_DECODE_QUERIES = 16
+
+FEATURES: frozenset[Feature] = frozenset({
+    Feature.CAUSAL, Feature.GQA, Feature.CROSS, Feature.DECODE, Feature.VALUE_DIM, Feature.SLIDING_WINDOW,
+    Feature.SOFT_CAP, Feature.SINKS, Feature.KV_LENGTHS, Feature.GRAD, Feature.LSE,
+})  # fmt: skip
+
+_DENSE = "impl='blockwise' or 'vanilla' runs it (impl='auto' picks a backend that accepts the call)"
+#: Why the features it lacks are declined (added to the generic reason).
+WHY_NOT: dict[Feature, str] = {
+    Feature.MASK: f"the split-K decode path reads no mask; {_DENSE}",
+    Feature.BIAS: f"the split-K decode path reads no bias; {_DENSE}",
+    Feature.SEGMENT_IDS: f"the split-K decode path reads no segment ids; {_DENSE}",
+    Feature.DROPOUT: "the split-K decode path has no dropout; impl='vanilla' runs it",
+    Feature.WEIGHTS: "the split-K decode path never forms the (B, Hq, T, S) probabilities; impl='vanilla' "
+    "returns them",
+}
+
+#: Keys per split-K chunk off the CPU, where nothing was measured: the usual flash-decoding
+#: granularity, so that B * Hkv * (S / 512) independent reductions fill a device.
+ACCELERATOR_CHUNK = 512
+
+
+class DecodeAttention(AttentionImpl):
+    """Split-K decode over a dense KV cache (T <= 16) in plain XLA, every platform."""
+
+    platforms: ClassVar[frozenset[str]] = frozenset({"cpu", "gpu", "tpu"})
+    dtypes: ClassVar[frozenset[str]] = frozenset({"float16", "bfloat16", "float32", "float64"})
+    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 1 << 16)
+    features: ClassVar[frozenset[Feature]] = FEATURES
+    # On a CPU "auto" should take the decode calls it accepts. Measured (plugins/vanilla/
+    # benchmarks/decode_cpu.py, docs/decode.md has the command and every figure) at B=8, Hq=32,
+    # Hkv=8, D=128, T=1, causal, full kv_lengths, on the project's 2-core x86 host: float32
+    # 69 ms vs sdpa's 177 ms at S=4096 and 322 vs 774 ms at S=16384; bfloat16 144 vs 218 ms
+    # and 491 vs 652 ms; blockwise and vanilla slower still. It reads the cache in place where
+    # jax.nn's XLA path first copies K and V into another layout. So 60: above sdpa (50), the
+    # generic path auto picked there before, below every kernel plugin (cudnn and the Triton
+    # decode kernel are 100). Off the CPU nothing was measured, so priority_for() puts it at
+    # 5, under blockwise (10) and sdpa: there "auto" never prefers it to a generic path, and
+    # impl="autoregressive_decodeattn" still runs it.
+    priority: ClassVar[int] = 60
+    description: ClassVar[str] = "pure-JAX split-K decode over a dense KV cache (T <= 16), any platform"
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "autoregressive_decodeattn"
+
+    @classmethod
+    def priority_for(cls, device: DeviceInfo) -> int:
+        return cls.priority if device.platform == "cpu" else 5
+
+    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        missing = problem.required_features() - self.features
+        reasons += [WHY_NOT[f] for f in sorted(missing, key=str) if f in WHY_NOT]
+        if problem.seq_q > MAX_DECODE_QUERIES:
+            reasons.append(
+                f"T={problem.seq_q} queries per sequence: autoregressive_decodeattn is the split-K decode path "
+                f"(T <= {MAX_DECODE_QUERIES}: decode steps, speculative decoding); a longer call is a prefill, "
+                "which impl='sdpa', 'blockwise' or 'vanilla' run (impl='auto' picks one)"
+            )
+        return reasons
+
+    def _cut(self, s: int) -> tuple[int, int | None]:
+        """``(num_chunks, step keys)``: metadata.block_k (keys per chunk) and
+        metadata.extra['decode_step_keys'] where set, else the platform's default."""
+        md = self.metadata
+        chunk = md.block_k or (s if self.platform == "cpu" else ACCELERATOR_CHUNK)
+        step = md.extra.get("decode_step_keys")
+        step_keys = s if step is None else min(int(step), s)
+        return max(1, step_keys // max(1, min(chunk, step_keys))), None if step is None else int(step)
+
+    def notes(self, problem: AttentionProblem) -> list[str]:
+        chunks, step = self._cut(problem.seq_k)
+        plan = plan_decode(problem.seq_k, chunks, step)
+        cut = f"{plan.num_chunks} chunk{'s' if plan.num_chunks > 1 else ''} of {plan.chunk} keys"
+        steps = "" if plan.steps == 1 else f" per step, {plan.steps} steps (steps no query sees are skipped)"
+        return [f"split-K over the cache: {cut}{steps}; the query heads of each KV head packed together"]
+
+    def forward_native(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        mask: Any = None,
+        bias: Any = None,
+        init_bias: Callable[[], Any] | None = None,
+        causal: bool = False,
+        **features: Any,
+    ) -> AttentionOutput:
+        if bias is None and init_bias is not None:
+            bias = init_bias()
+        # __call__ declined these already; a direct forward_* call must not drop them either.
+        for feature, present in (
+            (Feature.MASK, mask is not None), (Feature.BIAS, bias is not None),
+            (Feature.SEGMENT_IDS, features.get("q_segment_ids") is not None),
+            (Feature.DROPOUT, bool(features.get("dropout_prob", 0.0))),
+        ):  # fmt: skip
+            if present:
+                raise NotImplementedError(WHY_NOT[feature])
+        if int(q.shape[1]) > MAX_DECODE_QUERIES:
+            raise NotImplementedError(f"autoregressive_decodeattn takes T <= {MAX_DECODE_QUERIES} queries")
+        chunks, step = self._cut(int(k.shape[1]))
+        res = decode_attention(
+            q, k, v, kv_lengths=features.get("kv_lengths"), causal=causal,
+            sliding_window=features.get("sliding_window"), softmax_scale=features.get("softmax_scale"),
+            logits_soft_cap=features.get("logits_soft_cap"), softmax_aux=features.get("softmax_aux"),
+            softmax_dtype=self.metadata.softmax_dtype, num_chunks=chunks, step=step,
+        )  # fmt: skip
+        return AttentionOutput(attention_outputs=res.output, softmax_lse=res.lse)
