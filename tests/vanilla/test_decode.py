@@ -3,9 +3,12 @@ lengths that are not multiples of a chunk or a step, step skipping, registration
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import jax
@@ -20,7 +23,7 @@ from jaxattn.testing.cases import Case, Level
 from jaxattn.testing.conformance import ConformanceSuite
 from jaxattn.testing.quick_jit import quick_jit
 from jaxattn_vanilla.decode import decode_attention, plan_decode
-from jaxattn_vanilla.decode_impl import MAX_DECODE_QUERIES, DecodeAttention
+from jaxattn_vanilla.decode_impl import MAX_DECODE_QUERIES, MAX_STREAMED_ROWS, DecodeAttention
 from jaxattn_vanilla.plugin import DECODE
 
 
@@ -263,6 +266,30 @@ def test_declines_with_reasons_that_name_the_alternatives() -> None:
         _impl()(q, k, v, causal=True)
 
 
+def test_many_rows_per_kv_head_run_blockwise_kernel() -> None:
+    """Past MAX_STREAMED_ROWS rows per KV head the call runs blockwise's kernel, still exactly."""
+    q, k, v = _qkv(2, 8, 30, hq=8, hkv=2)  # 8 queries x 4 heads per KV head = 32 rows
+    n = np.array([30, 11], np.int32)
+    row = next(c for c in jaxattn.explain(q, k, v, impl="autoregressive_decodeattn", causal=True,
+                                          kv_lengths=n).candidates if c.name == "autoregressive_decodeattn")
+    assert "blockwise's tiled kernel" in " ".join(row.notes) and MAX_STREAMED_ROWS < 8 * 4
+    d_out = np.random.default_rng(3).normal(size=q.shape).astype(np.float32)
+    impl = _impl(jaxattn.AttentionMetadata(block_k=4))
+
+    def loss(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+        out = impl(q, k, v, causal=True, kv_lengths=n, sliding_window=(6, 0))
+        return jnp.sum(out.attention_outputs * d_out), out
+
+    grads, out = quick_jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+    kw: dict[str, Any] = {"causal": True, "kv_lengths": n, "sliding_window": (6, 0)}
+    ref = oracle.attention(q, k, v, **kw)
+    _close(out.attention_outputs, ref.output, 1e-5, "output")
+    _close(out.softmax_lse, ref.lse, 1e-5, "lse")
+    back = oracle.attention_backward(q, k, v, d_out, **kw)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, (back.dq, back.dk, back.dv), strict=True):
+        _close(got, want, 1e-4, name)
+
+
 def test_notes_and_metadata_cut() -> None:
     q, k, v = _qkv(1, 1, 40, hq=4, hkv=2)
     row = next(c for c in jaxattn.explain(q, k, v, impl="autoregressive_decodeattn").candidates
@@ -274,3 +301,17 @@ def test_notes_and_metadata_cut() -> None:
     assert "4 chunks of 4 keys per step, 3 steps" in " ".join(row.notes)
     out = _impl(small)(q, k, v).attention_outputs
     _close(out, oracle.attention(q, k, v).output, 1e-5, "small cut")
+
+
+# -- the docs page ---------------------------------------------------------------------------
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the page's example prints the CPU's choice")
+def test_docs_example_runs_and_prints_what_it_says() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "decode.md").read_text()
+    code = "\n".join(body for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", page, re.S | re.M) if lang == "python")
+    promised = re.search(r"^print\(.*\)  # (.*)$", code, re.M)
+    assert promised is not None
+    env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.strip() == promised.group(1)

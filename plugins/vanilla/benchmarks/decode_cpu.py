@@ -9,7 +9,9 @@ checked against vanilla's first.
     python plugins/vanilla/benchmarks/decode_cpu.py --seqs 4096,16384 --dtypes float32,bfloat16
 
 ``--fill 0.25`` gives every sequence ``kv_lengths = fill * S`` (a cache a quarter full);
-``--no-lengths`` calls without kv_lengths. ``--json PATH`` writes the rows.
+``--no-lengths`` calls without kv_lengths; ``--decode-step-keys N`` cuts
+autoregressive_decodeattn's scan into steps of N keys (steps past the lengths are skipped).
+``--json PATH`` writes the rows.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32")
     parser.add_argument("--fill", type=float, default=1.0, help="kv_lengths = fill * S")
     parser.add_argument("--no-lengths", action="store_true", help="call without kv_lengths")
+    parser.add_argument("--decode-step-keys", type=int, default=None)
     parser.add_argument("--impls", default=",".join(IMPLS))
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--json", default=None)
@@ -68,7 +71,11 @@ def bench_one(args: argparse.Namespace, dtype: str, s: int, t: int) -> list[dict
         features["kv_lengths"] = jnp.full((b,), length, jnp.int32)
     fns = {}
     for name in args.impls.split(","):
-        fns[name] = jax.jit(lambda q, k, v, kw, name=name: jaxattn.attention(q, k, v, impl=name, causal=True, **kw))
+        md = jaxattn.AttentionMetadata()
+        if name == "autoregressive_decodeattn" and args.decode_step_keys:
+            md = md.replace(extra={"decode_step_keys": args.decode_step_keys})
+        fns[name] = jax.jit(lambda q, k, v, kw, name=name, md=md: jaxattn.attention(
+            q, k, v, impl=name, causal=True, metadata=md, **kw))
     kw = {n: a for n, a in features.items() if n != "causal"}
     outs = {name: np.asarray(fn(q, k, v, kw).astype(jnp.float32)) for name, fn in fns.items()}
     ref = outs.get("vanilla", next(iter(outs.values())))

@@ -6,6 +6,11 @@ step, speculative decoding) over a dense ``(B, S, Hkv, D)`` cache, optionally ho
 together, K and V read in place (``jaxattn_vanilla.decode``). Gradients come from JAX's
 autodiff of the same code, exactly.
 
+Past ``MAX_STREAMED_ROWS`` query rows per KV head (T * G), the products outweigh the read:
+such calls run ``blockwise``'s kernel (a tiled online softmax whose matrix products XLA
+runs well; it takes the same features, ``kv_lengths`` included, and brings its own exact
+backward). On a CPU that measured faster from 32 rows on (docs/decode.md).
+
 Declined, with reasons: masks, biases and segment ids (the decode path reads none),
 dropout, attention weights, and T > 16 (a prefill: the dense paths tile it better).
 """
@@ -21,9 +26,10 @@ from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 
+from .blockwise import blockwise_attention
 from .decode import decode_attention, plan_decode
 
-__all__ = ["MAX_DECODE_QUERIES", "DecodeAttention"]
+__all__ = ["MAX_DECODE_QUERIES", "MAX_STREAMED_ROWS", "DecodeAttention"]
 
 #: Most queries per sequence: decode steps and speculative decoding. Longer calls are a
 #: prefill, for which the dense paths (sdpa, blockwise) are the better tiling.
@@ -45,6 +51,11 @@ WHY_NOT: dict[Feature, str] = {
     "returns them",
 }
 
+#: Most query rows per KV head (T * Hq / Hkv) the streaming split-K path takes; past it the
+#: call runs blockwise's tiled kernel. On a CPU (B=8, Hq=32, Hkv=8, D=128, S=4096, float32)
+#: 16 rows streamed ran even with blockwise (173 vs 181 ms), 32 rows 28% slower (284 vs 222).
+MAX_STREAMED_ROWS = 16
+
 #: Keys per split-K chunk off the CPU, where nothing was measured: the usual flash-decoding
 #: granularity, so that B * Hkv * (S / 512) independent reductions fill a device.
 ACCELERATOR_CHUNK = 512
@@ -58,14 +69,16 @@ class DecodeAttention(AttentionImpl):
     head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 1 << 16)
     features: ClassVar[frozenset[Feature]] = FEATURES
     # On a CPU "auto" should take the decode calls it accepts. Measured (plugins/vanilla/
-    # benchmarks/decode_cpu.py, docs/decode.md has the command and every figure) at B=8, Hq=32,
-    # Hkv=8, D=128, T=1, causal, full kv_lengths, on the project's 2-core x86 host: float32
-    # 69 ms vs sdpa's 177 ms at S=4096 and 322 vs 774 ms at S=16384; bfloat16 144 vs 218 ms
-    # and 491 vs 652 ms; blockwise and vanilla slower still. It reads the cache in place where
-    # jax.nn's XLA path first copies K and V into another layout. So 60: above sdpa (50), the
-    # generic path auto picked there before, below every kernel plugin (cudnn and the Triton
-    # decode kernel are 100). Off the CPU nothing was measured, so priority_for() puts it at
-    # 5, under blockwise (10) and sdpa: there "auto" never prefers it to a generic path, and
+    # benchmarks/decode_cpu.py; docs/decode.md has the commands and every figure) at B=8,
+    # Hq=32, Hkv=8, D=128, causal, full kv_lengths, on the project's shared 2-core x86 host,
+    # fastest of 9 runs, ms: T=1 float32 94 vs sdpa 299 / vanilla 264 / blockwise 135 at
+    # S=4096 and 464 vs 1407 / 1245 / 503 at S=16384; T=1 bfloat16 168 vs 231 / 214 / 291 and
+    # 721 vs 855 / 768 / 1161; T=8 and 16 (run by blockwise's kernel, see MAX_STREAMED_ROWS)
+    # 225 vs 460 and 281 vs 548 (sdpa). It reads the cache in place where jax.nn's XLA path
+    # first copies K and V into another layout. So 60: above sdpa (50), the generic path
+    # "auto" picked there before, below every kernel plugin (cudnn and the Triton decode
+    # kernel are 100). Off the CPU nothing was measured, so priority_for() puts it at 5,
+    # under blockwise (10) and sdpa: there "auto" never prefers it to a generic path, and
     # impl="autoregressive_decodeattn" still runs it.
     priority: ClassVar[int] = 60
     description: ClassVar[str] = "pure-JAX split-K decode over a dense KV cache (T <= 16), any platform"
@@ -100,6 +113,9 @@ class DecodeAttention(AttentionImpl):
         return max(1, step_keys // max(1, min(chunk, step_keys))), None if step is None else int(step)
 
     def notes(self, problem: AttentionProblem) -> list[str]:
+        rows = problem.seq_q * problem.group_size
+        if rows > MAX_STREAMED_ROWS:
+            return [f"{rows} query rows per KV head (> {MAX_STREAMED_ROWS}): blockwise's tiled kernel runs it"]
         chunks, step = self._cut(problem.seq_k)
         plan = plan_decode(problem.seq_k, chunks, step)
         cut = f"{plan.num_chunks} chunk{'s' if plan.num_chunks > 1 else ''} of {plan.chunk} keys"
@@ -129,6 +145,14 @@ class DecodeAttention(AttentionImpl):
                 raise NotImplementedError(WHY_NOT[feature])
         if int(q.shape[1]) > MAX_DECODE_QUERIES:
             raise NotImplementedError(f"autoregressive_decodeattn takes T <= {MAX_DECODE_QUERIES} queries")
+        if int(q.shape[1]) * (int(q.shape[2]) // int(k.shape[2])) > MAX_STREAMED_ROWS:
+            res = blockwise_attention(
+                q, k, v, kv_lengths=features.get("kv_lengths"), causal=causal,
+                sliding_window=features.get("sliding_window"), softmax_scale=features.get("softmax_scale"),
+                logits_soft_cap=features.get("logits_soft_cap"), softmax_aux=features.get("softmax_aux"),
+                softmax_dtype=self.metadata.softmax_dtype, block_k=self.metadata.block_k,
+            )  # fmt: skip
+            return AttentionOutput(attention_outputs=res.output, softmax_lse=res.lse)
         chunks, step = self._cut(int(k.shape[1]))
         res = decode_attention(
             q, k, v, kv_lengths=features.get("kv_lengths"), causal=causal,
