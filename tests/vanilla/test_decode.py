@@ -290,6 +290,34 @@ def test_many_rows_per_kv_head_run_blockwise_kernel() -> None:
         _close(got, want, 1e-4, name)
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU's choice")
+def test_a_cache_at_most_half_full_runs_blockwise_tiles() -> None:
+    """On a CPU, with kv_lengths, the pass over the cache or blockwise's tiles is chosen at run
+    time by the longest sequence; both give the oracle's output and gradients."""
+    q, k, v = _qkv(2, 2, 2048, hq=4, hkv=2)
+    d_out = np.random.default_rng(4).normal(size=q.shape).astype(np.float32)
+    impl = _impl()
+    row = next(c for c in jaxattn.explain(q, k, v, impl="autoregressive_decodeattn", causal=True,
+                                          kv_lengths=np.array([1, 2], np.int32)).candidates
+               if c.name == "autoregressive_decodeattn")
+    assert "at most half the cache" in " ".join(row.notes)
+
+    def loss(q: Any, k: Any, v: Any, n: Any) -> tuple[Any, Any]:
+        out = impl(q, k, v, causal=True, kv_lengths=n, softmax_aux=jnp.ones((4,)))
+        return jnp.sum(out.attention_outputs * d_out), out
+
+    run = quick_jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))
+    for lengths in ((300, 1024), (2048, 5), (0, 0)):  # tiles, one pass, tiles (nothing to see)
+        n = np.asarray(lengths, np.int32)
+        grads, out = run(q, k, v, n)
+        kw: dict[str, Any] = {"causal": True, "kv_lengths": n, "softmax_aux": np.ones((4,))}
+        _close(out.attention_outputs, oracle.attention(q, k, v, **kw).output, 1e-5, f"output {lengths}")
+        _close(out.softmax_lse, oracle.attention(q, k, v, **kw).lse, 1e-5, f"lse {lengths}")
+        back = oracle.attention_backward(q, k, v, d_out, **kw)
+        for name, got, want in zip(("dq", "dk", "dv"), grads, (back.dq, back.dk, back.dv), strict=True):
+            _close(got, want, 1e-4, f"{name} {lengths}")
+
+
 def test_notes_and_metadata_cut() -> None:
     q, k, v = _qkv(1, 1, 40, hq=4, hkv=2)
     row = next(c for c in jaxattn.explain(q, k, v, impl="autoregressive_decodeattn").candidates

@@ -6,10 +6,15 @@ step, speculative decoding) over a dense ``(B, S, Hkv, D)`` cache, optionally ho
 together, K and V read in place (``jaxattn_vanilla.decode``). Gradients come from JAX's
 autodiff of the same code, exactly.
 
-Past ``MAX_STREAMED_ROWS`` query rows per KV head (T * G), the products outweigh the read:
-such calls run ``blockwise``'s kernel (a tiled online softmax whose matrix products XLA
-runs well; it takes the same features, ``kv_lengths`` included, and brings its own exact
-backward). On a CPU that measured faster from 32 rows on (docs/decode.md).
+Two kinds of call run ``blockwise``'s kernel instead (a tiled online softmax whose matrix
+products XLA runs well; it takes the same features, ``kv_lengths`` included, and brings its
+own exact backward), where that measured faster on a CPU (docs/decode.md):
+
+* past ``MAX_STREAMED_ROWS`` query rows per KV head (T * G), where the products outweigh the
+  read;
+* on a CPU, a call with ``kv_lengths`` whose longest sequence fills at most half the cache,
+  chosen at run time (``lax.cond``; both programs are compiled): blockwise's key loops stop
+  at the longest sequence, where one pass over the cache reads all of it.
 
 Declined, with reasons: masks, biases and segment ids (the decode path reads none),
 dropout, attention weights, and T > 16 (a prefill: the dense paths tile it better).
@@ -20,13 +25,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import jax
+import jax.numpy as jnp
+
 from jaxattn.capabilities import Feature
 from jaxattn.device import DeviceInfo
 from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 
-from .blockwise import blockwise_attention
+from .blockwise import DEFAULT_BLOCK_K, blockwise_attention
 from .decode import decode_attention, plan_decode
 
 __all__ = ["MAX_DECODE_QUERIES", "MAX_STREAMED_ROWS", "DecodeAttention"]
@@ -120,7 +128,11 @@ class DecodeAttention(AttentionImpl):
         plan = plan_decode(problem.seq_k, chunks, step)
         cut = f"{plan.num_chunks} chunk{'s' if plan.num_chunks > 1 else ''} of {plan.chunk} keys"
         steps = "" if plan.steps == 1 else f" per step, {plan.steps} steps (steps no query sees are skipped)"
-        return [f"split-K over the cache: {cut}{steps}; the query heads of each KV head packed together"]
+        notes = [f"split-K over the cache: {cut}{steps}; the query heads of each KV head packed together"]
+        if self._skips_by_tiles(problem.seq_k, problem.kv_lengths):
+            notes.append("when the longest sequence fills at most half the cache: blockwise's tiles up to it "
+                         "(chosen at run time)")
+        return notes
 
     def forward_native(
         self,
@@ -145,19 +157,37 @@ class DecodeAttention(AttentionImpl):
                 raise NotImplementedError(WHY_NOT[feature])
         if int(q.shape[1]) > MAX_DECODE_QUERIES:
             raise NotImplementedError(f"autoregressive_decodeattn takes T <= {MAX_DECODE_QUERIES} queries")
+        lengths = features.get("kv_lengths")
+        common: dict[str, Any] = {
+            "kv_lengths": lengths, "causal": causal, "sliding_window": features.get("sliding_window"),
+            "softmax_scale": features.get("softmax_scale"), "logits_soft_cap": features.get("logits_soft_cap"),
+            "softmax_aux": features.get("softmax_aux"), "softmax_dtype": self.metadata.softmax_dtype,
+        }
+
+        def tiled() -> tuple[Any, Any]:
+            res = blockwise_attention(q, k, v, block_k=self.metadata.block_k, **common)
+            return res.output, res.lse
+
         if int(q.shape[1]) * (int(q.shape[2]) // int(k.shape[2])) > MAX_STREAMED_ROWS:
-            res = blockwise_attention(
-                q, k, v, kv_lengths=features.get("kv_lengths"), causal=causal,
-                sliding_window=features.get("sliding_window"), softmax_scale=features.get("softmax_scale"),
-                logits_soft_cap=features.get("logits_soft_cap"), softmax_aux=features.get("softmax_aux"),
-                softmax_dtype=self.metadata.softmax_dtype, block_k=self.metadata.block_k,
-            )  # fmt: skip
-            return AttentionOutput(attention_outputs=res.output, softmax_lse=res.lse)
-        chunks, step = self._cut(int(k.shape[1]))
-        res = decode_attention(
-            q, k, v, kv_lengths=features.get("kv_lengths"), causal=causal,
-            sliding_window=features.get("sliding_window"), softmax_scale=features.get("softmax_scale"),
-            logits_soft_cap=features.get("logits_soft_cap"), softmax_aux=features.get("softmax_aux"),
-            softmax_dtype=self.metadata.softmax_dtype, num_chunks=chunks, step=step,
-        )  # fmt: skip
-        return AttentionOutput(attention_outputs=res.output, softmax_lse=res.lse)
+            out, lse = tiled()
+            return AttentionOutput(attention_outputs=out, softmax_lse=lse)
+        s = int(k.shape[1])
+        chunks, step = self._cut(s)
+
+        def streamed() -> tuple[Any, Any]:
+            res = decode_attention(q, k, v, num_chunks=chunks, step=step, **common)
+            return res.output, res.lse
+
+        if self._skips_by_tiles(s, lengths is not None):
+            # A cache at most half full: blockwise's loops stop at the longest sequence.
+            lengths = jnp.clip(jnp.asarray(lengths).astype(jnp.int32), 0, s)
+            out, lse = jax.lax.cond(2 * jnp.max(lengths) <= s, tiled, streamed)
+        else:
+            out, lse = streamed()
+        return AttentionOutput(attention_outputs=out, softmax_lse=lse)
+
+    def _skips_by_tiles(self, s: int, lengths: bool) -> bool:
+        """Whether a call with kv_lengths chooses at run time between one pass over the cache and
+        blockwise's tiles (on a CPU, without a step override, for caches of two tiles or more)."""
+        return (lengths and self.platform == "cpu" and "decode_step_keys" not in self.metadata.extra
+                and s >= 2 * (self.metadata.block_k or DEFAULT_BLOCK_K))
