@@ -61,7 +61,7 @@ WHY_NOT: dict[Feature, str] = {
 
 #: Most query rows per KV head (T * Hq / Hkv) the streaming split-K path takes; past it the
 #: call runs blockwise's tiled kernel. On a CPU (B=8, Hq=32, Hkv=8, D=128, S=4096, float32)
-#: 16 rows streamed ran even with blockwise (173 vs 181 ms), 32 rows 28% slower (284 vs 222).
+#: 16 rows streamed ran even with blockwise (117 vs 121 ms), 32 rows 28% slower (284 vs 222).
 MAX_STREAMED_ROWS = 16
 
 #: Keys per split-K chunk off the CPU, where nothing was measured: the usual flash-decoding
@@ -77,17 +77,17 @@ class DecodeAttention(AttentionImpl):
     head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 1 << 16)
     features: ClassVar[frozenset[Feature]] = FEATURES
     # On a CPU "auto" should take the decode calls it accepts. Measured (plugins/vanilla/
-    # benchmarks/decode_cpu.py; docs/decode.md has the commands and every figure) at B=8,
-    # Hq=32, Hkv=8, D=128, causal, full kv_lengths, on the project's shared 2-core x86 host,
-    # fastest of 9 runs, ms: T=1 float32 94 vs sdpa 299 / vanilla 264 / blockwise 135 at
-    # S=4096 and 464 vs 1407 / 1245 / 503 at S=16384; T=1 bfloat16 168 vs 231 / 214 / 291 and
-    # 721 vs 855 / 768 / 1161; T=8 and 16 (run by blockwise's kernel, see MAX_STREAMED_ROWS)
-    # 225 vs 460 and 281 vs 548 (sdpa). It reads the cache in place where jax.nn's XLA path
-    # first copies K and V into another layout. So 60: above sdpa (50), the generic path
-    # "auto" picked there before, below every kernel plugin (cudnn and the Triton decode
-    # kernel are 100). Off the CPU nothing was measured, so priority_for() puts it at 5,
-    # under blockwise (10) and sdpa: there "auto" never prefers it to a generic path, and
-    # impl="autoregressive_decodeattn" still runs it.
+    # benchmarks/decode_cpu.py; docs/decode.md has the commands and the whole table) at B=8,
+    # Hq=32, Hkv=8, D=128, causal, kv_lengths, on the project's shared 2-core AMD EPYC host,
+    # fastest of 9 runs, ms, this vs sdpa / blockwise / vanilla: T=1 float32 56 vs 155 / 82 /
+    # 145 at S=4096 and 251 vs 647 / 265 / 570 at S=16384; T=1 bfloat16 105 vs 118 / 175 / 126
+    # and 476 vs 525 / 718 / 487; T=4 117 vs 201 / 121 / 194; T=16 (blockwise's kernel) 184 vs
+    # 296 / 193 / 289; a quarter-full S=16384 cache (blockwise's tiles) 114 vs 741 / 149 / 628.
+    # It reads the cache in place where jax.nn's XLA path first copies K and V into another
+    # layout. So 60: above sdpa (50), the path "auto" picked there before, below every kernel
+    # plugin (cudnn and the Triton decode kernel are 100). Off the CPU nothing was measured,
+    # so priority_for() puts it at 5, under blockwise (10) and sdpa: there "auto" never
+    # prefers it to a generic path, and impl="autoregressive_decodeattn" still runs it.
     priority: ClassVar[int] = 60
     description: ClassVar[str] = "pure-JAX split-K decode over a dense KV cache (T <= 16), any platform"
 
