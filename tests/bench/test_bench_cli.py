@@ -97,14 +97,52 @@ def test_serving_bench_reports_bandwidth_for_paged_and_dense_decode(tmp_path: Pa
     report = json.loads(path.read_text())
     rows = {(r["shape"]["label"], r["backend"]): r for r in report["results"]}
     decode = "B4 ctx96 H4/2 D32 page16"
-    for backend in ("page_attention", "ragged_page_attention_v3", "auto", "vanilla (dense)", "memory read"):
+    # On a CPU the one paged backend is jaxattn-vanilla's reference (the mechanism names are its aliases).
+    for backend in ("vanilla_paged", "auto", "vanilla (dense)", "autoregressive_decodeattn (dense)", "memory read"):
         row = rows[(decode, backend)]
         assert row["status"] == "ok" and row["median_ms"] > 0, row
         # bytes of K and V: 4 sequences x 96 tokens x 2 heads x (K + V) x 32 dims x 4 bytes
         assert row["gbps"] == pytest.approx(4 * 96 * 2 * 2 * 32 * 4 / (row["median_ms"] * 1e-3) / 1e9)
-    assert rows[(decode, "page_attention")]["ratio"] == pytest.approx(1.0)  # the CPU reference
+    assert rows[(decode, "vanilla_paged")]["ratio"] == pytest.approx(1.0)  # the CPU reference
+    assert rows[(decode, "auto")]["note"] == "-> vanilla_paged"
     assert rows[(decode, "pallas_gpu_paged")]["status"] == "declined"
+    assert "needs a CUDA GPU" in rows[(decode, "pallas_gpu_paged")]["reason"]
     mixed = next(label for label, _ in rows if "prefill" in label)
-    assert rows[(mixed, "ragged_page_attention_v3 separate")]["status"] == "ok"
-    assert rows[(mixed, "page_attention")]["status"] == "declined"
-    assert "ragged batches" in rows[(mixed, "page_attention")]["reason"]
+    for backend in ("vanilla_paged", "vanilla_paged separate", "auto"):
+        assert rows[(mixed, backend)]["status"] == "ok", rows[(mixed, backend)]
+    assert rows[(mixed, "vanilla_paged separate")]["note"] == "two calls"
+    assert (mixed, "vanilla (dense)") not in rows  # dense decode only beside decode shapes
+
+
+def test_serving_bench_takes_mechanism_names_and_refuses_unknown_ones(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``--impls`` names rows as asked, aliases included: page_attention resolves to the CPU's
+    reference, under its own name; a name nothing registers is an error, not an empty table."""
+    path = tmp_path / "serving.json"
+    assert main(["bench", "--serving", "--quick", "--repeats", "2", "--no-auto", "--json", str(path), "--plain",
+                 "--impls", "page_attention,ragged_page_attention_v3,autoregressive_decodeattn"]) == 0
+    capsys.readouterr()
+    report = json.loads(path.read_text())
+    backends = {r["backend"] for r in report["results"]}
+    assert {"page_attention", "ragged_page_attention_v3", "autoregressive_decodeattn (dense)"} <= backends
+    assert not backends & {"vanilla_paged", "auto", "vanilla (dense)"}
+    decode = [r for r in report["results"] if r["shape"]["label"] == "B4 ctx96 H4/2 D32 page16"]
+    assert {r["backend"]: r["status"] for r in decode}["page_attention"] == "ok"
+    assert next(r for r in decode if r["backend"] == "page_attention")["ratio"] == pytest.approx(1.0)
+
+    assert main(["bench", "--serving", "--quick", "--impls", "page_atention", "--plain"]) == 2
+    assert "no impl named page_atention is registered" in capsys.readouterr().err
+
+
+def test_serving_bench_keeps_to_its_time_budget_and_says_what_it_skipped(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--time-budget`` starts no new shape once spent: each one left is one ``skipped`` row, in the
+    table and the JSON; progress goes to stderr, one line per row."""
+    path = tmp_path / "serving.json"
+    assert main(["bench", "--serving", "--quick", "--time-budget", "0", "--json", str(path), "--plain"]) == 0
+    out, err = capsys.readouterr()
+    rows = json.loads(path.read_text())["results"]
+    assert len(rows) == 3 and {r["status"] for r in rows} == {"skipped"}, rows
+    assert all(r["backend"] == "(every backend)" and "time budget of 0 s" in r["reason"] for r in rows)
+    assert "skipped: time budget" in out
+    assert err.count("| (every backend): skipped") == 3

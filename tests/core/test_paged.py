@@ -172,6 +172,33 @@ def test_auto_picks_within_the_kind_and_explain_shows_only_paged_impls() -> None
     assert any("ragged batches" in r for c in ragged.candidates if c.name == "page_decode" for r in c.reasons)
 
 
+class TpuPageAttention(PagedReference):
+    """Another platform's provider of a mechanism name, as jaxattn-pallas' page_attention is."""
+
+    platforms: ClassVar = frozenset({"tpu"})
+    priority: ClassVar[int] = 50
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "page_attention"
+
+
+def test_explain_by_name_shows_the_provider_that_serves_the_name_here() -> None:
+    # The TPU kernel registers page_attention first; on this CPU the name is vanilla_paged's alias,
+    # and an explicit choice must explain (and the bench time) that one, not "nothing can run".
+    k, v = cache()
+    table, lengths = jnp.asarray([[3, 1, 0], [5, 2, 7]], jnp.int32), jnp.asarray([9, 6], jnp.int32)
+    with isolated_registry(discover=False):
+        jaxattn.register_impl(TpuPageAttention)
+        jaxattn.register_impl(PagedReference)
+        explained = jaxattn.explain_paged(jnp.ones((2, 4, 8)), k, v, table, lengths, impl="page_attention")
+        assert explained.requested == "page_attention" and explained.chosen == "vanilla_paged"
+        assert [c.name for c in explained.candidates if c.chosen] == ["vanilla_paged"]
+        tpu = jaxattn.explain_paged(jnp.ones((2, 4, 8)), k, v, table, lengths, impl="page_attention",
+                                    metadata=jaxattn.AttentionMetadata(platform="tpu", interpret=True))
+        assert tpu.chosen == "page_attention"
+
+
 def test_paged_calls_are_forward_only_and_refuse_gradients_with_a_reason() -> None:
     a = ragged_args()
 

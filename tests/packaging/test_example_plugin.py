@@ -45,10 +45,15 @@ except jaxattn.UnsupportedError as err:
 else:
     raise AssertionError("the example impl silently accepted a sliding window")
 
-# auto prefers the real backends: the example declares the lowest priority (jaxattn-vanilla
-# brings blockwise, priority 10, and vanilla, priority 0).
-chosen = jaxattn.explain(q, k, v).chosen
-assert chosen == "blockwise", chosen
+# auto prefers the real backends: the example declares the lowest priority. jaxattn-vanilla
+# brings autoregressive_decodeattn (priority 60 on a CPU, calls of T <= 16 queries: this one
+# has 12), blockwise (10, every length: a prefill of 64 queries) and vanilla (0).
+for t, expected in ((12, "autoregressive_decodeattn"), (64, "blockwise")):
+    qt = jax.random.normal(keys[0], (2, t, 4, 16))
+    explained = jaxattn.explain(qt, k, v, causal=True)
+    assert explained.chosen == expected, (t, explained.chosen)
+    accepted = [c.name for c in explained.candidates if c.accepted or c.chosen]
+    assert accepted[-1] == "example", (t, accepted)
 print("example plugin ok")
 """
 

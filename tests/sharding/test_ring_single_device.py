@@ -46,11 +46,14 @@ def test_declined_features_say_why(features: dict[str, Any], expected: str) -> N
 
 
 def test_the_block_kernel_is_the_best_impl_here_that_returns_its_lse() -> None:
-    # On a CPU: blockwise (priority 10, returns a differentiable lse); sdpa's jax.nn path has no
-    # lse, vanilla ranks below blockwise.
+    # On a CPU, for a prefill-sized block: blockwise (priority 10, returns a differentiable lse);
+    # sdpa's jax.nn path has no lse, vanilla ranks below blockwise. Blocks of T <= 16 queries
+    # (Q's 16) go to autoregressive_decodeattn, which also returns its lse and ranks 60 there.
     ring = jaxattn.get_impl("ring", ring_of_one())
     assert isinstance(ring, RingAttention)
-    assert ring.block_kernel(Q, Q, Q, causal=True).name() == "blockwise"
+    long_q = jax.ShapeDtypeStruct((2, 64, 4, 8), np.float32)
+    assert ring.block_kernel(long_q, long_q, long_q, causal=True).name() == "blockwise"
+    assert ring.block_kernel(Q, Q, Q, causal=True).name() == "autoregressive_decodeattn"
     pinned = jaxattn.get_impl("ring", ring_of_one(ring_block_impl="vanilla"))
     assert isinstance(pinned, RingAttention)
     assert pinned.block_kernel(Q, Q, Q, causal=True).name() == "vanilla"

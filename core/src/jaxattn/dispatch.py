@@ -400,8 +400,13 @@ def explain_problem(problem: Problem, *, impl: str | AttentionMechanisms | None 
     if requested == AttentionMechanisms.AUTO.value:
         chosen = auto_choice
     else:
-        target = registry().providers_of(requested)
-        name = target[0].name if target else requested
+        # The provider this name resolves to here (an alias may name another platform's kernel
+        # first: on a CPU page_attention is jaxattn-vanilla's vanilla_paged).
+        platform, vendor = resolve_platform(md, detect_device())
+        try:
+            name = registry().resolve(requested, platform, vendor).name
+        except JaxattnError:  # not served here, or two providers conflict: no row here matches
+            name = requested
         match = [c for c in rows if c.here and c.name == name]
         chosen = name if match and match[0].accepted else None
         rows = [dataclasses.replace(c, chosen=c.here and c.name == chosen) for c in rows]

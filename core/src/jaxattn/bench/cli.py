@@ -192,23 +192,50 @@ def _run_serving(args: argparse.Namespace, metadata: AttentionMetadata, platform
     from ..cli._output import Printer, dump_json
     from ..device import detect_device
     from ..lookup import available_here
-    from .serving import run_serving, serving_matrix, serving_table
+    from ..plugins import registry
+    from .serving import ServingResult, run_serving, serving_matrix, serving_table
 
     dtype = args.dtype or ("float32" if platform == "cpu" else "bfloat16")
     shapes = serving_matrix(quick=args.quick or platform == "cpu", dtype=dtype)
-    paged_here = [p.name for p in available_here(metadata, kind="paged")]
-    dense_here = [p.name for p in available_here(metadata, kind="dense") if p.name != "ring"]
-    wanted = set(args.impls or paged_here + dense_here)
-    paged = [n for n in paged_here if n in wanted] + ([] if args.no_auto else ["auto"])
-    dense = [n for n in dense_here if n in wanted]
+    if args.impls:
+        # Names as given, aliases included (on a CPU page_attention is vanilla_paged's alias),
+        # each a row of its own; its op kind says which calls time it.
+        kinds = {n: {p.kind for p in registry().providers_of(n)} for n in args.impls if n != "auto"}
+        unknown = sorted(n for n, k in kinds.items() if not k)
+        if unknown:
+            print(f"jaxattn bench: error: --impls: no impl named {', '.join(unknown)} is registered "
+                  "(jaxattn list shows every name)", file=sys.stderr)
+            return 2
+        paged = [n for n, k in kinds.items() if "paged" in k]
+        dense = [n for n, k in kinds.items() if "dense" in k]
+    else:
+        paged = [p.name for p in available_here(metadata, kind="paged")]
+        dense = [p.name for p in available_here(metadata, kind="dense") if p.name != "ring"]
+    paged += [] if args.no_auto else ["auto"]
     printer = Printer.from_args(args)
     if args.json != "-":
         printer.line(f"jaxattn bench --serving: {len(shapes)} shapes; paged {', '.join(paged)}; dense decode "
                      f"{', '.join(dense)}")
     start = time.perf_counter()
-    results = run_serving(shapes, paged=paged, dense=dense, metadata=metadata, repeats=args.repeats,
-                          reference=args.reference, min_sample_ms=args.min_sample_ms, preroll_ms=args.preroll_ms)
     device = detect_device().label
+    done: list[ServingResult] = []
+
+    def on_result(result: ServingResult) -> None:
+        # One progress line per row (stderr), and the JSON so far: a run cut short keeps its shapes.
+        done.append(result)
+        if args.progress != "none":
+            figure = (f"{result.median_ms:.3f} ms, {result.gbps:.0f} GB/s" if result.ok and result.median_ms
+                      and result.gbps else f"{result.status}: {result.reason}"[:120])
+            print(f"[{time.perf_counter() - start:6.0f} s] {result.shape.label} | {result.backend}: {figure}",
+                  file=sys.stderr, flush=True)
+        if args.json not in (None, "-"):
+            partial = {"device": device, "kind": "serving", "results": [r.to_dict() for r in done],
+                       "elapsed_s": time.perf_counter() - start, "notes": ["partial: run in progress"]}
+            Path(args.json).write_text(json.dumps(partial, indent=1, default=str) + "\n")
+
+    results = run_serving(shapes, paged=paged, dense=dense, metadata=metadata, repeats=args.repeats,
+                          reference=args.reference, min_sample_ms=args.min_sample_ms, preroll_ms=args.preroll_ms,
+                          time_budget_s=args.time_budget, on_result=on_result)
     report = {"device": device, "kind": "serving", "results": [r.to_dict() for r in results],
               "elapsed_s": time.perf_counter() - start}
     if args.json == "-":

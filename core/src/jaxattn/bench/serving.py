@@ -33,6 +33,9 @@ __all__ = ["ServingResult", "ServingShape", "run_serving", "serving_matrix"]
 
 READ_PEAK = "memory read"
 PALLAS_GPU_PAGED = "pallas_gpu_paged"
+#: The rows ratios are taken against, first that ran: cuDNN's dense decode on NVIDIA GPUs, the
+#: paged kernel where one serves page_attention, the pure-JAX paged reference elsewhere.
+REFERENCES = ("cudnn (dense)", "page_attention", "vanilla_paged")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,14 +303,29 @@ def _candidates(shape: ServingShape, md: AttentionMetadata, paged: Sequence[str]
 def run_serving(shapes: Sequence[ServingShape], *, paged: Sequence[str], dense: Sequence[str],
                 metadata: AttentionMetadata, repeats: int = 10, reference: str | None = None,
                 min_sample_ms: float | None = None, preroll_ms: float | None = None,
+                time_budget_s: float | None = None,
                 on_result: Callable[[ServingResult], None] | None = None) -> list[ServingResult]:
     """Time every backend on every shape; ratios against ``reference`` (default: the first of
-    cudnn (dense), page_attention, then the first that ran)."""
+    ``REFERENCES`` that ran, else the first row that ran).
+
+    After ``time_budget_s`` no new shape starts: each one left is a single ``skipped`` row.
+    ``on_result`` sees every row of a shape once the shape is done (to rewrite a JSON file, so
+    that a run cut short keeps what it finished).
+    """
     default_sample, default_preroll = platform_defaults(platform_of(metadata))
     sample_ms = default_sample if min_sample_ms is None else min_sample_ms
     roll_ms = default_preroll if preroll_ms is None else preroll_ms
     results: list[ServingResult] = []
-    for shape in shapes:
+    start = time.perf_counter()
+    for i, shape in enumerate(shapes):
+        spent = time.perf_counter() - start
+        if time_budget_s is not None and spent > time_budget_s:
+            skipped = ServingResult(shape, "(every backend)", "skipped",
+                                    f"time budget of {time_budget_s:.0f} s spent after {i} shapes ({spent:.0f} s)")
+            results.append(skipped)
+            if on_result is not None:
+                on_result(skipped)
+            continue
         arrays = _inputs(shape)
         timed: list[tuple[ServingResult, Program, tuple[Any, ...], int, int]] = []
         for name, make in _candidates(shape, metadata, paged, dense, arrays):
@@ -341,7 +359,7 @@ def _summarise(shape: ServingShape, rows: list[ServingResult], reference: str | 
             r.median_ms = median(r.times_ms)
             r.gbps = shape.kv_bytes() / (r.median_ms * 1e-3) / 1e9
     ran = {r.backend: r for r in rows if r.ok and r.median_ms}
-    ref_name = reference or next((n for n in ("cudnn (dense)", "page_attention") if n in ran),
+    ref_name = reference or next((n for n in REFERENCES if n in ran),
                                  next((n for n in ran if n != READ_PEAK), None))
     ref = ran.get(ref_name or "")
     peak = ran.get(READ_PEAK)
@@ -355,7 +373,7 @@ def _summarise(shape: ServingShape, rows: list[ServingResult], reference: str | 
 def serving_table(results: Sequence[ServingResult], device: str, reference: str | None = None) -> Any:
     from ..cli._output import Table
 
-    ref = reference or "cudnn (dense), else page_attention"
+    ref = reference or ", else ".join(REFERENCES)
     table = Table(f"Serving attention on {device}: time, K/V bytes read per second, and ratios (vs {ref}: "
                   "its time / this time; of read: GB/s / the memory-read GB/s)",
                   ["shape", "backend", "ms", "GB/s", "vs ref", "of read", "note"])
