@@ -5,7 +5,9 @@
 #   tests     the GPU tests of the dense and serving backends (cuDNN, Triton, serving)
 #   paged     benchmarks/triton_paged_check.py: numerics and bandwidth of the Triton paged kernels
 #   sweep     benchmarks/triton_paged_check.py --sweep: tiles and key splits of the paged kernel
-#   serving   jaxattn bench --serving: every serving backend side by side (GB/s)
+#   serving   jaxattn bench --serving: every serving backend side by side (GB/s); SERVING_S budget,
+#             SERVING_IMPLS backends
+#   info      jaxattn info and jaxattn list (what is installed and usable on this machine)
 #   dense     jaxattn bench on the D=128 flash targets (regression check of the dense kernels)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -32,12 +34,17 @@ for stage in "$@"; do
         --json "$OUT/sweep.json" > "$OUT/sweep.txt" 2>&1
       grep -E "sweep ps" "$OUT/sweep.txt" | sort -t: -k2 | head -n 120 ;;
     serving)
-      python3 -m jaxattn bench --serving --plain --json "$OUT/serving.json" > "$OUT/serving.txt" 2>&1
-      cat "$OUT/serving.txt" | cut -c1-220 ;;
+      # SERVING_IMPLS limits the backends (names or aliases); the JSON is rewritten per shape.
+      python3 -m jaxattn bench --serving --plain --progress plain --time-budget "${SERVING_S:-450}" \
+        ${SERVING_IMPLS:+--impls "$SERVING_IMPLS"} --json "$OUT/serving.json" > "$OUT/serving.txt" 2> "$OUT/serving.log"
+      cut -c1-220 "$OUT/serving.txt" ;;
     dense)
       python3 -m jaxattn bench --head-dims 128 --seqs 4k,16k --gqa 4 --progress plain --time-budget 240 \
         --json "$OUT/bench.json" > "$OUT/bench.txt" 2> "$OUT/bench.log"
       cat "$OUT/bench.txt" | cut -c1-220 ;;
+    info)
+      { python3 -m jaxattn info; python3 -m jaxattn list; } > "$OUT/info.txt" 2>&1
+      cut -c1-200 "$OUT/info.txt" ;;
     *) echo "unknown stage $stage" ;;
   esac
   echo "stage $stage took $(( $(date +%s) - start )) s"
