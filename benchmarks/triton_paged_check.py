@@ -806,19 +806,30 @@ SWEEP_TILES = [(32, 4, 4), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 3), (128
 # Key splits tried on every shape besides the default's: at 64 sequences the default is one
 # split (512 programs for 132 SMs), where finer work may balance the waves better.
 SWEEP_SPLITS = (1, 2, 3, 4, 6, 8)
+#: --sweep-shapes: (page_size, batch, context) to sweep instead of the default three.
+SWEEP_SHAPES: list[tuple[int, int, int]] = []
 
 
 def sweep() -> None:
     rows = []
     dt = dtype_under_test()
     itemsize = jnp.dtype(dt).itemsize
-    shapes = [(8, 2, 64)] if SMOKE else [(16, 64, 8192), (64, 64, 32768), (16, 16, 8192)]
+    shapes = SWEEP_SHAPES or ([(8, 2, 64)] if SMOKE else [(16, 64, 8192), (64, 64, 32768), (16, 16, 8192)])
     tiles = SWEEP_TILES[:2] if SMOKE else SWEEP_TILES
     for ps, batch, ctx in shapes:
         try:
-            k, v, table = paged_cache(batch, ctx, ps, dt, 21)
             q = jnp.asarray(np.random.default_rng(0).standard_normal((batch, 1, HQ, D)), dt)
             lens = jnp.full((batch,), ctx, jnp.int32)
+            if not SMOKE:  # the bar, in this run: cuDNN's dense decode over the same number of tokens
+                kd, vd = filled((batch, ctx, HKV, D), dt, 6), filled((batch, ctx, HKV, D), dt, 7)
+                sec = time_fn(jax.jit(lambda q, k, v, n: jax.nn.dot_product_attention(
+                    q, k, v, key_value_seq_lengths=n, implementation="cudnn")), q, kd, vd, lens)
+                free(kd, vd)
+                nb = kv_bytes(batch, ctx, itemsize)
+                rows.append({"name": f"ps={ps} B={batch} ctx={ctx} cudnn dense", "us": sec * 1e6,
+                             "GBps": nb / sec / 1e9})
+                log(f"sweep ps={ps} B={batch} ctx={ctx} cudnn dense: {sec * 1e6:.1f} us {nb / sec / 1e9:.0f} GB/s")
+            k, v, table = paged_cache(batch, ctx, ps, dt, 21)
             spec = LP.PagedSpec(
                 num_tokens=batch, max_seqs=batch, q_len=1, heads_q=HQ, heads_kv=HKV, head_dim=D, head_dim_v=D,
                 dtype=jnp.dtype(dt).name, num_pages=int(k.shape[0]), page_size=ps, pages_per_seq=ctx // ps,
@@ -930,7 +941,12 @@ def main() -> None:
         "--deadline-s", type=float, default=540.0,
         help="skip the remaining measurements after this many seconds (default 540; 0: no limit)",
     )  # fmt: skip
+    ap.add_argument("--sweep-shapes", default="", metavar="PS,B,CTX;...",
+                    help="shapes for --sweep (page size, sequences, context), e.g. '16,16,8192;16,64,2048'")
     args = ap.parse_args()
+    for part in filter(None, args.sweep_shapes.split(";")):
+        ps, batch, ctx = (int(x) for x in part.split(","))
+        SWEEP_SHAPES.append((ps, batch, ctx))
     global DEADLINE
     DEADLINE = time.monotonic() + args.deadline_s if args.deadline_s > 0 else math.inf
     if not (args.check or args.bench or args.ragged or args.sweep or args.compile):
