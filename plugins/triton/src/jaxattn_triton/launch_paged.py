@@ -156,7 +156,7 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
     sequence's queries in one program; ragged batches with prefill chunks take about 64 rows
     per program. ``num_splits`` (when not given) is the smallest count that makes at least
     twice as many programs as SMs, with each split keeping >= 4 key tiles of the cache's
-    capacity.
+    capacity; decode whose unsplit programs fill at least 7/8 of the SMs runs unsplit.
     """
     chunks = _cdiv(spec.group, MAX_HEAD_CHUNK)
     head_chunk = _cdiv(spec.group, chunks)
@@ -172,6 +172,7 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
     num_stages = 2 if wide else 3
     block_m = max(16, _pow2_at_least(block_q * head_chunk))
     num_warps = 8 if block_m >= 128 else 4
+    one_wave = filled = False
     if num_splits is None:
         if spec.q_len is not None:
             work_blocks = query_blocks(spec, block_q)
@@ -179,11 +180,19 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
             work_blocks = min(_cdiv(spec.num_tokens, block_q), query_blocks(spec, block_q))
         programs = max(1, work_blocks * spec.heads_kv * chunks)
         most = max(1, spec.capacity // (4 * block_n))
-        num_splits = max(1, min(_cdiv(2 * num_sms, programs), most, 64))
         filled = programs >= 2 * num_sms
-    else:
-        filled = False
-    if filled and block_m <= 16 and not wide:
+        # Decode whose unsplit programs already make one nearly full wave: splitting adds the
+        # combine kernel and shorter runs for little balance gained.
+        one_wave = block_m <= 16 and not wide and not filled and 8 * programs >= 7 * num_sms
+        num_splits = 1 if one_wave else max(1, min(_cdiv(2 * num_sms, programs), most, 64))
+    if one_wave:
+        # Measured on an H100 (bf16, D=128, GQA 32/8, 16 sequences = 128 programs for 132 SMs;
+        # benchmarks/triton_paged_check.py --sweep, cuDNN's dense decode in the same run), us per
+        # call, these tiles unsplit vs the split default (64-token tiles, 4 warps, 3 splits):
+        # pages of 16, 8k tokens 192.4 vs 195.1 (cuDNN 186.6); pages of 64, 8k 190.2 vs 192.4
+        # (186.7); pages of 16, 2k 55.7 vs 59.5 (62.2); pages of 16, 32k 746.1 vs 749.5 (713.8).
+        block_n, num_warps, num_stages = 128, 8, 3
+    elif filled and block_m <= 16 and not wide:
         # Decode with enough sequences to fill the SMs unsplit: shorter key tiles, one more
         # in flight. Measured on an H100 (bf16, D=128, GQA 32/8, 64 sequences, 8k and 32k
         # tokens, pages of 16 and 64; benchmarks/triton_paged_check.py --sweep): 2887-2921 GB/s
