@@ -19,7 +19,7 @@ from .capabilities import ALL_FEATURES
 from .device import detect_device
 from .errors import JaxattnError, UnsupportedError
 from .impl import AttentionImpl, resolve_platform
-from .lookup import available_here, impl_for
+from .lookup import available_here, impl_for, provider_here
 from .metadata import DEFAULT_METADATA, AttentionMetadata
 from .names import AttentionMechanisms, normalize_name
 from .output import AttentionOutput
@@ -400,11 +400,10 @@ def explain_problem(problem: Problem, *, impl: str | AttentionMechanisms | None 
     if requested == AttentionMechanisms.AUTO.value:
         chosen = auto_choice
     else:
-        # The provider this name resolves to here (an alias may name another platform's kernel
-        # first: on a CPU page_attention is jaxattn-vanilla's vanilla_paged).
-        platform, vendor = resolve_platform(md, detect_device())
+        # The provider this name resolves to here, as get_impl builds it (an alias may name another
+        # platform's kernel first: on a CPU page_attention is jaxattn-vanilla's vanilla_paged).
         try:
-            name = registry().resolve(requested, platform, vendor).name
+            name = provider_here(requested, md).name
         except JaxattnError:  # not served here, or two providers conflict: no row here matches
             name = requested
         match = [c for c in rows if c.here and c.name == name]

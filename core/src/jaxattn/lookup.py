@@ -18,7 +18,7 @@ from .names import PROVIDERS, AttentionMechanisms, normalize_name
 from .plugins import plugin_records, register_impl_class, registry
 from .registry import ImplInfo, Provider
 
-__all__ = ["available_here", "impl_for", "list_impls", "new_impl", "register_impl"]
+__all__ = ["available_here", "impl_for", "list_impls", "new_impl", "provider_here", "register_impl"]
 
 
 def _where(platform: str, vendor: str | None) -> str:
@@ -88,12 +88,20 @@ def new_impl(name: str, metadata: AttentionMetadata, device: DeviceInfo) -> Back
         record = broken[0]
         raise PluginError(f"plugin {record.name!r} ({record.distribution}) failed to load: {record.reason}") \
             from record.error
-    platform, vendor = resolve_platform(metadata, device)
+    return provider_here(name, metadata, device).load()(metadata, device)
+
+
+def provider_here(name: str, metadata: AttentionMetadata, device: DeviceInfo | None = None) -> Provider:
+    """The provider that serves ``name`` on this platform (the highest priority among those that
+    run here): what ``get_impl`` builds and ``explain`` reports for an explicit name.
+
+    Raises ``ImplNotFoundError`` saying what exists, where, and how to install it.
+    """
+    platform, vendor = resolve_platform(metadata, device or detect_device())
     try:
-        provider = reg.resolve(name, platform, vendor)
+        return registry().resolve(name, platform, vendor)
     except ImplNotFoundError:
         raise _not_found(name, platform, vendor, metadata) from None
-    return provider.load()(metadata, device)
 
 
 @functools.lru_cache(maxsize=256)

@@ -220,6 +220,14 @@ def _run_serving(args: argparse.Namespace, metadata: AttentionMetadata, platform
     device = detect_device().label
     done: list[ServingResult] = []
 
+    def report(rows: list[ServingResult], *notes: str) -> dict[str, Any]:
+        out = {"device": device, "kind": "serving", "results": [r.to_dict() for r in rows],
+               "elapsed_s": time.perf_counter() - start}
+        return {**out, "notes": list(notes)} if notes else out
+
+    def write(data: dict[str, Any]) -> None:
+        Path(args.json).write_text(json.dumps(data, indent=1, default=str) + "\n")
+
     def on_result(result: ServingResult) -> None:
         # One progress line per row (stderr), and the JSON so far: a run cut short keeps its shapes.
         done.append(result)
@@ -229,23 +237,20 @@ def _run_serving(args: argparse.Namespace, metadata: AttentionMetadata, platform
             print(f"[{time.perf_counter() - start:6.0f} s] {result.shape.label} | {result.backend}: {figure}",
                   file=sys.stderr, flush=True)
         if args.json not in (None, "-"):
-            partial = {"device": device, "kind": "serving", "results": [r.to_dict() for r in done],
-                       "elapsed_s": time.perf_counter() - start, "notes": ["partial: run in progress"]}
-            Path(args.json).write_text(json.dumps(partial, indent=1, default=str) + "\n")
+            write(report(done, "partial: run in progress"))
 
     results = run_serving(shapes, paged=paged, dense=dense, metadata=metadata, repeats=args.repeats,
                           reference=args.reference, min_sample_ms=args.min_sample_ms, preroll_ms=args.preroll_ms,
                           time_budget_s=args.time_budget, on_result=on_result)
-    report = {"device": device, "kind": "serving", "results": [r.to_dict() for r in results],
-              "elapsed_s": time.perf_counter() - start}
+    final = report(results)
     if args.json == "-":
-        dump_json(report)
+        dump_json(final)
         return 0
     printer.table(serving_table(results, device, args.reference))
     if args.json is not None:
-        Path(args.json).write_text(json.dumps(report, indent=1, default=str) + "\n")
+        write(final)
         printer.line(f"JSON written to {args.json}")
-    printer.line(f"took {report['elapsed_s']:.1f} s")
+    printer.line(f"took {final['elapsed_s']:.1f} s")
     return 0
 
 
