@@ -119,6 +119,7 @@ class Paged:
     splits: int = 1
     block_q: int | None = None
     head_chunk: int | None = None
+    kv_heads: int = 1  # KV heads per program (their tiles' columns are token x head)
     block_n: int = 16
     q_gain: float = 1.0
     seed: int = 0
@@ -219,6 +220,7 @@ def tiles_of(p: Paged, spec: LP.PagedSpec) -> LP.PagedTiles:
         base,
         block_q=p.block_q or base.block_q,
         head_chunk=p.head_chunk or base.head_chunk,
+        kv_heads=p.kv_heads,
         block_n=p.block_n,
         num_stages=1,
     )
@@ -303,6 +305,14 @@ CASES = {
     "decode_head_chunks": Paged(hq=8, hkv=1, head_chunk=3, splits=2),
     "decode_combined_layout": Paged(layout=LP.COMBINED, hq=4, hkv=2, splits=2),
     "decode_combined_layout_one_split": Paged(layout=LP.COMBINED, hq=8, hkv=2, sinks=True),
+    # Several KV heads per program: a row sees only its own head's columns of a tile.
+    "decode_kv_heads_4_of_4": Paged(hq=8, hkv=4, kv_heads=4, kv_lens=(30, 1, 71), splits=2),
+    "decode_kv_heads_2_of_4_page_per_tile": Paged(hq=8, hkv=4, kv_heads=2, page_size=16, pages_per_seq=5,
+                                                  kv_lens=(65, 0, 31)),
+    "decode_kv_heads_window_softcap_sinks": Paged(q_len=2, hq=4, hkv=2, kv_heads=2, left=9, softcap=2.0, q_gain=3.0,
+                                                  sinks=True, kv_lens=(60, 7, 33), splits=3),
+    "decode_kv_heads_combined_layout": Paged(layout=LP.COMBINED, hq=4, hkv=4, kv_heads=4, page_size=5,
+                                             pages_per_seq=15, kv_lens=(71, 24, 3), splits=2),
     # Ragged paged attention.
     "ragged": RAGGED,
     "ragged_splits3": rep(RAGGED, splits=3),
@@ -311,6 +321,7 @@ CASES = {
     "ragged_prefill_chunk": Paged(q_len=None, q_lens=(20, 1, 1), kv_lens=(33, 50, 8), hq=4, hkv=2, block_q=8, splits=2),
     "ragged_window_softcap_sinks": rep(RAGGED, left=7, softcap=2.0, q_gain=3.0, sinks=True, splits=2),
     "ragged_combined_layout": rep(RAGGED, layout=LP.COMBINED, splits=2),
+    "ragged_kv_heads": rep(RAGGED, hq=4, hkv=2, kv_heads=2, block_q=2, splits=2),
     "ragged_decode_rows": Paged(q_len=None, q_lens=(1, 1, 0, 1), kv_lens=(9, 40, 3, 0), pad_tokens=2, splits=2),
     # Everything at once.
     "everything": Paged(
@@ -376,21 +387,27 @@ def test_window_and_soft_cap_change_the_result() -> None:
 def test_default_splits_fill_the_gpu() -> None:
     # Decode at H100 shapes: >= 2 programs per SM, or one nearly full wave unsplit (16 sequences x
     # 8 KV heads = 128 programs for 132 SMs: measured faster than 3 splits, launch_paged says
-    # where), and no more splits than the cache has tiles.
-    for batch, ctx in ((16, 2048), (64, 8192), (1, 65536), (16, 256), (4, 8192), (14, 8192), (15, 8192)):
+    # where), and no more splits than the cache has tiles. With 64 sequences (512 one-head
+    # programs) 4 KV heads share a program: 128 programs, one wave again; 48 sequences have no
+    # such count (96 or 192 programs), so they keep one head per program.
+    for batch, ctx in ((16, 2048), (64, 8192), (1, 65536), (16, 256), (4, 8192), (14, 8192), (15, 8192),
+                       (48, 8192), (64, 2048), (128, 4096)):  # fmt: skip
         spec = LP.PagedSpec(
             num_tokens=batch, max_seqs=batch, q_len=1, heads_q=32, heads_kv=8, head_dim=128,
             head_dim_v=128, dtype="bfloat16", num_pages=batch * ctx // 16, page_size=16,
             pages_per_seq=ctx // 16,
         )  # fmt: skip
         tiles = LP.default_tiles(spec)
-        programs = LP.query_blocks(spec, tiles.block_q) * spec.heads_kv * tiles.num_splits
+        programs = LP.query_blocks(spec, tiles.block_q) * spec.heads_kv // tiles.kv_heads * tiles.num_splits
         assert tiles.block_m == 16 and tiles.head_chunk == 4
-        one_wave = 7 * LP.DEFAULT_NUM_SMS <= 8 * programs < 16 * LP.DEFAULT_NUM_SMS
+        one_wave = 7 * LP.DEFAULT_NUM_SMS <= 8 * programs <= 8 * LP.DEFAULT_NUM_SMS
         assert (programs >= 2 * LP.DEFAULT_NUM_SMS or one_wave
                 or tiles.num_splits * 4 * tiles.block_n >= ctx), (batch, ctx)
-        assert one_wave == (batch in (15, 16)), (batch, ctx, tiles)  # 120 of 132 SMs: 7/8 or more
-        if one_wave:
+        assert one_wave == (batch in (15, 16, 64)), (batch, ctx, tiles)  # 120 of 132 SMs: 7/8 or more
+        assert tiles.kv_heads == (4 if batch == 64 else 1), (batch, ctx, tiles)
+        if batch == 64:
+            assert (tiles.num_splits, tiles.block_n, tiles.num_warps, tiles.num_stages) == (1, 32, 4, 3)
+        elif one_wave:
             assert (tiles.num_splits, tiles.block_n, tiles.num_warps, tiles.num_stages) == (1, 128, 8, 3)
         else:
             assert tiles.num_splits > 1 or programs >= 2 * LP.DEFAULT_NUM_SMS, (batch, ctx, tiles)

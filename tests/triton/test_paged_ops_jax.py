@@ -9,6 +9,7 @@ runs T == 1 calls through ``dense_decode`` and differentiates them with the flas
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -132,6 +133,21 @@ def test_dense_decode_with_lengths(causal: bool, window: Any, t: int) -> None:
     want, want_lse = _dense_reference(q, k, v, lens, left=left, right=right, sinks=sinks)
     np.testing.assert_allclose(np.asarray(out), want, atol=TOL, rtol=TOL)
     np.testing.assert_allclose(np.asarray(lse), want_lse, atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_dense_decode_several_kv_heads_per_program(kv_heads: int) -> None:
+    # The dense cache seen as pages, with a tile's columns spanning several KV heads.
+    rng = np.random.default_rng(8)
+    b, t, s, hq, hkv, d = 3, 2, 45, 8, 4, 16
+    q, k, v = (rng.standard_normal(shape) for shape in ((b, t, hq, d), (b, s, hkv, d), (b, s, hkv, d)))
+    lens = np.array([45, 20, 1], np.int32)
+    spec = paged_ops.dense_spec(_f32(q), _f32(k), _f32(v), causal=True, window=7)
+    tiles = dataclasses.replace(LP.default_tiles(spec, num_splits=2), kv_heads=kv_heads, block_n=16)
+    out = dense_decode(_f32(q), _f32(k), _f32(v), jnp.asarray(lens), causal=True, window=7, tiles=tiles,
+                       interpret=True)  # fmt: skip
+    want, _ = _dense_reference(q, k, v, lens, left=7, right=0, sinks=None)
+    np.testing.assert_allclose(np.asarray(out), want, atol=TOL, rtol=TOL)
 
 
 def test_dense_decode_full_cache_matches_oracle() -> None:

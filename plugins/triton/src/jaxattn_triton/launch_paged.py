@@ -125,8 +125,10 @@ class PagedSpec:
 
 @dataclasses.dataclass(frozen=True)
 class PagedTiles:
-    """``block_q`` query tokens x ``head_chunk`` heads of one KV head per program (rows padded
-    to a power of two >= 16), ``block_n`` keys per iteration, ``num_splits`` key splits."""
+    """``block_q`` query tokens x ``kv_heads`` KV heads x ``head_chunk`` query heads of each
+    per program (rows padded to a power of two >= 16), ``block_n`` key tokens per iteration (of
+    every one of the ``kv_heads``), ``num_splits`` key splits. ``kv_heads > 1`` needs the
+    whole group in the program (``head_chunk == group``) and ``kv_heads`` dividing Hkv."""
 
     block_q: int
     head_chunk: int
@@ -134,10 +136,11 @@ class PagedTiles:
     num_warps: int
     num_stages: int
     num_splits: int
+    kv_heads: int = 1
 
     @property
     def block_m(self) -> int:
-        return max(16, _pow2_at_least(self.block_q * self.head_chunk))
+        return max(16, _pow2_at_least(self.block_q * self.head_chunk * self.kv_heads))
 
 
 def query_blocks(spec: PagedSpec, block_q: int) -> int:
@@ -156,7 +159,9 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
     sequence's queries in one program; ragged batches with prefill chunks take about 64 rows
     per program. ``num_splits`` (when not given) is the smallest count that makes at least
     twice as many programs as SMs, with each split keeping >= 4 key tiles of the cache's
-    capacity; decode whose unsplit programs fill at least 7/8 of the SMs runs unsplit.
+    capacity; decode whose unsplit programs fill at least 7/8 of the SMs runs unsplit, and
+    decode with enough sequences for several waves puts several KV heads in one program when
+    that makes one nearly full wave.
     """
     chunks = _cdiv(spec.group, MAX_HEAD_CHUNK)
     head_chunk = _cdiv(spec.group, chunks)
@@ -173,6 +178,7 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
     block_m = max(16, _pow2_at_least(block_q * head_chunk))
     num_warps = 8 if block_m >= 128 else 4
     one_wave = filled = False
+    kv_heads = 1
     if num_splits is None:
         if spec.q_len is not None:
             work_blocks = query_blocks(spec, block_q)
@@ -185,6 +191,8 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
         # combine kernel and shorter runs for little balance gained.
         one_wave = block_m <= 16 and not wide and not filled and 8 * programs >= 7 * num_sms
         num_splits = 1 if one_wave else max(1, min(_cdiv(2 * num_sms, programs), most, 64))
+        if filled and block_m <= 16 and not wide and chunks == 1:
+            kv_heads = _one_wave_kv_heads(spec.heads_kv, block_q * head_chunk, programs, num_sms)
     if one_wave:
         # Measured on an H100 (bf16, D=128, GQA 32/8, 16 sequences = 128 programs for 132 SMs;
         # benchmarks/triton_paged_check.py --sweep, cuDNN's dense decode in the same run), us per
@@ -192,6 +200,14 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
         # pages of 16, 8k tokens 192.4 vs 195.1 (cuDNN 186.6); pages of 64, 8k 190.2 vs 192.4
         # (186.7); pages of 16, 2k 55.7 vs 59.5 (62.2); pages of 16, 32k 746.1 vs 749.5 (713.8).
         block_n, num_warps, num_stages = 128, 8, 3
+    elif kv_heads > 1:
+        # Decode with several waves of one-head programs: KV heads folded into the program
+        # until the programs make one nearly full wave, a tile of 128 rows (tokens x heads).
+        # Measured on an H100 (bf16, D=128, GQA 32/8, 64 sequences, pages of 16 in a random
+        # order; benchmarks/paged_probe.py --kv-heads, cuDNN's dense decode in the same run),
+        # us per call, 4 heads x 32 tokens unsplit vs one head, 32 tokens, 4 stages: 8k tokens
+        # 747.5 vs 766.3 (cuDNN 743.5), 32k 2914.9 vs 2967.7 (2917.8).
+        block_n, num_warps, num_stages, num_splits = 128 // kv_heads, 4, 3, 1
     elif filled and block_m <= 16 and not wide:
         # Decode with enough sequences to fill the SMs unsplit: shorter key tiles, one more
         # in flight. Measured on an H100 (bf16, D=128, GQA 32/8, 64 sequences, 8k and 32k
@@ -199,7 +215,17 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
         # against 2698-2787 with 64-token tiles and 3 stages, cuDNN's dense decode 2914-2918.
         # With fewer sequences (splits > 1) 64 tokens and 3 stages stay ahead.
         block_n, num_stages = 32, 4
-    return PagedTiles(block_q, head_chunk, block_n, num_warps, num_stages, int(num_splits))
+    return PagedTiles(block_q, head_chunk, block_n, num_warps, num_stages, int(num_splits), kv_heads)
+
+
+def _one_wave_kv_heads(heads_kv: int, rows_per_head: int, programs: int, num_sms: int) -> int:
+    """KV heads per program (at most 4, dividing Hkv, rows <= 16) that turn ``programs``
+    one-head programs into one wave filling at least 7/8 of the SMs; 1 if none does."""
+    for kv_heads in (4, 2):
+        fewer = programs // kv_heads
+        if heads_kv % kv_heads == 0 and rows_per_head * kv_heads <= 16 and 7 * num_sms <= 8 * fewer <= 8 * num_sms:
+            return kv_heads
+    return 1
 
 
 def _cache_strides(spec: PagedSpec) -> dict[str, int]:
@@ -228,6 +254,10 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
 
     if tiles.head_chunk < 1 or tiles.head_chunk > spec.group:
         raise ValueError(f"head_chunk={tiles.head_chunk} must lie in 1..{spec.group}")
+    if tiles.kv_heads < 1 or spec.heads_kv % tiles.kv_heads:
+        raise ValueError(f"kv_heads={tiles.kv_heads} must divide heads_kv={spec.heads_kv}")
+    if tiles.kv_heads > 1 and tiles.head_chunk != spec.group:
+        raise ValueError(f"kv_heads={tiles.kv_heads} > 1 needs head_chunk == group ({spec.group})")
     for name in ("block_n",):
         value = getattr(tiles, name)
         if value < 16 or value & (value - 1):
@@ -260,6 +290,7 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         "HQ": hq,
         "GROUP": spec.group,
         "HEAD_CHUNK": tiles.head_chunk,
+        "KV_HEADS": tiles.kv_heads,
         "D": spec.head_dim,
         "DV": dv,
         "PAGE_SIZE": spec.page_size,
@@ -295,7 +326,7 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         )
     return Launch(
         kernel=paged_attn_kernel,
-        grid=(query_blocks(spec, tiles.block_q), spec.heads_kv * chunks, splits),
+        grid=(query_blocks(spec, tiles.block_q), spec.heads_kv // tiles.kv_heads * chunks, splits),
         outputs=outputs,
         constexprs=constexprs,
         num_warps=tiles.num_warps,

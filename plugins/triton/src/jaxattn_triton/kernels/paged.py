@@ -11,6 +11,12 @@ GQA group instead of once per query head; rows are padded to ``BLOCK_M`` (>= 16,
 the page table (one scalar load per tile when a tile never straddles pages, a per-row
 gather otherwise), so any page size works and pages may be shared or permuted.
 
+With ``KV_HEADS > 1`` a program takes that many adjacent KV heads (and all their query
+heads): rows are ``token x KV head x group head`` and a tile's columns ``token x KV head``,
+one contiguous run of the cache row per token; a row's scores outside its own head's columns
+are masked to -inf, so its softmax and its ``P @ V`` see its head alone. For GQA 4 this
+fills the 16 rows that one head's 4 query rows would pad to, at no extra MMA work.
+
 Query blocks:
 
 * uniform (``RAGGED=False``, paged decode and dense decode): sequence ``s`` owns tokens
@@ -47,6 +53,7 @@ def _paged_sweep(
     m_i,
     q,
     pos,
+    hrow,
     kv_len,
     lo,
     hi,
@@ -56,8 +63,10 @@ def _paged_sweep(
     seq64,
     stride_kp,
     stride_kt,
+    stride_kh,
     stride_vp,
     stride_vt,
+    stride_vh,
     offs_d,
     offs_dv,
     SM_SCALE: tl.constexpr,
@@ -72,6 +81,7 @@ def _paged_sweep(
     NUM_PAGES: tl.constexpr,
     IDENTITY_PAGES: tl.constexpr,
     PAGE_PER_TILE: tl.constexpr,
+    KV_HEADS: tl.constexpr,
     D: tl.constexpr,
     DV: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -82,6 +92,13 @@ def _paged_sweep(
     QK_SCALE: tl.constexpr = 1.0 * HAS_SOFTCAP + SM_SCALE * LOG2E * (1 - HAS_SOFTCAP)
     PAD_D: tl.constexpr = D != BLOCK_D
     PAD_DV: tl.constexpr = DV != BLOCK_DV
+    # A tile's columns are BLOCK_N tokens x KV_HEADS heads, token-major: with every KV head of
+    # a token in one program, a page's rows are read as one contiguous run.
+    offs_c = tl.arange(0, BLOCK_N * KV_HEADS)
+    col_tok = offs_c // KV_HEADS
+    hcol = offs_c % KV_HEADS
+    if KV_HEADS > 1:
+        own_head = hrow[:, None] == hcol[None, :]
     # Page-table entries are read one tile ahead (carried through the loop): K/V addresses
     # then depend on no load of their own iteration, so Triton's pipeliner keeps
     # num_stages - 1 K/V tiles in flight instead of spending a stage on the index load.
@@ -90,15 +107,15 @@ def _paged_sweep(
         if PAGE_PER_TILE:
             page_next = tl.load(pt_row + lo // PAGE_SIZE, mask=lo < hi, other=0)
         else:
-            offs_first = lo + tl.arange(0, BLOCK_N)
+            offs_first = lo + col_tok
             page_next = tl.load(pt_row + offs_first // PAGE_SIZE, mask=offs_first < hi, other=0)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        offs_n = start_n + tl.arange(0, BLOCK_N)
+        offs_n = start_n + col_tok
         if IDENTITY_PAGES:
             # A dense cache seen as one page per sequence: no page-table read at all.
-            k_rows = seq64 * stride_kp + offs_n.to(tl.int64) * stride_kt
-            v_rows = seq64 * stride_vp + offs_n.to(tl.int64) * stride_vt
+            k_rows = seq64 * stride_kp + offs_n.to(tl.int64) * stride_kt + hcol * stride_kh
+            v_rows = seq64 * stride_vp + offs_n.to(tl.int64) * stride_vt + hcol * stride_vh
         else:
             # One entry per tile when a tile never straddles pages, one per row otherwise.
             # Clamped: a corrupt entry reads a wrong page, never memory outside the cache.
@@ -110,8 +127,8 @@ def _paged_sweep(
                 offs_nxt = offs_n + BLOCK_N
                 page_next = tl.load(pt_row + offs_nxt // PAGE_SIZE, mask=offs_nxt < hi, other=0)
             in_page = offs_n % PAGE_SIZE
-            k_rows = page * stride_kp + in_page * stride_kt
-            v_rows = page * stride_vp + in_page * stride_vt
+            k_rows = page * stride_kp + in_page * stride_kt + hcol * stride_kh
+            v_rows = page * stride_vp + in_page * stride_vt + hcol * stride_vh
         k_ptrs = k_base + k_rows[:, None] + offs_d[None, :]
         v_ptrs = v_base + v_rows[:, None] + offs_dv[None, :]
         if EDGE:
@@ -146,7 +163,11 @@ def _paged_sweep(
                 keep &= offs_n[None, :] >= pos[:, None] - LEFT
             if HAS_RIGHT:
                 keep &= offs_n[None, :] <= pos[:, None] + RIGHT
+            if KV_HEADS > 1:
+                keep &= own_head
             s = tl.where(keep, s, float("-inf"))
+        elif KV_HEADS > 1:
+            s = tl.where(own_head, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1) * QK_SCALE)
         if EDGE:
             # A row may have seen nothing yet: keep exp2(-inf - -inf) from making NaN.
@@ -193,6 +214,7 @@ def paged_attn_kernel(
     HQ: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_CHUNK: tl.constexpr,
+    KV_HEADS: tl.constexpr,
     D: tl.constexpr,
     DV: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -216,7 +238,7 @@ def paged_attn_kernel(
 ):
     pid = tl.program_id(0)
     NUM_CHUNKS: tl.constexpr = (GROUP + HEAD_CHUNK - 1) // HEAD_CHUNK
-    hkv = tl.program_id(1) // NUM_CHUNKS
+    hkv = tl.program_id(1) // NUM_CHUNKS * KV_HEADS
     chunk = tl.program_id(1) % NUM_CHUNKS
     sid = tl.program_id(2)
 
@@ -260,10 +282,12 @@ def paged_attn_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    tok = offs_m // HEAD_CHUNK
+    # Rows are token x KV head x query head of the group (chunk), in that order.
+    tok = offs_m // (HEAD_CHUNK * KV_HEADS)
+    hrow = (offs_m // HEAD_CHUNK) % KV_HEADS
     g = chunk * HEAD_CHUNK + offs_m % HEAD_CHUNK
     row_ok = (tok < n_tok) & (g < GROUP)
-    head = hkv * GROUP + g
+    head = (hkv + hrow) * GROUP + g
     token = (tok_start + tok).to(tl.int64)
     pos = pos_first + tok
 
@@ -313,22 +337,22 @@ def paged_attn_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     acc, l_i, m_i = _paged_sweep(
-        acc, l_i, m_i, q, pos, kv_len, a, f0, k_base, v_base, pt_row, seq64,
-        stride_kp, stride_kt, stride_vp, stride_vt, offs_d, offs_dv,
+        acc, l_i, m_i, q, pos, hrow, kv_len, a, f0, k_base, v_base, pt_row, seq64,
+        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_d, offs_dv,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-        PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+        PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _paged_sweep(
-        acc, l_i, m_i, q, pos, kv_len, f0, f1, k_base, v_base, pt_row, seq64,
-        stride_kp, stride_kt, stride_vp, stride_vt, offs_d, offs_dv,
+        acc, l_i, m_i, q, pos, hrow, kv_len, f0, f1, k_base, v_base, pt_row, seq64,
+        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_d, offs_dv,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-        PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+        PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _paged_sweep(
-        acc, l_i, m_i, q, pos, kv_len, f1, b, k_base, v_base, pt_row, seq64,
-        stride_kp, stride_kt, stride_vp, stride_vt, offs_d, offs_dv,
+        acc, l_i, m_i, q, pos, hrow, kv_len, f1, b, k_base, v_base, pt_row, seq64,
+        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_d, offs_dv,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-        PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
+        PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
 
     rows = token * HQ + head

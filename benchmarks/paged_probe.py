@@ -1,0 +1,256 @@
+"""Probe: how fast can a decode kernel read a (B, S, Hkv, D) cache, by access pattern?
+
+Pure-read Triton kernels (two ``tl.dot`` per tile so the loads are pipelined like the attention
+kernels' loads) beside cuDNN's dense decode, the plain reduction and our paged decode, in
+one process. Patterns:
+
+* ``head``: one program per (sequence, KV head[, split]), ``[BN, D]`` tiles whose rows are
+  ``Hkv * D`` elements apart (what the paged kernel reads); ``hf``: the same with the head as
+  the grid's fastest axis.
+* ``contig``: one program per (sequence, split) reading every head of its tokens: tiles of
+  ``BR`` consecutive rows of the ``(S * Hkv, D)`` view, fully contiguous.
+
+Modes: ``--patterns`` (the reads above), ``--tables`` (paged decode on a permuted vs an
+in-order page table, same tiles), ``--kv-heads`` (``PagedTiles.kv_heads`` configurations on
+a permuted table). On the GPU machine: ``python3 benchmarks/paged_probe.py --kv-heads [--json OUT]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "core" / "src"))
+sys.path.insert(0, str(ROOT / "plugins" / "triton" / "src"))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+HQ, HKV, D = 32, 8, 128
+
+
+@triton.jit
+def read_head_kernel(K, V, Out, S: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
+                     SPLITS: tl.constexpr, HEADS_FAST: tl.constexpr):  # fmt: skip
+    if HEADS_FAST:
+        h = tl.program_id(0)
+        b = tl.program_id(1)
+    else:
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+    sp = tl.program_id(2)
+    PER: tl.constexpr = S // SPLITS
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    base = b.to(tl.int64) * S * HKV * D + h * D
+    ones = tl.full([16, BN], 1.0, tl.float32).to(K.dtype.element_ty)
+    acc = tl.zeros([16, D], tl.float32)
+    for s0 in range(sp * PER, sp * PER + PER, BN):
+        rows = (s0 + offs_n).to(tl.int64) * (HKV * D)
+        k = tl.load(K + base + rows[:, None] + offs_d[None, :])
+        v = tl.load(V + base + rows[:, None] + offs_d[None, :])
+        acc = tl.dot(ones, k, acc)
+        acc = tl.dot(ones, v, acc)
+    row = (b * HKV + h) * SPLITS + sp
+    tl.store(Out + row * D + offs_d, tl.sum(acc, 0))
+
+
+@triton.jit
+def read_contig_kernel(K, V, Out, ROWS: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, SPLITS: tl.constexpr):
+    b = tl.program_id(0)
+    sp = tl.program_id(1)
+    PER: tl.constexpr = ROWS // SPLITS
+    offs_r = tl.arange(0, BR)
+    offs_d = tl.arange(0, D)
+    base = b.to(tl.int64) * ROWS * D
+    ones = tl.full([16, BR], 1.0, tl.float32).to(K.dtype.element_ty)
+    acc = tl.zeros([16, D], tl.float32)
+    for r0 in range(sp * PER, sp * PER + PER, BR):
+        rows = (r0 + offs_r).to(tl.int64) * D
+        k = tl.load(K + base + rows[:, None] + offs_d[None, :])
+        v = tl.load(V + base + rows[:, None] + offs_d[None, :])
+        acc = tl.dot(ones, k, acc)
+        acc = tl.dot(ones, v, acc)
+    tl.store(Out + (b * SPLITS + sp) * D + offs_d, tl.sum(acc, 0))
+
+
+def head_read(b: int, s: int, bn: int, splits: int, heads_fast: bool, warps: int, stages: int) -> Any:
+    import jax_triton as jt
+
+    grid = (HKV, b, splits) if heads_fast else (b, HKV, splits)
+    out = jax.ShapeDtypeStruct((b * HKV * splits, D), jnp.float32)
+
+    def fn(k: jax.Array, v: jax.Array) -> jax.Array:
+        return jt.triton_call(k, v, kernel=read_head_kernel, out_shape=out, grid=grid, num_warps=warps,
+                              num_stages=stages, S=s, HKV=HKV, D=D, BN=bn, SPLITS=splits,
+                              HEADS_FAST=heads_fast)  # fmt: skip
+
+    return fn
+
+
+def contig_read(b: int, s: int, br: int, splits: int, warps: int, stages: int) -> Any:
+    import jax_triton as jt
+
+    out = jax.ShapeDtypeStruct((b * splits, D), jnp.float32)
+
+    def fn(k: jax.Array, v: jax.Array) -> jax.Array:
+        return jt.triton_call(k, v, kernel=read_contig_kernel, out_shape=out, grid=(b, splits, 1), num_warps=warps,
+                              num_stages=stages, ROWS=s * HKV, D=D, BR=br, SPLITS=splits)  # fmt: skip
+
+    return fn
+
+
+Candidate = tuple[str, Any, tuple[Any, ...]]
+
+
+class Case:
+    """One decode shape: a dense cache, the same tokens as pages (permuted and in-order tables)."""
+
+    def __init__(self, b: int, s: int, ps: int) -> None:
+        from jaxattn_triton import launch_paged as LP
+
+        self.b, self.s, self.ps = b, s, ps
+        self.nbytes = 2 * b * s * HKV * D * 2
+        self.k = jax.random.normal(jax.random.PRNGKey(0), (b, s, HKV, D), jnp.bfloat16)
+        self.v = jax.random.normal(jax.random.PRNGKey(1), (b, s, HKV, D), jnp.bfloat16)
+        self.q = jax.random.normal(jax.random.PRNGKey(2), (b, 1, HQ, D), jnp.bfloat16)
+        self.lens = jnp.full((b,), s, jnp.int32)
+        n_pages = b * s // ps
+        self.kp = self.k.reshape(n_pages, ps, HKV, D)
+        self.vp = self.v.reshape(n_pages, ps, HKV, D)
+        order = np.random.default_rng(0).permutation(n_pages).reshape(b, s // ps).astype(np.int32)
+        self.permuted = jnp.asarray(order)
+        self.in_order = jnp.arange(n_pages, dtype=jnp.int32).reshape(b, s // ps)
+        self.spec = LP.PagedSpec(num_tokens=b, max_seqs=b, q_len=1, heads_q=HQ, heads_kv=HKV, head_dim=D,
+                                 head_dim_v=D, dtype="bfloat16", num_pages=n_pages, page_size=ps,
+                                 pages_per_seq=s // ps)  # fmt: skip
+
+    def cudnn(self) -> Candidate:
+        def fn(q: jax.Array, k: jax.Array, v: jax.Array, n: jax.Array) -> jax.Array:
+            return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=n, implementation="cudnn")
+
+        return ("cudnn dense decode", fn, (self.q, self.k, self.v, self.lens))
+
+    def paged(self, name: str, tiles: Any, table: jax.Array) -> Candidate:
+        from jaxattn_triton.paged_ops import paged_decode
+
+        def fn(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array) -> jax.Array:
+            return paged_decode(q, k, v, tb, n, tiles=tiles)
+
+        return (name, fn, (self.q, self.kp, self.vp, table, self.lens))
+
+    def free(self) -> None:
+        for a in (self.k, self.v, self.kp, self.vp):
+            with contextlib.suppress(Exception):
+                a.delete()
+
+
+def measure(case: Case, cands: list[Candidate], rows: list[dict[str, Any]], deadline: float) -> None:
+    """Times every candidate back to back (``jaxattn bench``'s timing), printing and recording it."""
+    from jaxattn_triton.bench_util import time_jax
+
+    out_path = Path(sys.argv[sys.argv.index("--json") + 1]) if "--json" in sys.argv else None
+    for name, fn, args in cands:
+        if time.monotonic() > deadline:
+            break
+        row: dict[str, Any] = {"B": case.b, "S": case.s, "ps": case.ps, "name": name}
+        try:
+            sec = time_jax(jax.jit(fn), *args, reps=6)
+            row.update(us=sec * 1e6, GBps=case.nbytes / sec / 1e9)
+            shown = f"{row['us']:.1f} us {row['GBps']:.0f} GB/s"
+        except Exception as err:  # a failed candidate must not end the probe
+            row["error"] = shown = f"{type(err).__name__}: {err}"[:300]
+        rows.append(row)
+        print(f"B={case.b} S={case.s} ps={case.ps} {name}: {shown}", flush=True)
+        if out_path:
+            out_path.write_text(json.dumps(rows, indent=1))
+
+
+def patterns(case: Case) -> list[Candidate]:
+    """Pure reads by access pattern, beside cuDNN, the reduction and our two decode kernels."""
+    from jaxattn_triton.paged_ops import dense_decode
+
+    def reduction(k: jax.Array, v: jax.Array) -> jax.Array:
+        return jnp.sum(k, dtype=jnp.float32) + jnp.sum(v, dtype=jnp.float32)
+
+    def dense(q: jax.Array, k: jax.Array, v: jax.Array, n: jax.Array) -> jax.Array:
+        return dense_decode(q, k, v, n, causal=True)
+
+    b, s, kv = case.b, case.s, (case.k, case.v)
+    cands = [case.cudnn(), ("memory read (jnp.sum)", reduction, kv), ("ours dense_decode", dense, (case.q, *kv)),
+             case.paged("ours paged_decode (permuted)", None, case.permuted)]  # fmt: skip
+    for hf in (False, True):
+        for bn, w, st in ((128, 8, 3), (64, 4, 3), (32, 4, 4)):
+            cands += [(f"read head{' hf' if hf else ''} bn={bn} w={w} st={st} splits={sp}",
+                       head_read(b, s, bn, sp, hf, w, st), kv) for sp in ((1, 2) if b == 16 else (1,))]  # fmt: skip
+    for br, w, st in ((128, 4, 3), (128, 4, 4), (64, 4, 4)):
+        cands += [(f"read contig br={br} w={w} st={st} splits={sp}", contig_read(b, s, br, sp, w, st), kv)
+                  for sp in ((8, 16, 33) if b == 16 else (2, 4))]  # fmt: skip
+    return cands
+
+
+def tables(case: Case) -> list[Candidate]:
+    """Permuted vs in-order page tables (same tiles), against the dense kernel and cuDNN."""
+    from jaxattn_triton import launch_paged as LP
+
+    base = LP.default_tiles(case.spec)
+    split2 = functools.partial(dataclasses.replace, base, num_warps=4, num_splits=2)
+    variants = {"default": base, "bn64 w4 st3 x2": split2(block_n=64, num_stages=3),
+                "bn32 w4 st4 x2": split2(block_n=32, num_stages=4)}  # fmt: skip
+    cands = [case.cudnn()]
+    for name, t in variants.items():
+        cands += [case.paged(f"paged {order} {name}", t, table)
+                  for order, table in (("permuted", case.permuted), ("in-order", case.in_order))]  # fmt: skip
+    return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
+
+
+def kv_heads(case: Case) -> list[Candidate]:
+    """Several KV heads per program (``PagedTiles.kv_heads``) on permuted tables, against cuDNN."""
+    from jaxattn_triton import launch_paged as LP
+
+    base = dataclasses.replace(LP.default_tiles(case.spec), kv_heads=1)
+    few = case.b <= 16
+    configs = [(1, 128, 8, 3, 1) if few else (1, 32, 4, 4, 1)]
+    configs += [(2, bn, 4, st, sp) for bn, st in ((64, 3), (32, 4)) for sp in ((2, 3) if few else (1,))]
+    configs += [(4, 32, w, 3, sp) for w in (4, 8) for sp in ((4, 6) if few else (1, 2))]
+    configs += [(4, 16, 4, 4, sp) for sp in ((4, 6) if few else (1, 2))]
+    configs += [(8, 16, w, 3, sp) for w in (4, 8) for sp in ((8, 12) if few else (2, 3))]
+    cands = [case.cudnn()]
+    for kvh, bn, w, st, sp in configs:
+        t = dataclasses.replace(base, kv_heads=kvh, block_n=bn, num_warps=w, num_stages=st, num_splits=sp)
+        cands.append(case.paged(f"paged kvh={kvh} bn={bn} w={w} st={st} splits={sp}", t, case.permuted))
+    return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
+
+
+MODES = {
+    "--patterns": (patterns, ((16, 8192, 16), (16, 32768, 16), (64, 8192, 16), (64, 32768, 16))),
+    "--tables": (tables, ((16, 8192, 16), (16, 32768, 16), (16, 32768, 64), (64, 32768, 16))),
+    "--kv-heads": (kv_heads, ((16, 8192, 16), (16, 32768, 16), (64, 8192, 16), (16, 32768, 64), (64, 32768, 16))),
+}
+
+
+def main() -> None:
+    mode = next((m for m in MODES if m in sys.argv), None)
+    if mode is None:
+        raise SystemExit(f"usage: paged_probe.py {{{'|'.join(MODES)}}} [--json OUT]")
+    build, shapes = MODES[mode]
+    deadline = time.monotonic() + 480
+    rows: list[dict[str, Any]] = []
+    for b, s, ps in shapes:
+        case = Case(b, s, ps)
+        measure(case, build(case), rows, deadline)
+        case.free()
+
+
+if __name__ == "__main__":
+    main()
