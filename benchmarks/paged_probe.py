@@ -84,6 +84,43 @@ def read_contig_kernel(K, V, Out, ROWS: tl.constexpr, D: tl.constexpr, BR: tl.co
     tl.store(Out + (b * SPLITS + sp) * D + offs_d, tl.sum(acc, 0))
 
 
+@triton.jit
+def read_pages_kernel(K, V, Table, Out, PPS: tl.constexpr, PS: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                      HEADS: tl.constexpr, BN: tl.constexpr, SPLITS: tl.constexpr):  # fmt: skip
+    """Reads a paged cache through the table: ``HEADS`` adjacent KV heads x ``BN`` tokens a tile."""
+    b = tl.program_id(0)
+    h0 = tl.program_id(1) * HEADS
+    sp = tl.program_id(2)
+    PER: tl.constexpr = PPS * PS // SPLITS
+    offs_c = tl.arange(0, BN * HEADS)
+    offs_d = tl.arange(0, D)
+    ones = tl.full([16, BN * HEADS], 1.0, tl.float32).to(K.dtype.element_ty)
+    acc = tl.zeros([16, D], tl.float32)
+    for s0 in range(sp * PER, sp * PER + PER, BN):
+        tok = s0 + offs_c // HEADS
+        page = tl.load(Table + b * PPS + tok // PS).to(tl.int64)
+        rows = (page * PS + tok % PS) * (HKV * D) + (h0 + offs_c % HEADS) * D
+        k = tl.load(K + rows[:, None] + offs_d[None, :])
+        v = tl.load(V + rows[:, None] + offs_d[None, :])
+        acc = tl.dot(ones, k, acc)
+        acc = tl.dot(ones, v, acc)
+    row = (b * (HKV // HEADS) + tl.program_id(1)) * SPLITS + sp
+    tl.store(Out + row * D + offs_d, tl.sum(acc, 0))
+
+
+def pages_read(b: int, pps: int, ps: int, heads: int, bn: int, splits: int, warps: int, stages: int) -> Any:
+    import jax_triton as jt
+
+    out = jax.ShapeDtypeStruct((b * HKV // heads * splits, D), jnp.float32)
+
+    def fn(k: jax.Array, v: jax.Array, table: jax.Array) -> jax.Array:
+        return jt.triton_call(k, v, table, kernel=read_pages_kernel, out_shape=out, grid=(b, HKV // heads, splits),
+                              num_warps=warps, num_stages=stages, PPS=pps, PS=ps, HKV=HKV, D=D, HEADS=heads, BN=bn,
+                              SPLITS=splits)  # fmt: skip
+
+    return fn
+
+
 def head_read(b: int, s: int, bn: int, splits: int, heads_fast: bool, warps: int, stages: int) -> Any:
     import jax_triton as jt
 
@@ -205,6 +242,7 @@ def tables(case: Case) -> list[Candidate]:
 
     base = LP.default_tiles(case.spec)
     split2 = functools.partial(dataclasses.replace, base, num_warps=4, num_splits=2)
+    base = dataclasses.replace(base, kv_heads=1)
     variants = {"default": base, "bn64 w4 st3 x2": split2(block_n=64, num_stages=3),
                 "bn32 w4 st4 x2": split2(block_n=32, num_stages=4)}  # fmt: skip
     cands = [case.cudnn()]
@@ -232,7 +270,27 @@ def kv_heads(case: Case) -> list[Candidate]:
     return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
 
 
+def pipelines(case: Case) -> list[Candidate]:
+    """Deeper pipelines of the one-wave decode tiles, and pure reads of the same pages (permuted
+    and in order): how much a random page order costs a read that computes nothing."""
+    from jaxattn_triton import launch_paged as LP
+
+    base = LP.default_tiles(case.spec)
+    cands = [case.cudnn()]
+    for bn, w, st in ((128, 8, 3), (64, 4, 4), (64, 4, 5), (64, 4, 6), (64, 8, 6), (32, 4, 6), (32, 4, 8)):
+        t = dataclasses.replace(base, kv_heads=1, block_n=bn, num_warps=w, num_stages=st, num_splits=1)
+        cands.append(case.paged(f"paged permuted bn={bn} w={w} st={st}", t, case.permuted))
+    kv = (case.kp, case.vp)
+    pps = case.s // case.ps
+    for heads, bn, w, st, sp in ((1, 128, 8, 3, 1), (1, 64, 4, 6, 1), (8, 16, 4, 3, 8), (4, 32, 4, 3, 4)):
+        fn = pages_read(case.b, pps, case.ps, heads, bn, sp, w, st)
+        for order, table in (("permuted", case.permuted), ("in-order", case.in_order)):
+            cands.append((f"read pages {order} heads={heads} bn={bn} w={w} st={st} splits={sp}", fn, (*kv, table)))
+    return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
+
+
 MODES = {
+    "--pipelines": (pipelines, ((16, 8192, 16), (16, 32768, 16))),
     "--patterns": (patterns, ((16, 8192, 16), (16, 32768, 16), (64, 8192, 16), (64, 32768, 16))),
     "--tables": (tables, ((16, 8192, 16), (16, 32768, 16), (16, 32768, 64), (64, 32768, 16))),
     "--kv-heads": (kv_heads, ((16, 8192, 16), (16, 32768, 16), (64, 8192, 16), (16, 32768, 64), (64, 32768, 16))),

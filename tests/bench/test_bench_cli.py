@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import jaxattn
@@ -112,6 +114,23 @@ def test_serving_bench_reports_bandwidth_for_paged_and_dense_decode(tmp_path: Pa
         assert rows[(mixed, backend)]["status"] == "ok", rows[(mixed, backend)]
     assert rows[(mixed, "vanilla_paged separate")]["note"] == "two calls"
     assert (mixed, "vanilla (dense)") not in rows  # dense decode only beside decode shapes
+
+
+def test_serving_pools_lay_pages_out_in_a_random_order_or_in_order() -> None:
+    """A fragmented pool (every table a random permutation of the pages) is the default; the GPU
+    matrix also runs two decode shapes on a fresh pool, each sequence's pages consecutive."""
+    from jaxattn.bench.serving import ServingShape, _inputs, serving_matrix
+
+    fresh = ServingShape(3, 40, 4, 2, 16, 16, "float32", pool="in order")
+    in_order = np.asarray(_inputs(fresh)["page_table"])
+    np.testing.assert_array_equal(in_order, np.arange(9).reshape(3, 3))
+    shuffled = np.asarray(_inputs(dataclasses.replace(fresh, pool="random"))["page_table"])
+    assert sorted(shuffled.ravel().tolist()) == list(range(9)) and not np.array_equal(shuffled, in_order)
+    assert fresh.label == "B3 ctx40 H4/2 D16 page16 pages in order"
+    assert [s.label for s in serving_matrix() if s.pool == "in order"] == [
+        "B16 ctx8192 H32/8 D128 page16 pages in order", "B16 ctx32768 H32/8 D128 page16 pages in order"]
+    with pytest.raises(ValueError, match="pool='sorted' must be one of"):
+        ServingShape(3, 40, 4, 2, 16, 16, "float32", pool="sorted")
 
 
 def test_serving_bench_takes_mechanism_names_and_refuses_unknown_ones(tmp_path: Path,

@@ -36,13 +36,17 @@ PALLAS_GPU_PAGED = "pallas_gpu_paged"
 #: The rows ratios are taken against, first that ran: cuDNN's dense decode on NVIDIA GPUs, the
 #: paged kernel where one serves page_attention, the pure-JAX paged reference elsewhere.
 REFERENCES = ("cudnn (dense)", "page_attention", "vanilla_paged")
+#: How a shape's page tables lay its sequences out in the pool (see ServingShape).
+POOLS = ("random", "in order")
 
 
 @dataclasses.dataclass(frozen=True)
 class ServingShape:
     """``batch`` decode sequences of ``context`` cached tokens (T=``queries`` each); with
     ``prefill`` > 0 also ``prefill`` sequences adding a ``chunk``-token prefill chunk (a ragged
-    mixed batch)."""
+    mixed batch). ``pool``: ``"random"`` (a fragmented pool: every page table a random
+    permutation of the pool's pages) or ``"in order"`` (a fresh pool: each sequence's pages
+    consecutive in memory)."""
 
     batch: int
     context: int
@@ -54,6 +58,11 @@ class ServingShape:
     queries: int = 1
     prefill: int = 0
     chunk: int = 0
+    pool: str = "random"
+
+    def __post_init__(self) -> None:
+        if self.pool not in POOLS:
+            raise ValueError(f"pool={self.pool!r} must be one of {POOLS}")
 
     @property
     def mixed(self) -> bool:
@@ -65,7 +74,8 @@ class ServingShape:
         base = f"B{self.batch} ctx{self.context} {heads} D{self.head_dim} page{self.page_size}"
         if self.mixed:
             return f"{base} + {self.prefill}x{self.chunk} prefill"
-        return base + (f" T{self.queries}" if self.queries != 1 else "")
+        base += f" T{self.queries}" if self.queries != 1 else ""
+        return base + (" pages in order" if self.pool == "in order" else "")
 
     @property
     def num_seqs(self) -> int:
@@ -96,12 +106,14 @@ def serving_matrix(*, quick: bool = False, dtype: str = "bfloat16") -> list[Serv
         return [ServingShape(b, ctx, 32, 8, 128, ps, dtype) for b in (16, 64) for ctx in (2048, 8192, 32768)]
 
     # Each target early, so that a run under --time-budget covers them all: decode with pages
-    # of 16, the mixed batches, pages of 64, then the longest contexts.
+    # of 16, the mixed batches, pages of 64, then the longest contexts; last, two shapes again
+    # on a fresh pool (pages in order), which shows what the random page order costs.
     return [*decode(16),
             ServingShape(64, 4096, 32, 8, 128, 16, dtype, prefill=4, chunk=512),
             ServingShape(32, 16384, 32, 8, 128, 64, dtype, prefill=2, chunk=2048),
             *decode(64),
-            *(ServingShape(16, 65536, 32, 8, 128, ps, dtype) for ps in (16, 64))]
+            *(ServingShape(16, 65536, 32, 8, 128, ps, dtype) for ps in (16, 64)),
+            *(ServingShape(16, ctx, 32, 8, 128, 16, dtype, pool="in order") for ctx in (8192, 32768))]
 
 
 @dataclasses.dataclass
@@ -129,7 +141,8 @@ class ServingResult:
 
 # -- inputs ------------------------------------------------------------------------------------
 def _inputs(shape: ServingShape, seed: int = 0) -> dict[str, Any]:
-    """The cache (a fragmented pool: pages in a random order), tables and queries, on the device."""
+    """The cache (the shape's pool: pages in a random order or in order), tables and queries, on
+    the device."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -137,7 +150,8 @@ def _inputs(shape: ServingShape, seed: int = 0) -> dict[str, Any]:
     dtype = jnp.dtype(shape.dtype)
     n, per_seq = shape.num_seqs, shape.pages_per_seq
     rng = np.random.default_rng(seed)
-    table = rng.permutation(n * per_seq).reshape(n, per_seq).astype(np.int32)
+    order = np.arange(n * per_seq) if shape.pool == "in order" else rng.permutation(n * per_seq)
+    table = order.reshape(n, per_seq).astype(np.int32)
     keys = jax.random.split(jax.random.key(seed), 4)
     pool = (n * per_seq, shape.page_size, shape.heads_kv, shape.head_dim)
     k_pages = jax.random.normal(keys[0], pool, dtype)
