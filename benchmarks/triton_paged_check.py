@@ -842,13 +842,11 @@ def sweep() -> None:
         splits_options = sorted({base.num_splits, *(SWEEP_SPLITS[:2] if SMOKE else SWEEP_SPLITS)})
         # The swept tiles take one KV head per program; the default (which may fold several,
         # launch_paged.default_tiles) is timed as it is, first.
-        configs = [base] + [
+        swept = (
             dataclasses.replace(base, block_n=bn, num_warps=warps, num_stages=stages, num_splits=splits, kv_heads=1)
             for bn, warps, stages in tiles for splits in splits_options
-        ]  # fmt: skip
-        for n_config, t in enumerate(configs):
-            if n_config and t == base:
-                continue  # the default, timed already
+        )  # fmt: skip
+        for t in [base, *(c for c in swept if c != base)]:
             bn, warps, stages, splits = t.block_n, t.num_warps, t.num_stages, t.num_splits
             label = f"ps={ps} B={batch} ctx={ctx} kvh={t.kv_heads} bn={bn} w={warps} st={stages} splits={splits}"
             late = out_of_time("sweep", label)

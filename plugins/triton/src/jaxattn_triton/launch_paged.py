@@ -177,6 +177,8 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
     num_stages = 2 if wide else 3
     block_m = max(16, _pow2_at_least(block_q * head_chunk))
     num_warps = 8 if block_m >= 128 else 4
+    # Decode-shaped: a sequence's queries of one KV head fit 16 rows, head dims <= 128.
+    decode_like = block_m <= 16 and not wide
     one_wave = filled = False
     kv_heads = 1
     if num_splits is None:
@@ -189,9 +191,9 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
         filled = programs >= 2 * num_sms
         # Decode whose unsplit programs already make one nearly full wave: splitting adds the
         # combine kernel and shorter runs for little balance gained.
-        one_wave = block_m <= 16 and not wide and not filled and 8 * programs >= 7 * num_sms
+        one_wave = decode_like and not filled and 8 * programs >= 7 * num_sms
         num_splits = 1 if one_wave else max(1, min(_cdiv(2 * num_sms, programs), most, 64))
-        if filled and block_m <= 16 and not wide and chunks == 1:
+        if filled and decode_like and chunks == 1:
             kv_heads = _one_wave_kv_heads(spec.heads_kv, block_q * head_chunk, programs, num_sms)
     if one_wave:
         # Measured on an H100 (bf16, D=128, GQA 32/8, 16 sequences = 128 programs for 132 SMs;
@@ -208,7 +210,7 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
         # us per call, 4 heads x 32 tokens unsplit vs one head, 32 tokens, 4 stages: 8k tokens
         # 747.5 vs 766.3 (cuDNN 743.5), 32k 2914.9 vs 2967.7 (2917.8).
         block_n, num_warps, num_stages, num_splits = 128 // kv_heads, 4, 3, 1
-    elif filled and block_m <= 16 and not wide:
+    elif filled and decode_like:
         # Decode with enough sequences to fill the SMs unsplit: shorter key tiles, one more
         # in flight. Measured on an H100 (bf16, D=128, GQA 32/8, 64 sequences, 8k and 32k
         # tokens, pages of 16 and 64; benchmarks/triton_paged_check.py --sweep): 2887-2921 GB/s

@@ -97,6 +97,8 @@ def _paged_sweep(
     offs_c = tl.arange(0, BLOCK_N * KV_HEADS)
     col_tok = offs_c // KV_HEADS
     hcol = offs_c % KV_HEADS
+    k_head = hcol * stride_kh
+    v_head = hcol * stride_vh
     if KV_HEADS > 1:
         own_head = hrow[:, None] == hcol[None, :]
     # Page-table entries are read one tile ahead (carried through the loop): K/V addresses
@@ -114,8 +116,8 @@ def _paged_sweep(
         offs_n = start_n + col_tok
         if IDENTITY_PAGES:
             # A dense cache seen as one page per sequence: no page-table read at all.
-            k_rows = seq64 * stride_kp + offs_n.to(tl.int64) * stride_kt + hcol * stride_kh
-            v_rows = seq64 * stride_vp + offs_n.to(tl.int64) * stride_vt + hcol * stride_vh
+            k_rows = seq64 * stride_kp + offs_n.to(tl.int64) * stride_kt
+            v_rows = seq64 * stride_vp + offs_n.to(tl.int64) * stride_vt
         else:
             # One entry per tile when a tile never straddles pages, one per row otherwise.
             # Clamped: a corrupt entry reads a wrong page, never memory outside the cache.
@@ -127,10 +129,10 @@ def _paged_sweep(
                 offs_nxt = offs_n + BLOCK_N
                 page_next = tl.load(pt_row + offs_nxt // PAGE_SIZE, mask=offs_nxt < hi, other=0)
             in_page = offs_n % PAGE_SIZE
-            k_rows = page * stride_kp + in_page * stride_kt + hcol * stride_kh
-            v_rows = page * stride_vp + in_page * stride_vt + hcol * stride_vh
-        k_ptrs = k_base + k_rows[:, None] + offs_d[None, :]
-        v_ptrs = v_base + v_rows[:, None] + offs_dv[None, :]
+            k_rows = page * stride_kp + in_page * stride_kt
+            v_rows = page * stride_vp + in_page * stride_vt
+        k_ptrs = k_base + (k_rows + k_head)[:, None] + offs_d[None, :]
+        v_ptrs = v_base + (v_rows + v_head)[:, None] + offs_dv[None, :]
         if EDGE:
             # Rows past kv_len inside a used page are unwritten cache memory (possibly NaN bit
             # patterns): V must be zero there, since 0 * NaN would reach the accumulator.
