@@ -12,7 +12,8 @@ one process. Patterns:
 
 Modes: ``--patterns`` (the reads above), ``--tables`` (paged decode on a permuted vs an
 in-order page table, same tiles), ``--kv-heads`` (``PagedTiles.kv_heads`` configurations on
-a permuted table). On the GPU machine: ``python3 benchmarks/paged_probe.py --kv-heads [--json OUT]``.
+a permuted table), ``--sorted`` (each row's pages read in address order).
+On the GPU machine: ``python3 benchmarks/paged_probe.py --kv-heads [--json OUT]``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -108,6 +110,28 @@ def read_pages_kernel(K, V, Table, Out, PPS: tl.constexpr, PS: tl.constexpr, HKV
     tl.store(Out + row * D + offs_d, tl.sum(acc, 0))
 
 
+@triton.jit
+def sort_rows_kernel(Table, Lens, Out, PPS: tl.constexpr, BLOCK: tl.constexpr, PS: tl.constexpr, QL: tl.constexpr):
+    """``address_sorted`` as one Triton launch: a program sorts one row's fully visible pages."""
+    b = tl.program_id(0)
+    j = tl.arange(0, BLOCK)
+    free = tl.maximum(tl.load(Lens + b) - QL, 0) // PS
+    row = tl.load(Table + b * PPS + j, mask=j < PPS, other=0)
+    inside = j < free
+    ordered = tl.sort(tl.where(inside, row, 2147483647))
+    tl.store(Out + b * PPS + j, tl.where(inside, ordered, row), mask=j < PPS)
+
+
+def triton_sorted(table: jax.Array, lengths: jax.Array, q_len: int, page_size: int) -> jax.Array:
+    import jax_triton as jt
+
+    b, pps = table.shape
+    out = jax.ShapeDtypeStruct(table.shape, table.dtype)
+    return jt.triton_call(table, lengths, kernel=sort_rows_kernel, out_shape=out,
+                          grid=(b,), num_warps=4, PPS=pps, BLOCK=triton.next_power_of_2(pps), PS=page_size,
+                          QL=q_len)  # fmt: skip
+
+
 def pages_read(b: int, pps: int, ps: int, heads: int, bn: int, splits: int, warps: int, stages: int) -> Any:
     import jax_triton as jt
 
@@ -192,25 +216,49 @@ class Case:
                 a.delete()
 
 
-def measure(case: Case, cands: list[Candidate], rows: list[dict[str, Any]], deadline: float) -> None:
-    """Times every candidate back to back (``jaxattn bench``'s timing), printing and recording it."""
-    from jaxattn_triton.bench_util import time_jax
+def measure(case: Case, cands: list[Candidate], rows: list[dict[str, Any]], deadline: float, rounds: int = 8) -> None:
+    """Times the candidates in interleaved rounds (a b c, c b a, ...), as ``jaxattn bench`` does.
+
+    Each round takes one sample (back-to-back calls lasting >= 10 ms after a 100 ms pre-roll)
+    of every candidate, so drift hits them alike; a row reports the median time and the median
+    of its per-round ratios to the first candidate (cuDNN), printed and recorded.
+    """
+    from jaxattn.bench.timing import Program, preroll, run_once, run_sample, size_samples
 
     out_path = Path(sys.argv[sys.argv.index("--json") + 1]) if "--json" in sys.argv else None
+    live: list[tuple[dict[str, Any], Program, tuple[Any, ...], int, int]] = []
     for name, fn, args in cands:
+        row: dict[str, Any] = {"B": case.b, "S": case.s, "ps": case.ps, "name": name, "times_us": []}
+        rows.append(row)
+        if time.monotonic() > deadline:
+            row["error"] = "out of time"
+            continue
+        try:
+            program = Program(jax.jit(fn), None, 0.0)
+            run_once(program, args)
+            live.append((row, program, args, *size_samples(program, args, run_once(program, args), 10.0, 100.0)))
+        except Exception as err:  # a failed candidate must not end the probe
+            row["error"] = f"{type(err).__name__}: {err}"[:300]
+    for r in range(rounds):
         if time.monotonic() > deadline:
             break
-        row: dict[str, Any] = {"B": case.b, "S": case.s, "ps": case.ps, "name": name}
-        try:
-            sec = time_jax(jax.jit(fn), *args, reps=6)
-            row.update(us=sec * 1e6, GBps=case.nbytes / sec / 1e9)
-            shown = f"{row['us']:.1f} us {row['GBps']:.0f} GB/s"
-        except Exception as err:  # a failed candidate must not end the probe
-            row["error"] = shown = f"{type(err).__name__}: {err}"[:300]
-        rows.append(row)
-        print(f"B={case.b} S={case.s} ps={case.ps} {name}: {shown}", flush=True)
-        if out_path:
-            out_path.write_text(json.dumps(rows, indent=1))
+        for row, program, args, number, warm in live if r % 2 == 0 else live[::-1]:
+            preroll(program, args, warm)
+            row["times_us"].append(run_sample(program, args, number) * 1e3)
+    ref = live[0][0]["times_us"] if live else []
+    for row, *_ in live:
+        times = row["times_us"]
+        row["us"] = statistics.median(times)
+        row["GBps"] = case.nbytes / row["us"] / 1e3
+        row["vs_first"] = statistics.median(a / b for a, b in zip(ref, times, strict=False))
+        spread = (max(times) - min(times)) / row["us"]
+        print(f"B={case.b} S={case.s} ps={case.ps} {row['name']}: {row['us']:.1f} us {row['GBps']:.0f} GB/s "
+              f"{row['vs_first']:.3f}x first (spread {spread:.1%})", flush=True)  # fmt: skip
+    for row in rows:
+        if "error" in row:
+            print(f"B={case.b} S={case.s} ps={case.ps} {row['name']}: {row['error']}", flush=True)
+    if out_path:
+        out_path.write_text(json.dumps(rows, indent=1))
 
 
 def patterns(case: Case) -> list[Candidate]:
@@ -289,7 +337,52 @@ def pipelines(case: Case) -> list[Candidate]:
     return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
 
 
+def address_sorted(table: jax.Array, lengths: jax.Array, q_len: int, page_size: int) -> jax.Array:
+    """Each row's pages that every query sees in full, in physical-address order; the rest kept.
+
+    Softmax accumulation is order-free, and a key page below ``kv_len - q_len`` is visible to
+    every query of its sequence whatever its place in the table (no window), so those pages
+    may be read in any order.
+    """
+    free = jnp.maximum(lengths - q_len, 0) // page_size
+    inside = jnp.arange(table.shape[1], dtype=jnp.int32)[None, :] < free[:, None]
+    ordered = jnp.sort(jnp.where(inside, table, jnp.iinfo(jnp.int32).max), axis=1)
+    return jnp.where(inside, ordered, table)
+
+
+def sorted_tables(case: Case) -> list[Candidate]:
+    """Reading each sequence's pages in address order: a pre-sorted table, a per-call sort."""
+    from jaxattn_triton.paged_ops import paged_decode
+
+    presorted = jnp.sort(case.permuted, axis=1)
+
+    def sort_then_decode(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array) -> jax.Array:
+        return paged_decode(q, k, v, address_sorted(tb, n, 1, case.ps), n)
+
+    def triton_sort_then_decode(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array) -> jax.Array:
+        return paged_decode(q, k, v, triton_sorted(tb, n, 1, case.ps), n)
+
+    args = (case.q, case.kp, case.vp, case.permuted, case.lens)
+    cands = [case.cudnn(), case.paged("paged permuted", None, case.permuted),
+             case.paged("paged permuted, rows pre-sorted", None, presorted),
+             ("paged permuted, jnp.sort per call", sort_then_decode, args),
+             ("paged permuted, triton sort per call", triton_sort_then_decode, args),
+             case.paged("paged in-order", None, case.in_order)]  # fmt: skip
+    if case.b <= 16:
+        from jaxattn_triton import launch_paged as LP
+
+        base = dataclasses.replace(LP.default_tiles(case.spec), kv_heads=1)
+        for kvh, bn, w, st, sp in ((1, 64, 4, 4, 1), (2, 64, 4, 3, 2)):
+            t = dataclasses.replace(base, kv_heads=kvh, block_n=bn, num_warps=w, num_stages=st, num_splits=sp)
+            cands.append(case.paged(f"paged pre-sorted kvh={kvh} bn={bn} w={w} st={st} splits={sp}", t, presorted))
+    return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
+
+
 MODES = {
+    "--sorted": (
+        sorted_tables,
+        ((16, 8192, 16), (16, 32768, 16), (16, 65536, 16), (16, 32768, 64), (64, 8192, 16), (64, 32768, 16)),
+    ),
     "--pipelines": (pipelines, ((16, 8192, 16), (16, 32768, 16))),
     "--patterns": (patterns, ((16, 8192, 16), (16, 32768, 16), (64, 8192, 16), (64, 32768, 16))),
     "--tables": (tables, ((16, 8192, 16), (16, 32768, 16), (16, 32768, 64), (64, 32768, 16))),

@@ -133,6 +133,25 @@ def test_serving_pools_lay_pages_out_in_a_random_order_or_in_order() -> None:
         ServingShape(3, 40, 4, 2, 16, 16, "float32", pool="sorted")
 
 
+def test_serving_address_order_pool_sorts_each_rows_full_pages() -> None:
+    """The random pool with every row's fully visible pages in address order: the same pages per
+    row as the random pool, the band ascending, the page holding the query (and the chunk of a
+    mixed shape) in place."""
+    from jaxattn.bench.serving import ServingShape, _inputs, serving_matrix
+
+    shape = ServingShape(3, 40, 4, 2, 16, 8, "float32", pool="address order", prefill=1, chunk=20)
+    ordered = np.asarray(_inputs(shape)["page_table"])
+    shuffled = np.asarray(_inputs(dataclasses.replace(shape, pool="random"))["page_table"])
+    assert not np.array_equal(ordered, shuffled)
+    # Decode rows: 40 tokens, 5 full pages. The prefill row's first query sits at 20: 2 pages before it.
+    for row, full in zip(range(4), (5, 5, 5, 2), strict=True):
+        np.testing.assert_array_equal(ordered[row, :full], np.sort(shuffled[row, :full]))
+        np.testing.assert_array_equal(ordered[row, full:], shuffled[row, full:])
+    assert shape.label == "B3 ctx40 H4/2 D16 page8 + 1x20 prefill pages in address order"
+    assert [s.label for s in serving_matrix() if s.pool == "address order"] == [
+        f"B16 ctx{ctx} H32/8 D128 page16 pages in address order" for ctx in (8192, 32768, 65536)]
+
+
 def test_serving_bench_takes_mechanism_names_and_refuses_unknown_ones(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """``--impls`` names rows as asked, aliases included: page_attention resolves to the CPU's

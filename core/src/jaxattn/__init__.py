@@ -18,6 +18,7 @@ _EXPORTS: dict[str, str] = {
     "paged_attention": "api",
     "ragged_paged_attention": "api",
     "explain_paged": "api",
+    "pages_in_address_order": "paging",
     "AttentionMetadata": "metadata",
     "AttentionOutput": "output",
     "AttentionProblem": "problem",
@@ -77,6 +78,7 @@ __all__ = [
     "list_impls",
     "list_plugins",
     "paged_attention",
+    "pages_in_address_order",
     "ragged_paged_attention",
     "register_impl",
     "register_plugin",
@@ -111,6 +113,7 @@ if TYPE_CHECKING:
     from .names import AttentionMechanisms
     from .output import AttentionOutput
     from .paged_impl import PagedAttentionImpl
+    from .paging import pages_in_address_order
     from .plugins import PluginRecord, list_plugins, register_plugin
     from .problem import AttentionProblem, PagedProblem
     from .registry import ImplInfo, ImplRef

@@ -37,7 +37,8 @@ PALLAS_GPU_PAGED = "pallas_gpu_paged"
 #: paged kernel where one serves page_attention, the pure-JAX paged reference elsewhere.
 REFERENCES = ("cudnn (dense)", "page_attention", "vanilla_paged")
 #: How a shape's page tables lay its sequences out in the pool (see ServingShape).
-POOLS = ("random", "in order")
+POOLS = ("random", "in order", "address order")
+_POOL_LABELS = {"random": "", "in order": " pages in order", "address order": " pages in address order"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +46,10 @@ class ServingShape:
     """``batch`` decode sequences of ``context`` cached tokens (T=``queries`` each); with
     ``prefill`` > 0 also ``prefill`` sequences adding a ``chunk``-token prefill chunk (a ragged
     mixed batch). ``pool``: ``"random"`` (a fragmented pool: every page table a random
-    permutation of the pool's pages) or ``"in order"`` (a fresh pool: each sequence's pages
-    consecutive in memory)."""
+    permutation of the pool's pages), ``"in order"`` (a fresh pool: each sequence's pages
+    consecutive in memory) or ``"address order"`` (the fragmented pool, each row's fully
+    visible pages listed in address order by ``jaxattn.pages_in_address_order``, as an engine
+    may pass them)."""
 
     batch: int
     context: int
@@ -73,9 +76,10 @@ class ServingShape:
         heads = f"H{self.heads_q}/{self.heads_kv}"
         base = f"B{self.batch} ctx{self.context} {heads} D{self.head_dim} page{self.page_size}"
         if self.mixed:
-            return f"{base} + {self.prefill}x{self.chunk} prefill"
-        base += f" T{self.queries}" if self.queries != 1 else ""
-        return base + (" pages in order" if self.pool == "in order" else "")
+            base += f" + {self.prefill}x{self.chunk} prefill"
+        elif self.queries != 1:
+            base += f" T{self.queries}"
+        return base + _POOL_LABELS[self.pool]
 
     @property
     def num_seqs(self) -> int:
@@ -107,13 +111,15 @@ def serving_matrix(*, quick: bool = False, dtype: str = "bfloat16") -> list[Serv
 
     # Each target early, so that a run under --time-budget covers them all: decode with pages
     # of 16, the mixed batches, pages of 64, then the longest contexts; last, two shapes again
-    # on a fresh pool (pages in order), which shows what the random page order costs.
+    # on a fresh pool (pages in order), which shows what the random page order costs, and three
+    # on the random pool with each row's pages listed in address order.
     return [*decode(16),
             ServingShape(64, 4096, 32, 8, 128, 16, dtype, prefill=4, chunk=512),
             ServingShape(32, 16384, 32, 8, 128, 64, dtype, prefill=2, chunk=2048),
             *decode(64),
             *(ServingShape(16, 65536, 32, 8, 128, ps, dtype) for ps in (16, 64)),
-            *(ServingShape(16, ctx, 32, 8, 128, 16, dtype, pool="in order") for ctx in (8192, 32768))]
+            *(ServingShape(16, ctx, 32, 8, 128, 16, dtype, pool="in order") for ctx in (8192, 32768)),
+            *(ServingShape(16, ctx, 32, 8, 128, 16, dtype, pool="address order") for ctx in (8192, 32768, 65536))]
 
 
 @dataclasses.dataclass
@@ -141,8 +147,8 @@ class ServingResult:
 
 # -- inputs ------------------------------------------------------------------------------------
 def _inputs(shape: ServingShape, seed: int = 0) -> dict[str, Any]:
-    """The cache (the shape's pool: pages in a random order or in order), tables and queries, on
-    the device."""
+    """The cache (the shape's pool: pages in a random order, in order, or random with each row in
+    address order), tables and queries, on the device."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -157,6 +163,10 @@ def _inputs(shape: ServingShape, seed: int = 0) -> dict[str, Any]:
     k_pages = jax.random.normal(keys[0], pool, dtype)
     v_pages = jax.random.normal(keys[1], pool, dtype)
     q_lens = [shape.queries] * shape.batch + [shape.chunk] * shape.prefill
+    if shape.pool == "address order":
+        from ..paging import pages_in_address_order
+
+        table = pages_in_address_order(table, np.full(n, shape.context), shape.page_size, q_lens=np.asarray(q_lens))
     cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     q = jax.random.normal(keys[2], (int(cu[-1]), shape.heads_q, shape.head_dim), dtype)
     out = {"q": q, "k_pages": k_pages, "v_pages": v_pages, "page_table": jnp.asarray(table),

@@ -96,6 +96,10 @@ DEFAULT_PAGED_CASES: tuple[PagedCase, ...] = (
     PagedCase("sinks", q_lens=(2, 1, 1), kv_lens=(5, 1, 9), sinks=True, hq=4, hkv=2),
     PagedCase("softmax_scale", q_lens=(1, 1), kv_lens=(6, 10), uniform=True, softmax_scale=0.31),
     PagedCase("value_dim", q_lens=(2, 1), kv_lens=(7, 5), dv=8),
+    # A fragmented pool under a window: pages_in_address_order moves a band in the middle of the
+    # row (what the window still covers, before the first query), ends kept in place.
+    PagedCase("ragged_window_permuted", q_lens=(3, 1, 2), kv_lens=(21, 18, 13), sliding_window=12,
+              allocation="permuted", seed=3),
     PagedCase("combined_everything", q_lens=(3, 1, 2), kv_lens=(9, 15, 2), layout="combined",
               allocation="permuted", sliding_window=5, logits_soft_cap=3.0, sinks=True, q_gain=2.0, hq=8, hkv=2),
 )

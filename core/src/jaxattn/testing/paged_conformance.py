@@ -11,7 +11,8 @@ Subclass ``PagedConformanceSuite`` in a test module and name the backend::
 For every case of the matrix (``jaxattn.testing.paged_cases``) and dtype, the backend either
 accepts the call and matches the float64 oracle (every row: padding rows and rows that see no
 key must be exactly zero), or declines it with ``UnsupportedError`` and reasons. Uniform cases
-also go through ``jaxattn.paged_attention`` (the decode form); every case runs under
+also go through ``jaxattn.paged_attention`` (the decode form), and cases whose pages are not in
+address order run again with ``jaxattn.pages_in_address_order``'s table; every case runs under
 ``jax.jit``, where nothing is concrete. The same guards as the dense suite run too: a feature
 not declared must be declined, and the call runs (or declines) under ``jax_enable_x64``.
 """
@@ -185,6 +186,24 @@ class PagedConformanceSuite:
         with jax.default_matmul_precision("highest"):
             got = self._run(paged_case, arrays)
         self._check(paged_case, got, self._expected(paged_case, np_arrays), dtype, paged_case.describe())
+
+    def test_pages_in_address_order(self, paged_case: PagedCase, dtype: str) -> None:
+        """The table from ``jaxattn.pages_in_address_order`` (what an engine may pass to read its
+        pool in address order) gives the output of the table in position order."""
+        from jaxattn.paging import pages_in_address_order
+
+        np_arrays = make_paged_inputs(paged_case, dtype)
+        table = pages_in_address_order(np_arrays["page_table"], np_arrays["kv_lengths"], paged_case.page_size,
+                                       q_lens=np.diff(np_arrays["cu_q_lens"]), sliding_window=paged_case.sliding_window)
+        if np.array_equal(table, np_arrays["page_table"]):
+            pytest.skip("the case's pages are already in address order")
+        arrays = _to_jax({**np_arrays, "page_table": table}, dtype)
+        if self._supports(paged_case, arrays):
+            pytest.skip("declined (checked by test_forward)")
+        with jax.default_matmul_precision("highest"):
+            got = self._run(paged_case, arrays)
+        self._check(paged_case, got, self._expected(paged_case, np_arrays), dtype,
+                    f"address-ordered table: {paged_case.describe()}")
 
     def test_decode_form(self, paged_case: PagedCase, dtype: str) -> None:
         """Uniform cases through ``jaxattn.paged_attention`` with q ``(B, T, Hq, D)``."""
