@@ -12,7 +12,8 @@ one process. Patterns:
 
 Modes: ``--patterns`` (the reads above), ``--tables`` (paged decode on a permuted vs an
 in-order page table, same tiles), ``--kv-heads`` (``PagedTiles.kv_heads`` configurations on
-a permuted table), ``--sorted`` (each row's pages read in address order).
+a permuted table), ``--sorted`` (each row's pages read in address order), ``--runs`` (pools
+fragmented in runs of consecutive pages).
 On the GPU machine: ``python3 benchmarks/paged_probe.py --kv-heads [--json OUT]``.
 """
 
@@ -378,7 +379,33 @@ def sorted_tables(case: Case) -> list[Candidate]:
     return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
 
 
+def runs(case: Case) -> list[Candidate]:
+    """Pools fragmented in runs of R consecutive pages (the runs in a random order): at which run
+    length does a random pool read as fast as an in-order one? 2 MB runs (64 pages of 16 tokens
+    here) are the GPU's large-page size; several KV heads per program touch each page from one SM."""
+    from jaxattn_triton import launch_paged as LP
+
+    n_pages, pps = case.b * case.s // case.ps, case.s // case.ps
+    rng = np.random.default_rng(0)
+
+    def table(run: int) -> jax.Array:
+        starts = rng.permutation(n_pages // run) * run
+        return jnp.asarray((starts[:, None] + np.arange(run)).reshape(case.b, pps).astype(np.int32))
+
+    presorted = jnp.sort(case.permuted, axis=1)
+    cands = [case.cudnn(), case.paged("paged in-order", None, case.in_order)]
+    cands += [case.paged(f"paged runs of {r}", None, table(r)) for r in (1, 4, 16, 64, 256)]
+    cands.append(case.paged("paged runs of 1, rows sorted", None, presorted))
+    base = dataclasses.replace(LP.default_tiles(case.spec), kv_heads=1)
+    for kvh, bn, sp in ((8, 16, 8), (4, 32, 4)):
+        t = dataclasses.replace(base, kv_heads=kvh, block_n=bn, num_warps=4, num_stages=3, num_splits=sp)
+        for name, tb in (("runs of 1", case.permuted), ("rows sorted", presorted), ("in-order", case.in_order)):
+            cands.append(case.paged(f"paged kvh={kvh} bn={bn} splits={sp} {name}", t, tb))
+    return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
+
+
 MODES = {
+    "--runs": (runs, ((16, 32768, 16), (16, 65536, 16))),
     "--sorted": (
         sorted_tables,
         ((16, 8192, 16), (16, 32768, 16), (16, 65536, 16), (16, 32768, 64), (64, 8192, 16), (64, 32768, 16)),

@@ -152,6 +152,21 @@ def test_serving_address_order_pool_sorts_each_rows_full_pages() -> None:
         f"B16 ctx{ctx} H32/8 D128 page16 pages in address order" for ctx in (8192, 32768, 65536)]
 
 
+def test_serving_runs_pool_hands_out_sixteen_consecutive_pages_at_a_time() -> None:
+    """Runs of 16 consecutive pages in a random order; a pool that is not whole runs is rounded
+    up (distinct pages, all inside the pool)."""
+    from jaxattn.bench.serving import RUN, ServingShape, _inputs, serving_matrix
+
+    arrays = _inputs(ServingShape(3, 100, 4, 2, 16, 4, "float32", pool="runs of 16"))  # 75 pages: 5 runs
+    flat = np.asarray(arrays["page_table"]).ravel()
+    assert arrays["k_pages"].shape[0] == 5 * RUN and len(set(flat.tolist())) == 75 and flat.max() < 80
+    runs = flat[: 4 * RUN].reshape(4, RUN)
+    np.testing.assert_array_equal(runs - runs[:, :1], np.tile(np.arange(RUN), (4, 1)))
+    assert runs[:, 0].tolist() != sorted(runs[:, 0].tolist()) and (runs[:, 0] % RUN == 0).all()
+    assert [s.label for s in serving_matrix() if s.pool == "runs of 16"] == [
+        f"B16 ctx{ctx} H32/8 D128 page16 pages in runs of 16" for ctx in (32768, 65536)]
+
+
 def test_serving_bench_takes_mechanism_names_and_refuses_unknown_ones(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """``--impls`` names rows as asked, aliases included: page_attention resolves to the CPU's

@@ -37,8 +37,11 @@ PALLAS_GPU_PAGED = "pallas_gpu_paged"
 #: paged kernel where one serves page_attention, the pure-JAX paged reference elsewhere.
 REFERENCES = ("cudnn (dense)", "page_attention", "vanilla_paged")
 #: How a shape's page tables lay its sequences out in the pool (see ServingShape).
-POOLS = ("random", "in order", "address order")
-_POOL_LABELS = {"random": "", "in order": " pages in order", "address order": " pages in address order"}
+POOLS = ("random", "in order", "address order", "runs of 16")
+_POOL_LABELS = {"random": "", "in order": " pages in order", "address order": " pages in address order",
+                "runs of 16": " pages in runs of 16"}
+#: Consecutive pages an allocator hands out at once in the "runs of 16" pool.
+RUN = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,9 +50,10 @@ class ServingShape:
     ``prefill`` > 0 also ``prefill`` sequences adding a ``chunk``-token prefill chunk (a ragged
     mixed batch). ``pool``: ``"random"`` (a fragmented pool: every page table a random
     permutation of the pool's pages), ``"in order"`` (a fresh pool: each sequence's pages
-    consecutive in memory) or ``"address order"`` (the fragmented pool, each row's fully
+    consecutive in memory), ``"address order"`` (the fragmented pool, each row's fully
     visible pages listed in address order by ``jaxattn.pages_in_address_order``, as an engine
-    may pass them)."""
+    may pass them) or ``"runs of 16"`` (fragmented in runs of 16 consecutive pages, the runs in
+    a random order: an allocator that grows a sequence 16 pages at a time)."""
 
     batch: int
     context: int
@@ -111,15 +115,17 @@ def serving_matrix(*, quick: bool = False, dtype: str = "bfloat16") -> list[Serv
 
     # Each target early, so that a run under --time-budget covers them all: decode with pages
     # of 16, the mixed batches, pages of 64, then the longest contexts; last, two shapes again
-    # on a fresh pool (pages in order), which shows what the random page order costs, and three
-    # on the random pool with each row's pages listed in address order.
+    # on a fresh pool (pages in order), which shows what the random page order costs, three on
+    # the random pool with each row's pages listed in address order, and two on a pool
+    # fragmented in runs of 16 pages.
     return [*decode(16),
             ServingShape(64, 4096, 32, 8, 128, 16, dtype, prefill=4, chunk=512),
             ServingShape(32, 16384, 32, 8, 128, 64, dtype, prefill=2, chunk=2048),
             *decode(64),
             *(ServingShape(16, 65536, 32, 8, 128, ps, dtype) for ps in (16, 64)),
             *(ServingShape(16, ctx, 32, 8, 128, 16, dtype, pool="in order") for ctx in (8192, 32768)),
-            *(ServingShape(16, ctx, 32, 8, 128, 16, dtype, pool="address order") for ctx in (8192, 32768, 65536))]
+            *(ServingShape(16, ctx, 32, 8, 128, 16, dtype, pool="address order") for ctx in (8192, 32768, 65536)),
+            *(ServingShape(16, ctx, 32, 8, 128, 16, dtype, pool="runs of 16") for ctx in (32768, 65536))]
 
 
 @dataclasses.dataclass
@@ -147,8 +153,7 @@ class ServingResult:
 
 # -- inputs ------------------------------------------------------------------------------------
 def _inputs(shape: ServingShape, seed: int = 0) -> dict[str, Any]:
-    """The cache (the shape's pool: pages in a random order, in order, or random with each row in
-    address order), tables and queries, on the device."""
+    """The cache (laid out as the shape's pool says), tables and queries, on the device."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -156,10 +161,18 @@ def _inputs(shape: ServingShape, seed: int = 0) -> dict[str, Any]:
     dtype = jnp.dtype(shape.dtype)
     n, per_seq = shape.num_seqs, shape.pages_per_seq
     rng = np.random.default_rng(seed)
-    order = np.arange(n * per_seq) if shape.pool == "in order" else rng.permutation(n * per_seq)
+    num_pages = n * per_seq
+    if shape.pool == "in order":
+        order = np.arange(num_pages)
+    elif shape.pool == "runs of 16":
+        runs = -(-num_pages // RUN)  # the pool rounded up to whole runs; the last one's tail unused
+        order = (rng.permutation(runs)[:, None] * RUN + np.arange(RUN)).ravel()[:num_pages]
+        num_pages = runs * RUN
+    else:
+        order = rng.permutation(num_pages)
     table = order.reshape(n, per_seq).astype(np.int32)
     keys = jax.random.split(jax.random.key(seed), 4)
-    pool = (n * per_seq, shape.page_size, shape.heads_kv, shape.head_dim)
+    pool = (num_pages, shape.page_size, shape.heads_kv, shape.head_dim)
     k_pages = jax.random.normal(keys[0], pool, dtype)
     v_pages = jax.random.normal(keys[1], pool, dtype)
     q_lens = [shape.queries] * shape.batch + [shape.chunk] * shape.prefill
