@@ -13,7 +13,7 @@ one process. Patterns:
 Modes: ``--patterns`` (the reads above), ``--tables`` (paged decode on a permuted vs an
 in-order page table, same tiles), ``--kv-heads`` (``PagedTiles.kv_heads`` configurations on
 a permuted table), ``--sorted`` (each row's pages read in address order), ``--runs`` (pools
-fragmented in runs of consecutive pages).
+fragmented in runs of consecutive pages), ``--occupancy`` (two programs per SM at 16 sequences).
 On the GPU machine: ``python3 benchmarks/paged_probe.py --kv-heads [--json OUT]``.
 """
 
@@ -404,7 +404,25 @@ def runs(case: Case) -> list[Candidate]:
     return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
 
 
+def occupancy(case: Case) -> list[Candidate]:
+    """Two programs per SM at 16 sequences (half the GQA group each, or two key splits), so one
+    computes while the other loads, against the one-program default and a pure read of the
+    same permuted pages (the bar for any kernel on this layout)."""
+    from jaxattn_triton import launch_paged as LP
+
+    base = dataclasses.replace(LP.default_tiles(case.spec), kv_heads=1)
+    cands = [case.cudnn(), case.paged("paged default", None, case.permuted)]
+    for hc, bn, w, st, sp in ((2, 64, 4, 3, 1), (2, 64, 4, 2, 1), (2, 32, 4, 4, 1), (2, 128, 4, 2, 1),
+                              (1, 64, 4, 3, 2)):  # fmt: skip
+        t = dataclasses.replace(base, head_chunk=hc, block_n=bn, num_warps=w, num_stages=st, num_splits=sp)
+        cands.append(case.paged(f"paged head_chunk={hc} bn={bn} w={w} st={st} splits={sp}", t, case.permuted))
+    read = pages_read(case.b, case.s // case.ps, case.ps, 1, 128, 1, 8, 3)
+    cands.append(("read pages permuted heads=1 bn=128 w=8 st=3", read, (case.kp, case.vp, case.permuted)))
+    return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
+
+
 MODES = {
+    "--occupancy": (occupancy, ((16, 8192, 16), (16, 32768, 16))),
     "--runs": (runs, ((16, 32768, 16), (16, 65536, 16))),
     "--sorted": (
         sorted_tables,
