@@ -113,10 +113,12 @@ def read_pages_kernel(K, V, Table, Out, PPS: tl.constexpr, PS: tl.constexpr, HKV
 
 @triton.jit
 def sort_rows_kernel(Table, Lens, Out, PPS: tl.constexpr, BLOCK: tl.constexpr, PS: tl.constexpr, QL: tl.constexpr):
-    """``address_sorted`` as one Triton launch: a program sorts one row's fully visible pages."""
+    """``jaxattn.pages_in_address_order`` (no window) as one Triton launch: a program sorts one
+    row's fully visible pages."""
     b = tl.program_id(0)
     j = tl.arange(0, BLOCK)
-    free = tl.maximum(tl.load(Lens + b) - QL, 0) // PS
+    n = tl.load(Lens + b)
+    free = tl.maximum(tl.minimum(n - QL + 1, n), 0) // PS
     row = tl.load(Table + b * PPS + j, mask=j < PPS, other=0)
     inside = j < free
     ordered = tl.sort(tl.where(inside, row, 2147483647))
@@ -338,27 +340,15 @@ def pipelines(case: Case) -> list[Candidate]:
     return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
 
 
-def address_sorted(table: jax.Array, lengths: jax.Array, q_len: int, page_size: int) -> jax.Array:
-    """Each row's pages that every query sees in full, in physical-address order; the rest kept.
-
-    Softmax accumulation is order-free, and a key page below ``kv_len - q_len`` is visible to
-    every query of its sequence whatever its place in the table (no window), so those pages
-    may be read in any order.
-    """
-    free = jnp.maximum(lengths - q_len, 0) // page_size
-    inside = jnp.arange(table.shape[1], dtype=jnp.int32)[None, :] < free[:, None]
-    ordered = jnp.sort(jnp.where(inside, table, jnp.iinfo(jnp.int32).max), axis=1)
-    return jnp.where(inside, ordered, table)
-
-
 def sorted_tables(case: Case) -> list[Candidate]:
     """Reading each sequence's pages in address order: a pre-sorted table, a per-call sort."""
+    from jaxattn.paging import pages_in_address_order
     from jaxattn_triton.paged_ops import paged_decode
 
     presorted = jnp.sort(case.permuted, axis=1)
 
     def sort_then_decode(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array) -> jax.Array:
-        return paged_decode(q, k, v, address_sorted(tb, n, 1, case.ps), n)
+        return paged_decode(q, k, v, pages_in_address_order(tb, n, case.ps), n)
 
     def triton_sort_then_decode(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array) -> jax.Array:
         return paged_decode(q, k, v, triton_sorted(tb, n, 1, case.ps), n)

@@ -32,6 +32,7 @@ from jaxattn.capabilities import Feature
 from jaxattn.errors import UnsupportedError
 from jaxattn.metadata import AttentionMetadata
 from jaxattn.paged_impl import PagedAttentionImpl
+from jaxattn.paging import pages_in_address_order
 
 from . import oracle
 from .cases import DEFAULT_TOLERANCES, DtypeTolerance, Level
@@ -190,8 +191,6 @@ class PagedConformanceSuite:
     def test_pages_in_address_order(self, paged_case: PagedCase, dtype: str) -> None:
         """The table from ``jaxattn.pages_in_address_order`` (what an engine may pass to read its
         pool in address order) gives the output of the table in position order."""
-        from jaxattn.paging import pages_in_address_order
-
         np_arrays = make_paged_inputs(paged_case, dtype)
         table = pages_in_address_order(np_arrays["page_table"], np_arrays["kv_lengths"], paged_case.page_size,
                                        q_lens=np.diff(np_arrays["cu_q_lens"]), sliding_window=paged_case.sliding_window)
