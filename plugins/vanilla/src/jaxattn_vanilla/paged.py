@@ -74,7 +74,10 @@ def _ragged(q: Array, k_seq: Array, v_seq: Array, seq: Array, pos: Array, valid:
         key_sum = jnp.sum(exp, axis=-1)
         denom = key_sum if aux is None else key_sum + jnp.exp(aux - shift)
         probs = exp / jnp.where(key_sum > 0, denom, 1)[..., None]
-        out = jnp.einsum("kgs,skd->kgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        # Accumulate in float32, or in float64 for a float64 cache: an f64 x f64 -> f32 product is a mixed
+        # GEMM that cuBLASLt refuses on a GPU ("GEMM is not supported by cublasLt"), and it drops precision.
+        out = jnp.einsum("kgs,skd->kgd", probs.astype(v.dtype), v,
+                         preferred_element_type=jnp.promote_types(jnp.float32, v.dtype))
         return out.reshape(hq, v.shape[-1])
 
     out: Array = jax.lax.map(one, (q, seq, pos, valid), batch_size=_CHUNK)
