@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One GPU session's work, in stages, for the device machine (see ../shared/GPU.md): install the
-# wheels built by ../shared/tools/gpu-wheelhouse.sh (carried in .whl/), then run what a stage
+# One GPU session's work, in stages, for the GPU machine (CONTRIBUTING.md, "Working on a GPU"): install
+# the wheels built by benchmarks/gpu_wheels.sh (carried in .whl/), then run what a stage
 # names, writing logs and JSON under $OUT. Usage: bash benchmarks/gpu_session.sh STAGE...
 #   tests     the GPU tests of the dense and serving backends (cuDNN, Triton, serving)
 #   paged     benchmarks/triton_paged_check.py: numerics and bandwidth of the Triton paged kernels
