@@ -118,7 +118,7 @@ def sort_rows_kernel(Table, Lens, Out, PPS: tl.constexpr, BLOCK: tl.constexpr, P
     b = tl.program_id(0)
     j = tl.arange(0, BLOCK)
     n = tl.load(Lens + b)
-    free = tl.maximum(tl.minimum(n - QL + 1, n), 0) // PS
+    free = tl.maximum(n - QL, 0) // PS  # pages wholly before the first query's own position
     row = tl.load(Table + b * PPS + j, mask=j < PPS, other=0)
     inside = j < free
     ordered = tl.sort(tl.where(inside, row, 2147483647))

@@ -42,11 +42,49 @@ def _oracle(call: dict[str, Any], table: np.ndarray, window: int | None) -> np.n
 
 def test_decode_rows_sort_every_full_page_and_keep_the_last() -> None:
     table = np.array([[7, 3, 9, 1, 5], [4, 8, 2, 6, 0], [9, 9, 9, 9, 9]], np.int32)
-    # Row 0: 14 tokens of pages of 4 -> pages 0-2 full (positions <= 13), page 3 holds the query.
-    # Row 1: 16 tokens -> all four used pages are full. Row 2: empty, nothing moves.
+    # Row 0: 14 tokens of pages of 4 -> pages 0-2 full (positions <= 11), page 3 holds the query (13).
+    # Row 1: 16 tokens -> four full pages, but page 3 holds the query's own position (15): it stays,
+    # as the contract says. Row 2: empty, nothing moves.
     got = jaxattn.pages_in_address_order(table, np.array([14, 16, 0]), 4)
-    np.testing.assert_array_equal(got, [[3, 7, 9, 1, 5], [2, 4, 6, 8, 0], [9, 9, 9, 9, 9]])
+    np.testing.assert_array_equal(got, [[3, 7, 9, 1, 5], [2, 4, 8, 6, 0], [9, 9, 9, 9, 9]])
     assert got.dtype == table.dtype and isinstance(got, np.ndarray)
+
+
+def _brute_force(table: np.ndarray, lengths: np.ndarray, page_size: int, q_lens: np.ndarray,
+                 window: int | None) -> np.ndarray:
+    """The contract's reading-order rule, position by position: a page moves only if every
+    position it holds is seen by every query of its row and is no query's own position."""
+    out = table.copy()
+    for s, (n, t) in enumerate(zip(lengths.tolist(), q_lens.tolist(), strict=True)):
+        queries = range(n - t, n)
+
+        def seen_by_all(x: int, queries: range = queries) -> bool:
+            return all(x <= p and (window is None or x >= p - window) for p in queries)
+
+        movable = [j for j in range(table.shape[1])
+                   if all(seen_by_all(x) and x not in queries and x < n
+                          for x in range(j * page_size, (j + 1) * page_size))]
+        out[s, movable] = np.sort(table[s, movable])
+    return out
+
+
+@pytest.mark.parametrize("window", [None, 0, 2, 5, 9, 10**12])
+@pytest.mark.parametrize("page_size", [1, 3, 4])
+@pytest.mark.parametrize("q_len", [1, 2, 5])
+def test_the_band_matches_a_brute_force_listing_at_page_boundaries(q_len: int, page_size: int,
+                                                                   window: int | None) -> None:
+    # Lengths k * page_size and k * page_size +- 1 for every k: the query's own position on a
+    # page's last row, its first row, and one before the last.
+    lengths = np.array(sorted({max(0, k * page_size + e) for k in range(6) for e in (-1, 0, 1)}), np.int32)
+    q_lens = np.minimum(lengths, q_len).astype(np.int32)
+    per_seq = -(-int(lengths.max()) // page_size) + 1
+    table = np.random.default_rng(page_size * 10 + q_len).permutation(len(lengths) * per_seq).reshape(
+        len(lengths), per_seq).astype(np.int32)
+    got = jaxattn.pages_in_address_order(table, lengths, page_size, q_lens=q_lens, sliding_window=window)
+    np.testing.assert_array_equal(got, _brute_force(table, lengths, page_size, q_lens, window))
+    jitted = jax.jit(lambda t, n, q: jaxattn.pages_in_address_order(t, n, page_size, q_lens=q, sliding_window=window))
+    np.testing.assert_array_equal(np.asarray(jitted(jnp.asarray(table), jnp.asarray(lengths), jnp.asarray(q_lens))),
+                                  got)
 
 
 def test_a_prefill_chunk_and_a_window_narrow_the_band() -> None:

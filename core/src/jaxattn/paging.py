@@ -5,7 +5,8 @@ of a call sees does not change the result (beyond float rounding). Those keys ar
 at positions the call's *first* query already sees: with causal, bottom-right queries,
 positions ``<= kv_length - q_len``, and with a sliding window of ``w`` also positions ``>=
 kv_length - 1 - w`` (the last query's reach). A page-table row may list the pages holding
-only such positions in any order; the pages around the queries keep their places.
+only such positions, none of them a query's own (``< kv_length - q_len``), in any order; the
+pages around the queries keep their places.
 
 Listing them in ascending page order makes the concurrent programs of a decode kernel walk
 the pool together, which a GPU reads faster than a random walk when there are few sequences
@@ -71,9 +72,12 @@ def pages_in_address_order(page_table: Any, kv_lengths: Any, page_size: int, *, 
                                 "a ragged batch passes np.diff(cu_q_lens)")
     lengths = lengths.astype(xp.int32)
     queries = queries.astype(xp.int32)
-    # Pages [lo, hi) hold only cached positions (< length) that the first query reaches
-    # (<= length - q_len) and the last query's window still covers (>= length - 1 - window).
-    hi = xp.maximum(xp.minimum(lengths - queries + 1, lengths), 0) // page_size
+    if window is not None:  # a window reaching past every position is unbounded (and stays in int32)
+        window = min(window, pages_per_seq * page_size)
+    # Pages [lo, hi) hold only positions before the first query's own (< length - q_len: every
+    # query sees them, and none is a query's position) that the last query's window still
+    # covers (>= length - 1 - window). hi: the first query's position, in whole pages below it.
+    hi = xp.maximum(lengths - queries, 0) // page_size
     lo = xp.zeros_like(hi) if window is None else -(-xp.maximum(lengths - 1 - window, 0) // page_size)
     j = xp.arange(pages_per_seq, dtype=xp.int32)[None, :]
     inside = (j >= lo[:, None]) & (j < hi[:, None])
