@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("contract", (
         "jaxattn._dtypes", "jaxattn.errors", "jaxattn.names", "jaxattn.capabilities", "jaxattn.problem",
         "jaxattn.device", "jaxattn.metadata", "jaxattn.output", "jaxattn.validation", "jaxattn.paged_validation",
-        "jaxattn.backend", "jaxattn.impl", "jaxattn.paged_impl", "jaxattn.paging", "jaxattn.tiling",
+        "jaxattn.backend", "jaxattn.impl", "jaxattn.paged_impl", "jaxattn.paging", "jaxattn.quantize", "jaxattn.tiling",
         "jaxattn.tracing",
     )),
     ("discovery", ("jaxattn.hookspecs", "jaxattn.registry", "jaxattn.plugins")),

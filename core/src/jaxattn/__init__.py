@@ -19,6 +19,8 @@ _EXPORTS: dict[str, str] = {
     "ragged_paged_attention": "api",
     "explain_paged": "api",
     "pages_in_address_order": "paging",
+    "quantize_kv": "quantize",
+    "dequantize_kv": "quantize",
     "AttentionMetadata": "metadata",
     "AttentionOutput": "output",
     "AttentionProblem": "problem",
@@ -69,6 +71,7 @@ __all__ = [
     "UnsupportedError",
     "__version__",
     "attention",
+    "dequantize_kv",
     "detect_device",
     "explain",
     "explain_paged",
@@ -79,6 +82,7 @@ __all__ = [
     "list_plugins",
     "paged_attention",
     "pages_in_address_order",
+    "quantize_kv",
     "ragged_paged_attention",
     "register_impl",
     "register_plugin",
@@ -116,4 +120,5 @@ if TYPE_CHECKING:
     from .paging import pages_in_address_order
     from .plugins import PluginRecord, list_plugins, register_plugin
     from .problem import AttentionProblem, PagedProblem
+    from .quantize import dequantize_kv, quantize_kv
     from .registry import ImplInfo, ImplRef

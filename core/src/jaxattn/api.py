@@ -90,6 +90,8 @@ def attention(
     dropout_prob: float | None = None,
     dropout_rng: Any = None,
     kv_lengths: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
     metadata: AttentionMetadata | None = None,
 ) -> Any:
     """Attention over BTHD tensors: ``(B, T, Hq, D) x (B, S, Hkv, D) -> (B, T, Hq, Dv)``.
@@ -97,6 +99,10 @@ def attention(
     ``kv_lengths (B,)`` makes k and v a dense KV cache of capacity S: keys at and past a
     sequence's length are invisible, and ``causal`` / ``sliding_window`` align the queries to
     the sequence's own last token (decoding with per-sequence lengths).
+
+    k and v may be a quantized cache (int8, float8_e4m3fn, float8_e5m2; ``jaxattn.quantize_kv``)
+    with float32 ``k_scale`` and ``v_scale`` broadcastable against ``(B, S, Hkv)``: the cache
+    means ``values.astype(float32) * scale[..., None]``; the output is in q's dtype.
 
     ``impl=None`` means: ``use_impl(...)`` scope, else ``$JAXATTN_IMPL``, else "auto". An
     explicitly chosen impl never falls back silently: it raises ``UnsupportedError`` with every
@@ -114,6 +120,8 @@ def attention(
     }
     if kv_lengths is not None:  # only impls that declare Feature.KV_LENGTHS see the keyword
         kwargs["kv_lengths"] = kv_lengths
+    if k_scale is not None or v_scale is not None:  # validated with the cache (jaxattn.quantize)
+        kwargs["k_scale"], kwargs["v_scale"] = k_scale, v_scale
     try:
         out = chosen(q, k, v, mask, bias, init_bias, causal, **kwargs)
     except UnsupportedError as err:
@@ -169,6 +177,8 @@ def ragged_paged_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     softmax_aux: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
     metadata: AttentionMetadata | None = None,
 ) -> Any:
     """Attention of a ragged batch over a paged KV cache (vLLM-TPU style): ``(num_tokens, Hq, Dv)``.
@@ -180,11 +190,15 @@ def ragged_paged_attention(
     (pass None for k_pages and v_pages); ``page_table (max_num_seqs, pages_per_seq)`` maps a
     sequence's positions to pages and ``kv_lengths (max_num_seqs,)`` counts its cached tokens,
     the queried ones included. Queries are causal per sequence, aligned to its last token.
+
+    The cache may be quantized (int8, float8_e4m3fn, float8_e5m2; ``jaxattn.quantize_kv``) with
+    float32 ``k_scale`` and ``v_scale`` broadcastable against ``(num_pages, page_size, Hkv)``: it
+    means ``values.astype(float32) * scale[..., None]``; scales past a sequence's length are unread.
     """
     md = metadata if metadata is not None else DEFAULT_METADATA
     features = {"kv_pages": kv_pages, "cu_q_lens": cu_q_lens, "num_seqs": _num_seqs(num_seqs),
                 "sliding_window": sliding_window, "softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap,
-                "softmax_aux": softmax_aux}
+                "softmax_aux": softmax_aux, "k_scale": k_scale, "v_scale": v_scale}
     return _run_paged(_paged_impl(impl, md), q, k_pages, v_pages, page_table, kv_lengths, features, md)
 
 
@@ -201,13 +215,15 @@ def paged_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     softmax_aux: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
     metadata: AttentionMetadata | None = None,
 ) -> Any:
     """A decode step over a paged KV cache: ``q (B, Hq, D)`` or ``(B, T, Hq, D)`` -> the same shape, Dv last.
 
     Every sequence (row of ``page_table``) has T queries, the last T tokens of its
-    ``kv_lengths`` (T == 1: a decode step; a few: speculative decoding), causal. The cache is as
-    in ``ragged_paged_attention``.
+    ``kv_lengths`` (T == 1: a decode step; a few: speculative decoding), causal. The cache
+    (quantized or not: ``k_scale``, ``v_scale``) is as in ``ragged_paged_attention``.
     """
     md = metadata if metadata is not None else DEFAULT_METADATA
     shape = shape_of(q, "q")
@@ -218,7 +234,8 @@ def paged_attention(
     flat = q.reshape(b * t, *shape[-2:])
     features = {"kv_pages": kv_pages, "cu_q_lens": np.arange(b + 1, dtype=np.int32) * t,
                 "num_seqs": np.asarray([b], np.int32), "queries_per_seq": t, "sliding_window": sliding_window,
-                "softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap, "softmax_aux": softmax_aux}
+                "softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap, "softmax_aux": softmax_aux,
+                "k_scale": k_scale, "v_scale": v_scale}
     out = _run_paged(_paged_impl(impl, md), flat, k_pages, v_pages, page_table, kv_lengths, features, md)
     return out.reshape(*shape[:-1], out.shape[-1])
 

@@ -46,11 +46,13 @@ _FEATURE_TEXT = {
     Feature.KV_LENGTHS: "per-sequence key lengths (kv_lengths)",
     Feature.MULTI_TOKEN: "several queries per sequence",
     Feature.RAGGED: "ragged batches (per-sequence query counts, cu_q_lens)",
+    Feature.QUANTIZED_KV: "quantized KV caches (int8/float8 values with k_scale and v_scale; it reads float caches "
+                          "only)",
 }
 
 #: Features whose description is plural (for the grammar of decline reasons).
 _PLURAL = frozenset({Feature.GQA, Feature.CROSS, Feature.DECODE, Feature.SEGMENT_IDS, Feature.SINKS, Feature.GRAD,
-                     Feature.KV_LENGTHS, Feature.MULTI_TOKEN, Feature.RAGGED})
+                     Feature.KV_LENGTHS, Feature.MULTI_TOKEN, Feature.RAGGED, Feature.QUANTIZED_KV})
 
 Forward = Callable[..., "AttentionOutput"]
 

@@ -30,6 +30,9 @@ class Feature(StrEnum):
     # Paged (cached) calls: docs/contract.md, "Serving attention"
     MULTI_TOKEN = "multi_token"  # more than one query per sequence (speculative decoding, chunked prefill)
     RAGGED = "ragged"  # sequences with different query counts packed in one call (mixed prefill and decode)
+    # K and V stored as int8 / float8 values with float32 k_scale, v_scale (jaxattn.quantize): the
+    # backend reads the narrow cache itself (paged calls, and dense ones with kv_lengths)
+    QUANTIZED_KV = "quantized_kv"
 
 
 ALL_FEATURES: frozenset[Feature] = frozenset(Feature)

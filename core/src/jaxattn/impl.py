@@ -43,7 +43,12 @@ class AttentionImpl(Backend[AttentionProblem]):
 
         Subclasses extend it: ``reasons = super().not_supported_reasons(problem)``.
         """
-        return self.declared_reasons(problem) + sequence_reasons(self.name(), self.sequence_parallel, self.metadata)
+        reasons = self.declared_reasons(problem) + sequence_reasons(self.name(), self.sequence_parallel, self.metadata)
+        md = self.metadata
+        if problem.kv_dtype is not None and md.mesh is not None and (md.batch_axis or md.head_axis):
+            reasons.append("a quantized KV cache is not sharded for you (its scales have no mesh specs): call inside "
+                           "your own shard_map with no mesh in the metadata, or dequantize first")
+        return reasons
 
     def supports(
         self,
@@ -100,13 +105,16 @@ class AttentionImpl(Backend[AttentionProblem]):
         """The normalised call: inputs in ``metadata.runtime_dtype``, mask and bias at rank 4.
 
         ``kv_lengths`` is passed only when the call has them (only impls that declare
-        ``Feature.KV_LENGTHS`` get such calls).
+        ``Feature.KV_LENGTHS`` get such calls); so are ``k_scale`` and ``v_scale``, rank 3, for a
+        quantized cache (``Feature.QUANTIZED_KV``; the narrow cache is passed as it is).
         """
         import jax.numpy as jnp
 
         if self.metadata.runtime_dtype is not None:
             dtype = jnp.dtype(self.metadata.runtime_dtype)
-            q, k, v = (x.astype(dtype) for x in (q, k, v))
+            q = q.astype(dtype)
+            if spec.kv_dtype is None:
+                k, v = k.astype(dtype), v.astype(dtype)
         mask = None if mask is None else jnp.reshape(mask, (1,) * (4 - mask.ndim) + tuple(mask.shape))
         bias = spec.bias
         bias = None if bias is None else jnp.reshape(bias, (1,) * (4 - bias.ndim) + tuple(bias.shape))
@@ -119,6 +127,10 @@ class AttentionImpl(Backend[AttentionProblem]):
         }
         if spec.kv_lengths is not None:
             kwargs["kv_lengths"] = spec.kv_lengths
+        if spec.kv_dtype is not None:
+            from .quantize import scale_rank3
+
+            kwargs["k_scale"], kwargs["v_scale"] = scale_rank3(spec.k_scale), scale_rank3(spec.v_scale)
         return Call((q, k, v), kwargs)
 
     def output_shape(self, call: Call) -> tuple[int, ...]:

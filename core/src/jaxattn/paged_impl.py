@@ -6,11 +6,14 @@ per sequence) and a ragged batch mixing prefill chunks and decode steps
 
     forward_<platform>(q (num_tokens, Hq, D), k_pages, v_pages, *, page_table, kv_lengths,
                        cu_q_lens, num_seqs, kv_layout, queries_per_seq, softmax_scale,
-                       logits_soft_cap, sliding_window, softmax_aux) -> AttentionOutput
+                       logits_soft_cap, sliding_window, softmax_aux[, k_scale, v_scale]) -> AttentionOutput
 
 ``k_pages``/``v_pages`` are ``(num_pages, page_size, Hkv, D|Dv)`` with ``kv_layout="separate"``;
 with ``kv_layout="combined"`` ``k_pages`` is JAX's TPU layout ``(num_pages, page_size, 2*Hkv, D)``
-(K head h at 2h, V head h at 2h + 1) and ``v_pages`` is None. ``num_seqs`` is an int32 array of
+(K head h at 2h, V head h at 2h + 1) and ``v_pages`` is None. A quantized cache (int8/float8,
+``Feature.QUANTIZED_KV``) arrives as it is, with ``k_scale`` and ``v_scale`` float32 of rank 3
+broadcastable against ``(num_pages, page_size, Hkv)`` (``jaxattn.quantize``); other calls have no
+such keywords. ``num_seqs`` is an int32 array of
 shape (1,); ``queries_per_seq`` is T when every sequence has T queries (cu_q_lens = arange * T),
 None for a ragged batch. The output is ``(num_tokens, Hq, Dv)``; rows past
 ``cu_q_lens[num_seqs]`` and rows that see no key are zeros. Semantics: docs/contract.md.
@@ -54,7 +57,7 @@ class PagedAttentionImpl(Backend[PagedProblem]):
             dtype=dtype_name(self.metadata.runtime_dtype or q.dtype), page_size=spec.page_size,
             num_pages=spec.num_pages, pages_per_seq=spec.pages_per_seq, kv_layout=spec.kv_layout,
             sliding_window=spec.sliding_window, logits_soft_cap=spec.logits_soft_cap,
-            sinks=softmax_aux is not None, needs_grad=needs_grad,
+            sinks=softmax_aux is not None, needs_grad=needs_grad, kv_dtype=spec.kv_dtype,
         )
 
     def _resolve(self, q: Any, k_pages: Any, v_pages: Any, page_table: Any, kv_lengths: Any,
@@ -67,7 +70,7 @@ class PagedAttentionImpl(Backend[PagedProblem]):
 
         Takes the ragged form's keywords: ``cu_q_lens``, ``num_seqs`` (required), ``kv_pages``,
         ``queries_per_seq``, ``sliding_window``, ``softmax_scale``, ``logits_soft_cap``,
-        ``softmax_aux``.
+        ``softmax_aux``, ``k_scale``, ``v_scale``.
         """
         spec = self._resolve(q, k_pages, v_pages, page_table, kv_lengths, features)
         problem = self.problem(spec, q, features.get("softmax_aux"), needs_grad)
@@ -92,9 +95,16 @@ class PagedAttentionImpl(Backend[PagedProblem]):
             k_pages, v_pages = features["kv_pages"], None
         if self.metadata.runtime_dtype is not None:
             dtype = jnp.dtype(self.metadata.runtime_dtype)
-            q, k_pages = q.astype(dtype), k_pages.astype(dtype)
-            v_pages = None if v_pages is None else v_pages.astype(dtype)
-        return Call((q, k_pages, v_pages), {
+            q = q.astype(dtype)
+            if spec.kv_dtype is None:  # a quantized cache is read as it is
+                k_pages = k_pages.astype(dtype)
+                v_pages = None if v_pages is None else v_pages.astype(dtype)
+        scales = {}
+        if spec.kv_dtype is not None:
+            from .quantize import scale_rank3
+
+            scales = {"k_scale": scale_rank3(features["k_scale"]), "v_scale": scale_rank3(features["v_scale"])}
+        return Call((q, k_pages, v_pages), {**scales,
             "page_table": page_table, "kv_lengths": kv_lengths, "cu_q_lens": features["cu_q_lens"],
             "num_seqs": jnp.reshape(features["num_seqs"], (1,)).astype(jnp.int32), "kv_layout": spec.kv_layout,
             "queries_per_seq": spec.queries_per_seq, "softmax_scale": spec.softmax_scale,

@@ -16,6 +16,7 @@ from typing import Any
 from ._dtypes import dtype_name
 from .errors import InvalidInputError
 from .metadata import DEFAULT_METADATA, AttentionMetadata
+from .quantize import check_kv_scales
 from .validation import is_concrete, positive, shape_of
 
 __all__ = ["PagedSpec", "resolve_paged_call"]
@@ -41,6 +42,7 @@ class PagedSpec:
     sliding_window: int | None
     softmax_scale: float
     logits_soft_cap: float | None
+    kv_dtype: str | None = None  # a quantized cache's storage dtype (k_scale, v_scale given), else None
 
 
 def _ints(x: Any, name: str, shape: tuple[int, ...], what: str) -> None:
@@ -52,8 +54,8 @@ def _ints(x: Any, name: str, shape: tuple[int, ...], what: str) -> None:
 
 
 def _pages(q: Any, k_pages: Any, v_pages: Any, kv_pages: Any) -> tuple[str, int, int, int, int, int]:
-    """``(layout, num_pages, page_size, Hkv, D, Dv)`` of the cache, checked against q."""
-    qd = dtype_name(q.dtype)
+    """``(layout, num_pages, page_size, Hkv, D, Dv)`` of the cache, its shapes checked (dtypes:
+    ``check_kv_scales``)."""
     if kv_pages is not None:
         if k_pages is not None or v_pages is not None:
             raise InvalidInputError("kv_pages", "give either kv_pages (combined layout) or k_pages and v_pages, "
@@ -63,9 +65,6 @@ def _pages(q: Any, k_pages: Any, v_pages: Any, kv_pages: Any) -> tuple[str, int,
             raise InvalidInputError(
                 "kv_pages", f"must have shape (num_pages, page_size, 2 * Hkv, D), K head h at 2h and V head h at "
                 f"2h + 1, got {shape}", "or pass k_pages and v_pages separately")
-        if dtype_name(kv_pages.dtype) != qd:
-            raise InvalidInputError("kv_pages", f"dtype {dtype_name(kv_pages.dtype)} differs from q's {qd}",
-                                    "cast the cache or q to one dtype")
         return "combined", shape[0], shape[1], shape[2] // 2, shape[3], shape[3]
     if k_pages is None or v_pages is None:
         raise InvalidInputError("k_pages/v_pages", "the paged KV cache is missing",
@@ -76,10 +75,6 @@ def _pages(q: Any, k_pages: Any, v_pages: Any, kv_pages: Any) -> tuple[str, int,
             raise InvalidInputError(name, f"must have rank 4 (num_pages, page_size, Hkv, {last}), got shape {shape}")
     if ks[:3] != vs[:3]:
         raise InvalidInputError("v_pages", f"shape {vs} does not match k_pages {ks} in (num_pages, page_size, Hkv)")
-    for name, x in (("k_pages", k_pages), ("v_pages", v_pages)):
-        if dtype_name(x.dtype) != qd:
-            raise InvalidInputError(name, f"dtype {dtype_name(x.dtype)} differs from q's {qd}",
-                                    "cast the cache or q to one dtype")
     return "separate", ks[0], ks[1], ks[2], ks[3], vs[3]
 
 
@@ -162,6 +157,8 @@ def resolve_paged_call(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     softmax_aux: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
     metadata: AttentionMetadata | None = None,
 ) -> PagedSpec:
     """Validate a paged call in its ragged form and fill its defaults from ``metadata``."""
@@ -174,6 +171,10 @@ def resolve_paged_call(
         raise InvalidInputError("q", f"dtype {dtype_name(q.dtype)} is not a floating dtype", "cast to bfloat16")
     num_tokens, hq, d = qs
     layout, num_pages, page_size, hkv, dk, dv = _pages(q, k_pages, v_pages, kv_pages)
+    # The cache has q's dtype, or is quantized (K and V alike) with float32 scales (jaxattn.quantize).
+    caches = {"kv_pages": kv_pages} if layout == "combined" else {"k_pages": k_pages, "v_pages": v_pages}
+    kv_dtype = check_kv_scales(q, caches, k_scale, v_scale, (num_pages, page_size, hkv),
+                               "(num_pages, page_size, Hkv)")
     if dk != d:
         raise InvalidInputError("k_pages" if layout == "separate" else "kv_pages",
                                 f"head dim {dk} differs from q's {d}", "q and the keys must share the head dim D")
@@ -205,7 +206,7 @@ def resolve_paged_call(
         kv_layout=layout, num_tokens=num_tokens, heads_q=hq, heads_kv=hkv, head_dim=d, head_dim_v=dv,
         num_pages=num_pages, page_size=page_size, num_seqs_max=n, pages_per_seq=pages_per_seq,
         queries_per_seq=queries_per_seq, sliding_window=_window(sliding_window),
-        softmax_scale=scale if scale is not None else float(d) ** -0.5, logits_soft_cap=cap,
+        softmax_scale=scale if scale is not None else float(d) ** -0.5, logits_soft_cap=cap, kv_dtype=kv_dtype,
     )
     _check_values(spec, page_table, kv_lengths, cu_q_lens, num_seqs)
     return spec

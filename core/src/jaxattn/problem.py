@@ -13,6 +13,7 @@ from typing import Any
 
 from ._dtypes import dtype_name
 from .capabilities import Feature
+from .quantize import QUANTIZED_KV_DTYPES
 
 __all__ = ["AttentionProblem", "PagedProblem", "Problem"]
 
@@ -47,6 +48,7 @@ class AttentionProblem:
     dropout_prob: float = 0.0
     needs_grad: bool = False
     kv_lengths: bool = False  # per-sequence key lengths (a dense KV cache of capacity S)
+    kv_dtype: str | None = None  # the cache's storage dtype when quantized ("int8", "float8_e4m3fn"...), else None
 
     #: The op kind: which providers are asked (``AttentionImpl`` subclasses).
     kind = "dense"
@@ -74,6 +76,7 @@ class AttentionProblem:
         """Describe a call. Inputs are assumed validated (see ``jaxattn.validation``)."""
         b, t, hq, d = _shape(q) or ()
         _, s, hkv, _ = _shape(k) or ()
+        kv_dtype = None if k is None else dtype_name(k.dtype)
         return cls(
             batch=b,
             seq_q=t,
@@ -93,6 +96,7 @@ class AttentionProblem:
             dropout_prob=float(dropout_prob),
             needs_grad=bool(needs_grad),
             kv_lengths=kv_lengths is not None,
+            kv_dtype=kv_dtype if kv_dtype in QUANTIZED_KV_DTYPES else None,
         )
 
     @property
@@ -117,6 +121,7 @@ class AttentionProblem:
             Feature.DROPOUT: self.dropout_prob > 0,
             Feature.GRAD: self.needs_grad,
             Feature.KV_LENGTHS: self.kv_lengths,
+            Feature.QUANTIZED_KV: self.kv_dtype is not None,
         }
         need.update(f for f, on in flags.items() if on)
         return frozenset(need)
@@ -159,6 +164,7 @@ class PagedProblem:
     logits_soft_cap: float | None = None
     sinks: bool = False
     needs_grad: bool = False
+    kv_dtype: str | None = None  # the cache's storage dtype when quantized ("int8", "float8_e4m3fn"...), else None
 
     kind = "paged"
 
@@ -181,6 +187,7 @@ class PagedProblem:
             Feature.MULTI_TOKEN: self.queries_per_seq != 1,
             Feature.RAGGED: self.queries_per_seq is None,
             Feature.GRAD: self.needs_grad,
+            Feature.QUANTIZED_KV: self.kv_dtype is not None,
         }
         return frozenset(f for f, on in flags.items() if on)
 

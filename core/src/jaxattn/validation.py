@@ -13,6 +13,7 @@ from typing import Any
 from ._dtypes import dtype_name
 from .errors import InvalidInputError
 from .metadata import DEFAULT_METADATA, AttentionMetadata
+from .quantize import QUANTIZED_KV_DTYPES, check_kv_scales
 
 __all__ = ["CallSpec", "is_concrete", "positive", "resolve_call", "shape_of"]
 
@@ -32,6 +33,9 @@ class CallSpec:
     kv_segment_ids: Any
     bias: Any
     kv_lengths: Any = None
+    kv_dtype: str | None = None  # a quantized cache's storage dtype (k_scale, v_scale given), else None
+    k_scale: Any = None
+    v_scale: Any = None
 
 
 def shape_of(x: Any, name: str) -> tuple[int, ...]:
@@ -63,7 +67,8 @@ def _check_qkv(q: Any, k: Any, v: Any) -> None:
             raise InvalidInputError(
                 name, f"must have rank 4 {layout}, got shape {shape}", "jaxattn uses the BTHD layout; add a batch axis"
             )
-        if dtype_name(x.dtype) not in _FLOAT_DTYPES:
+        narrow = name != "q" and dtype_name(x.dtype) in QUANTIZED_KV_DTYPES  # a quantized cache
+        if dtype_name(x.dtype) not in _FLOAT_DTYPES and not narrow:
             raise InvalidInputError(name, f"dtype {dtype_name(x.dtype)} is not a floating dtype", "cast to bfloat16")
     (b, t, hq, d), (bk, s, hkv, dk), (bv, sv, hv, _) = q.shape, k.shape, v.shape
     if not b == bk == bv:
@@ -82,7 +87,7 @@ def _check_qkv(q: Any, k: Any, v: Any) -> None:
     if t == 0 or s == 0:
         raise InvalidInputError("q/k", f"empty sequence (T={t}, S={s})")
     dq, dkk, dv = (dtype_name(x.dtype) for x in (q, k, v))
-    if not dq == dkk == dv:
+    if not dq == dkk == dv and not {dkk, dv} & QUANTIZED_KV_DTYPES:  # quantized: check_kv_scales
         raise InvalidInputError("k/v", f"dtypes differ: q {dq}, k {dkk}, v {dv}", "cast q, k and v to one dtype")
 
 
@@ -182,11 +187,15 @@ def resolve_call(
     dropout_prob: float | None = None,
     dropout_rng: Any = None,
     kv_lengths: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
     metadata: AttentionMetadata | None = None,
 ) -> CallSpec:
     """Validate a call and fill its defaults from ``metadata`` (call arguments win)."""
     md = metadata or DEFAULT_METADATA
     _check_qkv(q, k, v)
+    # k and v share q's dtype, or are quantized alike with float32 scales (jaxattn.quantize).
+    kv_dtype = check_kv_scales(q, {"k": k, "v": v}, k_scale, v_scale, tuple(k.shape[:3]), "(B, S, Hkv)")
     b, t, hq, d = q.shape
     s = k.shape[1]
     if mask is not None:
@@ -233,4 +242,7 @@ def resolve_call(
         kv_segment_ids=kv_ids,
         bias=bias,
         kv_lengths=kv_lengths,
+        kv_dtype=kv_dtype,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )
