@@ -30,6 +30,7 @@ __all__ = [
     "QUANTIZED_KV_DTYPES",
     "check_kv_scales",
     "dequantize_kv",
+    "dequantize_visible",
     "kv_format_max",
     "quantize_kv",
     "scale_rank3",
@@ -103,6 +104,21 @@ def dequantize_kv(values: Any, scale: Any) -> Any:
     import jax.numpy as jnp
 
     return jnp.asarray(values).astype(jnp.float32) * jnp.asarray(scale, jnp.float32)[..., None]
+
+
+def dequantize_visible(values: Any, scale: Any, kv_lengths: Any = None, dtype: Any = None) -> Any:
+    """A dense quantized cache ``(B, S, H, D)`` dequantized into ``dtype`` (float32 by default),
+    zero at every position at or past ``kv_lengths`` ``(B,)``: values and scales there are unread
+    and may be NaN, and a select (not a product) keeps them out. What the references attend over."""
+    import jax.numpy as jnp
+
+    dtype = jnp.dtype(dtype or jnp.float32)
+    scale = jnp.broadcast_to(jnp.asarray(scale).astype(dtype), values.shape[:-1])
+    deq = values.astype(dtype) * scale[..., None]
+    if kv_lengths is None:
+        return deq
+    visible = jnp.arange(values.shape[1])[None, :] < jnp.asarray(kv_lengths)[:, None]  # (B, S)
+    return jnp.where(visible[:, :, None, None], deq, jnp.zeros((), dtype))
 
 
 def check_kv_scales(q: Any, caches: dict[str, Any], k_scale: Any, v_scale: Any,

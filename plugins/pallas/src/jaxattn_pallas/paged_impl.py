@@ -58,6 +58,9 @@ class _PallasPaged(PagedAttentionImpl):
     """What both share: platform, dtypes, the float32 softmax, the advice on a decline."""
 
     platforms: ClassVar[frozenset[str]] = frozenset({"tpu"})
+    #: Why JAX's kernel does not read jaxattn's quantized caches (Feature.QUANTIZED_KV is not declared).
+    quantized_why: ClassVar[str] = ""
+
     def instead(self) -> str:
         """Where a call this backend declines runs: jaxattn-vanilla's reference."""
         return "instead: " + _REFERENCE
@@ -74,6 +77,8 @@ class _PallasPaged(PagedAttentionImpl):
         if self.metadata.softmax_dtype != "float32":
             own.append(f"the kernel computes the softmax in float32; softmax_dtype={self.metadata.softmax_dtype!r} "
                        "cannot be honoured")
+        if problem.kv_dtype is not None and self.quantized_why:
+            own.append(f"a cache of dtype {problem.kv_dtype}: {self.quantized_why}")
         mine = [f"{r}; {self.instead()}" for r in declared + own]
         return mine + self.kernel_reasons(problem) + rest
 
@@ -91,6 +96,9 @@ class PallasRaggedPagedAttention(_PallasPaged):
     })
     # Above page_attention (50) and the pure-JAX references (0): the TPU's fastest paged kernel.
     priority: ClassVar[int] = 100
+    quantized_why: ClassVar[str] = (
+        "JAX's ragged_paged_attention takes k_scale and v_scale as Python floats (one static scale per tensor), "
+        "never an array of scales per head or token, nor one traced under jit")
     description: ClassVar[str] = "Pallas TPU ragged paged attention (mixed prefill and decode, window, soft cap)"
 
     @classmethod
@@ -161,6 +169,10 @@ class PallasPagedDecode(_PallasPaged):
     # Below the ragged kernel (100), which is faster on a TPU (see the module docstring); this
     # one serves the name ``page_attention`` and, in TPU interpret mode, "auto"'s decode steps.
     priority: ClassVar[int] = 50
+    quantized_why: ClassVar[str] = (
+        "JAX's paged_attention reads int8 only (no float8), as a QuantizedTensor whose scales it broadcasts to "
+        "the head dim (float32: 4x the bytes of the int8 values, in the kernel's layout, which this backend "
+        "already copies the whole cache into per call), so it would read more bytes than the float cache")
     description: ClassVar[str] = "Pallas TPU paged decode (JAX's paged_attention kernel; runs in interpret mode)"
 
     @classmethod

@@ -26,7 +26,8 @@ class BlockwiseAttention(AttentionImpl):
     dtypes: ClassVar[frozenset[str]] = frozenset({"float16", "bfloat16", "float32", "float64"})
     head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 1 << 16)
     # Every dense feature; the weights are exactly what it never forms.
-    features: ClassVar[frozenset[Feature]] = ALL_FEATURES - {Feature.WEIGHTS}
+    # A quantized cache runs on vanilla (which dequantizes a full-size copy) or a kernel that reads it.
+    features: ClassVar[frozenset[Feature]] = ALL_FEATURES - {Feature.WEIGHTS, Feature.QUANTIZED_KV}
     # Above vanilla (same math, O(T) instead of O(T*S) memory), below every real kernel:
     # "auto" picks it where no kernel takes the call.
     priority: ClassVar[int] = 10

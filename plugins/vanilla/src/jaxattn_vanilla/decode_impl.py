@@ -57,6 +57,8 @@ WHY_NOT: dict[Feature, str] = {
     Feature.DROPOUT: "the split-K decode path has no dropout; impl='vanilla' runs it",
     Feature.WEIGHTS: "the split-K decode path never forms the (B, Hq, T, S) probabilities; impl='vanilla' "
     "returns them",
+    Feature.QUANTIZED_KV: "the split-K decode path reads float caches only; impl='vanilla' runs a quantized one "
+    "(dequantized into a full-size copy)",
 }
 
 #: Most query rows per KV head (T * Hq / Hkv) the streaming split-K path takes; past it the

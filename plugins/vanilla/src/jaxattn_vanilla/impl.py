@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 from jaxattn.capabilities import ALL_FEATURES, Feature
 from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
+from jaxattn.problem import AttentionProblem
 
 from .reference import vanilla_attention
 
@@ -30,6 +31,11 @@ class VanillaAttention(AttentionImpl):
     def get_impl_name(cls) -> str:
         return "vanilla"
 
+    def notes(self, problem: AttentionProblem) -> list[str]:
+        if problem.kv_dtype is None:
+            return []
+        return [f"dequantizes the {problem.kv_dtype} cache into a full-size float32 copy, then attends (the reference)"]
+
     def forward_native(
         self,
         q: Any,
@@ -44,6 +50,17 @@ class VanillaAttention(AttentionImpl):
         # The base class resolves init_bias before routing; honour it when called directly.
         if bias is None and init_bias is not None:
             bias = init_bias()
+        k_scale, v_scale = features.pop("k_scale", None), features.pop("v_scale", None)
+        out_dtype = q.dtype
+        if k_scale is not None and v_scale is not None:  # a quantized cache: attend over its dequantized copy
+            import jax.numpy as jnp
+
+            from jaxattn.quantize import dequantize_visible
+
+            wide = jnp.promote_types(q.dtype, jnp.float32)
+            lengths = features.get("kv_lengths")
+            q = q.astype(wide)
+            k, v = dequantize_visible(k, k_scale, lengths, wide), dequantize_visible(v, v_scale, lengths, wide)
         res = vanilla_attention(
             q,
             k,
@@ -54,4 +71,5 @@ class VanillaAttention(AttentionImpl):
             softmax_dtype=self.metadata.softmax_dtype,
             **features,
         )
-        return AttentionOutput(attention_outputs=res.output, attention_weights=res.weights, softmax_lse=res.lse)
+        return AttentionOutput(attention_outputs=res.output.astype(out_dtype), attention_weights=res.weights,
+                               softmax_lse=res.lse)
