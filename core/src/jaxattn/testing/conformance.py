@@ -50,6 +50,7 @@ from .cases import (
     static_features,
 )
 from .compare import assert_close, to_float64
+from .quantized_cases import QUANTIZED_DENSE_CASES, QuantizedCase, quantize_dense_inputs, quantized_to_jax
 from .quick_jit import compiler_options_for_tests
 
 __all__ = ["ConformanceSuite"]
@@ -180,7 +181,10 @@ class ConformanceSuite:
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         cls = type(self)
         names = metafunc.fixturenames
-        if "case" in names:
+        if "quantized_case" in names:
+            metafunc.parametrize(("quantized_case", "dtype"), [pytest.param(c, dt, id=f"{c.name}-{dt}")
+                                                               for c in QUANTIZED_DENSE_CASES for dt in cls.dtypes])
+        elif "case" in names:
             wanted = cls.cases(cls.resolved_level(metafunc.config))
             if metafunc.function.__name__ == "test_gradients":
                 wanted = [c for c in wanted if c.grad]
@@ -323,6 +327,26 @@ class ConformanceSuite:
         out, _ = self._case_results(case, dtype, arrays, features)
         ref = oracle.attention(np_arrays["q"], np_arrays["k"], np_arrays["v"], **self._oracle_kwargs(np_arrays, case))
         self._check_forward_out(out, ref, dtype, case.describe())
+
+    def test_quantized_kv(self, quantized_case: QuantizedCase, dtype: str) -> None:
+        """Decode over an int8 / float8 dense cache with ``kv_lengths`` (jaxattn.testing.quantized_cases),
+        positions past a length poisoned in values and scales: matches the oracle over the
+        dequantized cache, or is declined with reasons (always, without Feature.QUANTIZED_KV)."""
+        case = next(c for c in cases_for("full") if c.name == quantized_case.base)
+        np_arrays, ref_arrays = quantize_dense_inputs(quantized_case, make_inputs(case, dtype))
+        arrays = quantized_to_jax(np_arrays, dtype)
+        features = static_features(case)
+        reasons = self._supports(arrays, features)
+        if Feature.QUANTIZED_KV not in self.make_impl().features:
+            assert reasons, f"{self.make_impl()!r} does not declare {Feature.QUANTIZED_KV} but supports() accepts it"
+        if reasons:
+            self._assert_declines(arrays, features)
+            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+        out, _ = self._evaluate(arrays, features)
+        ref = oracle.attention(ref_arrays["q"], ref_arrays["k"], ref_arrays["v"],
+                               **self._oracle_kwargs(ref_arrays, case))
+        self._check_forward_out(out, ref, dtype, f"{quantized_case.kv_dtype} per {quantized_case.granularity}: "
+                                f"{case.describe()}")
 
     def test_gradients(self, case: Case, dtype: str) -> None:
         np_arrays, arrays = self._prepare(case, dtype)

@@ -38,6 +38,7 @@ from . import oracle
 from .cases import DEFAULT_TOLERANCES, DtypeTolerance, Level
 from .compare import assert_close, to_float64
 from .paged_cases import PagedCase, make_paged_inputs, paged_cases_for, paged_features
+from .quantized_cases import QUANTIZED_PAGED_CASES, QuantizedCase, quantize_paged_inputs, quantized_to_jax
 from .quick_jit import compiler_options_for_tests
 
 __all__ = ["PagedConformanceSuite"]
@@ -121,7 +122,10 @@ class PagedConformanceSuite:
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         cls = type(self)
-        if "paged_case" in metafunc.fixturenames:
+        if "quantized_case" in metafunc.fixturenames:
+            metafunc.parametrize(("quantized_case", "dtype"), [pytest.param(c, dt, id=f"{c.name}-{dt}")
+                                                               for c in QUANTIZED_PAGED_CASES for dt in cls.dtypes])
+        elif "paged_case" in metafunc.fixturenames:
             params = [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in cls.cases(cls.resolved_level())
                       for dt in cls.dtypes]
             metafunc.parametrize(("paged_case", "dtype"), params)
@@ -134,7 +138,7 @@ class PagedConformanceSuite:
         """Positional arrays and keywords of the ragged form."""
         args = (arrays["q"], arrays.get("k_pages"), arrays.get("v_pages"), arrays["page_table"], arrays["kv_lengths"])
         kwargs = {"cu_q_lens": arrays["cu_q_lens"], "num_seqs": arrays["num_seqs"], **paged_features(case)}
-        for name in ("kv_pages", "softmax_aux"):
+        for name in ("kv_pages", "softmax_aux", "k_scale", "v_scale"):
             if name in arrays:
                 kwargs[name] = arrays[name]
         if case.uniform:
@@ -225,6 +229,24 @@ class PagedConformanceSuite:
         want = self._expected(paged_case, np_arrays).reshape(b, t, paged_case.hq, -1)
         assert got.shape == want.shape
         assert_close(paged_case.describe(), got, want, self.tolerances[dtype].forward)
+
+    def test_quantized_kv(self, quantized_case: QuantizedCase, dtype: str) -> None:
+        """An int8 / float8 cache (jaxattn.testing.quantized_cases), unread slots and scales
+        poisoned: matches the oracle over the dequantized cache, or is declined with reasons
+        (always, by a backend that does not declare Feature.QUANTIZED_KV)."""
+        case = next(c for c in paged_cases_for("default") if c.name == quantized_case.base)
+        np_arrays, ref_arrays = quantize_paged_inputs(case, quantized_case, make_paged_inputs(case, dtype))
+        arrays = quantized_to_jax(np_arrays, dtype)
+        reasons = self._supports(case, arrays)
+        if Feature.QUANTIZED_KV not in self.make_impl().features:
+            assert reasons, f"{self.make_impl()!r} does not declare {Feature.QUANTIZED_KV} but supports() accepts it"
+        if reasons:
+            self._assert_declines(case, arrays)
+            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+        with jax.default_matmul_precision("highest"):
+            got = self._run(case, arrays)
+        self._check(case, got, self._expected(case, ref_arrays), dtype,
+                    f"{quantized_case.kv_dtype} per {quantized_case.granularity}: {case.describe()}")
 
     def test_runs_something(self, dtype: str) -> None:
         """Guard against a vacuous pass: some case of the matrix must run in every dtype listed."""
