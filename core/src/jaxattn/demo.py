@@ -16,17 +16,28 @@ from typing import Any
 TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2, "float16": 5e-3}
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m jaxattn.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=256, help="T = S")
-    parser.add_argument("--heads-q", type=int, default=8)
-    parser.add_argument("--heads-kv", type=int, default=2, help="< heads-q: grouped-query attention")
-    parser.add_argument("--head-dim", type=int, default=64)
+def build_parser() -> argparse.ArgumentParser:
+    from jaxattn.cli._args import OneLineParser, positive_int
+
+    parser = OneLineParser(prog="python -m jaxattn.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=positive_int, default=2)
+    parser.add_argument("--seq", type=positive_int, default=256, help="T = S")
+    parser.add_argument("--heads-q", type=positive_int, default=8)
+    parser.add_argument("--heads-kv", type=positive_int, default=2, help="< heads-q: grouped-query attention")
+    parser.add_argument("--head-dim", type=positive_int, default=64)
     parser.add_argument("--dtype", default="float32", choices=sorted(TOLERANCE))
     parser.add_argument("--no-causal", dest="causal", action="store_false")
     parser.add_argument("--impl", default=None, help="ask for one impl instead of auto")
-    return parser.parse_args(argv)
+    return parser
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.heads_q % args.heads_kv:
+        parser.error(f"argument --heads-kv: --heads-q {args.heads_q} must be a multiple of --heads-kv "
+                             f"{args.heads_kv}, e.g. --heads-q 8 --heads-kv 2")
+    return args
 
 
 def _max_error(out: Any, reference: Any) -> float:

@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..cli._args import int_list, nonneg_float, nonneg_int, positive_float, positive_int, shape_spec
 from .timing import platform_of  # stdlib-only at import time, like this module
 
 if TYPE_CHECKING:
+    from ..cli._output import Printer
     from ..metadata import AttentionMetadata
     from .shapes import BenchShape
 
@@ -30,14 +32,6 @@ HELP = "time every attention backend side by side (TFLOP/s, ratio to a reference
 ACCELERATOR_TEMP_GIB = 16.0
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(x.strip().lower().replace("k", "")) * (1024 if x.strip().lower().endswith("k") else 1)
-                for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers (1k = 1024), got {text!r}") from None
-
-
 def _names(text: str) -> list[str]:
     return [x.strip().lower() for x in text.split(",") if x.strip()]
 
@@ -48,17 +42,17 @@ def add_matrix_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--quick", action="store_true",
                        help="tiny shapes that run in seconds on a CPU (S 64/128, D 32, 4 heads)")
     group.add_argument("--dtype", help="bfloat16 (default on GPU/TPU), float16, float32 (default on CPU)")
-    group.add_argument("--seqs", type=_ints, help="sequence lengths, e.g. 1k,2k,4k,8k,16k")
-    group.add_argument("--head-dims", type=_ints, help="head dims, e.g. 64,128,256")
-    group.add_argument("--heads", type=int, help="query heads (default 32, 16 for D=256)")
-    group.add_argument("--tokens", type=int, default=16384, help="B*S for the matrix (default 16384)")
-    group.add_argument("--batch", type=int, help="fixed batch size instead of tokens/S")
-    group.add_argument("--gqa", type=int, default=4, help="GQA group size also timed (default 4; 1 = none)")
-    group.add_argument("--gqa-head-dims", type=_ints, default=[128],
+    group.add_argument("--seqs", type=int_list, help="sequence lengths, e.g. 1k,2k,4k,8k,16k")
+    group.add_argument("--head-dims", type=int_list, help="head dims, e.g. 64,128,256")
+    group.add_argument("--heads", type=positive_int, help="query heads (default 32, 16 for D=256)")
+    group.add_argument("--tokens", type=positive_int, default=16384, help="B*S for the matrix (default 16384)")
+    group.add_argument("--batch", type=positive_int, help="fixed batch size instead of tokens/S")
+    group.add_argument("--gqa", type=positive_int, default=4, help="GQA group size also timed (default 4; 1 = none)")
+    group.add_argument("--gqa-head-dims", type=int_list, default=[128],
                        help="head dims timed with GQA too (default 128)")
     group.add_argument("--mask", choices=("both", "causal", "full"), default="both",
                        help="causal, full (no mask), or both (default)")
-    group.add_argument("--shape", action="append", default=[], metavar="B,S,H,D[,Hkv]",
+    group.add_argument("--shape", type=shape_spec, action="append", default=[], metavar="B,S,H,D[,Hkv]",
                        help="an explicit shape (repeatable; replaces the matrix); B,T,S,H,D,Hkv for T != S")
 
 
@@ -85,33 +79,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                      help="write results as JSON to PATH (or to stdout instead of the table, without PATH)")
-    out.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG of TFLOP/s against S per backend")
+    out.add_argument("--plot", type=Path, metavar="PATH",
+                     help="write a PNG: TFLOP/s against S per backend (with --serving: GB/s per shape); "
+                          "needs matplotlib (jaxattn[bench])")
+    out.add_argument("--from-json", type=Path, metavar="PATH",
+                     help="run nothing: draw the results a --json run saved in PATH into --plot's PNG")
 
 
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """How programs are timed (shared by ``bench`` and ``tune``)."""
+def add_run_arguments(parser: argparse.ArgumentParser, *, repeats: int = 10, rounds: int = 2) -> None:
+    """How programs are timed (shared by ``bench`` and ``tune``; ``tune`` takes more rounds)."""
     run_ = parser.add_argument_group("running")
     run_.add_argument("--modes", type=_names, default=["fwd", "fwdbwd"], help="fwd, fwdbwd (default both)")
-    run_.add_argument("--warmup", type=int, default=2, help="untimed runs per program (default 2)")
-    run_.add_argument("--repeats", type=int, default=10, help="timed samples per program; the median is reported")
-    run_.add_argument("--rounds", type=int, default=2,
-                      help="interleaved rounds the samples are spread over (default 2; order reversed every other)")
-    run_.add_argument("--min-sample-ms", type=float, metavar="MS",
+    run_.add_argument("--warmup", type=nonneg_int, default=2, help="untimed runs per program (default 2)")
+    run_.add_argument("--repeats", type=positive_int, default=repeats,
+                      help=f"timed samples per program (default {repeats}); the median is reported")
+    run_.add_argument("--rounds", type=positive_int, default=rounds,
+                      help=f"interleaved rounds the samples are spread over (default {rounds}; order reversed every "
+                           "other)")
+    run_.add_argument("--min-sample-ms", type=nonneg_float, metavar="MS",
                       help="a sample is as many back-to-back calls as last this long, so dispatch latency "
                            "and timer jitter stay out of the figures (default 10 on GPU/TPU, 1 on CPU; "
                            "0 = one call per sample)")
     run_.add_argument("--no-dedupe", dest="dedupe", action="store_false",
                       help="time every backend's program, even where two compile to the identical program "
                            "(by default such programs are timed once and share the timing)")
-    run_.add_argument("--preroll-ms", type=float, metavar="MS",
+    run_.add_argument("--preroll-ms", type=nonneg_float, metavar="MS",
                       help="untimed run of each program before its samples in a round, so the device's clocks "
                            "settle to that program's power draw (default 100 on GPU/TPU, 0 on CPU)")
-    run_.add_argument("--max-temp-gib", type=float,
+    run_.add_argument("--max-temp-gib", type=positive_float,
                       help="skip programs whose compiled temp memory exceeds this, e.g. O(S^2) backends at "
                            f"long S (default {ACCELERATOR_TEMP_GIB:g} on GPU/TPU, none on CPU; always: free memory)")
-    run_.add_argument("--time-budget", type=float, metavar="SECONDS",
+    run_.add_argument("--time-budget", type=positive_float, metavar="SECONDS",
                       help="start no new shape after this many seconds (the rest is reported as skipped)")
-    run_.add_argument("--compile-workers", type=int, default=min(8, os.cpu_count() or 1),
+    run_.add_argument("--compile-workers", type=positive_int, default=min(8, os.cpu_count() or 1),
                       help="programs compiled in parallel, while none is timed (default: CPUs, at most 8)")
     run_.add_argument("--progress", choices=("auto", "rich", "plain", "none"), default="auto",
                       help="progress display on stderr (default: rich on a terminal, else plain lines)")
@@ -137,6 +137,11 @@ def shapes_from_args(args: argparse.Namespace, platform: str) -> list[BenchShape
         if args.seqs or args.head_dims:
             shapes = [s for s in shapes if (not args.seqs or s.seq_k in args.seqs)
                       and (not args.head_dims or s.head_dim in args.head_dims)]
+        if not shapes:  # an empty table would read as "nothing runs here"
+            quick = quick_matrix(dtype=dtype, masks=masks)
+            raise ValueError(f"--quick times S {'/'.join(str(n) for n in sorted({s.seq_k for s in quick}))} and D "
+                             f"{'/'.join(str(n) for n in sorted({s.head_dim for s in quick}))}: --seqs and --head-dims "
+                             "select none of them; drop --quick to time other sizes, or use --shape B,S,H,D")
         return shapes
     kwargs: dict[str, Any] = {"dtype": dtype, "tokens": args.tokens, "heads": args.heads, "gqa": args.gqa,
                               "gqa_head_dims": args.gqa_head_dims, "masks": masks, "batch": args.batch}
@@ -174,6 +179,8 @@ def _reference(args: argparse.Namespace, backends: list[str]) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from ..metadata import AttentionMetadata
 
+    if args.from_json is not None:
+        return _plot_saved(args)
     metadata = AttentionMetadata()
     platform = platform_of(metadata)
     try:
@@ -245,19 +252,52 @@ def _run_serving(args: argparse.Namespace, metadata: AttentionMetadata, platform
     final = report(results)
     if args.json == "-":
         dump_json(final)
+        _plot(args, final, None)
         return 0
     printer.table(serving_table(results, device, args.reference))
     if args.json is not None:
         write(final)
         printer.line(f"JSON written to {args.json}")
+    _plot(args, final, printer)
     printer.line(f"took {final['elapsed_s']:.1f} s")
+    return 0
+
+
+def _plot(args: argparse.Namespace, data: dict[str, Any], printer: Printer | None) -> None:
+    """Write ``--plot``'s PNG of ``data`` (a run's JSON dictionary) and say so, or why not
+    (on stderr when stdout carries the JSON)."""
+    from .plot import write_plot
+
+    if args.plot is None:
+        return
+    why_not = write_plot(data, args.plot)
+    message = f"plot written to {args.plot}" if why_not is None else f"note: {why_not}"
+    if printer is None:
+        print(message, file=sys.stderr)
+    else:
+        printer.line(message)
+
+
+def _plot_saved(args: argparse.Namespace) -> int:
+    """``--from-json PATH --plot PNG``: a picture of saved results, nothing run."""
+    from .plot import plot_results
+
+    if args.plot is None:
+        print("jaxattn bench: error: --from-json draws a picture: give --plot PNG too "
+              "(e.g. jaxattn bench --from-json results.json --plot results.png)", file=sys.stderr)
+        return 2
+    why_not = plot_results(args.from_json, args.plot)
+    if why_not is not None:
+        print(f"jaxattn bench: error: {why_not}", file=sys.stderr)
+        return 1
+    print(f"plot written to {args.plot}")
     return 0
 
 
 def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: AttentionMetadata) -> int:
     from ..cli._output import Printer, dump_json
     from .progress import Progress
-    from .report import report_dict, summary_lines, table, write_json, write_plot
+    from .report import not_run_lines, report_dict, summary_lines, tables, write_json
     from .results import BenchConfig, BenchReport, BenchResult
     from .runner import run_bench
 
@@ -284,17 +324,23 @@ def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: Att
     report = run_bench(config, progress, on_shape=checkpoint)
     if to_stdout:
         dump_json(report_dict(report))
+        _plot(args, report_dict(report), None)
         return 0
     printer = Printer.from_args(args)
-    printer.table(table(report))
+    for mode_table in tables(report):
+        printer.table(mode_table)
+    not_run = not_run_lines(report)
+    if not_run:
+        printer.line("Not run (once per backend):")
+        for line in not_run:
+            printer.line(f"- {line}")
+        printer.line()
     for line in summary_lines(report):
         printer.line(line)
     if json_path is not None:
         write_json(report, json_path)
         printer.line(f"JSON written to {json_path}")
-    if args.plot is not None:
-        why_not = write_plot(report, args.plot)
-        printer.line(f"plot written to {args.plot}" if why_not is None else f"note: {why_not}")
+    _plot(args, report_dict(report), printer)
     printer.line(f"took {report.elapsed_s:.1f} s")
     return 0
 

@@ -12,11 +12,13 @@ A subcommand is a module with ``HELP: str``, ``add_arguments(parser)`` and
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Protocol, cast
+from typing import Protocol, TextIO, cast
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main", "register_subcommand"]
 
@@ -66,7 +68,9 @@ def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from ._args import OneLineParser  # subcommand parsers inherit its one-line errors
+
+    parser = OneLineParser(
         prog="jaxattn",
         description="Attention backends for JAX: what is installed, what runs here, and why.",
     )
@@ -81,6 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(prog: str, default: Callable[..., None], message: Warning | str, category: type[Warning],
+                      filename: str, lineno: int, file: TextIO | None = None, line: str | None = None) -> None:
+    """jaxattn's own warnings (a damaged tuning cache, a broken plugin) as one line, without the
+    source line Python prints under a warning; other libraries' warnings keep Python's format."""
+    if not category.__module__.startswith("jaxattn"):
+        default(message, category, filename, lineno, file, line)
+        return
+    text = str(message).removeprefix("jaxattn: ")
+    print(f"{prog}: warning: {text}", file=file or sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -88,7 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jaxattn.errors import JaxattnError
 
     try:
-        return command.run(args)
+        with warnings.catch_warnings():  # restores showwarning afterwards
+            warnings.showwarning = functools.partial(_one_line_warning, f"jaxattn {args.command}",
+                                                     warnings.showwarning)
+            return command.run(args)
     except JaxattnError as err:
         # The library's errors already say what went wrong and what to do: no traceback.
         print(f"jaxattn {args.command}: error: {err}", file=sys.stderr)

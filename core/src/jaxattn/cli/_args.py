@@ -1,0 +1,130 @@
+"""The one rule for every numeric command-line option: validated by its argparse ``type=``.
+
+Every numeric option of every ``jaxattn`` subcommand (and of ``python -m jaxattn.demo``) takes
+one of the converters below as its ``type``, never a bare ``int`` or ``float``: zero where it
+means nothing, a negative number, ``inf``/``nan`` and garbage are refused before anything
+runs, with exit status 2 and one line that names the option, the constraint and a valid
+example (argparse prefixes the option: ``argument --seqs: ...``). ``tests/cli`` walks every
+parser and fails on an option that escapes the rule.
+
+Standard library only: ``jaxattn --help`` must not import jax.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+__all__ = [
+    "NumericArg",
+    "OneLineParser",
+    "int_list",
+    "nonneg_float",
+    "nonneg_int",
+    "nonneg_window",
+    "positive_float",
+    "positive_int",
+    "probability",
+    "shape_spec",
+]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line on stderr (exit status 2).
+
+    argparse prints the whole usage first, dozens of lines for ``bench``; the one line keeps
+    the option, the constraint and the example, and says where the usage is.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists every option)\n")
+
+
+class NumericArg:
+    """A converter for ``type=``: parses with ``parse`` and refuses values below ``minimum``.
+
+    ``accepts_zero`` and ``example`` are read by the test that walks every parser.
+    """
+
+    def __init__(self, name: str, parse: Callable[[str], Any], constraint: str, example: str,
+                 accepts_zero: bool) -> None:
+        self.__name__ = name  # argparse names the type in some messages
+        self.parse, self.constraint, self.example, self.accepts_zero = parse, constraint, example, accepts_zero
+
+    def __call__(self, text: str) -> Any:
+        try:
+            return self.parse(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {self.constraint}; e.g. {self.example}") from None
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+
+def _int(text: str, minimum: int) -> int:
+    value = int(text.strip())
+    if value < minimum:
+        raise ValueError(text)
+    return value
+
+
+def _float(text: str, minimum: float, positive: bool, below: float | None = None) -> float:
+    value = float(text.strip())
+    if not math.isfinite(value) or value < minimum or (positive and value <= 0) or (below is not None
+                                                                                     and value >= below):
+        raise ValueError(text)
+    return value
+
+
+def _sized_int(text: str) -> int:
+    """``1024``, or ``1k`` for 1024 (sequence lengths are given in kilo-tokens often)."""
+    text = text.strip().lower()
+    value = int(text[:-1]) * 1024 if text.endswith("k") else int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def _int_list(text: str) -> list[int]:
+    values = [_sized_int(part) for part in text.split(",") if part.strip()]
+    if not values:
+        raise ValueError(text)
+    return values
+
+
+def _window(text: str) -> int | tuple[int, int]:
+    parts = [_int(part, 0) for part in text.split(",")]
+    if len(parts) == 1:
+        return parts[0]
+    if len(parts) == 2:
+        return (parts[0], parts[1])
+    raise ValueError(text)
+
+
+def _shape(text: str) -> str:
+    """The text itself once ``parse_shape`` (what ``bench`` and ``tune`` read it with) accepts it."""
+    from ..bench.shapes import parse_shape  # standard library only at import, like this module
+
+    parse_shape(text, dtype="float32", masks=(False,))
+    return text
+
+
+positive_int = NumericArg("positive_int", lambda t: _int(t, 1), "an integer >= 1", "8", accepts_zero=False)
+nonneg_int = NumericArg("nonneg_int", lambda t: _int(t, 0), "an integer >= 0", "2", accepts_zero=True)
+positive_float = NumericArg("positive_float", lambda t: _float(t, 0.0, True), "a finite number > 0", "2.5",
+                            accepts_zero=False)
+nonneg_float = NumericArg("nonneg_float", lambda t: _float(t, 0.0, False), "a finite number >= 0", "10",
+                          accepts_zero=True)
+probability = NumericArg("probability", lambda t: _float(t, 0.0, False, below=1.0), "a probability in [0, 1)",
+                         "0.1", accepts_zero=True)
+int_list = NumericArg("int_list", _int_list, "a comma-separated list of integers >= 1 (1k = 1024)", "1k,2k,4k",
+                      accepts_zero=False)
+nonneg_window = NumericArg("nonneg_window", _window, "a window W or LEFT,RIGHT of integers >= 0", "128 or 128,0",
+                           accepts_zero=True)
+shape_spec = NumericArg(
+    "shape_spec", _shape,
+    "B,S,H,D or B,S,H,D,Hkv or B,T,S,H,D,Hkv: integers >= 1, H a multiple of Hkv", "4,4096,32,128,8",
+    accepts_zero=False)
+
