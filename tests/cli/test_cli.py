@@ -11,6 +11,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 import jaxattn
@@ -304,3 +306,31 @@ def test_help_and_version_import_no_jax() -> None:
     version = subprocess.run([sys.executable, "-m", "jaxattn", "--version"], capture_output=True, text=True,
                              check=True)
     assert version.stdout.strip() == f"jaxattn {jaxattn.__version__}"
+
+
+# -- explain: a name of the other op kind, and names from the environment ---------------------
+def test_explain_points_a_paged_name_to_paged(capsys: pytest.CaptureFixture[str]) -> None:
+    """A paged impl asked of a dense call: not "nothing can run this call", but --paged."""
+    _register_paged()
+    code, out, err = run_cli(capsys, "explain", "--impl", "vanilla_paged")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "'vanilla_paged' is a paged impl and this is a dense call" in err and "--paged" in err
+    code, out, err = run_cli(capsys, "explain", "--paged", "--impl", "wide_alias")
+    assert code == 2 and "'wide_alias' is a dense impl and this is a paged call" in err and "drop --paged" in err
+    assert run_cli(capsys, "explain", "--paged", "--impl", "vanilla_paged", "--plain")[0] == 0
+
+
+def test_explain_api_points_a_paged_name_to_paged_attention() -> None:
+    _register_paged()
+    x = jax.ShapeDtypeStruct((1, 8, 2, 16), jnp.float32)
+    with pytest.raises(jaxattn.InvalidInputError, match=r"'vanilla_paged' is a paged impl.*paged_attention"):
+        jaxattn.explain(x, x, x, impl="vanilla_paged")
+
+
+@pytest.mark.parametrize(("var", "value", "needle"), [("JAXATTN_TUNING", "maybe", "$JAXATTN_TUNING: 'maybe'")])
+def test_bad_environment_values_are_one_line_exit_2(capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch, var: str, value: str,
+                                                    needle: str) -> None:
+    monkeypatch.setenv(var, value)
+    code, out, err = run_cli(capsys, "explain", "--plain")
+    assert code == 2 and out == "" and err.count("\n") == 1 and needle in err, err

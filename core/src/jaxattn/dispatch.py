@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from .candidates import Candidate
 from .capabilities import ALL_FEATURES
 from .device import detect_device
-from .errors import JaxattnError, UnsupportedError
+from .errors import InvalidInputError, JaxattnError, UnsupportedError
 from .impl import AttentionImpl, resolve_platform
 from .lookup import available_here, impl_for, provider_here
 from .metadata import DEFAULT_METADATA, AttentionMetadata
@@ -400,6 +400,12 @@ def explain_problem(problem: Problem, *, impl: str | AttentionMechanisms | None 
     if requested == AttentionMechanisms.AUTO.value:
         chosen = auto_choice
     else:
+        kinds = {p.kind for p in registry().providers_of(requested)}
+        if kinds and problem.kind not in kinds:  # "nothing can run this call" would hide why
+            raise InvalidInputError(
+                "impl", f"{requested!r} is a {'/'.join(sorted(kinds))} impl; this is a {problem.kind} call",
+                "explain_paged describes the calls of paged_attention and ragged_paged_attention"
+                if problem.kind == "dense" else "explain describes the calls of attention")
         # The provider this name resolves to here, as get_impl builds it (an alias may name another
         # platform's kernel first: on a CPU page_attention is jaxattn-vanilla's vanilla_paged).
         try:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ._args import nonneg_window, positive_float, positive_int, probability
 from ._output import Printer, Table, dump_json
+from ._plugins import is_plugin_row
 
 HELP = "show which implementation a call would use, and every other one's reasons"
 
@@ -26,41 +28,29 @@ def _pattern(text: str) -> str:
     return text
 
 
-def _window(text: str) -> int | tuple[int, int]:
-    try:
-        parts = [int(p) for p in text.split(",")]
-    except ValueError:
-        parts = []
-    if len(parts) == 1:
-        return parts[0]
-    if len(parts) == 2:
-        return (parts[0], parts[1])
-    raise argparse.ArgumentTypeError(f"{text!r}: give W or LEFT,RIGHT")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     shapes = parser.add_argument_group("shapes (BTHD layout)")
-    shapes.add_argument("--batch", "-b", type=int, default=1, help="B (default 1)")
-    shapes.add_argument("--seq-q", "-t", type=int, default=1024, help="T, query length (default 1024)")
-    shapes.add_argument("--seq-k", "-s", type=int, help="S, key length (default: T)")
-    shapes.add_argument("--heads-q", type=int, default=8, help="Hq (default 8)")
-    shapes.add_argument("--heads-kv", type=int, help="Hkv (default: Hq); Hq %% Hkv == 0")
-    shapes.add_argument("--head-dim", "-d", type=int, default=128, help="D (default 128)")
-    shapes.add_argument("--head-dim-v", type=int, help="Dv, value head dim (default: D)")
+    shapes.add_argument("--batch", "-b", type=positive_int, default=1, help="B (default 1)")
+    shapes.add_argument("--seq-q", "-t", type=positive_int, default=1024, help="T, query length (default 1024)")
+    shapes.add_argument("--seq-k", "-s", type=positive_int, help="S, key length (default: T)")
+    shapes.add_argument("--heads-q", type=positive_int, default=8, help="Hq (default 8)")
+    shapes.add_argument("--heads-kv", type=positive_int, help="Hkv (default: Hq); Hq %% Hkv == 0")
+    shapes.add_argument("--head-dim", "-d", type=positive_int, default=128, help="D (default 128)")
+    shapes.add_argument("--head-dim-v", type=positive_int, help="Dv, value head dim (default: D)")
     shapes.add_argument("--dtype", default="bfloat16",
                         help="dtype of q, k, v (default bfloat16)")
 
     features = parser.add_argument_group("features")
     features.add_argument("--causal", action="store_true", help="causal (aligned bottom-right)")
-    features.add_argument("--window", type=_window, metavar="W|L,R", help="sliding window")
+    features.add_argument("--window", type=nonneg_window, metavar="W|L,R", help="sliding window")
     features.add_argument("--mask", type=_pattern, nargs="?", const="b1ts", metavar="PATTERN",
                           help="boolean mask; optional broadcast pattern (default b1ts)")
     features.add_argument("--bias", type=_pattern, nargs="?", const="bhts", metavar="PATTERN",
                           help="additive bias; optional broadcast pattern (default bhts)")
     features.add_argument("--segment-ids", action="store_true", help="packed sequences")
-    features.add_argument("--soft-cap", type=float, metavar="C", help="logits soft cap")
+    features.add_argument("--soft-cap", type=positive_float, metavar="C", help="logits soft cap")
     features.add_argument("--sinks", action="store_true", help="attention sinks (softmax_aux)")
-    features.add_argument("--dropout", type=float, default=0.0, metavar="P", help="dropout prob")
+    features.add_argument("--dropout", type=probability, default=0.0, metavar="P", help="dropout prob")
     features.add_argument("--grad", action="store_true", help="the call is differentiated")
     features.add_argument("--kv-lengths", action="store_true",
                           help="per-sequence key lengths: k and v are a dense KV cache of capacity S")
@@ -71,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kinds = paged.add_mutually_exclusive_group()
     kinds.add_argument("--paged", action="store_true", help="a decode step over a paged cache")
     kinds.add_argument("--ragged", action="store_true", help="a ragged batch over a paged cache")
-    paged.add_argument("--page-size", type=int, default=16, help="tokens per page (default 16)")
+    paged.add_argument("--page-size", type=positive_int, default=16, help="tokens per page (default 16)")
     paged.add_argument("--combined", action="store_true", help="JAX's combined kv_pages layout")
 
     choice = parser.add_argument_group("choice")
@@ -82,6 +72,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     choice.add_argument("--interpret", action="store_true",
                         help="AttentionMetadata(interpret=True): TPU kernels in interpret mode")
     choice.add_argument("--runtime-dtype", help="AttentionMetadata(runtime_dtype=...)")
+
+
+def _dtype(name: str) -> Any:
+    import jax.numpy as jnp
+
+    import jaxattn
+
+    try:
+        return jnp.dtype(name)
+    except TypeError as err:
+        raise jaxattn.InvalidInputError("--dtype", f"unknown dtype {name!r}", "e.g. bfloat16, float16, float32") \
+            from err
 
 
 def build_call(args: argparse.Namespace) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
@@ -95,10 +97,7 @@ def build_call(args: argparse.Namespace) -> tuple[tuple[Any, Any, Any], dict[str
     s = args.seq_k if args.seq_k is not None else t
     hkv = args.heads_kv if args.heads_kv is not None else hq
     dv = args.head_dim_v if args.head_dim_v is not None else d
-    try:
-        dtype = jnp.dtype(args.dtype)
-    except TypeError as err:
-        raise jaxattn.InvalidInputError("--dtype", f"unknown dtype {args.dtype!r}") from err
+    dtype = _dtype(args.dtype)
     spec = jax.ShapeDtypeStruct
     full = {"b": b, "h": hq, "t": t, "s": s}
 
@@ -144,7 +143,7 @@ def build_paged_call(args: argparse.Namespace) -> tuple[tuple[Any, ...], dict[st
     capacity = args.seq_k if args.seq_k is not None else max(t, 1)
     per_seq = -(-capacity // args.page_size)
     spec = jax.ShapeDtypeStruct
-    dtype = jnp.dtype(args.dtype)
+    dtype = _dtype(args.dtype)
     pool = (b * per_seq, args.page_size)
     k_pages = v_pages = kv_pages = None
     if args.combined:
@@ -170,23 +169,42 @@ def build_paged_call(args: argparse.Namespace) -> tuple[tuple[Any, ...], dict[st
     return (q, k_pages, v_pages, table, lengths), kwargs
 
 
-def _known_names() -> set[str]:
+def _kinds_by_name() -> dict[str, set[str]]:
+    """Every registered name and alias (and "auto") -> the op kinds it names."""
     import jaxattn
 
-    names = {"auto"}
+    kinds: dict[str, set[str]] = {"auto": {"dense", "paged"}}
     for row in jaxattn.list_impls():
-        names.add(row.name)
-        names.update(row.aliases)
-    return names
+        if not is_plugin_row(row):  # a broken or disabled plugin's row names no impl
+            for name in (row.name, *row.aliases):
+                kinds.setdefault(name, set()).add(row.kind)
+    return kinds
+
+
+def _check_impl(args: argparse.Namespace) -> None:
+    """An --impl that names nothing, or only impls of the other kind: say so, not "nothing can run"."""
+    import jaxattn
+
+    kinds = _kinds_by_name()
+    name = args.impl.strip().lower()
+    if name not in kinds:
+        raise jaxattn.ImplNotFoundError(
+            f"no attention impl is named {args.impl!r}; installed: {', '.join(sorted(kinds))}")
+    kind = "paged" if args.paged or args.ragged else "dense"
+    if kind not in kinds[name]:
+        other = "/".join(sorted(kinds[name]))
+        raise jaxattn.InvalidInputError(
+            "--impl", f"{args.impl!r} is a {other} impl and this is a {kind} call",
+            "add --paged (a decode step over a paged KV cache) or --ragged to explain its calls, as "
+            "paged_attention / ragged_paged_attention make them" if kind == "dense"
+            else "drop --paged / --ragged to explain a dense call, as attention makes it")
 
 
 def run(args: argparse.Namespace) -> int:
     import jaxattn
 
-    if args.impl is not None and args.impl.strip().lower() not in _known_names():
-        # explain() would only say that nothing can run the call; name the real problem.
-        raise jaxattn.ImplNotFoundError(
-            f"no attention impl is named {args.impl!r}; installed: {', '.join(sorted(_known_names()))}")
+    if args.impl is not None:
+        _check_impl(args)
     if args.paged or args.ragged:
         unused = [flag for flag, on in (("--causal", args.causal), ("--mask", args.mask), ("--bias", args.bias),
                                         ("--segment-ids", args.segment_ids), ("--dropout", args.dropout),
