@@ -8,7 +8,10 @@ tests launches real kernels.
 Triton's interpreter (3.9) stores bfloat16 as raw uint16 and multiplies those integers in
 ``tl.dot``; :func:`_patch_interpreter_bf16_dot` makes the interpreter upcast bfloat16 dot
 operands to float32 (what the tensor cores do in effect: exact products, float32 sums).
-Only the test process is patched; kernels and GPUs are untouched.
+Its integer-to-bfloat16 casts (``int8 -> bf16``, how the paged kernels widen an int8 cache for
+a bf16 q) keep the integer's bits as the uint16 storage; :func:`_patch_interpreter_int_to_bf16`
+routes them through float32, as a GPU converts. Only the test process is patched; kernels and
+GPUs are untouched.
 """
 
 from __future__ import annotations
@@ -64,6 +67,34 @@ def _patch_interpreter_bf16_dot() -> bool:
 
 
 BF16_DOT_OK = HAVE_TRITON and _patch_interpreter_bf16_dot()
+
+
+def _patch_interpreter_int_to_bf16() -> None:
+    if not INTERPRET:
+        return
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    if builder is None or not hasattr(builder, "cast_impl"):
+        return
+    for name in ("create_si_to_fp", "create_ui_to_fp"):
+        original = getattr(builder, name, None)
+        if original is None or getattr(original, "_jaxattn_bf16", False):
+            continue
+
+        def to_fp(self, src, dst_type, _original=original):  # type: ignore[no-untyped-def]
+            if dst_type.scalar == tl.bfloat16:
+                return self.cast_impl(self.cast_impl(src, tl.float32), dst_type)
+            return _original(self, src, dst_type)
+
+        to_fp._jaxattn_bf16 = True  # type: ignore[attr-defined]
+        setattr(builder, name, to_fp)
+
+
+_patch_interpreter_int_to_bf16()
 
 needs_kernels = pytest.mark.skipif(
     not (HAVE_TORCH and HAVE_TRITON),

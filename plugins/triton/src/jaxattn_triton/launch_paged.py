@@ -17,8 +17,13 @@ is addressed by ``(page, row in page, head)`` strides:
 * dense ``k (B, S, Hkv, D)``: one page of ``S`` rows per sequence, ``page = sequence``
   (``identity_pages``, no page-table read).
 
-Kernel arguments: q, k, v, page_table, kv_lengths, cu_q_lens, num_seqs, sinks (absent ones
-one-element dummies), then the outputs (see :func:`attention`).
+A quantized cache (``cache_dtype`` int8 / float8_e4m3fn / float8_e5m2, q 16-bit) comes with
+float32 scales, each described by its ``(page, row, head)`` strides (0 along a broadcast axis:
+``()`` per tensor, ``(Hkv,)`` per head, the full ``(P, page_size, Hkv)`` per token; a dense
+cache's ``(B, S, Hkv)`` the same with one page per sequence).
+
+Kernel arguments: q, k, v, page_table, kv_lengths, cu_q_lens, num_seqs, sinks, k_scale,
+v_scale (absent ones one-element dummies), then the outputs (see :func:`attention`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ DENSE = "dense"
 
 #: Dtypes the kernels take for q and the cache (the same dtype for both).
 DTYPES = frozenset({"bfloat16", "float16", "float32"})
+#: Narrow cache dtypes the kernels load as they are and dequantize in registers (``cache_dtype``).
+QUANT_DTYPES = frozenset({"int8", "float8_e4m3fn", "float8_e5m2"})
+#: A scale's element strides along (page, row in page, KV head); 0 along a broadcast axis.
+ScaleStrides = tuple[int, int, int]
 #: Largest head dim (q/k and v): a [BLOCK_M, 256] float32 accumulator per program.
 MAX_HEAD_DIM = 256
 #: Query heads of one KV head in one program at most; larger groups are cut into chunks.
@@ -80,6 +89,11 @@ class PagedSpec:
     window_left: int | None = None
     window_right: int | None = 0
     sinks: bool = False
+    #: The cache's dtype when it is quantized (one of QUANT_DTYPES); None: ``dtype``, as q.
+    cache_dtype: str | None = None
+    #: Strides of the K / V scales (see :func:`scale_strides`); None: no scale (1).
+    k_scale: ScaleStrides | None = None
+    v_scale: ScaleStrides | None = None
 
     def __post_init__(self) -> None:
         reasons = self.reasons()
@@ -107,6 +121,12 @@ class PagedSpec:
             why.append(f"logits_soft_cap={self.softcap} must be > 0")
         if self.window_left is not None and self.window_left < 0:
             why.append(f"window_left={self.window_left} must be >= 0")
+        if self.cache_dtype is not None and self.cache_dtype not in QUANT_DTYPES:
+            why.append(f"a quantized cache's dtype {self.cache_dtype} is not one of {sorted(QUANT_DTYPES)}")
+        if self.cache_dtype is None and (self.k_scale is not None or self.v_scale is not None):
+            why.append(
+                f"k_scale/v_scale scale a quantized cache ({sorted(QUANT_DTYPES)}); a {self.dtype} cache takes none"
+            )
         return why
 
     @property
@@ -121,6 +141,42 @@ class PagedSpec:
     @property
     def ragged(self) -> bool:
         return self.q_len is None
+
+    @property
+    def quantized(self) -> bool:
+        return self.cache_dtype is not None
+
+
+def scale_mode(strides: ScaleStrides | None) -> int:
+    """The kernel's ``K_QUANT``/``V_QUANT``: 0 no scale, 1 one per row (per tensor or per KV
+    head: no stride along pages and rows), 2 one per token (and head)."""
+    if strides is None:
+        return 0
+    return 1 if strides[0] == 0 and strides[1] == 0 else 2
+
+
+def scale_strides(shape: Sequence[int], lead: Sequence[int], name: str = "scale") -> ScaleStrides:
+    """Element strides of a C-contiguous scale of ``shape`` broadcast against ``lead``, the
+    cache's shape without its last axis (``(P, page_size, Hkv)``, or ``(B, S, Hkv)`` dense).
+
+    ``()`` is one scale per tensor, ``(Hkv,)`` one per head, ``lead`` itself one per token and
+    head; any shape that broadcasts works (``(P, page_size, 1)``: one per token), read in
+    place. Raises ``ValueError`` naming ``name`` when the shape does not broadcast.
+    """
+    shape, lead = tuple(int(n) for n in shape), tuple(int(n) for n in lead)
+    if len(shape) > len(lead) or any(a not in (1, b) for a, b in zip(shape[::-1], lead[::-1], strict=False)):
+        raise ValueError(
+            f"{name} has shape {shape}, which does not broadcast against the cache's {lead} (the cache's shape "
+            f"without its last axis); pass a scalar (per tensor), ({lead[-1]},) (per head) or {lead} (per token)"
+        )
+    full = (1,) * (len(lead) - len(shape)) + shape
+    strides = [0, 0, 0]
+    step = 1
+    for axis in (2, 1, 0):
+        if full[axis] != 1:
+            strides[axis] = step
+        step *= full[axis]
+    return strides[0], strides[1], strides[2]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,8 +300,17 @@ def _cache_strides(spec: PagedSpec) -> dict[str, int]:
     }  # fmt: skip
 
 
+def _scale_constexprs(which: str, strides: ScaleStrides | None) -> dict[str, int]:
+    sp, st, sh = strides if strides is not None else (0, 0, 0)
+    return {
+        f"stride_{which}sp": sp, f"stride_{which}st": st, f"stride_{which}sh": sh,
+        f"{which.upper()}_QUANT": scale_mode(strides),
+    }  # fmt: skip
+
+
 def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
-    """Inputs: q, k, v, page_table, kv_lengths, cu_q_lens, num_seqs, sinks (f32).
+    """Inputs: q, k, v, page_table, kv_lengths, cu_q_lens, num_seqs, sinks (f32), k_scale and
+    v_scale (f32, contiguous, laid out as ``spec.k_scale``/``v_scale`` say; dummies if None).
 
     Outputs with one split: ``out (N, Hq, Dv)`` in q's dtype, ``lse (N, Hq)`` float32
     (natural log, sinks excluded, -inf for rows without keys), and a one-element dummy.
@@ -282,6 +347,8 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         "stride_qt": hq * spec.head_dim,
         "stride_qh": spec.head_dim,
         **_cache_strides(spec),
+        **_scale_constexprs("k", spec.k_scale),
+        **_scale_constexprs("v", spec.v_scale),
         "stride_pt": 0 if identity else spec.pages_per_seq,
         "NUM_TOKENS": n,
         "MAX_SEQS": spec.max_seqs,
@@ -374,10 +441,16 @@ def run(
 ) -> tuple[ArrayT, ArrayT]:
     """``(out (N, Hq, Dv), lse (N, Hq))`` of one call, launching through ``execute``.
 
-    ``inputs`` are the eight kernel inputs of :func:`attention`; ``execute(launch, inputs)``
-    returns the launch's outputs (jax_triton, the interpreter, or torch).
+    ``inputs`` are the ten kernel inputs of :func:`attention`, or the first eight when the spec
+    has no scales (the sinks array then stands in for the two scale dummies, never read);
+    ``execute(launch, inputs)`` returns the launch's outputs (jax_triton, the interpreter, or torch).
     """
-    first = execute(attention(spec, tiles), list(inputs))
+    inputs = list(inputs)
+    if len(inputs) == 8:
+        if spec.k_scale is not None or spec.v_scale is not None:
+            raise ValueError("the spec has k_scale/v_scale strides: pass the scales as inputs 9 and 10")
+        inputs += [inputs[7], inputs[7]]
+    first = execute(attention(spec, tiles), inputs)
     if tiles.num_splits == 1:
         return first[0], first[1]
     out, lse = execute(combine(spec, tiles), [first[0], first[1], first[2], inputs[7]])

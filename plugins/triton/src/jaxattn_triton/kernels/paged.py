@@ -35,6 +35,17 @@ intersected with ``[0, kv_len)``, in tiles; it is cut into ``NUM_SPLITS`` even r
 masked tiles at the window's left edge, fully visible tiles without an element mask (the hot
 loop), masked tiles at the right edge (the causal diagonal and the length tail).
 
+Quantized caches (``K_QUANT``/``V_QUANT`` > 0, a compile-time specialisation: the 16-bit
+path compiles exactly as before): K and V hold int8 or fp8 values, loaded narrow and converted
+to q's dtype in registers (exact: int8 and both fp8 formats fit bf16 and fp16), the scales
+applied in float32 after the products. Mode 1 is one scale per row (per tensor or per KV head:
+the scores of a row times its head's K scale, the row's output times its head's V scale, once
+at the end); mode 2 one per token and head, loaded per tile beside the values through the
+scale's own ``(page, row, head)`` strides (0 along broadcast axes): each score column times its
+K scale, each probability column times its V scale before ``P @ V``. Scales past a length are
+loaded under the same mask as the values (``other=0``), so NaN there never enters a product;
+rows that saw no key select zeros rather than multiplying by an unread V scale.
+
 With ``NUM_SPLITS == 1`` the program normalises and writes the output and log-sum-exp
 itself; otherwise it writes a float32 partial (unnormalised accumulator, running max in
 base 2, running sum) that ``paged_combine_kernel`` merges, adding the sinks.
@@ -59,6 +70,9 @@ def _paged_sweep(
     hi,
     k_base,
     v_base,
+    ks_base,
+    vs_base,
+    k_row_scale,
     pt_row,
     seq64,
     stride_kp,
@@ -67,8 +81,16 @@ def _paged_sweep(
     stride_vp,
     stride_vt,
     stride_vh,
+    stride_ksp,
+    stride_kst,
+    stride_ksh,
+    stride_vsp,
+    stride_vst,
+    stride_vsh,
     offs_d,
     offs_dv,
+    K_QUANT: tl.constexpr,
+    V_QUANT: tl.constexpr,
     SM_SCALE: tl.constexpr,
     SOFTCAP: tl.constexpr,
     LEFT: tl.constexpr,
@@ -99,6 +121,7 @@ def _paged_sweep(
     hcol = offs_c % KV_HEADS
     k_head = hcol * stride_kh
     v_head = hcol * stride_vh
+    TOKEN_SCALES: tl.constexpr = (K_QUANT == 2) or (V_QUANT == 2)
     if KV_HEADS > 1:
         own_head = hrow[:, None] == hcol[None, :]
     # Page-table entries are read one tile ahead (carried through the loop): K/V addresses
@@ -118,6 +141,9 @@ def _paged_sweep(
             # A dense cache seen as one page per sequence: no page-table read at all.
             k_rows = seq64 * stride_kp + offs_n.to(tl.int64) * stride_kt
             v_rows = seq64 * stride_vp + offs_n.to(tl.int64) * stride_vt
+            if TOKEN_SCALES:
+                ks_rows = seq64 * stride_ksp + offs_n.to(tl.int64) * stride_kst + hcol * stride_ksh
+                vs_rows = seq64 * stride_vsp + offs_n.to(tl.int64) * stride_vst + hcol * stride_vsh
         else:
             # One entry per tile when a tile never straddles pages, one per row otherwise.
             # Clamped: a corrupt entry reads a wrong page, never memory outside the cache.
@@ -131,6 +157,9 @@ def _paged_sweep(
             in_page = offs_n % PAGE_SIZE
             k_rows = page * stride_kp + in_page * stride_kt
             v_rows = page * stride_vp + in_page * stride_vt
+            if TOKEN_SCALES:
+                ks_rows = page * stride_ksp + in_page * stride_kst + hcol * stride_ksh
+                vs_rows = page * stride_vsp + in_page * stride_vst + hcol * stride_vsh
         k_ptrs = k_base + (k_rows + k_head)[:, None] + offs_d[None, :]
         v_ptrs = v_base + (v_rows + v_head)[:, None] + offs_dv[None, :]
         if EDGE:
@@ -145,6 +174,11 @@ def _paged_sweep(
                 v = tl.load(v_ptrs, mask=live & (offs_dv[None, :] < DV), other=0.0)
             else:
                 v = tl.load(v_ptrs, mask=live, other=0.0)
+            # Scales past kv_len are unread like the values there (NaN allowed): masked, 0.
+            if K_QUANT == 2:
+                ks = tl.load(ks_base + ks_rows, mask=offs_n < kv_len, other=0.0)
+            if V_QUANT == 2:
+                vs = tl.load(vs_base + vs_rows, mask=offs_n < kv_len, other=0.0)
         else:
             if PAD_D:
                 k = tl.load(k_ptrs, mask=offs_d[None, :] < D, other=0.0)
@@ -154,7 +188,16 @@ def _paged_sweep(
                 v = tl.load(v_ptrs, mask=offs_dv[None, :] < DV, other=0.0)
             else:
                 v = tl.load(v_ptrs)
-        qk = tl.dot(q, tl.trans(k))
+            if K_QUANT == 2:
+                ks = tl.load(ks_base + ks_rows)
+            if V_QUANT == 2:
+                vs = tl.load(vs_base + vs_rows)
+        # A quantized cache is converted to q's dtype here, in registers (a no-op otherwise).
+        qk = tl.dot(q, tl.trans(k.to(q.dtype)))
+        if K_QUANT == 1:
+            qk = qk * k_row_scale[:, None]
+        elif K_QUANT == 2:
+            qk = qk * ks[None, :]
         if HAS_SOFTCAP:
             s = tanh_f32(qk * (SM_SCALE / SOFTCAP)) * (SOFTCAP * LOG2E)
         else:
@@ -179,7 +222,11 @@ def _paged_sweep(
         p = tl.exp2(s * QK_SCALE - m_ref[:, None])
         alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        if V_QUANT == 2:
+            # P @ (diag(vs) V) == (P diag(vs)) @ V: the scale joins the probabilities' columns.
+            acc = tl.dot((p * vs[None, :]).to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
+        else:
+            acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
         m_i = m_new
     return acc, l_i, m_i
 
@@ -194,6 +241,8 @@ def paged_attn_kernel(
     CuQLens,
     NumSeqs,
     Sink,
+    KScale,
+    VScale,
     Out,
     Stat,
     Sum,
@@ -206,6 +255,14 @@ def paged_attn_kernel(
     stride_vt: tl.constexpr,
     stride_vh: tl.constexpr,
     V_OFF: tl.constexpr,
+    stride_ksp: tl.constexpr,
+    stride_kst: tl.constexpr,
+    stride_ksh: tl.constexpr,
+    stride_vsp: tl.constexpr,
+    stride_vst: tl.constexpr,
+    stride_vsh: tl.constexpr,
+    K_QUANT: tl.constexpr,
+    V_QUANT: tl.constexpr,
     stride_pt: tl.constexpr,
     NUM_TOKENS: tl.constexpr,
     MAX_SEQS: tl.constexpr,
@@ -334,28 +391,44 @@ def paged_attn_kernel(
     k_base = K + hkv.to(tl.int64) * stride_kh
     v_base = V + V_OFF + hkv.to(tl.int64) * stride_vh
     pt_row = PageTable + seq64 * stride_pt
+    ks_base = KScale + hkv.to(tl.int64) * stride_ksh
+    vs_base = VScale + hkv.to(tl.int64) * stride_vsh
+    if K_QUANT == 1:
+        # One K scale per row (its KV head's, or the tensor's with stride 0): always in range.
+        k_row_scale = tl.load(KScale + (hkv + hrow) * stride_ksh)
+    else:
+        k_row_scale = 1.0
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     acc, l_i, m_i = _paged_sweep(
-        acc, l_i, m_i, q, pos, hrow, kv_len, a, f0, k_base, v_base, pt_row, seq64,
-        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_d, offs_dv,
+        acc, l_i, m_i, q, pos, hrow, kv_len, a, f0, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
+        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+        stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv, K_QUANT, V_QUANT,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _paged_sweep(
-        acc, l_i, m_i, q, pos, hrow, kv_len, f0, f1, k_base, v_base, pt_row, seq64,
-        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_d, offs_dv,
+        acc, l_i, m_i, q, pos, hrow, kv_len, f0, f1, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
+        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+        stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv, K_QUANT, V_QUANT,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _paged_sweep(
-        acc, l_i, m_i, q, pos, hrow, kv_len, f1, b, k_base, v_base, pt_row, seq64,
-        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, offs_d, offs_dv,
+        acc, l_i, m_i, q, pos, hrow, kv_len, f1, b, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
+        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+        stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv, K_QUANT, V_QUANT,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
+
+    if V_QUANT == 1:
+        # One V scale per row, applied once; a row that saw no key (l_i == 0, acc == 0) selects
+        # zeros, so an unread NaN scale cannot reach it.
+        v_row_scale = tl.load(VScale + (hkv + hrow) * stride_vsh)
+        acc = tl.where(l_i[:, None] > 0.0, acc * v_row_scale[:, None], 0.0)
 
     rows = token * HQ + head
     o_cols = offs_dv[None, :]

@@ -1,0 +1,268 @@
+"""The paged kernels over quantized caches (int8, float8_e4m3fn, float8_e5m2), interpreted on CPU.
+
+Each case quantizes ``test_paged_kernels``' cache (one scale per tensor, per KV head, or per
+token and head), runs the kernels on the narrow values and float32 scales, and compares with
+the float64 reference applied to the dequantized cache (``values.astype(float64) * scale``):
+the kernels must compute attention over exactly that cache. q in float32 makes the check
+tight (the interpreter multiplies float32 exactly, and converting the narrow values to q's
+dtype is exact), so a scale applied to the wrong row, column or head shows.
+
+Unread positions are poisoned: values past each length hold NaN (fp8) or the extreme codes
+(int8, which has no NaN), and per-token scales there hold NaN; neither may reach an output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from jaxattn_triton import launch_paged as LP
+
+from . import test_paged_kernels as base
+from ._env import BF16_DOT_OK, TORCH_DEVICE, needs_kernels
+
+pytestmark = [
+    needs_kernels,
+    pytest.mark.filterwarnings("ignore:divide by zero encountered in log2:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+]
+
+FORMATS = ("int8", "float8_e4m3fn", "float8_e5m2")
+GRANULARITIES = ("tensor", "head", "token")
+#: Largest finite magnitude of each format: amax maps to it.
+_MAX = {"int8": 127.0, "float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+
+
+def _narrow(x: np.ndarray, fmt: str) -> Any:
+    """``x`` (float64, finite) in ``fmt``: a torch tensor (int8 rounds to nearest, fp8 casts)."""
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(x, np.float64))
+    if fmt == "int8":
+        return t.round().clamp(-127, 127).to(torch.int8)
+    return t.to(torch.float32).to(getattr(torch, fmt))
+
+
+def quantize(
+    cache: np.ndarray, fmt: str, granularity: str, live: np.ndarray, rng: np.random.Generator
+) -> tuple[Any, np.ndarray, np.ndarray]:
+    """``(values (torch), scale (float32), dequantized (float64, NaN where unread))`` of a
+    ``(P, page_size, Hkv, D)`` cache; ``live`` (P, page_size) marks the positions read."""
+    finite = np.where(np.isfinite(cache), cache, 0.0)
+    amax = np.abs(finite).max(axis=3)  # (P, ps, Hkv)
+    if granularity == "tensor":
+        scale = np.asarray(amax.max() / _MAX[fmt], np.float32)
+    elif granularity == "head":
+        scale = (amax.max(axis=(0, 1)) / _MAX[fmt]).astype(np.float32)
+    else:
+        scale = (np.maximum(amax, 1e-3) / _MAX[fmt]).astype(np.float32)
+    full = np.broadcast_to(scale, amax.shape).astype(np.float64)
+    values = _narrow(finite / full[..., None], fmt)
+    dequant = values.to(dtype=__import__("torch").float64).numpy() * full[..., None]
+    dequant[~live] = np.nan
+    # Poison what no kernel may read: the values past each length, and their token scales.
+    import torch
+
+    poison = torch.from_numpy(~live)
+    if fmt == "int8":
+        codes = torch.from_numpy(rng.choice(np.array([127, -128], np.int8), values.shape))
+        values = torch.where(poison[..., None, None], codes, values)
+    else:
+        values = torch.where(poison[..., None, None], torch.tensor(float("nan")).to(values.dtype), values)
+    if granularity == "token":
+        scale = scale.copy()
+        scale[~live] = np.nan
+    return values, scale, dequant
+
+
+@dataclasses.dataclass(frozen=True)
+class Quant:
+    paged: base.Paged
+    k_fmt: str = "int8"
+    v_fmt: str | None = None  # None: k_fmt (the kernels take one cache dtype; tests keep them equal)
+    k_gran: str = "token"
+    v_gran: str | None = None
+    k_scale: bool = True
+    v_scale: bool = True
+    nan_scales: bool = False  # every scale NaN (for calls that read no position)
+
+    @property
+    def fmt(self) -> str:
+        return self.k_fmt
+
+
+def live_positions(p: base.Paged, x: dict[str, Any]) -> np.ndarray:
+    """(P, page_size) bool: the cache positions some sequence reads (below its length)."""
+    num_pages = x["k_pages"].shape[0]
+    live = np.zeros((num_pages, p.page_size), bool)
+    for s in range(p.num_seqs):
+        j = np.arange(p.kv_lens[s])
+        live[x["page_table"][s, j // p.page_size], j % p.page_size] = True
+    return live
+
+
+def run_quantized(c: Quant) -> tuple[np.ndarray, np.ndarray]:
+    import torch
+
+    from jaxattn_triton import torch_ops
+
+    p = c.paged
+    x = base.make(p)
+    rng = np.random.default_rng(p.seed + 1)
+    live = live_positions(p, x)
+    kq, ks, kd = quantize(x["k_pages"], c.k_fmt, c.k_gran, live, rng)
+    vq, vs, vd = quantize(x["v_pages"], c.k_fmt, c.v_gran or c.k_gran, live, rng)
+    if c.nan_scales:
+        ks, vs = np.full_like(ks, np.nan), np.full_like(vs, np.nan)
+    if not c.k_scale:
+        kd = kq.to(torch.float64).numpy().copy()
+        kd[~live] = np.nan
+    if not c.v_scale:
+        vd = vq.to(torch.float64).numpy().copy()
+        vd[~live] = np.nan
+    num_pages = x["k_pages"].shape[0]
+    lead = (num_pages, p.page_size, p.hkv)
+    spec = dataclasses.replace(
+        base.spec_of(p, x),
+        cache_dtype=c.fmt,
+        k_scale=LP.scale_strides(ks.shape, lead) if c.k_scale else None,
+        v_scale=LP.scale_strides(vs.shape, lead) if c.v_scale else None,
+    )
+    tiles = base.tiles_of(p, spec)
+    dt = getattr(torch, p.dtype)
+
+    def t(a: np.ndarray, dtype: Any) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device=TORCH_DEVICE, dtype=dtype)
+
+    if p.layout == LP.COMBINED:
+        k = v = torch.stack([kq, vq], dim=3).reshape(num_pages, p.page_size, 2 * p.hkv, p.d).to(TORCH_DEVICE)
+    else:
+        k, v = kq.to(TORCH_DEVICE), vq.to(TORCH_DEVICE)
+    sinks = torch.zeros(1) if x["sinks"] is None else t(x["sinks"], torch.float32)
+    inputs = [
+        t(x["q"], dt), k, v, t(x["page_table"], torch.int32), t(x["kv_lengths"], torch.int32),
+        t(x["cu_q_lens"], torch.int32), t(x["num_seqs"], torch.int32), sinks.to(TORCH_DEVICE),
+        t(np.reshape(ks, -1), torch.float32), t(np.reshape(vs, -1), torch.float32),
+    ]  # fmt: skip
+    out, lse = LP.run(spec, tiles, inputs, torch_ops.run_launch)
+    want_out, want_lse = base.reference(
+        x["q"], kd, vd, x["page_table"], x["kv_lengths"], x["cu_q_lens"], p.num_seqs,
+        scale=p.scale if p.scale is not None else p.d**-0.5, softcap=p.softcap, left=p.left, right=p.right,
+        sinks=x["sinks"],
+    )  # fmt: skip
+    got_out = out.to(device="cpu", dtype=torch.float64).numpy()
+    got_lse = lse.to(device="cpu", dtype=torch.float64).numpy()
+    base._close("out", got_out, want_out, base.TOL[p.dtype])
+    base._close("lse", got_lse, want_lse, base.TOL[p.dtype])
+    return got_out, got_lse
+
+
+# Pages of one tile (16 rows): a tile's rows past a length are read from the sequence's own
+# last page, whose poisoned tail the masks must keep out (with smaller pages, the rows past the
+# last used page come from the page-table entries' stand-in, page 0, which holds live data).
+DECODE = base.Paged(hq=4, hkv=2, kv_lens=(37, 5, 0, 64), page_size=16, pages_per_seq=5, splits=2)
+RAGGED = base.rep(base.RAGGED, hq=4, hkv=2)
+
+
+# Every format x granularity, decode (split, an empty sequence) and ragged (padding rows).
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("gran", GRANULARITIES)
+@pytest.mark.parametrize("shape", ["decode", "ragged"])
+def test_format_and_granularity(fmt: str, gran: str, shape: str) -> None:
+    run_quantized(Quant(DECODE if shape == "decode" else RAGGED, k_fmt=fmt, k_gran=gran))
+
+
+CASES = {
+    # K and V at different granularities; one side unscaled (raw codes).
+    "k_head_v_token": Quant(DECODE, k_gran="head", v_gran="token"),
+    "k_token_v_tensor_fp8": Quant(DECODE, k_fmt="float8_e4m3fn", k_gran="token", v_gran="tensor"),
+    "no_scales_fp8": Quant(DECODE, k_fmt="float8_e5m2", k_scale=False, v_scale=False),
+    "k_scale_only": Quant(DECODE, k_gran="head", v_scale=False),
+    # Several KV heads per program: a row's head and a column's head pick the scales.
+    "kv_heads_token": Quant(base.Paged(hq=8, hkv=4, kv_heads=4, kv_lens=(30, 1, 71), splits=2)),
+    "kv_heads_head_fp8": Quant(
+        base.Paged(hq=8, hkv=4, kv_heads=2, page_size=16, pages_per_seq=5, kv_lens=(65, 0, 31)),
+        k_fmt="float8_e4m3fn",
+        k_gran="head",
+    ),
+    # Pages as large as a tile (one page-table read per tile), one split (the V row scale at the end).
+    "page_per_tile_one_split": Quant(base.Paged(page_size=16, pages_per_seq=5, kv_lens=(65, 16, 31)), k_gran="head"),
+    # Window, soft cap, sinks, speculative queries, padded head dims, shared pages.
+    "window_softcap_sinks": Quant(
+        base.Paged(q_len=2, hq=4, hkv=2, left=9, softcap=2.0, q_gain=3.0, sinks=True, kv_lens=(60, 7, 33), splits=3),
+        k_fmt="float8_e4m3fn",
+    ),
+    "padded_dims_value_dim": Quant(base.Paged(d=24, dv=40, splits=2), k_gran="head", v_gran="token"),
+    "shared_pages": Quant(base.Paged(page_order="shared", kv_lens=(20, 40, 50), splits=2), k_fmt="float8_e5m2"),
+    "combined_layout": Quant(base.Paged(layout=LP.COMBINED, hq=4, hkv=2, splits=2), k_gran="token"),
+    "ragged_prefill_chunk": Quant(
+        base.Paged(q_len=None, q_lens=(20, 1, 1), kv_lens=(33, 50, 8), hq=4, hkv=2, block_q=8, splits=2),
+        k_fmt="float8_e4m3fn",
+        k_gran="head",
+    ),
+    "float16_q": Quant(base.rep(DECODE, dtype="float16"), k_fmt="int8", k_gran="token"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_quantized_case(name: str) -> None:
+    run_quantized(CASES[name])
+
+
+@pytest.mark.skipif(not BF16_DOT_OK, reason="this triton's interpreter multiplies bf16 bits as ints")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_bfloat16_q(fmt: str) -> None:
+    run_quantized(Quant(base.rep(RAGGED, dtype="bfloat16", sinks=True), k_fmt=fmt, k_gran="token", v_gran="head"))
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+@pytest.mark.parametrize("gran", GRANULARITIES)
+def test_unread_scales_do_not_leak(gran: str, splits: int) -> None:
+    # No sequence reads a position (lengths 0, sinks present): a row's K and V scales, even one
+    # per tensor or head, are unread: NaN there must give zeros (lse -inf), not NaN.
+    c = Quant(base.Paged(kv_lens=(0, 0, 0), hq=4, hkv=2, sinks=True, splits=splits), k_gran=gran, nan_scales=True)
+    out, lse = run_quantized(c)
+    assert np.all(out == 0.0) and np.all(lse == -np.inf)
+
+
+def test_the_scales_change_the_result() -> None:
+    # Guards the cases above against kernels that ignore a scale: dropping either scale from the
+    # launch (the kernel reading raw codes) must move the output far from the reference.
+    c = Quant(DECODE, k_gran="token")
+    got, _ = run_quantized(c)
+    for variant in (dataclasses.replace(c, k_scale=False), dataclasses.replace(c, v_scale=False)):
+        other, _ = run_quantized(variant)
+        assert np.nanmax(np.abs(other - got)) > 0.05, variant
+
+
+def test_scale_strides() -> None:
+    lead = (6, 4, 3)
+    assert LP.scale_strides((), lead) == (0, 0, 0)
+    assert LP.scale_strides((1,), lead) == (0, 0, 0)
+    assert LP.scale_strides((3,), lead) == (0, 0, 1)
+    assert LP.scale_strides((6, 4, 3), lead) == (12, 3, 1)
+    assert LP.scale_strides((6, 4, 1), lead) == (4, 1, 0)
+    assert LP.scale_strides((4, 3), lead) == (0, 3, 1)
+    assert [LP.scale_mode(LP.scale_strides(s, lead)) for s in ((), (3,), (6, 4, 3), (6, 4, 1))] == [1, 1, 2, 2]
+    assert LP.scale_mode(None) == 0
+    with pytest.raises(ValueError, match=r"k_scale has shape \(5,\).*per head"):
+        LP.scale_strides((5,), lead, "k_scale")
+    with pytest.raises(ValueError, match="does not broadcast"):
+        LP.scale_strides((2, 6, 4, 3), lead)
+
+
+def test_spec_declines_bad_quantized_specs() -> None:
+    kw: dict[str, Any] = {
+        "num_tokens": 1, "max_seqs": 1, "q_len": 1, "heads_q": 2, "heads_kv": 1, "head_dim": 16,
+        "head_dim_v": 16, "dtype": "bfloat16", "num_pages": 1, "page_size": 4, "pages_per_seq": 1,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="quantized cache's dtype uint8"):
+        LP.PagedSpec(**kw, cache_dtype="uint8")
+    with pytest.raises(ValueError, match="k_scale/v_scale scale a quantized cache"):
+        LP.PagedSpec(**kw, k_scale=(0, 0, 0))
+    # The 16-bit path is not specialised: no scale mode, as before the quantized kernels.
+    launch = LP.attention(LP.PagedSpec(**kw), LP.PagedTiles(1, 2, 16, 4, 1, 1))
+    assert launch.constexprs["K_QUANT"] == launch.constexprs["V_QUANT"] == 0
