@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import os
 import sys
 import tempfile
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import JaxattnError
 from .keys import Environment, current_environment, problem_key
 
 if TYPE_CHECKING:
@@ -33,8 +35,10 @@ __all__ = [
     "FORMAT",
     "Measurement",
     "TuningCache",
+    "TuningCacheError",
     "TuningCacheWarning",
     "active_cache",
+    "check_writable",
     "default_cache_path",
     "on_reload",
     "reload",
@@ -46,6 +50,10 @@ FILENAME = "tuning.json"
 
 class TuningCacheWarning(UserWarning):
     """The tuning cache (or part of it) was ignored; "auto" falls back to declared priorities."""
+
+
+class TuningCacheError(JaxattnError, OSError):
+    """The tuning cache cannot be written where it lives (only ``save`` raises it: reading never does)."""
 
 
 _warned: set[str] = set()
@@ -90,16 +98,18 @@ class Measurement:
 
     @classmethod
     def from_dict(cls, impl: str, data: Any) -> Measurement:
+        """Validate one stored record field by field; ValueError names the first bad field."""
         if not isinstance(data, dict):
             raise ValueError(f"result for {impl!r} must be an object")
         times = {}
         for name in ("fwd_ms", "fwdbwd_ms"):
             value = data.get(name)
-            if value is not None and not (isinstance(value, int | float) and value > 0):
-                raise ValueError(f"{impl}.{name} must be a positive number or null, got {value!r}")
+            # Exact types: JSON's true is a Python bool, which is an int; Infinity parses as a float.
+            if value is not None and not (type(value) in (int, float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{impl}.{name} must be a finite positive number or null, got {value!r}")
             times[name] = None if value is None else float(value)
         origin, version = data.get("origin"), data.get("version")
-        if not all(x is None or isinstance(x, str) for x in (origin, version)):
+        if not all(x is None or type(x) is str for x in (origin, version)):
             raise ValueError(f"{impl}: origin and version must be strings or null")
         return cls(impl=impl, origin=origin, version=version, **times)
 
@@ -117,19 +127,28 @@ class Entry:
                 "results": {name: m.to_dict() for name, m in sorted(self.results.items())}}
 
     @classmethod
-    def from_dict(cls, data: Any) -> Entry:
+    def from_dict(cls, data: Any, dropped: list[str]) -> Entry:
+        """An entry from its JSON; a record that fails validation is left out and described in ``dropped``."""
         if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
             raise ValueError("an entry must be an object with 'results'")
-        results = {str(name): Measurement.from_dict(str(name), m) for name, m in data["results"].items()}
-        return cls(problem=str(data.get("problem", "")), measured_at=str(data.get("measured_at", "")),
-                   results=results)
+        problem, measured_at = data.get("problem", ""), data.get("measured_at", "")
+        if type(problem) is not str or type(measured_at) is not str:
+            raise ValueError("an entry's 'problem' and 'measured_at' must be strings")
+        results = {}
+        for name, m in data["results"].items():
+            try:
+                results[name] = Measurement.from_dict(name, m)
+            except ValueError as err:
+                dropped.append(str(err))
+        return cls(problem=problem, measured_at=measured_at, results=results)
 
 
-def _parse_sections(raw: Any) -> dict[str, tuple[Environment, dict[str, Entry]]]:
-    """Validate the whole file; any structural problem raises ValueError."""
+def _parse_sections(raw: Any, dropped: list[str]) -> dict[str, tuple[Environment, dict[str, Entry]]]:
+    """Validate the file: a structural problem raises ValueError (the whole file is ignored);
+    an invalid entry or record is left out and described in ``dropped`` (the rest is used)."""
     if not isinstance(raw, dict):
         raise ValueError("the top level must be an object")
-    if raw.get("format") != FORMAT:
+    if type(raw.get("format")) is not int or raw.get("format") != FORMAT:
         raise ValueError(f"format {raw.get('format')!r}, expected {FORMAT}")
     sections = raw.get("sections")
     if not isinstance(sections, list):
@@ -139,9 +158,22 @@ def _parse_sections(raw: Any) -> dict[str, tuple[Environment, dict[str, Entry]]]
         if not isinstance(section, dict) or not isinstance(section.get("entries"), dict):
             raise ValueError("each section must be an object with 'environment' and 'entries'")
         env = Environment.from_dict(section.get("environment"))
-        entries = {str(k): Entry.from_dict(v) for k, v in section["entries"].items()}
+        entries = {}
+        for key, value in section["entries"].items():
+            try:
+                entry = Entry.from_dict(value, dropped)
+            except ValueError as err:
+                dropped.append(f"{key}: {err}")
+                continue
+            if entry.results:  # an entry whose every record was dropped says nothing
+                entries[key] = entry
         parsed[env.fingerprint] = (env, entries)
     return parsed
+
+
+def _read(path: Path) -> Any:
+    """The parsed JSON of ``path``; any failure to read or decode it raises (see ``load``)."""
+    return json.loads(path.read_bytes().decode("utf-8"))
 
 
 class TuningCache:
@@ -160,19 +192,30 @@ class TuningCache:
         """Read ``path``; unreadable or foreign contents give an empty cache and a warning."""
         path = path or default_cache_path()
         env = environment or current_environment()
+        dropped: list[str] = []
         try:
-            text = path.read_text(encoding="utf-8")
+            raw = _read(path)
         except FileNotFoundError:
             return cls(path, env)
-        except OSError as err:
+        except OSError as err:  # a folder in its place, no permission, a parent that is a file...
             warn_once(f"jaxattn: cannot read the tuning cache {path} ({err}); using declared priorities")
             return cls(path, env)
+        except (ValueError, RecursionError, MemoryError) as err:
+            # Whatever its bytes (not UTF-8, cut short, nested too deep to parse), a damaged cache
+            # is ignored: it may make "auto" faster, never make a call fail.
+            warn_once(f"jaxattn: the tuning cache {path} is corrupt ({type(err).__name__}: {str(err)[:200]}); "
+                      "ignoring it. `jaxattn tune` writes a fresh one.")
+            return cls(path, env)
         try:
-            sections = _parse_sections(json.loads(text))
-        except (ValueError, TypeError) as err:  # json.JSONDecodeError is a ValueError
+            sections = _parse_sections(raw, dropped)
+        except (ValueError, TypeError, RecursionError) as err:
             warn_once(f"jaxattn: the tuning cache {path} is corrupt ({err}); ignoring it. "
                       "`jaxattn tune` writes a fresh one.")
             return cls(path, env)
+        if dropped:
+            warn_once(f"jaxattn: the tuning cache {path} holds {len(dropped)} corrupt record"
+                      f"{'s' if len(dropped) > 1 else ''} ({dropped[0]}{'; ...' if len(dropped) > 1 else ''}); "
+                      "ignoring them, the rest is used. `jaxattn tune` writes them again.")
         mine = sections.pop(env.fingerprint, None)
         if mine is None:
             same_device = [e for e, _ in sections.values() if e.device_kind == env.device_kind]
@@ -214,19 +257,53 @@ class TuningCache:
         }
 
     def save(self) -> Path:
-        """Write atomically (a reader never sees half a file), then let "auto" see the new results."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tuning-", suffix=".json", dir=self.path.parent)
+        """Write atomically (a reader never sees half a file), then let "auto" see the new results.
+
+        Raises :class:`TuningCacheError` (one line: the path, the cause, what to do) when the
+        file cannot be written there.
+        """
+        self.check_writable()
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".tuning-", suffix=".json", dir=self.path.parent)
+        except OSError as err:
+            raise _cannot_write(self.path, err) from None
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(self.to_dict(), f, indent=1, sort_keys=False)
                 f.write("\n")
             os.replace(tmp, self.path)
+        except OSError as err:
+            Path(tmp).unlink(missing_ok=True)
+            raise _cannot_write(self.path, err) from None
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
         reload()
         return self.path
+
+    def check_writable(self) -> None:
+        """See :func:`check_writable`."""
+        check_writable(self.path)
+
+
+def check_writable(path: Path) -> None:
+    """Create the folder of the cache file ``path``; :class:`TuningCacheError` when that is
+    impossible or the file's place is taken by a folder. ``jaxattn tune`` asks before it reads
+    or measures anything."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a folder")
+    except OSError as err:
+        raise _cannot_write(path, err) from None
+
+
+def _cannot_write(path: Path, err: OSError) -> TuningCacheError:
+    where = ("$JAXATTN_CACHE_DIR" if os.environ.get("JAXATTN_CACHE_DIR", "").strip()
+             else "the per-user cache folder")
+    return TuningCacheError(
+        f"cannot write the tuning cache {path} ({err.strerror or err}); {where} must be a folder that "
+        "can be created and written: set JAXATTN_CACHE_DIR to one (e.g. JAXATTN_CACHE_DIR=~/.cache/jaxattn)")
 
 
 # One cache per (file state, environment), so "auto" reads the file once, not per call.
