@@ -1,4 +1,5 @@
-"""docs/serving.md's decode loop runs as written and serves every request exactly."""
+"""docs/serving.md's decode loops (bf16, then a quantized pool) run as written and serve every request
+exactly; its table of the quantized formats' error is the script's output."""
 
 from __future__ import annotations
 
@@ -15,10 +16,40 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
 @pytest.mark.slow
 def test_serving_page_decode_loop_runs() -> None:
-    page = (ROOT / "docs" / "serving.md").read_text()
-    (code,) = [body for lang, body in FENCE.findall(page) if lang == "python"]
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          check=False)
-    assert done.returncode == 0, done.stderr[-4000:]
+    done = _run(_blocks()[:1])
     # Four requests (one arriving mid-flight), every page back in the pool, outputs = dense attention.
-    assert done.stdout.startswith("requests served: 4; pages free at the end: 23;"), done.stdout
+    assert done.startswith("requests served: 4; pages free at the end: 23;"), done
+
+
+@pytest.mark.slow
+def test_serving_quantized_decode_loop_runs() -> None:
+    """The quantized loop (the page's second block, run after the first, whose ``serve`` it reuses):
+    an int8 pool with a scale per token, NaN scales in slots never written."""
+    done = _run(_blocks()[:2]).splitlines()
+    assert done[0].startswith("requests served: 4; pages free at the end: 23;"), done
+    assert done[1].startswith("int8 per token: requests served: 4; pages free at the end: 23;"), done
+
+
+@pytest.mark.slow
+def test_serving_error_table_is_the_scripts_output() -> None:
+    """docs/serving.md's table of each format's error is what benchmarks/quantized_kv_error.py prints."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "quantized_kv_error.py")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    table = done.stdout.strip()
+    assert table.count("\n") == 10, table  # a header, a rule, 3 formats x 3 granularities
+    assert table in (ROOT / "docs" / "serving.md").read_text(), table
+
+
+def _blocks() -> list[str]:
+    page = (ROOT / "docs" / "serving.md").read_text()
+    blocks = [body for lang, body in FENCE.findall(page) if lang == "python"]
+    assert len(blocks) == 2, "docs/serving.md has two python blocks: the bf16 loop, then the quantized one"
+    return blocks
+
+
+def _run(blocks: list[str]) -> str:
+    done = subprocess.run([sys.executable, "-c", "\n".join(blocks)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout

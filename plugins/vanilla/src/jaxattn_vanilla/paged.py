@@ -10,6 +10,11 @@ attention"), and what "auto" runs where no paged kernel is installed. Two paths:
   that sequence's gathered keys, in chunks of query rows (``lax.map``), so memory grows with
   the chunk times the capacity, not with all rows times it.
 
+A quantized cache (int8/float8 values with ``k_scale``, ``v_scale``) is dequantized as it is
+gathered, to float32 (float64 for a float64 q), with a select that zeroes every position at or
+past a sequence's length: its values and scales are unread there and may be NaN. Then the
+float path above attends over it (a full-size copy: this is the reference, not a fast path).
+
 Page-table entries are clamped into the pool (entries past a sequence's last page are never
 read: their keys are masked) and lengths to the table's capacity, so a traced call never reads
 out of bounds.
@@ -22,6 +27,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import Array
+
+from jaxattn.quantize import dequantize_visible
 
 from .reference import vanilla_attention
 
@@ -42,6 +49,14 @@ def _gather(pages: Array, table: Array) -> Array:
     n, per_seq = table.shape
     safe = jnp.clip(table, 0, pages.shape[0] - 1)
     return pages[safe].reshape(n, per_seq * pages.shape[1], *pages.shape[2:])
+
+
+def _dequantized(values: Array, scale: Array, table: Array, lengths: Array, dtype: Any) -> Array:
+    """``values`` gathered into ``(num_seqs, capacity, H, D)`` and dequantized in ``dtype``, zero
+    at and past each sequence's length."""
+    full = jnp.broadcast_to(scale, values.shape[:3])  # (num_pages, page_size, H) from any broadcastable scale
+    out: Array = dequantize_visible(_gather(values, table), _gather(full, table), lengths, dtype)
+    return out
 
 
 def _ragged(q: Array, k_seq: Array, v_seq: Array, seq: Array, pos: Array, valid: Array, lengths: Array,
@@ -99,12 +114,24 @@ def paged_reference(
     sliding_window: int | None = None,
     softmax_aux: Array | None = None,
     softmax_dtype: Any = jnp.float32,
+    k_scale: Array | None = None,
+    v_scale: Array | None = None,
 ) -> Array:
-    """``(num_tokens, Hq, Dv)`` in q's dtype: the paged call in its ragged form (see the module docstring)."""
+    """``(num_tokens, Hq, Dv)`` in q's dtype: the paged call in its ragged form (see the module docstring).
+
+    ``k_scale``, ``v_scale``: a quantized cache's scales (rank 3, broadcastable against
+    ``(num_pages, page_size, Hkv)``), None for a float cache."""
     k_pages, v_pages = _split_layout(k_pages, v_pages)
-    k_seq, v_seq = _gather(k_pages, page_table), _gather(v_pages, page_table)
-    n, capacity = page_table.shape[0], k_seq.shape[1]
+    out_dtype = q.dtype
+    n, capacity = page_table.shape[0], page_table.shape[1] * k_pages.shape[1]
     lengths = jnp.clip(kv_lengths.astype(jnp.int32), 0, capacity)
+    if k_scale is None or v_scale is None:
+        k_seq, v_seq = _gather(k_pages, page_table), _gather(v_pages, page_table)
+    else:  # attend over the dequantized cache, q widened to match
+        wide = jnp.promote_types(q.dtype, jnp.float32)
+        k_seq = _dequantized(k_pages, k_scale, page_table, lengths, wide)
+        v_seq = _dequantized(v_pages, v_scale, page_table, lengths, wide)
+        q = q.astype(wide)
     count = num_seqs.reshape(-1)[0].astype(jnp.int32)
     sdtype = jnp.promote_types(jnp.dtype(softmax_dtype), q.dtype)
     num_tokens, hq, _ = q.shape
@@ -117,7 +144,7 @@ def paged_reference(
         )
         out = res.output.reshape(num_tokens, hq, -1)
         real = jnp.repeat(jnp.arange(n) < count, t)
-        return jnp.where(real[:, None, None], out, 0).astype(q.dtype)
+        return jnp.where(real[:, None, None], out, 0).astype(out_dtype)
     rows = jnp.arange(num_tokens, dtype=jnp.int32)
     cu = cu_q_lens.astype(jnp.int32)
     seq = jnp.clip(jnp.searchsorted(cu[1:], rows, side="right"), 0, n - 1).astype(jnp.int32)
@@ -130,4 +157,4 @@ def paged_reference(
         aux = softmax_aux.astype(sdtype).reshape(hkv, hq // hkv)
     out = _ragged(q, k_seq, v_seq, seq, pos, valid, lengths, scale=softmax_scale, cap=logits_soft_cap,
                   window=sliding_window, aux=aux, sdtype=sdtype)
-    return jnp.where(valid[:, None, None], out, 0).astype(q.dtype)
+    return jnp.where(valid[:, None, None], out, 0).astype(out_dtype)

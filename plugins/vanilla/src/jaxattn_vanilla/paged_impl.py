@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from jaxattn.capabilities import Feature
 from jaxattn.output import AttentionOutput
 from jaxattn.paged_impl import PagedAttentionImpl
+from jaxattn.problem import PagedProblem
 
 __all__ = ["PagedReference"]
 
@@ -27,7 +28,7 @@ class PagedReference(PagedAttentionImpl):
     dtypes: ClassVar[frozenset[str]] = frozenset({"float16", "bfloat16", "float32", "float64"})
     features: ClassVar[frozenset[Feature]] = frozenset({
         Feature.GQA, Feature.VALUE_DIM, Feature.SLIDING_WINDOW, Feature.SOFT_CAP, Feature.SINKS,
-        Feature.MULTI_TOKEN, Feature.RAGGED,
+        Feature.MULTI_TOKEN, Feature.RAGGED, Feature.QUANTIZED_KV,
     })
     # Lowest rank: "auto" runs it only where no paged kernel accepts the call.
     priority: ClassVar[int] = 0
@@ -38,6 +39,12 @@ class PagedReference(PagedAttentionImpl):
         # v2 and v3 differ in EasyDeL by kernel generation and cache layout; here the contract
         # fixes the call, so both name this op (docs/serving.md).
         return ("vanilla_paged", "ragged_page_attention_v3", "ragged_page_attention_v2", "page_attention")
+
+    def notes(self, problem: PagedProblem) -> list[str]:
+        if problem.kv_dtype is None:
+            return []
+        return [f"dequantizes the {problem.kv_dtype} pages each sequence reads into a full-size float32 copy, then "
+                "attends (the reference)"]
 
     def forward_native(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> AttentionOutput:
         from .paged import paged_reference
