@@ -6,6 +6,10 @@ tokens per sequence. It runs ``paged_ops.dense_decode``'s kernel (the paged kern
 cache seen as one page per sequence, no copy): the whole GQA group of a sequence's queries in
 one program, the keys cut into enough splits to fill the GPU, merged by a second kernel.
 
+A quantized cache (int8, float8_e4m3fn, float8_e5m2 with float32 ``k_scale``/``v_scale`` per
+tensor, head or token; ``Feature.QUANTIZED_KV``) is read narrow and dequantized in registers,
+forward only (no gradient flows into integer or float8 values).
+
 Gradients are exact: the backward is FlashAttention-2's (this package's ``ops``), run on the
 split-K forward's output and log-sum-exp; with ``kv_lengths`` it takes the visibility as a
 ``(B, 1, T, S)`` mask built from the lengths (``paged_ops.decode_with_flash_grad``).
@@ -38,7 +42,7 @@ MAX_DECODE_QUERIES = 16
 
 FEATURES: frozenset[Feature] = frozenset({
     Feature.CAUSAL, Feature.GQA, Feature.CROSS, Feature.DECODE, Feature.VALUE_DIM, Feature.SLIDING_WINDOW,
-    Feature.SOFT_CAP, Feature.SINKS, Feature.KV_LENGTHS, Feature.GRAD, Feature.LSE,
+    Feature.SOFT_CAP, Feature.SINKS, Feature.KV_LENGTHS, Feature.GRAD, Feature.LSE, Feature.QUANTIZED_KV,
 })  # fmt: skip
 
 _FLASH = "flash_attn2 runs it (impl='auto' picks a backend that accepts the call)"
@@ -91,6 +95,10 @@ class TritonDecodeAttention(AttentionImpl):
         if self.metadata.softmax_dtype != "float32":
             reasons.append(f"the Triton decode kernel computes the softmax in float32; "
                            f"softmax_dtype={self.metadata.softmax_dtype!r} cannot be honoured")
+        if problem.needs_grad and problem.kv_dtype is not None:
+            reasons.append(f"gradients over a quantized ({problem.kv_dtype}) cache are not supported: the split-K "
+                           "kernel reads it forward only (serving); differentiate a call over the dequantized cache "
+                           "(jaxattn.dequantize_kv) instead")
         if problem.needs_grad:
             for name, value in self._overrides().items():
                 if name.startswith("block") and (value < 16 or value & (value - 1)):
@@ -102,6 +110,9 @@ class TritonDecodeAttention(AttentionImpl):
 
     def notes(self, problem: AttentionProblem) -> list[str]:
         lengths = "keys past kv_lengths skipped" if problem.kv_lengths else "the whole cache"
+        if problem.kv_dtype is not None:
+            return [f"split-K decode kernel over {lengths}, the {problem.kv_dtype} cache dequantized in registers "
+                    "(k_scale, v_scale read in place; no full-size copy); forward only"]
         return [f"split-K decode kernel over {lengths}; gradients by the flash backward"]
 
     def forward_cuda(
@@ -115,7 +126,7 @@ class TritonDecodeAttention(AttentionImpl):
         causal: bool = False,
         **features: Any,
     ) -> AttentionOutput:
-        from jaxattn_triton.paged_ops import decode_with_flash_grad
+        from jaxattn_triton.paged_ops import decode_with_flash_grad, dense_decode
 
         if bias is None and init_bias is not None:
             bias = init_bias()
@@ -129,6 +140,16 @@ class TritonDecodeAttention(AttentionImpl):
                 raise NotImplementedError(WHY_NOT[feature])
         if int(q.shape[1]) > MAX_DECODE_QUERIES:
             raise NotImplementedError(f"autoregressive_decodeattn takes T <= {MAX_DECODE_QUERIES} queries")
+        if features.get("k_scale") is not None:
+            # A quantized cache: the split-K forward alone (serving; no gradient into int8/fp8).
+            got = dense_decode(
+                q, k, v, features.get("kv_lengths"), causal=causal, softmax_scale=features.get("softmax_scale"),
+                logits_soft_cap=features.get("logits_soft_cap"), window=features.get("sliding_window"),
+                sinks=features.get("softmax_aux"), k_scale=features["k_scale"], v_scale=features.get("v_scale"),
+                return_lse=True, interpret=self.interpret,
+            )  # fmt: skip
+            assert isinstance(got, tuple)
+            return AttentionOutput(attention_outputs=got[0], attention_weights=None, softmax_lse=got[1])
         out, lse = decode_with_flash_grad(
             q, k, v, features.get("kv_lengths"), causal=causal, softmax_scale=features.get("softmax_scale"),
             logits_soft_cap=features.get("logits_soft_cap"), window=features.get("sliding_window"),

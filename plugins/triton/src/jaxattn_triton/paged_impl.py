@@ -12,6 +12,10 @@ sequences past ``num_seqs`` get length 0 there (zeros, no key read). Both cache 
 read in place (the combined ``kv_pages`` through strides, no copy); page-table entries and
 lengths are clamped inside the kernel, so a traced bad value never reads outside the cache.
 
+Quantized caches (int8, float8_e4m3fn, float8_e5m2 with float32 ``k_scale``/``v_scale``, per
+tensor, head or token; ``Feature.QUANTIZED_KV``): the kernel loads the narrow values and the
+scales and dequantizes in registers; no full-size copy is ever made.
+
 Forward only (serving): the core refuses to differentiate paged calls. float32 is declined:
 the kernels' ``tl.dot`` multiplies float32 in TF32 on the tensor cores, which does not honour
 float32 precision (nor JAX's matmul-precision setting).
@@ -36,7 +40,7 @@ __all__ = ["TritonPagedDecode", "TritonRaggedPagedAttention"]
 
 _FEATURES: frozenset[Feature] = frozenset({
     Feature.GQA, Feature.VALUE_DIM, Feature.SLIDING_WINDOW, Feature.SOFT_CAP, Feature.SINKS, Feature.MULTI_TOKEN,
-    Feature.RAGGED,
+    Feature.RAGGED, Feature.QUANTIZED_KV,
 })  # fmt: skip
 
 _REFERENCE = "impl='vanilla_paged' (jaxattn-vanilla's pure-JAX reference) runs it, and impl='auto' picks it"
@@ -89,12 +93,15 @@ class _TritonPaged(PagedAttentionImpl):
                       "split-K over its pages")
         layout = "kv_pages read in place through strides" if problem.kv_layout == "combined" else \
             "k_pages and v_pages read in place"
+        if problem.kv_dtype is not None:
+            layout += (f" as {problem.kv_dtype}, dequantized in registers (k_scale, v_scale read in place; no "
+                       "full-size copy)")
         return [kernel, layout]
 
     def forward_cuda(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> AttentionOutput:
         """The ragged form's keywords (``jaxattn.paged_impl``): page_table, kv_lengths, cu_q_lens,
         num_seqs, kv_layout, queries_per_seq, softmax_scale, logits_soft_cap, sliding_window,
-        softmax_aux."""
+        softmax_aux, and k_scale, v_scale (rank 3) with a quantized cache."""
         import jax.numpy as jnp
 
         from jaxattn_triton.paged_ops import paged_decode, ragged_paged
@@ -108,7 +115,8 @@ class _TritonPaged(PagedAttentionImpl):
         kw: dict[str, Any] = {
             "softmax_scale": features.get("softmax_scale"), "logits_soft_cap": features.get("logits_soft_cap"),
             "window_left": features.get("sliding_window"), "sinks": features.get("softmax_aux"),
-            "interpret": self.interpret, **cache,
+            "interpret": self.interpret, "k_scale": features.get("k_scale"), "v_scale": features.get("v_scale"),
+            **cache,
         }  # fmt: skip
         if queries_per_seq is not None:
             # Uniform: sequence s owns rows s*T ... s*T + T - 1 (cu_q_lens = arange * T). Rows of

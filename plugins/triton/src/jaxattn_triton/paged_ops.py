@@ -15,6 +15,12 @@ The cache is ``k_pages (P, page_size, Hkv, D)`` and ``v_pages (P, page_size, Hkv
 or ``kv_pages (P, page_size, 2*Hkv, D)`` (K head h at 2h, V head h at 2h + 1) passed by
 keyword with ``k_pages``/``v_pages`` None; both are read in place through strides.
 
+A quantized cache (int8, float8_e4m3fn or float8_e5m2 values, q 16-bit) comes with float32
+``k_scale`` and ``v_scale`` broadcasting against the cache's shape without its last axis
+(``()`` per tensor, ``(Hkv,)`` per head, ``(P, page_size, Hkv)`` or ``(B, S, Hkv)`` per token):
+the cache means ``values.astype(float32) * scale[..., None]``; the kernels read the narrow
+values and the scales in place and dequantize in registers (``launch_paged``).
+
 On a CUDA GPU the kernels launch through ``jax_triton`` (imported on first call); with
 ``interpret=True`` they run in the Triton interpreter on torch CPU tensors through
 ``jax.pure_callback`` (tests; ``TRITON_INTERPRET=1`` must be set before triton is imported).
@@ -66,9 +72,9 @@ def _execute_all(
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _forward(
     spec: LP.PagedSpec, tiles: LP.PagedTiles, interpret: bool, q: Array, k: Array, v: Array, sinks: Array,
-    page_table: Array, kv_lengths: Array, cu_q_lens: Array, num_seqs: Array,
+    page_table: Array, kv_lengths: Array, cu_q_lens: Array, num_seqs: Array, k_scale: Array, v_scale: Array,
 ) -> tuple[Array, Array]:  # fmt: skip
-    inputs = [q, k, v, page_table, kv_lengths, cu_q_lens, num_seqs, sinks]
+    inputs = [q, k, v, page_table, kv_lengths, cu_q_lens, num_seqs, sinks, k_scale, v_scale]
     return _execute_all(spec, tiles, inputs, interpret)
 
 
@@ -123,9 +129,42 @@ def _sinks(sinks: Array | None, heads_q: int) -> Array:
     return sinks.astype(jnp.float32)
 
 
-def _check_dtypes(q: Array, k: Array) -> None:
+def _cache_dtype(q: Any, k: Any) -> str | None:
+    """The cache's dtype when it is quantized (``LP.QUANT_DTYPES``), None when it is q's."""
+    name: str = jnp.dtype(k.dtype).name
+    if name in LP.QUANT_DTYPES:
+        return name
     if q.dtype != k.dtype:
-        raise ValueError(f"q ({q.dtype}) and the cache ({k.dtype}) must share a dtype")
+        raise ValueError(
+            f"q ({q.dtype}) and the cache ({k.dtype}) must share a dtype, or the cache be quantized "
+            f"({', '.join(sorted(LP.QUANT_DTYPES))}; jaxattn.quantize_kv)"
+        )
+    return None
+
+
+def _scales(
+    cache_dtype: str | None, k_scale: Any, v_scale: Any, lead: tuple[int, ...]
+) -> tuple[dict[str, LP.ScaleStrides | None], Array, Array]:
+    """``(PagedSpec fields, k_scale, v_scale)``: the scales' strides against ``lead`` (the cache's
+    shape without its last axis) and the scales as flat float32 arrays (one-element dummies
+    when absent: an unscaled quantized cache means its raw values)."""
+    if cache_dtype is None:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError("k_scale/v_scale scale a quantized cache (int8/float8); this cache is not quantized")
+        dummy = jnp.zeros((1,), jnp.float32)
+        return {}, dummy, dummy
+    fields: dict[str, LP.ScaleStrides | None] = {}
+    arrays = []
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if scale is None:
+            fields[name] = None
+            arrays.append(jnp.zeros((1,), jnp.float32))
+            continue
+        arr = jnp.asarray(scale)
+        fields[name] = LP.scale_strides(arr.shape, lead, name)
+        # Flat and C-contiguous: the strides above index it; no broadcast copy is made.
+        arrays.append(jnp.reshape(arr.astype(jnp.float32), (-1,)))
+    return fields, arrays[0], arrays[1]
 
 
 def _tiles(spec: LP.PagedSpec, tiles: LP.PagedTiles | None, num_splits: int | None) -> LP.PagedTiles:
@@ -148,6 +187,8 @@ def paged_decode(
     logits_soft_cap: float | None = None,
     window_left: int | None = None,
     sinks: Array | None = None,
+    k_scale: Array | None = None,
+    v_scale: Array | None = None,
     num_splits: int | None = None,
     tiles: LP.PagedTiles | None = None,
     return_lse: bool = False,
@@ -158,14 +199,16 @@ def paged_decode(
     Query ``i`` of sequence ``s`` sits at position ``kv_lengths[s] - T + i`` and sees keys
     ``max(0, pos - window_left) <= j <= pos``. ``sinks`` (Hq,) float32 join each row's
     softmax denominator. ``num_splits`` overrides the number of key splits (default: enough
-    programs for the GPU), ``tiles`` the whole tiling. With ``return_lse`` also returns the
+    programs for the GPU), ``tiles`` the whole tiling. A quantized cache takes ``k_scale`` and
+    ``v_scale`` (see the module). With ``return_lse`` also returns the
     log-sum-exp ``(num_seqs, Hq, T)`` float32 (natural log, sinks excluded, -inf for rows
     without keys).
     """
     k, v, layout, num_pages, page_size, hkv, d, dv = _cache(k_pages, v_pages, kv_pages)
     if q.ndim != 4 or q.shape[3] != d:
         raise ValueError(f"q must be (num_seqs, T, Hq, {d}), got {q.shape}")
-    _check_dtypes(q, k)
+    cache_dtype = _cache_dtype(q, k)
+    scale_fields, ks, vs = _scales(cache_dtype, k_scale, v_scale, (num_pages, page_size, hkv))
     num_seqs, t, hq, _ = q.shape
     if page_table.ndim != 2 or page_table.shape[0] != num_seqs:
         raise ValueError(f"page_table must be (num_seqs={num_seqs}, pages_per_seq), got {page_table.shape}")
@@ -176,7 +219,7 @@ def paged_decode(
         softmax_scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
         softcap=None if logits_soft_cap is None else float(logits_soft_cap),
         window_left=None if window_left is None else int(window_left), window_right=0,
-        sinks=sinks is not None,
+        sinks=sinks is not None, cache_dtype=cache_dtype, **scale_fields,
     )  # fmt: skip
     table = _int32(page_table, "page_table", tuple(page_table.shape))
     lengths = _int32(kv_lengths, "kv_lengths", (num_seqs,))
@@ -187,7 +230,7 @@ def paged_decode(
     dummy = jnp.zeros((1,), jnp.int32)
     chosen = _tiles(spec, tiles, num_splits)
     out, lse = _forward(
-        spec, chosen, interpret, q.reshape(num_seqs * t, hq, d), k, v, sink_arr, table, lengths, dummy, dummy
+        spec, chosen, interpret, q.reshape(num_seqs * t, hq, d), k, v, sink_arr, table, lengths, dummy, dummy, ks, vs
     )
     out = out.reshape(num_seqs, t, hq, dv)
     if not return_lse:
@@ -209,6 +252,8 @@ def ragged_paged(
     logits_soft_cap: float | None = None,
     window_left: int | None = None,
     sinks: Array | None = None,
+    k_scale: Array | None = None,
+    v_scale: Array | None = None,
     num_splits: int | None = None,
     tiles: LP.PagedTiles | None = None,
     return_lse: bool = False,
@@ -226,7 +271,8 @@ def ragged_paged(
     k, v, layout, num_pages, page_size, hkv, d, dv = _cache(k_pages, v_pages, kv_pages)
     if q.ndim != 3 or q.shape[2] != d:
         raise ValueError(f"q must be (num_tokens, Hq, {d}), got {q.shape}")
-    _check_dtypes(q, k)
+    cache_dtype = _cache_dtype(q, k)
+    scale_fields, ks, vs = _scales(cache_dtype, k_scale, v_scale, (num_pages, page_size, hkv))
     n, hq, _ = q.shape
     if page_table.ndim != 2:
         raise ValueError(f"page_table must be (max_num_seqs, pages_per_seq), got {page_table.shape}")
@@ -238,7 +284,7 @@ def ragged_paged(
         softmax_scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
         softcap=None if logits_soft_cap is None else float(logits_soft_cap),
         window_left=None if window_left is None else int(window_left), window_right=0,
-        sinks=sinks is not None,
+        sinks=sinks is not None, cache_dtype=cache_dtype, **scale_fields,
     )  # fmt: skip
     table = _int32(page_table, "page_table", tuple(page_table.shape))
     lengths = _int32(kv_lengths, "kv_lengths", (max_seqs,))
@@ -250,7 +296,7 @@ def ragged_paged(
         out = jnp.zeros((n, hq, dv), q.dtype)
         return (out, jnp.full((n, hq), -jnp.inf, jnp.float32)) if return_lse else out
     chosen = _tiles(spec, tiles, num_splits)
-    out, lse = _forward(spec, chosen, interpret, q, k, v, sink_arr, table, lengths, cu, ns)
+    out, lse = _forward(spec, chosen, interpret, q, k, v, sink_arr, table, lengths, cu, ns, ks, vs)
     return (out, lse) if return_lse else out
 
 
@@ -264,9 +310,12 @@ def dense_spec(
     logits_soft_cap: float | None = None,
     window: int | tuple[int | None, int | None] | None = None,
     sinks: bool = False,
+    k_scale: Any = None,
+    v_scale: Any = None,
 ) -> LP.PagedSpec:
     """The :class:`~jaxattn_triton.launch_paged.PagedSpec` of a :func:`dense_decode` call
-    (arrays or ``ShapeDtypeStruct``s); raises ``ValueError`` with the reasons it cannot run."""
+    (arrays or ``ShapeDtypeStruct``s, the scales too); raises ``ValueError`` with the reasons
+    it cannot run."""
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError("dense_decode takes BTHD arrays: q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv)")
     b, t, hq, d = (int(x) for x in q.shape)
@@ -275,8 +324,16 @@ def dense_spec(
         raise ValueError(f"q {q.shape}, k {k.shape} and v {v.shape} do not match")
     if s < 1:
         raise ValueError("the cache must hold at least one position")
-    if q.dtype != k.dtype or k.dtype != v.dtype:
-        raise ValueError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.dtype != v.dtype:
+        raise ValueError(f"k and v must share a dtype, got {k.dtype}, {v.dtype}")
+    cache_dtype = _cache_dtype(q, k)
+    lead = (b, s, hkv)
+    if cache_dtype is None and (k_scale is not None or v_scale is not None):
+        raise ValueError("k_scale/v_scale scale a quantized cache (int8/float8); this cache is not quantized")
+    scale_fields = {} if cache_dtype is None else {
+        name: None if x is None else LP.scale_strides(x.shape, lead, name)
+        for name, x in (("k_scale", k_scale), ("v_scale", v_scale))
+    }  # fmt: skip
     pair = (window, window) if isinstance(window, int) else window
     left, right = (None, None) if pair is None else pair
     if causal:
@@ -288,7 +345,7 @@ def dense_spec(
         softmax_scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
         softcap=None if logits_soft_cap is None else float(logits_soft_cap),
         window_left=None if left is None else int(left), window_right=None if right is None else int(right),
-        sinks=sinks,
+        sinks=sinks, cache_dtype=cache_dtype, **scale_fields,
     )  # fmt: skip
 
 
@@ -303,6 +360,8 @@ def dense_decode(
     logits_soft_cap: float | None = None,
     window: int | tuple[int | None, int | None] | None = None,
     sinks: Array | None = None,
+    k_scale: Array | None = None,
+    v_scale: Array | None = None,
     num_splits: int | None = None,
     tiles: LP.PagedTiles | None = None,
     return_lse: bool = False,
@@ -313,7 +372,8 @@ def dense_decode(
     Keys ``j >= kv_lengths[b]`` (default: the cache's length S) are invisible; query ``i``
     sits at position ``kv_lengths[b] - T + i``, the reference of ``causal`` and of
     ``window = (left, right)`` (an int w means (w, w)). Returns ``(B, T, Hq, Dv)``, and with
-    ``return_lse`` also the log-sum-exp ``(B, Hq, T)`` float32 (sinks excluded).
+    ``return_lse`` also the log-sum-exp ``(B, Hq, T)`` float32 (sinks excluded). A quantized
+    cache takes ``k_scale``/``v_scale`` broadcasting against ``(B, S, Hkv)`` (forward only).
     """
     b, t, hq, _ = q.shape
     dv = v.shape[3]
@@ -322,12 +382,13 @@ def dense_decode(
         return (out, jnp.zeros((b, hq, t), jnp.float32)) if return_lse else out
     spec = dense_spec(
         q, k, v, causal=causal, softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap,
-        window=window, sinks=sinks is not None,
+        window=window, sinks=sinks is not None, k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
     lengths = jnp.full((b,), k.shape[1], jnp.int32) if kv_lengths is None else _int32(kv_lengths, "kv_lengths", (b,))
     sink_arr = _sinks(sinks, hq)
+    _, ks, vs = _scales(spec.cache_dtype, k_scale, v_scale, tuple(k.shape[:3]))
     chosen = _tiles(spec, tiles, num_splits)
-    out, lse = _forward(spec, chosen, interpret, *_dense_inputs(q, k, v, sink_arr, lengths))
+    out, lse = _forward(spec, chosen, interpret, *_dense_inputs(q, k, v, sink_arr, lengths), ks, vs)
     out = out.reshape(b, t, hq, dv)
     if not return_lse:
         return out
@@ -423,7 +484,7 @@ def _decode_vjp(
     b, t, hq, _ = q.shape
     q2, k2, v2, sinks2, table, lengths2, cu, ns = _dense_inputs(q, k, v, sinks, lengths)
     # The kernels' argument order (launch_paged.attention), not _forward's.
-    out, lse = _execute_all(pspec, ptiles, [q2, k2, v2, table, lengths2, cu, ns, sinks2], interpret)
+    out, lse = _execute_all(pspec, ptiles, [q2, k2, v2, table, lengths2, cu, ns, sinks2], interpret)  # no scales
     return out.reshape(b, t, hq, v.shape[3]), jnp.transpose(lse.reshape(b, t, hq), (0, 2, 1))
 
 

@@ -40,11 +40,13 @@ def run_launch(lz: L.Launch, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def from_numpy(x: np.ndarray) -> torch.Tensor:
-    """A torch tensor of the same dtype; bfloat16 (ml_dtypes) goes through its bits."""
+    """A torch tensor of the same dtype; bfloat16 and float8 (ml_dtypes) go through their bits."""
     import torch
 
     if x.dtype.name == "bfloat16":
         return torch.from_numpy(np.array(x, copy=True).view(np.int16)).view(torch.bfloat16)
+    if x.dtype.name in ("float8_e4m3fn", "float8_e5m2"):
+        return torch.from_numpy(np.array(x, copy=True).view(np.uint8)).view(getattr(torch, x.dtype.name))
     return torch.from_numpy(np.array(x, copy=True))
 
 

@@ -1,0 +1,132 @@
+"""jaxattn-triton's serving backends over quantized KV caches: what they accept on an H100, what
+they decline and say, the errors of ``paged_ops``, and the dense decode kernel on a quantized
+cache with scales that broadcast in shapes the conformance cases do not use.
+
+The numerics of every format x granularity are ``test_paged_kernels_quantized``'s (the kernels)
+and ``test_serving_conformance``'s (``test_quantized_kv``, through the dispatch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxattn
+from jaxattn.device import DeviceInfo
+from jaxattn.metadata import AttentionMetadata
+from jaxattn.problem import AttentionProblem, PagedProblem
+from jaxattn.testing import oracle
+from jaxattn_triton import impl as impl_module
+from jaxattn_triton import paged_ops
+from jaxattn_triton.decode_impl import TritonDecodeAttention
+from jaxattn_triton.paged_impl import TritonPagedDecode, TritonRaggedPagedAttention
+
+from ._env import needs_interpreter
+
+H100 = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0")
+MD = AttentionMetadata()
+LOG2_WARNING = "ignore:divide by zero encountered in log2:RuntimeWarning"
+
+
+@pytest.fixture
+def kernels_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(impl_module, "_installed", lambda module: True)
+
+
+def _paged(**kw: Any) -> PagedProblem:
+    base: dict[str, Any] = {
+        "num_seqs": 16, "num_tokens": 16, "queries_per_seq": 1, "heads_q": 32, "heads_kv": 8, "head_dim": 128,
+        "head_dim_v": 128, "dtype": "bfloat16", "page_size": 16, "num_pages": 4096, "pages_per_seq": 256,
+    }  # fmt: skip
+    return PagedProblem(**{**base, **kw})
+
+
+def _dense(**kw: Any) -> AttentionProblem:
+    base: dict[str, Any] = {
+        "batch": 16, "seq_q": 1, "seq_k": 8192, "heads_q": 32, "heads_kv": 8, "head_dim": 128, "head_dim_v": 128,
+        "dtype": "bfloat16", "causal": True, "kv_lengths": True,
+    }  # fmt: skip
+    return AttentionProblem(**{**base, **kw})
+
+
+@pytest.mark.usefixtures("kernels_installed")
+@pytest.mark.parametrize("fmt", ["int8", "float8_e4m3fn", "float8_e5m2"])
+def test_accepted_on_an_h100_and_explained(fmt: str) -> None:
+    for cls in (TritonPagedDecode, TritonRaggedPagedAttention):
+        impl = cls(MD, H100)
+        problem = _paged(kv_dtype=fmt)
+        assert impl.not_supported_reasons(problem) == []
+        assert any(f"as {fmt}, dequantized in registers" in n and "no full-size copy" in n
+                   for n in impl.notes(problem))  # fmt: skip
+    dense = TritonDecodeAttention(MD, H100)
+    assert dense.not_supported_reasons(_dense(kv_dtype=fmt)) == []
+    assert "forward only" in dense.notes(_dense(kv_dtype=fmt))[0]
+
+
+@pytest.mark.usefixtures("kernels_installed")
+def test_gradients_over_a_quantized_cache_are_declined() -> None:
+    reasons = TritonDecodeAttention(MD, H100).not_supported_reasons(_dense(kv_dtype="int8", needs_grad=True))
+    assert any("quantized (int8) cache" in r and "dequantize_kv" in r for r in reasons), reasons
+    # The same call over a bf16 cache differentiates (the flash backward).
+    assert TritonDecodeAttention(MD, H100).not_supported_reasons(_dense(needs_grad=True)) == []
+
+
+def test_paged_ops_errors_name_the_argument() -> None:
+    q = jnp.zeros((2, 1, 4, 16), jnp.bfloat16)
+    pages = jnp.zeros((6, 8, 2, 16), jnp.bfloat16)
+    table = jnp.zeros((2, 3), jnp.int32)
+    lengths = jnp.ones((2,), jnp.int32)
+    with pytest.raises(ValueError, match="k_scale/v_scale scale a quantized cache"):
+        paged_ops.paged_decode(q, pages, pages, table, lengths, k_scale=jnp.ones(()), v_scale=jnp.ones(()))
+    narrow = pages.astype(jnp.int8)
+    with pytest.raises(ValueError, match=r"v_scale has shape \(3,\).*\(6, 8, 2\)"):
+        paged_ops.paged_decode(q, narrow, narrow, table, lengths, k_scale=jnp.ones(()), v_scale=jnp.ones((3,)))
+    with pytest.raises(ValueError, match="share a dtype, or the cache be quantized"):
+        paged_ops.paged_decode(q, pages.astype(jnp.float16), pages.astype(jnp.float16), table, lengths)
+
+
+@needs_interpreter
+@pytest.mark.filterwarnings(LOG2_WARNING)
+@pytest.mark.parametrize("scale_shape", [(), (1, 1, 2), (3, 1, 1), (3, 40, 1), (40, 2)])
+def test_dense_decode_broadcast_scales(scale_shape: tuple[int, ...]) -> None:
+    # Scales of any shape that broadcasts against (B, S, Hkv) are read in place through their
+    # strides (per sequence, per position across heads...); past each length they are NaN.
+    rng = np.random.default_rng(7)
+    b, s, hq, hkv, d = 3, 40, 4, 2, 16
+    lengths = np.array([40, 17, 0], np.int32)
+    q = rng.standard_normal((b, 2, hq, d)).astype(np.float32)
+    k, v = (rng.standard_normal((b, s, hkv, d)) for _ in range(2))
+    values = []
+    for x in (k, v):
+        scale = np.abs(rng.standard_normal(scale_shape)).astype(np.float32) + 0.01
+        full = np.broadcast_to(scale, (b, s, hkv)).astype(np.float64)
+        narrow = np.clip(np.round(x / full[..., None]), -127, 127).astype(np.int8)
+        deq = narrow.astype(np.float64) * full[..., None]
+        if scale.shape[:2] == (b, s):  # one scale per sequence and position: poison the unread ones
+            for row, n in enumerate(lengths):
+                scale[row, n:] = np.nan
+        values.append((narrow, scale, deq))
+    (kq, ks, kd), (vq, vs, vd) = values
+    out = paged_ops.dense_decode(
+        jnp.asarray(q), jnp.asarray(kq), jnp.asarray(vq), jnp.asarray(lengths), causal=True,
+        k_scale=jnp.asarray(ks), v_scale=jnp.asarray(vs), interpret=True,
+    )  # fmt: skip
+    want = oracle.attention(q.astype(np.float64), kd, vd, causal=True, kv_lengths=lengths).output
+    got = np.asarray(out, np.float64)
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, want, atol=2e-5 * max(1.0, np.abs(want).max()))
+
+
+def test_quantize_kv_round_trip_through_the_kernel_spec() -> None:
+    # jaxattn.quantize_kv's scales (tensor/head/token) give the kernel's three stride patterns.
+    x = jax.random.normal(jax.random.key(0), (6, 8, 2, 16))
+    modes = []
+    for gran in ("tensor", "head", "token"):
+        _, scale = jaxattn.quantize_kv(x, "int8", gran)
+        spec = paged_ops.LP.scale_strides(scale.shape, (6, 8, 2))
+        modes.append(paged_ops.LP.scale_mode(spec))
+    assert modes == [1, 1, 2]
