@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from .candidates import Candidate
 from .capabilities import ALL_FEATURES
 from .device import detect_device
-from .errors import InvalidInputError, JaxattnError, UnsupportedError
+from .errors import InvalidInputError, JaxattnError, PluginError, UnsupportedError
 from .impl import AttentionImpl, resolve_platform
 from .lookup import available_here, impl_for, provider_here
 from .metadata import DEFAULT_METADATA, AttentionMetadata
@@ -26,6 +26,7 @@ from .output import AttentionOutput
 from .paged_impl import PagedAttentionImpl
 from .plugins import registry
 from .problem import AttentionProblem, PagedProblem, Problem
+from .registry import reraise_interrupts
 from .tuning.cache import on_reload
 from .tuning.refiner import refine
 from .validation import resolve_call
@@ -91,6 +92,7 @@ def _evaluate(problem: Problem, metadata: AttentionMetadata) -> list[Candidate]:
     device = detect_device()
     platform, vendor = resolve_platform(metadata, device)
     best_here = {id(p) for p in available_here(metadata, device, problem.kind)}
+    faults = _faults.get(_fault_key(problem, metadata), {})
     rows: list[Candidate] = []
     for provider in registry().providers:
         if provider.kind != problem.kind:
@@ -119,6 +121,11 @@ def _evaluate(problem: Problem, metadata: AttentionMetadata) -> list[Candidate]:
                 reasons.append(str(err))
             except ImportError as err:
                 reasons.append(f"failed to import: {err}")
+            except BaseException as err:  # a backend's own checks failed: it cannot take the call
+                reraise_interrupts(err)
+                reasons.append(f"raised {type(err).__name__} while checking the call: {err}")
+            if provider.name in faults:
+                reasons.append(faults[provider.name])
         rows.append(Candidate(
             name=provider.name, origin=provider.origin, priority=priority, platforms=provider.platforms,
             reasons=tuple(reasons), fallback=tuple(fallback), fallback_impl=fallback_impl, notes=tuple(notes),
@@ -134,6 +141,24 @@ _refiners: list[RankRefiner] = [refine]
 # choose()'s results per (problem, metadata, device, registry state): a repeated call signature
 # costs one dict lookup. Cleared when refiners or the tuning cache change (clear_choices).
 _choices: dict[tuple[Any, ...], Any] = {}
+
+# Backends that auto ran and that broke the contract on a call (a PluginError, e.g. an output
+# of the wrong shape), per call signature: name -> reason. They are declined for that
+# signature from then on (explain shows why), and the call runs the next candidate.
+_faults: dict[tuple[Any, ...], dict[str, str]] = {}
+
+
+def _fault_key(problem: Problem, metadata: AttentionMetadata) -> tuple[Any, ...]:
+    # The forward broke: whether a gradient follows does not matter.
+    return (dataclasses.replace(problem, needs_grad=False), metadata, detect_device(), registry().generation)
+
+
+def _skip_fault(problem: Problem, metadata: AttentionMetadata, name: str, err: PluginError) -> None:
+    """Decline ``name`` for calls like ``problem`` from now on, because running it raised ``err``."""
+    reason = f"auto ran it on a call of this signature and it failed: {err}"
+    _faults.setdefault(_fault_key(problem, metadata), {})[name] = reason
+    logger.warning("jaxattn auto: %s failed on %s and is skipped for such calls: %s", name, problem.describe(), err)
+    _choices.clear()  # memoised choices may name it
 
 
 def add_rank_refiner(refiner: RankRefiner) -> None:
@@ -270,10 +295,16 @@ class AutoAttention(AttentionImpl):
         spec = resolve_call(q, k, v, mask=mask, bias=bias, init_bias=init_bias, causal=causal,
                             metadata=self.metadata, **features)
         problem = self.problem(q, k, v, mask, spec, features.get("softmax_aux"))
-        impl = self.select(problem)
-        if key is not None:
-            _choices[key] = impl
-        return impl(q, k, v, mask, spec.bias, None, causal, **features)
+        while True:  # each pass declines one more faulty backend: it ends
+            impl = self.select(problem)
+            try:
+                out = impl(q, k, v, mask, spec.bias, None, causal, **features)
+            except PluginError as err:  # the chosen backend broke its contract: the next one runs
+                _skip_fault(problem, self.metadata, _chosen_name(problem, self.metadata), err)
+                continue
+            if key is not None:
+                _choices[key] = impl
+            return out
 
 
 
@@ -314,8 +345,19 @@ class AutoPagedAttention(PagedAttentionImpl):
     def __call__(self, q: Any, k_pages: Any, v_pages: Any, page_table: Any, kv_lengths: Any,
                  **features: Any) -> AttentionOutput:
         spec = self._resolve(q, k_pages, v_pages, page_table, kv_lengths, features)
-        impl = self.select(self.problem(spec, q, features.get("softmax_aux")))
-        return impl(q, k_pages, v_pages, page_table, kv_lengths, **features)
+        problem = self.problem(spec, q, features.get("softmax_aux"))
+        while True:  # as AutoAttention: a backend that breaks its contract is skipped
+            impl = self.select(problem)
+            try:
+                return impl(q, k_pages, v_pages, page_table, kv_lengths, **features)
+            except PluginError as err:
+                _skip_fault(problem, self.metadata, _chosen_name(problem, self.metadata), err)
+
+
+def _chosen_name(problem: Problem, metadata: AttentionMetadata) -> str:
+    chosen, _ = choose(problem, metadata)  # memoised: what select() just ran
+    assert chosen is not None
+    return chosen
 
 
 def _signature(x: Any) -> Any:

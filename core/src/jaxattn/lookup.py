@@ -35,7 +35,8 @@ def available_here(metadata: AttentionMetadata | None = None, device: DeviceInfo
     reg = registry()
     best: dict[str, Provider] = {}
     for provider in reg.providers:
-        if provider.runs_on(platform, vendor) and provider.error is None and kind in (None, provider.kind):
+        if (provider.runs_on(platform, vendor) and provider.error is None and kind in (None, provider.kind)
+                and not reg.rejected_by(provider)):
             current = best.get(provider.name)
             if current is None or provider.priority > current.priority:
                 best[provider.name] = provider
@@ -135,17 +136,20 @@ def list_impls(metadata: AttentionMetadata | None = None) -> list[ImplInfo]:
     here = {id(p) for p in available_here(md, dev)}
     rows: list[ImplInfo] = []
     for p in sorted(reg.providers, key=lambda p: (p.name, -p.priority)):
-        conflicts = list(reg.conflicting(p))
+        rejections = reg.rejections(p)
         status, reason = "ok", ""
         if p.error is not None:
             status, reason = "broken", f"{type(p.error).__name__}: {p.error}"
-        elif conflicts:
-            status = "conflict"
-            reason = "; ".join(reg.conflict_message(p, c) for c in conflicts)
+        elif rejections:
+            status, reason = "conflict", "; ".join(rejections)
         elif not p.runs_on(platform, vendor):
             reason = f"runs on {'/'.join(p.platforms)}, not {_where(platform, vendor)}"
         elif id(p) not in here:
             reason = "a higher-priority provider of this name serves this platform"
+        takeovers = reg.takeovers(p) if status == "ok" else []
+        if takeovers:  # a declared override is no problem, but a listing says so
+            taken = ", ".join(f"{o.origin}'s {o.name} on {', '.join(p.shared_platforms(o))}" for o in takeovers)
+            reason = "; ".join(filter(None, [reason, f"overrides {taken} (declared)"]))
         rows.append(ImplInfo(
             name=p.name, aliases=p.names[1:], plugin=p.plugin, distribution=p.distribution, version=p.version,
             platforms=p.platforms, priority=p.priority, status=status, reason=reason,

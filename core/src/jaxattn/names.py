@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from enum import StrEnum
 
-__all__ = ["PROVIDERS", "AttentionMechanisms", "MechanismSource", "normalize_name"]
+__all__ = ["FIRST_PARTY", "PROVIDERS", "AttentionMechanisms", "MechanismSource", "normalize_name"]
 
 
 class AttentionMechanisms(StrEnum):
@@ -65,6 +65,11 @@ PROVIDERS: dict[str, tuple[MechanismSource, ...]] = {
     "ragged_page_attention_v2": (_VANILLA, _TRITON, _PALLAS),
     "ragged_page_attention_v3": (_VANILLA, _TRITON, _PALLAS),
 }
+
+#: This project's plugin distributions. A name one of them provides is a built-in name: another
+#: distribution's provider of it is rejected unless it declares the takeover (``ImplRef.overrides``).
+FIRST_PARTY: frozenset[str] = frozenset(src.distribution for sources in PROVIDERS.values() for src in sources)
+
 
 
 def normalize_name(name: object) -> str:

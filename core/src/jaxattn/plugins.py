@@ -1,8 +1,11 @@
 """Plugin discovery: entry points of group ``jaxattn.plugins``, loaded once, lazily, in isolation.
 
 One pluggy ``PluginManager``. Each entry point names a module; a module that fails to import
-or whose hook fails is recorded as broken (warned about once) and never breaks the others,
-unless ``JAXATTN_STRICT_PLUGINS=1``. ``JAXATTN_PLUGINS`` / ``JAXATTN_DISABLE_PLUGINS`` are
+or whose hook fails, whatever it raises (``SystemExit`` included; only ``KeyboardInterrupt``
+and ``GeneratorExit`` pass), is recorded as broken (warned about once) and never breaks the
+others, unless ``JAXATTN_STRICT_PLUGINS=1``. So is a provider whose name clashes
+(``Registry.conflicting``) or whose ``ImplRef`` names a module that does not exist.
+``problems()`` lists all of it. ``JAXATTN_PLUGINS`` / ``JAXATTN_DISABLE_PLUGINS`` are
 comma-separated allow- and deny-lists of plugin (entry-point) names.
 """
 
@@ -14,23 +17,25 @@ import os
 import threading
 import warnings
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, cast
 
 import pluggy
 
 from . import hookspecs
 from .errors import PluginError
-from .registry import Provider, Registry
+from .registry import DeclarationError, ImplRef, Provider, Registry, reraise_interrupts
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "PluginProblem",
     "PluginRecord",
     "PluginWarning",
     "isolated_registry",
     "list_plugins",
     "plugin_manager",
     "plugin_records",
+    "problems",
     "register_plugin",
     "registry",
     "reset",
@@ -117,10 +122,23 @@ def _fail(record: PluginRecord, err: BaseException) -> None:
 def _collect(record: PluginRecord, plugin: object, sources: Iterable[Any]) -> None:
     for source in sources:
         provider = Provider.from_source(source, record.name, record.distribution, record.version)
-        conflicts = _state.registry.add(provider, strict=_strict())
+        provider.locate()  # a missing module is known now, without importing it
+        # Clashes are reported once every plugin is in (_report_clashes): who pays for one
+        # depends on both sides, never on which registered first.
+        _state.registry.add(provider, strict=False)
         record.impl_names.append(provider.name)
-        for message in conflicts:
-            record.conflicts.append(message)
+
+
+def _report_clashes() -> None:
+    """Warn once about each rejected provider (fatal under ``JAXATTN_STRICT_PLUGINS``)."""
+    reg = _state.registry
+    for provider in reg.providers:
+        for message in reg.rejections(provider):
+            record = _state.records.get(provider.plugin)
+            if record is not None and message not in record.conflicts:
+                record.conflicts.append(message)
+            if _strict():
+                raise PluginError(message)
             _warn_once(f"conflict:{message}", f"jaxattn: {message}")
 
 
@@ -131,7 +149,8 @@ def _register_module(record: PluginRecord, plugin: object, *, isolate: bool = Tr
         for hook in _state.pm.hook.jaxattn_register_impls.get_hookimpls():
             if hook.plugin is plugin:
                 _collect(record, plugin, cast("Iterable[Any]", hook.function() or ()))
-    except Exception as err:  # any failure of third-party code is isolated
+    except BaseException as err:  # third-party code: isolated, whatever it raises
+        reraise_interrupts(err)
         for provider in [p for p in _state.registry.providers if p.plugin == record.name]:
             _state.registry.remove(provider)
         record.impl_names.clear()
@@ -170,10 +189,12 @@ def _discover() -> None:
             continue
         try:
             module = ep.load()
-        except Exception as err:  # a broken plugin must not break the others
+        except BaseException as err:  # a broken plugin must not break the others, even sys.exit()
+            reraise_interrupts(err)
             _fail(record, err)
             continue
         _register_module(record, module)
+    _report_clashes()
 
 
 def _ensure() -> _State:
@@ -214,6 +235,7 @@ def register_plugin(plugin: object, name: str | None = None) -> PluginRecord:
                               module=getattr(plugin, "__name__", None))
         state.records[record.name] = record
         _register_module(record, plugin, isolate=False)
+        _report_clashes()
         return record
 
 
@@ -222,6 +244,7 @@ def register_impl_class(impl_cls: Any, *, replace: bool = False) -> Provider:
     state = _ensure()
     with _lock:
         provider = Provider.from_source(impl_cls, RUNTIME_PLUGIN, None, None)
+        provider.explicit = True  # the program's own choice: it may shadow any name at another priority
         if replace:
             for other in list(state.registry.conflicting(provider)):
                 state.registry.remove(other)
@@ -229,6 +252,72 @@ def register_impl_class(impl_cls: Any, *, replace: bool = False) -> Provider:
         record = state.records.setdefault(RUNTIME_PLUGIN, PluginRecord(name=RUNTIME_PLUGIN))
         record.impl_names.append(provider.name)
         return provider
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginProblem:
+    """One plugin problem that would otherwise surface only when a call meets it.
+
+    ``category`` is one of ``CATEGORIES``: "broken" (the plugin failed to import or register),
+    "missing module" (an ``ImplRef``'s module does not exist), "load" (it exists but importing
+    it failed), "declaration" (the ``ImplRef`` disagrees with its class), "built-in name" (it
+    provides a name of one of this project's distributions without declaring the takeover, or
+    for another op kind) and "clash" (two other plugins' providers of one name).
+    """
+
+    category: str
+    plugin: str
+    distribution: str | None
+    impl: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"plugin {self.plugin!r} ({self.distribution or 'no distribution'})"
+        return f"{self.category}: {where}{f', impl {self.impl!r}' if self.impl else ''}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+CATEGORIES = ("broken", "missing module", "load", "declaration", "built-in name", "clash")
+
+
+def problems(load: bool = False) -> list[PluginProblem]:
+    """Every plugin problem discovery and the registry know of, in ``CATEGORIES`` order.
+
+    Cheap by default: discovery finds missing modules without importing them. With
+    ``load=True`` every ``ImplRef``'s module is imported first (a plugin's impl module, not the
+    kernel libraries it imports when a kernel is built), so that declarations that disagree
+    with their class and modules that fail to import are found too: ``jaxattn info --strict``.
+    """
+    state = _ensure()
+    reg = state.registry
+    if load:
+        for provider in list(reg.providers):
+            if provider.error is None:
+                with suppress(PluginError):  # recorded as provider.error, reported below
+                    provider.load()
+    found = [PluginProblem("broken", r.name, r.distribution, None, r.reason)
+             for r in state.records.values() if r.status == "broken"]
+    for p in reg.providers:
+        if p.error is not None:
+            found.append(PluginProblem(_error_category(p), p.plugin, p.distribution, p.name,
+                                       f"{type(p.error).__name__}: {p.error}"))
+        for other in reg.rejected_by(p):
+            category = "built-in name" if other.first_party and not p.first_party else "clash"
+            found.append(PluginProblem(category, p.plugin, p.distribution, p.name, reg.conflict_message(p, other)))
+    return sorted(found, key=lambda f: CATEGORIES.index(f.category))
+
+
+def _error_category(provider: Provider) -> str:
+    err = provider.error
+    if isinstance(err, DeclarationError):
+        return "declaration"
+    if isinstance(err, ModuleNotFoundError) and isinstance(provider.source, ImplRef) and err.name:
+        module = provider.source.module
+        if module == err.name or module.startswith(err.name + "."):
+            return "missing module"  # the module itself or one of its packages, not something it imports
+    return "load"
 
 
 def reset() -> None:

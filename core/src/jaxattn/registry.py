@@ -4,16 +4,35 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import itertools
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 from .backend import Backend
 from .capabilities import PLATFORM_TOKENS, platform_matches
 from .errors import ImplNotFoundError, PluginError
-from .names import normalize_name
+from .names import FIRST_PARTY, normalize_name
 
-__all__ = ["ImplInfo", "ImplRef", "Provider", "Registry"]
+__all__ = ["PASS_THROUGH", "DeclarationError", "ImplInfo", "ImplRef", "Provider", "Registry", "reraise_interrupts"]
+
+#: What no plugin failure may swallow: the user's interrupt and a generator's close. Everything
+#: else a plugin raises while it is imported, registered or loaded (``SystemExit`` included)
+#: marks that plugin broken and costs nothing else.
+PASS_THROUGH: tuple[type[BaseException], ...] = (KeyboardInterrupt, GeneratorExit)
+
+
+def reraise_interrupts(err: BaseException) -> None:
+    """Re-raise ``err`` if it is (or groups) one of ``PASS_THROUGH``; return otherwise."""
+    if isinstance(err, PASS_THROUGH):
+        raise err
+    if isinstance(err, BaseExceptionGroup) and err.subgroup(PASS_THROUGH) is not None:
+        raise err
+
+
+class DeclarationError(PluginError):
+    """An ``ImplRef``'s declarations disagree with the class it names."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +41,13 @@ class ImplRef:
     ``"package.module:ClassName"``.
 
     The names, platforms, priority and op kind are declared here so that discovery and listing
-    never import the module (and whatever kernel library it pulls in).
+    never import the module (and whatever kernel library it pulls in); they must equal the
+    class's (its ``names()`` may add aliases the reference leaves out).
+
+    ``overrides`` lists the names this backend deliberately takes over, at a higher priority,
+    from another distribution's backend of the same kind on a platform both serve (a faster
+    kernel for a name jaxattn-vanilla provides everywhere, say). Taking such a name without
+    declaring it is a clash: see ``Registry.conflicting``.
     """
 
     target: str
@@ -31,13 +56,23 @@ class ImplRef:
     priority: int = 0
     description: str = ""
     kind: str = "dense"  # "dense" (AttentionImpl) or "paged" (PagedAttentionImpl)
+    overrides: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if ":" not in self.target:
             raise PluginError(f"ImplRef target {self.target!r} must look like 'package.module:ClassName'")
         object.__setattr__(self, "names", tuple(normalize_name(n) for n in _as_tuple(self.names)))
         object.__setattr__(self, "platforms", tuple(_as_tuple(self.platforms)))
+        object.__setattr__(self, "overrides", tuple(normalize_name(n) for n in _as_tuple(self.overrides)))
         _check_declaration(self.target, self.names, self.platforms, self.kind)
+        stray = sorted(set(self.overrides) - set(self.names))
+        if stray:
+            raise PluginError(f"{self.target}: overrides {stray}, which are not among its names {self.names}; "
+                              "a backend can only take over names it provides")
+
+    @property
+    def module(self) -> str:
+        return self.target.partition(":")[0]
 
     def load(self) -> type[Backend[Any]]:
         module_name, _, attr = self.target.partition(":")
@@ -78,6 +113,11 @@ class Provider:
     version: str | None = None
     description: str = ""
     kind: str = "dense"
+    #: Names it takes over from another distribution's provider (``ImplRef.overrides``).
+    overrides: tuple[str, ...] = ()
+    #: Registered by the program itself (``register_impl``): a deliberate choice, so it may
+    #: shadow any provider at another priority without declaring it.
+    explicit: bool = False
     error: BaseException | None = None
     _cls: type[Backend[Any]] | None = None
 
@@ -85,7 +125,7 @@ class Provider:
     def from_source(cls, source: Any, plugin: str, distribution: str | None, version: str | None) -> Provider:
         if isinstance(source, ImplRef):
             return cls(source.names, source.platforms, source.priority, source, plugin, distribution, version,
-                       source.description, source.kind)
+                       source.description, source.kind, source.overrides)
         if isinstance(source, type) and issubclass(source, Backend):
             names, platforms = source.names(), tuple(sorted(source.platforms))
             _check_declaration(source.__qualname__, names, platforms, source.kind)
@@ -105,38 +145,83 @@ class Provider:
     def origin(self) -> str:
         return self.distribution or self.plugin
 
+    @property
+    def first_party(self) -> bool:
+        """Whether one of this project's distributions provides it (its names are built-in names)."""
+        return self.distribution in FIRST_PARTY
+
+    def locate(self) -> None:
+        """Record a missing module of an ``ImplRef`` as this provider's error, without importing
+        the module: ``importlib.util.find_spec`` imports only its parent packages, which for a
+        plugin's own package discovery has imported already (so no kernel library loads)."""
+        if not isinstance(self.source, ImplRef) or self._cls is not None or self.error is not None:
+            return
+        module = self.source.module
+        try:
+            found = module in sys.modules or importlib.util.find_spec(module) is not None
+        except BaseException as err:  # a parent package missing, or failing (whatever it raises)
+            reraise_interrupts(err)
+            self.error = err
+            return
+        if not found:
+            self.error = ModuleNotFoundError(f"No module named {module!r} (ImplRef {self.source.target!r})",
+                                             name=module)
+
     def load(self) -> type[Backend[Any]]:
         """The impl class (imports its module on first use); re-raises a load failure."""
         if self._cls is not None:
             return self._cls
         if self.error is not None:
-            raise PluginError(f"impl {self.name!r} from {self.origin} failed to load: {self.error}") from self.error
+            raise PluginError(f"impl {self.name!r} from {self.origin} failed to load: "
+                              f"{type(self.error).__name__}: {self.error}") from self.error
         assert isinstance(self.source, ImplRef)
         try:
             impl_cls = self.source.load()
-        except Exception as err:
+            disagreements = self._disagreements(impl_cls)
+        except BaseException as err:  # third-party code: isolated, whatever it raises
+            reraise_interrupts(err)
             self.error = err
-            raise PluginError(f"impl {self.name!r} from {self.origin} failed to load: {err}") from err
-        declared = set(self.names)
-        if (not declared <= set(impl_cls.names()) or set(self.platforms) != set(impl_cls.platforms)
-                or self.kind != impl_cls.kind):
-            self.error = PluginError(
-                f"{self.source.target} declares names {impl_cls.names()} / platforms {sorted(impl_cls.platforms)}"
-                f" / kind {impl_cls.kind!r} but its ImplRef says {self.names} / {self.platforms} / {self.kind!r}"
+            raise PluginError(f"impl {self.name!r} from {self.origin} failed to load: "
+                              f"{type(err).__name__}: {err}") from err
+        if disagreements:
+            self.error = DeclarationError(
+                f"ImplRef {self.source.target!r} from {self.origin} disagrees with the class it names: "
+                f"{'; '.join(disagreements)}. Make the ImplRef declare what the class declares"
             )
             raise self.error
         self._cls = impl_cls
         return impl_cls
 
+    def _disagreements(self, impl_cls: Any) -> list[str]:
+        """Where the ImplRef's declarations differ from the class's (names: the same first name,
+        and no name the class lacks)."""
+        if not (isinstance(impl_cls, type) and issubclass(impl_cls, Backend)):
+            return [f"it is {impl_cls!r}, not an AttentionImpl or PagedAttentionImpl subclass"]
+        out = []
+        names = impl_cls.names()
+        if names[:1] != self.names[:1] or not set(self.names) <= set(names):
+            out.append(f"names: the ImplRef says {self.names}, the class declares {names}")
+        if set(self.platforms) != set(impl_cls.platforms):
+            out.append(f"platforms: the ImplRef says {self.platforms}, the class declares "
+                       f"{tuple(sorted(impl_cls.platforms))}")
+        if self.priority != impl_cls.priority:
+            out.append(f"priority: the ImplRef says {self.priority}, the class declares {impl_cls.priority}")
+        if self.kind != impl_cls.kind:
+            out.append(f"kind: the ImplRef says {self.kind!r}, the class declares {impl_cls.kind!r}")
+        return out
+
     def runs_on(self, platform: str, vendor: str | None) -> bool:
         return platform_matches(self.platforms, platform, vendor)
 
+    def shared_platforms(self, other: Provider) -> list[str]:
+        """The platforms both could serve ("cpu", "tpu", "gpu/cuda", "gpu/rocm")."""
+        return [f"{platform}/{vendor}" if vendor else platform
+                for platform, vendor in (("cpu", None), ("tpu", None), ("gpu", "cuda"), ("gpu", "rocm"))
+                if self.runs_on(platform, vendor) and other.runs_on(platform, vendor)]
+
     def overlaps(self, other: Provider) -> bool:
         """Whether the two could both serve some platform."""
-        for platform, vendor in (("cpu", None), ("tpu", None), ("gpu", "cuda"), ("gpu", "rocm")):
-            if self.runs_on(platform, vendor) and other.runs_on(platform, vendor):
-                return True
-        return False
+        return bool(self.shared_platforms(other))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,9 +255,11 @@ class Registry:
     def __init__(self) -> None:
         self.providers: list[Provider] = []
         self.generation = next(_generations)  # changes on every change; caches key on it
+        self._rejected: dict[int, tuple[Provider, ...]] = {}
+        self._rejected_at = -1
 
     def add(self, provider: Provider, *, strict: bool) -> list[str]:
-        """Add a provider; returns conflict messages (raised at once when ``strict``)."""
+        """Add a provider; returns clash messages (raised at once, adding nothing, when ``strict``)."""
         conflicts = [self.conflict_message(provider, other) for other in self.conflicting(provider)]
         if conflicts and strict:
             raise PluginError(conflicts[0])
@@ -185,44 +272,115 @@ class Registry:
         self.generation = next(_generations)
 
     def conflicting(self, provider: Provider) -> Iterator[Provider]:
-        """Providers sharing a name with ``provider`` at its priority on a platform it serves, or
-        of another op kind (a name means one kind of call everywhere)."""
+        """Providers that clash with ``provider``. Two providers sharing a name clash when
+
+        - they are of different op kinds (a name means one kind of call everywhere), or
+        - they serve a common platform at equal priority (priorities are declared, never
+          inferred from load order), or
+        - they serve a common platform at different priorities, come from different
+          distributions, and the higher one takes the name over without saying so: it lists
+          the shared names in no ``ImplRef.overrides`` and is no ``register_impl`` of the
+          program itself.
+        """
         for other in self.providers:
-            if other is not provider and set(other.names) & set(provider.names) and (
-                other.kind != provider.kind or (other.priority == provider.priority and other.overlaps(provider))
-            ):
+            if other is not provider and _clash(provider, other):
                 yield other
+
+    def rejections(self, provider: Provider) -> tuple[str, ...]:
+        """Why ``provider`` is not used (empty when it is): its clashes that cost it. A clash
+        between a first-party provider (``names.FIRST_PARTY``) and another costs the other only;
+        any other clash costs both. A rejected provider serves no name and auto never runs it."""
+        return tuple(self.conflict_message(provider, other) for other in self.rejected_by(provider))
+
+    def rejected_by(self, provider: Provider) -> tuple[Provider, ...]:
+        """The providers whose clash with ``provider`` costs it (see ``rejections``)."""
+        if self._rejected_at != self.generation:  # computed once per registry state
+            self._rejected = {id(p): self._costly(p) for p in self.providers}
+            self._rejected_at = self.generation
+        cached = self._rejected.get(id(provider))
+        return cached if cached is not None else self._costly(provider)
+
+    def _costly(self, provider: Provider) -> tuple[Provider, ...]:
+        return tuple(other for other in self.conflicting(provider)
+                     if not provider.first_party or other.first_party)
 
     @staticmethod
     def conflict_message(a: Provider, b: Provider) -> str:
-        shared = sorted(set(a.names) & set(b.names))
+        """One sentence naming both distributions, which of them is not used, and the ways out."""
+        shared = ", ".join(sorted(set(a.names) & set(b.names)))
+        builtin = a if a.first_party and not b.first_party else b if b.first_party and not a.first_party else None
+        other = None if builtin is None else (b if builtin is a else a)
+        disable = "or disable one with JAXATTN_DISABLE_PLUGINS"
+        if other is not None:
+            disable = f"or disable plugin {other.plugin!r} with JAXATTN_DISABLE_PLUGINS"
         if a.kind != b.kind:
-            return (
-                f"{', '.join(shared)} names a {a.kind} impl from {a.origin} and a {b.kind} impl from {b.origin}; "
-                "a name means one kind of call: rename one, or disable one with JAXATTN_DISABLE_PLUGINS"
-            )
-        return (
-            f"two providers of {', '.join(shared)} for overlapping platforms at equal priority {a.priority}: "
-            f"{a.origin} ({'/'.join(a.platforms)}) and {b.origin} ({'/'.join(b.platforms)}); "
-            "give one a different priority, or disable one with JAXATTN_DISABLE_PLUGINS"
-        )
+            if builtin is not None and other is not None:
+                return (f"{shared} is a built-in {builtin.kind} name of {builtin.origin}; {other.origin}'s "
+                        f"{other.kind} impl of that name is not used (a name means one kind of call): rename it, "
+                        f"{disable}")
+            return (f"{shared} names a {a.kind} impl from {a.origin} and a {b.kind} impl from {b.origin}; a name "
+                    f"means one kind of call, so neither is used: rename one, {disable}")
+        where = ", ".join(a.shared_platforms(b))
+        if a.priority == b.priority:
+            unused = f"{other.origin}'s is not used" if other is not None else "neither is used"
+            return (f"two providers of {shared} for overlapping platforms ({where}) at equal priority {a.priority}: "
+                    f"{a.origin} ({'/'.join(a.platforms)}) and {b.origin} ({'/'.join(b.platforms)}); {unused}: "
+                    f"give one a different priority, {disable}")
+        high, low = (a, b) if a.priority > b.priority else (b, a)
+        declare = f"overrides=({', '.join(repr(n) for n in sorted(set(a.names) & set(b.names)))},)"
+        if builtin is not None and other is not None:
+            takeover = (f": to replace {builtin.origin}'s deliberately, add {declare} to {other.origin}'s ImplRef;"
+                        " otherwise" if other is high else ";")
+            return (f"{shared} is a built-in name of {builtin.origin} ({builtin.kind}, "
+                    f"{'/'.join(builtin.platforms)}, priority {builtin.priority}); {other.origin}'s provider of it "
+                    f"(priority {other.priority}) for {where} is not used{takeover} rename it, {disable}")
+        return (f"{high.origin} and {low.origin} both provide {shared} for {where} (priorities {high.priority} and "
+                f"{low.priority}), and {high.origin} does not declare the takeover, so neither is used: add "
+                f"{declare} to {high.origin}'s ImplRef, rename one, {disable}")
+
+    def takeovers(self, provider: Provider) -> list[Provider]:
+        """The other distributions' providers ``provider`` deliberately shadows (declared overrides)."""
+        return [other for other in self.providers
+                if other is not provider and other.origin != provider.origin and other.kind == provider.kind
+                and set(other.names) & set(provider.overrides) and other.priority < provider.priority
+                and provider.overlaps(other)]
 
     def providers_of(self, name: str) -> list[Provider]:
-        return [p for p in self.providers if name in p.names]
+        """The providers of ``name`` that are not rejected (see ``rejections``)."""
+        return [p for p in self.providers if name in p.names and not self.rejected_by(p)]
 
     def names(self) -> list[str]:
         return sorted({p.name for p in self.providers})
 
     def resolve(self, name: str, platform: str, vendor: str | None) -> Provider:
-        """The provider serving ``name`` on this platform: highest priority, equal ones an error."""
-        providers = self.providers_of(name)
-        if not providers:
-            raise ImplNotFoundError(name)
-        here = [p for p in providers if p.runs_on(platform, vendor)]
+        """The provider serving ``name`` on this platform: highest priority among those not
+        rejected; when every one here is rejected, a ``PluginError`` saying why."""
+        here = [p for p in self.providers if name in p.names and p.runs_on(platform, vendor)]
         if not here:
             raise ImplNotFoundError(name)
-        best = max(p.priority for p in here)
-        top = [p for p in here if p.priority == best]
-        if len(top) > 1:
+        live = [p for p in here if not self.rejected_by(p)]
+        if not live:
+            worst = max(here, key=lambda p: p.priority)
+            raise PluginError(self.rejections(worst)[0])
+        best = max(p.priority for p in live)
+        top = [p for p in live if p.priority == best]
+        if len(top) > 1:  # unreachable while equal priorities clash; kept as the last word
             raise PluginError(self.conflict_message(top[0], top[1]))
         return top[0]
+
+
+def _clash(a: Provider, b: Provider) -> bool:
+    """The rule of ``Registry.conflicting``, for one pair."""
+    shared = set(a.names) & set(b.names)
+    if not shared:
+        return False
+    if a.kind != b.kind:
+        return True
+    if not a.overlaps(b):
+        return False
+    if a.priority == b.priority:
+        return True
+    if a.origin == b.origin or a.explicit or b.explicit:
+        return False
+    high = a if a.priority > b.priority else b
+    return not shared <= set(high.overrides)

@@ -22,7 +22,11 @@ ENVIRONMENT = ("JAXATTN_IMPL", "JAXATTN_PLUGINS", "JAXATTN_DISABLE_PLUGINS",
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action="store_true",
-                        help="exit with status 1 when a plugin is broken or conflicts (for CI)")
+                        help="exit with status 1 on any plugin problem a call would otherwise meet (for CI): a "
+                             "broken plugin, an ImplRef whose module is missing or fails to import or whose "
+                             "declarations disagree with its class, a name clash, a built-in name taken without "
+                             "overrides=. Imports every impl module to compare declarations (not the kernel "
+                             "libraries they load lazily); each problem is printed to stderr")
 
 
 def _version(distribution: str) -> str | None:
@@ -123,11 +127,27 @@ def render(info: dict[str, Any], out: Printer) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # First, so that the report shows what importing the impl modules found.
+    found, warned = _plugin_problems() if args.strict else ([], [])
     info = collect()
+    if args.strict:
+        info["problems"] = [p.to_dict() for p in found]
+        info["warnings"] = warned + info["warnings"]
     if args.json:
         dump_json(info)
     else:
         render(info, Printer.from_args(args))
-    # Problems are reported, not fatal: info is the tool one runs to find them.
-    unhealthy = [p["name"] for p in info["plugins"] if p["status"] in ("broken", "conflict")]
-    return 1 if args.strict and unhealthy else 0
+    # Problems are reported, not fatal, unless --strict: info is the tool one runs to find them.
+    for problem in found:
+        print(f"jaxattn info: {problem}", file=sys.stderr)
+    return 1 if found else 0
+
+
+def _plugin_problems() -> tuple[list[Any], list[str]]:
+    """``jaxattn.plugins.problems(load=True)``, and the warnings discovery issued meanwhile."""
+    from jaxattn.plugins import problems
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = problems(load=True)
+    return found, [str(w.message) for w in caught]

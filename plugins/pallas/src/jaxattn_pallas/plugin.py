@@ -25,7 +25,8 @@ PALLAS_FLASH = ImplRef(
 # On a TPU the ragged kernel (100) is the faster one for every call, decode steps included, so
 # "auto" runs it first; page_attention (50, JAX's paged_attention kernel) serves that name, and
 # "auto"'s decode steps in TPU interpret mode, where the ragged kernel cannot run on
-# jax <= 0.11.2. Both are above jaxattn-vanilla's references of the same names (0).
+# jax <= 0.11.2. Both are above jaxattn-vanilla's references of the same names (0), which they
+# take over on TPUs (declared in overrides=).
 PALLAS_RAGGED_PAGE_ATTENTION = ImplRef(
     "jaxattn_pallas.paged_impl:PallasRaggedPagedAttention",
     names=("ragged_page_attention_v3", "ragged_page_attention_v2"),
@@ -33,6 +34,7 @@ PALLAS_RAGGED_PAGE_ATTENTION = ImplRef(
     priority=100,
     description="Pallas TPU ragged paged attention (mixed prefill and decode, window, soft cap)",
     kind="paged",
+    overrides=("ragged_page_attention_v3", "ragged_page_attention_v2"),
 )
 PALLAS_PAGE_ATTENTION = ImplRef(
     "jaxattn_pallas.paged_impl:PallasPagedDecode",
@@ -41,6 +43,7 @@ PALLAS_PAGE_ATTENTION = ImplRef(
     priority=50,
     description="Pallas TPU paged decode (JAX's paged_attention kernel; runs in interpret mode)",
     kind="paged",
+    overrides=("page_attention",),
 )
 
 

@@ -33,10 +33,12 @@ DECODE = ImplRef(
     platforms=("cuda",),
     priority=100,
     description="Triton split-K decode over a dense KV cache (CUDA GPUs, fp16/bf16, T <= 16)",
+    overrides=("autoregressive_decodeattn",),  # jaxattn-vanilla's pure-JAX decode, on CUDA
 )
 
 # The paged mechanisms (kind "paged"); each must match its class in jaxattn_triton.paged_impl.
-# Above jaxattn-vanilla's pure-JAX references of the same names (0), which they shadow on CUDA.
+# Above jaxattn-vanilla's pure-JAX references of the same names (0), which they shadow on CUDA
+# (declared in overrides=, as taking another distribution's name must be).
 RAGGED_PAGE_ATTENTION = ImplRef(
     "jaxattn_triton.paged_impl:TritonRaggedPagedAttention",
     names=("ragged_page_attention_v3", "ragged_page_attention_v2"),
@@ -44,6 +46,7 @@ RAGGED_PAGE_ATTENTION = ImplRef(
     priority=100,
     description="Triton split-K ragged paged attention (CUDA GPUs, fp16/bf16; mixed prefill+decode)",
     kind="paged",
+    overrides=("ragged_page_attention_v3", "ragged_page_attention_v2"),
 )
 PAGE_ATTENTION = ImplRef(
     "jaxattn_triton.paged_impl:TritonPagedDecode",
@@ -52,6 +55,7 @@ PAGE_ATTENTION = ImplRef(
     priority=100,
     description="Triton split-K paged decode (CUDA GPUs, fp16/bf16; T queries per sequence)",
     kind="paged",
+    overrides=("page_attention",),
 )
 
 
