@@ -92,12 +92,14 @@ def test_list_here_keeps_only_usable_impls(capsys: pytest.CaptureFixture[str]) -
     assert {r["name"] for r in run_json(capsys, "list", "--here")} == {"wide", "narrow"}
 
 
-def test_list_plain_table(capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_plain_table(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # wide enough for every column side by side
     code, out, _ = run_cli(capsys, "list", "--plain")
     assert code == 0
     lines = out.splitlines()
     header = next(line for line in lines if line.startswith("name"))
-    assert header.split() == ["name", "aliases", "kind", "plugin", "version", "platforms", "priority", "here", "status",
+    # Short columns first (at 80 columns the long ones go below each row; tests/cli/test_widths.py)
+    assert header.split() == ["name", "kind", "here", "status", "priority", "plugin", "version", "aliases", "platforms",
                               "note"]
     wide = next(line for line in lines if line.startswith("wide "))
     assert "wide_alias" in wide and "cpu, gpu, tpu" in wide
@@ -172,7 +174,9 @@ def test_info_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert info["default"]["impl"] == "narrow"  # MHA causal: the highest priority that accepts
     (plugin,) = info["plugins"]
     assert plugin["status"] == "ok"
-    assert sorted(plugin["impls"]) == ["narrow", "tpu_only", "wide (wide_alias)"]
+    assert sorted(plugin["impls"], key=lambda i: i["name"]) == [
+        {"name": "narrow", "aliases": [], "kind": "dense"}, {"name": "tpu_only", "aliases": [], "kind": "dense"},
+        {"name": "wide", "aliases": ["wide_alias"], "kind": "dense"}]
     assert {r["name"] for r in info["impls"]} == {"wide", "narrow", "tpu_only"}
     assert info["warnings"] == []
 

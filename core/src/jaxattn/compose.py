@@ -17,6 +17,7 @@ import logging
 from typing import Any
 
 from .backend import Backend, Call, Forward
+from .errors import JaxattnError
 from .impl import AttentionImpl
 from .lookup import impl_for
 from .output import AttentionOutput
@@ -45,7 +46,12 @@ class ComposedRunner:
     def run(self, impl: Backend[Any], problem: Problem, call: Call) -> AttentionOutput:
         why = impl.fallback_reasons(problem)
         if why:
-            target = impl.fallback_impl or "vanilla"
+            target = impl.fallback_impl
+            if target is None:  # the core has no fallback of its own: the backend declares one
+                raise JaxattnError(
+                    f"{impl.name()} gives fallback_reasons for {problem.describe()} but declares no fallback_impl; "
+                    f"set fallback_impl = 'NAME' on {type(impl).__name__} (the impl it hands such calls to), "
+                    "or decline the call in not_supported_reasons instead")
             key = (impl.name(), target, tuple(why))
             if key not in self._logged:
                 self._logged.add(key)

@@ -53,16 +53,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     import numpy as np
 
     import jaxattn
+    from jaxattn.cli._output import Printer
     from jaxattn.testing import oracle
 
+    # Plain text wrapped at spaces to the terminal's width ($COLUMNS; 80 when piped).
+    say = Printer(plain=True).line
     device = jaxattn.detect_device()
-    print(f"jaxattn {jaxattn.__version__} on {device.label} (jax {jax.__version__})")
+    say(f"jaxattn {jaxattn.__version__} on {device.label} (jax {jax.__version__})")
     rows = jaxattn.list_impls()
-    print("installed:")
+    say("installed:")
     for row in rows:
         where = "usable here" if row.usable_here else (row.reason or row.status)
         aliases = f" (aliases: {', '.join(row.aliases)})" if row.aliases else ""
-        print(f"  {row.name}{aliases} from {row.distribution or row.plugin}: {where}")
+        say(f"  {row.name}{aliases} from {row.distribution or row.plugin}: {where}")
 
     dtype = jnp.dtype(args.dtype)
     shape_q = (args.batch, args.seq, args.heads_q, args.head_dim)
@@ -72,9 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     k = jax.random.normal(keys[1], shape_kv, dtype)
     v = jax.random.normal(keys[2], shape_kv, dtype)
 
-    print()
+    say()
     explanation = jaxattn.explain(q, k, v, impl=args.impl, causal=args.causal)
-    print(explanation)
+    for line in str(explanation).splitlines():
+        say(line)
     if explanation.chosen is None:
         print("\nno installed backend can run this call; see the reasons above", file=sys.stderr)
         return 1
@@ -82,11 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = next(c for c in explanation.candidates if c.chosen)
     if explanation.requested == "auto":
         runners_up = [c.name for c in explanation.candidates if c.accepted and not c.chosen]
-        print(f"\nwhy: {chosen.name} (priority {chosen.priority}, from {chosen.origin}) is the "
+        say(f"\nwhy: {chosen.name} (priority {chosen.priority}, from {chosen.origin}) is the "
               f"highest-ranked impl that accepts this call on {device.platform}"
               + (f"; also accepted: {', '.join(runners_up)}" if runners_up else ""))
     else:
-        print(f"\nwhy: impl={explanation.requested!r} was asked for, and it accepts this call")
+        say(f"\nwhy: impl={explanation.requested!r} was asked for, and it accepts this call")
 
     reference = oracle.attention(np.asarray(q, np.float64), np.asarray(k, np.float64),
                                  np.asarray(v, np.float64), causal=args.causal).output
@@ -100,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = run(q, k, v)
     error = _max_error(out, reference)
     ok = error <= tolerance
-    print(f"\nran {explanation.chosen}: output {tuple(out.shape)}, "
+    say(f"\nran {explanation.chosen}: output {tuple(out.shape)}, "
           f"max |error| vs the float64 oracle {error:.2e} (tolerance {tolerance:g}): "
           f"{'OK' if ok else 'WRONG'}")
 
@@ -111,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             other = impl(q, k, v, causal=args.causal).attention_outputs
             err = _max_error(other, reference)
             ok = ok and err <= tolerance
-            print(f"also ran {candidate.name}: max |error| {err:.2e}: "
+            say(f"also ran {candidate.name}: max |error| {err:.2e}: "
                   f"{'OK' if err <= tolerance else 'WRONG'}")
     return 0 if ok else 1
 

@@ -11,6 +11,7 @@ import contextvars
 import dataclasses
 import logging
 import os
+import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -400,15 +401,22 @@ class Explanation:
             grad = " (differentiated: no impl here can)"
         lines = [f"device: {self.device}", f"call:   {self.problem.describe()}",
                  f"impl:   {self.requested} -> {self.chosen or 'nothing can run this call'}" + grad]
+        # Columns as wide as the longest name; reasons wrapped at spaces to 80 columns.
+        width = max((len(c.name) for c in self.candidates), default=0)
+
+        def wrapped(prefix: str, text: str) -> list[str]:
+            return textwrap.wrap(text, 80, initial_indent=prefix, subsequent_indent=" " * len(prefix),
+                                 break_long_words=False, break_on_hyphens=False) or [prefix]
+
         for c in self.candidates:
             mark = "*" if c.chosen else " "
-            lines.append(f" {mark} {c.name:<18} {c.status:<15} prio {c.priority:<4} {c.origin}")
+            lines.append(f" {mark} {c.name:<{width}}  {c.status:<15} prio {c.priority:<4} {c.origin}")
             if c.rank_reason:
-                lines.append(f"       rank: {c.rank_reason}")
-            lines += [f"       - {r}" for r in c.reasons]
-            lines += [f"       . {n}" for n in c.notes]
+                lines += wrapped("       rank: ", c.rank_reason)
+            lines += [line for r in c.reasons for line in wrapped("       - ", r)]
+            lines += [line for n in c.notes for line in wrapped("       . ", n)]
             if c.fallback and not c.reasons:
-                lines += [f"       ~ hands to {c.fallback_impl}: {r}" for r in c.fallback]
+                lines += [line for r in c.fallback for line in wrapped("       ~ ", f"hands to {c.fallback_impl}: {r}")]
         return "\n".join(lines)
 
 
@@ -469,7 +477,8 @@ def get_optimal_config(metadata: AttentionMetadata | None = None) -> tuple[str, 
     """``(impl name, dtype)`` that "auto" uses for a default shape on this device.
 
     The default shape is B=1, T=S=2048, 32 heads, D=128, causal, in the platform's preferred
-    dtype (float32 on CPUs and on TPU v2/v3, bfloat16 elsewhere).
+    dtype (float32 on CPUs and on TPU v2/v3, bfloat16 elsewhere). Raises ``UnsupportedError``
+    (saying what to install) when no installed backend runs it: there is no built-in fallback.
     """
     import jax
     import jax.numpy as jnp
@@ -481,5 +490,7 @@ def get_optimal_config(metadata: AttentionMetadata | None = None) -> tuple[str, 
     dtype = jnp.float32 if platform == "cpu" or old_tpu else jnp.bfloat16
     shape = jax.ShapeDtypeStruct((1, 2048, 32, 128), dtype)
     problem = AttentionProblem.from_inputs(shape, shape, shape, causal=True)
-    chosen, _ = choose(problem, md)
-    return (chosen or AttentionMechanisms.VANILLA.value), dtype
+    chosen, rows = choose(problem, md)
+    if chosen is None:
+        raise _no_choice(rows)
+    return chosen, dtype

@@ -200,7 +200,7 @@ def _run_serving(args: argparse.Namespace, metadata: AttentionMetadata, platform
     from ..device import detect_device
     from ..lookup import available_here
     from ..plugins import registry
-    from .serving import ServingResult, run_serving, serving_matrix, serving_table
+    from .serving import ServingResult, run_serving, serving_matrix, serving_not_run, serving_table
 
     dtype = args.dtype or ("float32" if platform == "cpu" else "bfloat16")
     shapes = serving_matrix(quick=args.quick or platform == "cpu", dtype=dtype)
@@ -255,12 +255,22 @@ def _run_serving(args: argparse.Namespace, metadata: AttentionMetadata, platform
         _plot(args, final, None)
         return 0
     printer.table(serving_table(results, device, args.reference))
+    _print_not_run(printer, serving_not_run(results))
     if args.json is not None:
         write(final)
         printer.line(f"JSON written to {args.json}")
     _plot(args, final, printer)
     printer.line(f"took {final['elapsed_s']:.1f} s")
     return 0
+
+
+def _print_not_run(printer: Printer, lines: list[str]) -> None:
+    """The backends that did not run some shapes, once per backend and outcome, after the tables."""
+    if lines:
+        printer.line("Not run (once per backend):")
+        for line in lines:
+            printer.line(f"- {line}")
+        printer.line()
 
 
 def _plot(args: argparse.Namespace, data: dict[str, Any], printer: Printer | None) -> None:
@@ -329,12 +339,7 @@ def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: Att
     printer = Printer.from_args(args)
     for mode_table in tables(report):
         printer.table(mode_table)
-    not_run = not_run_lines(report)
-    if not_run:
-        printer.line("Not run (once per backend):")
-        for line in not_run:
-            printer.line(f"- {line}")
-        printer.line()
+    _print_not_run(printer, not_run_lines(report))
     for line in summary_lines(report):
         printer.line(line)
     if json_path is not None:

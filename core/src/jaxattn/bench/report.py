@@ -1,18 +1,18 @@
-"""What the benchmark writes: a table (stdout), a summary, a JSON file and a PNG plot."""
+"""What the benchmark writes: tables (stdout), a summary and a JSON file (``plot`` draws the PNG)."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from .results import BenchReport, BenchResult
 from .shapes import MODE_LABELS, BenchShape
 
-__all__ = ["AUTO_TOLERANCE", "auto_gaps", "report_dict", "summary_lines", "table", "write_json", "write_plot"]
+__all__ = ["AUTO_TOLERANCE", "auto_gaps", "group_not_run", "not_run_lines", "report_dict", "summary_lines", "tables",
+           "write_json"]
 
 #: Issue target: "auto" within 3% of the fastest backend on every shape.
 AUTO_TOLERANCE = 0.03
@@ -23,11 +23,8 @@ def _ms(r: BenchResult | None) -> str:
     return f"{r.median_ms:.3f}" if r is not None and r.ok and r.median_ms is not None else "-"
 
 
-def _tflops(r: BenchResult | None, width: int = 60) -> str:
-    if r is None:
-        return "-"
-    text = r.cell()
-    return text if len(text) <= width else text[: width - 3] + "..."
+def _tflops(r: BenchResult | None) -> str:
+    return "-" if r is None else r.cell()
 
 
 def _ratio(r: BenchResult | None) -> str:
@@ -54,30 +51,57 @@ def _shapes(report: BenchReport) -> list[BenchShape]:
     return list(seen)
 
 
-def table(report: BenchReport) -> Any:
-    """One row per shape and backend, forward and forward+backward side by side."""
+def tables(report: BenchReport) -> list[Any]:
+    """One table per mode: under each shape's heading a row per backend that ran it; backends
+    that did not run a shape are in ``not_run_lines`` instead, once each."""
     from ..cli._output import Table
 
     ref = report.config.reference or "-"
-    columns = ["shape", "backend"]
+    out = []
     for mode in report.config.modes:
-        short = "fwd" if mode == "fwd" else "fwd+bwd"
-        columns += [f"{short} ms", f"{short} TFLOP/s", f"vs {ref}", f"{short} temp"]
-    columns.append("note")
-    out = Table(f"Attention benchmark on {report.device} (median of {report.config.repeats} samples)", columns)
-    for shape in _shapes(report):
-        for name in report.config.backends:
-            cells: list[str] = [shape.label, name]
-            note = ""
-            shared: list[str] = []
-            for mode in report.config.modes:
-                r = report.get(shape, name, mode)
-                cells += [_ms(r), _tflops(r), _ratio(r), _mem(r)]
-                note = note or (r.note if r is not None else "")
-                if r is not None and r.same_program_as:
-                    shared.append(f"{mode} = {r.same_program_as}'s program")
-            out.add(*cells, "; ".join([n for n in (note, *shared) if n]))
+        table = Table(f"{MODE_LABELS[mode].capitalize()} on {report.device}, {_dtype(report)} "
+                      f"(median of {report.config.repeats} samples; vs {ref}: TFLOP/s ratio)",
+                      ["backend", "ms", "TFLOP/s", f"vs {ref}", "temp", "note"])
+        for shape in _shapes(report):
+            rows = [r for name in report.config.backends if (r := report.get(shape, name, mode)) is not None and r.ok]
+            if rows:
+                table.heading(shape.label)
+            for r in rows:
+                shared = f"{r.same_program_as}'s program" if r.same_program_as else ""
+                table.add(r.backend, _ms(r), _tflops(r), _ratio(r), _mem(r),
+                          "; ".join(n for n in (r.note, shared) if n) or None)
+        out.append(table)
     return out
+
+
+def not_run_lines(report: BenchReport) -> list[str]:
+    """Every backend that did not run some shape, once per outcome (see ``group_not_run``)."""
+    return group_not_run(report.results, len(_shapes(report)), report.config.modes)
+
+
+def group_not_run(results: Sequence[Any], total: int, modes: Sequence[str] = ()) -> list[str]:
+    """Per backend and outcome (declined, skipped, failed) of ``results`` (bench or serving
+    rows): on how many of the ``total`` shapes, and why (the reason once when every shape gives
+    the same one, else the first shape's as an example)."""
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for r in results:
+        if not r.ok:
+            groups.setdefault((r.backend, r.status), []).append(r)
+    lines = []
+    for (name, status), rows in groups.items():
+        shapes = list(dict.fromkeys(r.shape.label for r in rows))
+        where = f"every shape ({total})" if len(shapes) == total else f"{len(shapes)} of {total} shapes"
+        seen = sorted({getattr(r, "mode", "") for r in rows} - {""}, key=list(modes).index)
+        if modes and len(seen) < len(modes):
+            where += f", {' and '.join(MODE_LABELS[m] for m in seen)} only"
+        reasons = list(dict.fromkeys(r.reason for r in rows))
+        why = reasons[0] if len(reasons) == 1 else f"e.g. {rows[0].shape.label}: {reasons[0]}"
+        lines.append(f"{name} {status} on {where}: {why}")
+    return lines
+
+
+def _dtype(report: BenchReport) -> str:
+    return ", ".join(dict.fromkeys(s.dtype for s in report.config.shapes)) or "-"
 
 
 def auto_gaps(report: BenchReport) -> list[dict[str, Any]]:
@@ -184,56 +208,3 @@ def write_json(report: BenchReport, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(report_dict(report), indent=1, default=str) + "\n", encoding="utf-8")
     tmp.replace(path)  # a run killed mid-write leaves the previous checkpoint intact
-
-
-def write_plot(report: BenchReport, path: Path) -> str | None:
-    """TFLOP/s against S per backend, one panel per (head dim, GQA, mask, mode).
-
-    Returns None when written, else why not (matplotlib missing, nothing measured).
-    """
-    try:
-        # import_module: matplotlib is optional and untyped where absent (mypy sees Any either way)
-        matplotlib = importlib.import_module("matplotlib")
-        matplotlib.use("Agg")  # files only: no display on servers and CI
-        plt = importlib.import_module("matplotlib.pyplot")
-    except ImportError:
-        return "matplotlib is not installed (pip install matplotlib); no plot written"
-    panels: dict[tuple[int, int, bool, str], dict[str, list[tuple[int, float]]]] = {}
-    for r in report.results:
-        if r.ok and r.tflops is not None:
-            key = (r.shape.head_dim, r.shape.group, r.shape.causal, r.mode)
-            panels.setdefault(key, {}).setdefault(r.backend, []).append((r.shape.seq_k, r.tflops))
-    if not panels:
-        return "no backend produced a timing; no plot written"
-    keys = sorted(panels, key=lambda k: (k[3], k[0], k[1], k[2]))
-    cols = min(4, len(keys))
-    rows = math.ceil(len(keys) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
-    backends = list(report.config.backends)
-    colors = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(backends)}
-    for ax, key in zip(axes.flat, keys, strict=False):
-        d, group, causal, mode = key
-        for name in backends:
-            points = sorted(panels[key].get(name, []))
-            if points:
-                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name,
-                        color=colors[name], linestyle="--" if name == "auto" else "-")
-        ax.set_xscale("log", base=2)
-        seqs = sorted({p[0] for pts in panels[key].values() for p in pts})
-        ax.set_xticks(seqs, [_seq_label(n) for n in seqs])
-        ax.minorticks_off()
-        ax.set_ylim(bottom=0)
-        ax.set_title(f"D={d}{f' GQA {group}:1' if group > 1 else ''} {'causal' if causal else 'full'} "
-                     f"{MODE_LABELS[mode]}", fontsize=9)
-        ax.set_xlabel("sequence length S")
-        ax.set_ylabel("TFLOP/s")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(keys):]:
-        ax.set_visible(False)
-    fig.suptitle(f"jaxattn bench: {report.device}, {report.config.shapes[0].dtype}", fontsize=11)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None

@@ -412,20 +412,31 @@ def _summarise(shape: ServingShape, rows: list[ServingResult], reference: str | 
 
 
 def serving_table(results: Sequence[ServingResult], device: str, reference: str | None = None) -> Any:
+    """Under each shape's heading a row per backend that ran it; the others are in
+    ``serving_not_run``, once per backend."""
     from ..cli._output import Table
 
     ref = reference or ", else ".join(REFERENCES)
     table = Table(f"Serving attention on {device}: time, K/V bytes read per second, and ratios (vs {ref}: "
                   "its time / this time; of read: GB/s / the memory-read GB/s)",
-                  ["shape", "backend", "ms", "GB/s", "vs ref", "of read", "note"])
+                  ["backend", "ms", "GB/s", "vs ref", "of read", "note"])
+    shape = None
     for r in results:
-        if r.ok and r.median_ms is not None:
-            table.add(r.shape.label, r.backend, f"{r.median_ms:.3f}", _gbps(r.gbps),
-                      f"{r.ratio:.2f}x" if r.ratio else None,
-                      f"{r.of_read_peak:.0%}" if r.of_read_peak else None, r.note or None)
-        else:
-            table.add(r.shape.label, r.backend, None, None, None, None, f"{r.status}: {r.reason}"[:160])
+        if not (r.ok and r.median_ms is not None):
+            continue
+        if r.shape != shape:
+            shape = r.shape
+            table.heading(r.shape.label)
+        table.add(r.backend, f"{r.median_ms:.3f}", _gbps(r.gbps), f"{r.ratio:.2f}x" if r.ratio else None,
+                  f"{r.of_read_peak:.0%}" if r.of_read_peak else None, r.note or None)
     return table
+
+
+def serving_not_run(results: Sequence[ServingResult]) -> list[str]:
+    """Each backend that did not run some shape, once (``report.group_not_run``)."""
+    from .report import group_not_run
+
+    return group_not_run(results, len({r.shape for r in results}))
 
 
 def _gbps(value: float | None) -> str | None:

@@ -1,8 +1,12 @@
 """Rendering for the ``jaxattn`` command: JSON, rich tables, or plain text.
 
 rich is optional (``jaxattn[rich]``) and used only on a terminal: piped or redirected output
-is plain text (rich would wrap it at 80 columns), as is ``--plain``. Both renderers print
-the same sections and columns, so nothing is lost without rich.
+is plain text, as is ``--plain``. Both renderers print the same sections and columns, so
+nothing is lost without rich.
+
+Everything fits the terminal's width (``$COLUMNS``, else the terminal, else 80 columns when
+piped): cells and lines wrap at spaces, never inside a word, and a table whose columns
+cannot all fit that way is stacked, one block of ``column: value`` lines per row.
 """
 
 from __future__ import annotations
@@ -10,11 +14,37 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
+import textwrap
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
-__all__ = ["Printer", "Table", "dump_json"]
+__all__ = ["Printer", "Table", "dump_json", "output_width", "wrap"]
+
+#: Spaces between two columns of a plain table.
+GAP = 2
+#: A column narrower than this (and than its content) is unreadable: the table is stacked instead.
+MIN_COLUMN = 12
+#: The same for the last column, the one that wraps when only it does (notes, reasons: prose).
+MIN_LAST_COLUMN = 24
+
+
+def output_width() -> int:
+    """Columns to fit: ``$COLUMNS``, else the terminal's width, else 80 (piped or redirected)."""
+    return max(20, shutil.get_terminal_size((80, 24)).columns)
+
+
+def wrap(text: str, width: int, indent: str = "") -> list[str]:
+    """``text`` in lines of at most ``width`` columns, broken at spaces only (a word longer than
+    the width stays whole on its own line); continuation lines start with ``indent``."""
+    lines: list[str] = []
+    width = max(1, width)  # an empty column (explain's marker column when nothing is chosen) is 0 wide
+    for paragraph in text.splitlines() or [""]:
+        lead = paragraph[: len(paragraph) - len(paragraph.lstrip())]
+        lines += textwrap.wrap(paragraph, width, subsequent_indent=lead + indent, break_long_words=False,
+                               break_on_hyphens=False) or [""]
+    return lines
 
 
 def dump_json(data: Any, stream: TextIO | None = None) -> None:
@@ -29,9 +59,16 @@ class Table:
     title: str
     columns: Sequence[str]
     rows: list[Sequence[str]] = dataclasses.field(default_factory=list)
+    #: Row index -> a heading printed across the table before that row (a group's name, such
+    #: as the shape a benchmark's rows belong to, said once instead of in a wide column).
+    headings: dict[int, str] = dataclasses.field(default_factory=dict)
 
     def add(self, *cells: object) -> None:
         self.rows.append([_cell(c) for c in cells])
+
+    def heading(self, text: str) -> None:
+        """Start a group of rows: ``text`` is printed on its own line before the next row."""
+        self.headings[len(self.rows)] = text
 
 
 def _cell(value: object) -> str:
@@ -47,8 +84,9 @@ def _cell(value: object) -> str:
 class Printer:
     """Writes sections to stdout with rich when available and wanted, else plain text."""
 
-    def __init__(self, *, plain: bool = False, stream: TextIO | None = None) -> None:
+    def __init__(self, *, plain: bool = False, stream: TextIO | None = None, width: int | None = None) -> None:
         self.stream = stream or sys.stdout
+        self.width = width or output_width()
         self._console: Any = None
         if not plain and self.stream.isatty():
             try:
@@ -56,7 +94,7 @@ class Printer:
             except ImportError:
                 pass
             else:
-                self._console = Console(file=self.stream, highlight=False, soft_wrap=False)
+                self._console = Console(file=self.stream, highlight=False, soft_wrap=False, width=self.width)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Printer:
@@ -67,53 +105,125 @@ class Printer:
         return self._console is not None
 
     def line(self, text: str = "", style: str | None = None) -> None:
+        """``text``, wrapped at spaces to the width (continuation lines indented two more)."""
+        for part in wrap(text, self.width, indent="  "):
+            self._emit(part, style)
+
+    def _emit(self, text: str = "", style: str | None = None) -> None:
         if self._console is not None:
             self._console.print(text, style=style, markup=False)
         else:
             print(text, file=self.stream)
 
     def pairs(self, items: Iterable[tuple[str, object]]) -> None:
-        """Aligned ``key: value`` lines."""
+        """Aligned ``key: value`` lines; a long value continues under the first."""
         items = list(items)
         width = max((len(k) for k, _ in items), default=0)
+        indent = " " * (width + 2)
         for key, value in items:
-            self.line(f"{key + ':':<{width + 1}} {_cell(value)}")
+            lines = wrap(_cell(value), max(20, self.width - len(indent)))
+            self._emit(f"{key + ':':<{width + 1}} {lines[0]}".rstrip())
+            for more in lines[1:]:
+                self._emit(indent + more.lstrip())
 
     def table(self, table: Table) -> None:
-        if self._console is not None:
-            self._rich_table(table)
+        # The most leading columns that fit side by side, only the last of them wrapping; else
+        # the most that fit with several wrapping; the other columns go under each row.
+        keep, widths = len(table.columns), None
+        for squeeze in (False, True):
+            keep = len(table.columns)
+            while keep and (widths := fit_columns(_first(table, keep), self.width, squeeze=squeeze)) is None:
+                keep -= 1
+            if widths is not None:
+                break
+        if widths is None:
+            keep, widths = 1, [min(self.width, max(len(r[0]) for r in [table.columns, *table.rows]))]
+        if self._console is not None and keep == len(table.columns) and not table.headings:
+            self._rich_table(table, widths)
         else:
-            self._plain_table(table)
+            self._plain_table(table, widths, keep)
 
-    def _rich_table(self, table: Table) -> None:
+    def _rich_table(self, table: Table, widths: Sequence[int]) -> None:
         from rich import box
         from rich.table import Table as RichTable
 
         rich_table = RichTable(title=table.title, title_justify="left", box=box.SIMPLE_HEAD,
-                               title_style="bold")
-        for column in table.columns:
-            rich_table.add_column(column, overflow="fold")
+                               title_style="bold", pad_edge=False, padding=(0, GAP // 2))
+        for column, width in zip(table.columns, widths, strict=True):
+            rich_table.add_column(column, overflow="fold", max_width=width)
         for row in table.rows:
             rich_table.add_row(*row)
         self._console.print(rich_table)
 
-    def _plain_table(self, table: Table) -> None:
-        # Multi-line cells (lists of reasons) continue on the following lines, in their column.
-        split = [[cell.splitlines() or [""] for cell in row] for row in table.rows]
-        widths = [len(c) for c in table.columns]
-        for row in split:
-            for i, lines in enumerate(row):
-                widths[i] = max(widths[i], *(len(x) for x in lines))
+    def _plain_table(self, table: Table, widths: Sequence[int], keep: int) -> None:
+        """The first ``keep`` columns side by side, a cell wrapping at spaces within its column;
+        the other columns as indented ``column: value`` lines under each row."""
         last = len(widths) - 1
+        stacked = list(table.columns[keep:])
+        indent = " " * 4
 
         def emit(cells: Sequence[str]) -> None:
-            text = "  ".join(c if i == last else c.ljust(widths[i]) for i, c in enumerate(cells))
-            print(text.rstrip(), file=self.stream)
+            text = (" " * GAP).join(c if i == last else c.ljust(widths[i]) for i, c in enumerate(cells))
+            self._emit(text.rstrip())
 
-        print(table.title, file=self.stream)
-        emit(table.columns)
-        emit(["-" * w for w in widths])
-        for row in split:
-            for depth in range(max(len(lines) for lines in row)):
-                emit([lines[depth] if depth < len(lines) else "" for lines in row])
-        print(file=self.stream)
+        def lines(row: Sequence[str]) -> list[list[str]]:
+            return [wrap(cell, width) for cell, width in zip(row, widths, strict=False)]
+
+        def emit_row(row: list[list[str]]) -> None:
+            for depth in range(max(len(cell) for cell in row)):
+                emit([cell[depth] if depth < len(cell) else "" for cell in row])
+
+        self.line(table.title)
+        emit_row(lines(table.columns))
+        if stacked:
+            self._emit(indent + "; ".join(stacked) + " (below each row)")
+        emit_row([["-" * w] for w in widths])
+        for index, row in enumerate(table.rows):
+            if index in table.headings:
+                self.line(table.headings[index])
+            emit_row(lines(row))
+            # One paragraph per row; a cell with nothing to say ("-") is left out.
+            said = [(key, " ".join(cell.split())) for key, cell in zip(stacked, row[keep:], strict=True)
+                    if cell not in ("", "-")]
+            text = said[0][1] if len(stacked) == 1 and said else "; ".join(f"{k}: {c}" for k, c in said)
+            if text:
+                for part in wrap(text, self.width - len(indent), indent="  "):
+                    self._emit(indent + part)
+        self._emit()
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+def _first(table: Table, keep: int) -> Table:
+    return Table(table.title, table.columns[:keep], [row[:keep] for row in table.rows], table.headings)
+
+
+def fit_columns(table: Table, width: int, *, squeeze: bool = True) -> list[int] | None:
+    """Column widths that fit ``table`` in ``width`` columns, wrapping cells at spaces only
+    (only the last column when not ``squeeze``); None when that would leave a column narrower
+    than its longest word or ``MIN_COLUMN``."""
+    cells = [list(table.columns), *table.rows]
+    natural = [max(len(line) for row in cells for line in row[i].splitlines() or [""])
+               for i in range(len(table.columns))]
+    shortest = [max(len(word) for row in cells for word in _words(row[i]) or [""])
+                for i in range(len(table.columns))]
+    room = width - GAP * (len(natural) - 1)
+    if sum(natural) <= room:
+        return natural
+    if not squeeze:
+        last = room - sum(natural[:-1])
+        return [*natural[:-1], last] if last >= max(shortest[-1], min(natural[-1], MIN_LAST_COLUMN)) else None
+    # Cap the widest columns at one width, the largest cap that fits ("water filling").
+    def capped(cap: int) -> list[int]:
+        return [min(n, max(cap, s)) for n, s in zip(natural, shortest, strict=True)]
+
+    low, high = 0, max(natural)
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if sum(capped(mid)) <= room else (low, mid - 1)
+    widths = capped(low)
+    if sum(widths) > room or any(w < min(n, MIN_COLUMN) for w, n in zip(widths, natural, strict=True)):
+        return None
+    return widths

@@ -14,11 +14,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from jaxattn import ImplInfo
 
-__all__ = ["PluginSummary", "is_plugin_row", "summarize_plugins"]
+__all__ = ["PluginSummary", "impl_label", "is_plugin_row", "summarize_plugins"]
 
 
 def is_plugin_row(row: ImplInfo) -> bool:
     return not row.platforms
+
+
+def impl_label(impl: dict[str, Any]) -> str:
+    """``name (alias, ...)`` for tables; JSON keeps the fields."""
+    return str(impl["name"]) + (f" ({', '.join(impl['aliases'])})" if impl["aliases"] else "")
 
 
 @dataclasses.dataclass
@@ -28,7 +33,8 @@ class PluginSummary:
     version: str | None
     status: str = "ok"
     reason: str = ""
-    impls: list[str] = dataclasses.field(default_factory=list)
+    #: One ``{"name", "aliases", "kind"}`` per impl it registered (fields, for ``--json``).
+    impls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -41,7 +47,7 @@ def summarize_plugins(rows: Iterable[ImplInfo]) -> list[PluginSummary]:
         if is_plugin_row(row):
             summary.status, summary.reason = row.status, row.reason
             continue
-        summary.impls.append(row.name + (f" ({', '.join(row.aliases)})" if row.aliases else ""))
+        summary.impls.append({"name": row.name, "aliases": list(row.aliases), "kind": row.kind})
         # An impl that fails to load or collides makes its plugin need attention too.
         if row.status != "ok" and summary.status == "ok":
             summary.status, summary.reason = row.status, f"{row.name}: {row.reason}"

@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import os
 import platform
+import re
 import sys
 import warnings
 from importlib import metadata
 from typing import Any
 
 from ._output import Printer, Table, dump_json
-from ._plugins import is_plugin_row, summarize_plugins
+from ._plugins import impl_label, is_plugin_row, summarize_plugins
 
 HELP = "show the device, versions, every plugin and implementation, and what is usable here"
 
 # Settings that change what jaxattn discovers or picks; shown when set.
 ENVIRONMENT = ("JAXATTN_IMPL", "JAXATTN_PLUGINS", "JAXATTN_DISABLE_PLUGINS",
                "JAXATTN_STRICT_PLUGINS", "JAX_PLATFORMS")
+
+
+#: Distributions whose versions matter to a report (read from their metadata: nothing is imported).
+LIBRARIES = ("jax", "jaxlib", "numpy", "pluggy", "flax", "triton", "jax-triton", "torch",
+             "jax-cuda12-plugin", "jax-cuda13-plugin", "libtpu", "libtpu-nightly")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "declarations disagree with its class, a name clash, a built-in name taken without "
                              "overrides=. Imports every impl module to compare declarations (not the kernel "
                              "libraries they load lazily); each problem is printed to stderr")
+    parser.add_argument("--check", action="store_true",
+                        help="also import every plugin's impl modules and kernel libraries and report what fails "
+                             "(slower: triton, torch... get imported); exit status 1 when one fails")
 
 
 def _version(distribution: str) -> str | None:
@@ -44,11 +55,17 @@ def collect() -> dict[str, Any]:
         warnings.simplefilter("always")
         rows = jaxattn.list_impls()
         device = jaxattn.detect_device()
-        try:
-            best, dtype = jaxattn.get_optimal_config()
-            default: dict[str, Any] | None = {"impl": best, "dtype": str(getattr(dtype, "__name__", dtype))}
-        except jaxattn.JaxattnError as err:
-            default = {"impl": None, "error": str(err)}
+        default: dict[str, Any] | None
+        if not any(r.usable_here and r.kind == "dense" for r in rows if not is_plugin_row(r)):
+            # The core has no backend of its own: say so, and which extra brings some.
+            default = {"impl": None, "error": f"nothing can run attention here: no backend for {device.platform} "
+                                              f"is installed (pip install 'jaxattn[{device.platform}]')"}
+        else:
+            try:
+                best, dtype = jaxattn.get_optimal_config()
+                default = {"impl": best, "dtype": str(getattr(dtype, "__name__", dtype))}
+            except jaxattn.JaxattnError as err:
+                default = {"impl": None, "error": " ".join(str(err).split())}
         paged = _paged_default((default or {}).get("dtype") or "float32")
     return {
         "jaxattn": jaxattn.__version__,
@@ -57,14 +74,122 @@ def collect() -> dict[str, Any]:
         "os": platform.platform(),
         "jax": _version("jax"),
         "jaxlib": _version("jaxlib"),
+        "libraries": {name: _version(name) for name in LIBRARIES if _version(name)},
+        "cuda": _cuda_versions() if device.platform == "gpu" else {},
         "device": {"label": device.label, **device.to_dict()},
         "default": default,
         "paged_default": paged,
         "environment": {k: os.environ[k] for k in ENVIRONMENT if k in os.environ},
-        "plugins": [p.to_dict() for p in summarize_plugins(rows)],
+        "plugins": [{**p.to_dict(), **_origin(p.name)} for p in summarize_plugins(rows)],
         "impls": [r.to_dict() for r in rows if not is_plugin_row(r)],
         "warnings": [str(w.message) for w in caught],
     }
+
+
+def _cuda_versions() -> dict[str, str]:
+    """The CUDA runtime, driver and cuDNN versions jax's CUDA plugin reports (empty without one)."""
+    try:
+        from jax._src.lib import cuda_versions  # private, but the one place jax exposes these
+    except ImportError:
+        return {}
+    if cuda_versions is None:
+        return {}
+    out = {}
+    for key, getter in (("cuda runtime", "cuda_runtime_get_version"), ("cuda driver", "cuda_driver_get_version"),
+                        ("cudnn", "cudnn_get_version")):
+        try:
+            number = int(getattr(cuda_versions, getter)())
+        except Exception:  # an old plugin without the getter, or no driver: leave it out
+            continue
+        # CUDA encodes 1000*major + 10*minor; cuDNN 9 10000*major + 100*minor + patch.
+        out[key] = (f"{number // 10000}.{number // 100 % 100}.{number % 100}" if key == "cudnn"
+                    else f"{number // 1000}.{number // 10 % 100}")
+    return out
+
+
+def _origin(plugin: str) -> dict[str, Any]:
+    """Where ``plugin`` was loaded from: its entry point's module and file, and whether its
+    distribution is an editable install (pip's direct_url.json says so) or a wheel."""
+    from ..plugins import ENTRY_POINT_GROUP
+
+    ep = next((e for e in metadata.entry_points(group=ENTRY_POINT_GROUP) if e.name.lower() == plugin), None)
+    if ep is None:  # registered in code (jaxattn.register_impl), not by a distribution
+        return {"module": None, "path": None, "install": "registered in code"}
+    module = ep.value.partition(":")[0]
+    loaded = sys.modules.get(module)
+    path = getattr(loaded, "__file__", None)
+    install = "installed"
+    dist = getattr(ep, "dist", None)
+    if dist is not None:
+        try:
+            direct = json.loads(dist.read_text("direct_url.json") or "{}")
+        except ValueError:
+            direct = {}
+        if direct.get("dir_info", {}).get("editable"):
+            install = "editable"
+        elif direct.get("url", "").endswith(".whl") or not direct:
+            install = "wheel"
+        else:
+            install = "from " + str(direct.get("url"))
+    return {"module": module, "path": path, "install": install}
+
+
+_REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def check_plugins(plugins: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Import every plugin's impl modules and the third-party libraries its distribution
+    requires (those behind its own extras too: the kernel libraries); one row per import."""
+    from ..plugins import registry
+
+    modules_of = _modules_by_distribution()
+    rows: list[dict[str, str]] = []
+    for plugin in plugins:
+        name, dist = plugin["name"], plugin["distribution"]
+        # (what, module): the impl modules first (an ImplRef names its module without importing it)
+        wanted = [(f"impl {p.name}", p.source.target.partition(":")[0]) for p in registry().providers
+                  if p.plugin == name and not isinstance(p.source, type)]
+        for requirement in (metadata.requires(dist) or []) if dist else []:
+            match = _REQUIREMENT.match(requirement)
+            req = match.group(1) if match else requirement
+            if _normal(req).startswith("jaxattn"):
+                continue
+            mods = modules_of.get(_normal(req))
+            if not mods:
+                extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)", requirement)
+                rows.append({"plugin": name, "what": req, "status": "not installed",
+                             "detail": f"pip install '{dist}[{extra.group(1)}]'" if extra
+                             else f"pip install '{requirement.split(';')[0].strip()}'"})
+                continue
+            wanted += [(req, m) for m in mods]
+        seen: set[str] = set()
+        for what, module in wanted:
+            if module in seen:
+                continue
+            seen.add(module)
+            try:
+                importlib.import_module(module)
+            except Exception as err:  # any failure is the finding: ImportError, a CUDA init error...
+                rows.append({"plugin": name, "what": what, "status": "fails",
+                             "detail": f"import {module}: {type(err).__name__}: {err}"})
+            else:
+                rows.append({"plugin": name, "what": what, "status": "ok", "detail": f"import {module}"})
+    return rows
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _modules_by_distribution() -> dict[str, list[str]]:
+    """Normalised distribution name -> its top-level import names (public ones)."""
+    out: dict[str, list[str]] = {}
+    for module, dists in metadata.packages_distributions().items():
+        if module.startswith("_") or not module.isidentifier():
+            continue
+        for dist in dists:
+            out.setdefault(_normal(dist), []).append(module)
+    return {k: sorted(v) for k, v in out.items()}
 
 
 PAGED_DEFAULT = "8 sequences, T=1, Hq=32 Hkv=8 D=128, pages of 16, 4096 tokens each"
@@ -93,11 +218,14 @@ def _paged_default(dtype: str) -> dict[str, Any]:
 
 def render(info: dict[str, Any], out: Printer) -> None:
     default = info["default"] or {}
+    libraries = {k: v for k, v in info["libraries"].items() if k not in ("jax", "jaxlib")}
     out.pairs([
         ("jaxattn", info["jaxattn"]),
         ("python", f"{info['python']} ({info['executable']})"),
         ("os", info["os"]),
         ("jax", f"{info['jax']} (jaxlib {info['jaxlib']})"),
+        ("libraries", ", ".join(f"{k} {v}" for k, v in libraries.items()) or None),
+        *([("cuda", ", ".join(f"{k} {v}" for k, v in info["cuda"].items()))] if info["cuda"] else []),
         ("device", info["device"]["label"]),
         ("auto picks", f"{default.get('impl')} in {default.get('dtype')} "
                        "for B=1 T=S=2048 Hq=Hkv=32 D=128 causal"
@@ -109,18 +237,25 @@ def render(info: dict[str, Any], out: Printer) -> None:
     ])
     out.line()
 
-    plugins = Table("Plugins", ["plugin", "distribution", "version", "status", "impls", "error"])
+    plugins = Table("Plugins", ["plugin", "status", "distribution", "version", "install", "impls", "module",
+                                "error"])
     for p in info["plugins"]:
-        plugins.add(p["name"], p["distribution"], p["version"], p["status"], p["impls"],
-                    p["reason"] or None)
+        plugins.add(p["name"], p["status"], p["distribution"], p["version"], p["install"],
+                    [impl_label(i) for i in p["impls"]], p["path"] or p["module"], p["reason"] or None)
     out.table(plugins)
 
     impls = Table("Implementations",
-                  ["name", "aliases", "kind", "plugin", "platforms", "priority", "status", "usable here", "note"])
+                  ["name", "kind", "usable here", "status", "priority", "plugin", "aliases", "platforms", "note"])
     for r in info["impls"]:
-        impls.add(r["name"], r["aliases"], r["kind"], r["distribution"] or r["plugin"], r["platforms"],
-                  r["priority"], r["status"], r["usable_here"], r["reason"] or None)
+        impls.add(r["name"], r["kind"], r["usable_here"], r["status"], r["priority"], r["distribution"] or r["plugin"],
+                  r["aliases"], r["platforms"], r["reason"] or None)
     out.table(impls)
+
+    if "check" in info:
+        check = Table("Imports (--check)", ["plugin", "what", "status", "detail"])
+        for row in info["check"]:
+            check.add(row["plugin"], row["what"], row["status"], row["detail"])
+        out.table(check)
 
     for message in info["warnings"]:
         out.line(f"warning: {message}")
@@ -133,6 +268,8 @@ def run(args: argparse.Namespace) -> int:
     if args.strict:
         info["problems"] = [p.to_dict() for p in found]
         info["warnings"] = warned + info["warnings"]
+    if args.check:
+        info["check"] = check_plugins(info["plugins"])
     if args.json:
         dump_json(info)
     else:
@@ -140,7 +277,8 @@ def run(args: argparse.Namespace) -> int:
     # Problems are reported, not fatal, unless --strict: info is the tool one runs to find them.
     for problem in found:
         print(f"jaxattn info: {problem}", file=sys.stderr)
-    return 1 if found else 0
+    failed = [r for r in info.get("check", []) if r["status"] == "fails"]
+    return 1 if found or failed else 0
 
 
 def _plugin_problems() -> tuple[list[Any], list[str]]:

@@ -29,14 +29,15 @@ def run(args: argparse.Namespace) -> int:
         dump_json([r.to_dict() for r in rows])
         return 0
     table = Table(f"Attention implementations ({jaxattn.detect_device().label})",
-                  ["name", "aliases", "kind", "plugin", "version", "platforms", "priority", "here", "status",
+                  # Short columns first: at 80 columns the long ones go under each row (_output).
+                  ["name", "kind", "here", "status", "priority", "plugin", "version", "aliases", "platforms",
                    "note"])
     for r in rows:
         if is_plugin_row(r):  # a broken or disabled plugin, which registered no impl
-            table.add(f"[{r.name}]", None, None, r.distribution or r.plugin, r.version, None, None, False,
-                      r.status, r.reason or None)
+            table.add(f"[{r.name}]", None, False, r.status, None, r.distribution or r.plugin, r.version, None,
+                      None, r.reason or None)
         else:
-            table.add(r.name, r.aliases, r.kind, r.distribution or r.plugin, r.version, r.platforms,
-                      r.priority, r.usable_here, r.status, r.reason or None)
+            table.add(r.name, r.kind, r.usable_here, r.status, r.priority, r.distribution or r.plugin, r.version,
+                      r.aliases, r.platforms, r.reason or None)
     Printer.from_args(args).table(table)
     return 0
