@@ -16,7 +16,10 @@ of K and V read per call, against cuDNN dense decode over the same tokens
 (``jax.nn.dot_product_attention(implementation="cudnn")``, T=1) and JAX's Pallas GPU
 ``paged_attention`` in this process, and ``dense_decode`` on the dense cache. ``--ragged``
 times a mixed batch (prefill chunks + decode rows) against its two parts run separately.
-``--sweep`` times other tiles and split counts on a few decode shapes. The registered
+``--sweep`` times other tiles and split counts on a few decode shapes. ``--quant-sweep`` times
+paged decode over int8 and float8_e4m3fn caches (scales per token, and per head) with the
+default tiles and a few others, beside cuDNN's bf16 dense decode and the bf16 paged kernel
+over the same tokens (bytes read: values + scales). The registered
 backends are measured too, through jaxattn's dispatch (validation, support checks, the
 ragged-form call, the kernel choice): ``--check`` runs ``jaxattn.paged_attention(...,
 impl="page_attention")``, ``jaxattn.ragged_paged_attention(..., impl="ragged_page_attention_v3")``
@@ -868,6 +871,109 @@ def sweep() -> None:
     RESULTS["sweep"] = rows
 
 
+#: --quant-sweep: (page_size, batch, context).
+QUANT_SWEEP_SHAPES = [(16, 16, 32768), (16, 64, 32768)]
+QUANT_FORMATS = ("int8", "float8_e4m3fn")
+
+
+def quantized_cache(k: Array, v: Array, fmt: str, granularity: str) -> tuple[Array, Array, Array, Array]:
+    """Narrow copies of ``k``/``v`` (values only matter for NaN-freedom: scaled, cast) and
+    float32 scales per token ``(P, page_size, Hkv)`` or per head ``(Hkv,)``."""
+    dt = jnp.dtype(fmt)
+    gain = 40.0 if fmt == "int8" else 1.0
+
+    @jax.jit
+    def narrow(x: Array) -> Array:
+        return (x * gain).astype(dt)
+
+    shape = k.shape[:3] if granularity == "token" else k.shape[2:3]
+    ks = jnp.full(shape, 1.0 / gain, jnp.float32)
+    return narrow(k), narrow(v), ks, ks + 0.0
+
+
+def quant_variants(base: LP.PagedTiles) -> list[LP.PagedTiles]:
+    """The default tiles and a few with more bytes in flight per stage (narrow values)."""
+    if base.kv_heads > 1:
+        options = ((64, 4, 3), (32, 4, 4), (64, 4, 4), (64, 8, 3))
+    else:
+        options = ((256, 8, 3), (128, 8, 4), (256, 8, 2), (64, 4, 4))
+    out = [base]
+    for bn, warps, stages in options:
+        t = dataclasses.replace(base, block_n=bn, num_warps=warps, num_stages=stages)
+        if t not in out:
+            out.append(t)
+    return out
+
+
+def quant_sweep() -> None:
+    rows: list[dict[str, Any]] = []
+    dt = dtype_under_test()
+    shapes = [(8, 2, 64)] if SMOKE else QUANT_SWEEP_SHAPES
+    for ps, batch, ctx in shapes:
+        tag = f"ps={ps} B={batch} ctx={ctx}"
+        try:
+            q = jnp.asarray(np.random.default_rng(0).standard_normal((batch, 1, HQ, D)), dt)
+            lens = jnp.full((batch,), ctx, jnp.int32)
+            wide_bytes = kv_bytes(batch, ctx, jnp.dtype(dt).itemsize)
+            bar = None
+            if not SMOKE:  # cuDNN's bf16 dense decode over the same tokens, in this run
+                kd, vd = filled((batch, ctx, HKV, D), dt, 6), filled((batch, ctx, HKV, D), dt, 7)
+                bar = time_fn(jax.jit(cudnn_decode), q, kd, vd, lens)
+                free(kd, vd)
+                rows.append({"name": f"{tag} cudnn dense bf16", "us": bar * 1e6, "GBps": wide_bytes / bar / 1e9})
+                log(f"quant {tag} cudnn dense bf16: {bar * 1e6:.1f} us {wide_bytes / bar / 1e9:.0f} GB/s")
+            k, v, table = paged_cache(batch, ctx, ps, dt, 21)
+            sec = time_fn(jax.jit(lambda q, k, v, tb, n: paged_decode(q, k, v, tb, n, interpret=SMOKE)),
+                          q, k, v, table, lens)  # fmt: skip
+            rows.append({"name": f"{tag} paged bf16", "us": sec * 1e6, "GBps": wide_bytes / sec / 1e9,
+                         "vs_cudnn": bar / sec if bar else None})  # fmt: skip
+            log(f"quant {tag} paged bf16: {sec * 1e6:.1f} us" + (f" {bar / sec:.3f}x cudnn" if bar else ""))
+        except Exception as err:
+            rows.append(record_error("quant", f"setup {tag}", err))
+            continue
+        for fmt in QUANT_FORMATS:
+            for gran in ("token", "head"):
+                try:
+                    kq, vq, ks, vs = quantized_cache(k, v, fmt, gran)
+                    nbytes = kv_bytes(batch, ctx, 1) + 2 * 4 * (int(ks.size) if gran == "token" else HKV)
+                    spec = LP.PagedSpec(
+                        num_tokens=batch, max_seqs=batch, q_len=1, heads_q=HQ, heads_kv=HKV, head_dim=D,
+                        head_dim_v=D, dtype=jnp.dtype(dt).name, num_pages=int(k.shape[0]), page_size=ps,
+                        pages_per_seq=ctx // ps, cache_dtype=fmt,
+                        k_scale=LP.scale_strides(ks.shape, k.shape[:3]),
+                        v_scale=LP.scale_strides(vs.shape, k.shape[:3]),
+                    )  # fmt: skip
+                    base = LP.default_tiles(spec, _num_sms())
+                except Exception as err:
+                    rows.append(record_error("quant", f"setup {tag} {fmt} {gran}", err))
+                    continue
+                variants = quant_variants(base) if gran == "token" and not SMOKE else [base]
+                for t in variants:
+                    label = (f"{tag} {fmt} per {gran} kvh={t.kv_heads} bn={t.block_n} w={t.num_warps} "
+                             f"st={t.num_stages} splits={t.num_splits}")  # fmt: skip
+                    late = out_of_time("quant", label)
+                    if late:
+                        rows.append(late)
+                        continue
+                    try:
+                        sec = time_fn(
+                            jax.jit(lambda q, k, v, tb, n, a, b, t=t: paged_decode(
+                                q, k, v, tb, n, k_scale=a, v_scale=b, tiles=t, interpret=SMOKE)),
+                            q, kq, vq, table, lens, ks, vs,
+                        )  # fmt: skip
+                        row = {"name": label, "tiles": dataclasses.asdict(t), "us": sec * 1e6,
+                               "GBps": nbytes / sec / 1e9, "vs_cudnn": bar / sec if bar else None,
+                               "default": t == base}  # fmt: skip
+                        log(f"quant {label}: {sec * 1e6:.1f} us {nbytes / sec / 1e9:.0f} GB/s"
+                            + (f" {bar / sec:.3f}x cudnn" if bar else "") + ("  (default)" if t == base else ""))
+                    except Exception as err:
+                        row = record_error("quant", label, err)
+                    rows.append(row)
+                free(kq, vq)
+        free(k, v)
+    RESULTS["quant_sweep"] = rows
+
+
 # -- sm_90 compile check (no GPU needed) --------------------------------------------------------
 
 
@@ -923,7 +1029,8 @@ def compile_check() -> None:
                 LP.default_tiles(spec, num_splits=splits), block_n=bn, num_warps=warps, num_stages=stages
             )
             outs = ["*bf16", "*fp32", "*fp32"] if splits == 1 else ["*fp32"] * 3
-            row = {"name": label, **compile_one(LP.attention(spec, t), ["*bf16"] * 3 + ["*i32"] * 4 + ["*fp32"] + outs)}
+            types = ["*bf16"] * 3 + ["*i32"] * 4 + ["*fp32"] * 3  # ..., sinks, k_scale, v_scale
+            row = {"name": label, **compile_one(LP.attention(spec, t), types + outs)}
             if splits > 1:
                 row["combine"] = compile_one(LP.combine(spec, t), ["*fp32"] * 4 + ["*bf16", "*fp32"])
             log(f"compile {label}: {row}")
@@ -939,6 +1046,7 @@ def main() -> None:
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--ragged", action="store_true")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--quant-sweep", action="store_true", help="int8/fp8 caches: tiles, vs cuDNN bf16 dense decode")
     ap.add_argument("--compile", action="store_true", help="sm_90 compile check (no GPU needed)")
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny shapes in the Triton interpreter")
     ap.add_argument("--json", type=Path, default=None)
@@ -954,7 +1062,7 @@ def main() -> None:
         SWEEP_SHAPES.append((ps, batch, ctx))
     global DEADLINE
     DEADLINE = time.monotonic() + args.deadline_s if args.deadline_s > 0 else math.inf
-    if not (args.check or args.bench or args.ragged or args.sweep or args.compile):
+    if not (args.check or args.bench or args.ragged or args.sweep or args.compile or args.quant_sweep):
         args.check = args.bench = args.ragged = args.sweep = True
     RESULTS["device"] = str(jax.devices()[0])
     RESULTS["device_kind"] = jax.devices()[0].device_kind
@@ -968,7 +1076,7 @@ def main() -> None:
     log(f"device {RESULTS['device_kind']} ({RESULTS['device']}), versions {RESULTS['versions']}, smoke={SMOKE}")
     t0 = time.perf_counter()
     for flag, fn in (("compile", compile_check), ("check", check), ("bench", bench), ("ragged", ragged),
-                     ("sweep", sweep)):  # fmt: skip
+                     ("sweep", sweep), ("quant_sweep", quant_sweep)):  # fmt: skip
         if getattr(args, flag):
             try:
                 fn()
