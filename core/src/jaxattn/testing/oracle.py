@@ -14,10 +14,13 @@ Semantics (DESIGN.md):
 * a key is visible when the boolean mask is True, it is causal-visible
   (``j <= i + S - T``: bottom-right alignment), inside the sliding window
   (``i' - left <= j <= i' + right`` with ``i' = i + S - T``), and in the query's segment;
-* ``softmax_aux`` adds one logit per query head to the denominator only (a sink);
+* ``softmax_aux`` adds one raw logit per query head to the denominator only (a sink: neither
+  scaled nor soft-capped); a ``+inf`` sink takes the whole mass (the head's output and
+  probabilities are zeros, its gradients zero), a ``-inf`` one is no sink;
 * dropout multiplies the probabilities by ``keep / (1 - p)`` for a given keep-mask;
 * ``kv_lengths (B,)`` (a dense KV cache of capacity S): keys ``j >= L_b`` are invisible and
-  causal masking and the window align to ``i' = i + L_b - T`` instead;
+  causal masking and the window align to ``i' = i + L_b - T`` instead; a query whose
+  position ``i'`` is negative sees no key;
 * a row that sees no key gives zeros (output, probabilities, gradients), ``lse = -inf``.
 
 :func:`paged_attention` spells out the paged contract (docs/contract.md, "Serving attention"):
@@ -128,7 +131,9 @@ def visibility(
     i_aligned = np.arange(t)[None, None, :, None] + (ends - t)[:, None, None, None]  # (B, 1, T, 1)
     j = np.arange(s)[None, None, None, :]
     if kv_lengths is not None:
-        visible &= j < ends[:, None, None, None]
+        # Keys past the length are not tokens of the sequence, and neither is a query whose
+        # position is negative (T > L): it sees nothing, whatever causal and the window say.
+        visible &= (j < ends[:, None, None, None]) & (i_aligned >= 0)
     if causal:
         visible &= j <= i_aligned
     window = _normalize_window(sliding_window)
@@ -236,17 +241,23 @@ def _forward(x: _Inputs) -> _Forward:
         logits = logits + x.bias
     logits = np.where(x.visible, logits, -np.inf)
     row_max = logits.max(axis=-1)
-    if x.aux is not None:
-        row_max = np.maximum(row_max, x.aux[None, :, None])
+    aux = x.aux
+    absorbed = np.zeros(logits.shape[1], dtype=bool) if aux is None else np.isposinf(aux)
+    if aux is not None:
+        aux = np.where(absorbed, -np.inf, aux)  # a +inf sink's heads are overridden below
+        row_max = np.maximum(row_max, aux[None, :, None])
     # Rows where everything (sink included) is -inf: shift by 0 so exp gives 0, not nan.
     shift = np.where(np.isfinite(row_max), row_max, 0.0)
     exp = np.exp(logits - shift[..., None])
     key_sum = exp.sum(axis=-1)
-    sink = np.zeros_like(key_sum) if x.aux is None else np.exp(x.aux[None, :, None] - shift)
+    sink = np.zeros_like(key_sum) if aux is None else np.exp(aux[None, :, None] - shift)
     denom = key_sum + sink
     safe = np.where(denom > 0, denom, 1.0)
     probs = exp / safe[..., None]
     sink_prob = sink / safe
+    # exp(+inf) / (sum + exp(+inf)) is 1: the sink takes everything, the keys nothing.
+    probs = np.where(absorbed[None, :, None, None], 0.0, probs)
+    sink_prob = np.where(absorbed[None, :, None], 1.0, sink_prob)
     with np.errstate(divide="ignore"):
         lse = np.where(key_sum > 0, shift + np.log(np.where(key_sum > 0, key_sum, 1.0)), -np.inf)
     weights = probs if x.keep_scaled is None else probs * x.keep_scaled

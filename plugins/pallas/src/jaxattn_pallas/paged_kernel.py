@@ -14,7 +14,10 @@ meets the contract on top of it; in short, per call:
   layout in place, is the faster choice, and jaxattn ranks it first;
 * q (small): upcast to float32, scaled by ``softmax_scale`` and repeated once per term;
 * the page table clamped into the pool and padded to whole compute blocks, the lengths
-  clamped to the table and zeroed past ``num_seqs``; rows of length 0 are zeros.
+  clamped to the table and zeroed past ``num_seqs``; rows of length 0 are zeros;
+* the pool's rows no sequence reads (past a length, pages listed past a last page, unused
+  pages) zeroed in that copy (:func:`live_rows`): they may hold NaN, which the kernel's additive
+  mask and its ``p @ v`` would carry into the output.
 
 What it runs: it is the one Pallas TPU paged kernel that runs in TPU interpret mode on a CPU
 in jax 0.10.2 / 0.11.2 (the ragged kernel does not), so the conformance suite checks it there.
@@ -38,7 +41,7 @@ from jaxattn.tracing import traced_under, x64_off
 from .paged_kernel_rules import PagedKernelPlan, plan_paged_kernel
 from .ragged import cache_facts
 
-__all__ = ["paged_attention_decode", "plan_for"]
+__all__ = ["live_rows", "paged_attention_decode", "plan_for"]
 
 _NAME = "pallas_paged_attention_decode"
 
@@ -68,6 +71,21 @@ def _kernel_layout(pages: jax.Array, plan: PagedKernelPlan) -> jax.Array:
     if width:
         parts.append(jnp.zeros((*pages.shape[:-1], width), jnp.bfloat16))
     return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+
+
+def live_rows(table: jax.Array, lengths: jax.Array, num_pages: int, page_size: int) -> jax.Array:
+    """``(num_pages, page_size)`` bool: the pool's rows some sequence reads as one of its tokens.
+
+    The kernel masks keys past a length by adding a large negative number to their logits and
+    multiplies V by the resulting 0, so a NaN or Inf it loads (a row of a last page past the
+    length, a page listed past the last one: the contract lets both hold anything) poisons the
+    row. Every other row is zeroed, by a select, in the copy the kernel needs anyway; a page
+    that one sequence reads and another lists past its length stays (its rows are real data).
+    """
+    pages_per_seq = table.shape[1]
+    pos = jnp.arange(pages_per_seq * page_size, dtype=jnp.int32).reshape(pages_per_seq, page_size)
+    read = (pos[None] < lengths[:, None, None]).astype(jnp.int32)  # (B, pages_per_seq, page_size)
+    return jnp.zeros((num_pages, page_size), jnp.int32).at[table].max(read) > 0
 
 
 def plan_for(q: jax.Array, k_pages: jax.Array | None, v_pages: jax.Array | None, page_table: jax.Array, *,
@@ -137,8 +155,9 @@ def paged_attention_decode(
         k_pages, v_pages = kv_pages[:, :, 0::2], kv_pages[:, :, 1::2]
     assert k_pages is not None
     assert v_pages is not None
-    k = _kernel_layout(k_pages, plan)
-    v = _kernel_layout(v_pages, plan)
+    live = live_rows(table, lengths, num_pages, page_size)[:, :, None, None]
+    k = _kernel_layout(jnp.where(live, k_pages, jnp.zeros((), k_pages.dtype)), plan)
+    v = _kernel_layout(jnp.where(live, v_pages, jnp.zeros((), v_pages.dtype)), plan)
     qk = q.astype(jnp.float32) * jnp.float32(softmax_scale)
     qk = jnp.concatenate([qk] * plan.terms + [jnp.zeros((b, hq, plan.head_dim - plan.terms * d), jnp.float32)],
                          axis=-1)

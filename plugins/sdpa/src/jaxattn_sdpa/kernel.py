@@ -34,6 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxattn.errors import UnsupportedError
+from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
+from jaxattn.unread import zero_past_lengths
 
 from .cudnn import EMPTY_ROWS_GRAD, band_is_native, sink_columns
 from .translate import Band, band_row_valid, kv_band_restricts, padding_lengths, structural_band
@@ -182,7 +184,7 @@ def _kv_mask(kv_len: Array, t: int, s: int, causal: bool, window: tuple[int, int
     """``(B, 1, T, S)``: keys ``j < L_b``, with causal and the window aligned to ``L_b``."""
     pos = _kv_positions(kv_len, t)[:, None, :, None]
     j = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, s), 3)
-    keep = j < kv_len[:, None, None, None]
+    keep = (j < kv_len[:, None, None, None]) & (pos >= 0)  # a query at a negative position sees nothing
     if causal:
         keep = keep & (j <= pos)
     if window is not None:
@@ -202,7 +204,7 @@ def _kv_row_valid(kv_len: Array, t: int, causal: bool, window: tuple[int, int] |
         left, right = window
         first = jnp.maximum(first, pos - left)
         last = jnp.minimum(last, pos + right)
-    return (first <= last)[:, None, :]
+    return ((first <= last) & (pos >= 0))[:, None, :]
 
 
 def _show_key_zero(mask: Array, row_valid: Array) -> Array:
@@ -235,7 +237,8 @@ def _kv_lengths_operands(
     if native is not None:
         j = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, s), 3)
         visible = visible & (j < native[:, None, None, None])
-    row_valid = jnp.any(visible, axis=-1)
+    # A query at a negative position is no token of its sequence (native lengths would show it keys).
+    row_valid = jnp.any(visible, axis=-1) & (_kv_positions(kv_len, t) >= 0)[:, None, :]
     if sinks:  # the sink column is always visible: no row is ever empty for the kernel
         return [combined], native, row_valid
     return [_show_key_zero(combined, row_valid)], None if native is None else jnp.maximum(native, 1), row_valid
@@ -266,10 +269,20 @@ def sdpa_attention(
     _, t, hq, _ = q.shape
     s = k.shape[1]
     cudnn = implementation == "cudnn"
+    if kv_lengths is not None:  # the cache may hold NaN past a length: jax.nn would multiply it by 0
+        k, v = zero_past_lengths(k, v, jnp.clip(jnp.asarray(kv_lengths), 0, s))
+    softmax_aux, absorbed = split_absorbing_sinks(softmax_aux)
     # With kv_lengths the band depends on each sequence's length: _kv_lengths_operands has it.
     band = None if kv_lengths is not None else structural_band(t, s, causal, sliding_window)
 
     masks: list[Array] = [] if mask is None else [mask]
+    if bias is not None:
+        # jax.nn adds the bias and masks with a finite number: a row whose bias is -inf on
+        # every key is a softmax over nothing (NaN, in the output and every gradient). The
+        # contract calls such a row empty: a -inf bias entry becomes a hidden key, like a mask
+        # bit, so the row is found, shown key 0 and zeroed as every other empty row.
+        masks.append(bias > -jnp.inf)
+        bias = jnp.where(masks[-1], bias, jnp.zeros((), bias.dtype))
     lengths: tuple[np.ndarray, np.ndarray] | None = None
     if q_segment_ids is not None and kv_segment_ids is not None:
         q_ids, kv_ids = _on_host(q_segment_ids), _on_host(kv_segment_ids)
@@ -341,7 +354,7 @@ def sdpa_attention(
         out = jnp.where(keep, out, jnp.zeros((), out.dtype))
     if cudnn and causal and t > s:
         out = _no_cudnn_empty_rows_grad(out)
-    return out
+    return zero_absorbed_heads(out, absorbed, 2)
 
 
 def _cudnn_operands(mask: Array | None, bias: Array | None, q: Array, t: int, s: int) -> tuple[Any, Any]:

@@ -50,6 +50,8 @@ from jax import lax
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jax.typing import ArrayLike
 
+from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
+
 __all__ = [
     "DEFAULT_BLOCK_K",
     "DEFAULT_BLOCK_Q",
@@ -285,8 +287,9 @@ def _visible(st: _Static, plan: BlockPlan, pd: _Padded, r0: Array, c0: Array) ->
         # A cache of capacity S: each sequence ends at its own length (which also hides the
         # padded columns), and causal / the window align to it. (B, 1, 1, bq, bk).
         length = pd.kv_len[:, None, None, None, None]
-        keep = _and(keep, cols < length)
         aligned = rows + (length - plan.t)
+        # A query at a negative position (T > L) is no token of the sequence: it sees nothing.
+        keep = _and(keep, (cols < length) & (aligned >= 0))
     elif plan.s_padded != plan.s:
         keep = _and(keep, cols < plan.s)
     if st.causal:
@@ -301,6 +304,22 @@ def _visible(st: _Static, plan: BlockPlan, pd: _Padded, r0: Array, c0: Array) ->
         ks = lax.dynamic_slice_in_dim(pd.kv_seg, c0, plan.block_k, axis=1)
         keep = _and(keep, (qs[:, :, None] == ks[:, None, :])[:, None, None])
     return keep
+
+
+def _kv_tiles(plan: BlockPlan, pd: _Padded, c0: Array) -> tuple[Array, Array]:
+    """K and V of key block ``c0``; with lengths, positions past them are zeros.
+
+    A cache may hold anything past a length, NaN and Inf included (the contract): the logits'
+    mask hides such keys from the softmax, but ``p = 0`` times a NaN value is NaN in ``P @ V``
+    (and ``dS = 0`` times a NaN key in ``dq``), so they are replaced with a select.
+    """
+    kb = lax.dynamic_slice_in_dim(pd.k, c0, plan.block_k, axis=1)
+    vb = lax.dynamic_slice_in_dim(pd.v, c0, plan.block_k, axis=1)
+    if pd.kv_len is None:
+        return kb, vb
+    live = (c0 + lax.broadcasted_iota(jnp.int32, (1, plan.block_k), 1)) < pd.kv_len[:, None]  # (B, bk)
+    live = live[:, :, None, None]
+    return jnp.where(live, kb, jnp.zeros((), kb.dtype)), jnp.where(live, vb, jnp.zeros((), vb.dtype))
 
 
 def _logits(st: _Static, plan: BlockPlan, pd: _Padded, qb: Array, kb: Array, r0: Array, c0: Array,
@@ -409,8 +428,7 @@ def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux:
         def step(j: Array, state: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
             m, total, acc = state
             c0 = j * bk
-            kb = lax.dynamic_slice_in_dim(pd.k, c0, bk, axis=1)
-            vb = lax.dynamic_slice_in_dim(pd.v, c0, bk, axis=1)
+            kb, vb = _kv_tiles(plan, pd, c0)
             x, _ = _logits(st, plan, pd, qb, kb, r0, c0, sdtype)
             m_new = jnp.maximum(m, jnp.max(x, axis=-1))
             # A row with nothing visible so far shifts by 0, not -inf: exp() then gives 0, not NaN.
@@ -503,8 +521,7 @@ def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux
 
     def k_block(carry: tuple[Array, Array | None], j: Array) -> tuple[tuple[Array, Array | None], tuple[Array, Array]]:
         c0 = j * bk
-        kb = lax.dynamic_slice_in_dim(pd.k, c0, bk, axis=1)
-        vb = lax.dynamic_slice_in_dim(pd.v, c0, bk, axis=1)
+        kb, vb = _kv_tiles(plan, pd, c0)
 
         def step(i: Array, state: tuple[Array, Array, Array, Array | None]) -> tuple[Array, Array, Array, Array | None]:
             dk, dvv, dq, db = state
@@ -689,9 +706,9 @@ def blockwise_attention(
     )
     bias_g = None if bias is None else _split_heads(jnp.asarray(bias), hq, hkv, "bias")
     mask_g = None if mask is None else _split_heads(jnp.asarray(mask, dtype=bool), hq, hkv, "mask")
-    aux = None if softmax_aux is None else jnp.asarray(softmax_aux)
+    aux, absorbed = split_absorbing_sinks(softmax_aux)
     q_seg = None if q_segment_ids is None else jnp.asarray(q_segment_ids)
     kv_seg = None if kv_segment_ids is None else jnp.asarray(kv_segment_ids)
     kv_len = None if kv_lengths is None else jnp.clip(jnp.asarray(kv_lengths).astype(jnp.int32), 0, s)
     out, lse = _attend(st, q, k, v, bias_g, aux, mask_g, q_seg, kv_seg, rng, kv_len)
-    return BlockwiseResult(output=out, lse=lse)
+    return BlockwiseResult(output=zero_absorbed_heads(out, absorbed, 2), lse=lse)

@@ -19,6 +19,9 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
+from jaxattn.unread import zero_past_lengths
+
 __all__ = ["VanillaResult", "vanilla_attention"]
 
 Array = jax.Array
@@ -71,19 +74,18 @@ def _visibility(
     if mask is not None:
         visible = _split_heads(jnp.asarray(mask, dtype=bool), hq, hkv, "mask")
     j = jnp.arange(s)[None, :]
-    end: Any = s
+    # Each sequence's keys end at L: S, or its own length in a dense cache of capacity S.
+    end: Any = s if kv_lengths is None else jnp.asarray(kv_lengths)[:, None, None, None, None]
+    # Bottom-right alignment: query i sits at key position i + L - T.
+    aligned = jnp.arange(t)[:, None] + (end - t)
     if kv_lengths is not None:
-        # A dense cache of capacity S: each sequence's keys end at its own length.
-        end = jnp.asarray(kv_lengths)[:, None, None, None, None]  # (B, 1, 1, 1, 1)
-        visible = _and(visible, j < end)
-    if causal or sliding_window is not None:
-        # Bottom-right alignment: query i sits at key position i + L - T (L = S, or the length).
-        aligned = jnp.arange(t)[:, None] + (end - t)
-        if causal:
-            visible = _and(visible, j <= aligned)
-        if sliding_window is not None:
-            left, right = sliding_window
-            visible = _and(visible, (j >= aligned - left) & (j <= aligned + right))
+        # A query at a negative position (T > L) is no token of the sequence: it sees nothing.
+        visible = _and(visible, (j < end) & (aligned >= 0))
+    if causal:
+        visible = _and(visible, j <= aligned)
+    if sliding_window is not None:
+        left, right = sliding_window
+        visible = _and(visible, (j >= aligned - left) & (j <= aligned + right))
     if q_segment_ids is not None or kv_segment_ids is not None:
         if q_segment_ids is None or kv_segment_ids is None:
             raise ValueError("q_segment_ids and kv_segment_ids must be given together")
@@ -134,6 +136,9 @@ def vanilla_attention(
     if hq % hkv:
         raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}")
     groups = hq // hkv
+    if kv_lengths is not None:
+        k, v = zero_past_lengths(k, v, kv_lengths)  # the cache may hold NaN past a length
+    softmax_aux, absorbed = split_absorbing_sinks(softmax_aux)
     # Never compute the softmax narrower than the inputs (float64 tests stay float64).
     sdtype = jnp.promote_types(jnp.dtype(softmax_dtype), q.dtype)
     scale = float(d) ** -0.5 if softmax_scale is None else float(softmax_scale)
@@ -192,7 +197,8 @@ def vanilla_attention(
         preferred_element_type=jnp.promote_types(v.dtype, jnp.float32),
     )
     return VanillaResult(
-        output=out.reshape(b, t, hq, v.shape[-1]).astype(q.dtype),
-        weights=weights.reshape(b, hq, t, s).astype(q.dtype),
+        output=zero_absorbed_heads(out.reshape(b, t, hq, v.shape[-1]).astype(q.dtype), absorbed, 2),
+        weights=zero_absorbed_heads(weights.reshape(b, hq, t, s).astype(q.dtype), absorbed, 1),
         lse=lse.reshape(b, hq, t).astype(jnp.promote_types(sdtype, jnp.float32)),
     )
+
