@@ -40,6 +40,23 @@ def test_getting_started_examples_run_in_order() -> None:
     assert "auto ->" in result.stdout  # the explain() example printed its explanation
 
 
+@pytest.mark.slow
+def test_flax_page_examples_run_in_order() -> None:
+    pytest.importorskip("flax", reason="docs/flax.md's examples need flax (jaxattn[flax])")
+    code = "\n\n".join(_blocks("flax.md", "python"))
+    result = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True,
+                            timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "auto ->" in result.stdout  # the module's explain() printed its choice
+
+
+def test_flax_module_has_its_docstring() -> None:
+    pytest.importorskip("flax")
+    from jaxattn.flax import FlexibleAttentionModule
+
+    assert FlexibleAttentionModule.__doc__ and FlexibleAttentionModule.__doc__.startswith("Attention over BTHD")
+
+
 def _options(parser: argparse.ArgumentParser) -> set[str]:
     return {s for action in parser._actions for s in action.option_strings
             if s.startswith("--") and s != "--help"}

@@ -50,10 +50,6 @@ def _set(var: Any, value: Any) -> None:
 
 
 class FlexibleAttentionModule(nnx.Module):
-    cached_key: nnx.Cache[Any]
-    cached_value: nnx.Cache[Any]
-    cache_index: nnx.Cache[Any]
-
     """Attention over BTHD states through jaxattn's registry (``attention_mechanism="auto"`` by default).
 
     Args:
@@ -69,6 +65,12 @@ class FlexibleAttentionModule(nnx.Module):
         rngs: ``nnx.Rngs`` with a ``dropout`` stream, needed for dropout unless a call passes
             ``dropout_rng``.
     """
+
+    # Set by init_cache() only (the docstring must come first: a string after these
+    # annotations would be a bare expression, and __doc__ None).
+    cached_key: nnx.Cache[Any]
+    cached_value: nnx.Cache[Any]
+    cache_index: nnx.Cache[Any]
 
     def __init__(
         self,
@@ -215,7 +217,8 @@ class FlexibleAttentionModule(nnx.Module):
 
         Shapes: each batch size x sequence length, with the module's heads, head dim, causal
         flag and dtype. Backends that decline a shape get "declined" results, never an error.
-        ``jaxattn.bench.report`` turns the report into a table, JSON or a plot.
+        ``jaxattn.bench.report`` turns the report into tables or JSON (``report_dict``), and
+        ``jaxattn.bench.plot.write_plot`` that JSON into a PNG.
         """
         from jaxattn.bench import BenchConfig, BenchShape, run_bench
         from jaxattn.bench.backends import available_backends
