@@ -1,16 +1,21 @@
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import jaxattn
 from jaxattn import device as device_module
+from jaxattn.bench import runner as runner_module
+from jaxattn.bench.timing import samples_per_round
 from jaxattn.device import DeviceInfo
 from jaxattn.plugins import isolated_registry
 from jaxattn.tuning import cache as cache_module
 
+from .helpers import FakeTimer, Timer
 from .toys import ALL, reset_calls
 
 
@@ -43,5 +48,40 @@ def fake_device(monkeypatch: pytest.MonkeyPatch) -> Callable[[DeviceInfo], Devic
         monkeypatch.setattr(device_module, "_detect", lambda: info)
         cache_module.reload()
         return info
+
+    return use
+
+
+@pytest.fixture
+def fake_timer(monkeypatch: pytest.MonkeyPatch) -> FakeTimer:
+    """``fake_timer({impl: timer}, repeats, rounds)``: the benchmark runner's samples come from
+    the timers (what a quiet or a noisy machine would give), never from a clock."""
+    names: dict[int, str] = {}
+    counts: dict[int, int] = {}
+    rng = random.Random(0)
+    timers: dict[str, Timer] = {}
+    per_round: list[int] = []
+    real_compile = runner_module.compile_program
+
+    def compile_program(fn: Any, mode: str, args: Any) -> Any:
+        program = real_compile(fn, mode, args)
+        program.key = None  # never deduplicated: each impl keeps its own fake times
+        # bench.backends builds fn as a closure over the impl's name
+        cells = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ()), strict=True))
+        names[id(program)] = cells["name"]
+        return program
+
+    def run_sample(program: Any, args: Any, number: int) -> float:
+        n = counts[id(program)] = counts.get(id(program), -1) + 1
+        round_ = next(k for k in range(len(per_round)) if n < sum(per_round[:k + 1]))
+        name = names[id(program)]
+        return timers[name](name, round_, rng)
+
+    monkeypatch.setattr(runner_module, "compile_program", compile_program)
+    monkeypatch.setattr(runner_module, "run_sample", run_sample)
+
+    def use(impl_timers: dict[str, Timer], repeats: int, rounds: int) -> None:
+        timers.update(impl_timers)
+        per_round[:] = samples_per_round(repeats, rounds)
 
     return use

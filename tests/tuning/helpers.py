@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -10,6 +12,9 @@ import jax.numpy as jnp
 from jaxattn import AttentionProblem
 from jaxattn.plugins import RUNTIME_PLUGIN
 from jaxattn.tuning import Measurement, TuningCache
+
+Timer = Callable[[str, int, random.Random], float]  # (impl, round, rng) -> ms per call, for fake_timer
+FakeTimer = Callable[[dict[str, Timer], int, int], None]  # the fake_timer fixture: (timers, repeats, rounds)
 
 
 def qkv(t: int = 16, hq: int = 4, hkv: int = 4, d: int = 8, b: int = 2, dtype: Any = jnp.float32) -> tuple[Any, ...]:
@@ -34,3 +39,8 @@ def store(prob: AttentionProblem, *measurements: Measurement) -> TuningCache:
     cache.record(prob, measurements)
     cache.save()
     return cache
+
+
+def noisy(ms: float, jitter: float = 0.03) -> Timer:
+    """A fake timer: ``ms`` per call, give or take ``jitter`` (a quiet machine)."""
+    return lambda name, round_, rng: ms * (1 + rng.uniform(-jitter, jitter))

@@ -33,6 +33,7 @@ from .timing import (
     preroll,
     run_once,
     run_sample,
+    samples_per_round,
     size_samples,
 )
 
@@ -183,10 +184,7 @@ class _ShapeRun:
             except Exception as err:  # OOM or a kernel failure is a result, not a crash
                 result.status, result.reason = "failed", _first_line(err)
                 continue
-        repeats = max(1, self.config.repeats)
-        rounds = max(1, min(self.config.rounds, repeats))
-        for round_ in range(rounds):
-            count = repeats // rounds + (round_ < repeats % rounds)
+        for round_, count in enumerate(samples_per_round(self.config.repeats, self.config.rounds)):
             for result, program in runnable if round_ % 2 == 0 else runnable[::-1]:
                 if not result.ok:
                     continue

@@ -48,7 +48,9 @@ __all__ = [
     "program_key",
     "run_once",
     "run_sample",
+    "samples_per_round",
     "size_samples",
+    "split_rounds",
 ]
 
 AttentionFn = Callable[[Any, Any, Any], Any]
@@ -239,6 +241,23 @@ def calls_lasting(ms: float, one_call_ms: float, max_calls: int) -> int:
     if ms <= 0:
         return 0
     return max(1, min(max_calls, math.ceil(ms / max(one_call_ms, 1e-3))))
+
+
+def samples_per_round(repeats: int, rounds: int) -> list[int]:
+    """How ``repeats`` timed samples are spread over interleaved rounds (at most one round per
+    sample): as evenly as possible, the earlier rounds taking the remainder."""
+    repeats = max(1, repeats)
+    rounds = max(1, min(rounds, repeats))
+    return [repeats // rounds + (r < repeats % rounds) for r in range(rounds)]
+
+
+def split_rounds(times: list[float], repeats: int, rounds: int) -> list[list[float]]:
+    """A program's samples, in the order they were taken, grouped by round (see ``samples_per_round``)."""
+    out, start = [], 0
+    for count in samples_per_round(repeats, rounds):
+        out.append(times[start:start + count])
+        start += count
+    return out
 
 
 def median(times: list[float]) -> float:

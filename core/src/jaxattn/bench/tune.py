@@ -9,6 +9,7 @@ measurements. Module-level imports stay at argparse so ``jaxattn --help`` stays 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
 from .cli import add_matrix_arguments, add_run_arguments, platform_of, run_options, shapes_from_args
@@ -16,6 +17,7 @@ from .cli import add_matrix_arguments, add_run_arguments, platform_of, run_optio
 if TYPE_CHECKING:
     from ..cli._output import Printer
     from ..metadata import AttentionMetadata
+    from .results import BenchConfig, BenchResult
     from .shapes import BenchShape
 
 __all__ = ["HELP", "add_arguments", "run"]
@@ -23,9 +25,14 @@ __all__ = ["HELP", "add_arguments", "run"]
 HELP = "measure the backends for some shapes and store the timings for impl='auto'"
 
 
+#: More samples and rounds than ``bench``: what ``tune`` stores steers every later call, and a
+#: shape is stored only when its rounds agree (``jaxattn.tuning.stability``).
+TUNE_REPEATS, TUNE_ROUNDS = 15, 5
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_matrix_arguments(parser)
-    add_run_arguments(parser)
+    add_run_arguments(parser, repeats=TUNE_REPEATS, rounds=TUNE_ROUNDS)
     parser.add_argument("--impls", type=lambda t: [x.strip().lower() for x in t.split(",") if x.strip()],
                         help="comma-separated impls to measure (default: every impl usable here)")
     what = parser.add_mutually_exclusive_group()
@@ -36,10 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..cli._output import Printer
     from ..metadata import AttentionMetadata
-    from ..tuning.cache import active_cache
+    from ..tuning.cache import active_cache, check_writable, default_cache_path
 
     printer = Printer.from_args(args)
     metadata = AttentionMetadata()
+    if not args.show:
+        check_writable(default_cache_path())  # before anything is measured (TuningCacheError: one line, exit 2)
     cache = active_cache()
     if args.clear:
         cache.entries.clear()
@@ -48,7 +57,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.show:
         return _show(args, printer)
-    shapes = shapes_from_args(args, platform_of(metadata))
+    try:
+        shapes = shapes_from_args(args, platform_of(metadata))
+    except ValueError as err:
+        print(f"jaxattn tune: error: {err}", file=sys.stderr)
+        return 2
     return _tune(args, shapes, metadata, printer)
 
 
@@ -57,26 +70,56 @@ def _tune(args: argparse.Namespace, shapes: list[BenchShape], metadata: Attentio
     from ..tuning.cache import active_cache
     from .backends import available_backends
     from .progress import Progress
+    from .record import record_results
     from .results import BenchConfig
     from .runner import run_bench
 
     backends = [n for n in (args.impls or available_backends(metadata)) if n != "auto"]
-    # record_tuning: stored shape by shape, so an interrupted run keeps what it measured
-    config = BenchConfig(shapes=shapes, backends=backends, reference=None, record_tuning=True,
-                         **run_options(args, metadata))
+    config = BenchConfig(shapes=shapes, backends=backends, reference=None, **run_options(args, metadata))
     progress = Progress.choose(args.progress)
-    progress.line(f"jaxattn tune: {len(shapes)} shapes x {', '.join(backends)}; cache {active_cache().path}")
-    report = run_bench(config, progress)
+    progress.line(f"jaxattn tune: {len(shapes)} shapes x {', '.join(backends)}, {config.repeats} samples in "
+                  f"{config.rounds} rounds; cache {active_cache().path}")
+    unstable: dict[BenchShape, list[str]] = {}
+
+    def store(results: list[BenchResult]) -> None:
+        # Shape by shape, so an interrupted run keeps what it measured; only steady timings.
+        shape = results[-1].shape
+        reasons = unstable_shape(config, [r for r in results if r.shape == shape])
+        if reasons:
+            unstable[shape] = reasons
+            progress.line(f"not stored: {shape.label}: {'; '.join(reasons)}")
+        else:
+            record_results(shape, [r for r in results if r.shape == shape], metadata)
+
+    report = run_bench(config, progress, on_shape=store)
     if args.json:
         from ..cli._output import dump_json
 
-        dump_json(_picks(shapes, metadata))
+        dump_json([{**row, "stored": shape not in unstable, "unstable": unstable.get(shape, [])}
+                   for shape, row in zip(shapes, _picks(shapes, metadata), strict=True)])
         return 0
     _print_picks(printer, shapes, metadata, f"auto's picks after tuning ({report.elapsed_s:.0f} s)")
     for note in report.notes:
         printer.line(f"note: {note}")
+    for shape, reasons in unstable.items():
+        printer.line(f"not stored (timings too noisy, nothing written): {shape.label}: {'; '.join(reasons)}")
+    if unstable:
+        printer.line("measure those shapes again on a quieter machine, or with more --rounds and --repeats")
     printer.line(f"tuning cache: {active_cache().path}")
     return 0
+
+
+def unstable_shape(config: BenchConfig, results: list[BenchResult]) -> list[str]:
+    """Why one shape's timings should not be stored (``jaxattn.tuning.stability``), per mode."""
+    from ..tuning.stability import unstable_reasons
+    from .timing import split_rounds
+
+    reasons = []
+    for mode in config.modes:
+        rounds = {r.backend: split_rounds(r.times_ms, config.repeats, config.rounds)
+                  for r in results if r.mode == mode and r.ok and r.same_program_as is None}
+        reasons += [f"{mode}: {why}" for why in unstable_reasons(rounds)]
+    return reasons
 
 
 def _picks(shapes: list[BenchShape], metadata: AttentionMetadata) -> list[dict[str, str | None]]:
