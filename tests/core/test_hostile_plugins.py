@@ -145,6 +145,32 @@ class Misshapen(PlainImpl):
         return jaxattn.AttentionOutput(out.attention_outputs[:, :, :1])
 
 
+class MisshapenPaged(PagedReference):
+    """A paged backend first in auto's ranking that drops the last query row."""
+
+    priority: ClassVar[int] = 1000
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "misshapen_paged"
+
+    def forward_native(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> jaxattn.AttentionOutput:
+        return jaxattn.AttentionOutput(super().forward_native(q, k_pages, v_pages, **features).attention_outputs[:-1])
+
+
+class Crashy(PlainImpl):
+    """First in auto's ranking; its own checks raise."""
+
+    priority: ClassVar[int] = 1000
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "crashy"
+
+    def not_supported_reasons(self, problem: Any) -> list[str]:
+        raise RuntimeError("checks exploded")
+
+
 class NanImpl(jaxattn.AttentionImpl):
     """Declares plain attention everywhere and returns NaN."""
 
@@ -400,11 +426,37 @@ def test_auto_skips_a_backend_returning_the_wrong_shape(install: Installer, jit:
         jaxattn.attention(q, k, v, causal=True, impl="misshapen")
 
 
-def test_auto_with_nothing_else_left_raises_every_reason(empty_registry: None) -> None:
+@pytest.mark.usefixtures("empty_registry")
+def test_auto_with_nothing_else_left_raises_every_reason() -> None:
     jaxattn.register_impl(Misshapen)
     q, k, v = qkv()
     with pytest.raises(jaxattn.UnsupportedError, match=r"misshapen: .*shape \(1, 3, 1, 8\)"):
         jaxattn.attention(q, k, v, causal=True)
+
+
+@pytest.mark.usefixtures("empty_registry")
+def test_auto_skips_a_paged_backend_returning_the_wrong_shape() -> None:
+    jaxattn.register_impl(PagedReference)
+    jaxattn.register_impl(MisshapenPaged)
+    rng = np.random.default_rng(0)
+    pages = [jnp.asarray(rng.standard_normal((6, 4, 2, 8)), jnp.float32) for _ in range(2)]
+    q = jnp.asarray(rng.standard_normal((2, 4, 8)), jnp.float32)
+    table, lengths = jnp.asarray([[0, 1, 2], [3, 4, 5]], jnp.int32), jnp.asarray([9, 5], jnp.int32)
+    got = jaxattn.paged_attention(q, *pages, table, lengths)
+    want = jaxattn.paged_attention(q, *pages, table, lengths, impl="vanilla_paged")
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    with pytest.raises(PluginError, match="misshapen_paged"):
+        jaxattn.paged_attention(q, *pages, table, lengths, impl="misshapen_paged")
+
+
+@pytest.mark.usefixtures("empty_registry")
+def test_auto_declines_a_backend_whose_checks_raise() -> None:
+    jaxattn.register_impl(PlainImpl)
+    jaxattn.register_impl(Crashy)
+    q, k, v = qkv()
+    assert_right(jaxattn.attention(q, k, v, causal=True), q, k, v, causal=True)
+    row = next(c for c in jaxattn.explain(q, k, v, causal=True).candidates if c.name == "crashy")
+    assert row.reasons == ("raised RuntimeError while checking the call: checks exploded",)
 
 
 # -- NaN: the conformance kit flags it -----------------------------------------------------

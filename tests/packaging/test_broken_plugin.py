@@ -1,4 +1,5 @@
-"""A plugin whose module fails to import, installed next to working ones in a fresh venv."""
+"""Plugins whose modules fail to import (one raises ImportError, one calls sys.exit()),
+installed next to working ones in a fresh venv."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fresh_venvs")]
 
 REQUIREMENTS = ("jaxattn-vanilla", "jaxattn-example-plugin", "jaxattn-broken-plugin")
 CAUSE = "cannot import name '_kernels'"
+EXIT = "SystemExit: jaxattn_broken.exits: exiting at import"
 
 # Inside the fresh environment: the others keep working, the failure is warned about
 # exactly once however often the registry is used, and asking for it re-raises the cause.
@@ -34,7 +36,8 @@ assert rows["broken"].status == "broken", rows["broken"]
 assert rows["broken"].distribution == "jaxattn-broken-plugin", rows["broken"]
 assert "CAUSE" in rows["broken"].reason, rows["broken"].reason
 assert rows["vanilla"].status == rows["example"].status == "ok"
-mentions = [w for w in caught if "broken" in str(w.message)]
+assert rows["exits"].status == "broken" and "EXIT" in rows["exits"].reason, rows["exits"]
+mentions = [w for w in caught if "'broken'" in str(w.message)]
 assert len(mentions) == 1, [str(w.message) for w in caught]
 assert "CAUSE" in str(mentions[0].message), str(mentions[0].message)
 
@@ -46,7 +49,7 @@ except jaxattn.PluginError as err:
 else:
     raise AssertionError("asking for the broken plugin by name did not raise")
 print("broken plugin isolated")
-""".replace("CAUSE", CAUSE)
+""".replace("CAUSE", CAUSE).replace("EXIT", EXIT)
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +68,7 @@ def test_info_reports_it_with_its_cause(venv: Venv) -> None:
     assert plugins["broken"]["distribution"] == "jaxattn-broken-plugin"
     assert CAUSE in plugins["broken"]["reason"]
     assert plugins["vanilla"]["status"] == plugins["example"]["status"] == "ok"
+    assert plugins["exits"]["status"] == "broken" and EXIT in plugins["exits"]["reason"]
     assert any(CAUSE in w for w in info["warnings"])
 
     text = venv.script("jaxattn", "info", "--plain").stdout
@@ -88,6 +92,6 @@ def test_strict_plugins_make_it_fatal(venv: Venv) -> None:
 
 def test_disabling_it_silences_it(venv: Venv) -> None:
     code = ("import warnings, jaxattn\nwarnings.simplefilter('error')\n"
-            "print({r.name: r.status for r in jaxattn.list_impls()}['broken'])")
-    result = venv.run("-c", code, env={"JAXATTN_DISABLE_PLUGINS": "broken"})
-    assert result.stdout.strip() == "disabled"
+            "rows = {r.name: r.status for r in jaxattn.list_impls()}\nprint(rows['broken'], rows['exits'])")
+    result = venv.run("-c", code, env={"JAXATTN_DISABLE_PLUGINS": "broken,exits"})
+    assert result.stdout.strip() == "disabled disabled"
