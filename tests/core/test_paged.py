@@ -237,3 +237,76 @@ def test_a_directly_constructed_reference_runs_on_its_own() -> None:
                num_seqs=jnp.asarray([2], jnp.int32))
     np.testing.assert_allclose(out.attention_outputs, call_ragged(), atol=1e-6)
     assert Feature.RAGGED in impl.features and Feature.RAGGED not in DecodeOnly.features
+
+
+def poisoned_cache(value: float) -> tuple[Any, Any]:
+    """``cache()`` with every position ``ragged_args``' call never reads set to ``value``: rows
+    of a last page at and past the length, the page listed past sequence 1's last one, and
+    the pages no sequence lists."""
+    k, v = (np.array(x) for x in cache())
+    for x in (k, v):
+        x[0, 1:] = value  # sequence 0 (9 tokens in pages 3, 1, 0): page 0 holds token 8 only
+        x[2, 2:] = value  # sequence 1 (6 tokens in pages 5, 2): page 2 holds tokens 4 and 5
+        x[[7, 4, 6]] = value  # listed past sequence 1's last page; never listed
+    return jnp.asarray(k), jnp.asarray(v)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("form", ["ragged", "decode"])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+def test_unread_cache_positions_may_hold_any_bit_pattern(value: float, form: str, jit: bool) -> None:
+    a = ragged_args(q=jnp.asarray(np.random.default_rng(1).normal(size=(5, 4, 8)), jnp.float32))
+    if form == "decode":  # one query per sequence: T = 1
+        a.update(q=a["q"][:2], cu_q_lens=jnp.asarray([0, 1, 2], jnp.int32))
+    clean = cache()
+    k, v = poisoned_cache(value)
+    want = oracle.paged_attention(np.asarray(a["q"]), *(np.asarray(x) for x in clean), np.asarray(a["page_table"]),
+                                  np.asarray(a["kv_lengths"]), np.asarray(a["cu_q_lens"]), np.asarray([2]))
+
+    def run(q: Any, k: Any, v: Any) -> Any:
+        if form == "decode":
+            return jaxattn.paged_attention(q, k, v, a["page_table"], a["kv_lengths"])
+        return jaxattn.ragged_paged_attention(q, k, v, a["page_table"], a["kv_lengths"], a["cu_q_lens"], 2)
+
+    got = np.asarray((jax.jit(run) if jit else run)(a["q"], k, v))
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+@pytest.mark.parametrize("form", ["ragged", "decode"])
+def test_infinite_sinks_take_the_whole_mass_or_nothing(form: str) -> None:
+    a = ragged_args(q=jnp.asarray(np.random.default_rng(1).normal(size=(5, 4, 8)), jnp.float32))
+    if form == "decode":
+        a.update(q=a["q"][:2], cu_q_lens=jnp.asarray([0, 1, 2], jnp.int32))
+    aux = jnp.asarray([np.inf, 0.5, -np.inf, 1.0], jnp.float32)
+    got = np.asarray(call_ragged(softmax_aux=aux, **{n: a[n] for n in ("q", "cu_q_lens")}))
+    want = oracle.paged_attention(*(np.asarray(a[n]) for n in ("q", "k_pages", "v_pages", "page_table",
+                                                               "kv_lengths", "cu_q_lens")), np.asarray([2]),
+                                  softmax_aux=np.asarray(aux))
+    assert np.isfinite(got).all() and not got[:, 0].any()
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+@pytest.mark.parametrize("w", [0, 1, 3])
+def test_a_window_of_w_shows_the_query_and_the_w_keys_before_it(w: int) -> None:
+    """One sequence of 9 tokens, V one-hot by position: each output row is the probabilities
+    over positions, so the keys a query sees are the positions its row puts mass on. A pair
+    ``(w, right)`` is the same window: paged calls are causal, so ``right`` hides nothing more."""
+    k, _ = cache()
+    v = jnp.zeros((8, 4, 2, 12), jnp.float32)
+    table = jnp.asarray([[3, 1, 0]], jnp.int32)
+    for pos in range(9):  # token pos lives in page table[0, pos // 4], row pos % 4
+        v = v.at[int(table[0, pos // 4]), pos % 4, :, pos].set(1.0)
+    q = jnp.asarray(np.random.default_rng(4).normal(size=(3, 4, 8)), jnp.float32)  # positions 6, 7, 8
+
+    def seen(window: Any) -> np.ndarray:
+        out = jaxattn.ragged_paged_attention(q, k, v, table, jnp.asarray([9], jnp.int32), jnp.asarray([0, 3]), 1,
+                                             sliding_window=window)
+        return np.asarray(out) > 0  # (rows, heads, positions)
+
+    for row, pos in enumerate((6, 7, 8)):
+        want = np.zeros(12, bool)
+        want[max(0, pos - w): pos + 1] = True  # w + 1 keys: the query's own position and w before it
+        assert (seen(w)[row] == want).all(), (row, seen(w)[row, 0])
+    for right in (0, 2):
+        np.testing.assert_array_equal(seen((w, right)), seen(w))

@@ -14,12 +14,17 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
+import jaxattn
 from jaxattn.metadata import AttentionMetadata
+from jaxattn.testing import oracle
 from jaxattn.testing.paged_cases import make_paged_inputs
 from jaxattn.testing.paged_conformance import PagedConformanceSuite, _to_jax
 from jaxattn_pallas import paged_rules
+from jaxattn_pallas.paged_kernel import live_rows
 
 INTERPRET = AttentionMetadata(platform="tpu", interpret=True)
 
@@ -58,3 +63,27 @@ class TestRaggedPageAttentionInterpret(PagedConformanceSuite):
                 continue
             reasons = self._supports(case, _to_jax(make_paged_inputs(case, "bfloat16"), "bfloat16"))
             assert len(reasons) == 1, (case.name, reasons)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+def test_page_attention_never_reads_unread_positions_into_the_output(value: float) -> None:
+    """The kernel adds a large negative number to hidden logits and multiplies V by the zero
+    probabilities: a NaN or Inf it loads would poison the row. Rows of a last page past the
+    length, pages listed past a sequence's last page, and unused pages may hold anything."""
+    rng = np.random.default_rng(0)
+    k, v = (rng.normal(size=(10, 4, 2, 8)).astype(np.float32) for _ in range(2))
+    table = np.array([[3, 1, 7], [5, 2, 8]], np.int32)  # 6 tokens in pages 3, 1; 3 tokens in page 5
+    lengths = np.array([6, 3], np.int32)
+    kp, vp = k.copy(), v.copy()
+    for x in (kp, vp):
+        x[[7, 2, 8, 0]] = value  # past the last page, or in no table at all
+        x[1, 2:] = value
+        x[5, 3:] = value
+    live = np.asarray(live_rows(jnp.asarray(table), jnp.asarray(lengths), 10, 4))
+    assert live.sum() == 9 and live[3].all() and live[1, :2].all() and live[5, :3].all()
+    q = rng.normal(size=(2, 4, 8)).astype(np.float32)
+    got = np.asarray(jaxattn.paged_attention(jnp.asarray(q), jnp.asarray(kp), jnp.asarray(vp), jnp.asarray(table),
+                                             jnp.asarray(lengths), impl="page_attention", metadata=INTERPRET))
+    want = oracle.paged_attention(q, k, v, table, lengths, np.arange(3), np.asarray([2]))
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, atol=2e-5)

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from jaxattn.quantize import dequantize_visible
+from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
 
 from .reference import vanilla_attention
 
@@ -72,8 +73,11 @@ def _ragged(q: Array, k_seq: Array, v_seq: Array, seq: Array, pos: Array, valid:
 
     def one(row: tuple[Array, Array, Array, Array]) -> Array:
         qr, sr, pr, vr = row  # (Hq, D), the row's sequence, position, validity
-        k, v = k_seq[sr], v_seq[sr]  # (S, Hkv, D|Dv)
-        visible = vr & (j <= pr) & (j < lengths[sr])
+        # Positions past the length (rows of the last page, pages past it) may hold NaN: the
+        # logits' mask hides them from the softmax, a select keeps them out of P @ V (0 * NaN).
+        live = j < lengths[sr]
+        k, v = k_seq[sr], jnp.where(live[:, None, None], v_seq[sr], jnp.zeros((), v_seq.dtype))  # (S, Hkv, D|Dv)
+        visible = vr & (j <= pr) & live
         if window is not None:
             visible &= j >= pr - window
         logits = jnp.einsum("kgd,skd->kgs", qr.reshape(hkv, groups, d), k, preferred_element_type=sdtype)
@@ -151,10 +155,10 @@ def paged_reference(
     valid = (rows < cu[count]) & (seq < count)
     q_len = cu[seq + 1] - cu[seq]
     pos = lengths[seq] - q_len + (rows - cu[seq])
-    aux = None
-    if softmax_aux is not None:
+    aux, absorbed = split_absorbing_sinks(softmax_aux)  # a +inf sink zeroes its head
+    if aux is not None:
         hkv = k_seq.shape[2]
-        aux = softmax_aux.astype(sdtype).reshape(hkv, hq // hkv)
+        aux = aux.astype(sdtype).reshape(hkv, hq // hkv)
     out = _ragged(q, k_seq, v_seq, seq, pos, valid, lengths, scale=softmax_scale, cap=logits_soft_cap,
                   window=sliding_window, aux=aux, sdtype=sdtype)
-    return jnp.where(valid[:, None, None], out, 0).astype(out_dtype)
+    return zero_absorbed_heads(jnp.where(valid[:, None, None], out, 0), absorbed, 1).astype(out_dtype)
