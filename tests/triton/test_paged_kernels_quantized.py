@@ -266,3 +266,18 @@ def test_spec_declines_bad_quantized_specs() -> None:
     # The 16-bit path is not specialised: no scale mode, as before the quantized kernels.
     launch = LP.attention(LP.PagedSpec(**kw), LP.PagedTiles(1, 2, 16, 4, 1, 1))
     assert launch.constexprs["K_QUANT"] == launch.constexprs["V_QUANT"] == 0
+
+
+def test_default_tiles_of_a_quantized_cache() -> None:
+    # One byte per value: the decode tiles take twice the tokens (the same bytes per stage) and
+    # 8 warps, one wave (16 sequences) and 4 KV heads per program (64 sequences) alike; the
+    # bf16 tiles of the same calls are unchanged.
+    for batch, bf16, quantized in ((16, (128, 8, 1), (256, 8, 1)), (64, (32, 4, 4), (64, 8, 4))):
+        spec = LP.PagedSpec(
+            num_tokens=batch, max_seqs=batch, q_len=1, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
+            dtype="bfloat16", num_pages=batch * 2048, page_size=16, pages_per_seq=2048,
+        )  # fmt: skip
+        for fmt in (None, "int8", "float8_e4m3fn"):
+            tiles = LP.default_tiles(dataclasses.replace(spec, cache_dtype=fmt, k_scale=(0, 0, 0) if fmt else None))
+            assert (tiles.block_n, tiles.num_warps, tiles.kv_heads) == (quantized if fmt else bf16), (batch, fmt)
+            assert tiles.num_splits == 1
