@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 from pathlib import Path
 
 import nox
@@ -72,15 +71,9 @@ def docs(session: nox.Session) -> None:
 
 
 def build_wheels(session: nox.Session) -> list[Path]:
-    """Build every workspace package's wheel into a clean wheelhouse/."""
-    shutil.rmtree(WHEELHOUSE, ignore_errors=True)
-    WHEELHOUSE.mkdir()
-    for package in workspace_packages():
-        session.run("python", "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "--wheel-dir", str(WHEELHOUSE), str(package))
-    wheels = sorted(WHEELHOUSE.glob("*.whl"))
-    session.log("built " + ", ".join(w.name for w in wheels))
-    return wheels
+    """Build every workspace package's wheel into a clean wheelhouse/ (``run.py wheels``)."""
+    session.run("python", str(ROOT / "run.py"), "wheels", "--out", str(WHEELHOUSE))
+    return sorted(WHEELHOUSE.glob("*.whl"))
 
 
 @nox.session

@@ -1,26 +1,39 @@
 #!/usr/bin/env python3
 """Bootstrap for a fresh machine: only Python 3.11+ and pip are needed.
 
-    python3 run.py demo      # attention through the registry: which backend ran, and why
-    python3 run.py test      # the whole test suite (extra arguments go to pytest)
-    python3 run.py install   # only create/refresh the environment (add --test for test deps)
+    python3 run.py demo              # attention through the registry: which backend ran, and why
+    python3 run.py test              # the whole test suite (extra arguments go to pytest)
+    python3 run.py test --no-torch   # all but the Triton-interpreter tests, without torch and triton
+    python3 run.py install           # only create/refresh the environment (add --test for test deps)
+    python3 run.py wheels            # every package's wheel into wheelhouse/, to install from:
+                                     #   pip install --find-links wheelhouse "jaxattn[cpu]"
 
 It creates ``.venv`` next to this file, installs every workspace package (``core`` and
 ``plugins/*``) in editable mode plus the dependency groups of the root ``pyproject.toml``,
 and runs the command inside it. The install is skipped when nothing it depends on changed
 (a hash of the pyprojects, this script and the venv's Python is kept in the venv), so a
 second run starts at once. Standard library only: this runs before anything is installed.
+
+torch is needed only by the Triton-interpreter tests (pytest marker ``triton``), which
+launch the kernels on torch CPU tensors. Where pip would resolve the pinned torch to a CUDA
+build (several GB of nvidia wheels: Linux with only PyPI in sight), the CPU build comes from
+PyTorch's CPU wheel index instead; where the pinned version resolves without nvidia wheels
+(macOS, or a machine whose pip already finds a CPU build), nothing changes.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import venv
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -28,11 +41,18 @@ VENV = ROOT / ".venv"
 STAMP = VENV / "jaxattn-install.json"
 MIN_PYTHON = (3, 11)
 
+WHEELHOUSE = ROOT / "wheelhouse"
+
 # Dependency groups (root pyproject) each profile installs besides the workspace packages.
 PROFILES: dict[str, tuple[str, ...]] = {
     "demo": (),
     "test": ("test", "kernels-cpu"),
+    "test-no-torch": ("test",),
 }
+#: What ``test --no-torch`` leaves out: the tests of this marker need torch and triton.
+NO_TORCH_MARKER = "triton"
+#: PyTorch's index of CPU-only wheels (Linux and Windows; ``+cpu`` local versions).
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 def venv_python() -> Path:
@@ -68,6 +88,37 @@ def requirements_for(profile: str) -> list[str]:
     for group in PROFILES[profile]:
         requirements.extend(dependency_group(groups, group))
     return requirements
+
+
+def cpu_torch(requirements: Sequence[str], report: dict[str, object]) -> tuple[list[str], list[str]]:
+    """``(requirements, extra pip arguments)`` that get torch's CPU build.
+
+    ``report`` is pip's ``--dry-run --report`` for ``requirements``: when it would install
+    nvidia wheels (the CUDA build of torch), the pinned ``torch==V`` becomes ``torch==V+cpu``
+    from PyTorch's CPU index; otherwise the requirements stand as they are.
+    """
+    installs = report.get("install")
+    names = [str(item.get("metadata", {}).get("name", "")).lower()
+             for item in (installs if isinstance(installs, list) else [])]
+    if not any(name.startswith("nvidia-") for name in names):
+        return list(requirements), []
+    pinned = [re.sub(r"^(torch==[0-9][0-9.]*)$", r"\1+cpu", r) for r in requirements]
+    return pinned, ["--extra-index-url", TORCH_CPU_INDEX]
+
+
+def _torch_choice(python: Path, requirements: list[str]) -> tuple[list[str], list[str]]:
+    """Ask pip (a dry run: metadata only) whether the requirements pull a CUDA torch."""
+    if not any(r.startswith("torch") for r in requirements):
+        return requirements, []
+    done = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "--quiet",
+                           "--dry-run", "--ignore-installed", "--report", "-",
+                           *[r for r in requirements if r.startswith(("torch", "triton"))]],
+                          capture_output=True, text=True, check=False)
+    try:
+        report = json.loads(done.stdout) if done.returncode == 0 else {}
+    except ValueError:
+        report = {}
+    return cpu_torch(requirements, report)
 
 
 def install_hash(profile: str, packages: list[Path]) -> str:
@@ -106,21 +157,24 @@ def ensure_environment(profile: str) -> Path:
     packages = workspace_packages()
     wanted = install_hash(profile, packages)
     stamp = read_stamp()
-    # The test profile includes the demo's packages, so a current test install serves both.
-    if stamp.get(profile) == wanted or (profile == "demo" and stamp.get("test") == (
-        install_hash("test", packages)
-    )):
+    # A current install of a profile with more groups serves this one (test serves demo).
+    if stamp.get(profile) == wanted or any(
+        set(PROFILES[profile]) <= set(groups) and stamp.get(other) == install_hash(other, packages)
+        for other, groups in PROFILES.items() if other != profile
+    ):
         return python
 
-    requirements = requirements_for(profile)
+    requirements, index = _torch_choice(python, requirements_for(profile))
     names = ", ".join(p.relative_to(ROOT).as_posix() for p in packages)
     print(f"run.py: installing {names} (editable)"
           + (f" and {len(requirements)} {profile} requirements" if requirements else "")
-          + "; the first time this downloads jax and friends and takes a few minutes",
+          + (f" (torch's CPU build from {TORCH_CPU_INDEX})" if index else "")
+          + "; the first time this downloads " + ("jax, torch and triton (about 0.5 GB)" if "kernels-cpu" in
+                                                   PROFILES[profile] else "jax and friends (about 0.15 GB)"),
           flush=True)
     editable = [arg for p in packages for arg in ("-e", str(p))]
     command = [str(python), "-m", "pip", "install", "--disable-pip-version-check",
-               "--quiet", *editable, *requirements]
+               "--quiet", *index, *editable, *requirements]
     # Drop the stamp first: an interrupted install must not look complete next time.
     STAMP.unlink(missing_ok=True)
     result = subprocess.run(command, cwd=ROOT, check=False)
@@ -131,6 +185,35 @@ def ensure_environment(profile: str) -> Path:
     stamp[profile] = wanted
     STAMP.write_text(json.dumps(stamp, indent=2))
     return python
+
+
+def build_wheels(python: str, target: Path, packages: Sequence[Path] | None = None,
+                 isolation: bool | None = None) -> list[Path]:
+    """Build one wheel per package (default: every workspace package) into ``target`` with
+    ``python -m pip wheel``; returns the wheels. Without build isolation when ``python``
+    has hatchling (no download), else pip fetches it into an isolated build environment."""
+    target.mkdir(parents=True, exist_ok=True)
+    if isolation is None:
+        isolation = importlib.util.find_spec("hatchling") is None or python != sys.executable
+    command = [python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--disable-pip-version-check",
+               *([] if isolation else ["--no-build-isolation"]), "--wheel-dir", str(target),
+               *map(str, packages or workspace_packages())]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"run.py: building wheels failed (pip exit code {done.returncode}):\n"
+                         f"{done.stdout}{done.stderr}")
+    return sorted(target.glob("*.whl"))
+
+
+def wheels(target: Path) -> int:
+    """``run.py wheels``: a fresh wheelhouse of every workspace package, and how to install from it."""
+    shutil.rmtree(target, ignore_errors=True)
+    built = build_wheels(sys.executable, target)
+    where = os.path.relpath(target, Path.cwd())
+    print("\n".join(f"built {w.name}" for w in built))
+    print(f"install from it (pip finds jax and the other dependencies on the index):\n"
+          f'  pip install --find-links {where} "jaxattn[cpu]"    # or [gpu], [tpu], [ring], plain jaxattn')
+    return 0
 
 
 def run_in_venv(python: Path, args: list[str]) -> int:
@@ -151,9 +234,14 @@ def main(argv: list[str] | None = None) -> int:
         prog="run.py", description="Set up .venv and run the jaxattn demo or test suite.")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="compute attention through the registry (python -m jaxattn.demo)")
-    commands.add_parser("test", help="run the whole test suite (extra arguments go to pytest)")
+    test = commands.add_parser("test", help="run the whole test suite (extra arguments go to pytest)")
+    test.add_argument("--no-torch", action="store_true",
+                      help=f"neither install torch and triton nor run the tests that need them (marker "
+                           f"'{NO_TORCH_MARKER}': the Triton kernels in the interpreter)")
     install = commands.add_parser("install", help="only create or refresh .venv")
     install.add_argument("--test", action="store_true", help="include the test dependencies")
+    build = commands.add_parser("wheels", help="build every package's wheel into wheelhouse/")
+    build.add_argument("--out", type=Path, default=WHEELHOUSE, help="where (default: wheelhouse/)")
     args, rest = parser.parse_known_args(argv)
 
     if args.command == "install":
@@ -161,8 +249,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         ensure_environment("test" if args.test else "demo")
         return 0
+    if args.command == "wheels":
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return wheels(args.out.resolve())
     if args.command == "demo":
         return run_in_venv(ensure_environment("demo"), ["-m", "jaxattn.demo", *rest])
+    if args.no_torch:
+        return run_in_venv(ensure_environment("test-no-torch"),
+                           ["-m", "pytest", "-m", f"not {NO_TORCH_MARKER}", *rest])
     return run_in_venv(ensure_environment("test"), ["-m", "pytest", *rest])
 
 

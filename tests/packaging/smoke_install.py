@@ -67,6 +67,20 @@ def main() -> int:
     assert expected <= names, f"missing impls {sorted(expected - names)}; installed: {sorted(names)}"
     print(f"ok: impls {sorted(names) or 'none'} from {sorted(dists) or 'no plugin'}")
 
+    # What `jaxattn info` reports: each plugin installed from a wheel, loaded from site-packages;
+    # and still no kernel library imported.
+    from jaxattn.cli.info import collect
+
+    info = collect()
+    for plugin in info["plugins"]:
+        assert plugin["install"] == "wheel", f"info says {plugin['name']} is {plugin['install']!r}, not 'wheel'"
+        assert Path(plugin["path"]).resolve().is_relative_to(site), f"{plugin['name']} loaded from {plugin['path']}"
+    loaded = sorted(set(_kernel_modules_loaded()) - set(preloaded))
+    assert not loaded, f"jaxattn info imported kernel libraries: {loaded}"
+    if not rows:
+        assert info["default"]["impl"] is None and "nothing can run" in info["default"]["error"], info["default"]
+    print(f"ok: info reports {len(info['plugins'])} plugins installed from wheels, imports no kernel library")
+
     import jax
     import numpy as np
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -24,6 +25,7 @@ import sys
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 
 from packaging.requirements import Requirement
 
@@ -46,15 +48,23 @@ def _uv() -> str:
     return str(find_uv_bin())
 
 
+def run_py() -> ModuleType:
+    """The checkout's ``run.py`` as a module: the one place wheels are built (``run.py wheels``)."""
+    spec = importlib.util.spec_from_file_location("jaxattn_run_py", REPO / "run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def build_wheelhouse(target: Path, packages: Iterable[Path]) -> list[Path]:
-    """Build one wheel per package into ``target`` with the running interpreter's hatchling."""
-    target.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-               "--disable-pip-version-check", "--wheel-dir", str(target), *map(str, packages)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise AssertionError(f"building wheels failed:\n{done.stdout}\n{done.stderr}")
-    return sorted(target.glob("*.whl"))
+    """Build one wheel per package into ``target`` as ``python3 run.py wheels`` does, with the
+    running interpreter's hatchling (no build isolation: no download)."""
+    try:
+        wheels: list[Path] = run_py().build_wheels(sys.executable, target, list(packages), isolation=False)
+    except SystemExit as err:
+        raise AssertionError(str(err)) from None
+    return wheels
 
 
 def write_constraints(path: Path, exclude_prefix: str = "jaxattn") -> Path:
