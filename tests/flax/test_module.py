@@ -12,9 +12,11 @@ import pytest
 from flax import nnx  # the test dependency group installs flax, as jaxattn[flax] does
 
 import jaxattn
+from jaxattn.capabilities import Feature
 from jaxattn.flax import FlexibleAttentionModule, KVCache
 from jaxattn.testing import oracle
 from jaxattn.tuning import cache as cache_module
+from jaxattn_vanilla.impl import VanillaAttention
 
 B, T, HQ, HKV, D = 2, 12, 4, 2, 8
 
@@ -173,3 +175,52 @@ def test_explain_and_benchmarks_for_its_own_shapes() -> None:
     ok = {(r.backend, r.mode) for r in report.results if r.ok}
     assert {("vanilla", "fwd"), ("vanilla", "fwdbwd"), ("auto", "fwd"), ("auto", "fwdbwd")} <= ok
     assert all(r.tflops and r.tflops > 0 for r in report.results if r.ok)
+
+
+class _NoKvLengths(VanillaAttention):
+    """vanilla without ``Feature.KV_LENGTHS``: the module must mask a fixed cache itself."""
+
+    features = VanillaAttention.features - {Feature.KV_LENGTHS}
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "test_no_kv_lengths"
+
+
+@pytest.mark.parametrize("impl", ["auto", "no_kv_lengths"])
+@pytest.mark.parametrize(("causal", "window"), [(True, None), (True, (2, 0)), (True, 3), (False, (1, 2)),
+                                                (False, None)])
+def test_a_fixed_cache_aligns_causal_and_window_to_the_last_written_token(causal: bool, window: Any,
+                                                                          impl: str) -> None:
+    """Prefill then decode into a KVCache.empty buffer longer than the sequence (GQA): every step
+    must see what the contract's kv_lengths alignment gives, not a window aligned to the
+    buffer's end (a prefill error of ~2 and decode outputs of zeros before)."""
+    q, k, v = (np.asarray(x) for x in states())
+    module = FlexibleAttentionModule(HQ, D, HKV, causal=causal, sliding_window=window)
+    if impl == "no_kv_lengths":
+        module.impl = _NoKvLengths()
+        assert module.impl.supports(q, k, v, kv_lengths=np.full(B, T, np.int32))  # declines: the mask path runs
+    cache = KVCache.empty(B, 16, HKV, D)
+    outputs = []
+    for start, stop in [(0, 5), *((i, i + 1) for i in range(5, T))]:  # a prefill of 5, then decode steps
+        out, cache = module(q[:, start:stop], k[:, start:stop], v[:, start:stop], cache=cache)
+        want = oracle.attention(q[:, start:stop], k[:, :stop], v[:, :stop], causal=causal,
+                                sliding_window=window).output  # bottom-right: the queries are the last positions
+        np.testing.assert_allclose(out.attention_outputs, want, atol=2e-5, err_msg=f"positions {start}:{stop}")
+        outputs.append(np.asarray(out.attention_outputs))
+    assert int(cache.index) == T
+    if causal:  # causal steps are rows of one full-sequence computation
+        full = oracle.attention(q, k, v, causal=True, sliding_window=window).output
+        np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=2e-5)
+
+
+def test_a_held_fixed_cache_with_a_window_under_nnx_jit() -> None:
+    q, k, v = states()
+    want = oracle.attention(*(np.asarray(x) for x in (q, k, v)), causal=True, sliding_window=(2, 0)).output
+    module = FlexibleAttentionModule(HQ, D, HKV, sliding_window=(2, 0))
+    module.init_cache(B, max_length=16)
+    step = nnx.jit(lambda m, q, k, v: m(q, k, v).attention_outputs)
+    np.testing.assert_allclose(step(module, q[:, :6], k[:, :6], v[:, :6]), want[:, :6], atol=2e-5)
+    for i in range(6, T):
+        np.testing.assert_allclose(step(module, q[:, i:i + 1], k[:, i:i + 1], v[:, i:i + 1]), want[:, i:i + 1],
+                                   atol=2e-5)

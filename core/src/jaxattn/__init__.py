@@ -45,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "get_optimal_config": "dispatch",
     "JaxattnError": "errors",
     "InvalidInputError": "errors",
+    "InvalidTypeError": "errors",
     "UnsupportedError": "errors",
     "ImplNotFoundError": "errors",
     "PluginError": "errors",
@@ -63,6 +64,7 @@ __all__ = [
     "ImplNotFoundError",
     "ImplRef",
     "InvalidInputError",
+    "InvalidTypeError",
     "JaxattnError",
     "PagedAttentionImpl",
     "PagedProblem",
@@ -109,7 +111,14 @@ if TYPE_CHECKING:
     from .capabilities import Feature
     from .device import DeviceInfo, detect_device, tpu_version_check
     from .dispatch import Explanation, explain, get_optimal_config, use_impl
-    from .errors import ImplNotFoundError, InvalidInputError, JaxattnError, PluginError, UnsupportedError
+    from .errors import (
+        ImplNotFoundError,
+        InvalidInputError,
+        InvalidTypeError,
+        JaxattnError,
+        PluginError,
+        UnsupportedError,
+    )
     from .hookspecs import hookimpl
     from .impl import AttentionImpl
     from .lookup import list_impls, register_impl

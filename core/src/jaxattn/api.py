@@ -22,13 +22,13 @@ from .dispatch import AutoAttention, AutoPagedAttention, Explanation, accepting,
 from .errors import InvalidInputError, UnsupportedError
 from .impl import AttentionImpl
 from .lookup import new_impl
-from .metadata import DEFAULT_METADATA, AttentionMetadata
+from .metadata import AttentionMetadata, as_metadata
 from .names import AttentionMechanisms, normalize_name
 from .paged_impl import PagedAttentionImpl
 from .plugins import registry
 from .problem import Problem
 from .split import SplitGradImpl
-from .validation import resolve_call, shape_of
+from .validation import as_int, resolve_call, shape_of
 
 __all__ = ["attention", "explain_paged", "get_impl", "paged_attention", "ragged_paged_attention"]
 
@@ -51,13 +51,14 @@ def get_impl(name: str | AttentionMechanisms, metadata: AttentionMetadata | None
     to its ``fallback_impl`` where it says so and runs under ``shard_map`` when the metadata
     carries a mesh.
     """
-    key = normalize_name(name)
-    md = metadata if metadata is not None else DEFAULT_METADATA
+    key = normalize_name(name, "name")
+    md = as_metadata(metadata)
+    if kind not in ("dense", "paged"):
+        raise InvalidInputError("kind", f"must be 'dense' or 'paged', got {kind!r}",
+                                "kind picks what 'auto' chooses among; a named impl has its own")
     if key == AttentionMechanisms.AUTO.value:
         if kind == "paged":
             return AutoPagedAttention(md, resolve=get_impl)
-        if kind != "dense":
-            raise InvalidInputError("kind", f"must be 'dense' or 'paged', got {kind!r}")
         return AutoAttention(md, resolve=get_impl, combine=SplitGradImpl)
     return _composed(key, md, detect_device(), registry().generation)
 
@@ -108,7 +109,7 @@ def attention(
     explicitly chosen impl never falls back silently: it raises ``UnsupportedError`` with every
     reason and the names of the impls that would accept the call.
     """
-    md = metadata if metadata is not None else DEFAULT_METADATA
+    md = as_metadata(metadata)
     chosen = impl if isinstance(impl, AttentionImpl) else get_impl(current_impl_name(impl), md)
     if not isinstance(chosen, AttentionImpl):
         raise InvalidInputError("impl", f"{chosen.name()!r} is a {chosen.kind} impl; attention() runs dense ones",
@@ -146,9 +147,12 @@ def _paged_impl(impl: str | AttentionMechanisms | PagedAttentionImpl | None,
 
 
 def _num_seqs(num_seqs: Any) -> Any:
-    if isinstance(num_seqs, int) and not isinstance(num_seqs, bool):
-        return np.asarray([num_seqs], np.int32)
-    return num_seqs
+    count = as_int(num_seqs) if not hasattr(num_seqs, "shape") else None
+    if count is None:
+        return num_seqs  # an array (checked with the call), or garbage that the check names
+    if not 0 <= count <= np.iinfo(np.int32).max:
+        raise InvalidInputError("num_seqs", f"is {count}, outside 0..2**31 - 1", "num_seqs counts page-table rows")
+    return np.asarray([count], np.int32)
 
 
 def _run_paged(chosen: PagedAttentionImpl, q: Any, k_pages: Any, v_pages: Any, page_table: Any, kv_lengths: Any,
@@ -195,7 +199,7 @@ def ragged_paged_attention(
     float32 ``k_scale`` and ``v_scale`` broadcastable against ``(num_pages, page_size, Hkv)``: it
     means ``values.astype(float32) * scale[..., None]``; scales past a sequence's length are unread.
     """
-    md = metadata if metadata is not None else DEFAULT_METADATA
+    md = as_metadata(metadata)
     features = {"kv_pages": kv_pages, "cu_q_lens": cu_q_lens, "num_seqs": _num_seqs(num_seqs),
                 "sliding_window": sliding_window, "softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap,
                 "softmax_aux": softmax_aux, "k_scale": k_scale, "v_scale": v_scale}
@@ -225,7 +229,7 @@ def paged_attention(
     ``kv_lengths`` (T == 1: a decode step; a few: speculative decoding), causal. The cache
     (quantized or not: ``k_scale``, ``v_scale``) is as in ``ragged_paged_attention``.
     """
-    md = metadata if metadata is not None else DEFAULT_METADATA
+    md = as_metadata(metadata)
     shape = shape_of(q, "q")
     if len(shape) not in (3, 4):
         raise InvalidInputError("q", f"must have shape (B, Hq, D) or (B, T, Hq, D), got {shape}",
@@ -256,7 +260,7 @@ def explain_paged(
     """``explain`` for a paged call: ``paged_attention``'s arguments (q rank 3 or 4, no cu_q_lens),
     or ``ragged_paged_attention``'s (q rank 3 with cu_q_lens and num_seqs). Arrays may be
     ``jax.ShapeDtypeStruct``s."""
-    md = metadata if metadata is not None else DEFAULT_METADATA
+    md = as_metadata(metadata)
     shape = shape_of(q, "q")
     if cu_q_lens is None:
         b, t = shape[0], (1 if len(shape) == 3 else shape[1])

@@ -103,6 +103,19 @@ def _refuse_gradients(forward: Forward, name: str, reasons: list[str]) -> Forwar
     return run
 
 
+def _jax_arrays(call: Call) -> Call:
+    """``call`` with its NumPy arrays as JAX arrays: every argument that takes an array takes a
+    NumPy one, but kernels index with traced values (``lax.map``, ``vmap``), which a NumPy array
+    cannot take."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    def convert(x: Any) -> Any:
+        return jnp.asarray(x) if isinstance(x, np.ndarray) else x
+
+    return Call(tuple(convert(a) for a in call.args), {n: convert(x) for n, x in call.kwargs.items()})
+
+
 @dataclasses.dataclass(frozen=True)
 class Call:
     """One accepted call, validated and normalised: what a ``forward_*`` method receives.
@@ -335,6 +348,7 @@ class Backend(Generic[P]):
         grad_reasons = self.grad_reasons(problem)
         if grad_reasons:  # after the wrap, so that a sharded call refuses too
             forward = _refuse_gradients(forward, self.name(), grad_reasons)
+        call = _jax_arrays(call)
         out = forward(*call.args, **call.kwargs)
         want = self.output_shape(call)
         got = tuple(out.attention_outputs.shape)

@@ -21,7 +21,7 @@ from .device import detect_device
 from .errors import InvalidInputError, JaxattnError, PluginError, UnsupportedError
 from .impl import AttentionImpl, resolve_platform
 from .lookup import available_here, impl_for, provider_here
-from .metadata import DEFAULT_METADATA, AttentionMetadata
+from .metadata import DEFAULT_METADATA, AttentionMetadata, as_metadata
 from .names import AttentionMechanisms, normalize_name
 from .output import AttentionOutput
 from .paged_impl import PagedAttentionImpl
@@ -73,12 +73,20 @@ def current_impl_name(impl: str | AttentionMechanisms | None = None, kind: str =
     if impl is not None:
         return normalize_name(impl)
     scoped = _override.get()
+    source = f"use_impl({scoped!r})"
     if scoped is None:
         env = os.environ.get("JAXATTN_IMPL", "").strip()
         scoped = normalize_name(env) if env else None
+        source = f"$JAXATTN_IMPL={env!r}"
     if scoped is None or scoped == AttentionMechanisms.AUTO.value:
         return AttentionMechanisms.AUTO.value
     kinds = {p.kind for p in registry().providers_of(scoped)}
+    if not kinds:  # the caller never named it: say where the name came from, not only that it is unknown
+        try:
+            provider_here(scoped, DEFAULT_METADATA)
+        except JaxattnError as err:
+            raise type(err)(f"{source}: {err} (unset it, or set it to 'auto' or a name from `jaxattn list`)") \
+                from None
     return AttentionMechanisms.AUTO.value if kinds and kind not in kinds else scoped
 
 
@@ -428,7 +436,7 @@ def explain(
 
     ``q``, ``k``, ``v`` (and mask/bias/segment ids) may be ``jax.ShapeDtypeStruct``s.
     """
-    md = metadata or DEFAULT_METADATA
+    md = as_metadata(metadata)
     mask = features.pop("mask", None)
     spec = resolve_call(q, k, v, mask=mask, metadata=md, **features)
     problem = AttentionProblem.from_inputs(
@@ -444,7 +452,7 @@ def explain(
 def explain_problem(problem: Problem, *, impl: str | AttentionMechanisms | None = None,
                     metadata: AttentionMetadata | None = None) -> Explanation:
     """``explain`` for a problem built by hand (``AttentionProblem`` or ``PagedProblem``)."""
-    md = metadata or DEFAULT_METADATA
+    md = as_metadata(metadata)
     requested = current_impl_name(impl, problem.kind)
     auto_choice, rows = choose(problem, md)
     if requested == AttentionMechanisms.AUTO.value:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 __all__ = [
     "ImplNotFoundError",
     "InvalidInputError",
+    "InvalidTypeError",
     "JaxattnError",
     "PluginError",
     "UnsupportedError",
@@ -32,6 +33,11 @@ class InvalidInputError(JaxattnError, ValueError):
         if hint:
             text += f" ({hint})"
         super().__init__(text)
+
+
+class InvalidTypeError(InvalidInputError, TypeError):
+    """An argument of the wrong type (a string for a number, an int for a key...): an
+    ``InvalidInputError`` that ``except TypeError`` catches too."""
 
 
 class UnsupportedError(JaxattnError, ValueError):

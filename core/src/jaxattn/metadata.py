@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._dtypes import dtype_name
+from .errors import InvalidInputError, InvalidTypeError
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
-__all__ = ["DEFAULT_METADATA", "AttentionMetadata", "AxisName", "axis_tuple", "describe_axes"]
+__all__ = ["DEFAULT_METADATA", "AttentionMetadata", "AxisName", "as_metadata", "axis_tuple", "describe_axes",
+           "is_bool", "positive", "probability"]
 
 AxisName = str | tuple[str, ...] | None
 
@@ -59,15 +62,12 @@ class AttentionMetadata:
                 f"AttentionMetadata.platform: {self.platform!r} is not one of cpu, gpu, tpu, cuda, rocm "
                 "(or None to detect the device)"
             )
-        if not 0.0 <= float(self.dropout_prob) < 1.0:
-            raise ValueError(f"AttentionMetadata.dropout_prob: must be in [0, 1), got {self.dropout_prob}")
-        if self.softmax_scale is not None and not float(self.softmax_scale) > 0:
-            raise ValueError(f"AttentionMetadata.softmax_scale: must be positive, got {self.softmax_scale}")
-        if self.logits_soft_cap is not None and not float(self.logits_soft_cap) > 0:
-            raise ValueError(f"AttentionMetadata.logits_soft_cap: must be positive, got {self.logits_soft_cap}")
+        probability("AttentionMetadata.dropout_prob", self.dropout_prob)
+        positive("AttentionMetadata.softmax_scale", self.softmax_scale)
+        positive("AttentionMetadata.logits_soft_cap", self.logits_soft_cap)
         for name in ("block_q", "block_k", "block_q_bwd", "block_k_bwd", "num_warps", "num_stages"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value <= 0):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ValueError(f"AttentionMetadata.{name}: must be a positive int or None, got {value!r}")
         object.__setattr__(self, "extra", dict(self.extra))
         _check_axes(self)
@@ -103,6 +103,52 @@ class AttentionMetadata:
         """The tile sizes that were set explicitly."""
         names = ("block_q", "block_k", "block_q_bwd", "block_k_bwd")
         return {n: v for n in names if (v := getattr(self, n)) is not None}
+
+
+_NUMBER_HINTS = {
+    "softmax_scale": "None gives the default D ** -0.5",
+    "logits_soft_cap": "None means no soft cap",
+    "dropout_prob": "0.0 means no dropout",
+}
+
+
+def is_bool(x: Any) -> bool:
+    """A Python or NumPy bool (NumPy's is named ``bool`` in NumPy 2, ``bool_`` before), without importing NumPy."""
+    return isinstance(x, bool) or type(x).__name__ in ("bool", "bool_")
+
+
+def _real(name: str, value: Any) -> float:
+    """``value`` as a float, or ``InvalidInputError`` naming ``name``: numbers only (no bools or
+    strings), and static ones (they pick kernels at trace time)."""
+    hint = _NUMBER_HINTS.get(name.rsplit(".", 1)[-1])
+    if is_bool(value) or isinstance(value, str | bytes):
+        raise InvalidTypeError(name, f"must be a real number, got {type(value).__name__} {value!r}", hint)
+    try:
+        return float(value)
+    except (TypeError, ValueError) as err:  # jax's ConcretizationTypeError is a TypeError
+        if type(err).__module__.startswith("jax"):
+            raise InvalidTypeError(name, "must be a Python number (static), not a traced array",
+                                    "pass it outside jax.jit's traced arguments (static_argnames)") from None
+        raise InvalidTypeError(name, f"must be a real number, got {type(value).__name__} {value!r}", hint) from None
+
+
+def positive(name: str, value: Any) -> float | None:
+    """``value`` as a finite float > 0 (None stays None), else ``InvalidInputError`` naming ``name``."""
+    if value is None:
+        return None
+    out = _real(name, value)
+    if not (math.isfinite(out) and out > 0):
+        raise InvalidInputError(name, f"must be finite and > 0, got {value!r}",
+                                _NUMBER_HINTS.get(name.rsplit(".", 1)[-1]))
+    return out
+
+
+def probability(name: str, value: Any) -> float:
+    """``value`` as a float in [0, 1), else ``InvalidInputError`` naming ``name``."""
+    out = _real(name, value)
+    if not 0.0 <= out < 1.0:
+        raise InvalidInputError(name, f"must be in [0, 1), got {value!r}", _NUMBER_HINTS["dropout_prob"])
+    return out
 
 
 def axis_tuple(axis: str | Iterable[str] | None) -> tuple[str, ...]:
@@ -154,3 +200,13 @@ def _check_axes(metadata: AttentionMetadata) -> None:
 
 #: The metadata of calls that pass none (shared, so a call does not build one).
 DEFAULT_METADATA = AttentionMetadata()
+
+
+def as_metadata(metadata: Any) -> AttentionMetadata:
+    """``metadata``, or the default for None; anything else is an ``InvalidTypeError``."""
+    if metadata is None:
+        return DEFAULT_METADATA
+    if not isinstance(metadata, AttentionMetadata):
+        raise InvalidTypeError("metadata", f"must be an AttentionMetadata, got {type(metadata).__name__}",
+                               "pass jaxattn.AttentionMetadata(...), or None for the defaults")
+    return metadata

@@ -71,11 +71,15 @@ PROVIDERS: dict[str, tuple[MechanismSource, ...]] = {
 FIRST_PARTY: frozenset[str] = frozenset(src.distribution for sources in PROVIDERS.values() for src in sources)
 
 
+def normalize_name(name: object, argument: str = "impl") -> str:
+    """Accept a str or an ``AttentionMechanisms`` member; names are case-insensitive.
 
-def normalize_name(name: object) -> str:
-    """Accept a str or an ``AttentionMechanisms`` member; names are case-insensitive."""
+    Anything else raises ``InvalidTypeError`` (also a ``TypeError``) naming ``argument``."""
     if isinstance(name, AttentionMechanisms):
         return name.value
     if not isinstance(name, str):
-        raise TypeError(f"impl: expected a name (str or AttentionMechanisms), got {type(name).__name__}")
+        from .errors import InvalidTypeError
+
+        raise InvalidTypeError(argument, f"expected a name (str or AttentionMechanisms), got {type(name).__name__} "
+                               f"{name!r}", "e.g. 'auto', 'vanilla'; `jaxattn list` shows every name")
     return name.strip().lower()

@@ -14,10 +14,10 @@ import dataclasses
 from typing import Any
 
 from ._dtypes import dtype_name
-from .errors import InvalidInputError
-from .metadata import DEFAULT_METADATA, AttentionMetadata
+from .errors import InvalidInputError, InvalidTypeError
+from .metadata import AttentionMetadata, as_metadata
 from .quantize import check_kv_scales
-from .validation import is_concrete, positive, shape_of
+from .validation import as_int, check_sinks, is_concrete, positive, shape_of
 
 __all__ = ["PagedSpec", "resolve_paged_call"]
 
@@ -78,8 +78,12 @@ def _pages(q: Any, k_pages: Any, v_pages: Any, kv_pages: Any) -> tuple[str, int,
     return "separate", ks[0], ks[1], ks[2], ks[3], vs[3]
 
 
-def _window(sliding_window: Any) -> int | None:
-    """The left window: keys a query sees before itself (causal masking cuts the right)."""
+def _window(sliding_window: Any, longest: int | None = None) -> int | None:
+    """The left window: keys a query sees before itself (causal masking cuts the right).
+
+    ``longest``: the most positions a sequence holds; a wider window hides nothing and is
+    clamped to it (the same attention, in int32 for every kernel: ``10**12`` means unbounded).
+    """
     if sliding_window is None:
         return None
     left = sliding_window
@@ -88,9 +92,12 @@ def _window(sliding_window: Any) -> int | None:
             raise InvalidInputError("sliding_window",
                                     f"expected an int or a (left, right) pair, got {sliding_window!r}")
         left = sliding_window[0]
-    if not isinstance(left, int) or isinstance(left, bool) or left < 0:
-        raise InvalidInputError("sliding_window", f"the left window must be an int >= 0, got {sliding_window!r}")
-    return int(left)
+    size = as_int(left)
+    if size is None or size < 0:
+        error = InvalidTypeError if size is None else InvalidInputError
+        raise error("sliding_window", f"the left window must be an int >= 0, got {sliding_window!r}",
+                    "None means no window")
+    return size if longest is None else min(size, longest)
 
 
 def _check_values(spec: PagedSpec, page_table: Any, kv_lengths: Any, cu_q_lens: Any, num_seqs: Any) -> None:
@@ -162,7 +169,7 @@ def resolve_paged_call(
     metadata: AttentionMetadata | None = None,
 ) -> PagedSpec:
     """Validate a paged call in its ragged form and fill its defaults from ``metadata``."""
-    md = metadata or DEFAULT_METADATA
+    md = as_metadata(metadata)
     qs = shape_of(q, "q")
     if len(qs) != 3:
         raise InvalidInputError("q", f"must have rank 3 (num_tokens, Hq, D), got shape {qs}",
@@ -178,6 +185,9 @@ def resolve_paged_call(
     if dk != d:
         raise InvalidInputError("k_pages" if layout == "separate" else "kv_pages",
                                 f"head dim {dk} differs from q's {d}", "q and the keys must share the head dim D")
+    if d == 0 or dv == 0 or hq == 0:
+        raise InvalidInputError("q/k_pages/v_pages", f"empty dims (Hq={hq}, D={d}, Dv={dv}): attention needs at "
+                                "least one head and one feature", "give every head dim and Hq a size >= 1")
     if hkv == 0 or hq % hkv:
         raise InvalidInputError("q", f"Hq={hq} query heads is not a multiple of Hkv={hkv} cached key/value heads",
                                 "GQA/MQA needs Hq % Hkv == 0")
@@ -189,23 +199,23 @@ def resolve_paged_call(
         raise InvalidInputError("page_table", f"must have shape (num_seqs, pages_per_seq), got {table}")
     n, pages_per_seq = table
     _ints(page_table, "page_table", table, "num_seqs, pages_per_seq")
+    if queries_per_seq is not None and queries_per_seq * n != num_tokens:  # paged_attention: B sequences of T
+        raise InvalidInputError("page_table", f"has {n} rows, but q has {num_tokens // queries_per_seq} sequences "
+                                f"(B) of {queries_per_seq} queries", "give page_table and kv_lengths one row per "
+                                "sequence of q")
     _ints(kv_lengths, "kv_lengths", (n,), "one cached-token count per page-table row")
     _ints(cu_q_lens, "cu_q_lens", (n + 1,), "query-row offsets of the page table's sequences")
     if not hasattr(num_seqs, "shape") or shape_of(num_seqs, "num_seqs") not in ((), (1,)):
         raise InvalidInputError("num_seqs", f"must be an int32 array of shape (1,) or (), got {num_seqs!r}")
     if not dtype_name(num_seqs.dtype).startswith(("int", "uint")):
         raise InvalidInputError("num_seqs", f"must be an integer, got {dtype_name(num_seqs.dtype)}")
-    if queries_per_seq is not None and queries_per_seq * n != num_tokens:
-        raise InvalidInputError("q", f"has {num_tokens} rows, not {n} sequences x {queries_per_seq} queries")
-    if softmax_aux is not None and shape_of(softmax_aux, "softmax_aux") != (hq,):
-        raise InvalidInputError("softmax_aux", f"must have shape (Hq,) = ({hq},), one sink logit per query head, "
-                                f"got {shape_of(softmax_aux, 'softmax_aux')}")
+    check_sinks(softmax_aux, hq)
     scale = positive("softmax_scale", softmax_scale if softmax_scale is not None else md.softmax_scale)
     cap = positive("logits_soft_cap", logits_soft_cap if logits_soft_cap is not None else md.logits_soft_cap)
     spec = PagedSpec(
         kv_layout=layout, num_tokens=num_tokens, heads_q=hq, heads_kv=hkv, head_dim=d, head_dim_v=dv,
         num_pages=num_pages, page_size=page_size, num_seqs_max=n, pages_per_seq=pages_per_seq,
-        queries_per_seq=queries_per_seq, sliding_window=_window(sliding_window),
+        queries_per_seq=queries_per_seq, sliding_window=_window(sliding_window, pages_per_seq * page_size),
         softmax_scale=scale if scale is not None else float(d) ** -0.5, logits_soft_cap=cap, kv_dtype=kv_dtype,
     )
     _check_values(spec, page_table, kv_lengths, cu_q_lens, num_seqs)

@@ -7,15 +7,16 @@ The checks read only ``.shape`` and ``.dtype``, so they work on ``jax.ShapeDtype
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable
 from typing import Any
 
 from ._dtypes import dtype_name
-from .errors import InvalidInputError
-from .metadata import DEFAULT_METADATA, AttentionMetadata
+from .errors import InvalidInputError, InvalidTypeError
+from .metadata import AttentionMetadata, as_metadata, is_bool, positive, probability
 from .quantize import QUANTIZED_KV_DTYPES, check_kv_scales
 
-__all__ = ["CallSpec", "is_concrete", "positive", "resolve_call", "shape_of"]
+__all__ = ["CallSpec", "as_int", "check_sinks", "is_concrete", "positive", "resolve_call", "shape_of", "window_pair"]
 
 _FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
 
@@ -41,7 +42,7 @@ class CallSpec:
 def shape_of(x: Any, name: str) -> tuple[int, ...]:
     shape = getattr(x, "shape", None)
     if shape is None:
-        raise InvalidInputError(name, f"expected an array, got {type(x).__name__}", "pass a jax.Array")
+        raise InvalidTypeError(name, f"expected an array, got {type(x).__name__}", "pass a jax.Array or a NumPy array")
     return tuple(int(d) for d in shape)
 
 
@@ -79,6 +80,9 @@ def _check_qkv(q: Any, k: Any, v: Any) -> None:
         raise InvalidInputError("v", f"has {hv} heads but k has {hkv}")
     if d != dk:
         raise InvalidInputError("k", f"head dim {dk} differs from q's {d}", "q and k must share the head dim D")
+    if d == 0 or v.shape[3] == 0 or hq == 0:
+        raise InvalidInputError("q/k/v", f"empty dims (Hq={hq}, D={d}, Dv={v.shape[3]}): attention needs at least one "
+                                "head and one feature", "drop the call, or give every head dim and Hq a size >= 1")
     if hkv == 0 or hq % hkv:
         raise InvalidInputError(
             "k", f"Hq={hq} query heads is not a multiple of Hkv={hkv} key/value heads",
@@ -91,20 +95,65 @@ def _check_qkv(q: Any, k: Any, v: Any) -> None:
         raise InvalidInputError("k/v", f"dtypes differ: q {dq}, k {dkk}, v {dv}", "cast q, k and v to one dtype")
 
 
-def _window(sliding_window: Any) -> tuple[int, int] | None:
+def as_int(x: Any) -> int | None:
+    """``x`` as an int if it is an integer (Python or NumPy, never a bool), else None."""
+    if is_bool(x):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:  # floats, strings, traced values
+        return None
+
+
+def window_pair(sliding_window: Any, longest: int | None = None) -> tuple[int, int] | None:
+    """``sliding_window`` as ``(left, right)`` (an int w means ``(w, w)``).
+
+    ``longest``: the longer of T and S. A side at least that wide hides nothing (no query is
+    that far from a key), so it is clamped to it: the same attention, with sizes that every
+    kernel can hold in int32 (``10**12`` means unbounded).
+    """
     if sliding_window is None:
         return None
-    if isinstance(sliding_window, int) and not isinstance(sliding_window, bool):
-        pair = (sliding_window, sliding_window)
-    elif isinstance(sliding_window, tuple | list) and len(sliding_window) == 2:
-        pair = (sliding_window[0], sliding_window[1])
+    if isinstance(sliding_window, tuple | list) and len(sliding_window) == 2:
+        raw = (sliding_window[0], sliding_window[1])
+    elif as_int(sliding_window) is not None:
+        raw = (sliding_window, sliding_window)
     else:
-        raise InvalidInputError(
-            "sliding_window", f"expected an int or a (left, right) pair, got {sliding_window!r}"
-        )
-    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in pair):
-        raise InvalidInputError("sliding_window", f"sizes must be ints >= 0, got {pair}")
-    return (int(pair[0]), int(pair[1]))
+        raise InvalidTypeError("sliding_window", f"expected an int or a (left, right) pair, got {sliding_window!r}",
+                                "None means no window")
+    left, right = (as_int(x) for x in raw)
+    hint = "(left, 0) with causal=True is a causal window of left keys before each query"
+    if left is None or right is None:
+        raise InvalidTypeError("sliding_window", f"sizes must be ints, got {raw!r}", hint)
+    if left < 0 or right < 0:
+        raise InvalidInputError("sliding_window", f"sizes must be >= 0, got {raw!r}", hint)
+    if longest is not None:
+        left, right = min(left, longest), min(right, longest)
+    return (left, right)
+
+
+def check_sinks(softmax_aux: Any, hq: int) -> None:
+    """``softmax_aux`` (None, or one floating sink logit per query head)."""
+    if softmax_aux is None:
+        return
+    shape = shape_of(softmax_aux, "softmax_aux")
+    if shape != (hq,):
+        raise InvalidInputError("softmax_aux", f"must have shape (Hq,) = ({hq},), one sink logit per query head, "
+                                f"got {shape}")
+    if dtype_name(softmax_aux.dtype) not in _FLOAT_DTYPES:
+        raise InvalidInputError("softmax_aux", f"must be floating (logits), got {dtype_name(softmax_aux.dtype)}",
+                                "cast it to float32")
+
+
+def _check_dropout_rng(rng: Any) -> None:
+    """A PRNG key: a typed key of shape () (``jax.random.key``) or a raw uint32 key (``jax.random.PRNGKey``)."""
+    dtype = dtype_name(getattr(rng, "dtype", "object"))
+    shape = getattr(rng, "shape", None)
+    typed = dtype.startswith("key") and shape == ()
+    raw = dtype == "uint32" and shape is not None and len(shape) == 1
+    if not (typed or raw):
+        got = f"{dtype} array of shape {tuple(shape)}" if shape is not None else f"{type(rng).__name__} {rng!r}"
+        raise InvalidTypeError("dropout_rng", f"must be one PRNG key, got {got}", "pass jax.random.key(seed)")
 
 
 def _segment_ids(q_ids: Any, kv_ids: Any, b: int, t: int, s: int) -> tuple[Any, Any]:
@@ -157,18 +206,6 @@ def _check_lengths(kv_lengths: Any, b: int, s: int) -> None:
             )
 
 
-def positive(name: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    try:
-        out = float(value)
-    except TypeError as err:  # a traced value: scales must be static to pick kernels at trace time
-        raise InvalidInputError(name, "must be a Python number (static), not a traced array") from err
-    if not out > 0:
-        raise InvalidInputError(name, f"must be > 0, got {value}")
-    return out
-
-
 def resolve_call(
     q: Any,
     k: Any,
@@ -192,7 +229,7 @@ def resolve_call(
     metadata: AttentionMetadata | None = None,
 ) -> CallSpec:
     """Validate a call and fill its defaults from ``metadata`` (call arguments win)."""
-    md = metadata or DEFAULT_METADATA
+    md = as_metadata(metadata)
     _check_qkv(q, k, v)
     # k and v share q's dtype, or are quantized alike with float32 scales (jaxattn.quantize).
     kv_dtype = check_kv_scales(q, {"k": k, "v": v}, k_scale, v_scale, tuple(k.shape[:3]), "(B, S, Hkv)")
@@ -214,19 +251,17 @@ def resolve_call(
         if dtype_name(bias.dtype) not in _FLOAT_DTYPES:
             raise InvalidInputError("bias", f"must be floating (additive), got {dtype_name(bias.dtype)}",
                                     "a boolean mask goes in mask=")
-    if not isinstance(causal, bool):
-        raise InvalidInputError("causal", f"must be a bool, got {type(causal).__name__}")
+    if not is_bool(causal):
+        raise InvalidTypeError("causal", f"must be a bool, got {type(causal).__name__} {causal!r}",
+                                "pass causal=True or causal=False")
+    causal = bool(causal)
     q_ids, kv_ids = _segment_ids(q_segment_ids, kv_segment_ids, b, t, s)
-    if softmax_aux is not None:
-        shape = shape_of(softmax_aux, "softmax_aux")
-        if shape != (hq,):
-            raise InvalidInputError("softmax_aux", f"must have shape (Hq,) = ({hq},), one sink logit per query head,"
-                                    f" got {shape}")
+    check_sinks(softmax_aux, hq)
     if kv_lengths is not None:
         _check_lengths(kv_lengths, b, s)
-    p = md.dropout_prob if dropout_prob is None else float(dropout_prob)
-    if not 0.0 <= p < 1.0:
-        raise InvalidInputError("dropout_prob", f"must be in [0, 1), got {p}")
+    p = md.dropout_prob if dropout_prob is None else probability("dropout_prob", dropout_prob)
+    if dropout_rng is not None:
+        _check_dropout_rng(dropout_rng)
     if p > 0 and dropout_rng is None:
         raise InvalidInputError("dropout_rng", f"is required when dropout_prob > 0 (got {p})",
                                 "pass dropout_rng=jax.random.key(seed), or dropout_prob=0.0")
@@ -234,7 +269,7 @@ def resolve_call(
     cap = positive("logits_soft_cap", logits_soft_cap if logits_soft_cap is not None else md.logits_soft_cap)
     return CallSpec(
         causal=causal,
-        sliding_window=_window(sliding_window),
+        sliding_window=window_pair(sliding_window, max(t, s)),
         softmax_scale=scale if scale is not None else float(d) ** -0.5,
         logits_soft_cap=cap,
         dropout_prob=p,

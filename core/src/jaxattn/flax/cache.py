@@ -9,7 +9,9 @@ Two layouts, one class:
   jitted loop retraces per length.
 * **fixed** (``index`` an int32 scalar): ``key``/``value`` are preallocated to a maximum
   length and ``index`` counts the valid positions. A step writes in place and attends over
-  the whole buffer with a mask (valid and causal), so shapes stay static under ``jit``.
+  the whole buffer with ``kv_lengths`` (``index`` after the write, per sequence), so causal
+  masking and a sliding window align to the last written token, not to the buffer's end
+  (docs/contract.md, "Decode over a dense cache"); shapes stay static under ``jit``.
 """
 
 from __future__ import annotations
@@ -53,9 +55,10 @@ class KVCache:
     def max_length(self) -> int:
         return int(self.key.shape[1])
 
-    def update(self, key: Any, value: Any, causal: bool) -> tuple[KVCache, Any, Any, Any]:
+    def update(self, key: Any, value: Any) -> tuple[KVCache, Any, Any, Any]:
         """Add ``key``/``value`` (T new positions): the new cache, the keys and values to attend
-        over, and the mask ``(1, 1, T, L)`` for a fixed cache (None for a growing one)."""
+        over, and for a fixed cache the valid positions of each sequence ``(B,)`` int32 (the
+        call's ``kv_lengths``; None for a growing cache, whose every position is valid)."""
         if not self.fixed:
             keys = jnp.concatenate([self.key, key.astype(self.key.dtype)], axis=1)
             values = jnp.concatenate([self.value, value.astype(self.value.dtype)], axis=1)
@@ -65,11 +68,23 @@ class KVCache:
         start = (0, self.index, 0, 0)
         keys = jax.lax.dynamic_update_slice(self.key, key.astype(self.key.dtype), start)
         values = jax.lax.dynamic_update_slice(self.value, value.astype(self.value.dtype), start)
-        query_pos = self.index + jnp.arange(t)[:, None]  # absolute position of each new query
-        key_pos = jnp.arange(self.max_length)[None, :]
-        mask = key_pos <= query_pos if causal else key_pos < self.index + t
-        return KVCache(keys, values, self.index + t), keys, values, mask[None, None]
+        lengths = jnp.full((key.shape[0],), self.index + t, jnp.int32)
+        return KVCache(keys, values, self.index + t), keys, values, lengths
 
+
+def valid_mask(lengths: Any, t: int, max_length: int, causal: bool, window: tuple[int, int] | None) -> Any:
+    """``(B, 1, T, L)``: what ``kv_lengths=lengths`` with ``causal`` and ``window`` lets each of the
+    T newest queries see, as a mask, for impls that take a mask but no ``kv_lengths``.
+
+    Query i sits at position ``lengths - T + i`` (the contract's kv_lengths alignment)."""
+    query_pos = (lengths[:, None] - t + jnp.arange(t)[None, :])[:, None, :, None]  # (B, 1, T, 1)
+    key_pos = jnp.arange(max_length)[None, None, None, :]
+    mask = key_pos < lengths[:, None, None, None]
+    if causal:
+        mask &= key_pos <= query_pos
+    if window is not None:
+        mask &= (key_pos >= query_pos - window[0]) & (key_pos <= query_pos + window[1])
+    return mask
 
 def _check_room(index: Any, t: int, length: int) -> None:
     # dynamic_update_slice clamps an overflowing write (it would overwrite the last positions

@@ -26,8 +26,9 @@ from flax import nnx
 
 import jaxattn
 from jaxattn import AttentionMetadata, AttentionOutput
+from jaxattn.validation import window_pair
 
-from .cache import KVCache
+from .cache import KVCache, valid_mask
 
 if TYPE_CHECKING:
     from jaxattn.bench import BenchReport
@@ -160,16 +161,31 @@ class FlexibleAttentionModule(nnx.Module):
             raise ValueError(f"mode='decode' takes one new position (T=1), got T={query_states.shape[1]}")
         if segment_ids is not None:
             raise ValueError("segment_ids are for packed training calls, not for cached prefill/decode")
-        new_cache, keys, values, valid = cache_in.update(key_states, value_states, self.causal)
-        mask = valid if attention_mask is None or valid is None else jnp.logical_and(attention_mask, valid)
-        if valid is None:  # growing cache: causal bottom-right alignment does the masking
-            out = self.impl(query_states, keys, values, mask, bias, None, self.causal, **features)
-        else:  # fixed cache: validity and causality are both in the mask
-            out = self.impl(query_states, keys, values, mask, bias, None, False, **features)
+        new_cache, keys, values, lengths = cache_in.update(key_states, value_states)
+        if lengths is None:  # growing cache: causal bottom-right alignment does the masking
+            out = self.impl(query_states, keys, values, attention_mask, bias, None, self.causal, **features)
+        else:
+            out = self._attend_fixed(query_states, keys, values, lengths, attention_mask, bias, features)
         if cache is not None:
             return out, new_cache
         self._store(new_cache)
         return out
+
+    def _attend_fixed(self, q: Any, keys: Any, values: Any, lengths: Any, attention_mask: Any, bias: Any,
+                      features: dict[str, Any]) -> AttentionOutput:
+        """Attention over a fixed cache holding ``lengths`` valid positions per sequence.
+
+        ``kv_lengths`` aligns causal masking and the window to the last written token (the
+        buffer's end is only its capacity). An impl that cannot take ``kv_lengths`` gets the same
+        visibility as a mask, the window folded in.
+        """
+        with_lengths = {**features, "kv_lengths": lengths}
+        if not self.impl.supports(q, keys, values, attention_mask, bias, None, self.causal, **with_lengths):
+            return self.impl(q, keys, values, attention_mask, bias, None, self.causal, **with_lengths)
+        mask = valid_mask(lengths, q.shape[1], keys.shape[1], self.causal, window_pair(self.sliding_window))
+        if attention_mask is not None:
+            mask = jnp.logical_and(attention_mask, mask)
+        return self.impl(q, keys, values, mask, bias, None, False, **{**features, "sliding_window": None})
 
     def _features(self, deterministic: bool, dropout_rng: Any) -> dict[str, Any]:
         features: dict[str, Any] = {"sliding_window": self.sliding_window, "logits_soft_cap": self.logits_soft_cap,
