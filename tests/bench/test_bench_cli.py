@@ -85,8 +85,9 @@ def test_overhead_option(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_bad_arguments_are_reported(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--shape", "1,2,3", "--plain"]) == 2
-    assert "--shape" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # refused while parsing, before anything runs
+        main(["bench", "--shape", "1,2,3", "--plain"])
+    assert exit_info.value.code == 2 and "--shape" in capsys.readouterr().err
     assert main(["bench", "--quick", "--modes", "sideways", "--plain"]) == 2
     assert "unknown --modes" in capsys.readouterr().err
 

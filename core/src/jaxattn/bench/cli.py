@@ -109,7 +109,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, repeats: int = 10, rou
     run_.add_argument("--max-temp-gib", type=positive_float,
                       help="skip programs whose compiled temp memory exceeds this, e.g. O(S^2) backends at "
                            f"long S (default {ACCELERATOR_TEMP_GIB:g} on GPU/TPU, none on CPU; always: free memory)")
-    run_.add_argument("--time-budget", type=positive_float, metavar="SECONDS",
+    run_.add_argument("--time-budget", type=nonneg_float, metavar="SECONDS",
                       help="start no new shape after this many seconds (the rest is reported as skipped)")
     run_.add_argument("--compile-workers", type=positive_int, default=min(8, os.cpu_count() or 1),
                       help="programs compiled in parallel, while none is timed (default: CPUs, at most 8)")
