@@ -16,8 +16,7 @@ import pytest
 
 import jaxattn
 from jaxattn.cli import main
-from jaxattn.tuning import TuningCache, TuningCacheWarning, current_environment
-from jaxattn.tuning.cache import TuningCacheError
+from jaxattn.tuning import TuningCache, TuningCacheError, TuningCacheWarning, current_environment
 
 from .helpers import problem, qkv, runtime, store
 

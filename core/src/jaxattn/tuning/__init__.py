@@ -7,13 +7,22 @@ Importing this package loads no jax: only the standard library and jaxattn's sma
 
 from __future__ import annotations
 
-from .cache import Measurement, TuningCache, TuningCacheWarning, active_cache, default_cache_path, reload
+from .cache import (
+    Measurement,
+    TuningCache,
+    TuningCacheError,
+    TuningCacheWarning,
+    active_cache,
+    default_cache_path,
+    reload,
+)
 from .keys import Environment, current_environment, problem_key, seq_bucket
 
 __all__ = [
     "Environment",
     "Measurement",
     "TuningCache",
+    "TuningCacheError",
     "TuningCacheWarning",
     "active_cache",
     "current_environment",
