@@ -331,6 +331,14 @@ def test_explain_api_points_a_paged_name_to_paged_attention() -> None:
         jaxattn.explain(x, x, x, impl="vanilla_paged")
 
 
+def test_explain_names_jaxattn_impl_when_it_names_nothing(capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JAXATTN_IMPL", "nonexistent")
+    code, out, err = run_cli(capsys, "explain", "--plain")
+    assert code == 2 and out == "" and err.count("\n") == 1  # not "nothing can run this call"
+    assert err.startswith("jaxattn explain: error: $JAXATTN_IMPL='nonexistent'") and "unknown" in err, err
+
+
 @pytest.mark.parametrize(("var", "value", "needle"), [("JAXATTN_TUNING", "maybe", "$JAXATTN_TUNING: 'maybe'")])
 def test_bad_environment_values_are_one_line_exit_2(capsys: pytest.CaptureFixture[str],
                                                     monkeypatch: pytest.MonkeyPatch, var: str, value: str,
