@@ -43,9 +43,10 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 class NumericArg:
-    """A converter for ``type=``: parses with ``parse`` and refuses values below ``minimum``.
+    """A converter for ``type=``: ``parse`` returns the value or raises ValueError, which
+    becomes argparse's one-line error with the constraint and an example.
 
-    ``accepts_zero`` and ``example`` are read by the test that walks every parser.
+    ``accepts_zero`` is read by the test that walks every parser.
     """
 
     def __init__(self, name: str, parse: Callable[[str], Any], constraint: str, example: str,
@@ -70,10 +71,10 @@ def _int(text: str, minimum: int) -> int:
     return value
 
 
-def _float(text: str, minimum: float, positive: bool, below: float | None = None) -> float:
+def _float(text: str, *, zero_ok: bool, below: float = math.inf) -> float:
+    """A finite float > 0 (>= 0 when ``zero_ok``) and < ``below``."""
     value = float(text.strip())
-    if not math.isfinite(value) or value < minimum or (positive and value <= 0) or (below is not None
-                                                                                     and value >= below):
+    if not (math.isfinite(value) and (value >= 0 if zero_ok else value > 0) and value < below):
         raise ValueError(text)
     return value
 
@@ -113,11 +114,11 @@ def _shape(text: str) -> str:
 
 positive_int = NumericArg("positive_int", lambda t: _int(t, 1), "an integer >= 1", "8", accepts_zero=False)
 nonneg_int = NumericArg("nonneg_int", lambda t: _int(t, 0), "an integer >= 0", "2", accepts_zero=True)
-positive_float = NumericArg("positive_float", lambda t: _float(t, 0.0, True), "a finite number > 0", "2.5",
+positive_float = NumericArg("positive_float", lambda t: _float(t, zero_ok=False), "a finite number > 0", "2.5",
                             accepts_zero=False)
-nonneg_float = NumericArg("nonneg_float", lambda t: _float(t, 0.0, False), "a finite number >= 0", "10",
+nonneg_float = NumericArg("nonneg_float", lambda t: _float(t, zero_ok=True), "a finite number >= 0", "10",
                           accepts_zero=True)
-probability = NumericArg("probability", lambda t: _float(t, 0.0, False, below=1.0), "a probability in [0, 1)",
+probability = NumericArg("probability", lambda t: _float(t, zero_ok=True, below=1.0), "a probability in [0, 1)",
                          "0.1", accepts_zero=True)
 int_list = NumericArg("int_list", _int_list, "a comma-separated list of integers >= 1 (1k = 1024)", "1k,2k,4k",
                       accepts_zero=False)
