@@ -19,7 +19,8 @@ import pytest
 import jaxattn
 from jaxattn.device import DeviceInfo
 from jaxattn.testing import oracle
-from jaxattn.testing.cases import Case, Level
+from jaxattn.testing.cases import DEFAULT_TOLERANCES, Case, Level, decode_sweep, make_inputs
+from jaxattn.testing.compare import assert_close
 from jaxattn.testing.conformance import ConformanceSuite
 from jaxattn.testing.quick_jit import quick_jit
 from jaxattn_vanilla.decode import decode_attention, plan_decode
@@ -162,6 +163,40 @@ def test_lengths_traced_under_jit_are_clamped() -> None:
     for given, meant in (([4, 10], [4, 10]), ([99, -1], [10, 0])):
         want = oracle.attention(q, k, v, causal=True, kv_lengths=np.asarray(meant)).output
         _close(run(q, k, v, jnp.asarray(given, jnp.int32)), want, 1e-5, str(given))
+
+
+# -- jaxlib 0.10.2's XLA:CPU miscompile (issue 18 item 1) ------------------------------------
+def test_issue_repro_eager_and_jit_match_the_oracle() -> None:
+    """The reported call: auto's decode under a plain jax.jit (XLA's default options, a forward-only
+    program) gave errors of 0.37 through the multiply-and-reduce logits; eager was right."""
+    r = np.random.default_rng(0)
+    q = r.normal(size=(1, 1, 4, 16)).astype(np.float32)
+    k, v = (r.normal(size=(1, 64, 2, 16)).astype(np.float32) for _ in range(2))
+    want = oracle.attention(q, k, v, causal=True).output
+    if jax.default_backend() == "cpu":
+        assert next(c for c in jaxattn.explain(q, k, v, causal=True).candidates if c.chosen).name == \
+            "autoregressive_decodeattn"
+    eager = jaxattn.attention(q, k, v, causal=True)
+    jitted = jax.jit(lambda q, k, v: jaxattn.attention(q, k, v, causal=True))(q, k, v)
+    _close(eager, want, 1e-5, "eager")
+    _close(jitted, want, 1e-5, "jit")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_gqa_decode_sweep_under_default_jit(dtype: str) -> None:
+    """The kernel alone, forward-only under jax.jit with XLA's default options (where the miscompile
+    lived), over the decode sweep's shapes (seeds 0-2: D 16-128, Hkv 1/2/8, groups 1/2/4, odd and
+    even S, T 1-16, lengths) against the float64 oracle."""
+    tol = DEFAULT_TOLERANCES[dtype].forward
+    for case in (c for seed in range(3) for c in decode_sweep(seed)):
+        arrays = make_inputs(case, dtype)
+        lengths = arrays.get("kv_lengths")
+        q, k, v = (jnp.asarray(arrays[n], dtype) for n in ("q", "k", "v"))
+        run = jax.jit(lambda q, k, v, n, causal=case.causal: decode_attention(q, k, v, kv_lengths=n, causal=causal))
+        res = run(q, k, v, lengths)
+        ref = oracle.attention(arrays["q"], arrays["k"], arrays["v"], causal=case.causal, kv_lengths=lengths)
+        assert_close(f"{case.describe()} output", res.output, ref.output, tol)
+        assert_close(f"{case.describe()} lse", res.lse, ref.lse, tol)
 
 
 def _results(jaxpr: Any) -> Iterator[tuple[int, ...]]:

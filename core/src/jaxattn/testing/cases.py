@@ -23,10 +23,12 @@ __all__ = [
     "DEFAULT_CASES",
     "DEFAULT_TOLERANCES",
     "FULL_CASES",
+    "SWEEP_SEED_ENV",
     "Case",
     "DtypeTolerance",
     "Tolerance",
     "cases_for",
+    "decode_sweep",
     "make_inputs",
     "round_to_dtype",
     "static_features",
@@ -87,6 +89,7 @@ class Case:
     logits_soft_cap: float | None = None
     sinks: bool = False
     softmax_scale: float | None = None
+    neg_inf_bias_rows: bool = False  # bias rows 1 and T-1 are all -inf: those queries see nothing
     kv_lengths: tuple[int, ...] | None = None  # per-batch key lengths (a dense KV cache of capacity S)
     q_gain: float = 1.0  # multiplies q, to push logits where a soft cap bites
     grad: bool = True  # also part of the gradient tests
@@ -134,10 +137,15 @@ DEFAULT_CASES: tuple[Case, ...] = (
     Case("sinks", hq=4, hkv=2, sinks=True),
     Case("softmax_scale", softmax_scale=0.37),
     Case("empty_rows", mask=("B", 1, "T", "S"), empty_rows=True),
+    # A whole query row of -inf bias is an empty row: zeros in the output and every gradient.
+    Case("bias_neg_inf_rows", t=6, s=7, hq=4, hkv=2, bias=("B", "H", "T", "S"), neg_inf_bias_rows=True),
     # A dense KV cache of capacity S with per-sequence lengths: decode, and speculative decoding
     # whose first query sits before the cache's start (length 2 < T = 3: that row sees nothing).
     Case("kv_lengths_decode", t=1, s=12, hq=4, hkv=2, causal=True, kv_lengths=(5, 12)),
     Case("kv_lengths_spec", t=3, s=16, hq=4, hkv=1, causal=True, kv_lengths=(2, 9)),
+    # GQA decode over a cache of 64: the shape at which jaxlib 0.10.2's XLA:CPU miscompiled a
+    # multiply-and-reduce decode kernel (only in a forward-only program at default options).
+    Case("decode_gqa_s64", b=1, t=1, s=64, hq=4, hkv=2, d=16, causal=True),
     Case(
         "combined",
         b=2,
@@ -191,6 +199,35 @@ def cases_for(level: Level) -> tuple[Case, ...]:
     if level == "full":
         return FULL_CASES
     raise ValueError(f"conformance level must be 'default' or 'full', got {level!r}")
+
+
+#: Environment variable that picks the decode sweep's seed (default 0): ``decode_sweep(seed)``.
+SWEEP_SEED_ENV = "JAXATTN_SWEEP_SEED"
+
+
+def decode_sweep(seed: int, count: int = 4) -> tuple[Case, ...]:
+    """``count`` random decode-shaped cases drawn from ``seed`` (the same seed, the same cases).
+
+    Shapes a serving loop makes and a small fixed matrix misses: D 16-128, Hkv 1, 2 or 8, GQA
+    groups of 1, 2 or 4, caches of odd and even sizes (64 and 512 among them), T = 1..16
+    queries, with and without causal and ``kv_lengths`` (lengths anywhere in 0..S, a query
+    before the cache's start included). No mask, bias or segment ids: every decode backend
+    takes these calls. The name carries the seed (``sweep_s{seed}_{i}``).
+    """
+    rng = np.random.default_rng([0x5EEB, seed])
+    out = []
+    for i in range(count):
+        b = int(rng.integers(1, 4))
+        hkv = int(rng.choice([1, 2, 8]))
+        group = int(rng.choice([1, 2, 4]))
+        d = int(rng.choice([16, 32, 64, 80, 128]))
+        s = int(rng.choice([64, 512, int(rng.integers(17, 300)) | 1, int(rng.integers(9, 300)) & ~1]))
+        t = int(rng.integers(1, 17))
+        causal = bool(rng.integers(2))
+        lengths = tuple(int(n) for n in rng.integers(0, s + 1, size=b)) if rng.integers(2) else None
+        out.append(Case(f"sweep_s{seed}_{i}", b=b, t=t, s=s, hq=hkv * group, hkv=hkv, d=d, causal=causal,
+                        kv_lengths=lengths, seed=seed))
+    return tuple(out)
 
 
 def round_to_dtype(x: npt.ArrayLike, dtype: str) -> npt.NDArray[np.float64]:
@@ -247,6 +284,11 @@ def make_inputs(case: Case, dtype: str) -> dict[str, Any]:
         out["mask"] = mask
     if case.bias is not None:
         out["bias"] = round_to_dtype(rng.normal(size=_resolve(case.bias, case)), dtype)
+        if case.neg_inf_bias_rows:
+            if len(case.bias) < 2 or _resolve(case.bias, case)[-2] < 2:
+                raise ValueError(f"case {case.name}: neg_inf_bias_rows needs a bias with a T dim")
+            out["bias"][..., 1, :] = -np.inf
+            out["bias"][..., -1, :] = -np.inf
     if case.segments:
         out["q_segment_ids"] = _packed_segments(rng, case.b, case.t)
         out["kv_segment_ids"] = _packed_segments(rng, case.b, case.s)

@@ -6,11 +6,17 @@ so it is bound by memory, not arithmetic. Two things decide its speed in XLA:
 * **No copy of the cache.** ``jax.nn.dot_product_attention`` (and any ``einsum`` over the
   ``(B, S, Hkv, D)`` layout with the heads as a batch dimension) makes XLA transpose K and V
   into ``(B, Hkv, D, S)`` before its matrix products: on a CPU that copy costs several times
-  the read itself. Here the logits are a multiply-and-reduce over D and the output a
-  multiply-and-reduce over the keys, both fused by XLA into loops that stream K and V in
-  their own layout. The query heads of one KV head are packed together (``R = T * G`` rows
-  per KV head, G = Hq / Hkv), so each K/V element is read once for all of them, and K and V
-  are never repeated over the group.
+  the read itself. Here both contractions are matrix products batched over B only, whose
+  operands are K and V in their own layout, flattened to ``(S * Hkv, D)`` and ``(S, Hkv * Dv)``:
+  the logits are every key row against every query row of every KV head, ``(S * Hkv, Hkv * R)``,
+  of which the diagonal blocks (a key head against its own query heads) are kept, and the
+  output is ``(Hkv * R, Hkv * Dv)``, again keeping the diagonal blocks. That multiplies the
+  arithmetic by Hkv, which a step bound by its read can afford (``R = T * G`` rows per KV
+  head, G = Hq / Hkv, so each K/V element is read once for all of them, and K and V are
+  never repeated over the group). They are dot operations on purpose: the multiply-and-reduce
+  this kernel used before (``sum(k[:, :, :, None, :] * q[:, None], -1)``) is lowered by
+  jaxlib 0.10.2's XLA:CPU into a YNNPACK fusion that computes wrong logits at many GQA decode
+  shapes (docs/decode.md).
 * **Split-K (flash-decoding).** The keys of a step are cut into ``num_chunks`` contiguous
   chunks; each chunk gets its own partial softmax (row max ``m_c``, sum ``l_c`` and
   unnormalised output ``o_c``), computed side by side (the chunks are folded into the batch
@@ -107,6 +113,54 @@ def _visible_range(t: int, s: int, lengths: Array | None, window: tuple[int, int
     return lo, longest
 
 
+def _diagonal_blocks(x: Array, h: int, inner: int) -> Array:
+    """``x (..., h, h * inner)`` -> ``(..., h, inner)``: block ``i`` of row ``i``.
+
+    Row-major, block ``(i, i)`` starts at ``i * (h + 1) * inner`` of the flattened pair of
+    axes: padded by one row, the pair reshapes to ``(h, (h + 1) * inner)`` whose first
+    ``inner`` columns are the diagonal blocks (a pad and slices, no gather).
+    """
+    if h == 1:
+        return x
+    lead = x.shape[:-2]
+    flat = x.reshape(*lead, h * h * inner)
+    flat = jnp.pad(flat, [(0, 0)] * len(lead) + [(0, h * inner)])
+    return flat.reshape(*lead, h, (h + 1) * inner)[..., :inner]
+
+
+def _logits(k: Array, qt: Array, dtype: Any) -> Array:
+    """``k (N, sc, Hkv, D)`` against ``qt (N, D, Hkv * R)``: ``(N, sc, Hkv, R)`` in ``dtype``.
+
+    One product batched over N, reading K in its own layout as ``(sc * Hkv, D)`` (a dot
+    operation: never the multiply-and-reduce that XLA:CPU miscompiled), then each key head's
+    own query rows.
+    """
+    n, sc, hkv, d = k.shape
+    r = qt.shape[-1] // hkv
+    full = lax.dot_general(k.reshape(n, sc * hkv, d), qt, (((2,), (1,)), ((0,), (0,))),
+                           preferred_element_type=dtype)  # (N, sc * Hkv, Hkv * R)
+    return _diagonal_blocks(full.reshape(n, sc, hkv, hkv * r), hkv, r)
+
+
+def _weighted_values(p: Array, v: Array, dtype: Any) -> Array:
+    """``sum_j p[:, j, h, r] v[:, j, h, :]``: ``p (N, sc, Hkv, R)``, ``v (N, sc, Hkv, Dv)`` ->
+    ``(N, Hkv, R, Dv)`` accumulated in ``dtype``.
+
+    One product batched over N contracting the keys, V read in its own layout as
+    ``(sc, Hkv * Dv)``; then each query head's own KV head. A 16-bit V multiplies
+    probabilities rounded to its dtype (as flash attention kernels do), so V is never copied
+    into a wider one.
+    """
+    n, sc, hkv, r = p.shape
+    dv = v.shape[-1]
+    wide = jnp.promote_types(v.dtype, jnp.float32) == v.dtype
+    pdtype = jnp.promote_types(p.dtype, v.dtype) if wide else v.dtype
+    full = lax.dot_general(p.astype(pdtype).reshape(n, sc, hkv * r), v.astype(pdtype).reshape(n, sc, hkv * dv),
+                           (((1,), (1,)), ((0,), (0,))), preferred_element_type=dtype)  # (N, Hkv * R, Hkv * Dv)
+    full = full.reshape(n, hkv, r, hkv * dv).transpose(0, 2, 1, 3)  # (N, R, Hkv, Hkv * Dv)
+    return _diagonal_blocks(full, hkv, dv).transpose(0, 2, 1, 3)
+
+
 def _and(a: Array | None, b: Array) -> Array:
     return b if a is None else a & b
 
@@ -150,11 +204,12 @@ def decode_attention(
     ends = jnp.full((b,), s, jnp.int32) if lengths is None else lengths
     # Row r of KV head h is query i = r // G of head h * G + r % G; it sits at key L - T + i.
     pos = (ends[:, None] - t + jnp.arange(t, dtype=jnp.int32)[None, :]).repeat(g, axis=1)  # (B, R)
-    # The query rows of each KV head side by side, pre-scaled, repeated over a step's chunks
-    # (a few KB): (B * nc, Hkv, R, D). Products keep rank 5 with the chunks folded into the
-    # batch: XLA's CPU emitters were several times slower on the same product at rank 6.
-    qr = q.reshape(b, t, hkv, g, d).transpose(0, 2, 1, 3, 4).reshape(b, 1, hkv, r, d).astype(sdtype) * scale
-    qr = jnp.broadcast_to(qr, (b, nc, hkv, r, d)).reshape(b * nc, hkv, r, d)
+    # The query rows of each KV head side by side, as the right operand of the logits' product
+    # (a few KB): (B * nc, D, Hkv * R), in K's dtype (a 16-bit cache is multiplied as it is
+    # stored, into sdtype), the scale applied to the logits.
+    cdtype = jnp.promote_types(q.dtype, k.dtype)
+    qt = q.reshape(b, t, hkv, g, d).transpose(0, 4, 2, 1, 3).reshape(b, 1, d, hkv * r).astype(cdtype)
+    qt = jnp.broadcast_to(qt, (b, nc, d, hkv * r)).reshape(b * nc, d, hkv * r)
     aux = None if softmax_aux is None else jnp.asarray(softmax_aux).astype(adtype)
     lo, hi = _visible_range(t, s, lengths, window)
 
@@ -188,8 +243,7 @@ def decode_attention(
         start = jnp.minimum(first, s - keys)  # the last step ends at S: no padded copy
         kb = lax.dynamic_slice_in_dim(k, start, keys, axis=1).reshape(b * nc, sc, hkv, d)
         vb = lax.dynamic_slice_in_dim(v, start, keys, axis=1).reshape(b * nc, sc, hkv, dv)
-        # Logits (B * nc, sc, Hkv, R): multiply and reduce over D, streaming K in its own layout.
-        x = jnp.sum(kb[:, :, :, None, :].astype(sdtype) * qr[:, None], axis=-1)
+        x = _logits(kb.astype(cdtype), qt, sdtype) * jnp.asarray(scale, sdtype)  # (B * nc, sc, Hkv, R)
         if logits_soft_cap is not None:
             cap = jnp.asarray(logits_soft_cap, sdtype)
             x = cap * jnp.tanh(x / cap)
@@ -201,8 +255,7 @@ def decode_attention(
         m_safe = jnp.where(jnp.isfinite(m), m, 0)
         p = jnp.exp(x - m_safe[:, None])
         l_c = jnp.sum(p, axis=1, dtype=adtype)
-        # Partial outputs (B * nc, Hkv, R, Dv): multiply and reduce over the chunk's keys.
-        o_c = jnp.sum(p[..., None].astype(adtype) * vb[:, :, :, None, :].astype(adtype), axis=1)
+        o_c = _weighted_values(p, vb, adtype)  # (B * nc, Hkv, R, Dv)
         return (m.astype(adtype).reshape(b, nc, hkv, r), l_c.reshape(b, nc, hkv, r),
                 o_c.reshape(b, nc, hkv, r, dv))
 
