@@ -18,7 +18,7 @@ import numpy as np
 from .backend import Backend
 from .compose import COMPOSED
 from .device import DeviceInfo, detect_device
-from .dispatch import AutoAttention, AutoPagedAttention, Explanation, accepting, current_impl_name, explain_problem
+from .dispatch import AutoAttention, AutoPagedAttention, Explanation, accepting, call_impl_name, explain_problem
 from .errors import InvalidInputError, UnsupportedError
 from .impl import AttentionImpl
 from .lookup import new_impl
@@ -110,7 +110,7 @@ def attention(
     reason and the names of the impls that would accept the call.
     """
     md = as_metadata(metadata)
-    chosen = impl if isinstance(impl, AttentionImpl) else get_impl(current_impl_name(impl), md)
+    chosen = impl if isinstance(impl, AttentionImpl) else get_impl(call_impl_name(impl), md)
     if not isinstance(chosen, AttentionImpl):
         raise InvalidInputError("impl", f"{chosen.name()!r} is a {chosen.kind} impl; attention() runs dense ones",
                                 "use paged_attention / ragged_paged_attention for paged impls")
@@ -139,7 +139,7 @@ def _paged_impl(impl: str | AttentionMechanisms | PagedAttentionImpl | None,
                 metadata: AttentionMetadata) -> PagedAttentionImpl:
     if isinstance(impl, PagedAttentionImpl):
         return impl
-    chosen = get_impl(current_impl_name(impl, "paged"), metadata, kind="paged")
+    chosen = get_impl(call_impl_name(impl, "paged"), metadata, kind="paged")
     if not isinstance(chosen, PagedAttentionImpl):
         raise InvalidInputError("impl", f"{chosen.name()!r} is a {chosen.kind} impl, not a paged one",
                                 "name a paged impl (page_attention, ragged_page_attention_v3) or 'auto'")

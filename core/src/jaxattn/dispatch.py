@@ -38,6 +38,7 @@ __all__ = [
     "Candidate",
     "Explanation",
     "accepting",
+    "call_impl_name",
     "choose",
     "clear_choices",
     "current_impl_name",
@@ -73,21 +74,29 @@ def current_impl_name(impl: str | AttentionMechanisms | None = None, kind: str =
     if impl is not None:
         return normalize_name(impl)
     scoped = _override.get()
-    source = f"use_impl({scoped!r})"
     if scoped is None:
         env = os.environ.get("JAXATTN_IMPL", "").strip()
         scoped = normalize_name(env) if env else None
-        source = f"$JAXATTN_IMPL={env!r}"
     if scoped is None or scoped == AttentionMechanisms.AUTO.value:
         return AttentionMechanisms.AUTO.value
     kinds = {p.kind for p in registry().providers_of(scoped)}
-    if not kinds:  # the caller never named it: say where the name came from, not only that it is unknown
-        try:
-            provider_here(scoped, DEFAULT_METADATA)
-        except JaxattnError as err:
-            raise type(err)(f"{source}: {err} (unset it, or set it to 'auto' or a name from `jaxattn list`)") \
-                from None
     return AttentionMechanisms.AUTO.value if kinds and kind not in kinds else scoped
+
+
+def call_impl_name(impl: str | AttentionMechanisms | None = None, kind: str = "dense") -> str:
+    """``current_impl_name`` for a call about to run: a name from ``use_impl`` or ``$JAXATTN_IMPL``
+    that no installed plugin provides raises ``ImplNotFoundError`` naming where it came from (the
+    caller never named it, so "unknown impl" alone would not say what to fix)."""
+    name = current_impl_name(impl, kind)
+    if impl is not None or name == AttentionMechanisms.AUTO.value or registry().providers_of(name):
+        return name
+    scoped = _override.get()
+    source = f"use_impl({scoped!r})" if scoped is not None else f"$JAXATTN_IMPL={os.environ['JAXATTN_IMPL'].strip()!r}"
+    try:
+        provider_here(name, DEFAULT_METADATA)
+    except JaxattnError as err:
+        raise type(err)(f"{source}: {err} (unset it, or set it to 'auto' or a name from `jaxattn list`)") from None
+    return name
 
 
 def _rank_key(candidate: Candidate) -> tuple[int, int, str]:
@@ -453,7 +462,7 @@ def explain_problem(problem: Problem, *, impl: str | AttentionMechanisms | None 
                     metadata: AttentionMetadata | None = None) -> Explanation:
     """``explain`` for a problem built by hand (``AttentionProblem`` or ``PagedProblem``)."""
     md = as_metadata(metadata)
-    requested = current_impl_name(impl, problem.kind)
+    requested = call_impl_name(impl, problem.kind)
     auto_choice, rows = choose(problem, md)
     if requested == AttentionMechanisms.AUTO.value:
         chosen = auto_choice
