@@ -100,14 +100,18 @@ def _dense_reference(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, lens: np.ndarray, *, left: int | None, right: int | None,
     sinks: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """The paged reference with the dense cache as one page per sequence."""
+    """The paged reference with the dense cache as one page per sequence; a query at a negative
+    position (``lens[b] - T + i < 0``) is no token of its sequence: zeros, lse -inf (docs/contract.md)."""
     b, t, hq, d = q.shape
     cu = np.arange(b + 1) * t
     table = np.arange(b)[:, None]
     out, lse = reference(
         q.reshape(b * t, hq, d), k, v, table, lens, cu, b, scale=d**-0.5, left=left, right=right, sinks=sinks
     )
-    return out.reshape(b, t, hq, -1), lse.reshape(b, t, hq).transpose(0, 2, 1)
+    real = (np.asarray(lens)[:, None] - t + np.arange(t)[None, :] >= 0)  # (B, T)
+    out = np.where(real[:, :, None, None], out.reshape(b, t, hq, -1), 0.0)
+    lse = np.where(real[:, None, :], lse.reshape(b, t, hq).transpose(0, 2, 1), -np.inf)
+    return out, lse
 
 
 @pytest.mark.parametrize(

@@ -126,10 +126,13 @@ class TritonDecodeAttention(AttentionImpl):
         causal: bool = False,
         **features: Any,
     ) -> AttentionOutput:
+        from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
         from jaxattn_triton.paged_ops import decode_with_flash_grad, dense_decode
 
         if bias is None and init_bias is not None:
             bias = init_bias()
+        # A +inf sink: the kernel gets a finite one and the heads it absorbs are zeroed (jaxattn.sinks).
+        features["softmax_aux"], absorbed = split_absorbing_sinks(features.get("softmax_aux"))
         # __call__ declined these already; a direct forward_* call must not drop them either.
         for feature, present in (
             (Feature.MASK, mask is not None), (Feature.BIAS, bias is not None),
@@ -149,13 +152,13 @@ class TritonDecodeAttention(AttentionImpl):
                 return_lse=True, interpret=self.interpret,
             )  # fmt: skip
             assert isinstance(got, tuple)
-            return AttentionOutput(attention_outputs=got[0], attention_weights=None, softmax_lse=got[1])
+            return AttentionOutput(attention_outputs=zero_absorbed_heads(got[0], absorbed, 2), softmax_lse=got[1])
         out, lse = decode_with_flash_grad(
             q, k, v, features.get("kv_lengths"), causal=causal, softmax_scale=features.get("softmax_scale"),
             logits_soft_cap=features.get("logits_soft_cap"), window=features.get("sliding_window"),
             sinks=features.get("softmax_aux"), flash_overrides=self._overrides(), interpret=self.interpret,
         )  # fmt: skip
-        return AttentionOutput(attention_outputs=out, attention_weights=None, softmax_lse=lse)
+        return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 2), softmax_lse=lse)
 
     def _overrides(self) -> dict[str, int]:
         md = self.metadata

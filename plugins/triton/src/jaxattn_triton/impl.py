@@ -95,11 +95,15 @@ class TritonFlashAttention(AttentionImpl):
         causal: bool = False,
         **features: Any,
     ) -> AttentionOutput:
+        from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
         from jaxattn_triton.ops import flash_attention, make_spec
         from jaxattn_triton.tuning import tiles_for
 
         if bias is None and init_bias is not None:
             bias = init_bias()
+        # A +inf sink would be inf - inf in the kernels' online softmax: they get a finite one,
+        # and the heads it absorbs are zeroed after (jaxattn.sinks).
+        features["softmax_aux"], absorbed = split_absorbing_sinks(features.get("softmax_aux"))
         # __call__ declined these already; a direct forward_* call must not drop them either.
         if features.get("dropout_prob", 0.0):
             raise NotImplementedError(WHY_NOT[Feature.DROPOUT])
@@ -126,7 +130,7 @@ class TritonFlashAttention(AttentionImpl):
                 logits_soft_cap=features.get("logits_soft_cap"), window=features.get("sliding_window"),
                 sinks=features.get("softmax_aux"), flash_overrides=self._overrides(), interpret=self.interpret,
             )  # fmt: skip
-            return AttentionOutput(attention_outputs=out, attention_weights=None, softmax_lse=lse)
+            return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 2), softmax_lse=lse)
         tiles = tiles_for(spec, interpret=self.interpret, overrides=self._overrides())
         out, lse = flash_attention(
             q, k, v, mask=mask, bias=bias, causal=causal,
@@ -138,7 +142,7 @@ class TritonFlashAttention(AttentionImpl):
             softmax_aux=features.get("softmax_aux"),
             tiles=tiles, interpret=self.interpret,
         )  # fmt: skip
-        return AttentionOutput(attention_outputs=out, attention_weights=None, softmax_lse=lse)
+        return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 2), softmax_lse=lse)
 
     def _overrides(self) -> dict[str, int]:
         md = self.metadata

@@ -104,8 +104,11 @@ class _TritonPaged(PagedAttentionImpl):
         softmax_aux, and k_scale, v_scale (rank 3) with a quantized cache."""
         import jax.numpy as jnp
 
+        from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
         from jaxattn_triton.paged_ops import paged_decode, ragged_paged
 
+        # A +inf sink: the kernel gets a finite one and the heads it absorbs are zeroed (jaxattn.sinks).
+        sinks, absorbed = split_absorbing_sinks(features.get("softmax_aux"))
         page_table, kv_lengths = features["page_table"], features["kv_lengths"]
         num_seqs, queries_per_seq = features["num_seqs"], features.get("queries_per_seq")
         if features.get("kv_layout", "separate") == "combined":
@@ -114,7 +117,7 @@ class _TritonPaged(PagedAttentionImpl):
             k, v, cache = k_pages, v_pages, {}
         kw: dict[str, Any] = {
             "softmax_scale": features.get("softmax_scale"), "logits_soft_cap": features.get("logits_soft_cap"),
-            "window_left": features.get("sliding_window"), "sinks": features.get("softmax_aux"),
+            "window_left": features.get("sliding_window"), "sinks": sinks,
             "interpret": self.interpret, "k_scale": features.get("k_scale"), "v_scale": features.get("v_scale"),
             **cache,
         }  # fmt: skip
@@ -127,9 +130,11 @@ class _TritonPaged(PagedAttentionImpl):
             lengths = jnp.where(live, kv_lengths, 0)
             out = paged_decode(q.reshape(n, t, hq, d), k, v, page_table, lengths, **kw)
             assert not isinstance(out, tuple)
-            return AttentionOutput(attention_outputs=jnp.reshape(out, (n * t, hq, -1)))
+            rows = jnp.reshape(out, (n * t, hq, -1))
+            return AttentionOutput(attention_outputs=zero_absorbed_heads(rows, absorbed, 1))
         out = ragged_paged(q, k, v, page_table, kv_lengths, features["cu_q_lens"], num_seqs, **kw)
-        return AttentionOutput(attention_outputs=out)
+        assert not isinstance(out, tuple)
+        return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 1))
 
 
 class TritonRaggedPagedAttention(_TritonPaged):

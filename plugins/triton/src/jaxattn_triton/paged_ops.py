@@ -35,6 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxattn.unread import zero_past_lengths
 from jaxattn_triton import launch_paged as LP
 from jaxattn_triton.launch import Launch
 
@@ -389,10 +390,22 @@ def dense_decode(
     _, ks, vs = _scales(spec.cache_dtype, k_scale, v_scale, tuple(k.shape[:3]))
     chosen = _tiles(spec, tiles, num_splits)
     out, lse = _forward(spec, chosen, interpret, *_dense_inputs(q, k, v, sink_arr, lengths), ks, vs)
-    out = out.reshape(b, t, hq, dv)
+    out, lse = out.reshape(b, t, hq, dv), jnp.transpose(lse.reshape(b, t, hq), (0, 2, 1))
+    if kv_lengths is not None:
+        out, lse = _before_the_start_empty(out, lse, lengths)
     if not return_lse:
         return out
-    return out, jnp.transpose(lse.reshape(b, t, hq), (0, 2, 1))
+    return out, lse
+
+
+def _before_the_start_empty(out: Array, lse: Array, lengths: Array) -> tuple[Array, Array]:
+    """``out (B, T, Hq, Dv)`` and ``lse (B, Hq, T)`` with the rows of queries at a negative position
+    (``L_b - T + i < 0``) empty: zeros and ``-inf``. Such a query is no token of its sequence
+    (docs/contract.md); the kernel would show it the keys below the length when nothing cuts."""
+    t = out.shape[1]
+    real = jnp.clip(lengths, 0, None)[:, None] - t + jnp.arange(t, dtype=jnp.int32)[None, :] >= 0  # (B, T)
+    out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
+    return out, jnp.where(real[:, None, :], lse, jnp.asarray(-jnp.inf, lse.dtype))
 
 
 def _dense_inputs(q: Array, k: Array, v: Array, sinks: Array, lengths: Array) -> tuple[Array, ...]:
@@ -468,7 +481,7 @@ def visibility_mask(spec: LP.PagedSpec, lengths: Array) -> Array:
     i = jnp.arange(t, dtype=jnp.int32)[None, None, :, None]
     j = jnp.arange(s, dtype=jnp.int32)[None, None, None, :]
     pos = lens - t + i
-    seen = j < lens
+    seen = (j < lens) & (pos >= 0)  # a query at a negative position is no token: it sees nothing
     if spec.window_left is not None:
         seen &= j >= pos - spec.window_left
     if spec.window_right is not None:
@@ -485,7 +498,10 @@ def _decode_vjp(
     q2, k2, v2, sinks2, table, lengths2, cu, ns = _dense_inputs(q, k, v, sinks, lengths)
     # The kernels' argument order (launch_paged.attention), not _forward's.
     out, lse = _execute_all(pspec, ptiles, [q2, k2, v2, table, lengths2, cu, ns, sinks2], interpret)  # no scales
-    return out.reshape(b, t, hq, v.shape[3]), jnp.transpose(lse.reshape(b, t, hq), (0, 2, 1))
+    out, lse = out.reshape(b, t, hq, v.shape[3]), jnp.transpose(lse.reshape(b, t, hq), (0, 2, 1))
+    if fspec.mask_shape is not None:  # kv_lengths given (the backward's mask is built from them)
+        out, lse = _before_the_start_empty(out, lse, lengths)
+    return out, lse
 
 
 def _decode_vjp_fwd(
@@ -507,6 +523,10 @@ def _decode_vjp_bwd(
     # kv_lengths its spec has a mask instead of causal/window: the visibility, built here.
     bias = jnp.zeros((1,), jnp.float32)
     mask = jnp.zeros((1,), jnp.int8) if fspec.mask_shape is None else visibility_mask(pspec, lengths)
+    if fspec.mask_shape is not None:
+        # The cache may hold NaN past a length; the flash backward multiplies it by its zero
+        # probabilities (dq = dS K, dP = dO V^T), so it gets zeros there, by a select.
+        k, v = zero_past_lengths(k, v, jnp.clip(lengths, 0, k.shape[1]))
     seg = jnp.zeros((1,), jnp.int32)
     grads = _flash_bwd(fspec, ftiles, interpret, (q, k, v, bias, sinks, mask, seg, seg, out, lse), cotangents)
     dq, dk, dv, _, dsinks = grads[:5]
