@@ -72,6 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--serving", action="store_true",
                         help="instead: decode and ragged calls over a paged KV cache (GB/s of K/V read), paged "
                              "backends beside dense decode (cuDNN...) and JAX's Pallas GPU paged_attention")
+    parser.add_argument("--kv-dtype", choices=("int8", "fp8", "fp8_e5m2"),
+                        help="with --serving: the paged backends read a quantized cache of the same tokens (fp8 = "
+                             "float8_e4m3fn), beside the 16-bit paged kernel and dense decode; bytes read count "
+                             "values + scales")
+    parser.add_argument("--kv-granularity", choices=("tensor", "head", "token"), default="token",
+                        help="with --kv-dtype: one scale per tensor, KV head, or token and head (default token)")
     # The shared --json flag (print JSON) gains an optional PATH: with one, the JSON goes to the file
     # and the table still goes to stdout. "resolve" lets this definition replace the shared one
     # (set before the group is made: a group copies its parser's handler).
@@ -203,7 +209,11 @@ def _run_serving(args: argparse.Namespace, metadata: AttentionMetadata, platform
     from .serving import ServingResult, run_serving, serving_matrix, serving_not_run, serving_table
 
     dtype = args.dtype or ("float32" if platform == "cpu" else "bfloat16")
-    shapes = serving_matrix(quick=args.quick or platform == "cpu", dtype=dtype)
+    from .serving import KV_DTYPES
+
+    kv_dtype = KV_DTYPES[args.kv_dtype] if args.kv_dtype else None
+    shapes = serving_matrix(quick=args.quick or platform == "cpu", dtype=dtype, kv_dtype=kv_dtype,
+                            granularity=args.kv_granularity)
     if args.impls:
         # Names as given, aliases included (on a CPU page_attention is vanilla_paged's alias),
         # each a row of its own; its op kind says which calls time it.

@@ -13,6 +13,14 @@ shape, in one process:
   read there, so it is the bar a paged kernel must meet);
 * JAX's Pallas GPU ``paged_attention`` on CUDA GPUs (its own layout, built untimed).
 
+With ``--kv-dtype`` (int8, fp8 = float8_e4m3fn, fp8_e5m2) the paged backends read a quantized
+cache of the same tokens (``jaxattn.quantize_kv`` at ``--kv-granularity``): their rows count the
+bytes actually read (narrow values + float32 scales), the memory-read bar reads exactly those
+bytes, and beside them run the 16-bit paged kernel (rows ``NAME (16-bit cache)``) and dense
+decode (cuDNN) over the 16-bit cache, so the ratios compare a quantized decode with a 16-bit
+one over the same tokens in the same run. Every row also reports tokens/s (query tokens
+computed per second: the decode throughput of the step).
+
 A mixed shape packs prefill chunks and decode steps in one ragged call; each paged backend is
 also timed running the two parts as separate calls, so "mixed vs separate" shows whether the
 single call is at least as fast. Timing follows ``jaxattn bench`` (compiled ahead of time,
@@ -42,6 +50,10 @@ _POOL_LABELS = {"random": "", "in order": " pages in order", "address order": " 
                 "runs of 16": " pages in runs of 16"}
 #: Consecutive pages an allocator hands out at once in the "runs of 16" pool.
 RUN = 16
+#: ``--kv-dtype``'s names for the quantized cache formats.
+KV_DTYPES = {"int8": "int8", "fp8": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+#: Rows of a quantized shape that time a paged backend on the 16-bit cache of the same tokens.
+WIDE_SUFFIX = " (16-bit cache)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +78,14 @@ class ServingShape:
     prefill: int = 0
     chunk: int = 0
     pool: str = "random"
+    kv_dtype: str | None = None  # a quantized cache ("int8", "float8_e4m3fn", "float8_e5m2"), else None
+    granularity: str = "token"  # of the quantized cache's scales: "tensor", "head" or "token"
 
     def __post_init__(self) -> None:
         if self.pool not in POOLS:
             raise ValueError(f"pool={self.pool!r} must be one of {POOLS}")
+        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES.values():
+            raise ValueError(f"kv_dtype={self.kv_dtype!r} must be one of {sorted(KV_DTYPES.values())}")
 
     @property
     def mixed(self) -> bool:
@@ -83,6 +99,8 @@ class ServingShape:
             base += f" + {self.prefill}x{self.chunk} prefill"
         elif self.queries != 1:
             base += f" T{self.queries}"
+        if self.kv_dtype is not None:
+            base += f" {self.kv_dtype} per {self.granularity}"
         return base + _POOL_LABELS[self.pool]
 
     @property
@@ -93,20 +111,41 @@ class ServingShape:
     def pages_per_seq(self) -> int:
         return -(-self.context // self.page_size)
 
-    def kv_bytes(self) -> int:
-        """Bytes of K and V a call reads: every cached token of every sequence, once."""
+    @property
+    def query_tokens(self) -> int:
+        """Query tokens a call computes (decode rows and prefill chunks): tokens/s counts these."""
+        return self.batch * self.queries + self.prefill * self.chunk
+
+    def wide_bytes(self) -> int:
+        """Bytes of a 16-bit (``dtype``) K and V cache a call reads: every cached token of every
+        sequence, once."""
         import numpy as np
 
         itemsize = np.dtype(self.dtype).itemsize if self.dtype != "bfloat16" else 2
         return self.num_seqs * self.context * self.heads_kv * 2 * self.head_dim * itemsize
 
+    def kv_bytes(self) -> int:
+        """Bytes of K and V the paged backends read: :meth:`wide_bytes`, or for a quantized
+        cache its one-byte values plus the float32 scales read (K's and V's)."""
+        if self.kv_dtype is None:
+            return self.wide_bytes()
+        tokens = self.num_seqs * self.context
+        scales = {"tensor": 1, "head": self.heads_kv, "token": tokens * self.heads_kv}[self.granularity]
+        return tokens * self.heads_kv * 2 * self.head_dim + 2 * 4 * scales
+
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "label": self.label}
 
 
-def serving_matrix(*, quick: bool = False, dtype: str = "bfloat16") -> list[ServingShape]:
+def serving_matrix(*, quick: bool = False, dtype: str = "bfloat16", kv_dtype: str | None = None,
+                   granularity: str = "token") -> list[ServingShape]:
     """The issue's targets: bf16, D=128, GQA 32/8, pages of 16 and 64, batch 16 and 64, 2k-64k
-    tokens; plus mixed batches. ``quick``: tiny shapes for a CPU."""
+    tokens; plus mixed batches. ``quick``: tiny shapes for a CPU. With ``kv_dtype`` the
+    quantized cache's targets: 8k-64k tokens, 16 and 64 sequences, pages of 16 and 64, two
+    mixed batches."""
+    if kv_dtype is not None:
+        return [dataclasses.replace(s, kv_dtype=kv_dtype, granularity=granularity)
+                for s in _quantized_matrix(quick, dtype)]
     if quick:
         return [ServingShape(4, 96, 4, 2, 32, 16, dtype), ServingShape(4, 96, 4, 2, 32, 16, dtype, queries=2),
                 ServingShape(4, 96, 4, 2, 32, 16, dtype, prefill=2, chunk=24)]
@@ -128,6 +167,17 @@ def serving_matrix(*, quick: bool = False, dtype: str = "bfloat16") -> list[Serv
             *(ServingShape(16, ctx, 32, 8, 128, 16, dtype, pool="runs of 16") for ctx in (32768, 65536))]
 
 
+def _quantized_matrix(quick: bool, dtype: str) -> list[ServingShape]:
+    if quick:
+        return [ServingShape(4, 96, 4, 2, 32, 16, dtype), ServingShape(4, 96, 4, 2, 32, 16, dtype, prefill=2, chunk=24)]
+    # Pages of 16 first (the common size), the mixed batches, then pages of 64 and 64k contexts.
+    return [*(ServingShape(b, ctx, 32, 8, 128, 16, dtype) for b in (16, 64) for ctx in (8192, 32768)),
+            ServingShape(64, 4096, 32, 8, 128, 16, dtype, prefill=4, chunk=512),
+            ServingShape(32, 16384, 32, 8, 128, 64, dtype, prefill=2, chunk=2048),
+            *(ServingShape(b, ctx, 32, 8, 128, 64, dtype) for b in (16, 64) for ctx in (8192, 32768)),
+            *(ServingShape(16, 65536, 32, 8, 128, ps, dtype) for ps in (16, 64))]
+
+
 @dataclasses.dataclass
 class ServingResult:
     shape: ServingShape
@@ -140,6 +190,8 @@ class ServingResult:
     ratio: float | None = None  # reference time / this time: > 1 is faster than the reference
     of_read_peak: float | None = None  # GB/s as a fraction of the memory-read peer's
     times_ms: list[float] = dataclasses.field(default_factory=list)
+    bytes_read: int | None = None  # K and V bytes this row's call reads (values + scales when quantized)
+    tokens_per_s: float | None = None  # query tokens computed per second
 
     @property
     def ok(self) -> bool:
@@ -185,6 +237,13 @@ def _inputs(shape: ServingShape, seed: int = 0) -> dict[str, Any]:
     out = {"q": q, "k_pages": k_pages, "v_pages": v_pages, "page_table": jnp.asarray(table),
            "kv_lengths": jnp.full((n,), shape.context, jnp.int32), "cu_q_lens": jnp.asarray(cu),
            "num_seqs": jnp.asarray([n], jnp.int32)}
+    if shape.kv_dtype is not None:
+        from ..quantize import quantize_kv
+
+        # The same tokens quantized (under jit: no full-size float32 temporaries).
+        quantize = jax.jit(lambda x: quantize_kv(x, shape.kv_dtype, shape.granularity))
+        out["kq_pages"], out["k_scale"] = quantize(k_pages)
+        out["vq_pages"], out["v_scale"] = quantize(v_pages)
     return dict(zip(out, jax.block_until_ready(tuple(out.values())), strict=True))
 
 
@@ -205,55 +264,73 @@ def _dense_cache(shape: ServingShape, arrays: dict[str, Any]) -> tuple[Any, Any,
 Runnable = tuple[Callable[..., Any], tuple[Any, ...], str]  # (fn, args, note)
 
 
-def _paged(name: str, md: AttentionMetadata, shape: ServingShape, arrays: dict[str, Any]) -> Runnable:
+def _cache(arrays: dict[str, Any], quantized: bool) -> dict[str, Any]:
+    """The arrays a paged call reads: the 16-bit cache, or the quantized one with its scales."""
+    if not quantized:
+        return arrays
+    return {**arrays, "k_pages": arrays["kq_pages"], "v_pages": arrays["vq_pages"]}
+
+
+def _scales(arrays: dict[str, Any], quantized: bool) -> dict[str, Any]:
+    return {"k_scale": arrays["k_scale"], "v_scale": arrays["v_scale"]} if quantized else {}
+
+
+def _paged(name: str, md: AttentionMetadata, shape: ServingShape, arrays: dict[str, Any],
+           quantized: bool = False) -> Runnable:
     import jaxattn
 
-    a = arrays
+    scales = _scales(arrays, quantized)
+    a = _cache(arrays, quantized)
     if shape.mixed:
         exp = jaxattn.explain_paged(a["q"], a["k_pages"], a["v_pages"], a["page_table"], a["kv_lengths"],
-                                    a["cu_q_lens"], a["num_seqs"], impl=name, metadata=md)
+                                    a["cu_q_lens"], a["num_seqs"], impl=name, metadata=md, **scales)
     else:
         q4 = a["q"].reshape(shape.batch, shape.queries, shape.heads_q, shape.head_dim)
         exp = jaxattn.explain_paged(q4, a["k_pages"], a["v_pages"], a["page_table"], a["kv_lengths"], impl=name,
-                                    metadata=md)
+                                    metadata=md, **scales)
     if exp.chosen is None:
         row = next((c for c in exp.candidates if c.name == name and c.here), None)
         raise _Declined("; ".join(row.reasons) if row else f"no paged impl named {name!r} here")
     note = f"-> {exp.chosen}" if name == "auto" else ""
     if shape.mixed:
-        def fn(q: Any, kp: Any, vp: Any, table: Any, lengths: Any, cu: Any, count: Any) -> Any:
-            return jaxattn.ragged_paged_attention(q, kp, vp, table, lengths, cu, count, impl=name, metadata=md)
+        def fn(q: Any, kp: Any, vp: Any, table: Any, lengths: Any, cu: Any, count: Any, *kv_scales: Any) -> Any:
+            return jaxattn.ragged_paged_attention(q, kp, vp, table, lengths, cu, count, impl=name, metadata=md,
+                                                  **dict(zip(scales, kv_scales, strict=True)))
 
         return fn, (a["q"], a["k_pages"], a["v_pages"], a["page_table"], a["kv_lengths"], a["cu_q_lens"],
-                    a["num_seqs"]), note
+                    a["num_seqs"], *scales.values()), note
 
-    def decode(q: Any, kp: Any, vp: Any, table: Any, lengths: Any) -> Any:
-        return jaxattn.paged_attention(q, kp, vp, table, lengths, impl=name, metadata=md)
+    def decode(q: Any, kp: Any, vp: Any, table: Any, lengths: Any, *kv_scales: Any) -> Any:
+        return jaxattn.paged_attention(q, kp, vp, table, lengths, impl=name, metadata=md,
+                                       **dict(zip(scales, kv_scales, strict=True)))
 
-    return decode, (q4, a["k_pages"], a["v_pages"], a["page_table"], a["kv_lengths"]), note
+    return decode, (q4, a["k_pages"], a["v_pages"], a["page_table"], a["kv_lengths"], *scales.values()), note
 
 
-def _separate(name: str, md: AttentionMetadata, shape: ServingShape, arrays: dict[str, Any]) -> Runnable:
+def _separate(name: str, md: AttentionMetadata, shape: ServingShape, arrays: dict[str, Any],
+              quantized: bool = False) -> Runnable:
     """A mixed batch as two ragged calls: the decode rows, then the prefill chunks."""
     import jax.numpy as jnp
 
     import jaxattn
 
-    a, b = arrays, shape.batch
+    scales = _scales(arrays, quantized)
+    a, b = _cache(arrays, quantized), shape.batch
     split = b * shape.queries
     cu = a["cu_q_lens"]
     decode_cu = cu[: b + 1]
     prefill_cu = jnp.concatenate([jnp.zeros(1, jnp.int32), cu[b + 1:] - cu[b]])
 
-    def fn(q: Any, kp: Any, vp: Any, table: Any, lengths: Any) -> Any:
+    def fn(q: Any, kp: Any, vp: Any, table: Any, lengths: Any, *kv_scales: Any) -> Any:
+        kw = dict(zip(scales, kv_scales, strict=True))
         first = jaxattn.ragged_paged_attention(q[:split], kp, vp, table[:b], lengths[:b], decode_cu, b, impl=name,
-                                               metadata=md)
+                                               metadata=md, **kw)
         second = jaxattn.ragged_paged_attention(q[split:], kp, vp, table[b:], lengths[b:], prefill_cu,
-                                                shape.prefill, impl=name, metadata=md)
+                                                shape.prefill, impl=name, metadata=md, **kw)
         return jnp.concatenate([first, second])
 
-    _paged(name, md, shape, arrays)  # declines the same way as the mixed call
-    return fn, (a["q"], a["k_pages"], a["v_pages"], a["page_table"], a["kv_lengths"]), "two calls"
+    _paged(name, md, shape, arrays, quantized)  # declines the same way as the mixed call
+    return fn, (a["q"], a["k_pages"], a["v_pages"], a["page_table"], a["kv_lengths"], *scales.values()), "two calls"
 
 
 def _dense(name: str, md: AttentionMetadata, shape: ServingShape, dense: tuple[Any, Any, Any]) -> Runnable:
@@ -298,12 +375,16 @@ def _pallas_gpu(shape: ServingShape, arrays: dict[str, Any]) -> Runnable:
     return fn, (q3, kp, vp, arrays["page_table"], arrays["kv_lengths"]), f"{pages} pages per block"
 
 
-def _read_peak(arrays: dict[str, Any]) -> Runnable:
+def _read_peak(arrays: dict[str, Any], quantized: bool = False) -> Runnable:
     import jax.numpy as jnp
 
-    def fn(kp: Any, vp: Any) -> Any:
-        return jnp.sum(kp, dtype=jnp.float32) + jnp.sum(vp, dtype=jnp.float32)
+    def fn(kp: Any, vp: Any, *kv_scales: Any) -> Any:
+        total = jnp.sum(kp, dtype=jnp.float32) + jnp.sum(vp, dtype=jnp.float32)
+        return total + sum((jnp.sum(s) for s in kv_scales), jnp.float32(0))
 
+    if quantized:
+        return (fn, (arrays["kq_pages"], arrays["vq_pages"], arrays["k_scale"], arrays["v_scale"]),
+                "a reduction over the quantized cache (values + scales): the bandwidth bar")
     return fn, (arrays["k_pages"], arrays["v_pages"]), "a reduction over the cache: the bandwidth bar"
 
 
@@ -321,12 +402,18 @@ def _compile(fn: Callable[..., Any], args: tuple[Any, ...]) -> Program:
 
 
 def _candidates(shape: ServingShape, md: AttentionMetadata, paged: Sequence[str], dense: Sequence[str],
-                arrays: dict[str, Any]) -> list[tuple[str, Callable[[], Runnable]]]:
-    out: list[tuple[str, Callable[[], Runnable]]] = [(READ_PEAK, lambda: _read_peak(arrays))]
+                arrays: dict[str, Any]) -> list[tuple[str, Callable[[], Runnable], int]]:
+    """``(row name, how to build its call, bytes of K and V it reads)`` of every row of a shape."""
+    quant = shape.kv_dtype is not None
+    narrow, wide = shape.kv_bytes(), shape.wide_bytes()
+    out: list[tuple[str, Callable[[], Runnable], int]] = [(READ_PEAK, lambda: _read_peak(arrays, quant), narrow)]
     for name in paged:
-        out.append((name, lambda name=name: _paged(name, md, shape, arrays)))  # type: ignore[misc]
+        out.append((name, lambda name=name: _paged(name, md, shape, arrays, quant), narrow))  # type: ignore[misc]
         if shape.mixed and name != "auto":
-            out.append((f"{name} separate", lambda name=name: _separate(name, md, shape, arrays)))  # type: ignore[misc]
+            out.append((f"{name} separate",
+                        lambda name=name: _separate(name, md, shape, arrays, quant), narrow))  # type: ignore[misc]
+        if quant and name != "auto":  # the same backend over the 16-bit cache of the same tokens
+            out.append((name + WIDE_SUFFIX, lambda name=name: _paged(name, md, shape, arrays), wide))  # type: ignore[misc]
     if not shape.mixed:
         cache: list[tuple[Any, Any, Any]] = []
 
@@ -335,9 +422,10 @@ def _candidates(shape: ServingShape, md: AttentionMetadata, paged: Sequence[str]
                 cache.append(_dense_cache(shape, arrays))
             return cache[0]
 
-        out += [(f"{name} (dense)", lambda name=name: _dense(name, md, shape, dense_inputs()))  # type: ignore[misc]
+        out += [(f"{name} (dense)", lambda name=name: _dense(name, md, shape, dense_inputs()), wide)  # type: ignore[misc]
                 for name in dense]
-        out.append((PALLAS_GPU_PAGED, lambda: _pallas_gpu(shape, arrays)))
+        if not quant:  # JAX's Pallas GPU kernel reads 16-bit caches only: not part of a quantized run
+            out.append((PALLAS_GPU_PAGED, lambda: _pallas_gpu(shape, arrays), wide))
     return out
 
 
@@ -369,8 +457,8 @@ def run_serving(shapes: Sequence[ServingShape], *, paged: Sequence[str], dense: 
             continue
         arrays = _inputs(shape)
         timed: list[tuple[ServingResult, Program, tuple[Any, ...], int, int]] = []
-        for name, make in _candidates(shape, metadata, paged, dense, arrays):
-            result = ServingResult(shape, name, "ok")
+        for name, make, nbytes in _candidates(shape, metadata, paged, dense, arrays):
+            result = ServingResult(shape, name, "ok", bytes_read=nbytes)
             try:
                 fn, args, result.note = make()
                 program = _compile(fn, args)
@@ -398,7 +486,8 @@ def _summarise(shape: ServingShape, rows: list[ServingResult], reference: str | 
     for r in rows:
         if r.ok and r.times_ms:
             r.median_ms = median(r.times_ms)
-            r.gbps = shape.kv_bytes() / (r.median_ms * 1e-3) / 1e9
+            r.gbps = (r.bytes_read or shape.kv_bytes()) / (r.median_ms * 1e-3) / 1e9
+            r.tokens_per_s = shape.query_tokens / (r.median_ms * 1e-3)
     ran = {r.backend: r for r in rows if r.ok and r.median_ms}
     ref_name = reference or next((n for n in REFERENCES if n in ran),
                                  next((n for n in ran if n != READ_PEAK), None))
@@ -419,7 +508,7 @@ def serving_table(results: Sequence[ServingResult], device: str, reference: str 
     ref = reference or ", else ".join(REFERENCES)
     table = Table(f"Serving attention on {device}: time, K/V bytes read per second, and ratios (vs {ref}: "
                   "its time / this time; of read: GB/s / the memory-read GB/s)",
-                  ["backend", "ms", "GB/s", "vs ref", "of read", "note"])
+                  ["backend", "ms", "GB/s", "tok/s", "vs ref", "of read", "note"])
     shape = None
     for r in results:
         if not (r.ok and r.median_ms is not None):
@@ -427,7 +516,8 @@ def serving_table(results: Sequence[ServingResult], device: str, reference: str 
         if r.shape != shape:
             shape = r.shape
             table.heading(r.shape.label)
-        table.add(r.backend, f"{r.median_ms:.3f}", _gbps(r.gbps), f"{r.ratio:.2f}x" if r.ratio else None,
+        table.add(r.backend, f"{r.median_ms:.3f}", _gbps(r.gbps), _gbps(r.tokens_per_s),
+                  f"{r.ratio:.2f}x" if r.ratio else None,
                   f"{r.of_read_peak:.0%}" if r.of_read_peak else None, r.note or None)
     return table
 
