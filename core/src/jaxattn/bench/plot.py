@@ -186,8 +186,8 @@ def _serving_figure(plt: Any, data: Mapping[str, Any]) -> Any:
             right.plot([r for _, r in ratios], [y for y, _ in ratios], linestyle="none", color=colours[name],
                        label=name, **style)
     left.set_yticks(range(len(shapes)), shapes, fontsize=8)
-    left.invert_yaxis()  # the run's order, top to bottom
-    left.set_xlim(left=0)
+    left.set_ylim(len(shapes) - 0.5, -0.5)  # the run's order, top to bottom
+    left.set_xlim(0, 1.06 * max(r["gbps"] for r in results))
     left.set_xlabel("GB/s of K and V read (higher is better)")
     left.grid(True, alpha=0.3)
     fig.legend(*left.get_legend_handles_labels(), fontsize=8, loc="lower center", ncol=min(4, len(names)),
