@@ -22,12 +22,15 @@ def test_serving_page_decode_loop_runs() -> None:
 
 
 @pytest.mark.slow
-def test_serving_quantized_decode_loop_runs() -> None:
+@pytest.mark.parametrize("fmt", ["int8", "float8_e4m3fn", "float8_e5m2"])
+def test_serving_quantized_decode_loop_runs(fmt: str) -> None:
     """The quantized loop (the page's second block, run after the first, whose ``serve`` it reuses):
-    an int8 pool with a scale per token, NaN scales in slots never written."""
-    done = _run(_blocks()[:2]).splitlines()
+    a pool of each format with a scale per token, NaN scales in slots never written."""
+    first, second = _blocks()
+    assert 'FMT = "int8"' in second
+    done = _run([first, second.replace('FMT = "int8"', f"FMT = {fmt!r}")]).splitlines()
     assert done[0].startswith("requests served: 4; pages free at the end: 23;"), done
-    assert done[1].startswith("int8 per token: requests served: 4; pages free at the end: 23;"), done
+    assert done[1].startswith(f"{fmt} per token: requests served: 4; pages free at the end: 23;"), done
 
 
 @pytest.mark.slow
