@@ -116,7 +116,8 @@ def test_tune_show_on_a_damaged_cache_warns_in_one_line(cache_dir: Path, damage:
     assert err.startswith("jaxattn tune: warning: the tuning cache") and "corrupt" in err
 
 
-@pytest.mark.parametrize("command", [["tune", "--clear"], ["tune", "--shape", "2,16,4,8"]])
+@pytest.mark.parametrize("command", [["tune", "--clear"], ["tune", "--shape", "2,16,4,8"],
+                                     ["bench", "--tune", "--shape", "2,16,4,8"]])
 def test_cache_dir_under_a_regular_file_is_one_line_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str],
                                                            command: list[str]) -> None:
@@ -127,7 +128,7 @@ def test_cache_dir_under_a_regular_file_is_one_line_exit_2(tmp_path: Path, monke
     assert main([*command, "--plain"]) == 2  # before anything is measured
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
-    assert err.startswith("jaxattn tune: error: cannot write the tuning cache") and "JAXATTN_CACHE_DIR" in err
+    assert err.startswith(f"jaxattn {command[0]}: error: cannot write the tuning cache") and "JAXATTN_CACHE_DIR" in err
 
 
 def test_cache_dir_under_a_regular_file_never_fails_auto(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

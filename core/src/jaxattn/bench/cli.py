@@ -325,6 +325,10 @@ def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: Att
     if bad:
         print(f"jaxattn bench: error: unknown --modes {bad}; use fwd and/or fwdbwd", file=sys.stderr)
         return 2
+    if args.tune:
+        from ..tuning.cache import check_writable, default_cache_path
+
+        check_writable(default_cache_path())  # before anything is measured (TuningCacheError: one line, exit 2)
     backends = _backends(args, metadata)
     config = BenchConfig(shapes=shapes, backends=backends, reference=_reference(args, backends),
                          record_tuning=args.tune, **run_options(args, metadata))
