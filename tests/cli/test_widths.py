@@ -141,3 +141,25 @@ def test_key_value_lines_wrap_under_their_value() -> None:
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2 and all(len(line) <= 40 for line in lines)
     assert lines[1].startswith(" " * len("auto picks: "))
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_rich_on_a_terminal_fits_too_and_cuts_no_word() -> None:
+    pytest.importorskip("rich")
+    import re
+
+    table = Table("Plugins", ["plugin", "status", "distribution", "version", "install", "impls"])
+    impls = ("autoregressive_decodeattn, blockwise, vanilla, vanilla_paged (ragged_page_attention_v3, "
+             "ragged_page_attention_v2, page_attention)")
+    table.add("vanilla", "ok", "jaxattn-vanilla", "0.1.0", "editable", impls)
+    terminal = _Terminal()
+    printer = Printer(stream=terminal, width=WIDTH)
+    assert printer.rich
+    printer.table(table)
+    out = re.sub(r"\x1b\[[0-9;]*m", "", terminal.getvalue())  # rich's styles
+    _assert_fits(out, "rich table")
+    assert _words(impls) <= _words(out)  # rich's own tables fold words; these lines do not

@@ -1,12 +1,12 @@
-"""Rendering for the ``jaxattn`` command: JSON, rich tables, or plain text.
-
-rich is optional (``jaxattn[rich]``) and used only on a terminal: piped or redirected output
-is plain text, as is ``--plain``. Both renderers print the same sections and columns, so
-nothing is lost without rich.
+"""Rendering for the ``jaxattn`` command: JSON, or tables and lines of text.
 
 Everything fits the terminal's width (``$COLUMNS``, else the terminal, else 80 columns when
-piped): cells and lines wrap at spaces, never inside a word, and a table whose columns
-cannot all fit that way is stacked, one block of ``column: value`` lines per row.
+piped): cells and lines wrap at spaces, never inside a word; the columns that cannot fit
+beside the others go under each row, as ``column: value`` text.
+
+rich is optional (``jaxattn[rich]``) and used only on a terminal: it prints the same lines,
+with bold titles and headers (its own table layout would fold words to fit). Piped or
+redirected output is plain text, as is ``--plain``.
 """
 
 from __future__ import annotations
@@ -138,22 +138,7 @@ class Printer:
                 break
         if widths is None:
             keep, widths = 1, [min(self.width, max(len(r[0]) for r in [table.columns, *table.rows]))]
-        if self._console is not None and keep == len(table.columns) and not table.headings:
-            self._rich_table(table, widths)
-        else:
-            self._plain_table(table, widths, keep)
-
-    def _rich_table(self, table: Table, widths: Sequence[int]) -> None:
-        from rich import box
-        from rich.table import Table as RichTable
-
-        rich_table = RichTable(title=table.title, title_justify="left", box=box.SIMPLE_HEAD,
-                               title_style="bold", pad_edge=False, padding=(0, GAP // 2))
-        for column, width in zip(table.columns, widths, strict=True):
-            rich_table.add_column(column, overflow="fold", max_width=width)
-        for row in table.rows:
-            rich_table.add_row(*row)
-        self._console.print(rich_table)
+        self._plain_table(table, widths, keep)
 
     def _plain_table(self, table: Table, widths: Sequence[int], keep: int) -> None:
         """The first ``keep`` columns side by side, a cell wrapping at spaces within its column;
@@ -162,25 +147,25 @@ class Printer:
         stacked = list(table.columns[keep:])
         indent = " " * 4
 
-        def emit(cells: Sequence[str]) -> None:
+        def emit(cells: Sequence[str], style: str | None = None) -> None:
             text = (" " * GAP).join(c if i == last else c.ljust(widths[i]) for i, c in enumerate(cells))
-            self._emit(text.rstrip())
+            self._emit(text.rstrip(), style)
 
         def lines(row: Sequence[str]) -> list[list[str]]:
             return [wrap(cell, width) for cell, width in zip(row, widths, strict=False)]
 
-        def emit_row(row: list[list[str]]) -> None:
+        def emit_row(row: list[list[str]], style: str | None = None) -> None:
             for depth in range(max(len(cell) for cell in row)):
-                emit([cell[depth] if depth < len(cell) else "" for cell in row])
+                emit([cell[depth] if depth < len(cell) else "" for cell in row], style)
 
-        self.line(table.title)
-        emit_row(lines(table.columns))
+        self.line(table.title, style="bold")
+        emit_row(lines(table.columns), style="bold")
         if stacked:
             self._emit(indent + "; ".join(stacked) + " (below each row)")
         emit_row([["-" * w] for w in widths])
         for index, row in enumerate(table.rows):
             if index in table.headings:
-                self.line(table.headings[index])
+                self.line(table.headings[index], style="bold")
             emit_row(lines(row))
             # One paragraph per row; a cell with nothing to say ("-") is left out.
             said = [(key, " ".join(cell.split())) for key, cell in zip(stacked, row[keep:], strict=True)
