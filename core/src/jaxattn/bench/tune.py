@@ -80,10 +80,11 @@ def _tune(args: argparse.Namespace, shapes: list[BenchShape], metadata: Attentio
     progress.line(f"jaxattn tune: {len(shapes)} shapes x {', '.join(backends)}, {config.repeats} samples in "
                   f"{config.rounds} rounds; cache {active_cache().path}")
     unstable: dict[BenchShape, list[str]] = {}
+    done = iter(shapes)  # run_bench calls store once per shape it ran, in order
 
     def store(results: list[BenchResult]) -> None:
         # Shape by shape, so an interrupted run keeps what it measured; only steady timings.
-        shape = results[-1].shape
+        shape = next(done)
         reasons = unstable_shape(config, [r for r in results if r.shape == shape])
         if reasons:
             unstable[shape] = reasons
