@@ -142,3 +142,16 @@ def test_cache_dir_under_a_regular_file_never_fails_auto(tmp_path: Path, monkeyp
         assert jaxattn.attention(q, k, v, causal=True).shape == q.shape
     with pytest.raises(TuningCacheError, match="JAXATTN_CACHE_DIR"):
         store(problem(), runtime("alpha", 1.0))
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "of"])
+def test_a_bad_jaxattn_tuning_value_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("JAXATTN_TUNING", value)
+    jaxattn.tuning.reload()  # forget memoised choices: the next auto call ranks again
+    q, k, v = qkv(t=24)
+    with pytest.raises(jaxattn.InvalidInputError, match=r"\$JAXATTN_TUNING: '.*' is neither on nor off"):
+        jaxattn.attention(q, k, v, causal=True)
+    for ok in ("0", "off", "No", " true ", ""):
+        monkeypatch.setenv("JAXATTN_TUNING", ok)
+        jaxattn.tuning.reload()
+        assert jaxattn.attention(q, k, v, causal=True).shape == q.shape
