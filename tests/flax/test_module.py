@@ -189,7 +189,7 @@ class _NoKvLengths(VanillaAttention):
 
 @pytest.mark.parametrize("impl", ["auto", "no_kv_lengths"])
 @pytest.mark.parametrize(("causal", "window"), [(True, None), (True, (2, 0)), (True, 3), (False, (1, 2)),
-                                                (False, None)])
+                                                (False, None), (True, (10**12, 0))])
 def test_a_fixed_cache_aligns_causal_and_window_to_the_last_written_token(causal: bool, window: Any,
                                                                           impl: str) -> None:
     """Prefill then decode into a KVCache.empty buffer longer than the sequence (GQA): every step
@@ -201,16 +201,17 @@ def test_a_fixed_cache_aligns_causal_and_window_to_the_last_written_token(causal
         module.impl = _NoKvLengths()
         assert module.impl.supports(q, k, v, kv_lengths=np.full(B, T, np.int32))  # declines: the mask path runs
     cache = KVCache.empty(B, 16, HKV, D)
+    unbounded = window if window != (10**12, 0) else (T, 0)  # wider than any sequence: no key is hidden
     outputs = []
     for start, stop in [(0, 5), *((i, i + 1) for i in range(5, T))]:  # a prefill of 5, then decode steps
         out, cache = module(q[:, start:stop], k[:, start:stop], v[:, start:stop], cache=cache)
         want = oracle.attention(q[:, start:stop], k[:, :stop], v[:, :stop], causal=causal,
-                                sliding_window=window).output  # bottom-right: the queries are the last positions
+                                sliding_window=unbounded).output  # bottom-right: the queries are the last positions
         np.testing.assert_allclose(out.attention_outputs, want, atol=2e-5, err_msg=f"positions {start}:{stop}")
         outputs.append(np.asarray(out.attention_outputs))
     assert int(cache.index) == T
     if causal:  # causal steps are rows of one full-sequence computation
-        full = oracle.attention(q, k, v, causal=True, sliding_window=window).output
+        full = oracle.attention(q, k, v, causal=True, sliding_window=unbounded).output
         np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=2e-5)
 
 

@@ -182,7 +182,8 @@ class FlexibleAttentionModule(nnx.Module):
         with_lengths = {**features, "kv_lengths": lengths}
         if not self.impl.supports(q, keys, values, attention_mask, bias, None, self.causal, **with_lengths):
             return self.impl(q, keys, values, attention_mask, bias, None, self.causal, **with_lengths)
-        mask = valid_mask(lengths, q.shape[1], keys.shape[1], self.causal, window_pair(self.sliding_window))
+        window = window_pair(self.sliding_window, keys.shape[1])  # clamped: int32 position arithmetic below
+        mask = valid_mask(lengths, q.shape[1], keys.shape[1], self.causal, window)
         if attention_mask is not None:
             mask = jnp.logical_and(attention_mask, mask)
         return self.impl(q, keys, values, mask, bias, None, False, **{**features, "sliding_window": None})
