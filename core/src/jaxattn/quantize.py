@@ -112,13 +112,12 @@ def dequantize_visible(values: Any, scale: Any, kv_lengths: Any = None, dtype: A
     and may be NaN, and a select (not a product) keeps them out. What the references attend over."""
     import jax.numpy as jnp
 
+    from .unread import zero_past_length
+
     dtype = jnp.dtype(dtype or jnp.float32)
     scale = jnp.broadcast_to(jnp.asarray(scale).astype(dtype), values.shape[:-1])
     deq = values.astype(dtype) * scale[..., None]
-    if kv_lengths is None:
-        return deq
-    visible = jnp.arange(values.shape[1])[None, :] < jnp.asarray(kv_lengths)[:, None]  # (B, S)
-    return jnp.where(visible[:, :, None, None], deq, jnp.zeros((), dtype))
+    return deq if kv_lengths is None else zero_past_length(deq, kv_lengths)
 
 
 def check_kv_scales(q: Any, caches: dict[str, Any], k_scale: Any, v_scale: Any,

@@ -15,12 +15,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["zero_past_lengths"]
+__all__ = ["zero_past_length", "zero_past_lengths"]
+
+
+def zero_past_length(x: Any, kv_lengths: Any) -> jax.Array:
+    """A cache ``(B, S, H, D)`` with positions ``>= kv_lengths[b]`` replaced by zeros."""
+    x = jnp.asarray(x)
+    live = jnp.arange(x.shape[1])[None, :] < jnp.asarray(kv_lengths).reshape(-1, 1)  # (B, S)
+    return jnp.where(live[:, :, None, None], x, jnp.zeros((), x.dtype))
 
 
 def zero_past_lengths(k: Any, v: Any, kv_lengths: Any) -> tuple[jax.Array, jax.Array]:
     """K and V ``(B, S, H, D|Dv)`` with positions ``>= kv_lengths[b]`` replaced by zeros."""
-    k, v = jnp.asarray(k), jnp.asarray(v)
-    live = jnp.arange(k.shape[1])[None, :] < jnp.asarray(kv_lengths).reshape(-1, 1)  # (B, S)
-    live = live[:, :, None, None]
-    return jnp.where(live, k, jnp.zeros((), k.dtype)), jnp.where(live, v, jnp.zeros((), v.dtype))
+    return zero_past_length(k, kv_lengths), zero_past_length(v, kv_lengths)
