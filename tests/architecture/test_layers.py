@@ -23,8 +23,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("contract", (
         "jaxattn._dtypes", "jaxattn.errors", "jaxattn.names", "jaxattn.capabilities", "jaxattn.problem",
         "jaxattn.device", "jaxattn.metadata", "jaxattn.output", "jaxattn.validation", "jaxattn.paged_validation",
-        "jaxattn.backend", "jaxattn.impl", "jaxattn.paged_impl", "jaxattn.paging", "jaxattn.quantize", "jaxattn.tiling",
-        "jaxattn.tracing",
+        "jaxattn.backend", "jaxattn.impl", "jaxattn.paged_impl", "jaxattn.paging", "jaxattn.quantize", "jaxattn.sinks",
+        "jaxattn.tiling", "jaxattn.tracing", "jaxattn.unread",
     )),
     ("discovery", ("jaxattn.hookspecs", "jaxattn.registry", "jaxattn.plugins")),
     ("selection", ("jaxattn.lookup", "jaxattn.candidates", "jaxattn.dispatch", "jaxattn.tuning")),
