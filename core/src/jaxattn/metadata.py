@@ -125,6 +125,8 @@ def _real(name: str, value: Any) -> float:
         raise InvalidTypeError(name, f"must be a real number, got {type(value).__name__} {value!r}", hint)
     try:
         return float(value)
+    except OverflowError:  # an int past float's range: a number, but not a finite one
+        return math.inf
     except (TypeError, ValueError) as err:  # jax's ConcretizationTypeError is a TypeError
         if type(err).__module__.startswith("jax"):
             raise InvalidTypeError(name, "must be a Python number (static), not a traced array",
