@@ -405,8 +405,8 @@ def paged_attention(
 
     Sequence s (< num_seqs) owns query rows ``cu_q_lens[s]:cu_q_lens[s + 1]``; its keys are
     the first ``kv_lengths[s]`` tokens of its pages, in page-table order; its queries are the
-    last q_len of those positions, causal, with ``sliding_window`` keys before each one. Every
-    other row is zero. ``kv_pages`` (combined layout) replaces k_pages/v_pages.
+    last q_len of those positions, causal, each seeing itself and the ``sliding_window`` keys
+    before it. Every other row is zero. ``kv_pages`` (combined layout) replaces k_pages/v_pages.
     """
     q64 = _f64(q)
     if kv_pages is not None:

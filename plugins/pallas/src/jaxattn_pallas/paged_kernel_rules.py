@@ -37,7 +37,10 @@ What the wrapper does about it (:class:`PagedKernelPlan` records it per call):
 * ``softmax_scale`` is folded into q (in float32, before the kernel), the soft cap passed on;
 * the page table is clamped into the pool and padded with page 0 to a multiple of
   ``pages_per_compute_block`` (a small int copy); lengths are clamped to what the table holds,
-  and set to 0 for rows past ``num_seqs``; rows of length 0 are zeros.
+  and set to 0 for rows past ``num_seqs``; rows of length 0 are zeros;
+* the pool's rows that no sequence reads (past a length, pages listed past a last page, unused
+  pages) are zeroed in the same copy: the kernel adds its mask to the logits and multiplies V
+  by the zero probabilities, so a NaN or Inf there would reach the output.
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@
   past ``cu_q_lens[num_seqs]`` and rows that see no key (``kv_len - q_len + i < 0`` under
   the caller's lengths) are set to zero, as the kernel leaves them uninitialised or
   averages masked keys there. Query rows are padded to a whole number of query blocks;
+* cache contents no query reads (rows past a length, pages past a last page) may be NaN: the
+  kernel itself selects K and V rows past each length to zero before its products;
 * block sizes are chosen here (:func:`paged_rules.plan_ragged`) or given by the caller:
   the kernel's own tuned table raises off TPU and on TPU v2/v3.
 

@@ -53,6 +53,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.typing import ArrayLike
 
+from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
+
 __all__ = ["DecodePlan", "DecodeResult", "decode_attention", "plan_decode"]
 
 Array = jax.Array
@@ -210,7 +212,9 @@ def decode_attention(
     cdtype = jnp.promote_types(q.dtype, k.dtype)
     qt = q.reshape(b, t, hkv, g, d).transpose(0, 4, 2, 1, 3).reshape(b, 1, d, hkv * r).astype(cdtype)
     qt = jnp.broadcast_to(qt, (b, nc, d, hkv * r)).reshape(b * nc, d, hkv * r)
-    aux = None if softmax_aux is None else jnp.asarray(softmax_aux).astype(adtype)
+    # A +inf sink: a finite stand-in here, its heads zeroed at the end (jaxattn.sinks).
+    softmax_aux, absorbed = split_absorbing_sinks(softmax_aux)
+    aux = None if softmax_aux is None else softmax_aux.astype(adtype)
     lo, hi = _visible_range(t, s, lengths, window)
 
     # Which rules can hide a key of a step (others are left out of the program): the shifted
@@ -227,8 +231,8 @@ def decode_attention(
         keep: Array | None = None
         if shifted:  # keys an earlier step counted
             keep = j >= n * keys
-        if lengths is not None:
-            keep = _and(keep, j < lengths[:, None, None, None, None])
+        if lengths is not None:  # a query at a negative position (T > L) is no token: it sees nothing
+            keep = _and(keep, (j < lengths[:, None, None, None, None]) & (p_ >= 0))
         if cut_causal:
             keep = _and(keep, j <= p_)
         if cut_left and window is not None:
@@ -243,6 +247,13 @@ def decode_attention(
         start = jnp.minimum(first, s - keys)  # the last step ends at S: no padded copy
         kb = lax.dynamic_slice_in_dim(k, start, keys, axis=1).reshape(b * nc, sc, hkv, d)
         vb = lax.dynamic_slice_in_dim(v, start, keys, axis=1).reshape(b * nc, sc, hkv, dv)
+        if lengths is not None:
+            # Past a length the cache may hold NaN: hidden logits are -inf, but p = 0 times a NaN
+            # value is NaN in P @ V (and dS = 0 times a NaN key in dq), so a select zeroes them.
+            live = (start + jnp.arange(keys, dtype=jnp.int32)).reshape(1, nc, sc) < lengths[:, None, None]
+            live = live.reshape(b * nc, sc, 1, 1)
+            kb = jnp.where(live, kb, jnp.zeros((), kb.dtype))
+            vb = jnp.where(live, vb, jnp.zeros((), vb.dtype))
         x = _logits(kb.astype(cdtype), qt, sdtype) * jnp.asarray(scale, sdtype)  # (B * nc, sc, Hkv, R)
         if logits_soft_cap is not None:
             cap = jnp.asarray(logits_soft_cap, sdtype)
@@ -300,4 +311,4 @@ def decode_attention(
     # (B, Hkv, T*G, Dv) -> (B, T, Hq, Dv); lse (B, Hkv, T, G) -> (B, Hq, T)
     out = out.reshape(b, hkv, t, g, dv).transpose(0, 2, 1, 3, 4).reshape(b, t, hq, dv)
     lse = lse.reshape(b, hkv, t, g).transpose(0, 1, 3, 2).reshape(b, hq, t)
-    return DecodeResult(output=out.astype(q.dtype), lse=lse)
+    return DecodeResult(output=zero_absorbed_heads(out.astype(q.dtype), absorbed, 2), lse=lse)

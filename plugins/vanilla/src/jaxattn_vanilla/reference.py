@@ -7,7 +7,9 @@ log-sum-exp. It forms the full ``(T, S)`` logits, so memory is ``O(T * S)`` per 
 Numerics: logits accumulate in the softmax dtype (``float32`` by default, never narrower
 than the inputs); masked logits become ``-inf`` and every place where ``-inf - -inf`` or
 ``0 / 0`` could appear is guarded, so a row with nothing to attend to gives zeros with
-zero (finite) gradients. Grouped-query attention reshapes q to ``(B, T, Hkv, G, D)`` and
+zero (finite) gradients. With ``kv_lengths`` K and V past each length are replaced by zeros
+with a select (the cache may hold NaN there, and ``0 * NaN`` is NaN); a ``+inf`` sink zeroes its
+head (``jaxattn.sinks``). Grouped-query attention reshapes q to ``(B, T, Hkv, G, D)`` and
 contracts against the Hkv K/V heads directly: repeated K/V are never materialised.
 """
 
