@@ -197,6 +197,7 @@ CASES: list[tuple[str, Callable[[], Any], str, type[Exception]]] = [
     ("get_impl metadata a dict", get_impl("vanilla", metadata={}), "metadata", BAD_TYPE),
     ("get_impl kind unknown", get_impl("auto", kind="sparse"), "kind", BAD_VALUE),
     ("get_impl kind for a name", get_impl("vanilla", kind="dense-ish"), "kind", BAD_VALUE),
+    ("get_impl kind an array", get_impl("auto", kind=np.array(["dense", "paged"])), "kind", BAD_VALUE),
     # -- AttentionMetadata -------------------------------------------------------------------
     ("metadata scale inf", metadata(softmax_scale=math.inf), "AttentionMetadata.softmax_scale",
      BAD_VALUE),

@@ -53,7 +53,7 @@ def get_impl(name: str | AttentionMechanisms, metadata: AttentionMetadata | None
     """
     key = normalize_name(name, "name")
     md = as_metadata(metadata)
-    if kind not in ("dense", "paged"):
+    if not isinstance(kind, str) or kind not in ("dense", "paged"):
         raise InvalidInputError("kind", f"must be 'dense' or 'paged', got {kind!r}",
                                 "kind picks what 'auto' chooses among; a named impl has its own")
     if key == AttentionMechanisms.AUTO.value:
