@@ -424,3 +424,27 @@ def test_spec_reasons() -> None:
             num_tokens=1, max_seqs=1, q_len=1, heads_q=2, heads_kv=1, head_dim=16, head_dim_v=16,
             dtype="int8", num_pages=1, page_size=4, pages_per_seq=1,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["ragged_prefill_chunk", "ragged_window_softcap_sinks", "decode_window", "ragged"])
+def test_unread_pages_may_hold_nan(name: str) -> None:
+    # Every position no sequence reads holds NaN: page tails and whole unused pages. With pages
+    # smaller than a tile, a causal block's last tile reaches past the block's last visible key
+    # into table entries the kernel does not read (a stand-in page): those rows must be masked
+    # like the rows past a length (on a GPU they were not: NaN reached prefill rows).
+    p = CASES[name]
+    x = make(p)
+    live = np.zeros(x["k_pages"].shape[:2], bool)
+    for s in range(p.num_seqs):
+        j = np.arange(p.kv_lens[s])
+        live[x["page_table"][s, j // p.page_size], j % p.page_size] = True
+    for key in ("k_pages", "v_pages"):
+        x[key][~live] = np.nan
+    got_out, got_lse = run_kernels(p, x)
+    want_out, want_lse = reference(
+        x["q"], x["k_pages"], x["v_pages"], x["page_table"], x["kv_lengths"], x["cu_q_lens"], p.num_seqs,
+        scale=p.scale if p.scale is not None else p.d**-0.5, softcap=p.softcap, left=p.left, right=p.right,
+        sinks=x["sinks"],
+    )  # fmt: skip
+    _close("out", got_out, want_out, TOL[p.dtype])
+    _close("lse", got_lse, want_lse, TOL[p.dtype])

@@ -65,7 +65,6 @@ def _paged_sweep(
     q,
     pos,
     hrow,
-    kv_len,
     lo,
     hi,
     k_base,
@@ -163,9 +162,11 @@ def _paged_sweep(
         k_ptrs = k_base + (k_rows + k_head)[:, None] + offs_d[None, :]
         v_ptrs = v_base + (v_rows + v_head)[:, None] + offs_dv[None, :]
         if EDGE:
-            # Rows past kv_len inside a used page are unwritten cache memory (possibly NaN bit
-            # patterns): V must be zero there, since 0 * NaN would reach the accumulator.
-            live = offs_n[:, None] < kv_len
+            # Rows at or past ``hi`` (<= kv_len: the sweep's end, which no row of the block sees
+            # past) may be unwritten cache memory (possibly NaN bit patterns), or, where a tile
+            # straddles pages, a stand-in page (the table entries past ``hi`` are not read): V
+            # must be zero there, since 0 * NaN would reach the accumulator.
+            live = offs_n[:, None] < hi
             if PAD_D:
                 k = tl.load(k_ptrs, mask=live & (offs_d[None, :] < D), other=0.0)
             else:
@@ -174,11 +175,11 @@ def _paged_sweep(
                 v = tl.load(v_ptrs, mask=live & (offs_dv[None, :] < DV), other=0.0)
             else:
                 v = tl.load(v_ptrs, mask=live, other=0.0)
-            # Scales past kv_len are unread like the values there (NaN allowed): masked, 0.
+            # Scales there are unread like the values (NaN allowed): masked, 0.
             if K_QUANT == 2:
-                ks = tl.load(ks_base + ks_rows, mask=offs_n < kv_len, other=0.0)
+                ks = tl.load(ks_base + ks_rows, mask=offs_n < hi, other=0.0)
             if V_QUANT == 2:
-                vs = tl.load(vs_base + vs_rows, mask=offs_n < kv_len, other=0.0)
+                vs = tl.load(vs_base + vs_rows, mask=offs_n < hi, other=0.0)
         else:
             if PAD_D:
                 k = tl.load(k_ptrs, mask=offs_d[None, :] < D, other=0.0)
@@ -203,7 +204,7 @@ def _paged_sweep(
         else:
             s = qk
         if EDGE:
-            keep = offs_n[None, :] < kv_len
+            keep = offs_n[None, :] < hi
             if HAS_LEFT:
                 keep &= offs_n[None, :] >= pos[:, None] - LEFT
             if HAS_RIGHT:
@@ -403,21 +404,21 @@ def paged_attn_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     acc, l_i, m_i = _paged_sweep(
-        acc, l_i, m_i, q, pos, hrow, kv_len, a, f0, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
+        acc, l_i, m_i, q, pos, hrow, a, f0, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv, K_QUANT, V_QUANT,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _paged_sweep(
-        acc, l_i, m_i, q, pos, hrow, kv_len, f0, f1, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
+        acc, l_i, m_i, q, pos, hrow, f0, f1, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv, K_QUANT, V_QUANT,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _paged_sweep(
-        acc, l_i, m_i, q, pos, hrow, kv_len, f1, b, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
+        acc, l_i, m_i, q, pos, hrow, f1, b, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv, K_QUANT, V_QUANT,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
