@@ -9,6 +9,7 @@ NumPy arrays anywhere an array is taken) run, and give the float64 oracle's numb
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -335,3 +336,23 @@ def test_an_impl_name_from_the_environment_or_a_scope_says_where_it_came_from(
     with jaxattn.use_impl("nothing_here"), pytest.raises(jaxattn.ImplNotFoundError,
                                                          match=r"^use_impl\('nothing_here'\): unknown"):
         dense()()
+
+
+_ODD: tuple[Any, ...] = (-1, 2**40, 10**400, 1.5, math.nan, True, "a", [1], (1, 2, 3), object(), np.array([1, 2]),
+                         jax.random.key(0), 1j)
+_DENSE_KEYWORDS = ("q", "mask", "bias", "init_bias", "causal", "sliding_window", "q_segment_ids", "softmax_scale",
+                   "logits_soft_cap", "softmax_aux", "dropout_prob", "dropout_rng", "kv_lengths", "metadata", "impl")
+_PAGED_KEYWORDS = ("q", "k_pages", "page_table", "kv_lengths", "sliding_window", "softmax_scale", "logits_soft_cap",
+                   "softmax_aux", "impl", "metadata", "kv_pages")
+_RAGGED_KEYWORDS = ("cu_q_lens", "num_seqs")
+
+
+@pytest.mark.parametrize(("entry", "keyword"), [(dense, n) for n in _DENSE_KEYWORDS]
+                         + [(paged, n) for n in _PAGED_KEYWORDS] + [(ragged, n) for n in _RAGGED_KEYWORDS])
+def test_odd_values_of_every_keyword_run_or_raise_a_jaxattn_error(entry: Callable[..., Callable[[], Any]],
+                                                                  keyword: str) -> None:
+    """No raw Python or JAX exception from any keyword, whatever its value."""
+    extra = {"dropout_prob": 0.5} if keyword == "dropout_rng" else {}
+    for value in _ODD:
+        with contextlib.suppress(jaxattn.JaxattnError):
+            entry(**{keyword: value, **extra})()
