@@ -10,8 +10,10 @@ Triton's interpreter (3.9) stores bfloat16 as raw uint16 and multiplies those in
 operands to float32 (what the tensor cores do in effect: exact products, float32 sums).
 Its integer-to-bfloat16 casts (``int8 -> bf16``, how the paged kernels widen an int8 cache for
 a bf16 q) keep the integer's bits as the uint16 storage; :func:`_patch_interpreter_int_to_bf16`
-routes them through float32, as a GPU converts. Only the test process is patched; kernels and
-GPUs are untouched.
+routes them through float32, as a GPU converts. Its float8 widening turns NaN and Inf into
+finite numbers (e4m3fn NaN reads as 480), so a poisoned quantized cache would pass unseen:
+:func:`_patch_interpreter_fp8_widening` widens float8 exactly (ml_dtypes). Only the test process
+is patched; kernels and GPUs are untouched.
 """
 
 from __future__ import annotations
@@ -95,6 +97,36 @@ def _patch_interpreter_int_to_bf16() -> None:
 
 
 _patch_interpreter_int_to_bf16()
+
+
+def _patch_interpreter_fp8_widening() -> None:
+    if not INTERPRET:
+        return
+    try:
+        import ml_dtypes
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    original = getattr(builder, "create_fp_to_fp", None)
+    if builder is None or original is None or getattr(original, "_jaxattn_fp8", False):
+        return
+    formats = {tl.float8e4nv: ml_dtypes.float8_e4m3fn, tl.float8e5: ml_dtypes.float8_e5m2}
+
+    def fp_to_fp(self, src, dst_type, rounding_mode):  # type: ignore[no-untyped-def]
+        fmt = formats.get(src.dtype.scalar)
+        if fmt is None or dst_type.scalar not in (tl.float32, tl.float16, tl.bfloat16):
+            return original(self, src, dst_type, rounding_mode)
+        wide = interpreter.TensorHandle(src.data.view(fmt).astype(np.float32), tl.float32)
+        return wide if dst_type.scalar == tl.float32 else self.cast_impl(wide, dst_type)
+
+    fp_to_fp._jaxattn_fp8 = True  # type: ignore[attr-defined]
+    builder.create_fp_to_fp = fp_to_fp
+
+
+_patch_interpreter_fp8_widening()
 
 needs_kernels = pytest.mark.skipif(
     not (HAVE_TORCH and HAVE_TRITON),
