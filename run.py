@@ -209,7 +209,7 @@ def wheels(target: Path) -> int:
     """``run.py wheels``: a fresh wheelhouse of every workspace package, and how to install from it."""
     shutil.rmtree(target, ignore_errors=True)
     built = build_wheels(sys.executable, target)
-    where = os.path.relpath(target, Path.cwd())
+    where = target.relative_to(Path.cwd()) if target.is_relative_to(Path.cwd()) else target
     print("\n".join(f"built {w.name}" for w in built))
     print(f"install from it (pip finds jax and the other dependencies on the index):\n"
           f'  pip install --find-links {where} "jaxattn[cpu]"    # or [gpu], [tpu], [ring], plain jaxattn')
