@@ -30,12 +30,16 @@ from jaxattn.testing.cases import (
     Case,
     Tolerance,
     cases_for,
+    decode_sweep,
     make_inputs,
     static_features,
 )
 from jaxattn.testing.compare import assert_close
 from jaxattn.testing.conformance import ConformanceSuite
+from jaxattn.testing.paged_cases import DEFAULT_PAGED_CASES, make_paged_inputs, poison_unread
+from jaxattn.testing.paged_conformance import PagedConformanceSuite
 from jaxattn_vanilla.impl import VanillaAttention
+from jaxattn_vanilla.paged_impl import PagedReference
 
 CASES = {c.name: c for c in FULL_CASES}
 
@@ -225,6 +229,34 @@ class LiesAboutSinks(VanillaAttention):
         return super().forward_native(*args, **kwargs)
 
 
+class WrongWhenEager(VanillaAttention):
+    """Right under jit, off by 1% outside it (a compiler or a trace-time path that differs)."""
+
+    def forward_native(self, q: Any, *args: Any, **kwargs: Any) -> AttentionOutput:
+        out = super().forward_native(q, *args, **kwargs)
+        if isinstance(q, jax.core.Tracer):
+            return out
+        return dataclasses.replace(out, attention_outputs=out.attention_outputs * 1.01)
+
+
+class WrongOnLongGqaDecode(VanillaAttention):
+    """Wrong only where jaxlib 0.10.2 miscompiled the decode kernel: GQA, T <= 16, S >= 64."""
+
+    def forward_native(self, q: Any, k: Any, *args: Any, **kwargs: Any) -> AttentionOutput:
+        out = super().forward_native(q, k, *args, **kwargs)
+        if q.shape[1] <= 16 and k.shape[1] >= 64 and q.shape[2] != k.shape[2]:
+            return dataclasses.replace(out, attention_outputs=out.attention_outputs * 1.1)
+        return out
+
+
+class ReadsPastLengths(VanillaAttention):
+    """Excludes keys past kv_lengths by multiplying by zero: NaN there poisons the output."""
+
+    def forward_native(self, q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> AttentionOutput:
+        out = super().forward_native(q, k, v, *args, **kwargs)
+        return dataclasses.replace(out, attention_outputs=out.attention_outputs + 0.0 * jnp.sum(v))
+
+
 def _suite(impl: type[VanillaAttention]) -> ConformanceSuite:
     class Suite(ConformanceSuite):
         impl_class = impl
@@ -239,6 +271,24 @@ def _forward(case: str) -> Callable[[ConformanceSuite], None]:
 
 def _gradients(case: str) -> Callable[[ConformanceSuite], None]:
     return lambda suite: suite.test_gradients(CASES[case], "float32")
+
+
+def _forward_eager(case: str) -> Callable[[ConformanceSuite], None]:
+    return lambda suite: suite.test_forward_eager_and_default_jit(CASES[case], "float32")
+
+
+def _unread(case: str) -> Callable[[ConformanceSuite], None]:
+    return lambda suite: suite.test_unread_cache_positions(CASES[case], "float32")
+
+
+def _sweep(seed: int) -> Callable[[ConformanceSuite], None]:
+    """Every case of the seed's sweep; the first failure propagates."""
+
+    def check(suite: ConformanceSuite) -> None:
+        for case in decode_sweep(seed):
+            suite.test_decode_sweep(case, "float32")
+
+    return check
 
 
 Check = Callable[[ConformanceSuite], None]
@@ -271,6 +321,11 @@ MUTANTS: dict[str, tuple[type[VanillaAttention], Check, str]] = {
     "grad_off_by_1pct": (GradOffByOnePercent, _gradients("plain"), "dq: .* values off"),
     "lse_counts_the_sink": (LseCountsTheSink, _forward("sinks"), "softmax_lse: .* values off"),
     "forgets_weights": (ForgetsWeights, _forward("plain"), "returned no weights"),
+    "nan_on_neg_inf_bias_rows": (NanOnEmptyRows, _forward("bias_neg_inf_rows"), "non-finite values"),
+    "wrong_when_eager": (WrongWhenEager, _forward_eager("plain"), "eager: .*values off"),
+    "wrong_on_long_gqa_decode": (WrongOnLongGqaDecode, _forward_eager("decode_gqa_s64"), _VALUES_OFF),
+    "wrong_on_long_gqa_decode_sweep": (WrongOnLongGqaDecode, _sweep(0), _VALUES_OFF),
+    "reads_past_lengths": (ReadsPastLengths, _unread("kv_lengths_decode"), "non-finite values"),
     "lies_about_sinks": (
         LiesAboutSinks,
         lambda s: s.test_undeclared_features_are_declined(),
@@ -304,6 +359,43 @@ def test_declined_features_are_checked_then_skipped() -> None:
         suite.test_forward(CASES["soft_cap"], "float32")
     with pytest.raises(pytest.skip.Exception, match="declined as it should"):
         suite.test_dropout_statistics("float32")
+
+
+def test_decode_sweep_is_seeded_and_spans_the_shapes() -> None:
+    """Same seed, same cases; the seed is in every name; the shapes cover what a fixed matrix missed."""
+    assert decode_sweep(3) == decode_sweep(3) and decode_sweep(3) != decode_sweep(4)
+    assert all(c.name.startswith("sweep_s3_") for c in decode_sweep(3))
+    many = [c for seed in range(40) for c in decode_sweep(seed)]
+    assert {c.hkv for c in many} == {1, 2, 8} and {c.hq // c.hkv for c in many} == {1, 2, 4}
+    assert {64, 512} <= {c.s for c in many} and {c.s % 2 for c in many} == {0, 1}
+    assert {c.t for c in many} == set(range(1, 17)) and min(c.d for c in many) == 16 and max(c.d for c in many) == 128
+    assert {c.causal for c in many} == {True, False} and {c.kv_lengths is None for c in many} == {True, False}
+
+
+class _LeaksUnreadPages(PagedReference):
+    """Multiplies the pool by zero somewhere: NaN in a page no query reads poisons the output."""
+
+    def forward_native(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> AttentionOutput:
+        out = super().forward_native(q, k_pages, v_pages, **features)
+        pool = features["kv_pages"] if k_pages is None else v_pages
+        return dataclasses.replace(out, attention_outputs=out.attention_outputs + 0.0 * jnp.sum(pool))
+
+
+def _paged_suite(impl: type[PagedReference]) -> PagedConformanceSuite:
+    class Suite(PagedConformanceSuite):
+        impl_class = impl
+
+    return Suite()
+
+
+def test_paged_suite_poisons_what_no_query_reads() -> None:
+    case = next(c for c in DEFAULT_PAGED_CASES if c.name == "ragged_mixed")
+    poisoned = poison_unread(case, make_paged_inputs(case, "float32"), np.nan)
+    assert np.isnan(poisoned["k_pages"]).any() and np.isnan(poisoned["v_pages"]).any()
+    _paged_suite(PagedReference).test_unread_positions(case, "float32")
+    _paged_suite(PagedReference).test_forward_eager(case, "float32")
+    with pytest.raises(AssertionError, match="non-finite values"):
+        _paged_suite(_LeaksUnreadPages).test_unread_positions(case, "float32")
 
 
 # --------------------------------------------------------------------------- pytest wiring

@@ -15,9 +15,17 @@ impl whether it supports the call. If it does, outputs, attention weights and lo
 If it does not, calling it must raise ``UnsupportedError`` with reasons (the test is then
 reported as skipped, "declined"): a backend may refuse a feature but never ignore it.
 
-The default matrix (21 small cases; one compiled program per case and dtype, forward and
-gradients together) takes about 15 s per dtype for vanilla on a 2-core CPU, mostly XLA
-compile time. ``--jaxattn-conformance=full`` (with the
+Every case runs three ways: one program computing the forward and the gradients (the
+checks of ``test_forward`` and ``test_gradients``, compiled with the fast test options), the
+forward eagerly, and the forward alone under ``jax.jit`` with XLA's default options
+(``test_forward_eager_and_default_jit``): a miscompile can hide in one of them (jaxlib
+0.10.2's XLA:CPU computed wrong decode logits only in a forward-only program, docs/decode.md).
+Positions a call must not read are poisoned: in cases with ``kv_lengths``, K and V past each
+length hold NaN, then +Inf (``test_unread_cache_positions``), and the outputs and gradients
+must still match the oracle, which sees only the valid data. ``test_decode_sweep`` draws a
+handful of decode shapes from a seed (``jaxattn.testing.cases.decode_sweep``; the seed is
+``sweep_seed``, or ``$JAXATTN_SWEEP_SEED``, and appears in the test id), poisoned the same way.
+``--jaxattn-conformance=full`` (with the
 ``jaxattn.testing.pytest_plugin`` plugin loaded), ``JAXATTN_CONFORMANCE=full`` in the
 environment, or ``level = "full"`` on the class runs the larger one.
 """
@@ -42,10 +50,12 @@ from jaxattn.output import AttentionOutput
 from . import oracle
 from .cases import (
     DEFAULT_TOLERANCES,
+    SWEEP_SEED_ENV,
     Case,
     DtypeTolerance,
     Level,
     cases_for,
+    decode_sweep,
     make_inputs,
     static_features,
 )
@@ -130,14 +140,25 @@ class ConformanceSuite:
     #: ``UnsupportedError``, never another exception from inside a kernel.
     backward_lengths: ClassVar[tuple[tuple[int, int], ...]] = ((1, 1), (3, 3), (1, 333), (333, 333), (1001, 1001))
     #: XLA options of the suite's programs; None: on a CPU, skip LLVM's optimisations, which
-    #: cost 3-5x the compile time of these tiny programs and buy nothing at their size.
+    #: cost 3-5x the compile time of these tiny programs and buy nothing at their size. The
+    #: forward-only runs (``test_forward_eager_and_default_jit``, ``test_decode_sweep``) always
+    #: use XLA's defaults, as a user's ``jax.jit`` does.
     compiler_options: ClassVar[Mapping[str, Any] | None] = None
+    #: Seed of ``test_decode_sweep`` (None: ``$JAXATTN_SWEEP_SEED``, else 0) and its case count.
+    sweep_seed: ClassVar[int | None] = None
+    sweep_count: ClassVar[int] = 4
 
     # -- configuration hooks -------------------------------------------------------------
     @classmethod
     def cases(cls, level: Level) -> Sequence[Case]:
         """The matrix; override to adapt shapes for a kernel with tiling constraints."""
         return cases_for(level)
+
+    @classmethod
+    def sweep_cases(cls) -> Sequence[Case]:
+        """The seeded decode sweep; override to adapt shapes for a kernel with tiling constraints."""
+        seed = cls.sweep_seed if cls.sweep_seed is not None else int(os.environ.get(SWEEP_SEED_ENV) or 0)
+        return decode_sweep(seed, cls.sweep_count)
 
     @classmethod
     def make_impl(cls) -> AttentionImpl:
@@ -184,10 +205,15 @@ class ConformanceSuite:
         if "quantized_case" in names:
             metafunc.parametrize(("quantized_case", "dtype"), [pytest.param(c, dt, id=f"{c.name}-{dt}")
                                                                for c in QUANTIZED_DENSE_CASES for dt in cls.dtypes])
+        elif "sweep_case" in names:
+            metafunc.parametrize(("sweep_case", "dtype"), [pytest.param(c, dt, id=f"{c.name}-{dt}")
+                                                           for c in cls.sweep_cases() for dt in cls.dtypes])
         elif "case" in names:
             wanted = cls.cases(cls.resolved_level(metafunc.config))
             if metafunc.function.__name__ == "test_gradients":
                 wanted = [c for c in wanted if c.grad]
+            if metafunc.function.__name__ == "test_unread_cache_positions":
+                wanted = [c for c in wanted if c.kv_lengths is not None]
             params = [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in wanted for dt in cls.dtypes]
             metafunc.parametrize(("case", "dtype"), params)
         elif "lengths" in names:
@@ -204,12 +230,14 @@ class ConformanceSuite:
         return self.make_impl()(q, k, v, **args, **features)
 
     def _compiled(
-        self, features: Mapping[str, Any], diff_names: Sequence[str] = ()
+        self, features: Mapping[str, Any], diff_names: Sequence[str] = (), how: str = "test_jit"
     ) -> Callable[[Mapping[str, Any]], tuple[AttentionOutput, dict[str, jax.Array]]]:
         """``arrays -> (output, gradients of sum(out * d_output) for diff_names)``.
 
         Both come from one compiled program (on a CPU compiling dominates the suite's time);
-        reuse the returned function to run one program on several inputs.
+        reuse the returned function to run one program on several inputs. ``how``:
+        "test_jit" (``jax.jit`` with ``compiler_options``; eager where ``jit`` is False),
+        "default_jit" (``jax.jit`` with XLA's default options) or "eager".
         """
 
         def run(diff: dict[str, jax.Array], fixed: dict[str, Any]) -> tuple[AttentionOutput, dict[str, jax.Array]]:
@@ -224,7 +252,12 @@ class ConformanceSuite:
             (_, out), grads = jax.value_and_grad(loss, has_aux=True)(diff)
             return out, grads
 
-        compiled = jax.jit(run, compiler_options=self._compiler_options()) if self.jit else run
+        if how == "eager" or (how == "test_jit" and not self.jit):
+            compiled = run
+        elif how == "default_jit":
+            compiled = jax.jit(run)
+        else:
+            compiled = jax.jit(run, compiler_options=self._compiler_options())
 
         def split(arrays: Mapping[str, Any]) -> tuple[AttentionOutput, dict[str, jax.Array]]:
             diff = {n: arrays[n] for n in diff_names}
@@ -236,12 +269,13 @@ class ConformanceSuite:
         return split
 
     def _evaluate(
-        self, arrays: Mapping[str, Any], features: Mapping[str, Any], diff_names: Sequence[str] = ()
+        self, arrays: Mapping[str, Any], features: Mapping[str, Any], diff_names: Sequence[str] = (),
+        how: str = "test_jit",
     ) -> tuple[AttentionOutput, dict[str, jax.Array]]:
         # The suite checks the math against a float64 oracle: float32 matrix products run at
         # full precision, not the TF32 / bf16-pass default XLA uses on GPUs and TPUs.
         with jax.default_matmul_precision("highest"):
-            return self._compiled(features, diff_names)(arrays)
+            return self._compiled(features, diff_names, how)(arrays)
 
     def _diff_names(self, arrays: Mapping[str, Any]) -> list[str]:
         names = ["q", "k", "v"]
@@ -307,6 +341,10 @@ class ConformanceSuite:
             assert out.softmax_lse is not None, "declares Feature.LSE but returned no softmax_lse"
         if out.softmax_lse is not None:
             assert_close(f"{label} softmax_lse", out.softmax_lse, ref.lse, tol)
+        # A row that sees no key (lse = -inf) is exactly zero, not merely small.
+        empty = np.isneginf(ref.lse).transpose(0, 2, 1)  # (B, T, Hq)
+        got = to_float64(out.attention_outputs)
+        assert not got[empty].any(), f"{label}: rows that see no key are not zero"
 
     def _check_grads(self, grads: Mapping[str, jax.Array], ref: oracle.OracleGrads, dtype: str, label: str) -> None:
         expected = {"q": ref.dq, "k": ref.dk, "v": ref.dv, "bias": ref.dbias, "softmax_aux": ref.dsoftmax_aux}
@@ -327,6 +365,78 @@ class ConformanceSuite:
         out, _ = self._case_results(case, dtype, arrays, features)
         ref = oracle.attention(np_arrays["q"], np_arrays["k"], np_arrays["v"], **self._oracle_kwargs(np_arrays, case))
         self._check_forward_out(out, ref, dtype, case.describe())
+
+    def _forward_checks(self, case: Case, dtype: str, np_arrays: Mapping[str, Any],
+                        arrays: Mapping[str, Any], label: str) -> None:
+        """The forward of ``case``, eagerly and alone under ``jax.jit`` at XLA's default options,
+        against the oracle on ``np_arrays`` (``arrays`` may hold poison where nothing reads)."""
+        features = static_features(case)
+        ref = oracle.attention(np_arrays["q"], np_arrays["k"], np_arrays["v"], **self._oracle_kwargs(np_arrays, case))
+        for how in ("eager", "default_jit"):
+            out, _ = self._evaluate(arrays, features, how=how)
+            self._check_forward_out(out, ref, dtype, f"{how}: {label}")
+
+    @staticmethod
+    def _poisoned(case: Case, arrays: Mapping[str, Any], value: float) -> dict[str, Any]:
+        """``arrays`` with K and V at every position ``>= kv_lengths[b]`` set to ``value``."""
+        out = dict(arrays)
+        if case.kv_lengths is None:
+            return out
+        past = np.arange(case.s)[None, :] >= np.asarray(case.kv_lengths)[:, None]  # (B, S)
+        for name in ("k", "v"):
+            out[name] = jnp.where(jnp.asarray(past)[:, :, None, None], jnp.asarray(value, arrays[name].dtype),
+                                  arrays[name])
+        return out
+
+    def test_forward_eager_and_default_jit(self, case: Case, dtype: str) -> None:
+        """The forward alone, eagerly and under ``jax.jit`` with XLA's default options (no test
+        options, no gradients in the program), matches the oracle."""
+        np_arrays, arrays = self._prepare(case, dtype)
+        reasons = self._supports(arrays, static_features(case))
+        if reasons:
+            pytest.skip(f"declined (checked by test_forward): {'; '.join(reasons)}")
+        self._forward_checks(case, dtype, np_arrays, arrays, case.describe())
+
+    def test_unread_cache_positions(self, case: Case, dtype: str) -> None:
+        """K and V past each ``kv_lengths`` hold NaN, then +Inf (the contract: any bit pattern):
+        outputs and gradients match the oracle, which sees only the valid data."""
+        np_arrays, arrays = self._prepare(case, dtype)
+        features = static_features(case)
+        if self._supports(arrays, features):
+            pytest.skip("declined (checked by test_forward)")
+        grad_ok = case.grad and not self._supports(arrays, features, grad=True)
+        diff_names = self._diff_names(arrays) if grad_ok else []
+        run = self._compiled(features, diff_names)  # one program, both poisons
+        kwargs = self._oracle_kwargs(np_arrays, case)
+        q, k, v = np_arrays["q"], np_arrays["k"], np_arrays["v"]
+        ref = oracle.attention(q, k, v, **kwargs)
+        back = oracle.attention_backward(q, k, v, np_arrays["d_output"], **kwargs) if diff_names else None
+        for value in (np.nan, np.inf):
+            with jax.default_matmul_precision("highest"):
+                out, grads = run(self._poisoned(case, arrays, value))
+            label = f"K/V past kv_lengths = {value}: {case.describe()}"
+            self._check_forward_out(out, ref, dtype, label)
+            if back is not None:
+                self._check_grads(grads, back, dtype, label)
+
+    def test_decode_sweep(self, sweep_case: Case, dtype: str) -> None:
+        """A seeded random decode shape (GQA ratios, T <= 16, odd and even S, lengths with NaN past
+        them): eager, forward-only under default ``jax.jit``, and forward + gradients, against the oracle."""
+        case = sweep_case
+        np_arrays, arrays = self._prepare(case, dtype)
+        features = static_features(case)
+        reasons = self._supports(arrays, features)
+        if reasons:
+            self._assert_declines(arrays, features)
+            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+        poisoned = self._poisoned(case, arrays, np.nan)
+        self._forward_checks(case, dtype, np_arrays, poisoned, case.describe())
+        if not self._supports(arrays, features, grad=True):
+            _, grads = self._evaluate(poisoned, features, self._diff_names(arrays))
+            kwargs = self._oracle_kwargs(np_arrays, case)
+            back = oracle.attention_backward(np_arrays["q"], np_arrays["k"], np_arrays["v"], np_arrays["d_output"],
+                                             **kwargs)
+            self._check_grads(grads, back, dtype, case.describe())
 
     def test_quantized_kv(self, quantized_case: QuantizedCase, dtype: str) -> None:
         """Decode over an int8 / float8 dense cache with ``kv_lengths`` (jaxattn.testing.quantized_cases),

@@ -18,7 +18,7 @@ import numpy as np
 from .cases import Level, round_to_dtype
 
 __all__ = ["DEFAULT_PAGED_CASES", "FULL_PAGED_CASES", "PagedCase", "make_paged_inputs", "paged_cases_for",
-           "paged_features"]
+           "paged_features", "poison_unread", "read_slots"]
 
 Allocation = Literal["sequential", "permuted", "shared_prefix"]
 
@@ -176,6 +176,41 @@ def make_paged_inputs(case: PagedCase, dtype: str) -> dict[str, Any]:
         out["v_pages"] = round_to_dtype(rng.normal(size=(num_pages, ps, hkv, dv)), dtype)
     if case.sinks:
         out["softmax_aux"] = round_to_dtype(rng.normal(size=(case.hq,)), "float32")
+    return out
+
+
+def read_slots(table: np.ndarray, kv_lens: tuple[int, ...], num_pages: int, page_size: int) -> np.ndarray:
+    """``(num_pages, page_size)``: True where some page-table row's position below its length lives."""
+    read = np.zeros((num_pages, page_size), bool)
+    for s, n in enumerate(kv_lens):
+        for p in range(n):
+            read[table[s, p // page_size], p % page_size] = True
+    return read
+
+
+def poison_unread(case: PagedCase, arrays: dict[str, Any], value: float) -> dict[str, Any]:
+    """``arrays`` with everything the contract calls unread set to ``value`` (NaN, +Inf...).
+
+    Every pool slot no sequence reads (rows of a sequence's last page at or past its length,
+    whole unused pages) holds ``value``, and every page-table entry past a sequence's last page
+    names an unused, poisoned page (when the pool has one). The oracle's answer is unchanged.
+    """
+    out = dict(arrays)
+    pool = arrays["kv_pages"] if "kv_pages" in arrays else arrays["k_pages"]
+    num_pages, ps = pool.shape[:2]
+    table = np.array(arrays["page_table"], copy=True)
+    read = read_slots(table, case.kv_lens, num_pages, ps)
+    unused = np.flatnonzero(~read.any(axis=1))
+    if unused.size:
+        for row, n in enumerate(case.kv_lens):
+            first = -(-n // ps)
+            table[row, first:] = unused[np.arange(table.shape[1] - first) % unused.size]
+    out["page_table"] = table
+    for name in ("k_pages", "v_pages", "kv_pages"):
+        if name in arrays:
+            poisoned = np.array(arrays[name], copy=True)
+            poisoned[~read] = value
+            out[name] = poisoned
     return out
 
 

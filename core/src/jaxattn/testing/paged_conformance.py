@@ -13,8 +13,12 @@ accepts the call and matches the float64 oracle (every row: padding rows and row
 key must be exactly zero), or declines it with ``UnsupportedError`` and reasons. Uniform cases
 also go through ``jaxattn.paged_attention`` (the decode form), and cases whose pages are not in
 address order run again with ``jaxattn.pages_in_address_order``'s table; every case runs under
-``jax.jit``, where nothing is concrete. The same guards as the dense suite run too: a feature
-not declared must be declined, and the call runs (or declines) under ``jax_enable_x64``.
+``jax.jit``, where nothing is concrete, and eagerly (``test_forward_eager``). Everything the
+contract calls unread (rows of a sequence's last page at or past its length, pages listed past
+its last page, unused pages of the pool) holds NaN, then +Inf, in ``test_unread_positions``,
+compiled with XLA's default options; the output must still match the oracle. The same guards
+as the dense suite run too: a feature not declared must be declined, and the call runs (or
+declines) under ``jax_enable_x64``.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from jaxattn.paging import pages_in_address_order
 from . import oracle
 from .cases import DEFAULT_TOLERANCES, DtypeTolerance, Level
 from .compare import assert_close, to_float64
-from .paged_cases import PagedCase, make_paged_inputs, paged_cases_for, paged_features
+from .paged_cases import PagedCase, make_paged_inputs, paged_cases_for, paged_features, poison_unread
 from .quantized_cases import QUANTIZED_PAGED_CASES, QuantizedCase, quantize_paged_inputs, quantized_to_jax
 from .quick_jit import compiler_options_for_tests
 
@@ -149,7 +153,9 @@ class PagedConformanceSuite:
         args, kwargs = self._split(case, arrays)
         return self.make_impl().supports(*args, **kwargs)
 
-    def _run(self, case: PagedCase, arrays: Mapping[str, Any]) -> Any:
+    def _run(self, case: PagedCase, arrays: Mapping[str, Any], how: str = "test_jit") -> Any:
+        """The ragged form's output. ``how``: "test_jit" (``jax.jit`` with the fast test options;
+        eager where ``jit`` is False), "default_jit" (XLA's default options) or "eager"."""
         impl = self.make_impl()
         args, kwargs = self._split(case, arrays)
         static = {n: v for n, v in kwargs.items() if not hasattr(v, "shape")}
@@ -159,8 +165,10 @@ class PagedConformanceSuite:
             q, k_pages, v_pages, page_table, kv_lengths = args
             return impl(q, k_pages, v_pages, page_table, kv_lengths, **traced, **static).attention_outputs
 
-        run = jax.jit(call, compiler_options=compiler_options_for_tests()) if self.jit else call
-        return run(args, traced)
+        if how == "eager" or (how == "test_jit" and not self.jit):
+            return call(args, traced)
+        options = compiler_options_for_tests() if how == "test_jit" else None
+        return jax.jit(call, compiler_options=options)(args, traced)
 
     def _assert_declines(self, case: PagedCase, arrays: Mapping[str, Any]) -> None:
         args, kwargs = self._split(case, arrays)
@@ -191,6 +199,29 @@ class PagedConformanceSuite:
         with jax.default_matmul_precision("highest"):
             got = self._run(paged_case, arrays)
         self._check(paged_case, got, self._expected(paged_case, np_arrays), dtype, paged_case.describe())
+
+    def test_forward_eager(self, paged_case: PagedCase, dtype: str) -> None:
+        """The same call outside ``jax.jit``, where everything is concrete."""
+        np_arrays = make_paged_inputs(paged_case, dtype)
+        arrays = _to_jax(np_arrays, dtype)
+        if self._supports(paged_case, arrays):
+            pytest.skip("declined (checked by test_forward)")
+        with jax.default_matmul_precision("highest"):
+            got = self._run(paged_case, arrays, how="eager")
+        self._check(paged_case, got, self._expected(paged_case, np_arrays), dtype, f"eager: {paged_case.describe()}")
+
+    def test_unread_positions(self, paged_case: PagedCase, dtype: str) -> None:
+        """NaN, then +Inf, wherever the contract says nothing is read (``poison_unread``), under
+        ``jax.jit`` with XLA's default options: the output matches the oracle on the clean cache."""
+        np_arrays = make_paged_inputs(paged_case, dtype)
+        if self._supports(paged_case, _to_jax(np_arrays, dtype)):
+            pytest.skip("declined (checked by test_forward)")
+        want = self._expected(paged_case, np_arrays)
+        for value in (np.nan, np.inf):
+            arrays = _to_jax(poison_unread(paged_case, np_arrays, value), dtype)
+            with jax.default_matmul_precision("highest"):
+                got = self._run(paged_case, arrays, how="default_jit")
+            self._check(paged_case, got, want, dtype, f"unread positions = {value}: {paged_case.describe()}")
 
     def test_pages_in_address_order(self, paged_case: PagedCase, dtype: str) -> None:
         """The table from ``jaxattn.pages_in_address_order`` (what an engine may pass to read its
