@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import Any
 
 import nox
 
@@ -33,7 +34,11 @@ def workspace_packages() -> list[Path]:
 
 def install_workspace(session: nox.Session, *groups: str) -> None:
     editable = [arg for p in workspace_packages() for arg in ("-e", str(p))]
-    session.install(*editable, *nox.project.dependency_groups(PYPROJECT, *groups))
+    requirements, index = list(nox.project.dependency_groups(PYPROJECT, *groups)), []
+    if "kernels-cpu" in groups:  # torch's CPU build where pip would take the CUDA one, as run.py does
+        session.install("pip>=22.2")  # pip install --dry-run --report
+        requirements, index = _load("run", ROOT / "run.py").torch_choice(Path(session.bin) / "python", requirements)
+    session.install(*index, *editable, *requirements)
 
 
 @nox.session
@@ -83,14 +88,19 @@ def build(session: nox.Session) -> None:
     build_wheels(session)
 
 
-def _install_targets() -> dict[str, tuple[str, frozenset[str], frozenset[str]]]:
-    """The smoke script's TARGETS: one table of what each install must bring, for nox and pytest."""
-    spec = importlib.util.spec_from_file_location("smoke_install", SMOKE)
+def _load(name: str, path: Path) -> Any:
+    """A script of the repository as a module (run.py, the smoke script)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise RuntimeError(f"cannot load {SMOKE}")
+        raise RuntimeError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return dict(module.TARGETS)
+    return module
+
+
+def _install_targets() -> dict[str, tuple[str, frozenset[str], frozenset[str]]]:
+    """The smoke script's TARGETS: one table of what each install must bring, for nox and pytest."""
+    return dict(_load("smoke_install", SMOKE).TARGETS)
 
 
 TARGETS = _install_targets()

@@ -106,7 +106,7 @@ def cpu_torch(requirements: Sequence[str], report: dict[str, object]) -> tuple[l
     return pinned, ["--extra-index-url", TORCH_CPU_INDEX]
 
 
-def _torch_choice(python: Path, requirements: list[str]) -> tuple[list[str], list[str]]:
+def torch_choice(python: Path, requirements: list[str]) -> tuple[list[str], list[str]]:
     """Ask pip (a dry run: metadata only) whether the requirements pull a CUDA torch."""
     if not any(r.startswith("torch") for r in requirements):
         return requirements, []
@@ -164,7 +164,7 @@ def ensure_environment(profile: str) -> Path:
     ):
         return python
 
-    requirements, index = _torch_choice(python, requirements_for(profile))
+    requirements, index = torch_choice(python, requirements_for(profile))
     names = ", ".join(p.relative_to(ROOT).as_posix() for p in packages)
     print(f"run.py: installing {names} (editable)"
           + (f" and {len(requirements)} {profile} requirements" if requirements else "")
