@@ -470,3 +470,26 @@ def test_the_conformance_kit_flags_nan_output() -> None:
 
     with pytest.raises(AssertionError, match="non-finite"):
         Suite().test_forward(cases_for("default")[0], "float32")
+
+
+@pytest.mark.parametrize("variable", ["JAXATTN_STRICT_PLUGINS", "JAXATTN_TUNING"])
+def test_an_on_off_variable_with_a_typo_is_an_error_naming_it(variable: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jaxattn.environment import flag
+
+    monkeypatch.setenv(variable, "maybe")
+    with pytest.raises(jaxattn.InvalidInputError, match=f"\\${variable}.*'maybe' is neither on nor off"):
+        flag(variable, default=False, meaning="test")
+    for on in ("1", "on", "TRUE", " yes "):
+        monkeypatch.setenv(variable, on)
+        assert flag(variable, default=False, meaning="test")
+    for off in ("0", "off", "False", "no"):
+        monkeypatch.setenv(variable, off)
+        assert not flag(variable, default=True, meaning="test")
+    monkeypatch.setenv(variable, "")
+    assert flag(variable, default=True, meaning="test")
+
+
+def test_strict_plugins_with_a_typo_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JAXATTN_STRICT_PLUGINS", "maybe")
+    with pytest.raises(jaxattn.InvalidInputError, match="JAXATTN_STRICT_PLUGINS"):
+        plugins._strict()

@@ -23,6 +23,7 @@ from typing import Any, cast
 import pluggy
 
 from . import hookspecs
+from .environment import flag
 from .errors import PluginError
 from .registry import DeclarationError, ImplRef, Provider, Registry, reraise_interrupts
 
@@ -91,7 +92,7 @@ _warned: set[str] = set()
 
 
 def _strict() -> bool:
-    return os.environ.get("JAXATTN_STRICT_PLUGINS", "").strip().lower() in ("1", "true", "yes", "on")
+    return flag("JAXATTN_STRICT_PLUGINS", default=False, meaning="make every plugin failure fatal")
 
 
 def _env_names(var: str) -> set[str] | None:

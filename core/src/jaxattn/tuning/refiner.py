@@ -18,10 +18,10 @@ that backend whenever the call is differentiated (see :mod:`jaxattn.split`).
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from ..candidates import Candidate
-from ..errors import InvalidInputError, JaxattnError
+from ..environment import flag
+from ..errors import JaxattnError
 from ..lookup import available_here, impl_for
 from ..metadata import AttentionMetadata
 from ..problem import AttentionProblem, Problem
@@ -40,20 +40,10 @@ TIE_TOLERANCE = 0.01
 SPLIT_MARGIN = 0.01
 
 
-_OFF = ("0", "off", "false", "no")
-_ON = ("", "1", "on", "true", "yes")
-
-
 def enabled() -> bool:
     """``$JAXATTN_TUNING``: unset or on (1, on, true, yes), or off (0, off, false, no); anything else is refused."""
-    raw = os.environ.get("JAXATTN_TUNING", "")
-    value = raw.strip().lower()
-    if value not in _OFF + _ON:
-        # A typo must not leave the user believing measured ranking is off (or on).
-        raise InvalidInputError("$JAXATTN_TUNING", f"{raw!r} is neither on nor off",
-                                "set it to 0 (or off, false, no) to rank by declared priority only, to 1 (or on, "
-                                "true, yes) or unset it to use the tuning cache")
-    return value not in _OFF
+    # A typo must not leave the user believing measured ranking is off (or on).
+    return flag("JAXATTN_TUNING", default=True, meaning="rank by the tuning cache's measurements")
 
 
 def split_eligible(problem: AttentionProblem) -> bool:
