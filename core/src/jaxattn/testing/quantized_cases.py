@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..quantize import GRANULARITIES, QUANTIZED_KV_DTYPES
+from .paged_cases import read_slots
 
 __all__ = ["QUANTIZED_DENSE_CASES", "QUANTIZED_PAGED_CASES", "QuantizedCase", "quantize_dense_inputs",
            "quantize_paged_inputs", "quantized_to_jax"]
@@ -90,15 +91,6 @@ def _poison(values: np.ndarray, scale: np.ndarray, unread: np.ndarray, which: st
     return values, scale
 
 
-def _read_slots(table: np.ndarray, kv_lens: tuple[int, ...], num_pages: int, page_size: int) -> np.ndarray:
-    """``(num_pages, page_size)``: True where some page-table row's position below its length lives."""
-    read = np.zeros((num_pages, page_size), bool)
-    for s, n in enumerate(kv_lens):
-        for p in range(n):
-            read[table[s, p // page_size], p % page_size] = True
-    return read
-
-
 def quantize_paged_inputs(case: Any, qcase: QuantizedCase, arrays: dict[str, Any]) -> tuple[dict[str, Any],
                                                                                          dict[str, Any]]:
     """``(call arrays, oracle arrays)`` of a paged case (``arrays``: ``make_paged_inputs``'s).
@@ -109,7 +101,7 @@ def quantize_paged_inputs(case: Any, qcase: QuantizedCase, arrays: dict[str, Any
     k, v = (arrays["kv_pages"][:, :, 0::2], arrays["kv_pages"][:, :, 1::2]) if combined else \
         (arrays["k_pages"], arrays["v_pages"])
     (kq, ks), (vq, vs) = _quantize(k, qcase), _quantize(v, qcase)
-    unread = ~_read_slots(arrays["page_table"], case.kv_lens, k.shape[0], k.shape[1])
+    unread = ~read_slots(arrays["page_table"], case.kv_lens, k.shape[0], k.shape[1])
     call, ref = dict(arrays), dict(arrays)
     kq_bad, ks_bad = _poison(kq, ks, unread, "k", qcase.granularity)
     vq_bad, vs_bad = _poison(vq, vs, unread, "v", qcase.granularity)
