@@ -438,5 +438,10 @@ def test_parametrisation_and_level_option(tmp_path: Path) -> None:
     assert "test_mine.py::TestFromOption::test_gradients[combined-float32]" in ids
     assert "test_mine.py::TestFromOption::test_dropout_statistics[bfloat16]" in ids
     assert "test_mine.py::TestPinned::test_forward[plain-float32]" in ids
+    # The new runs and the seeded sweep, the seed in the id; poison only where there are lengths.
+    assert "test_mine.py::TestPinned::test_forward_eager_and_default_jit[plain-float32]" in ids
+    assert "test_mine.py::TestPinned::test_decode_sweep[sweep_s0_0-float32]" in ids
+    assert "test_mine.py::TestPinned::test_unread_cache_positions[kv_lengths_decode-float32]" in ids
+    assert not any(i.startswith("test_mine.py::TestPinned::test_unread_cache_positions[plain") for i in ids)
     assert not any(i.startswith("test_mine.py::TestPinned::test_forward[large") for i in ids)
     assert not any("ConformanceSuite" in i for i in ids)  # the base class is not collected
