@@ -153,8 +153,9 @@ def test_serving_address_order_pool_sorts_each_rows_full_pages() -> None:
     ordered = np.asarray(_inputs(shape)["page_table"])
     shuffled = np.asarray(_inputs(dataclasses.replace(shape, pool="random"))["page_table"])
     assert not np.array_equal(ordered, shuffled)
-    # Decode rows: 40 tokens, 5 full pages. The prefill row's first query sits at 20: 2 pages before it.
-    for row, full in zip(range(4), (5, 5, 5, 2), strict=True):
+    # Decode rows: 40 tokens in 5 full pages; the query sits at 39, in the fifth, which stays: 4 pages
+    # before it. The prefill row's first query sits at 20: 2 pages before it.
+    for row, full in zip(range(4), (4, 4, 4, 2), strict=True):
         np.testing.assert_array_equal(ordered[row, :full], np.sort(shuffled[row, :full]))
         np.testing.assert_array_equal(ordered[row, full:], shuffled[row, full:])
     assert shape.label == "B3 ctx40 H4/2 D16 page8 + 1x20 prefill pages in address order"
