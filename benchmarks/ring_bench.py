@@ -1,6 +1,6 @@
 """Ring attention on 1 and 2 GPUs: the longest sequence that fits and the time per training step.
 
-Run on a machine with two GPUs and the jaxattn wheels installed (see ../shared/GPU.md):
+Run on a machine with two GPUs and the jaxattn wheels installed (see CONTRIBUTING.md, "Working on a GPU"):
 
     python3 benchmarks/ring_bench.py --json ring_bench.json
 

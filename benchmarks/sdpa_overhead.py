@@ -9,7 +9,7 @@ For each shape, causal or not, forward and forward+backward: both programs are c
 then timed alternately in one process (so drift hits both alike), median of ``--runs``.
 Also reports whether the two compiled programs are the same HLO (they should be: dispatch
 happens at trace time). TFLOP/s count 4*B*H*T*S*D forward, halved for causal, and 3.5x
-that for forward+backward (the convention of ../shared/GPU.md).
+that for forward+backward (the convention of CONTRIBUTING.md, "Measuring").
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 import jaxattn
 
-# (B, S, H, D) with T == S; the shapes of GPU.md's reference table.
+# (B, S, H, D) with T == S: the shapes of the D=128 flash-attention targets (docs/bench.md).
 SHAPES = [(4, 4096, 32, 128), (1, 16384, 32, 128), (16, 1024, 32, 64)]
 QUICK_SHAPES = [(1, 256, 4, 64), (2, 128, 8, 32)]
 

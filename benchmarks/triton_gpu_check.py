@@ -58,7 +58,7 @@ def reference(
     kv_segment_ids=None,
     softmax_aux=None,
 ):  # type: ignore[no-untyped-def]
-    """Float32 attention with DESIGN.md's semantics (materialised logits)."""
+    """Float32 attention with docs/contract.md's semantics (materialised logits)."""
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
     b, t, hq, d = q.shape
     s, hkv = k.shape[1], k.shape[2]

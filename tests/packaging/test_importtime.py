@@ -1,4 +1,4 @@
-"""Discovery and listing import no kernel library (DESIGN.md: lazy ImplRefs)."""
+"""Discovery and listing import no kernel library (docs/contract.md: lazy ImplRefs)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from jaxattn_sdpa.translate import Band, band_row_valid, kv_band_restricts, padd
 
 
 def _contract_visible(t: int, s: int, causal: bool, window: tuple[int, int] | None) -> np.ndarray:
-    """DESIGN.md, spelled out: bottom-right causal and window on a (T, S) grid."""
+    """The contract, spelled out: bottom-right causal and window on a (T, S) grid."""
     i = np.arange(t)[:, None] + (s - t)
     j = np.arange(s)[None, :]
     vis = np.ones((t, s), bool)

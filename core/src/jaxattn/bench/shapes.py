@@ -1,6 +1,6 @@
 """The shapes ``jaxattn bench`` and ``jaxattn tune`` time, and the FLOP count of each.
 
-FLOPs follow ``GPU.md``: 4*B*H*T*S*D for a forward pass, halved for causal, and
+FLOPs follow CONTRIBUTING.md ("Measuring"): 4*B*H*T*S*D for a forward pass, halved for causal, and
 forward+backward counted as 3.5x the forward (the backward does 2.5 forwards' worth of
 matrix products).
 """
@@ -69,7 +69,7 @@ class BenchShape:
 
 
 def _heads_for(head_dim: int, heads: int | None) -> int:
-    # GPU.md's matrix: 32 heads, 16 for D=256 (keeps memory per token comparable).
+    # The reference matrix (docs/bench.md): 32 heads, 16 for D=256 (keeps memory per token comparable).
     if heads is not None:
         return heads
     return 16 if head_dim >= 256 else 32
@@ -87,7 +87,7 @@ def default_matrix(
     masks: Iterable[bool] = (False, True),
     batch: int | None = None,
 ) -> list[BenchShape]:
-    """GPU.md's matrix: B*S = ``tokens``, every D and S, causal and full, plus GQA ``gqa``:1.
+    """The reference matrix (docs/bench.md): B*S = ``tokens``, every D and S, causal and full, plus GQA ``gqa``:1.
 
     GQA is timed for ``gqa_head_dims`` only (D=128 by default): it changes K/V traffic, not
     the FLOPs, so one head dim shows it and keeps the full run short. D=128 comes first: a

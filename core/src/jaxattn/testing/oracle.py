@@ -1,11 +1,11 @@
-"""Float64 NumPy reference of the attention contract in DESIGN.md, forward and backward.
+"""Float64 NumPy reference of the attention contract (docs/contract.md), forward and backward.
 
 The oracle is what every backend is checked against, so it must not share code (or
 bugs) with any of them: it imports NumPy only, never jax, and spells every rule of the
 contract out in the most direct form, materialising the full ``(B, Hq, T, S)`` logits and
 the repeated K/V heads. Speed is irrelevant; keep the shapes small.
 
-Semantics (DESIGN.md):
+Semantics (docs/contract.md):
 
 * layout BTHD: q ``(B, T, Hq, D)``, k ``(B, S, Hkv, D)``, v ``(B, S, Hkv, Dv)``; query
   head ``h`` reads kv head ``h // (Hq // Hkv)`` (GQA/MQA);
@@ -283,7 +283,7 @@ def attention(
     dropout_keep: Any = None,
     kv_lengths: Any = None,
 ) -> OracleResult:
-    """Attention in float64 with exactly DESIGN.md's semantics.
+    """Attention in float64 with exactly docs/contract.md's semantics.
 
     ``dropout_keep`` is a boolean keep-mask broadcastable to ``(B, Hq, T, S)``; the oracle
     has no random generator, so a test that wants to compare dropout numerics supplies the

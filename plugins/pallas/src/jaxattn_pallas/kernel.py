@@ -1,4 +1,4 @@
-"""The DESIGN.md attention contract on top of the Pallas TPU flash-attention kernel.
+"""The attention contract (docs/contract.md) on top of the Pallas TPU flash-attention kernel.
 
 ``jax.experimental.pallas.ops.tpu.flash_attention`` takes BHTD tensors with equal head
 counts and equal q/k/v head dims, an additive bias of the full ``(B, H, T, S)`` shape,

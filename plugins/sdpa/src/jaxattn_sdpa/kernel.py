@@ -263,7 +263,7 @@ def sdpa_attention(
     kv_lengths: ArrayLike | None = None,
     implementation: Implementation = "xla",
 ) -> Array:
-    """Attention with DESIGN.md's semantics through ``jax.nn.dot_product_attention``.
+    """Attention with the contract's semantics (docs/contract.md) through ``jax.nn.dot_product_attention``.
 
     ``mask`` / ``bias`` are rank 4, broadcastable to ``(B, Hq, T, S)``; ``kv_lengths (B,)``
     makes k and v a cache of capacity S (docs/contract.md). Returns ``(B, T, Hq, D)`` in q's

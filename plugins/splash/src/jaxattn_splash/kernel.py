@@ -1,4 +1,4 @@
-"""The DESIGN.md attention contract on top of the Pallas TPU splash-attention kernel.
+"""The attention contract (docs/contract.md) on top of the Pallas TPU splash-attention kernel.
 
 ``jax.experimental.pallas.ops.tpu.splash_attention`` runs one batch element of
 ``(H, T, D)`` queries against ``(Hkv, S, D)`` (``make_splash_mha``, grouped heads native)

@@ -1,6 +1,6 @@
 """Timing helpers for the Triton kernels, reusable by ``jaxattn bench`` and the tuner.
 
-FLOPs follow GPU.md: ``4 * B * H * T * S * D`` forward (times the fraction of the score
+FLOPs follow CONTRIBUTING.md ("Measuring"): ``4 * B * H * T * S * D`` forward (times the fraction of the score
 matrix inside the causal/window band), forward + backward = 3.5 x forward.
 """
 
@@ -20,7 +20,7 @@ from jaxattn_triton.spec import AttnSpec
 def attention_flops(
     batch: int, heads: int, seq_q: int, seq_k: int, head_dim: int, *, causal: bool, backward: bool
 ) -> float:
-    """GPU.md's count: causal halves the forward; forward + backward is 3.5 x forward."""
+    """The count of CONTRIBUTING.md: causal halves the forward; forward + backward is 3.5 x forward."""
     flops = 4.0 * batch * heads * seq_q * seq_k * head_dim
     if causal:
         flops /= 2

@@ -123,7 +123,7 @@ def vanilla_attention(
     softmax_dtype: Any = jnp.float32,
     precision: jax.lax.PrecisionLike = None,
 ) -> VanillaResult:
-    """Attention with DESIGN.md's semantics; see the module docstring for numerics.
+    """Attention with the contract's semantics (docs/contract.md); see the module docstring for numerics.
 
     Shapes: q ``(B, T, Hq, D)``, k ``(B, S, Hkv, D)``, v ``(B, S, Hkv, Dv)``; mask (bool,
     True = attend) and bias broadcastable to ``(B, Hq, T, S)``; segment ids ``(B, T)`` and
