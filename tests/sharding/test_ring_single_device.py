@@ -95,3 +95,21 @@ def test_zigzag_gives_each_device_chunk_i_and_its_mirror(n: int) -> None:
 def test_zigzag_needs_2n_chunks() -> None:
     with pytest.raises(ValueError, match="multiple of 2 \\* 4"):
         zigzag_permutation(12, 4)
+
+
+def test_infinite_sinks_zero_their_heads_and_minus_inf_is_no_sink() -> None:
+    """A +inf sink takes the whole mass (zeros, zero gradients); the blocks' lse merge would be inf - inf."""
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.normal(size=shape).astype(np.float32) for shape in ((2, 6, 4, 8), (2, 6, 2, 8), (2, 6, 2, 8)))
+    aux = np.array([np.inf, 0.5, -np.inf, 1.0], np.float32)
+    ring = jaxattn.get_impl("ring", ring_of_one())
+    with jax.default_matmul_precision("highest"):
+        out = ring(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), causal=True, softmax_aux=jnp.asarray(aux))
+        dq, daux = jax.grad(lambda q, a: jnp.sum(ring(q, jnp.asarray(k), jnp.asarray(v), causal=True, softmax_aux=a)
+                                                 .attention_outputs), argnums=(0, 1))(jnp.asarray(q), jnp.asarray(aux))
+    want = oracle.attention(q, k, v, causal=True, softmax_aux=aux)
+    grads = oracle.attention_backward(q, k, v, np.ones(q.shape), causal=True, softmax_aux=aux)
+    np.testing.assert_allclose(out.attention_outputs, want.output, atol=2e-5)
+    np.testing.assert_allclose(dq, grads.dq, atol=2e-5)
+    assert grads.dsoftmax_aux is not None
+    np.testing.assert_allclose(daux, grads.dsoftmax_aux, atol=2e-5)

@@ -97,3 +97,14 @@ def test_ranked_against_flash_attn2_by_generation(generation: str, prefer: str) 
     splash = jaxattn.get_impl("splash", INTERPRET).priority_for(device)
     flash = jaxattn.get_impl("flash_attn2", INTERPRET).priority_for(device)
     assert (splash > flash) == (prefer == "splash")
+
+
+def test_infinite_sinks_zero_their_heads_and_minus_inf_is_no_sink() -> None:
+    rng = np.random.default_rng(7)
+    q, k, v = (jnp.asarray(rng.normal(size=(1, 128, 4, 128)), jnp.float32) for _ in range(3))
+    aux = np.array([np.inf, 0.5, -np.inf, 1.0], np.float32)
+    with jax.default_matmul_precision("highest"):
+        out = jaxattn.attention(q, k, v, causal=True, softmax_aux=jnp.asarray(aux), impl="splash", metadata=INTERPRET)
+    want = oracle.attention(np.asarray(q), np.asarray(k), np.asarray(v), causal=True, softmax_aux=aux).output
+    assert not np.asarray(out)[:, :, 0].any()
+    np.testing.assert_allclose(out, want, atol=2e-3)

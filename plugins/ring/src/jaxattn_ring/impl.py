@@ -25,6 +25,7 @@ from jaxattn.sharding.axes import MeshAxes, kv_head_repeat, mesh_axes
 from jaxattn.sharding.compat import axis_size, shard_map
 from jaxattn.sharding.specs import AttentionSpecs
 from jaxattn.sharding.wrap import check_batch_heads, local_metadata
+from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
 from jaxattn.validation import resolve_call
 
 from .blocks import BlockKernel, Mode, RingPlan, block_problems, choose_kernel
@@ -129,11 +130,15 @@ class RingAttention(AttentionImpl):
     def forward_native(self, q: Array, k: Array, v: Array, mask: Array = None, bias: Array = None,
                        init_bias: Callable[[], Array] | None = None, causal: bool = False,
                        **features: Any) -> AttentionOutput:
-        # bias and dropout are declined by not_supported_reasons (not in ``features``).
-        return self._ring(q, k, v, mask, causal, sliding_window=features.get("sliding_window"),
-                          q_segment_ids=features.get("q_segment_ids"), kv_segment_ids=features.get("kv_segment_ids"),
-                          softmax_scale=features["softmax_scale"], logits_soft_cap=features.get("logits_soft_cap"),
-                          softmax_aux=features.get("softmax_aux"))
+        # bias and dropout are declined by not_supported_reasons (not in ``features``). A +inf sink
+        # would be inf - inf in the blocks' log-sum-exp merge: a finite stand-in runs, and the
+        # heads it absorbs are zeroed (jaxattn.sinks).
+        sinks, absorbed = split_absorbing_sinks(features.get("softmax_aux"))
+        res = self._ring(q, k, v, mask, causal, sliding_window=features.get("sliding_window"),
+                         q_segment_ids=features.get("q_segment_ids"), kv_segment_ids=features.get("kv_segment_ids"),
+                         softmax_scale=features["softmax_scale"], logits_soft_cap=features.get("logits_soft_cap"),
+                         softmax_aux=sinks)
+        return dataclasses.replace(res, attention_outputs=zero_absorbed_heads(res.attention_outputs, absorbed, 2))
 
     def _ring(self, q: Array, k: Array, v: Array, mask: Array, causal: bool, *,
               sliding_window: tuple[int, int] | None, q_segment_ids: Array, kv_segment_ids: Array,

@@ -93,8 +93,12 @@ class SplashAttention(AttentionImpl):
         causal: bool = False,
         **features: Any,
     ) -> AttentionOutput:
+        from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
+
         from .kernel import splash_attention
 
+        # A +inf sink: the kernel gets a finite one and the heads it absorbs are zeroed (jaxattn.sinks).
+        sinks, absorbed = split_absorbing_sinks(features.get("softmax_aux"))
         out = splash_attention(
             q,
             k,
@@ -105,8 +109,8 @@ class SplashAttention(AttentionImpl):
             kv_segment_ids=features.get("kv_segment_ids"),
             softmax_scale=features["softmax_scale"],
             logits_soft_cap=features.get("logits_soft_cap"),
-            softmax_aux=features.get("softmax_aux"),
+            softmax_aux=sinks,
             block_sizes=self.metadata.block_sizes,
             interpret=self.metadata.interpret,
         )
-        return AttentionOutput(attention_outputs=out)
+        return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 2))
