@@ -3,20 +3,16 @@
 A decode step (or a few queries: speculative decoding, T <= 16) reads the whole cache once,
 so it is bound by memory, not arithmetic. Two things decide its speed in XLA:
 
-* **No copy of the cache.** ``jax.nn.dot_product_attention`` (and any ``einsum`` over the
-  ``(B, S, Hkv, D)`` layout with the heads as a batch dimension) makes XLA transpose K and V
-  into ``(B, Hkv, D, S)`` before its matrix products: on a CPU that copy costs several times
-  the read itself. Here both contractions are matrix products batched over B only, whose
-  operands are K and V in their own layout, flattened to ``(S * Hkv, D)`` and ``(S, Hkv * Dv)``:
-  the logits are every key row against every query row of every KV head, ``(S * Hkv, Hkv * R)``,
-  of which the diagonal blocks (a key head against its own query heads) are kept, and the
-  output is ``(Hkv * R, Hkv * Dv)``, again keeping the diagonal blocks. That multiplies the
-  arithmetic by Hkv, which a step bound by its read can afford (``R = T * G`` rows per KV
-  head, G = Hq / Hkv, so each K/V element is read once for all of them, and K and V are
-  never repeated over the group). They are dot operations on purpose: the multiply-and-reduce
-  this kernel used before (``sum(k[:, :, :, None, :] * q[:, None], -1)``) is lowered by
-  jaxlib 0.10.2's XLA:CPU into a YNNPACK fusion that computes wrong logits at many GQA decode
-  shapes (docs/decode.md).
+* **Dot operations over packed heads.** Both contractions are matrix products batched over B
+  and the KV heads, the query heads of each KV head packed together (``R = T * G`` rows per
+  KV head, G = Hq / Hkv, so each K/V element serves all of them and K and V are never
+  repeated over the group); XLA lays the operands out as its dot wants (on a CPU that can
+  mean a copy of K and V). They are dot operations on purpose: the multiply-and-reduce this
+  kernel used before (``sum(k[:, :, :, None, :] * q[:, None], -1)``) is lowered by jaxlib
+  0.10.2's XLA:CPU into a YNNPACK fusion that computes wrong logits at many GQA decode shapes
+  (docs/decode.md). A variant batched over B only, reading K and V in place and keeping the
+  diagonal head blocks of an Hkv-times-larger product, measured slower on a CPU (float32,
+  B=8 T=1 Hq=32 Hkv=8 D=128 S=4096: 204 vs 175 ms, median of 9).
 * **Split-K (flash-decoding).** The keys of a step are cut into ``num_chunks`` contiguous
   chunks; each chunk gets its own partial softmax (row max ``m_c``, sum ``l_c`` and
   unnormalised output ``o_c``), computed side by side (the chunks are folded into the batch
@@ -115,52 +111,33 @@ def _visible_range(t: int, s: int, lengths: Array | None, window: tuple[int, int
     return lo, longest
 
 
-def _diagonal_blocks(x: Array, h: int, inner: int) -> Array:
-    """``x (..., h, h * inner)`` -> ``(..., h, inner)``: block ``i`` of row ``i``.
-
-    Row-major, block ``(i, i)`` starts at ``i * (h + 1) * inner`` of the flattened pair of
-    axes: padded by one row, the pair reshapes to ``(h, (h + 1) * inner)`` whose first
-    ``inner`` columns are the diagonal blocks (a pad and slices, no gather).
-    """
-    if h == 1:
-        return x
-    lead = x.shape[:-2]
-    flat = x.reshape(*lead, h * h * inner)
-    flat = jnp.pad(flat, [(0, 0)] * len(lead) + [(0, h * inner)])
-    return flat.reshape(*lead, h, (h + 1) * inner)[..., :inner]
-
-
 def _logits(k: Array, qt: Array, dtype: Any) -> Array:
     """``k (N, sc, Hkv, D)`` against ``qt (N, D, Hkv * R)``: ``(N, sc, Hkv, R)`` in ``dtype``.
 
-    One product batched over N, reading K in its own layout as ``(sc * Hkv, D)`` (a dot
-    operation: never the multiply-and-reduce that XLA:CPU miscompiled), then each key head's
-    own query rows.
+    One product batched over N and the KV heads, contracting D: a dot operation, never the
+    multiply-and-reduce that jaxlib 0.10.2's XLA:CPU miscompiled (wrong logits at many GQA
+    decode shapes under jit). XLA places the batch axes as its dot wants them.
     """
-    n, sc, hkv, d = k.shape
+    n, _, hkv, d = k.shape
     r = qt.shape[-1] // hkv
-    full = lax.dot_general(k.reshape(n, sc * hkv, d), qt, (((2,), (1,)), ((0,), (0,))),
-                           preferred_element_type=dtype)  # (N, sc * Hkv, Hkv * R)
-    return _diagonal_blocks(full.reshape(n, sc, hkv, hkv * r), hkv, r)
+    out = lax.dot_general(k, qt.reshape(n, d, hkv, r), (((3,), (1,)), ((0, 2), (0, 2))),
+                          preferred_element_type=dtype)  # (N, Hkv, sc, R)
+    return out.transpose(0, 2, 1, 3)
 
 
 def _weighted_values(p: Array, v: Array, dtype: Any) -> Array:
     """``sum_j p[:, j, h, r] v[:, j, h, :]``: ``p (N, sc, Hkv, R)``, ``v (N, sc, Hkv, Dv)`` ->
     ``(N, Hkv, R, Dv)`` accumulated in ``dtype``.
 
-    One product batched over N contracting the keys, V read in its own layout as
-    ``(sc, Hkv * Dv)``; then each query head's own KV head. A 16-bit V multiplies
-    probabilities rounded to its dtype (as flash attention kernels do), so V is never copied
-    into a wider one.
+    One product batched over N and the KV heads, contracting the keys (a dot operation, as in
+    ``_logits``). A 16-bit V multiplies probabilities rounded to its dtype (as flash attention
+    kernels do), so V is never copied into a wider one.
     """
-    n, sc, hkv, r = p.shape
-    dv = v.shape[-1]
     wide = jnp.promote_types(v.dtype, jnp.float32) == v.dtype
     pdtype = jnp.promote_types(p.dtype, v.dtype) if wide else v.dtype
-    full = lax.dot_general(p.astype(pdtype).reshape(n, sc, hkv * r), v.astype(pdtype).reshape(n, sc, hkv * dv),
-                           (((1,), (1,)), ((0,), (0,))), preferred_element_type=dtype)  # (N, Hkv * R, Hkv * Dv)
-    full = full.reshape(n, hkv, r, hkv * dv).transpose(0, 2, 1, 3)  # (N, R, Hkv, Hkv * Dv)
-    return _diagonal_blocks(full, hkv, dv).transpose(0, 2, 1, 3)
+    out: Array = lax.dot_general(p.astype(pdtype), v.astype(pdtype), (((1,), (1,)), ((0, 2), (0, 2))),
+                                 preferred_element_type=dtype)  # (N, Hkv, R, Dv)
+    return out
 
 
 def _and(a: Array | None, b: Array) -> Array:
