@@ -200,7 +200,22 @@ class ServingResult:
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["shape"] = self.shape.to_dict()
+        out.update(row_fields(self.backend, self.shape.kv_dtype))
         return out
+
+
+def row_fields(label: str, kv_dtype: str | None) -> dict[str, Any]:
+    """What a row's label packs, as fields: ``impl`` (a registered name, or None for the bar and
+    the outside kernel), ``call`` (paged, separate calls, dense, memory read, outside) and ``cache``
+    (the dtype of the K/V it reads: the shape's quantized format, or "16-bit")."""
+    suffixes = ((" (dense)", "dense", False), (" separate", "separate calls", True), (WIDE_SUFFIX, "paged", False))
+    for suffix, call, narrow in suffixes:
+        if label.endswith(suffix):
+            return {"impl": label[: -len(suffix)], "call": call, "cache": (narrow and kv_dtype) or "16-bit"}
+    if label in (READ_PEAK, PALLAS_GPU_PAGED, "(every backend)"):
+        call = {READ_PEAK: "memory read", PALLAS_GPU_PAGED: "outside"}.get(label, "none")
+        return {"impl": None, "call": call, "cache": "16-bit" if label == PALLAS_GPU_PAGED else kv_dtype or "16-bit"}
+    return {"impl": label, "call": "paged", "cache": kv_dtype or "16-bit"}
 
 
 # -- inputs ------------------------------------------------------------------------------------
