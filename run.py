@@ -257,8 +257,19 @@ def main(argv: list[str] | None = None) -> int:
         return run_in_venv(ensure_environment("demo"), ["-m", "jaxattn.demo", *rest])
     if args.no_torch:
         return run_in_venv(ensure_environment("test-no-torch"),
-                           ["-m", "pytest", "-m", f"not {NO_TORCH_MARKER}", *rest])
-    return run_in_venv(ensure_environment("test"), ["-m", "pytest", *rest])
+                           ["-m", "pytest", *spread(rest), "-m", f"not {NO_TORCH_MARKER}", *rest])
+    return run_in_venv(ensure_environment("test"), ["-m", "pytest", *spread(rest), *rest])
+
+
+def spread(pytest_args: list[str]) -> list[str]:
+    """pytest-xdist options that run the suite on every core (two at the most matter on the
+    project's 2-core machines: compiling, not running, takes the time), unless the arguments
+    choose for themselves (``-n``, ``--numprocesses``, ``-p no:xdist``). ``loadgroup`` keeps
+    the tests that share fresh virtual environments in one process."""
+    chosen = any(a in ("-n", "--numprocesses", "no:xdist") or a.startswith(("-n", "--numprocesses="))
+                 for a in pytest_args)
+    cores = os.cpu_count() or 1
+    return [] if chosen or cores < 2 else ["-n", str(min(cores, 4)), "--dist", "loadgroup"]
 
 
 if __name__ == "__main__":

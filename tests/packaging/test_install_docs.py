@@ -117,7 +117,7 @@ def test_run_py_test_no_torch_installs_without_torch_and_deselects_the_triton_gr
 
     monkeypatch.setattr(run, "run_in_venv", run_in_venv)
     assert run.main(["test", "--no-torch", "tests/cli", "-x"]) == 0
-    assert calls == [("test-no-torch", ["-m", "pytest", "-m", "not triton", "tests/cli", "-x"])]
+    assert calls == [("test-no-torch", ["-m", "pytest", *run.spread([]), "-m", "not triton", "tests/cli", "-x"])]
     assert "kernels-cpu" not in run.PROFILES["test-no-torch"] and "kernels-cpu" in run.PROFILES["test"]
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     groups = pyproject["dependency-groups"]
@@ -138,3 +138,15 @@ def test_triton_group_is_marked_and_the_rest_collects_without_it() -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     collected = [line for line in done.stdout.splitlines() if "::" in line]
     assert collected and all(line.startswith("tests/triton/") for line in collected)
+
+
+def test_run_py_test_spreads_over_the_cores_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    run = run_py()
+    monkeypatch.setattr(run.os, "cpu_count", lambda: 2)
+    assert run.spread(["tests/cli", "-x"]) == ["-n", "2", "--dist", "loadgroup"]
+    monkeypatch.setattr(run.os, "cpu_count", lambda: 64)
+    assert run.spread([]) == ["-n", "4", "--dist", "loadgroup"]
+    for chosen in (["-n", "1"], ["-n3"], ["--numprocesses=2"], ["-p", "no:xdist"]):
+        assert run.spread(chosen) == []
+    monkeypatch.setattr(run.os, "cpu_count", lambda: 1)
+    assert run.spread([]) == []
