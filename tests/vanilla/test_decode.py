@@ -40,6 +40,18 @@ def _impl(md: jaxattn.AttentionMetadata | None = None) -> DecodeAttention:
     return impl
 
 
+def _notes(q: Any, k: Any, v: Any, metadata: jaxattn.AttentionMetadata | None = None, **kw: Any) -> str:
+    """What explain notes for this plugin's autoregressive_decodeattn; on a GPU, where explain
+    describes the Triton kernel of that name, the notes come from this plugin's class."""
+    if jax.default_backend() == "cpu":
+        row = next(c for c in jaxattn.explain(q, k, v, impl="autoregressive_decodeattn", metadata=metadata,
+                                              **kw).candidates if c.name == "autoregressive_decodeattn")
+        return " ".join(row.notes)
+    from jaxattn.problem import AttentionProblem
+
+    return " ".join(_impl(metadata).notes(AttentionProblem.from_inputs(q, k, v, **kw)))
+
+
 class TestDecodeConformance(ConformanceSuite):
     """The whole matrix with the CPU's cut (one chunk over the cache): calls with T <= 16 run,
     masks, biases, segment ids, dropout and longer T are declined."""
@@ -320,9 +332,7 @@ def test_many_rows_per_kv_head_run_blockwise_kernel() -> None:
     """Past MAX_STREAMED_ROWS rows per KV head the call runs blockwise's kernel, still exactly."""
     q, k, v = _qkv(2, 8, 30, hq=8, hkv=2)  # 8 queries x 4 heads per KV head = 32 rows
     n = np.array([30, 11], np.int32)
-    row = next(c for c in jaxattn.explain(q, k, v, impl="autoregressive_decodeattn", causal=True,
-                                          kv_lengths=n).candidates if c.name == "autoregressive_decodeattn")
-    assert "blockwise's tiled kernel" in " ".join(row.notes) and MAX_STREAMED_ROWS < 8 * 4
+    assert "blockwise's tiled kernel" in _notes(q, k, v, causal=True, kv_lengths=n) and MAX_STREAMED_ROWS < 8 * 4
     d_out = np.random.default_rng(3).normal(size=q.shape).astype(np.float32)
     impl = _impl(jaxattn.AttentionMetadata(block_k=4))
 
@@ -370,13 +380,9 @@ def test_a_cache_at_most_half_full_runs_blockwise_tiles() -> None:
 
 def test_notes_and_metadata_cut() -> None:
     q, k, v = _qkv(1, 1, 40, hq=4, hkv=2)
-    row = next(c for c in jaxattn.explain(q, k, v, impl="autoregressive_decodeattn").candidates
-               if c.name == "autoregressive_decodeattn")
-    assert "1 chunk of 40 keys" in " ".join(row.notes)
+    assert "1 chunk of 40 keys" in _notes(q, k, v)
     small = jaxattn.AttentionMetadata(block_k=4, extra={"decode_step_keys": 16})
-    row = next(c for c in jaxattn.explain(q, k, v, impl="autoregressive_decodeattn", metadata=small).candidates
-               if c.name == "autoregressive_decodeattn")
-    assert "4 chunks of 4 keys per step, 3 steps" in " ".join(row.notes)
+    assert "4 chunks of 4 keys per step, 3 steps" in _notes(q, k, v, metadata=small)
     out = _impl(small)(q, k, v).attention_outputs
     _close(out, oracle.attention(q, k, v).output, 1e-5, "small cut")
 
