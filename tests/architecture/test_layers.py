@@ -21,7 +21,8 @@ CORE = ROOT / "core" / "src" / "jaxattn"
 #: The core's layers, bottom to top. A module is in the layer of the longest matching prefix.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("contract", (
-        "jaxattn._dtypes", "jaxattn.environment", "jaxattn.errors", "jaxattn.names", "jaxattn.capabilities", "jaxattn.problem",
+        "jaxattn._dtypes", "jaxattn.environment", "jaxattn.errors", "jaxattn.names", "jaxattn.capabilities",
+        "jaxattn.problem",
         "jaxattn.device", "jaxattn.metadata", "jaxattn.output", "jaxattn.validation", "jaxattn.paged_validation",
         "jaxattn.backend", "jaxattn.impl", "jaxattn.paged_impl", "jaxattn.paging", "jaxattn.quantize", "jaxattn.sinks",
         "jaxattn.tiling", "jaxattn.tracing", "jaxattn.unread",
