@@ -369,7 +369,8 @@ def key_block_ranges(plan: BlockPlan, kv_len: Array, *, causal: bool, window: tu
     batch's lengths (inclusive; empty where first > last).
 
     Query rows ``r0..r1`` of sequence b sit at ``L_b - T + r``; over the batch the visible keys
-    lie within ``[min(L) - T + r0 - left, max(L) - T + r1 (+ right)]`` and below ``max(L)``.
+    lie within ``[min(L) - T + r0 - left, max(L) - T + r1 (+ right)]`` and below ``max(L)``, and
+    none when ``max(L) - T + r1 < 0`` (rows at negative positions see nothing).
     ``xp``: the array namespace (``numpy`` evaluates the same rule on the host, for tests).
     """
     i = xp.arange(plan.num_q, dtype=xp.int32)
@@ -380,6 +381,9 @@ def key_block_ranges(plan: BlockPlan, kv_len: Array, *, causal: bool, window: tu
     hi = xp.broadcast_to(longest - 1, i.shape)
     if causal:
         hi = xp.minimum(hi, longest - plan.t + r1)
+    # A row at a negative position (T > L) is no token of its sequence and sees nothing, causal
+    # or not (docs/contract.md): a block of such rows in every sequence visits no key block.
+    hi = xp.where(longest - plan.t + r1 < 0, -1, hi)
     if window is not None:
         left, right = window
         lo = xp.maximum(lo, shortest - plan.t + r0 - left)
