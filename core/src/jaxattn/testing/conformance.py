@@ -312,6 +312,12 @@ class ConformanceSuite:
         q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
         return self.make_impl().supports(q, k, v, needs_grad=grad, **args, **features)
 
+    def _skip_declined(self, arrays: Mapping[str, Any], features: Mapping[str, Any], reasons: Sequence[str]) -> None:
+        """Where the impl gave reasons, the call must raise them (``_assert_declines``); the test then skips."""
+        if reasons:
+            self._assert_declines(arrays, features)
+            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+
     def _assert_declines(self, arrays: Mapping[str, Any], features: Mapping[str, Any]) -> None:
         """A declined call must raise UnsupportedError with reasons, never run regardless."""
         # Eagerly: the error must come from the call itself.
@@ -359,9 +365,7 @@ class ConformanceSuite:
         np_arrays, arrays = self._prepare(case, dtype)
         features = static_features(case)
         reasons = self._supports(arrays, features)
-        if reasons:
-            self._assert_declines(arrays, features)
-            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+        self._skip_declined(arrays, features, reasons)
         out, _ = self._case_results(case, dtype, arrays, features)
         ref = oracle.attention(np_arrays["q"], np_arrays["k"], np_arrays["v"], **self._oracle_kwargs(np_arrays, case))
         self._check_forward_out(out, ref, dtype, case.describe())
@@ -426,9 +430,7 @@ class ConformanceSuite:
         np_arrays, arrays = self._prepare(case, dtype)
         features = static_features(case)
         reasons = self._supports(arrays, features)
-        if reasons:
-            self._assert_declines(arrays, features)
-            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+        self._skip_declined(arrays, features, reasons)
         poisoned = self._poisoned(case, arrays, np.nan)
         self._forward_checks(case, dtype, np_arrays, poisoned, case.describe())
         if not self._supports(arrays, features, grad=True):
@@ -449,9 +451,7 @@ class ConformanceSuite:
         reasons = self._supports(arrays, features)
         if Feature.QUANTIZED_KV not in self.make_impl().features:
             assert reasons, f"{self.make_impl()!r} does not declare {Feature.QUANTIZED_KV} but supports() accepts it"
-        if reasons:
-            self._assert_declines(arrays, features)
-            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+        self._skip_declined(arrays, features, reasons)
         out, _ = self._evaluate(arrays, features)
         ref = oracle.attention(ref_arrays["q"], ref_arrays["k"], ref_arrays["v"],
                                **self._oracle_kwargs(ref_arrays, case))
@@ -577,9 +577,7 @@ class ConformanceSuite:
         """Keep-rate 1 - p, unbiased weights, one draw per rng, fresh masks per batch/head/query."""
         arrays, features = self._dropout_problem(dtype)
         reasons = self._supports(arrays, features)
-        if reasons:
-            self._assert_declines(arrays, features)
-            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+        self._skip_declined(arrays, features, reasons)
         run = self._compiled(features)  # one program, three calls
         s = arrays["k"].shape[1]
         first, _ = run(arrays)
