@@ -15,3 +15,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(HERE):
             item.add_marker(pytest.mark.triton)
+
+
+@pytest.fixture
+def kernels_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plugin believes its kernel libraries are installed (nothing is imported)."""
+    from jaxattn_triton import impl as impl_module
+
+    monkeypatch.setattr(impl_module, "_installed", lambda module: True)

@@ -18,31 +18,17 @@ import pytest
 import jaxattn
 from jaxattn.device import DeviceInfo
 from jaxattn.metadata import AttentionMetadata
-from jaxattn.problem import AttentionProblem, PagedProblem
+from jaxattn.problem import AttentionProblem
 from jaxattn.testing import oracle
-from jaxattn_triton import impl as impl_module
 from jaxattn_triton import paged_ops
 from jaxattn_triton.decode_impl import TritonDecodeAttention
 from jaxattn_triton.paged_impl import TritonPagedDecode, TritonRaggedPagedAttention
 
 from ._env import needs_interpreter
+from ._serving import LOG2_WARNING, paged_problem
 
 H100 = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0")
 MD = AttentionMetadata()
-LOG2_WARNING = "ignore:divide by zero encountered in log2:RuntimeWarning"
-
-
-@pytest.fixture
-def kernels_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(impl_module, "_installed", lambda module: True)
-
-
-def _paged(**kw: Any) -> PagedProblem:
-    base: dict[str, Any] = {
-        "num_seqs": 16, "num_tokens": 16, "queries_per_seq": 1, "heads_q": 32, "heads_kv": 8, "head_dim": 128,
-        "head_dim_v": 128, "dtype": "bfloat16", "page_size": 16, "num_pages": 4096, "pages_per_seq": 256,
-    }  # fmt: skip
-    return PagedProblem(**{**base, **kw})
 
 
 def _dense(**kw: Any) -> AttentionProblem:
@@ -58,7 +44,7 @@ def _dense(**kw: Any) -> AttentionProblem:
 def test_accepted_on_an_h100_and_explained(fmt: str) -> None:
     for cls in (TritonPagedDecode, TritonRaggedPagedAttention):
         impl = cls(MD, H100)
-        problem = _paged(kv_dtype=fmt)
+        problem = paged_problem(kv_dtype=fmt)
         assert impl.not_supported_reasons(problem) == []
         assert any(f"as {fmt}, dequantized in registers" in n and "no full-size copy" in n
                    for n in impl.notes(problem))  # fmt: skip

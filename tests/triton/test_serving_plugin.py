@@ -36,6 +36,7 @@ from jaxattn_triton.impl import TritonFlashAttention
 from jaxattn_triton.paged_impl import TritonPagedDecode, TritonRaggedPagedAttention
 
 from ._env import needs_interpreter
+from ._serving import LOG2_WARNING, paged_problem
 
 H100 = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0")
 T4 = DeviceInfo(platform="gpu", vendor="cuda", device_kind="Tesla T4", compute_capability="7.5")
@@ -47,23 +48,6 @@ PAGED: dict[str, type[Backend[Any]]] = {
     "page_attention": TritonPagedDecode, "ragged_page_attention_v3": TritonRaggedPagedAttention,
     "ragged_page_attention_v2": TritonRaggedPagedAttention,
 }  # fmt: skip
-LOG2_WARNING = "ignore:divide by zero encountered in log2:RuntimeWarning"
-
-
-@pytest.fixture
-def kernels_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(impl_module, "_installed", lambda module: True)
-
-
-def _paged(**kw: Any) -> PagedProblem:
-    base: dict[str, Any] = {
-        "num_seqs": 16, "num_tokens": 16, "queries_per_seq": 1, "heads_q": 32, "heads_kv": 8, "head_dim": 128,
-        "head_dim_v": 128, "dtype": "bfloat16", "page_size": 16, "num_pages": 4096, "pages_per_seq": 256,
-    }  # fmt: skip
-    base.update(kw)
-    return PagedProblem(**base)
-
-
 def _dense(**kw: Any) -> AttentionProblem:
     base: dict[str, Any] = {
         "batch": 16, "seq_q": 1, "seq_k": 8192, "heads_q": 32, "heads_kv": 8, "head_dim": 128, "head_dim_v": 128,
@@ -115,7 +99,7 @@ def test_names_resolve_to_the_triton_classes_on_cuda() -> None:
 
 
 def test_declines_on_a_cpu_with_the_platform() -> None:
-    for cls, problem in ((TritonPagedDecode, _paged()), (TritonRaggedPagedAttention, _paged()),
+    for cls, problem in ((TritonPagedDecode, paged_problem()), (TritonRaggedPagedAttention, paged_problem()),
                          (TritonDecodeAttention, _dense())):
         reasons = cls(MD, CPU).not_supported_reasons(problem)  # type: ignore[arg-type]
         assert any("cuda" in r and "cpu" in r for r in reasons), reasons
@@ -128,11 +112,11 @@ def test_declines_on_a_cpu_with_the_platform() -> None:
 @pytest.mark.parametrize(
     "problem",
     [
-        _paged(),
-        _paged(kv_layout="combined", page_size=64),
-        _paged(queries_per_seq=4, num_tokens=64, sliding_window=1024, logits_soft_cap=30.0, sinks=True),
-        _paged(heads_q=8, heads_kv=8, head_dim=256, head_dim_v=256, dtype="float16", page_size=5),
-        _paged(head_dim=192, head_dim_v=64, heads_kv=1),
+        paged_problem(),
+        paged_problem(kv_layout="combined", page_size=64),
+        paged_problem(queries_per_seq=4, num_tokens=64, sliding_window=1024, logits_soft_cap=30.0, sinks=True),
+        paged_problem(heads_q=8, heads_kv=8, head_dim=256, head_dim_v=256, dtype="float16", page_size=5),
+        paged_problem(head_dim=192, head_dim_v=64, heads_kv=1),
     ],
 )
 def test_paged_backends_accept_uniform_calls_on_an_h100(problem: PagedProblem) -> None:
@@ -142,7 +126,7 @@ def test_paged_backends_accept_uniform_calls_on_an_h100(problem: PagedProblem) -
 
 @pytest.mark.usefixtures("kernels_installed")
 def test_ragged_batches_run_on_ragged_page_attention_only() -> None:
-    ragged = _paged(queries_per_seq=None, num_tokens=700, sliding_window=128, sinks=True, logits_soft_cap=50.0)
+    ragged = paged_problem(queries_per_seq=None, num_tokens=700, sliding_window=128, sinks=True, logits_soft_cap=50.0)
     assert TritonRaggedPagedAttention(MD, H100).not_supported_reasons(ragged) == []
     reasons = TritonPagedDecode(MD, H100).not_supported_reasons(ragged)
     assert any("ragged_page_attention_v3 runs them" in r for r in reasons), reasons
@@ -154,11 +138,11 @@ def test_ragged_batches_run_on_ragged_page_attention_only() -> None:
 @pytest.mark.parametrize(
     ("problem", "metadata", "expected"),
     [
-        (_paged(dtype="float32"), MD, "TF32"),
-        (_paged(dtype="float64"), MD, "float64"),
-        (_paged(head_dim=320, head_dim_v=320), MD, "320"),
-        (_paged(), AttentionMetadata(softmax_dtype="bfloat16"), "softmax_dtype"),
-        (_paged(needs_grad=True), MD, "forward only"),
+        (paged_problem(dtype="float32"), MD, "TF32"),
+        (paged_problem(dtype="float64"), MD, "float64"),
+        (paged_problem(head_dim=320, head_dim_v=320), MD, "320"),
+        (paged_problem(), AttentionMetadata(softmax_dtype="bfloat16"), "softmax_dtype"),
+        (paged_problem(needs_grad=True), MD, "forward only"),
     ],
 )
 def test_paged_declines_with_a_reason(problem: PagedProblem, metadata: AttentionMetadata, expected: str) -> None:
@@ -172,7 +156,7 @@ def test_paged_declines_with_a_reason(problem: PagedProblem, metadata: Attention
 def test_paged_declines_without_jax_triton_and_on_old_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(impl_module, "_installed", lambda module: module != "jax_triton")
     for cls in (TritonPagedDecode, TritonRaggedPagedAttention):
-        reasons = cls(MD, T4).not_supported_reasons(_paged())
+        reasons = cls(MD, T4).not_supported_reasons(paged_problem())
         assert any("pip install 'jax-triton" in r for r in reasons), reasons
         assert any("7.5" in r for r in reasons), reasons
 
