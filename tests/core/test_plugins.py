@@ -122,5 +122,5 @@ def test_ref_declaration_must_match_class(discover) -> None:
             return [jaxattn.ImplRef("tests.core.toy_impls:PlainImpl", names=("plain",), platforms=("tpu",))]
 
     jaxattn.register_plugin(Liar(), name="liar")
-    with pytest.raises(PluginError, match="declares"):
+    with pytest.raises(PluginError, match="disagrees with its declaration: platforms"):
         jaxattn.get_impl("plain", jaxattn.AttentionMetadata(platform="tpu", interpret=True))

@@ -1,8 +1,9 @@
 """``Backend``: what every attention backend shares, whatever its op kind.
 
 A backend declares what it can do as class attributes (platforms, dtypes, head dims,
-features, priority), answers *every* reason it cannot run a call, and routes an accepted call
-to its ``forward_<platform>`` method for the device, vLLM style. Two kinds build on it:
+features, priority), which a plugin's class takes from its one declaration, the ``ImplRef``
+it binds to (``jaxattn.declaration``); it answers *every* reason it cannot run a call, and
+routes an accepted call to its ``forward_<platform>`` method for the device, vLLM style. Two kinds build on it:
 ``AttentionImpl`` (dense attention, ``jaxattn.impl``) and ``PagedAttentionImpl`` (attention
 over a paged KV cache, ``jaxattn.paged_impl``); their calls and forwards differ, the rest
 is here.
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from .capabilities import Feature, describe_features, head_dim_reason, platform_matches
+from .declaration import DeclarationError, ImplRef
 from .device import DeviceInfo, detect_device
 from .errors import PluginError, UnsupportedError
 from .metadata import DEFAULT_METADATA, AttentionMetadata
@@ -186,6 +188,9 @@ class Backend(Generic[P]):
     #: True for impls that shard the sequence themselves (ring): nothing wraps their forward in
     #: ``shard_map``, and ``metadata.sequence_axis`` is theirs to honour.
     sequence_parallel: ClassVar[bool] = False
+    #: The ``ImplRef`` this class binds to (``class X(AttentionImpl, declaration=REF)``), which
+    #: states its names and the class attributes above; None for a class that declares them itself.
+    declaration: ClassVar[ImplRef | None] = None
     #: How an accepted call runs; ``jaxattn.get_impl`` sets its own on the instances it builds.
     runner: Runner = DIRECT
 
@@ -195,11 +200,32 @@ class Backend(Generic[P]):
         self.platform, self.vendor = resolve_platform(self.metadata, self.device)
         self._grad_reasons: dict[P, tuple[str, ...]] = {}
 
+    def __init_subclass__(cls, declaration: ImplRef | None = None, **kwargs: Any) -> None:
+        """Bind the class to its ``declaration``: every class attribute it states is set from it.
+
+        A value the class body sets itself is kept, and reported as a disagreement by
+        ``jaxattn.plugins.problems()`` (``jaxattn list``, ``jaxattn info --strict``).
+        """
+        super().__init_subclass__(**kwargs)
+        if declaration is None:
+            return
+        if declaration.kind != cls.kind:
+            raise DeclarationError(f"{cls.__qualname__} is a {cls.kind} backend, but its declaration "
+                                   f"{declaration.target!r} says kind {declaration.kind!r}")
+        cls.declaration = declaration
+        for field, value in declaration.class_values().items():
+            if field not in cls.__dict__:
+                setattr(cls, field, value)
+
     # -- identity ---------------------------------------------------------------------------
     @classmethod
     def get_impl_name(cls) -> str | tuple[str, ...]:
-        """The name, or a tuple whose first item is the name and the rest aliases."""
-        raise NotImplementedError(f"{cls.__qualname__} must define get_impl_name()")
+        """The name, or a tuple whose first item is the name and the rest aliases: the
+        declaration's names; a class without one defines this method."""
+        if cls.declaration is not None:
+            return cls.declaration.names
+        raise NotImplementedError(f"{cls.__qualname__} must bind to an ImplRef (declaration=) or define "
+                                  "get_impl_name()")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

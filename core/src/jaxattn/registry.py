@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import importlib.util
 import itertools
 import sys
@@ -11,9 +10,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from .backend import Backend
-from .capabilities import PLATFORM_TOKENS, platform_matches
+from .capabilities import platform_matches
+from .declaration import DeclarationError, ImplRef, check_declaration
 from .errors import ImplNotFoundError, PluginError
-from .names import FIRST_PARTY, normalize_name
+from .names import FIRST_PARTY
 
 __all__ = ["PASS_THROUGH", "DeclarationError", "ImplInfo", "ImplRef", "Provider", "Registry", "reraise_interrupts"]
 
@@ -29,75 +29,6 @@ def reraise_interrupts(err: BaseException) -> None:
         raise err
     if isinstance(err, BaseExceptionGroup) and err.subgroup(PASS_THROUGH) is not None:
         raise err
-
-
-class DeclarationError(PluginError):
-    """An ``ImplRef``'s declarations disagree with the class it names."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ImplRef:
-    """A lazy reference to a backend class (``AttentionImpl`` or ``PagedAttentionImpl`` subclass):
-    ``"package.module:ClassName"``.
-
-    The names, platforms, priority and op kind are declared here so that discovery and listing
-    never import the module (and whatever kernel library it pulls in); they must equal the
-    class's (its ``names()`` may add aliases the reference leaves out).
-
-    ``overrides`` lists the names this backend deliberately takes over, at a higher priority,
-    from another distribution's backend of the same kind on a platform both serve (a faster
-    kernel for a name jaxattn-vanilla provides everywhere, say). Taking such a name without
-    declaring it is a clash: see ``Registry.conflicting``.
-    """
-
-    target: str
-    names: tuple[str, ...]
-    platforms: tuple[str, ...]
-    priority: int = 0
-    description: str = ""
-    kind: str = "dense"  # "dense" (AttentionImpl) or "paged" (PagedAttentionImpl)
-    overrides: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if ":" not in self.target:
-            raise PluginError(f"ImplRef target {self.target!r} must look like 'package.module:ClassName'")
-        object.__setattr__(self, "names", tuple(normalize_name(n) for n in _as_tuple(self.names)))
-        object.__setattr__(self, "platforms", tuple(_as_tuple(self.platforms)))
-        object.__setattr__(self, "overrides", tuple(normalize_name(n) for n in _as_tuple(self.overrides)))
-        _check_declaration(self.target, self.names, self.platforms, self.kind)
-        stray = sorted(set(self.overrides) - set(self.names))
-        if stray:
-            raise PluginError(f"{self.target}: overrides {stray}, which are not among its names {self.names}; "
-                              "a backend can only take over names it provides")
-
-    @property
-    def module(self) -> str:
-        return self.target.partition(":")[0]
-
-    def load(self) -> type[Backend[Any]]:
-        module_name, _, attr = self.target.partition(":")
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-        return obj  # type: ignore[no-any-return]
-
-
-def _as_tuple(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    return (value,) if isinstance(value, str) else tuple(value)
-
-
-#: The op kinds a backend can serve.
-KINDS = ("dense", "paged")
-
-
-def _check_declaration(what: str, names: tuple[str, ...], platforms: tuple[str, ...], kind: str) -> None:
-    if not names:
-        raise PluginError(f"{what}: declares no name")
-    if kind not in KINDS:
-        raise PluginError(f"{what}: kind {kind!r} is not one of {KINDS}")
-    unknown = set(platforms) - PLATFORM_TOKENS
-    if not platforms or unknown:
-        raise PluginError(f"{what}: platforms {platforms} must be a non-empty subset of {sorted(PLATFORM_TOKENS)}")
 
 
 @dataclasses.dataclass
@@ -128,10 +59,13 @@ class Provider:
                        source.description, source.kind, source.overrides)
         if isinstance(source, type) and issubclass(source, Backend):
             names, platforms = source.names(), tuple(sorted(source.platforms))
-            _check_declaration(source.__qualname__, names, platforms, source.kind)
+            check_declaration(source.__qualname__, names, platforms, source.kind)
+            # A class bound to its declaration takes the names it declares over from there too.
+            own = source.__dict__.get("declaration")
+            overrides = tuple(n for n in own.overrides if n in names) if own is not None else ()
             return cls(names, platforms, source.priority, source, plugin, distribution, version,
                        source.description or (source.__doc__ or "").strip().split("\n")[0], source.kind,
-                       _cls=source)
+                       overrides, _cls=source)
         raise PluginError(
             f"plugin {plugin!r} registered {source!r}; expected an AttentionImpl or PagedAttentionImpl subclass, "
             "or a jaxattn.ImplRef"
@@ -185,29 +119,36 @@ class Provider:
                               f"{type(err).__name__}: {err}") from err
         if disagreements:
             self.error = DeclarationError(
-                f"ImplRef {self.source.target!r} from {self.origin} disagrees with the class it names: "
-                f"{'; '.join(disagreements)}. Make the ImplRef declare what the class declares"
+                f"impl {self.name!r} from {self.origin}: its class {self.source.target!r} disagrees with its "
+                f"declaration: {'; '.join(disagreements)}. Declare each value once, in the ImplRef, and bind the "
+                "class to it (class Impl(AttentionImpl, declaration=REF)) without setting it again"
             )
             raise self.error
         self._cls = impl_cls
         return impl_cls
 
     def _disagreements(self, impl_cls: Any) -> list[str]:
-        """Where the ImplRef's declarations differ from the class's (names: the same first name,
-        and no name the class lacks)."""
+        """Where the class differs from what its ``ImplRef`` states: a class bound to the ref
+        differs only where its body sets a declared value again; a plain class (one that binds
+        to nothing) must match every value the ref states. Names: the same first name, and no
+        name the class lacks (a plain class may have more aliases)."""
+        ref = self.source
+        assert isinstance(ref, ImplRef)
         if not (isinstance(impl_cls, type) and issubclass(impl_cls, Backend)):
             return [f"it is {impl_cls!r}, not an AttentionImpl or PagedAttentionImpl subclass"]
         out = []
+        own = impl_cls.__dict__.get("declaration")
+        if own is not None and own != ref:
+            out.append(f"declaration: the class binds to the ImplRef of {own.target!r}, not to this one")
         names = impl_cls.names()
-        if names[:1] != self.names[:1] or not set(self.names) <= set(names):
-            out.append(f"names: the ImplRef says {self.names}, the class declares {names}")
-        if set(self.platforms) != set(impl_cls.platforms):
-            out.append(f"platforms: the ImplRef says {self.platforms}, the class declares "
-                       f"{tuple(sorted(impl_cls.platforms))}")
-        if self.priority != impl_cls.priority:
-            out.append(f"priority: the ImplRef says {self.priority}, the class declares {impl_cls.priority}")
-        if self.kind != impl_cls.kind:
-            out.append(f"kind: the ImplRef says {self.kind!r}, the class declares {impl_cls.kind!r}")
+        if names[:1] != ref.names[:1] or not set(ref.names) <= set(names):
+            out.append(f"names: the declaration says {ref.names}, the class says {names}")
+        if ref.kind != impl_cls.kind:
+            out.append(f"kind: the declaration says {ref.kind!r}, the class is a {impl_cls.kind!r} backend")
+        for field, declared in ref.class_values().items():
+            actual = getattr(impl_cls, field)
+            if actual != declared:
+                out.append(f"{field}: the declaration says {_shown(declared)}, the class says {_shown(actual)}")
         return out
 
     def runs_on(self, platform: str, vendor: str | None) -> bool:
@@ -222,6 +163,13 @@ class Provider:
     def overlaps(self, other: Provider) -> bool:
         """Whether the two could both serve some platform."""
         return bool(self.shared_platforms(other))
+
+
+def _shown(value: Any) -> str:
+    """A declared value as one reads it: sets sorted."""
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(repr(str(v)) if not isinstance(v, int) else str(v) for v in sorted(value, key=str)) + "}"
+    return repr(value)
 
 
 @dataclasses.dataclass(frozen=True)

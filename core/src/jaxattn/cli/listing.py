@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ._output import Printer, Table, dump_json
 from ._plugins import is_plugin_row
@@ -19,7 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import jaxattn
+    from jaxattn.plugins import problems
 
+    # First, so that the rows show the impls whose class disagrees with its declaration as
+    # broken: that needs each impl's module (never a kernel library), and fails the listing.
+    disagree = [p for p in problems(load=True) if p.category == "declaration"]
     rows = jaxattn.list_impls()
     if args.here:
         rows = [r for r in rows if r.usable_here]
@@ -27,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         rows = [r for r in rows if is_plugin_row(r) or r.kind == args.kind]
     if args.json:
         dump_json([r.to_dict() for r in rows])
-        return 0
+        return _report(disagree)
     table = Table(f"Attention implementations ({jaxattn.detect_device().label})",
                   # Short columns first: at 80 columns the long ones go under each row (_output).
                   ["name", "kind", "here", "status", "priority", "plugin", "version", "aliases", "platforms",
@@ -40,4 +45,10 @@ def run(args: argparse.Namespace) -> int:
             table.add(r.name, r.kind, r.usable_here, r.status, r.priority, r.distribution or r.plugin, r.version,
                       r.aliases, r.platforms, r.reason or None)
     Printer.from_args(args).table(table)
-    return 0
+    return _report(disagree)
+
+
+def _report(disagree: list[object]) -> int:
+    for problem in disagree:
+        print(f"jaxattn list: {problem}", file=sys.stderr)
+    return 1 if disagree else 0
