@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="run.py", description="Set up .venv and run the jaxattn demo or test suite.")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("demo", help="compute attention through the registry (python -m jaxattn.demo)")
+    commands.add_parser("demo", help="compute attention through the registry (jaxattn demo)")
     test = commands.add_parser("test", help="run the whole test suite (extra arguments go to pytest)")
     test.add_argument("--no-torch", action="store_true",
                       help=f"neither install torch and triton nor run the tests that need them (marker "
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         return wheels(args.out.resolve())
     if args.command == "demo":
-        return run_in_venv(ensure_environment("demo"), ["-m", "jaxattn.demo", *rest])
+        return run_in_venv(ensure_environment("demo"), ["-m", "jaxattn", "demo", *rest])
     if args.no_torch:
         return run_in_venv(ensure_environment("test-no-torch"),
                            ["-m", "pytest", *spread(rest), "-m", f"not {NO_TORCH_MARKER}", *rest])

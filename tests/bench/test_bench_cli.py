@@ -129,7 +129,7 @@ def test_serving_bench_reports_bandwidth_for_paged_and_dense_decode(tmp_path: Pa
 def test_serving_pools_lay_pages_out_in_a_random_order_or_in_order() -> None:
     """A fragmented pool (every table a random permutation of the pages) is the default; the GPU
     matrix also runs two decode shapes on a fresh pool, each sequence's pages consecutive."""
-    from jaxattn.bench.serving import ServingShape, _inputs, serving_matrix
+    from jaxattn_bench.serving import ServingShape, _inputs, serving_matrix
 
     fresh = ServingShape(3, 40, 4, 2, 16, 16, "float32", pool="in order")
     in_order = np.asarray(_inputs(fresh)["page_table"])
@@ -147,7 +147,7 @@ def test_serving_address_order_pool_sorts_each_rows_full_pages() -> None:
     """The random pool with every row's fully visible pages in address order: the same pages per
     row as the random pool, the band ascending, the page holding the query (and the chunk of a
     mixed shape) in place."""
-    from jaxattn.bench.serving import ServingShape, _inputs, serving_matrix
+    from jaxattn_bench.serving import ServingShape, _inputs, serving_matrix
 
     shape = ServingShape(3, 40, 4, 2, 16, 8, "float32", pool="address order", prefill=1, chunk=20)
     ordered = np.asarray(_inputs(shape)["page_table"])
@@ -166,7 +166,7 @@ def test_serving_address_order_pool_sorts_each_rows_full_pages() -> None:
 def test_serving_runs_pool_hands_out_sixteen_consecutive_pages_at_a_time() -> None:
     """Runs of 16 consecutive pages in a random order; a pool that is not whole runs is rounded
     up (distinct pages, all inside the pool)."""
-    from jaxattn.bench.serving import RUN, ServingShape, _inputs, serving_matrix
+    from jaxattn_bench.serving import RUN, ServingShape, _inputs, serving_matrix
 
     arrays = _inputs(ServingShape(3, 100, 4, 2, 16, 4, "float32", pool="runs of 16"))  # 75 pages: 5 runs
     flat = np.asarray(arrays["page_table"]).ravel()

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from jaxattn.bench.serving import READ_PEAK, WIDE_SUFFIX, ServingShape, run_serving, serving_matrix
 from jaxattn.metadata import AttentionMetadata
+from jaxattn_bench.serving import READ_PEAK, WIDE_SUFFIX, ServingShape, run_serving, serving_matrix
 
 
 @pytest.mark.parametrize(("granularity", "scales"), [("tensor", 1), ("head", 2), ("token", 4 * 96 * 2)])

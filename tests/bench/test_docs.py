@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from jaxattn.cli import build_parser
-from jaxattn.tuning import TuningCache
+from jaxattn_bench.store import TuningStore
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -33,6 +33,6 @@ def test_tuning_api_example_runs(cache_dir: Path) -> None:
     block = re.search(r"```python\n(.*?)```", (DOCS / "tuning.md").read_text(), re.S)
     assert block is not None
     exec(compile(block.group(1), "docs/tuning.md", "exec"), {})
-    entries = TuningCache.load().entries
+    entries = TuningStore.load().entries
     assert list(entries) == ["bfloat16/D128/T4096/S4096/causal"]
     assert entries["bfloat16/D128/T4096/S4096/causal"].results["vanilla"].fwd_ms == 9.5

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from jaxattn.bench.plot import BENCH_FORMAT, MISSING, write_plot
 from jaxattn.cli import main
+from jaxattn_bench.plot import BENCH_FORMAT, MISSING, write_plot
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -12,12 +12,12 @@ import pytest
 
 import jaxattn
 from jaxattn import AttentionImpl, AttentionOutput, Feature
-from jaxattn.bench import BenchConfig, BenchShape, default_matrix, quick_matrix, run_bench
-from jaxattn.bench.record import problem_of
-from jaxattn.bench.report import auto_gaps, not_run_lines, summary_lines, tables
 from jaxattn.cli._output import Printer
 from jaxattn.plugins import isolated_registry
-from jaxattn.tuning import TuningCache
+from jaxattn_bench import BenchConfig, BenchShape, default_matrix, quick_matrix, run_bench
+from jaxattn_bench.record import problem_of
+from jaxattn_bench.report import auto_gaps, not_run_lines, summary_lines, tables
+from jaxattn_bench.store import TuningStore
 
 
 class Plain(AttentionImpl):
@@ -202,7 +202,7 @@ def test_memory_limit_and_time_budget_skip_with_a_reason() -> None:
 @pytest.mark.usefixtures("toys")
 def test_bench_tune_records_then_times_auto(cache_dir: Path) -> None:
     report = run_bench(config(backends=["plain", "auto"], shapes=[MHA], record_tuning=True))
-    entry = TuningCache.load().lookup(problem_of(MHA))
+    entry = TuningStore.load().lookup(problem_of(MHA))
     assert entry is not None and set(entry.results) == {"plain"}
     assert entry.results["plain"].fwd_ms and entry.results["plain"].fwdbwd_ms
     # the table's numbers come from a second round in which auto is timed with the others
@@ -214,8 +214,8 @@ def test_bench_tune_records_then_times_auto(cache_dir: Path) -> None:
     (cache_dir / "tuning.json").unlink()
     report = run_bench(config(backends=["plain"], shapes=[GQA, MHA], record_tuning=True))
     assert {len(r.times_ms) for r in report.results if r.ok} == {2}
-    assert TuningCache.load().lookup(problem_of(MHA)) is not None
-    assert TuningCache.load().lookup(problem_of(GQA)) is None  # plain declines GQA: nothing to store
+    assert TuningStore.load().lookup(problem_of(MHA)) is not None
+    assert TuningStore.load().lookup(problem_of(GQA)) is None  # plain declines GQA: nothing to store
 
 
 def test_pallas_mha_declines_what_it_cannot_run() -> None:
@@ -236,7 +236,7 @@ def test_a_compile_that_fails_in_the_pool_is_retried_alone() -> None:
 
 
 def test_samples_and_preroll_last_as_long_as_asked() -> None:
-    from jaxattn.bench.timing import calls_lasting, platform_defaults
+    from jaxattn_bench.timing import calls_lasting, platform_defaults
 
     assert calls_lasting(10.0, 0.3, 1000) == 34  # ceil(10 / 0.3)
     assert calls_lasting(10.0, 12.0, 1000) == 1  # one call is long enough
@@ -249,7 +249,7 @@ def test_samples_and_preroll_last_as_long_as_asked() -> None:
 def test_run_sample_and_preroll_make_every_call() -> None:
     import jax
 
-    from jaxattn.bench.timing import Program, preroll, run_sample
+    from jaxattn_bench.timing import Program, preroll, run_sample
 
     calls: list[int] = []
 
@@ -285,7 +285,7 @@ def test_identical_programs_are_timed_once_and_share_the_timing() -> None:
         assert twin.same_program_as == "plain" and twin.times_ms == plain.times_ms and twin.ok
         assert auto.same_program_as == "plain" and auto.median_ms == plain.median_ms and auto.note == "-> plain"
         assert other.ok and other.same_program_as is None
-    from jaxattn.bench.progress import describe
+    from jaxattn_bench.progress import describe
 
     assert describe(twin).endswith("plain's program")
     rows = [" ".join(r) for r in tables(report)[0].rows]

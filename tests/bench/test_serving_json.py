@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxattn.bench.serving import PALLAS_GPU_PAGED, READ_PEAK, WIDE_SUFFIX, row_fields
+from jaxattn_bench.serving import PALLAS_GPU_PAGED, READ_PEAK, WIDE_SUFFIX, row_fields
 
 
 @pytest.mark.parametrize(("label", "kv_dtype", "want"), [

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from jaxattn import demo
 from jaxattn.cli import build_parser
 from jaxattn.cli._args import NumericArg
+from jaxattn_bench import demo
 
 
 def _parsers() -> Iterator[tuple[str, argparse.ArgumentParser, list[str]]]:
@@ -23,7 +23,7 @@ def _parsers() -> Iterator[tuple[str, argparse.ArgumentParser, list[str]]]:
     subparsers = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
     for name in subparsers.choices:
         yield f"jaxattn {name}", root, [name]
-    yield "python -m jaxattn.demo", demo.build_parser(), []
+    yield "python -m jaxattn_bench.demo", demo.build_parser(), []
 
 
 def _options() -> list[tuple[str, argparse.ArgumentParser, list[str], argparse.Action]]:
@@ -45,7 +45,8 @@ def test_no_numeric_option_bypasses_the_validators() -> None:
     assert not bare, f"give these options a type from jaxattn.cli._args: {bare}"
     labels = {label for label, *_ in NUMERIC}
     # The walk really walks: every command with numeric options is in it.
-    assert {"jaxattn explain", "jaxattn bench", "jaxattn tune", "python -m jaxattn.demo"} <= labels
+    assert {"jaxattn explain", "jaxattn bench", "jaxattn tune", "jaxattn demo",
+            "python -m jaxattn_bench.demo"} <= labels
     assert len(NUMERIC) >= 35
 
 
@@ -91,6 +92,11 @@ def test_demo_refuses_heads_that_do_not_divide(capsys: pytest.CaptureFixture[str
         demo.main(["--heads-q", "6", "--heads-kv", "4"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1 and "--heads-kv" in err
+    from jaxattn.cli import main
+
+    assert main(["demo", "--heads-q", "6", "--heads-kv", "4"]) == 2  # the command: the same one line
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("jaxattn demo: error: argument --heads-kv") and "e.g." in err
 
 
 def test_quick_filters_that_select_nothing_are_an_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from importlib import metadata
-from pathlib import Path
 from typing import Any, ClassVar
 
 import jax
@@ -17,9 +17,11 @@ import pytest
 
 import jaxattn
 from jaxattn import AttentionImpl, Feature
-from jaxattn.cli import SUBCOMMANDS, main
+from jaxattn.cli import CORE_COMMANDS, build_parser, main
 from jaxattn.cli._output import Printer, Table
-from jaxattn.plugins import isolated_registry
+from jaxattn.commands import Command, Commands
+from jaxattn.hookspecs import hookimpl
+from jaxattn.plugins import PluginWarning, isolated_registry, plugin_records, register_plugin
 
 
 class Wide(AttentionImpl):
@@ -108,7 +110,7 @@ def test_list_plain_table(capsys: pytest.CaptureFixture[str], monkeypatch: pytes
 
 
 def _register_paged() -> None:
-    from jaxattn_vanilla.paged_impl import PagedReference
+    from jaxattn_vanilla.paged.impl import PagedReference
 
     class DecodeOnly(PagedReference):
         """A paged backend that takes T queries per sequence, no ragged batch."""
@@ -285,24 +287,94 @@ def test_rich_only_on_a_terminal_and_not_when_plain() -> None:
 
 
 # -- the command itself ----------------------------------------------------------------------
-def test_a_registered_subcommand_plugs_in(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    (tmp_path / "jaxattn_cli_hello.py").write_text(
-        "HELP = 'say hello'\n"
-        "def add_arguments(parser):\n    parser.add_argument('--name', default='world')\n"
-        "def run(args):\n    print('json' if args.json else f'hello {args.name}')\n    return 7\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(SUBCOMMANDS, "hello", "jaxattn_cli_hello")
+def _hello_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", default="world")
+
+
+def _hello(args: argparse.Namespace) -> int:
+    print("json" if args.json else f"hello {args.name}")
+    return 7
+
+
+class HelloPlugin:
+    """A third-party plugin adding one command, registered in-process as an entry point would be."""
+
+    @hookimpl
+    def jaxattn_register_commands(self, commands: Commands) -> None:
+        commands.add(Command("hello", "say hello", _hello_arguments, _hello))
+
+
+class RaisingPlugin:
+    @hookimpl
+    def jaxattn_register_commands(self, commands: Commands) -> None:
+        commands.add(Command("never", "added before the hook failed", _hello_arguments, _hello))
+        raise RuntimeError("boom in the hook")
+
+
+class BadArgumentsPlugin:
+    @hookimpl
+    def jaxattn_register_commands(self, commands: Commands) -> None:
+        def add_arguments(parser: argparse.ArgumentParser) -> None:
+            raise SystemExit("a plugin that exits while its parser is built")
+
+        commands.add(Command("badargs", "its arguments fail", add_arguments, _hello))
+
+
+class ClashingPlugin:
+    @hookimpl
+    def jaxattn_register_commands(self, commands: Commands) -> None:
+        commands.add(Command("list", "takes the core's name", _hello_arguments, _hello))
+
+
+def _choices() -> set[str]:
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return set(subparsers.choices)
+
+
+def test_a_plugin_adds_a_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _choices() == set(CORE_COMMANDS)  # this registry holds no plugin with commands
+    register_plugin(HelloPlugin(), name="hello")
+    assert _choices() == {*CORE_COMMANDS, "hello"}
     assert run_cli(capsys, "hello", "--name", "jax") == (7, "hello jax\n", "")
     assert run_cli(capsys, "hello", "--json") == (7, "json\n", "")
+
+
+def test_a_plugin_whose_commands_fail_costs_only_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    register_plugin(RaisingPlugin(), name="raising")
+    register_plugin(HelloPlugin(), name="hello")
+    register_plugin(BadArgumentsPlugin(), name="badargs")
+    register_plugin(ClashingPlugin(), name="clashing")
+    with pytest.warns(PluginWarning) as caught:
+        choices = _choices()
+    # The others' commands are all there; the failing plugins' are not, not even the one
+    # added before its hook raised; the core keeps its name.
+    assert choices == {*CORE_COMMANDS, "hello"}
+    messages = " | ".join(str(w.message) for w in caught)
+    assert "'raising'" in messages and "boom in the hook" in messages
+    assert "'badargs'" in messages and "a plugin that exits" in messages
+    assert "plugin 'clashing' adds a command 'list', which 'jaxattn' already has" in messages
+    status = {r.name: r.status for r in plugin_records()}
+    assert status["raising"] == status["badargs"] == "broken" and status["hello"] == "ok"
+    # Through the program: the others run, list is still the core's.
+    code, out, err = run_cli(capsys, "hello", "--name", "jax")
+    assert (code, out) == (7, "hello jax\n")
+    assert all(line.startswith("jaxattn hello: warning: ") for line in err.splitlines()), err
+    assert run_cli(capsys, "list", "--json")[0] == 0
+
+
+def test_a_failing_plugin_is_fatal_under_strict_plugins(capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    register_plugin(RaisingPlugin(), name="raising")
+    monkeypatch.setenv("JAXATTN_STRICT_PLUGINS", "1")
+    code, out, err = run_cli(capsys, "list")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("jaxattn list: error: plugin 'raising'") and "boom in the hook" in err
 
 
 def test_help_and_version_import_no_jax() -> None:
     result = subprocess.run([sys.executable, "-X", "importtime", "-m", "jaxattn", "--help"],
                             capture_output=True, text=True, check=True)
-    for name in SUBCOMMANDS:
+    for name in (*CORE_COMMANDS, "bench", "tune", "demo"):  # the core's, and jaxattn-bench's
         assert name in result.stdout
     imported = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if "|" in line}
     assert "jaxattn.cli" in imported

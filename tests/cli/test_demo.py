@@ -1,4 +1,4 @@
-"""``python -m jaxattn.demo`` (what ``python3 run.py demo`` runs) against the installed backends."""
+"""``jaxattn demo`` (what ``python3 run.py demo`` runs) against the installed backends."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 @pytest.mark.slow
 def test_demo_explains_its_choice_and_matches_the_oracle() -> None:
-    result = subprocess.run([sys.executable, "-m", "jaxattn.demo", "--batch", "1", "--seq", "24"],
+    result = subprocess.run([sys.executable, "-m", "jaxattn", "demo", "--batch", "1", "--seq", "24"],
                             capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
@@ -23,7 +23,7 @@ def test_demo_explains_its_choice_and_matches_the_oracle() -> None:
 
 @pytest.mark.slow
 def test_demo_with_an_explicit_impl_in_bfloat16() -> None:
-    result = subprocess.run([sys.executable, "-m", "jaxattn.demo", "--seq", "16", "--impl", "vanilla",
+    result = subprocess.run([sys.executable, "-m", "jaxattn", "demo", "--seq", "16", "--impl", "vanilla",
                              "--dtype", "bfloat16"], capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr
     assert "why: impl='vanilla' was asked for" in result.stdout

@@ -58,9 +58,9 @@ def test_command_fits_80_columns(name: str, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_demo_fits_80_columns(tmp_path: Path) -> None:
-    out = _run("-m", "jaxattn.demo", "--batch", "1", "--seq", "16", tmp=tmp_path)
+    out = _run(*CLI, "demo", "--batch", "1", "--seq", "16", tmp=tmp_path)
     assert "ran " in out
-    _assert_fits(out, "python -m jaxattn.demo")
+    _assert_fits(out, "jaxattn demo")
 
 
 @pytest.mark.slow

@@ -9,11 +9,11 @@ import pytest
 
 import jaxattn
 from jaxattn import device as device_module
-from jaxattn.bench import runner as runner_module
-from jaxattn.bench.timing import samples_per_round
 from jaxattn.device import DeviceInfo
 from jaxattn.plugins import isolated_registry
 from jaxattn.tuning import cache as cache_module
+from jaxattn_bench import runner as runner_module
+from jaxattn_bench.timing import samples_per_round
 
 from .helpers import FakeTimer, Timer
 from .toys import ALL, reset_calls

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 
 from jaxattn import AttentionProblem
 from jaxattn.plugins import RUNTIME_PLUGIN
-from jaxattn.tuning import Measurement, TuningCache
+from jaxattn.tuning.cache import Measurement
+from jaxattn_bench.store import TuningStore
 
 Timer = Callable[[str, int, random.Random], float]  # (impl, round, rng) -> ms per call, for fake_timer
 FakeTimer = Callable[[dict[str, Timer], int, int], None]  # the fake_timer fixture: (timers, repeats, rounds)
@@ -33,9 +34,9 @@ def runtime(name: str, fwd: float | None, fwdbwd: float | None = None) -> Measur
     return Measurement(impl=name, origin=RUNTIME_PLUGIN, version=None, fwd_ms=fwd, fwdbwd_ms=fwdbwd)
 
 
-def store(prob: AttentionProblem, *measurements: Measurement) -> TuningCache:
+def store(prob: AttentionProblem, *measurements: Measurement) -> TuningStore:
     """Record ``measurements`` for ``prob`` in the default cache file and save it."""
-    cache = TuningCache.load()
+    cache = TuningStore.load()
     cache.record(prob, measurements)
     cache.save()
     return cache

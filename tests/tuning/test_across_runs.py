@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import pytest
 
 import jaxattn
-from jaxattn.tuning import Measurement, TuningCache
+from jaxattn.tuning.cache import Measurement
+from jaxattn_bench.store import TuningStore
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +41,7 @@ def test_pick_is_the_same_in_every_process(cache_dir: Path) -> None:
     declared_first, slower = accepted[:2]  # no measurements yet: declared order
     here = {i.name: i for i in jaxattn.list_impls() if i.usable_here}
     problem = jaxattn.AttentionProblem.from_inputs(x, x, x, causal=True)
-    cache = TuningCache.load()
+    cache = TuningStore.load()
     # measured: the declared-second backend is the faster one
     cache.record(problem, [
         Measurement(slower, here[slower].distribution, here[slower].version, fwd_ms=1.0, fwdbwd_ms=3.0),

@@ -9,16 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxattn.tuning import (
-    Environment,
-    Measurement,
-    TuningCache,
-    TuningCacheWarning,
-    current_environment,
-    default_cache_path,
-    problem_key,
-    seq_bucket,
-)
+from jaxattn.tuning.cache import Measurement, TuningCacheWarning, default_cache_path
+from jaxattn.tuning.keys import Environment, current_environment, problem_key, seq_bucket
+from jaxattn_bench.store import TuningStore
 
 from .helpers import problem, runtime, store
 
@@ -56,7 +49,7 @@ def test_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_
 def test_round_trip_keeps_measurements(cache_dir: Path) -> None:
     prob = problem()
     store(prob, runtime("alpha", 2.0, 6.0), runtime("beta", 1.0, None))
-    again = TuningCache.load()
+    again = TuningStore.load()
     entry = again.lookup(prob)
     assert entry is not None
     assert entry.results["alpha"] == runtime("alpha", 2.0, 6.0)
@@ -64,7 +57,7 @@ def test_round_trip_keeps_measurements(cache_dir: Path) -> None:
     assert again.lookup(problem(d=16)) is None
     # newer results for the same key replace older ones, impl by impl
     store(prob, runtime("beta", 0.5, 1.5))
-    entry = TuningCache.load().lookup(prob)
+    entry = TuningStore.load().lookup(prob)
     assert entry is not None
     assert entry.results["beta"].fwd_ms == 0.5 and entry.results["alpha"].fwd_ms == 2.0
     assert (cache_dir / "tuning.json").is_file()
@@ -81,29 +74,29 @@ def test_corrupt_cache_is_ignored_with_a_warning(cache_dir: Path, text: str) -> 
     cache_dir.mkdir(parents=True)
     (cache_dir / "tuning.json").write_text(text.replace("ENV", json.dumps(current_environment().to_dict())))
     with pytest.warns(TuningCacheWarning, match="corrupt"):
-        cache = TuningCache.load()
+        cache = TuningStore.load()
     assert len(cache) == 0
 
 
 def test_unreadable_cache_is_ignored_with_a_warning(cache_dir: Path) -> None:
     (cache_dir / "tuning.json").mkdir(parents=True)  # a folder where the file should be
     with pytest.warns(TuningCacheWarning, match="cannot read"):
-        assert len(TuningCache.load()) == 0
+        assert len(TuningStore.load()) == 0
 
 
 def test_missing_cache_is_silent(cache_dir: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert len(TuningCache.load()) == 0
+        assert len(TuningStore.load()) == 0
 
 
 def test_other_jax_version_of_this_device_is_stale(cache_dir: Path) -> None:
     old = dataclasses.replace(ENV, jax="0.10.0", jaxlib="0.10.0")
-    cache = TuningCache(cache_dir / "tuning.json", old)
+    cache = TuningStore(cache_dir / "tuning.json", old)
     cache.record(problem(), [runtime("alpha", 1.0)])
     cache.save()
     with pytest.warns(TuningCacheWarning, match=r"jax 0\.10\.0.*not used"):
-        now = TuningCache.load(environment=ENV)
+        now = TuningStore.load(environment=ENV)
     assert now.lookup(problem()) is None
     # Writing this version's results drops the stale section for good.
     now.record(problem(), [runtime("beta", 2.0)])
@@ -114,15 +107,15 @@ def test_other_jax_version_of_this_device_is_stale(cache_dir: Path) -> None:
 
 def test_other_device_kinds_are_kept_but_not_used(cache_dir: Path) -> None:
     a100 = dataclasses.replace(ENV, device_kind="NVIDIA A100-SXM4-80GB")
-    cache = TuningCache(cache_dir / "tuning.json", a100)
+    cache = TuningStore(cache_dir / "tuning.json", a100)
     cache.record(problem(), [runtime("alpha", 1.0)])
     cache.save()
-    mine = TuningCache.load(environment=ENV)  # another machine's section: no warning, not used
+    mine = TuningStore.load(environment=ENV)  # another machine's section: no warning, not used
     assert mine.lookup(problem()) is None
     mine.record(problem(), [runtime("beta", 3.0)])
     mine.save()
-    assert TuningCache.load(environment=a100).lookup(problem()).results.keys() == {"alpha"}  # type: ignore[union-attr]
-    assert TuningCache.load(environment=ENV).lookup(problem()).results.keys() == {"beta"}  # type: ignore[union-attr]
+    assert TuningStore.load(environment=a100).lookup(problem()).results.keys() == {"alpha"}  # type: ignore[union-attr]
+    assert TuningStore.load(environment=ENV).lookup(problem()).results.keys() == {"beta"}  # type: ignore[union-attr]
 
 
 def test_measurement_rejects_nonsense() -> None:

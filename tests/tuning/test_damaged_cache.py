@@ -16,7 +16,10 @@ import pytest
 
 import jaxattn
 from jaxattn.cli import main
-from jaxattn.tuning import TuningCache, TuningCacheError, TuningCacheWarning, current_environment
+from jaxattn.tuning import cache as cache_module
+from jaxattn.tuning.cache import TuningCacheWarning
+from jaxattn.tuning.keys import current_environment
+from jaxattn_bench.store import TuningCacheError, TuningStore
 
 from .helpers import problem, qkv, runtime, store
 
@@ -40,9 +43,9 @@ DAMAGE = {
 def test_damaged_bytes_are_a_warning_and_auto_still_runs(cache_dir: Path, damage: str) -> None:
     good = _valid_file(cache_dir)
     (cache_dir / "tuning.json").write_bytes(DAMAGE[damage](good))
-    jaxattn.tuning.reload()
+    cache_module.reload()
     with pytest.warns(TuningCacheWarning, match="corrupt"):
-        assert len(TuningCache.load()) == 0
+        assert len(TuningStore.load()) == 0
     # auto (through the active cache) neither raises nor uses the damaged file
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TuningCacheWarning)
@@ -55,8 +58,8 @@ def test_damaged_bytes_are_a_warning_and_auto_still_runs(cache_dir: Path, damage
 def test_a_folder_in_place_of_the_file(cache_dir: Path) -> None:
     (cache_dir / "tuning.json").mkdir(parents=True)
     with pytest.warns(TuningCacheWarning, match="cannot read"):
-        assert len(TuningCache.load()) == 0
-    cache = TuningCache(cache_dir / "tuning.json", current_environment())
+        assert len(TuningStore.load()) == 0
+    cache = TuningStore(cache_dir / "tuning.json", current_environment())
     cache.record(problem(), [runtime("alpha", 1.0)])
     with pytest.raises(TuningCacheError, match=r"cannot write the tuning cache .*JAXATTN_CACHE_DIR"):
         cache.save()
@@ -81,7 +84,7 @@ def test_invalid_records_are_dropped_with_one_warning_naming_the_file(cache_dir:
     path.write_text(_section({"alpha": good, "broken": bad, "also_broken": bad}))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cache = TuningCache.load()
+        cache = TuningStore.load()
     mine = [w for w in caught if issubclass(w.category, TuningCacheWarning)]
     assert len(mine) == 1 and str(path) in str(mine[0].message) and "2 corrupt records" in str(mine[0].message)
     entry = cache.lookup(problem())
@@ -93,14 +96,14 @@ def test_an_entry_with_only_invalid_records_is_dropped(cache_dir: Path) -> None:
     cache_dir.mkdir(parents=True)
     (cache_dir / "tuning.json").write_text(_section({"alpha": {"fwd_ms": math.inf}}))
     with pytest.warns(TuningCacheWarning, match="1 corrupt record"):
-        assert len(TuningCache.load()) == 0
+        assert len(TuningStore.load()) == 0
 
 
 def test_bool_format_is_not_format_1(cache_dir: Path) -> None:
     cache_dir.mkdir(parents=True)
     (cache_dir / "tuning.json").write_text('{"format": true, "sections": []}')
     with pytest.warns(TuningCacheWarning, match="corrupt"):
-        TuningCache.load()
+        TuningStore.load()
 
 
 @pytest.mark.parametrize("damage", ["not utf-8", "nested 100000 deep", "truncated"])
@@ -108,7 +111,7 @@ def test_tune_show_on_a_damaged_cache_warns_in_one_line(cache_dir: Path, damage:
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     good = _valid_file(cache_dir)
     (cache_dir / "tuning.json").write_bytes(DAMAGE[damage](good))
-    jaxattn.tuning.reload()
+    cache_module.reload()
     assert main(["tune", "--show", "--plain"]) == 0
     out, err = capsys.readouterr()
     assert "entries" in out
@@ -124,7 +127,7 @@ def test_cache_dir_under_a_regular_file_is_one_line_exit_2(tmp_path: Path, monke
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("JAXATTN_CACHE_DIR", str(blocker / "jaxattn"))
-    jaxattn.tuning.reload()
+    cache_module.reload()
     assert main([*command, "--plain"]) == 2  # before anything is measured
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
@@ -135,7 +138,7 @@ def test_cache_dir_under_a_regular_file_never_fails_auto(tmp_path: Path, monkeyp
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("JAXATTN_CACHE_DIR", str(blocker / "jaxattn"))
-    jaxattn.tuning.reload()
+    cache_module.reload()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TuningCacheWarning)
         q, k, v = qkv()
@@ -147,11 +150,11 @@ def test_cache_dir_under_a_regular_file_never_fails_auto(tmp_path: Path, monkeyp
 @pytest.mark.parametrize("value", ["maybe", "2", "of"])
 def test_a_bad_jaxattn_tuning_value_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv("JAXATTN_TUNING", value)
-    jaxattn.tuning.reload()  # forget memoised choices: the next auto call ranks again
+    cache_module.reload()  # forget memoised choices: the next auto call ranks again
     q, k, v = qkv(t=24)
     with pytest.raises(jaxattn.InvalidInputError, match=r"\$JAXATTN_TUNING: '.*' is neither on nor off"):
         jaxattn.attention(q, k, v, causal=True)
     for ok in ("0", "off", "No", " true ", ""):
         monkeypatch.setenv("JAXATTN_TUNING", ok)
-        jaxattn.tuning.reload()
+        cache_module.reload()
         assert jaxattn.attention(q, k, v, causal=True).shape == q.shape

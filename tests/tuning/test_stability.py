@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 import jaxattn
-from jaxattn.bench import runner as runner_module
-from jaxattn.bench.results import BenchConfig
-from jaxattn.bench.runner import run_bench
-from jaxattn.bench.shapes import BenchShape
-from jaxattn.bench.timing import samples_per_round, split_rounds
 from jaxattn.cli import main
-from jaxattn.tuning import TuningCache
-from jaxattn.tuning.stability import MAX_SPREAD, spread, unstable_reasons
+from jaxattn_bench import runner as runner_module
+from jaxattn_bench.results import BenchConfig
+from jaxattn_bench.runner import run_bench
+from jaxattn_bench.shapes import BenchShape
+from jaxattn_bench.stability import MAX_SPREAD, spread, unstable_reasons
+from jaxattn_bench.store import TuningStore
+from jaxattn_bench.timing import samples_per_round, split_rounds
 
 from .helpers import FakeTimer, Timer, noisy, problem, qkv
 
@@ -97,7 +97,7 @@ def test_tune_does_not_store_a_noisy_shape_and_says_so(fake_timer: FakeTimer,
     out = " ".join(capsys.readouterr().out.split())  # lines may wrap at the terminal's width
     assert "not stored (timings too noisy, nothing written): B2 S16 H4 D8 causal: fwd: beta: round medians" in out
     assert "more --rounds" in out
-    assert TuningCache.load().lookup(problem()) is None
+    assert TuningStore.load().lookup(problem()) is None
     q, k, v = qkv()
     assert jaxattn.explain(q, k, v, causal=True).chosen == "alpha"  # declared priority, as before tuning
 
@@ -111,5 +111,5 @@ def test_tune_stores_steady_timings(fake_timer: FakeTimer,
 
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["stored"] is True and rows[0]["unstable"] == [] and rows[0]["auto"] == "beta"
-    entry = TuningCache.load().lookup(problem())
+    entry = TuningStore.load().lookup(problem())
     assert entry is not None and entry.results["beta"].fwd_ms == pytest.approx(0.5, rel=0.05)

@@ -10,7 +10,7 @@ import pytest
 
 import jaxattn
 from jaxattn.cli import main
-from jaxattn.tuning import TuningCache
+from jaxattn_bench.store import TuningStore
 
 from .helpers import FakeTimer, noisy, problem, qkv
 
@@ -28,7 +28,7 @@ def test_tune_stores_every_candidate_and_auto_uses_it(cache_dir: Path, capsys: p
     out, err = capsys.readouterr()
     assert "auto's picks after tuning" in out and "float32/D8/T16/S16/causal" in out
     assert re.search(r"\[ *1/12\] B2 S16 H4 D8 causal +alpha +fwd ", err)  # progress lines
-    cache = TuningCache.load()
+    cache = TuningStore.load()
     mha = cache.lookup(problem())
     gqa = cache.lookup(problem(hkv=2))
     assert mha is not None and gqa is not None
@@ -49,7 +49,7 @@ def test_tune_stores_every_candidate_and_auto_uses_it(cache_dir: Path, capsys: p
     assert json.loads(capsys.readouterr().out)["format"] == 1
 
     assert main(["tune", "--clear", "--plain"]) == 0
-    assert len(TuningCache.load()) == 0
+    assert len(TuningStore.load()) == 0
     capsys.readouterr()
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    from .commands import Commands
     from .impl import AttentionImpl
     from .registry import ImplRef
 
@@ -22,4 +23,13 @@ def jaxattn_register_impls() -> Iterable[type[AttentionImpl] | ImplRef]:  # type
     """Return the ``AttentionImpl`` subclasses this plugin provides, or lazy ``ImplRef``s to them.
 
     Prefer ``ImplRef``: discovery and listing then import no kernel library.
+    """
+
+
+@hookspec
+def jaxattn_register_commands(commands: Commands) -> None:
+    """Add this plugin's commands of the ``jaxattn`` program: ``commands.add(Command(...))``.
+
+    Called when the program starts, so keep it cheap (no jax); see ``jaxattn.commands``. A hook
+    that raises costs only its own plugin's commands (the plugin is reported broken).
     """

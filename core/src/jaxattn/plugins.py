@@ -16,9 +16,9 @@ import importlib.metadata
 import os
 import threading
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import pluggy
 
@@ -32,6 +32,7 @@ __all__ = [
     "PluginProblem",
     "PluginRecord",
     "PluginWarning",
+    "call_each",
     "isolated_registry",
     "list_plugins",
     "plugin_manager",
@@ -44,6 +45,7 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "jaxattn.plugins"
 RUNTIME_PLUGIN = "<runtime>"
+T = TypeVar("T")
 
 
 class PluginWarning(UserWarning):
@@ -253,6 +255,26 @@ def register_impl_class(impl_cls: Any, *, replace: bool = False) -> Provider:
         record = state.records.setdefault(RUNTIME_PLUGIN, PluginRecord(name=RUNTIME_PLUGIN))
         record.impl_names.append(provider.name)
         return provider
+
+
+def call_each(hook_name: str, call: Callable[[Callable[..., Any]], T]) -> list[tuple[str, T]]:
+    """``(plugin name, call(hook function))`` for each plugin implementing hook ``hook_name``, by name.
+
+    Isolated as discovery isolates a plugin: one whose hook raises, whatever it raises, is
+    recorded broken and warned about once (fatal under ``JAXATTN_STRICT_PLUGINS``), and the
+    others' results are kept. The ``jaxattn`` program collects plugins' commands this way.
+    """
+    state = _ensure()
+    results: list[tuple[str, T]] = []
+    for hook in sorted(getattr(state.pm.hook, hook_name).get_hookimpls(), key=lambda h: h.plugin_name):
+        try:
+            results.append((hook.plugin_name, call(hook.function)))
+        except BaseException as err:  # third-party code: isolated, whatever it raises
+            reraise_interrupts(err)
+            with _lock:
+                record = state.records.setdefault(hook.plugin_name, PluginRecord(name=hook.plugin_name))
+            _fail(record, err)
+    return results
 
 
 @dataclasses.dataclass(frozen=True)

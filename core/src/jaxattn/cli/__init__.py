@@ -1,56 +1,73 @@
-"""The ``jaxattn`` command: ``info``, ``list``, ``explain`` (and whatever registers below).
+"""The ``jaxattn`` command: ``info``, ``list``, ``explain``, and the commands plugins add.
 
-Startup stays cheap: this package imports only argparse and the subcommand modules, which in
+Startup stays cheap: this package imports only argparse and the command modules, which in
 turn import jax/jaxattn machinery inside their ``run`` functions, so ``jaxattn --help`` or a
 typo costs milliseconds, not a jax import.
 
-A subcommand is a module with ``HELP: str``, ``add_arguments(parser)`` and
-``run(args) -> int``; adding one is one line in ``SUBCOMMANDS`` (or a call to
-``register_subcommand`` before ``main`` runs).
+A command is a name, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``
+(``jaxattn.commands.Command``). The core's own are modules named in ``CORE_COMMANDS``; plugins
+add theirs through the ``jaxattn_register_commands`` hook (``jaxattn bench``, ``tune`` and
+``demo`` come from jaxattn-bench), collected in isolation: a plugin whose hook or whose
+commands' ``add_arguments`` raise loses its commands, is reported broken, and costs the
+others nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from types import ModuleType
-from typing import Protocol, TextIO, cast
+from typing import TYPE_CHECKING, TextIO, cast
 
-__all__ = ["SUBCOMMANDS", "build_parser", "main", "register_subcommand"]
+if TYPE_CHECKING:
+    from jaxattn.commands import Command
 
-#: name -> module implementing it. Order is the order of ``jaxattn --help``.
-SUBCOMMANDS: dict[str, str] = {
+__all__ = ["CORE_COMMANDS", "build_parser", "commands", "main"]
+
+#: The core's commands: name -> module implementing it. Order is the order of ``jaxattn --help``;
+#: plugins' commands follow, by plugin name.
+CORE_COMMANDS: dict[str, str] = {
     "info": "jaxattn.cli.info",
     "list": "jaxattn.cli.listing",
     "explain": "jaxattn.cli.explain",
-    "bench": "jaxattn.bench.cli",
-    "tune": "jaxattn.bench.tune",
 }
 
 
-class Subcommand(Protocol):
-    HELP: str
+def _plugin_commands() -> list[tuple[str, Command]]:
+    """(plugin, command) for every command the installed plugins add, each plugin isolated."""
+    from jaxattn.commands import Commands
+    from jaxattn.plugins import call_each
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+    def collect(hook: Callable[..., None]) -> list[Command]:
+        added = Commands()
+        hook(commands=added)
+        for command in added:
+            # Building its parser is part of registering: one that fails costs only its plugin.
+            command.add_arguments(argparse.ArgumentParser(prog=f"jaxattn {command.name}", add_help=False))
+        return list(added)
 
-    def run(self, args: argparse.Namespace) -> int: ...
+    return [(plugin, command) for plugin, added in call_each("jaxattn_register_commands", collect)
+            for command in added]
 
 
-def register_subcommand(name: str, module: str) -> None:
-    """Add (or replace) subcommand ``name``, implemented by importable ``module``."""
-    SUBCOMMANDS[name] = module
+def commands() -> list[Command]:
+    """Every command of the program: the core's, then the plugins' (a name already taken is refused
+    with a ``PluginWarning``, the core's and the first plugin's keep it)."""
+    from jaxattn.commands import Command
+    from jaxattn.plugins import PluginWarning
 
-
-def _load(module: str) -> Subcommand:
-    loaded: ModuleType = importlib.import_module(module)
-    for attr in ("HELP", "add_arguments", "run"):
-        if not hasattr(loaded, attr):
-            raise TypeError(f"jaxattn subcommand module {module} lacks {attr}")
-    return cast(Subcommand, loaded)
+    found = [Command.from_module(name, module) for name, module in CORE_COMMANDS.items()]
+    taken = {c.name: "jaxattn" for c in found}
+    for plugin, command in _plugin_commands():
+        if command.name in taken:
+            warnings.warn(f"jaxattn: plugin {plugin!r} adds a command {command.name!r}, which {taken[command.name]!r} "
+                          "already has; it is left out", PluginWarning, stacklevel=2)
+            continue
+        taken[command.name] = plugin
+        found.append(command)
+    return found
 
 
 def _version() -> str:
@@ -75,13 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Attention backends for JAX: what is installed, what runs here, and why.",
     )
     parser.add_argument("--version", action="version", version=f"jaxattn {_version()}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, module in SUBCOMMANDS.items():
-        command = _load(module)
-        sub = commands.add_parser(name, help=command.HELP, description=command.HELP)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in commands():
+        sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
         _add_common_arguments(sub)
         command.add_arguments(sub)
-        sub.set_defaults(_subcommand=command)
+        sub.set_defaults(_run=command.run)
     return parser
 
 
@@ -97,16 +113,26 @@ def _one_line_warning(prog: str, default: Callable[..., None], message: Warning 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    command = cast(Subcommand, args._subcommand)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Discovery runs while the parser is built (plugins add commands): its warnings are one line
+    # too, under the name of the command about to run.
+    prog = " ".join(["jaxattn", *[a for a in argv if not a.startswith("-")][:1]])
     from jaxattn.errors import JaxattnError
 
     try:
         with warnings.catch_warnings():  # restores showwarning afterwards
+            warnings.showwarning = functools.partial(_one_line_warning, prog, warnings.showwarning)
+            parser = build_parser()
+    except JaxattnError as err:  # JAXATTN_STRICT_PLUGINS and a broken plugin, say
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
+    run = cast("Callable[[argparse.Namespace], int]", args._run)
+    try:
+        with warnings.catch_warnings():  # restores showwarning afterwards
             warnings.showwarning = functools.partial(_one_line_warning, f"jaxattn {args.command}",
                                                      warnings.showwarning)
-            return command.run(args)
+            return run(args)
     except JaxattnError as err:
         # The library's errors already say what went wrong and what to do: no traceback.
         print(f"jaxattn {args.command}: error: {err}", file=sys.stderr)

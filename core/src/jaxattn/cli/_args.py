@@ -27,7 +27,6 @@ __all__ = [
     "positive_float",
     "positive_int",
     "probability",
-    "shape_spec",
 ]
 
 
@@ -104,14 +103,6 @@ def _window(text: str) -> int | tuple[int, int]:
     raise ValueError(text)
 
 
-def _shape(text: str) -> str:
-    """The text itself once ``parse_shape`` (what ``bench`` and ``tune`` read it with) accepts it."""
-    from ..bench.shapes import parse_shape  # standard library only at import, like this module
-
-    parse_shape(text, dtype="float32", masks=(False,))
-    return text
-
-
 positive_int = NumericArg("positive_int", lambda t: _int(t, 1), "an integer >= 1", "8", accepts_zero=False)
 nonneg_int = NumericArg("nonneg_int", lambda t: _int(t, 0), "an integer >= 0", "2", accepts_zero=True)
 positive_float = NumericArg("positive_float", lambda t: _float(t, zero_ok=False), "a finite number > 0", "2.5",
@@ -124,8 +115,4 @@ int_list = NumericArg("int_list", _int_list, "a comma-separated list of integers
                       accepts_zero=False)
 nonneg_window = NumericArg("nonneg_window", _window, "a window W or LEFT,RIGHT of integers >= 0", "128 or 128,0",
                            accepts_zero=True)
-shape_spec = NumericArg(
-    "shape_spec", _shape,
-    "B,S,H,D or B,S,H,D,Hkv or B,T,S,H,D,Hkv: integers >= 1, H a multiple of Hkv", "4,4096,32,128,8",
-    accepts_zero=False)
 

@@ -1,33 +1,15 @@
-"""Measured ranking for "auto": the tuning cache, the rank refiner and the fwd/bwd split.
+"""Measured ranking for "auto": what the selection layer reads of the tuning cache.
 
-``jaxattn tune`` measures backends and stores the results (``jaxattn.tuning.cache``);
-``jaxattn.dispatch`` loads :func:`jaxattn.tuning.refiner.refine` on its first "auto" choice.
-Importing this package loads no jax: only the standard library and jaxattn's small modules.
+``jaxattn.dispatch`` ranks with :func:`refine` and forgets its choices when the cache changes
+(:func:`on_reload`). The reading side lives here (``cache``: the file, ``keys``: what a
+measurement is valid for, ``refiner``: the ranking); measuring and writing is the
+``jaxattn-bench`` distribution's (``jaxattn tune``, ``jaxattn_bench.store``), so selection
+imports no tooling. Importing this package loads no jax.
 """
 
 from __future__ import annotations
 
-from .cache import (
-    Measurement,
-    TuningCache,
-    TuningCacheError,
-    TuningCacheWarning,
-    active_cache,
-    default_cache_path,
-    reload,
-)
-from .keys import Environment, current_environment, problem_key, seq_bucket
+from .cache import on_reload
+from .refiner import refine
 
-__all__ = [
-    "Environment",
-    "Measurement",
-    "TuningCache",
-    "TuningCacheError",
-    "TuningCacheWarning",
-    "active_cache",
-    "current_environment",
-    "default_cache_path",
-    "problem_key",
-    "reload",
-    "seq_bucket",
-]
+__all__ = ["on_reload", "refine"]

@@ -1,4 +1,4 @@
-"""The tuning cache: measured backend timings, in one JSON file per user.
+"""The tuning cache, as "auto" and the plugins read it: measured timings, one JSON file per user.
 
 Where: ``$JAXATTN_CACHE_DIR/tuning.json`` when set, else the platform's per-user cache folder
 (``$XDG_CACHE_HOME/jaxattn`` or ``~/.cache/jaxattn`` on Linux, ``~/Library/Caches/jaxattn``
@@ -9,23 +9,25 @@ shared by machines with different GPUs keeps each one's results; only the sectio
 process's environment is ever used. A file that cannot be read, or that has results only for
 other jax versions of this device, is ignored with a :class:`TuningCacheWarning`, never an
 error: a cache can make "auto" faster, never make a call fail.
+
+Each section also holds one object per plugin that tunes something of its own (kernel tiles,
+say): :func:`plugin_section` reads it; its contents are the plugin's to define and check.
+Only reading lives here: measuring and writing is ``jaxattn_bench.store`` (``jaxattn tune``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import math
 import os
 import sys
-import tempfile
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Self
 
-from ..errors import JaxattnError
 from .keys import Environment, current_environment, problem_key
 
 if TYPE_CHECKING:
@@ -33,14 +35,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FORMAT",
+    "Entry",
     "Measurement",
+    "Section",
     "TuningCache",
-    "TuningCacheError",
     "TuningCacheWarning",
     "active_cache",
-    "check_writable",
     "default_cache_path",
     "on_reload",
+    "plugin_section",
     "reload",
 ]
 
@@ -50,10 +53,6 @@ FILENAME = "tuning.json"
 
 class TuningCacheWarning(UserWarning):
     """The tuning cache (or part of it) was ignored; "auto" falls back to declared priorities."""
-
-
-class TuningCacheError(JaxattnError, OSError):
-    """The tuning cache cannot be written where it lives (only ``save`` raises it: reading never does)."""
 
 
 _warned: set[str] = set()
@@ -93,9 +92,6 @@ class Measurement:
     def time(self, grad: bool) -> float | None:
         return self.fwdbwd_ms if grad else self.fwd_ms
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "impl"}
-
     @classmethod
     def from_dict(cls, impl: str, data: Any) -> Measurement:
         """Validate one stored record field by field; ValueError names the first bad field."""
@@ -122,10 +118,6 @@ class Entry:
     measured_at: str
     results: dict[str, Measurement]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"problem": self.problem, "measured_at": self.measured_at,
-                "results": {name: m.to_dict() for name, m in sorted(self.results.items())}}
-
     @classmethod
     def from_dict(cls, data: Any, dropped: list[str]) -> Entry:
         """An entry from its JSON; a record that fails validation is left out and described in ``dropped``."""
@@ -143,7 +135,24 @@ class Entry:
         return cls(problem=problem, measured_at=measured_at, results=results)
 
 
-def _parse_sections(raw: Any, dropped: list[str]) -> dict[str, tuple[Environment, dict[str, Entry]]]:
+@dataclasses.dataclass
+class Section:
+    """What the file holds for one environment: measurements by problem key, and each plugin's object."""
+
+    environment: Environment
+    entries: dict[str, Entry] = dataclasses.field(default_factory=dict)
+    plugins: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+
+def _parse_plugins(raw: Any) -> dict[str, dict[str, Any]]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(type(k) is str and isinstance(v, dict) for k, v in raw.items()):
+        raise ValueError("a section's 'plugins' must map plugin names to objects")
+    return raw
+
+
+def _parse_sections(raw: Any, dropped: list[str]) -> dict[str, Section]:
     """Validate the file: a structural problem raises ValueError (the whole file is ignored);
     an invalid entry or record is left out and described in ``dropped`` (the rest is used)."""
     if not isinstance(raw, dict):
@@ -153,7 +162,7 @@ def _parse_sections(raw: Any, dropped: list[str]) -> dict[str, tuple[Environment
     sections = raw.get("sections")
     if not isinstance(sections, list):
         raise ValueError("'sections' must be a list")
-    parsed: dict[str, tuple[Environment, dict[str, Entry]]] = {}
+    parsed: dict[str, Section] = {}
     for section in sections:
         if not isinstance(section, dict) or not isinstance(section.get("entries"), dict):
             raise ValueError("each section must be an object with 'environment' and 'entries'")
@@ -167,7 +176,7 @@ def _parse_sections(raw: Any, dropped: list[str]) -> dict[str, tuple[Environment
                 continue
             if entry.results:  # an entry whose every record was dropped says nothing
                 entries[key] = entry
-        parsed[env.fingerprint] = (env, entries)
+        parsed[env.fingerprint] = Section(env, entries, _parse_plugins(section.get("plugins")))
     return parsed
 
 
@@ -179,16 +188,17 @@ def _read(path: Path) -> Any:
 class TuningCache:
     """The results of this environment, plus the other environments' sections (kept on save)."""
 
-    def __init__(self, path: Path, environment: Environment,
-                 entries: dict[str, Entry] | None = None,
-                 others: Mapping[str, tuple[Environment, dict[str, Entry]]] | None = None) -> None:
+    def __init__(self, path: Path, environment: Environment, entries: dict[str, Entry] | None = None,
+                 others: Mapping[str, Section] | None = None,
+                 plugins: dict[str, dict[str, Any]] | None = None) -> None:
         self.path = path
         self.environment = environment
         self.entries: dict[str, Entry] = dict(entries or {})
+        self.plugins: dict[str, dict[str, Any]] = dict(plugins or {})
         self.others = dict(others or {})
 
     @classmethod
-    def load(cls, path: Path | None = None, environment: Environment | None = None) -> TuningCache:
+    def load(cls, path: Path | None = None, environment: Environment | None = None) -> Self:
         """Read ``path``; unreadable or foreign contents give an empty cache and a warning."""
         path = path or default_cache_path()
         env = environment or current_environment()
@@ -218,92 +228,19 @@ class TuningCache:
                       "ignoring them, the rest is used. `jaxattn tune` writes them again.")
         mine = sections.pop(env.fingerprint, None)
         if mine is None:
-            same_device = [e for e, _ in sections.values() if e.device_kind == env.device_kind]
+            same_device = [s.environment for s in sections.values() if s.environment.device_kind == env.device_kind]
             if same_device:
                 warn_once(f"jaxattn: the tuning cache {path} was written with "
                           f"{', '.join(sorted(e.describe() for e in same_device))}; this is {env.describe()}, "
                           "so its measurements are not used. Run `jaxattn tune` to measure again.")
             return cls(path, env, others=sections)
-        return cls(path, env, mine[1], sections)
+        return cls(path, env, mine.entries, sections, mine.plugins)
 
-    # -- reading ------------------------------------------------------------------------------
     def lookup(self, problem: AttentionProblem) -> Entry | None:
         return self.entries.get(problem_key(problem))
 
     def __len__(self) -> int:
         return len(self.entries)
-
-    # -- writing ------------------------------------------------------------------------------
-    def record(self, problem: AttentionProblem, measurements: Iterable[Measurement]) -> Entry:
-        """Store (merge) ``measurements`` for ``problem``'s key; newer results replace older ones."""
-        key = problem_key(problem)
-        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        entry = self.entries.get(key) or Entry(problem=problem.describe(), measured_at=now, results={})
-        entry.results.update({m.impl: m for m in measurements})
-        entry.problem, entry.measured_at = problem.describe(), now
-        self.entries[key] = entry
-        return entry
-
-    def to_dict(self) -> dict[str, Any]:
-        # Sections of this device under other versions are stale for good: drop them.
-        keep = {fp: s for fp, s in self.others.items() if s[0].device_kind != self.environment.device_kind}
-        keep[self.environment.fingerprint] = (self.environment, self.entries)
-        return {
-            "format": FORMAT,
-            "sections": [
-                {"environment": env.to_dict(), "entries": {k: e.to_dict() for k, e in sorted(entries.items())}}
-                for env, entries in (keep[fp] for fp in sorted(keep))
-            ],
-        }
-
-    def save(self) -> Path:
-        """Write atomically (a reader never sees half a file), then let "auto" see the new results.
-
-        Raises :class:`TuningCacheError` (one line: the path, the cause, what to do) when the
-        file cannot be written there.
-        """
-        self.check_writable()
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=".tuning-", suffix=".json", dir=self.path.parent)
-        except OSError as err:
-            raise _cannot_write(self.path, err) from None
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_dict(), f, indent=1, sort_keys=False)
-                f.write("\n")
-            os.replace(tmp, self.path)
-        except OSError as err:
-            Path(tmp).unlink(missing_ok=True)
-            raise _cannot_write(self.path, err) from None
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        reload()
-        return self.path
-
-    def check_writable(self) -> None:
-        """See :func:`check_writable`."""
-        check_writable(self.path)
-
-
-def check_writable(path: Path) -> None:
-    """Create the folder of the cache file ``path``; :class:`TuningCacheError` when that is
-    impossible or the file's place is taken by a folder. ``jaxattn tune`` asks before it reads
-    or measures anything."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_dir():
-            raise IsADirectoryError(f"{path} is a folder")
-    except OSError as err:
-        raise _cannot_write(path, err) from None
-
-
-def _cannot_write(path: Path, err: OSError) -> TuningCacheError:
-    where = ("$JAXATTN_CACHE_DIR" if os.environ.get("JAXATTN_CACHE_DIR", "").strip()
-             else "the per-user cache folder")
-    return TuningCacheError(
-        f"cannot write the tuning cache {path} ({err.strerror or err}); {where} must be a folder that "
-        "can be created and written: set JAXATTN_CACHE_DIR to one (e.g. JAXATTN_CACHE_DIR=~/.cache/jaxattn)")
 
 
 # One cache per (file state, environment), so "auto" reads the file once, not per call.
@@ -324,6 +261,12 @@ def active_cache() -> TuningCache:
     if _active is None or _active[0] != key:
         _active = (key, TuningCache.load(path, env))
     return _active[1]
+
+
+def plugin_section(plugin: str) -> Mapping[str, Any]:
+    """What the cache holds for ``plugin`` in this environment (empty when nothing): the object
+    that plugin stored, read-only; its contents are the plugin's to check."""
+    return MappingProxyType(active_cache().plugins.get(plugin, {}))
 
 
 _reload_listeners: list[Callable[[], None]] = []

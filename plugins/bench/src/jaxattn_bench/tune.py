@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 from .cli import add_matrix_arguments, add_run_arguments, platform_of, run_options, shapes_from_args
 
 if TYPE_CHECKING:
-    from ..cli._output import Printer
-    from ..metadata import AttentionMetadata
+    from jaxattn.cli._output import Printer
+    from jaxattn.metadata import AttentionMetadata
+
     from .results import BenchConfig, BenchResult
     from .shapes import BenchShape
 
@@ -26,7 +27,7 @@ HELP = "measure the backends for some shapes and store the timings for impl='aut
 
 
 #: More samples and rounds than ``bench``: what ``tune`` stores steers every later call, and a
-#: shape is stored only when its rounds agree (``jaxattn.tuning.stability``).
+#: shape is stored only when its rounds agree (``jaxattn_bench.stability``).
 TUNE_REPEATS, TUNE_ROUNDS = 15, 5
 
 
@@ -41,16 +42,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli._output import Printer
-    from ..metadata import AttentionMetadata
-    from ..tuning.cache import active_cache, check_writable, default_cache_path
+    from jaxattn.cli._output import Printer
+    from jaxattn.metadata import AttentionMetadata
+    from jaxattn.tuning.cache import default_cache_path
+
+    from .store import TuningStore, check_writable
 
     printer = Printer.from_args(args)
     metadata = AttentionMetadata()
     if not args.show:
         check_writable(default_cache_path())  # before anything is measured (TuningCacheError: one line, exit 2)
-    cache = active_cache()
     if args.clear:
+        cache = TuningStore.load()
         cache.entries.clear()
         cache.save()
         printer.line(f"cleared the measurements of {cache.environment.describe()} in {cache.path}")
@@ -67,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace, shapes: list[BenchShape], metadata: AttentionMetadata,
           printer: Printer) -> int:
-    from ..tuning.cache import active_cache
+    from jaxattn.tuning.cache import active_cache
+
     from .backends import available_backends
     from .progress import Progress
     from .record import record_results
@@ -94,7 +98,7 @@ def _tune(args: argparse.Namespace, shapes: list[BenchShape], metadata: Attentio
 
     report = run_bench(config, progress, on_shape=store)
     if args.json:
-        from ..cli._output import dump_json
+        from jaxattn.cli._output import dump_json
 
         dump_json([{**row, "stored": shape not in unstable, "unstable": unstable.get(shape, [])}
                    for shape, row in zip(shapes, _picks(shapes, metadata), strict=True)])
@@ -111,8 +115,8 @@ def _tune(args: argparse.Namespace, shapes: list[BenchShape], metadata: Attentio
 
 
 def unstable_shape(config: BenchConfig, results: list[BenchResult]) -> list[str]:
-    """Why one shape's timings should not be stored (``jaxattn.tuning.stability``), per mode."""
-    from ..tuning.stability import unstable_reasons
+    """Why one shape's timings should not be stored (``jaxattn_bench.stability``), per mode."""
+    from .stability import unstable_reasons
     from .timing import split_rounds
 
     reasons = []
@@ -125,8 +129,8 @@ def unstable_shape(config: BenchConfig, results: list[BenchResult]) -> list[str]
 
 def _picks(shapes: list[BenchShape], metadata: AttentionMetadata) -> list[dict[str, str | None]]:
     import jaxattn
+    from jaxattn.tuning.keys import problem_key
 
-    from ..tuning.keys import problem_key
     from .record import problem_of
 
     rows = []
@@ -141,7 +145,7 @@ def _picks(shapes: list[BenchShape], metadata: AttentionMetadata) -> list[dict[s
 
 
 def _print_picks(printer: Printer, shapes: list[BenchShape], metadata: AttentionMetadata, title: str) -> None:
-    from ..cli._output import Table
+    from jaxattn.cli._output import Table
 
     table = Table(title, ["shape", "cache key", "auto", "differentiated", "why"])
     for row in _picks(shapes, metadata):
@@ -150,10 +154,11 @@ def _print_picks(printer: Printer, shapes: list[BenchShape], metadata: Attention
 
 
 def _show(args: argparse.Namespace, printer: Printer) -> int:
-    from ..cli._output import Table, dump_json
-    from ..tuning.cache import active_cache
+    from jaxattn.cli._output import Table, dump_json
 
-    cache = active_cache()
+    from .store import TuningStore
+
+    cache = TuningStore.load()
     if args.json:
         dump_json(cache.to_dict())
         return 0

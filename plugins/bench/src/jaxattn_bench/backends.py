@@ -11,8 +11,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import JaxattnError
-from ..metadata import AttentionMetadata
+from jaxattn.errors import JaxattnError
+from jaxattn.metadata import AttentionMetadata
+
 from .shapes import BenchShape
 
 __all__ = ["PALLAS_MHA", "Backend", "Verdict", "available_backends", "make_backend"]
@@ -80,7 +81,7 @@ class ImplBackend(Backend):
 
 
 def _spec(q: Any, k: Any, v: Any, causal: bool, metadata: AttentionMetadata) -> Any:
-    from ..validation import resolve_call
+    from jaxattn.validation import resolve_call
 
     return resolve_call(q, k, v, causal=causal, metadata=metadata)
 
@@ -92,7 +93,7 @@ class PallasMhaBackend(Backend):
     block = 128  # mha's default block_q / block_k
 
     def verdict(self, shape: BenchShape, mode: str) -> Verdict:
-        from ..device import detect_device
+        from jaxattn.device import detect_device
 
         device = detect_device()
         reasons = []
@@ -125,6 +126,6 @@ def make_backend(name: str, metadata: AttentionMetadata) -> Backend:
 
 def available_backends(metadata: AttentionMetadata) -> list[str]:
     """Every impl usable on this device (best provider per name), by declared priority."""
-    from ..lookup import available_here
+    from jaxattn.lookup import available_here
 
     return [p.name for p in available_here(metadata, kind="dense")]

@@ -13,17 +13,32 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..cli._args import int_list, nonneg_float, nonneg_int, positive_float, positive_int, shape_spec
+from jaxattn.cli._args import NumericArg, int_list, nonneg_float, nonneg_int, positive_float, positive_int
+
 from .timing import platform_of  # stdlib-only at import time, like this module
 
 if TYPE_CHECKING:
-    from ..cli._output import Printer
-    from ..metadata import AttentionMetadata
+    from jaxattn.cli._output import Printer
+    from jaxattn.metadata import AttentionMetadata
+
     from .shapes import BenchShape
 
 __all__ = ["HELP", "add_arguments", "add_matrix_arguments", "add_run_arguments", "max_temp_bytes", "platform_of", "run",
-           "run_options",
-           "shapes_from_args"]
+           "run_options", "shape_spec", "shapes_from_args"]
+
+def _shape(text: str) -> str:
+    """The text itself once ``parse_shape`` (what ``bench`` and ``tune`` read it with) accepts it."""
+    from .shapes import parse_shape  # standard library only at import, like this module
+
+    parse_shape(text, dtype="float32", masks=(False,))
+    return text
+
+
+#: ``--shape``: checked when parsed, with the one-line errors of every numeric option.
+shape_spec = NumericArg(
+    "shape_spec", _shape,
+    "B,S,H,D or B,S,H,D,Hkv or B,T,S,H,D,Hkv: integers >= 1, H a multiple of Hkv", "4,4096,32,128,8",
+    accepts_zero=False)
 
 HELP = "time every attention backend side by side (TFLOP/s, ratio to a reference, memory)"
 
@@ -183,7 +198,7 @@ def _reference(args: argparse.Namespace, backends: list[str]) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..metadata import AttentionMetadata
+    from jaxattn.metadata import AttentionMetadata
 
     if args.from_json is not None:
         return _plot_saved(args)
@@ -202,10 +217,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_serving(args: argparse.Namespace, metadata: AttentionMetadata, platform: str) -> int:
-    from ..cli._output import Printer, dump_json
-    from ..device import detect_device
-    from ..lookup import available_here
-    from ..plugins import registry
+    from jaxattn.cli._output import Printer, dump_json
+    from jaxattn.device import detect_device
+    from jaxattn.lookup import available_here
+    from jaxattn.plugins import registry
+
     from .serving import ServingResult, run_serving, serving_matrix, serving_not_run, serving_table
 
     dtype = args.dtype or ("float32" if platform == "cpu" else "bfloat16")
@@ -315,7 +331,8 @@ def _plot_saved(args: argparse.Namespace) -> int:
 
 
 def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: AttentionMetadata) -> int:
-    from ..cli._output import Printer, dump_json
+    from jaxattn.cli._output import Printer, dump_json
+
     from .progress import Progress
     from .report import not_run_lines, report_dict, summary_lines, tables, write_json
     from .results import BenchConfig, BenchReport, BenchResult
@@ -326,7 +343,10 @@ def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: Att
         print(f"jaxattn bench: error: unknown --modes {bad}; use fwd and/or fwdbwd", file=sys.stderr)
         return 2
     if args.tune:
-        from ..tuning.cache import check_writable, default_cache_path
+        from jaxattn.tuning.cache import default_cache_path
+
+        from .store import check_writable
+
 
         check_writable(default_cache_path())  # before anything is measured (TuningCacheError: one line, exit 2)
     backends = _backends(args, metadata)
@@ -340,7 +360,7 @@ def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: Att
 
     def checkpoint(results: list[BenchResult]) -> None:
         if json_path is not None:
-            from ..device import detect_device
+            from jaxattn.device import detect_device
 
             partial = BenchReport(config, list(results), detect_device().label, {}, 0.0, ["partial: run in progress"])
             write_json(partial, json_path)
@@ -365,7 +385,8 @@ def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: Att
 
 
 def _run_overhead(args: argparse.Namespace, shapes: list[BenchShape], metadata: AttentionMetadata) -> int:
-    from ..cli._output import Printer, Table, dump_json
+    from jaxattn.cli._output import Printer, Table, dump_json
+
     from .overhead import measure_overhead
 
     shape = shapes[0] if args.shape else min(shapes, key=lambda s: s.flops("fwd"))

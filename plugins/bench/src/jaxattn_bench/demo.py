@@ -1,9 +1,10 @@
-"""``python -m jaxattn.demo``: attention through the registry, with the reasons for the choice.
+"""``jaxattn demo``: attention through the registry, with the reasons for the choice.
 
 It uses only the public API, as a user would: ``list_impls`` for what is installed,
 ``explain`` for which backend runs a call and why the others do not, ``attention`` to
 compute it, ``get_impl`` to run every other backend that accepts the call, and the float64
 oracle of ``jaxattn.testing`` to check each result. Exit status 1 if any result is wrong.
+``python -m jaxattn_bench.demo`` runs it too (what ``python3 run.py demo`` runs is ``jaxattn demo``).
 """
 
 from __future__ import annotations
@@ -13,13 +14,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+__all__ = ["HELP", "add_arguments", "build_parser", "main", "run"]
+
 TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2, "float16": 5e-3}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from jaxattn.cli._args import OneLineParser, positive_int
+HELP = "compute attention through the registry: which backend ran, why, and its error against the oracle"
 
-    parser = OneLineParser(prog="python -m jaxattn.demo", description=__doc__.splitlines()[0])
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from jaxattn.cli._args import positive_int
+
     parser.add_argument("--batch", type=positive_int, default=2)
     parser.add_argument("--seq", type=positive_int, default=256, help="T = S")
     parser.add_argument("--heads-q", type=positive_int, default=8)
@@ -28,16 +33,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="float32", choices=sorted(TOLERANCE))
     parser.add_argument("--no-causal", dest="causal", action="store_false")
     parser.add_argument("--impl", default=None, help="ask for one impl instead of auto")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from jaxattn.cli._args import OneLineParser
+
+    parser = OneLineParser(prog="python -m jaxattn_bench.demo", description=HELP)
+    add_arguments(parser)
     return parser
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _heads_error(args: argparse.Namespace) -> str | None:
     if args.heads_q % args.heads_kv:
-        parser.error(f"argument --heads-kv: --heads-q {args.heads_q} must be a multiple of --heads-kv "
-                             f"{args.heads_kv}, e.g. --heads-q 8 --heads-kv 2")
-    return args
+        return (f"argument --heads-kv: --heads-q {args.heads_q} must be a multiple of --heads-kv "
+                f"{args.heads_kv}, e.g. --heads-q 8 --heads-kv 2")
+    return None
 
 
 def _max_error(out: Any, reference: Any) -> float:
@@ -47,7 +57,20 @@ def _max_error(out: Any, reference: Any) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse(argv)
+    """``python -m jaxattn_bench.demo``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    error = _heads_error(args)
+    if error:
+        parser.error(error)
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    error = _heads_error(args)
+    if error:  # the one-line form of a parser error (exit status 2), as for every option
+        print(f"jaxattn demo: error: {error}", file=sys.stderr)
+        return 2
     import jax
     import jax.numpy as jnp
     import numpy as np

@@ -6,7 +6,7 @@ a large matrix), skip programs whose compiled temp memory exceeds what the devic
 (or ``max_temp_bytes``), then time the programs one at a time, so they never compete for the
 device, in ``rounds`` interleaved rounds, so drift hits them alike. In a round each program
 runs untimed for ``preroll_ms``, then gives its share of the ``repeats`` samples, each a
-batch of back-to-back calls lasting at least ``min_sample_ms`` (see :mod:`jaxattn.bench.timing`).
+batch of back-to-back calls lasting at least ``min_sample_ms`` (see :mod:`jaxattn_bench.timing`).
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ class _ShapeRun:
 
         Interleaving makes drift during the shape (clocks, temperature, other load) hit every
         backend alike, so ratios between backends of one shape stay honest; the pre-roll keeps
-        the program that ran before out of a sample (see :mod:`jaxattn.bench.timing`).
+        the program that ran before out of a sample (see :mod:`jaxattn_bench.timing`).
         """
         followers: list[tuple[BenchResult, BenchResult]] = []
         if self.config.dedupe:
@@ -244,8 +244,7 @@ def _environment() -> dict[str, Any]:
     import importlib.metadata
 
     import jaxattn
-
-    from ..device import detect_device
+    from jaxattn.device import detect_device
 
     versions = {}
     for dist in ("jax", "jaxlib", "jaxattn", "jaxattn-vanilla", "jaxattn-sdpa", "jaxattn-triton",
@@ -264,7 +263,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
     ``on_shape`` gets the results so far after each shape (the CLI writes its JSON there, so
     a run that is cut short still leaves every finished shape behind).
     """
-    from ..device import detect_device
+    from jaxattn.device import detect_device
 
     progress = progress or Progress.none()
     start = time.perf_counter()

@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..metadata import AttentionMetadata
+from jaxattn.metadata import AttentionMetadata
+
 from .shapes import BenchShape
 
 __all__ = ["AUTO_OWN", "OverheadReport", "measure_overhead"]
@@ -76,9 +77,9 @@ def measure_overhead(shape: BenchShape, metadata: AttentionMetadata | None = Non
     import jax
 
     import jaxattn
+    from jaxattn.dispatch import AutoAttention, _call_key, _choices, _evaluate, choose
+    from jaxattn.problem import AttentionProblem
 
-    from ..dispatch import AutoAttention, _call_key, _choices, _evaluate, choose
-    from ..problem import AttentionProblem
     from .timing import make_inputs
 
     md = metadata or AttentionMetadata()

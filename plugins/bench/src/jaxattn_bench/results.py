@@ -6,7 +6,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from ..metadata import AttentionMetadata
+from jaxattn.metadata import AttentionMetadata
+
 from .shapes import MODES, BenchShape
 
 __all__ = ["BenchConfig", "BenchReport", "BenchResult"]

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..metadata import AttentionMetadata
+    from jaxattn.metadata import AttentionMetadata
 
 __all__ = [
     "PLATFORM_DEFAULTS",
@@ -211,8 +211,8 @@ PLATFORM_DEFAULTS: dict[str, tuple[float, float]] = {"gpu": (10.0, 100.0), "tpu"
 
 def platform_of(metadata: AttentionMetadata) -> str:
     """The platform runs go to: the metadata's override, else the detected device."""
-    from ..backend import resolve_platform
-    from ..device import detect_device
+    from jaxattn.backend import resolve_platform
+    from jaxattn.device import detect_device
 
     return resolve_platform(metadata, detect_device())[0]
 

@@ -1,6 +1,8 @@
-"""``jaxattn bench``: time every attention backend side by side in one process.
+"""jaxattn-bench: ``jaxattn bench`` (every backend side by side, in one process), ``jaxattn tune``
+(the tuning cache's measurements, ``store``) and ``jaxattn demo``, added through the
+``jaxattn_register_commands`` hook (``plugin``).
 
-``run_bench(BenchConfig(...))`` is the library entry point; ``jaxattn.bench.cli`` is the
+``run_bench(BenchConfig(...))`` is the library entry point; ``jaxattn_bench.cli`` is the
 command. Importing this package is cheap: jax loads when something runs.
 """
 

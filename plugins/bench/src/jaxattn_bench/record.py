@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..lookup import available_here
-from ..metadata import AttentionMetadata
-from ..problem import AttentionProblem
-from ..tuning.cache import Measurement, active_cache
+from jaxattn.lookup import available_here
+from jaxattn.metadata import AttentionMetadata
+from jaxattn.problem import AttentionProblem
+from jaxattn.tuning.cache import Measurement
+
 from .results import BenchResult
 from .shapes import BenchShape
+from .store import TuningStore
 
 __all__ = ["measurements_from", "problem_of", "record_results"]
 
@@ -37,11 +39,11 @@ def measurements_from(shape: BenchShape, results: Sequence[BenchResult],
 
 
 def record_results(shape: BenchShape, results: Sequence[BenchResult], metadata: AttentionMetadata) -> int:
-    """Store ``shape``'s timings in the active tuning cache and save it; returns how many impls."""
+    """Store ``shape``'s timings in the tuning cache and save it; returns how many impls."""
     measurements = measurements_from(shape, results, metadata)
     if not measurements:
         return 0
-    cache = active_cache()
-    cache.record(problem_of(shape), measurements)
-    cache.save()
+    store = TuningStore.load()  # the file as it is now: another process may have written it
+    store.record(problem_of(shape), measurements)
+    store.save()
     return len(measurements)

@@ -1,0 +1,21 @@
+"""Entry-point module of jaxattn-bench: adds ``jaxattn bench``, ``tune`` and ``demo`` (imports no jax)."""
+
+from __future__ import annotations
+
+from jaxattn.commands import Command, Commands
+from jaxattn.hookspecs import hookimpl
+
+__all__ = ["COMMANDS", "jaxattn_register_commands"]
+
+#: name -> module holding the command's HELP, add_arguments and run (argparse only at import).
+COMMANDS = {
+    "bench": "jaxattn_bench.cli",
+    "tune": "jaxattn_bench.tune",
+    "demo": "jaxattn_bench.demo",
+}
+
+
+@hookimpl
+def jaxattn_register_commands(commands: Commands) -> None:
+    for name, module in COMMANDS.items():
+        commands.add(Command.from_module(name, module))

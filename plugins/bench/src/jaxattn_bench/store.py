@@ -1,0 +1,122 @@
+"""Writing the tuning cache: what ``jaxattn tune`` (and ``bench --tune``) store for "auto".
+
+The core reads the file (``jaxattn.tuning.cache``: its format, its place, the checks of every
+record); this module writes it in that format. :class:`TuningStore` is the core's
+``TuningCache`` with the writing methods: ``record`` measurements of a problem, ``update_plugin``
+a plugin's own object (the Triton plugin's kernel tiles), then ``save`` atomically, after
+which "auto" in this process sees the new results at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jaxattn.errors import JaxattnError
+from jaxattn.tuning.cache import FORMAT, Entry, Measurement, Section, TuningCache, reload
+from jaxattn.tuning.keys import problem_key
+
+if TYPE_CHECKING:
+    from jaxattn.problem import AttentionProblem
+
+__all__ = ["TuningCacheError", "TuningStore", "check_writable"]
+
+
+class TuningCacheError(JaxattnError, OSError):
+    """The tuning cache cannot be written where it lives (only writing raises it: reading never does)."""
+
+
+def _measurement_dict(m: Measurement) -> dict[str, Any]:
+    return {k: v for k, v in dataclasses.asdict(m).items() if k != "impl"}
+
+
+def _entry_dict(entry: Entry) -> dict[str, Any]:
+    return {"problem": entry.problem, "measured_at": entry.measured_at,
+            "results": {name: _measurement_dict(m) for name, m in sorted(entry.results.items())}}
+
+
+def _section_dict(section: Section) -> dict[str, Any]:
+    out: dict[str, Any] = {"environment": section.environment.to_dict(),
+                           "entries": {k: _entry_dict(e) for k, e in sorted(section.entries.items())}}
+    if section.plugins:
+        out["plugins"] = {name: section.plugins[name] for name in sorted(section.plugins)}
+    return out
+
+
+class TuningStore(TuningCache):
+    """The tuning cache, writable: ``TuningStore.load()``, ``record`` / ``update_plugin``, ``save()``."""
+
+    def record(self, problem: AttentionProblem, measurements: Iterable[Measurement]) -> Entry:
+        """Store (merge) ``measurements`` for ``problem``'s key; newer results replace older ones."""
+        key = problem_key(problem)
+        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        entry = self.entries.get(key) or Entry(problem=problem.describe(), measured_at=now, results={})
+        entry.results.update({m.impl: m for m in measurements})
+        entry.problem, entry.measured_at = problem.describe(), now
+        self.entries[key] = entry
+        return entry
+
+    def update_plugin(self, plugin: str, values: Mapping[str, Any]) -> None:
+        """Merge ``values`` (JSON-serialisable) into ``plugin``'s object of this environment."""
+        self.plugins[plugin] = {**self.plugins.get(plugin, {}), **values}
+
+    def to_dict(self) -> dict[str, Any]:
+        # Sections of this device under other versions are stale for good: drop them.
+        keep = {fp: s for fp, s in self.others.items() if s.environment.device_kind != self.environment.device_kind}
+        keep[self.environment.fingerprint] = Section(self.environment, self.entries, self.plugins)
+        return {"format": FORMAT, "sections": [_section_dict(keep[fp]) for fp in sorted(keep)]}
+
+    def save(self) -> Path:
+        """Write atomically (a reader never sees half a file), then let "auto" see the new results.
+
+        Raises :class:`TuningCacheError` (one line: the path, the cause, what to do) when the
+        file cannot be written there.
+        """
+        self.check_writable()
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".tuning-", suffix=".json", dir=self.path.parent)
+        except OSError as err:
+            raise _cannot_write(self.path, err) from None
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(self.to_dict(), f, indent=1, sort_keys=False)
+                f.write("\n")
+            os.replace(tmp, self.path)
+        except OSError as err:
+            Path(tmp).unlink(missing_ok=True)
+            raise _cannot_write(self.path, err) from None
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        reload()
+        return self.path
+
+    def check_writable(self) -> None:
+        """See :func:`check_writable`."""
+        check_writable(self.path)
+
+
+def check_writable(path: Path) -> None:
+    """Create the folder of the cache file ``path``; :class:`TuningCacheError` when that is
+    impossible or the file's place is taken by a folder. ``jaxattn tune`` asks before it reads
+    or measures anything."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a folder")
+    except OSError as err:
+        raise _cannot_write(path, err) from None
+
+
+def _cannot_write(path: Path, err: OSError) -> TuningCacheError:
+    where = ("$JAXATTN_CACHE_DIR" if os.environ.get("JAXATTN_CACHE_DIR", "").strip()
+             else "the per-user cache folder")
+    return TuningCacheError(
+        f"cannot write the tuning cache {path} ({err.strerror or err}); {where} must be a folder that "
+        "can be created and written: set JAXATTN_CACHE_DIR to one (e.g. JAXATTN_CACHE_DIR=~/.cache/jaxattn)")
