@@ -1,38 +1,29 @@
 """The example backend: dense softmax attention written with ``jax.numpy`` only.
 
-It declares exactly what it runs (causal, mask, bias, GQA, T != S, decode, gradients) and
-leaves everything else (windows, segment ids, soft cap, sinks, dropout) to the core, which
-declines such calls with a reason instead of letting them be ignored.
+Its declaration (``plugin.EXAMPLE``) states exactly what it runs (causal, mask, bias, GQA,
+T != S, decode, gradients) and leaves everything else (windows, segment ids, soft cap, sinks,
+dropout) to the core, which declines such calls with a reason instead of letting them be
+ignored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jaxattn import AttentionImpl, AttentionOutput, Feature
+from jaxattn import AttentionImpl, AttentionOutput
+
+from .plugin import EXAMPLE
 
 
-class ExampleAttention(AttentionImpl):
-    """Dense softmax attention; GQA by grouping query heads, never by repeating K/V."""
+class ExampleAttention(AttentionImpl, declaration=EXAMPLE):
+    """Dense softmax attention; GQA by grouping query heads, never by repeating K/V.
 
-    platforms: ClassVar[frozenset[str]] = frozenset({"cpu", "gpu", "tpu"})
-    dtypes: ClassVar[frozenset[str]] = frozenset({"float32", "bfloat16", "float16"})
-    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 512)
-    features: ClassVar[frozenset[Feature]] = frozenset({
-        Feature.CAUSAL, Feature.MASK, Feature.BIAS, Feature.GQA, Feature.CROSS,
-        Feature.DECODE, Feature.VALUE_DIM, Feature.GRAD,
-    })
-    # A demonstration backend must never win "auto" over the real ones.
-    priority: ClassVar[int] = -100
-    description: ClassVar[str] = "example third-party backend: dense softmax attention in pure JAX"
-
-    @classmethod
-    def get_impl_name(cls) -> tuple[str, ...]:
-        return ("example", "example_dense")
+    Its names, platforms, priority and capabilities are those ``EXAMPLE`` declares.
+    """
 
     def forward_native(
         self,
