@@ -283,7 +283,8 @@ class PluginProblem:
 
     ``category`` is one of ``CATEGORIES``: "broken" (the plugin failed to import or register),
     "missing module" (an ``ImplRef``'s module does not exist), "load" (it exists but importing
-    it failed), "declaration" (the ``ImplRef`` disagrees with its class), "built-in name" (it
+    it failed), "declaration" (its class disagrees with its ``ImplRef``: it sets a declared
+    value again, differently, or binds to another ``ImplRef``), "built-in name" (it
     provides a name of one of this project's distributions without declaring the takeover, or
     for another op kind) and "clash" (two other plugins' providers of one name).
     """
@@ -310,8 +311,9 @@ def problems(load: bool = False) -> list[PluginProblem]:
 
     Cheap by default: discovery finds missing modules without importing them. With
     ``load=True`` every ``ImplRef``'s module is imported first (a plugin's impl module, not the
-    kernel libraries it imports when a kernel is built), so that declarations that disagree
-    with their class and modules that fail to import are found too: ``jaxattn info --strict``.
+    kernel libraries it imports when a kernel is built), so that classes that disagree with
+    their declaration and modules that fail to import are found too: ``jaxattn info --strict``
+    (and ``jaxattn list``, which fails on the disagreements).
     """
     state = _ensure()
     reg = state.registry
