@@ -31,6 +31,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "core" / "src"))
+sys.path.insert(0, str(ROOT / "plugins" / "bench" / "src"))
 sys.path.insert(0, str(ROOT / "plugins" / "triton" / "src"))
 
 import jax  # noqa: E402
@@ -226,7 +227,7 @@ def measure(case: Case, cands: list[Candidate], rows: list[dict[str, Any]], dead
     of every candidate, so drift hits them alike; a row reports the median time and the median
     of its per-round ratios to the first candidate (cuDNN), printed and recorded.
     """
-    from jaxattn.bench.timing import Program, preroll, run_once, run_sample, size_samples
+    from jaxattn_bench.timing import Program, preroll, run_once, run_sample, size_samples
 
     out_path = Path(sys.argv[sys.argv.index("--json") + 1]) if "--json" in sys.argv else None
     live: list[tuple[dict[str, Any], Program, tuple[Any, ...], int, int]] = []

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "triton
 import jax
 import jax.numpy as jnp
 import numpy as np
+import triton_measure as bu  # beside this script
 
-from jaxattn_triton import bench_util as bu
 from jaxattn_triton import launch as L
 from jaxattn_triton import tuning
 from jaxattn_triton.ops import flash_attention, make_spec

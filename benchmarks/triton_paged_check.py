@@ -59,6 +59,7 @@ if SMOKE:
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "core" / "src"))
+sys.path.insert(0, str(ROOT / "plugins" / "bench" / "src"))
 sys.path.insert(0, str(ROOT / "plugins" / "triton" / "src"))
 
 import jax  # noqa: E402
@@ -123,7 +124,7 @@ def memory_limit() -> int | None:
 
 def time_fn(fn: Callable[..., Any], *args: Any) -> float:
     """Median seconds per call of ``fn`` (jitted), back-to-back calls as ``jaxattn bench`` times."""
-    from jaxattn_triton import bench_util
+    import triton_measure as bench_util  # beside this script
 
     if SMOKE:
         return bench_util.time_jax(fn, *args, reps=1, min_sample_ms=0.0, preroll_ms=0.0)

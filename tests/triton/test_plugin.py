@@ -152,8 +152,17 @@ def test_default_tiles_shrink_for_short_sequences_and_dense_extras() -> None:
     assert masked.fwd.num_stages <= 2 and masked.dkdv.block_n <= 64
 
 
+def _section(path: Path) -> dict[str, object]:
+    """This plugin's object in the tuning cache file ``path`` (jaxattn's one cache), this environment's section."""
+    from jaxattn.tuning.keys import current_environment
+
+    data = json.loads(path.read_text())
+    [mine] = [s for s in data["sections"] if s["environment"] == current_environment().to_dict()]
+    return dict(mine.get("plugins", {}).get(tuning.SECTION, {}))
+
+
 def test_overrides_win(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(tuning.CACHE_ENV, str(tmp_path / "t.json"))
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path))
     tiles = tuning.tiles_for(
         _spec(), device=("H100", "9.0"), overrides={"block_q": 64, "block_k_bwd": 32, "num_warps": 4}
     )
@@ -163,7 +172,7 @@ def test_overrides_win(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def test_tune_keeps_the_fastest_and_persists_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     path = tmp_path / "tuning.json"
-    monkeypatch.setenv(tuning.CACHE_ENV, str(path))
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path))  # jaxattn's one tuning cache
     monkeypatch.setattr(tuning, "_memory", {})
     monkeypatch.setattr(tuning, "_device", lambda: ("FakeGPU", "9.0"))
     spec = _spec(causal=True)
@@ -185,8 +194,7 @@ def test_tune_keeps_the_fastest_and_persists_it(monkeypatch: pytest.MonkeyPatch,
     assert (best.fwd, best.dkdv, best.dq) == (winner["fwd"], winner["dkdv"], winner["dq"])
     assert best.dq_mode == DQ_KERNEL
     assert set(calls) == {"fwd", "dkdv", "dq", "dkdv_atomic"}
-    saved = json.loads(path.read_text())
-    assert list(saved) == [f"FakeGPU|{tuning.shape_class(spec)}"]
+    assert list(_section(path)) == [f"FakeGPU|{tuning.shape_class(spec)}"]
     # A new process (empty memory cache) reads the result instead of tuning again.
     monkeypatch.setattr(tuning, "_memory", {})
     assert tuning.tiles_for(spec, device=("FakeGPU", "9.0")) == best
@@ -198,7 +206,7 @@ def test_tune_keeps_the_fastest_and_persists_it(monkeypatch: pytest.MonkeyPatch,
 def test_tune_takes_the_atomic_backward_when_it_beats_two_kernels(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv(tuning.CACHE_ENV, str(tmp_path / "tuning.json"))
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(tuning, "_memory", {})
     monkeypatch.setattr(tuning, "_device", lambda: ("FakeGPU", "9.0"))
     spec = _spec()
@@ -216,7 +224,7 @@ def test_tune_takes_the_atomic_backward_when_it_beats_two_kernels(
 
 
 def test_tune_takes_split_dkdv_when_it_beats_one_kernel(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(tuning.CACHE_ENV, str(tmp_path / "tuning.json"))
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(tuning, "_memory", {})
     monkeypatch.setattr(tuning, "_device", lambda: ("FakeGPU", "9.0"))
     spec = _spec(head_dim=256, head_dim_v=256)
@@ -234,6 +242,35 @@ def test_tune_takes_split_dkdv_when_it_beats_one_kernel(monkeypatch: pytest.Monk
     assert best.dkdv_split and best.dkdv == fast and best.dq_mode == DQ_KERNEL
     monkeypatch.setattr(tuning, "_memory", {})
     assert tuning.tiles_for(spec, device=("FakeGPU", "9.0")) == best
+
+
+def test_tiles_share_the_one_tuning_cache_with_auto(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """One file: the plugin's tiles sit beside auto's measurements, and writing either keeps the other."""
+    from jaxattn.tuning.cache import Measurement, TuningCache
+    from jaxattn_bench.store import TuningStore
+
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "_memory", {})
+    measured = TuningStore.load()
+    measured.record(_problem(), [Measurement("flash_attn2", "jaxattn-triton", "0.1.0", fwd_ms=1.0)])
+    measured.save()
+    spec = _spec()
+    tiles = tuning.default_tiles(spec, "7.5")
+    tuning.store("FakeGPU", spec, tiles)
+    again = TuningStore.load()
+    again.record(_problem(seq_q=4096, seq_k=4096), [Measurement("flash_attn2", "jaxattn-triton", "0.1.0", fwd_ms=2.0)])
+    again.save()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tuning.json"]
+    cache = TuningCache.load()
+    assert len(cache) == 2 and list(cache.plugins[tuning.SECTION]) == [f"FakeGPU|{tuning.shape_class(spec)}"]
+    monkeypatch.setattr(tuning, "_memory", {})
+    assert tuning.load_cached("FakeGPU", spec) == tiles
+    # A damaged entry of the plugin's is the plugin's to refuse: defaults, no error.
+    damaged = TuningStore.load()
+    damaged.update_plugin(tuning.SECTION, {f"FakeGPU|{tuning.shape_class(spec)}": {"fwd": "wide"}})
+    damaged.save()
+    monkeypatch.setattr(tuning, "_memory", {})
+    assert tuning.load_cached("FakeGPU", spec) is None
 
 
 def test_default_backward_modes_by_head_dim() -> None:

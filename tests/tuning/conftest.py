@@ -10,8 +10,9 @@ import pytest
 import jaxattn
 from jaxattn import device as device_module
 from jaxattn.device import DeviceInfo
-from jaxattn.plugins import isolated_registry
+from jaxattn.plugins import isolated_registry, register_plugin
 from jaxattn.tuning import cache as cache_module
+from jaxattn_bench import plugin as bench_plugin
 from jaxattn_bench import runner as runner_module
 from jaxattn_bench.timing import samples_per_round
 
@@ -32,8 +33,9 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 
 @pytest.fixture
 def toys() -> Iterator[None]:
-    """A registry holding only the toy impls."""
+    """A registry holding only the toy impls, and jaxattn-bench's commands (``jaxattn tune``)."""
     with isolated_registry(discover=False):
+        register_plugin(bench_plugin, name="bench")
         for cls in ALL:
             jaxattn.register_impl(cls)
         reset_calls()

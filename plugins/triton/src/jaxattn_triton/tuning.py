@@ -1,10 +1,14 @@
 """Tile sizes, warps and pipeline stages per device and shape.
 
 ``tiles_for`` answers in this order: explicit overrides (``AttentionMetadata.block_*``,
-``num_warps``, ``num_stages``), a tuning result cached on disk for this device and shape
-class, then a table of defaults measured on Hopper (see the plugin README for the
-figures). ``tune`` times candidate configurations on the current GPU and stores the
-winner, so the measurement is paid once per device and shape class, not once per process.
+``num_warps``, ``num_stages``), a tuning result for this device and shape class, then a
+table of defaults measured on Hopper (see the plugin README for the figures). ``tune`` times
+candidate configurations on the current GPU and stores the winner, so the measurement is paid
+once per device and shape class, not once per process.
+
+Tuning results live in jaxattn's one tuning cache, in this plugin's object (``SECTION``) of
+the environment's section: read through ``jaxattn.tuning.cache.plugin_section``, written
+through jaxattn-bench's ``TuningStore`` (storing is measuring: ``tune`` needs jaxattn-bench).
 
 Nothing here imports triton or jax at module level.
 """
@@ -12,17 +16,15 @@ Nothing here imports triton or jax at module level.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import threading
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from jaxattn_triton.launch import DQ_ATOMIC, DQ_KERNEL, KernelTiles, Tiles
 from jaxattn_triton.spec import AttnSpec, block_dim
 
-CACHE_ENV = "JAXATTN_TRITON_TUNE_CACHE"
+#: This plugin's object in each section of jaxattn's tuning cache: ``{device kind|shape class: tiles}``.
+SECTION = "jaxattn-triton"
 
 _lock = threading.Lock()
 _memory: dict[str, Tiles] = {}
@@ -126,14 +128,6 @@ def shape_class(spec: AttnSpec) -> str:
     )
 
 
-def cache_path() -> Path:
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env)
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return base / "jaxattn_triton" / "tuning.json"
-
-
 def _key(device_kind: str, spec: AttnSpec) -> str:
     return f"{device_kind}|{shape_class(spec)}"
 
@@ -145,7 +139,7 @@ def _tiles_to_json(t: Tiles) -> dict[str, list[int]]:
     return out
 
 
-def _tiles_from_json(d: dict[str, list[int]]) -> Tiles:
+def _tiles_from_json(d: Any) -> Tiles:
     mode = d.get("dq_mode", [DQ_KERNEL])[0]
     if mode not in (DQ_KERNEL, DQ_ATOMIC):
         raise KeyError(mode)
@@ -154,40 +148,37 @@ def _tiles_from_json(d: dict[str, list[int]]) -> Tiles:
 
 
 def load_cached(device_kind: str, spec: AttnSpec) -> Tiles | None:
+    """The tiles ``tune`` stored for this device kind and shape class, or None."""
+    from jaxattn.tuning.cache import plugin_section
+
     key = _key(device_kind, spec)
     with _lock:
         if key in _memory:
             return _memory[key]
-        path = cache_path()
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-        entry = data.get(key)
+        entry = plugin_section(SECTION).get(key)  # the core checked the file; the entry is ours to check
         if entry is None:
             return None
         try:
             tiles = _tiles_from_json(entry)
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, ValueError, AttributeError):
             return None  # written by an older layout: ignore, the next tune rewrites it
         _memory[key] = tiles
         return tiles
 
 
 def store(device_kind: str, spec: AttnSpec, tiles: Tiles) -> None:
+    """Keep ``tiles`` for this device kind and shape class in jaxattn's tuning cache (atomic write)."""
+    try:
+        from jaxattn_bench.store import TuningStore
+    except ImportError as err:
+        raise ImportError("storing tuned tiles writes jaxattn's tuning cache, which jaxattn-bench does: "
+                          "pip install jaxattn-bench (or jaxattn[bench])") from err
     key = _key(device_kind, spec)
     with _lock:
         _memory[key] = tiles
-        path = cache_path()
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            data = {}
-        data[key] = _tiles_to_json(tiles)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(path)  # atomic: concurrent processes never read half a file
+        cache = TuningStore.load()
+        cache.update_plugin(SECTION, {key: _tiles_to_json(tiles)})
+        cache.save()
 
 
 def _device() -> tuple[str, str | None]:

@@ -1,4 +1,9 @@
-"""Timing helpers for the Triton kernels, reusable by ``jaxattn bench`` and the tuner.
+"""Timing helpers for the Triton kernels: the benchmark scripts' (``triton_gpu_check.py``,
+``triton_paged_check.py``) and the tile tuner's measure (``jaxattn_triton.tuning.tune``).
+
+A helper of this folder, not of the plugin's wheel: it times kernels through the plugin's
+internals (``ops._execute``, the launch specs) and samples as ``jaxattn bench`` does
+(``jaxattn_bench.timing``, from jaxattn-bench).
 
 FLOPs follow CONTRIBUTING.md ("Measuring"): ``4 * B * H * T * S * D`` forward (times the fraction of the score
 matrix inside the causal/window band), forward + backward = 3.5 x forward.
@@ -34,9 +39,9 @@ def time_jax(fn: Callable[..., Any], *args: Any, reps: int = 20, min_sample_ms: 
     After a warm-up call and ``preroll_ms`` of untimed calls (the GPU's clocks settle to this
     kernel's power draw), ``reps`` samples of back-to-back calls lasting ``min_sample_ms``
     each (host dispatch overlaps device work, as in a training step); see
-    :mod:`jaxattn.bench.timing`.
+    :mod:`jaxattn_bench.timing`.
     """
-    from jaxattn.bench.timing import Program, preroll, run_once, run_sample, size_samples
+    from jaxattn_bench.timing import Program, preroll, run_once, run_sample, size_samples
 
     program = Program(fn, None, 0.0)
     run_once(program, args)

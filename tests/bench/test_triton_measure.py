@@ -1,11 +1,30 @@
-"""The Triton plugin's kernel timer samples as ``jaxattn bench`` does (any platform: it times any jitted fn)."""
+"""benchmarks/triton_measure.py, the Triton scripts' kernel timer, samples as ``jaxattn bench`` does
+(any platform: it times any jitted fn)."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
 import jax
 import jax.numpy as jnp
+import pytest
 
-from jaxattn_triton.bench_util import attention_flops, time_jax
+pytest.importorskip("jaxattn_triton")
+
+
+def _load() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "triton_measure.py"
+    spec = importlib.util.spec_from_file_location("triton_measure", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+triton_measure = _load()
+attention_flops, time_jax = triton_measure.attention_flops, triton_measure.time_jax
 
 
 def test_time_jax_returns_seconds_per_call_after_warmup_and_preroll() -> None:
