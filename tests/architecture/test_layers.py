@@ -27,11 +27,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "jaxattn.backend", "jaxattn.impl", "jaxattn.paged_impl", "jaxattn.paging", "jaxattn.quantize", "jaxattn.sinks",
         "jaxattn.tiling", "jaxattn.tracing", "jaxattn.unread",
     )),
-    ("discovery", ("jaxattn.hookspecs", "jaxattn.registry", "jaxattn.plugins")),
+    ("discovery", ("jaxattn.hookspecs", "jaxattn.commands", "jaxattn.registry", "jaxattn.plugins")),
     ("selection", ("jaxattn.lookup", "jaxattn.candidates", "jaxattn.dispatch", "jaxattn.tuning")),
     ("composition", ("jaxattn.sharding", "jaxattn.split", "jaxattn.compose", "jaxattn.api")),
-    ("tools", ("jaxattn.cli", "jaxattn.bench", "jaxattn.flax", "jaxattn.testing", "jaxattn.demo",
-               "jaxattn.__main__")),
+    ("tools", ("jaxattn.cli", "jaxattn.flax", "jaxattn.testing", "jaxattn.__main__")),
 )
 # The package itself only maps public names to modules, lazily (module __getattr__).
 UNLAYERED = ("jaxattn",)
@@ -158,6 +157,23 @@ def test_core_modules_do_not_import_the_package_root() -> None:
                  and LAYERS[layer_of(m) or 0][0] != "tools"
                  for t, line in imports_of(m, p, known) if t == "jaxattn"]
     assert not offenders, f"below the tools layer, import modules, not the package: {offenders}"
+
+
+def test_the_core_imports_no_plugin() -> None:
+    """The core names no plugin distribution: selection reads tuning records through
+    ``jaxattn.tuning``, and what measures and writes them is jaxattn-bench's (it plugs in)."""
+    offenders = []
+    for path in modules_of(CORE).values():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names
+                          if name.split(".")[0].startswith("jaxattn_")]
+    assert not offenders, f"the core imports plugins: {offenders}"
 
 
 @pytest.mark.parametrize("src", [CORE, *PLUGIN_SRCS], ids=lambda p: p.name)
