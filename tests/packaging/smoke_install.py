@@ -32,6 +32,11 @@ TARGETS: dict[str, tuple[str, frozenset[str], frozenset[str]]] = {
     "vanilla": ("jaxattn-vanilla", frozenset({"jaxattn-vanilla"}), frozenset({"vanilla"})),
 }
 
+# Distributions a target brings besides the backends: the accelerator extras bring jaxattn-bench,
+# whose plugin adds commands to the `jaxattn` program and no impl.
+TOOLS: dict[str, frozenset[str]] = {target: frozenset({"jaxattn-bench"}) for target in ("cpu", "gpu", "tpu")}
+BENCH_COMMANDS = frozenset({"bench", "tune", "demo"})
+
 # Modules that only a kernel build may import (never discovery or listing).
 KERNEL_MODULES = ("triton", "jax_triton", "torch", "jax.experimental.pallas")
 
@@ -80,6 +85,14 @@ def main() -> int:
     if not rows:
         assert info["default"]["impl"] is None and "nothing can run" in info["default"]["error"], info["default"]
     print(f"ok: info reports {len(info['plugins'])} plugins installed from wheels, imports no kernel library")
+
+    # The commands come from the plugins: jaxattn-bench's where it is installed, none otherwise.
+    from jaxattn.cli import CORE_COMMANDS, commands
+
+    names = {c.name for c in commands()}
+    extra = BENCH_COMMANDS if "jaxattn-bench" in TOOLS.get(args.target, ()) else frozenset()
+    assert names == {*CORE_COMMANDS, *extra}, f"jaxattn's commands are {sorted(names)}"
+    print(f"ok: commands {sorted(names)}")
 
     import jax
     import numpy as np

@@ -14,7 +14,7 @@ from importlib import metadata
 from typing import Any
 
 from ._output import Printer, Table, dump_json
-from ._plugins import impl_label, is_plugin_row, summarize_plugins
+from ._plugins import PluginSummary, impl_label, is_plugin_row, summarize_plugins
 
 HELP = "show the device, versions, every plugin and implementation, and what is usable here"
 
@@ -45,6 +45,17 @@ def _version(distribution: str) -> str | None:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
+
+
+def _plugin_summaries(rows: list[Any]) -> list[PluginSummary]:
+    """Every plugin: those with impls (from the rows), then those that register none (jaxattn-bench
+    adds commands only)."""
+    from jaxattn.plugins import RUNTIME_PLUGIN, plugin_records
+
+    summaries = summarize_plugins(rows)
+    known = {s.name for s in summaries}
+    return summaries + [PluginSummary(r.name, r.distribution, r.version, r.status, r.reason)
+                        for r in plugin_records() if r.name not in known and r.name != RUNTIME_PLUGIN]
 
 
 def collect() -> dict[str, Any]:
@@ -80,7 +91,7 @@ def collect() -> dict[str, Any]:
         "default": default,
         "paged_default": paged,
         "environment": {k: os.environ[k] for k in ENVIRONMENT if k in os.environ},
-        "plugins": [{**p.to_dict(), **_origin(p.name)} for p in summarize_plugins(rows)],
+        "plugins": [{**p.to_dict(), **_origin(p.name)} for p in _plugin_summaries(rows)],
         "impls": [r.to_dict() for r in rows if not is_plugin_row(r)],
         "warnings": [str(w.message) for w in caught],
     }
