@@ -31,7 +31,7 @@ from jaxattn.validation import window_pair
 from .cache import KVCache, valid_mask
 
 if TYPE_CHECKING:
-    from jaxattn.bench import BenchReport
+    from jaxattn_bench import BenchReport
 
 __all__ = ["FlexibleAttentionModule", "Mode"]
 
@@ -234,12 +234,12 @@ class FlexibleAttentionModule(nnx.Module):
 
         Shapes: each batch size x sequence length, with the module's heads, head dim, causal
         flag and dtype. Backends that decline a shape get "declined" results, never an error.
-        ``jaxattn.bench.report`` turns the report into tables or JSON (``report_dict``), and
-        ``jaxattn.bench.plot.write_plot`` that JSON into a PNG.
+        ``jaxattn_bench.report`` turns the report into tables or JSON (``report_dict``), and
+        ``jaxattn_bench.plot.write_plot`` that JSON into a PNG.
         """
-        from jaxattn.bench import BenchConfig, BenchShape, run_bench
-        from jaxattn.bench.backends import available_backends
-        from jaxattn.bench.progress import Progress
+        from jaxattn_bench import BenchConfig, BenchShape, run_bench
+        from jaxattn_bench.backends import available_backends
+        from jaxattn_bench.progress import Progress
 
         dtype = jnp.dtype(self.dtype or jnp.float32).name
         shapes = [BenchShape(b, s, s, self.num_q_heads, self.num_kv_heads, self.head_dims, self.causal, dtype)
