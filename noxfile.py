@@ -62,7 +62,7 @@ TYPED_TESTS = ("tests/packaging", "tests/cli")
 def typecheck(session: nox.Session) -> None:
     install_workspace(session, "typecheck", "test")
     sources = [p / "src" for p in workspace_packages()] + [ROOT / "tests/example_plugin/src"]
-    # Each package's src/ is a search root, so `jaxattn_vanilla.impl` resolves by its own
+    # Each package's src/ is a search root, so `jaxattn_vanilla.vanilla.impl` resolves by its own
     # name and the plugins resolve `jaxattn` to the checkout rather than an installed copy.
     session.env["MYPYPATH"] = os.pathsep.join([*map(str, sources), str(ROOT / "tests/packaging")])
     session.run("mypy", "--explicit-package-bases", *map(str, sources), *TYPED_TESTS,

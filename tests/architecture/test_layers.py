@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "jaxattn.problem",
         "jaxattn.device", "jaxattn.metadata", "jaxattn.output", "jaxattn.validation", "jaxattn.paged_validation",
         "jaxattn.backend", "jaxattn.impl", "jaxattn.paged_impl", "jaxattn.paging", "jaxattn.quantize", "jaxattn.sinks",
-        "jaxattn.tiling", "jaxattn.tracing", "jaxattn.unread",
+        "jaxattn.tracing", "jaxattn.unread",
     )),
     ("discovery", ("jaxattn.hookspecs", "jaxattn.commands", "jaxattn.registry", "jaxattn.plugins")),
     ("selection", ("jaxattn.lookup", "jaxattn.candidates", "jaxattn.dispatch", "jaxattn.tuning")),

@@ -29,7 +29,7 @@ from jaxattn import PluginError, plugins
 from jaxattn.cli import main as cli_main
 from jaxattn.plugins import PluginWarning, isolated_registry
 from jaxattn.testing import oracle
-from jaxattn_vanilla.paged_impl import PagedReference
+from jaxattn_vanilla.paged.impl import PagedReference
 
 from .toy_impls import PlainImpl
 
@@ -297,7 +297,7 @@ def test_a_builtin_dense_name_is_not_taken_silently(install: Installer, capsys: 
     assert listed[("vanilla", "evil")].status == "conflict"
     assert "overrides=" in listed[("vanilla", "evil")].reason
     assert listed[("vanilla", "vanilla")].status == "ok" and listed[("vanilla", "vanilla")].usable_here
-    assert type(jaxattn.get_impl("vanilla")).__module__ == "jaxattn_vanilla.impl"
+    assert type(jaxattn.get_impl("vanilla")).__module__ == "jaxattn_vanilla.vanilla.impl"
     q, k, v = qkv()
     assert_right(jaxattn.attention(q, k, v, impl="vanilla", causal=True), q, k, v, causal=True)
     found = problems()

@@ -13,7 +13,7 @@ import jaxattn
 from jaxattn import Feature, InvalidInputError, PagedAttentionImpl, PluginError, UnsupportedError
 from jaxattn.plugins import isolated_registry
 from jaxattn.testing import oracle
-from jaxattn_vanilla.paged_impl import PagedReference
+from jaxattn_vanilla.paged.impl import PagedReference
 
 from .toy_impls import PlainImpl
 

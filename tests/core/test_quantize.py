@@ -165,7 +165,7 @@ def test_every_broadcastable_scale_shape_runs(scale_shape: tuple[int, ...]) -> N
 
 def test_runtime_dtype_leaves_the_quantized_cache_alone() -> None:
     """A backend receives the narrow cache as it is (q alone in runtime_dtype) and rank-3 scales."""
-    from jaxattn_vanilla.paged_impl import PagedReference
+    from jaxattn_vanilla.paged.impl import PagedReference
 
     seen: dict[str, Any] = {}
 

@@ -16,7 +16,7 @@ from jaxattn.capabilities import Feature
 from jaxattn.flax import FlexibleAttentionModule, KVCache
 from jaxattn.testing import oracle
 from jaxattn.tuning import cache as cache_module
-from jaxattn_vanilla.impl import VanillaAttention
+from jaxattn_vanilla.vanilla.impl import VanillaAttention
 
 B, T, HQ, HKV, D = 2, 12, 4, 2, 8
 

@@ -6,8 +6,8 @@ suite checks its numerics here: every decode case of the matrix, float32 and bfl
 batches, windows, sinks) the suite checks is declined with reasons.
 
 ``ragged_page_attention_v3`` cannot run in interpret mode on jax <= 0.11.2 (see
-``jaxattn_pallas.paged_rules``): here it must decline every case, with that reason. Its numerics
-are checked over an emulation of the kernel and by lowering it for TPU (``test_paged.py``).
+``jaxattn_pallas.ragged_rules``): here it must decline every case, with that reason. Its numerics
+are checked over an emulation of the kernel and by lowering it for TPU (``test_ragged.py``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from jaxattn.metadata import AttentionMetadata
 from jaxattn.testing import oracle
 from jaxattn.testing.paged_cases import make_paged_inputs
 from jaxattn.testing.paged_conformance import PagedConformanceSuite, _to_jax
-from jaxattn_pallas import paged_rules
-from jaxattn_pallas.paged_kernel import live_rows
+from jaxattn_pallas import ragged_rules
+from jaxattn_pallas.paged_decode_kernel import live_rows
 
 INTERPRET = AttentionMetadata(platform="tpu", interpret=True)
 
@@ -44,7 +44,7 @@ class TestRaggedPageAttentionInterpret(PagedConformanceSuite):
         """On a jax whose interpreter cannot run the kernel, every case is declined with that
         reason (the suite's other tests check each decline raises); on a newer jax, the suite's
         own check that something runs."""
-        if paged_rules.installed_jax_version() > paged_rules.INTERPRET_BROKEN_THROUGH:
+        if ragged_rules.installed_jax_version() > ragged_rules.INTERPRET_BROKEN_THROUGH:
             super().test_runs_something(dtype)
             return
         for case in self.cases(self.resolved_level()):
@@ -56,7 +56,7 @@ class TestRaggedPageAttentionInterpret(PagedConformanceSuite):
     def test_interpret_reason_is_the_only_one_for_plain_calls(self) -> None:
         """Without sinks, the interpreter is the only obstacle: off interpret mode the same calls
         would run (what TPU CI runs)."""
-        if paged_rules.installed_jax_version() > paged_rules.INTERPRET_BROKEN_THROUGH:
+        if ragged_rules.installed_jax_version() > ragged_rules.INTERPRET_BROKEN_THROUGH:
             pytest.skip("this jax interprets the kernel")
         for case in self.cases(self.resolved_level()):
             if case.sinks:

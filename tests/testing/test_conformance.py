@@ -38,8 +38,8 @@ from jaxattn.testing.compare import assert_close
 from jaxattn.testing.conformance import ConformanceSuite
 from jaxattn.testing.paged_cases import DEFAULT_PAGED_CASES, make_paged_inputs, poison_unread
 from jaxattn.testing.paged_conformance import PagedConformanceSuite
-from jaxattn_vanilla.impl import VanillaAttention
-from jaxattn_vanilla.paged_impl import PagedReference
+from jaxattn_vanilla.paged.impl import PagedReference
+from jaxattn_vanilla.vanilla.impl import VanillaAttention
 
 CASES = {c.name: c for c in FULL_CASES}
 

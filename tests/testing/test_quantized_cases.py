@@ -21,8 +21,8 @@ from jaxattn.testing.quantized_cases import (
     QuantizedCase,
     quantize_paged_inputs,
 )
-from jaxattn_vanilla.impl import VanillaAttention
-from jaxattn_vanilla.paged_impl import PagedReference
+from jaxattn_vanilla.paged.impl import PagedReference
+from jaxattn_vanilla.vanilla.impl import VanillaAttention
 
 
 def test_every_format_and_granularity_is_covered() -> None:

@@ -111,7 +111,7 @@ def _oracle_kwargs(p: Problem, x: dict[str, Any]) -> dict[str, Any]:
 def _run_kernels(p: Problem, x: dict[str, Any]) -> dict[str, np.ndarray | None]:
     import torch
 
-    from jaxattn_triton import torch_ops
+    from . import torch_ops
 
     dt = getattr(torch, p.dtype)
 

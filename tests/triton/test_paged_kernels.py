@@ -229,7 +229,7 @@ def tiles_of(p: Paged, spec: LP.PagedSpec) -> LP.PagedTiles:
 def run_kernels(p: Paged, x: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     import torch
 
-    from jaxattn_triton import torch_ops
+    from jaxattn_triton.torch_launch import run_launch
 
     spec = spec_of(p, x)
     tiles = tiles_of(p, spec)
@@ -248,7 +248,7 @@ def run_kernels(p: Paged, x: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         t(x["q"], dt), k, v, t(x["page_table"], torch.int32), t(x["kv_lengths"], torch.int32),
         t(x["cu_q_lens"], torch.int32), t(x["num_seqs"], torch.int32), sinks.to(TORCH_DEVICE),
     ]  # fmt: skip
-    out, lse = LP.run(spec, tiles, inputs, torch_ops.run_launch)
+    out, lse = LP.run(spec, tiles, inputs, run_launch)
     return (
         out.to(device="cpu", dtype=torch.float64).numpy(),
         lse.to(device="cpu", dtype=torch.float64).numpy(),

@@ -107,7 +107,7 @@ def live_positions(p: base.Paged, x: dict[str, Any]) -> np.ndarray:
 def run_quantized(c: Quant) -> tuple[np.ndarray, np.ndarray]:
     import torch
 
-    from jaxattn_triton import torch_ops
+    from jaxattn_triton.torch_launch import run_launch
 
     p = c.paged
     x = base.make(p)
@@ -147,7 +147,7 @@ def run_quantized(c: Quant) -> tuple[np.ndarray, np.ndarray]:
         t(x["cu_q_lens"], torch.int32), t(x["num_seqs"], torch.int32), sinks.to(TORCH_DEVICE),
         t(np.reshape(ks, -1), torch.float32), t(np.reshape(vs, -1), torch.float32),
     ]  # fmt: skip
-    out, lse = LP.run(spec, tiles, inputs, torch_ops.run_launch)
+    out, lse = LP.run(spec, tiles, inputs, run_launch)
     want_out, want_lse = base.reference(
         x["q"], kd, vd, x["page_table"], x["kv_lengths"], x["cu_q_lens"], p.num_seqs,
         scale=p.scale if p.scale is not None else p.d**-0.5, softcap=p.softcap, left=p.left, right=p.right,

@@ -21,16 +21,16 @@ from jaxattn.testing import oracle
 from jaxattn.testing.cases import Case, Level
 from jaxattn.testing.conformance import ConformanceSuite
 from jaxattn.testing.quick_jit import compiler_options_for_tests, quick_jit
-from jaxattn_vanilla.blockwise import (
+from jaxattn_vanilla.blockwise.impl import BlockwiseAttention
+from jaxattn_vanilla.blockwise.kernel import (
     blockwise_attention,
     default_block,
     key_block_ranges,
     plan_blocks,
     query_block_range,
 )
-from jaxattn_vanilla.blockwise_impl import BlockwiseAttention
 from jaxattn_vanilla.plugin import BLOCKWISE
-from jaxattn_vanilla.reference import vanilla_attention
+from jaxattn_vanilla.vanilla.reference import vanilla_attention
 
 # Blocks of 4 queries x 8 keys: the suite's cases (T, S up to 13) span 2-4 blocks per axis,
 # with padding, and the backward sweep's 333 spans hundreds.
@@ -109,7 +109,8 @@ def test_registered_beside_vanilla_and_declarations_match() -> None:
 def test_plugin_module_imports_neither_jax_nor_the_kernel() -> None:
     code = (
         "import sys, jaxattn_vanilla.plugin as p; p.jaxattn_register_impls(); "
-        "print(sorted(m for m in ('jax', 'jaxlib', 'jaxattn_vanilla.blockwise', 'jaxattn_vanilla.blockwise_impl')"
+        "print(sorted(m for m in ('jax', 'jaxlib', 'jaxattn_vanilla.blockwise.kernel',"
+        " 'jaxattn_vanilla.blockwise.impl')"
         " if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

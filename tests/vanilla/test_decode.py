@@ -24,8 +24,8 @@ from jaxattn.testing.cases import DEFAULT_TOLERANCES, Case, Level, decode_sweep,
 from jaxattn.testing.compare import assert_close
 from jaxattn.testing.conformance import ConformanceSuite
 from jaxattn.testing.quick_jit import quick_jit
-from jaxattn_vanilla.decode import decode_attention, plan_decode
-from jaxattn_vanilla.decode_impl import MAX_DECODE_QUERIES, MAX_STREAMED_ROWS, DecodeAttention
+from jaxattn_vanilla.decode.impl import MAX_DECODE_QUERIES, MAX_STREAMED_ROWS, DecodeAttention
+from jaxattn_vanilla.decode.kernel import decode_attention, plan_decode
 from jaxattn_vanilla.plugin import DECODE
 
 
@@ -293,7 +293,7 @@ def test_priority_is_for_cpus_only() -> None:
 def test_plugin_module_imports_neither_jax_nor_the_kernel() -> None:
     code = (
         "import sys, jaxattn_vanilla.plugin as p; p.jaxattn_register_impls(); "
-        "print(sorted(m for m in ('jax', 'jaxlib', 'jaxattn_vanilla.decode', 'jaxattn_vanilla.decode_impl')"
+        "print(sorted(m for m in ('jax', 'jaxlib', 'jaxattn_vanilla.decode.kernel', 'jaxattn_vanilla.decode.impl')"
         " if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

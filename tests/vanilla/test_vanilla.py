@@ -14,8 +14,8 @@ import pytest
 import jaxattn
 from jaxattn.testing import oracle
 from jaxattn.testing.quick_jit import quick_jit
-from jaxattn_vanilla.impl import VanillaAttention
-from jaxattn_vanilla.reference import vanilla_attention
+from jaxattn_vanilla.vanilla.impl import VanillaAttention
+from jaxattn_vanilla.vanilla.reference import vanilla_attention
 
 
 def _qkv(
@@ -45,7 +45,7 @@ def test_registered_through_its_entry_point(impl: jaxattn.AttentionImpl) -> None
 def test_plugin_module_imports_no_jax() -> None:
     code = (
         "import sys, jaxattn_vanilla.plugin as p; p.jaxattn_register_impls(); "
-        "print(sorted(m for m in ('jax', 'jaxlib', 'jaxattn_vanilla.impl') if m in sys.modules))"
+        "print(sorted(m for m in ('jax', 'jaxlib', 'jaxattn_vanilla.vanilla.impl') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

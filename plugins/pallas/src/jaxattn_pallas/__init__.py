@@ -12,17 +12,23 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .impl import PallasFlashAttention
-    from .kernel import flash_attention
-    from .paged_impl import PallasPagedDecode, PallasRaggedPagedAttention
-    from .paged_kernel import paged_attention_decode
+    from .flash_impl import PallasFlashAttention
+    from .flash_kernel import flash_attention
+    from .paged_decode_impl import PallasPagedDecode
+    from .paged_decode_kernel import paged_attention_decode
+    from .ragged_impl import PallasRaggedPagedAttention
 
 __all__ = ["PallasFlashAttention", "PallasPagedDecode", "PallasRaggedPagedAttention", "__version__",
            "flash_attention", "paged_attention_decode"]
 __version__ = "0.1.0"
 
-_LAZY = {"PallasFlashAttention": ".impl", "flash_attention": ".kernel", "PallasPagedDecode": ".paged_impl",
-         "PallasRaggedPagedAttention": ".paged_impl", "paged_attention_decode": ".paged_kernel"}
+_LAZY = {
+    "PallasFlashAttention": ".flash_impl",
+    "flash_attention": ".flash_kernel",
+    "PallasPagedDecode": ".paged_decode_impl",
+    "paged_attention_decode": ".paged_decode_kernel",
+    "PallasRaggedPagedAttention": ".ragged_impl",
+}
 
 
 def __getattr__(name: str) -> Any:

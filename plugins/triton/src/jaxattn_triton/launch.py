@@ -2,7 +2,7 @@
 
 Each function returns a :class:`Launch`: the ``@triton.jit`` kernel, its grid, the
 shapes and dtypes of its outputs and the ``constexpr`` arguments. ``ops.py`` runs it
-through ``jax_triton.triton_call`` and ``torch_ops.py`` on torch tensors, so both
+through ``jax_triton.triton_call`` and ``torch_launch.py`` on torch tensors, so both
 launch exactly the same kernels with the same arguments.
 
 Positional kernel arguments are always: the inputs in the order the function's

@@ -4,7 +4,7 @@ A :class:`PagedSpec` is the static description of one call (shapes, layout, feat
 :class:`PagedTiles` the tiling and the number of key splits. :func:`attention` and
 :func:`combine` return :class:`~jaxattn_triton.launch.Launch` objects in ``launch.py``'s
 style, which ``paged_ops`` runs through ``jax_triton`` and the tests through
-``torch_ops.run_launch``; :func:`run` strings the two launches together for either.
+``torch_launch.run_launch``; :func:`run` strings the two launches together for either.
 
 The kernels see every query in token-major layout ``(num_tokens, Hq, D)``: paged decode's
 ``(num_seqs, T, Hq, D)`` and dense decode's ``(B, T, Hq, D)`` are the same memory. The cache

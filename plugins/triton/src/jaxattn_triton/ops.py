@@ -45,11 +45,11 @@ def _execute(lz: L.Launch, inputs: Sequence[Array], interpret: bool) -> list[Arr
 
 
 def _execute_interpreted(lz: L.Launch, inputs: Sequence[Array], out_shape: list[jax.ShapeDtypeStruct]) -> list[Array]:
-    from jaxattn_triton import torch_ops
+    from jaxattn_triton import torch_launch
 
     def host(*arrays: np.ndarray) -> list[np.ndarray]:
-        outs = torch_ops.run_launch(lz, [torch_ops.from_numpy(np.asarray(a)) for a in arrays])
-        return [torch_ops.to_numpy(o) for o in outs]
+        outs = torch_launch.run_launch(lz, [torch_launch.from_numpy(np.asarray(a)) for a in arrays])
+        return [torch_launch.to_numpy(o) for o in outs]
 
     return list(jax.pure_callback(host, out_shape, *inputs))
 

@@ -10,16 +10,16 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .impl import VanillaAttention
-    from .reference import VanillaResult, vanilla_attention
+    from .vanilla.impl import VanillaAttention
+    from .vanilla.reference import VanillaResult, vanilla_attention
 
 __all__ = ["VanillaAttention", "VanillaResult", "__version__", "vanilla_attention"]
 __version__ = "0.1.0"
 
 _LAZY = {
-    "VanillaAttention": ".impl",
-    "VanillaResult": ".reference",
-    "vanilla_attention": ".reference",
+    "VanillaAttention": ".vanilla.impl",
+    "VanillaResult": ".vanilla.reference",
+    "vanilla_attention": ".vanilla.reference",
 }
 
 

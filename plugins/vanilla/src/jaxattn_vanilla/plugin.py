@@ -10,7 +10,7 @@ __all__ = ["BLOCKWISE", "DECODE", "VANILLA", "VANILLA_PAGED", "jaxattn_register_
 
 # Must match VanillaAttention's declarations; the registry checks it when the class loads.
 VANILLA = ImplRef(
-    "jaxattn_vanilla.impl:VanillaAttention",
+    "jaxattn_vanilla.vanilla.impl:VanillaAttention",
     names=("vanilla",),
     platforms=("cpu", "gpu", "tpu"),
     priority=0,
@@ -19,18 +19,18 @@ VANILLA = ImplRef(
 # Must match BlockwiseAttention's declarations. Priority 10: above vanilla (same math in O(T)
 # memory), below every kernel plugin (sdpa is 50), so "auto" takes it only where none runs.
 BLOCKWISE = ImplRef(
-    "jaxattn_vanilla.blockwise_impl:BlockwiseAttention",
+    "jaxattn_vanilla.blockwise.impl:BlockwiseAttention",
     names=("blockwise",),
     platforms=("cpu", "gpu", "tpu"),
     priority=10,
     description="pure-JAX blockwise attention with a custom VJP, every feature but weights, O(T) memory",
 )
-# Must match DecodeAttention's declarations. Priority 60 (decode_impl.py says why): above sdpa
+# Must match DecodeAttention's declarations. Priority 60 (decode/impl.py says why): above sdpa
 # (50) for the decode calls it accepts on a CPU, where it was measured faster; its
 # priority_for() drops it to 5 on GPUs and TPUs. Kernel plugins' providers of this name (the
 # Triton decode kernel, 100 on CUDA) shadow it on their platforms.
 DECODE = ImplRef(
-    "jaxattn_vanilla.decode_impl:DecodeAttention",
+    "jaxattn_vanilla.decode.impl:DecodeAttention",
     names=("autoregressive_decodeattn",),
     platforms=("cpu", "gpu", "tpu"),
     priority=60,
@@ -42,7 +42,7 @@ DECODE = ImplRef(
 # kernel plugins provide the mechanism names for their platforms above it, and "auto" still
 # sees it under its own name.
 VANILLA_PAGED = ImplRef(
-    "jaxattn_vanilla.paged_impl:PagedReference",
+    "jaxattn_vanilla.paged.impl:PagedReference",
     names=("vanilla_paged", "ragged_page_attention_v3", "ragged_page_attention_v2", "page_attention"),
     platforms=("cpu", "gpu", "tpu"),
     priority=0,

@@ -21,7 +21,7 @@ so it is bound by memory, not arithmetic. Two things decide its speed in XLA:
   Steps of ``step`` keys run in a ``lax.scan`` that folds each step's chunks into a running
   ``(M, l, o)`` by the same combine. How many chunks pay depends on the platform: on a CPU
   XLA already spreads one long reduction over the cores, and more chunks measured slower
-  (see ``decode_impl``), so the impl asks for one there.
+  (see ``impl``), so the impl asks for one there.
 
 With several steps, a step whose keys no query can see (past the longest ``kv_lengths``, or
 left of every query's sliding window) is skipped with ``lax.cond``: with steps shorter than S, a cache of

@@ -1,7 +1,7 @@
 """Paged decode and ragged paged attention over the Pallas TPU ragged kernel.
 
 The kernel cannot run in TPU interpret mode on these jax versions (see
-``jaxattn_pallas.paged_rules``), so on CPU the wrappers are checked three ways:
+``jaxattn_pallas.ragged_rules``), so on CPU the wrappers are checked three ways:
 
 * numerics: the wrappers run over an emulation of the kernel, built from upstream's own
   validation, head tiling and reference (``ref_ragged_paged_attention``), which also
@@ -34,10 +34,10 @@ from jaxattn.device import DeviceInfo
 from jaxattn.errors import InvalidInputError, UnsupportedError
 from jaxattn.metadata import AttentionMetadata
 from jaxattn.testing.paged_conformance import PagedConformanceSuite
-from jaxattn_pallas import paged_rules
-from jaxattn_pallas.paged import paged_decode
-from jaxattn_pallas.paged_impl import PallasRaggedPagedAttention
-from jaxattn_pallas.ragged import ragged_paged_attention
+from jaxattn_pallas import ragged_rules
+from jaxattn_pallas.ragged_decode import paged_decode
+from jaxattn_pallas.ragged_impl import PallasRaggedPagedAttention
+from jaxattn_pallas.ragged_kernel import ragged_paged_attention
 
 ON_TPU = jax.default_backend() == "tpu"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -318,7 +318,7 @@ def test_heads_and_groups_padded_where_the_kernel_would_not_tile(kernel: str) ->
     # zero KV head is added; bfloat16 12:2 would take the kernel's untiled fallback (the
     # case upstream reports broken), so each group of 6 query heads is padded to 8.
     for dtype, hq, hkv, expect in (("float32", 6, 3, (4, 2)), ("bfloat16", 12, 2, (2, 8))):
-        plan = paged_rules.plan_ragged(q_dtype=dtype, kv_dtype=dtype, num_q_heads=hq, num_kv_heads=hkv, head_dim=16,
+        plan = ragged_rules.plan_ragged(q_dtype=dtype, kv_dtype=dtype, num_q_heads=hq, num_kv_heads=hkv, head_dim=16,
                                        v_head_dim=16, layout="combined", page_size=4, pages_per_seq=3, num_tokens=5)
         assert (plan.num_kv_heads, plan.q_per_kv) == expect
         c = _make_case([(2, 5), (3, 8)], hq=hq, hkv=hkv, d=16, dtype=dtype, seed=3)
@@ -491,8 +491,8 @@ def test_real_kernel_lowers_for_tpu(name: str) -> None:
 
 
 def test_interpret_mode_is_refused_on_this_jax() -> None:
-    assert paged_rules.installed_jax_version() <= paged_rules.INTERPRET_BROKEN_THROUGH
-    reasons = paged_rules.ragged_reasons(q_dtype="float32", kv_dtype="float32", num_q_heads=2, num_kv_heads=1,
+    assert ragged_rules.installed_jax_version() <= ragged_rules.INTERPRET_BROKEN_THROUGH
+    reasons = ragged_rules.ragged_reasons(q_dtype="float32", kv_dtype="float32", num_q_heads=2, num_kv_heads=1,
                                          head_dim=128, v_head_dim=128, layout="combined", page_size=4, interpret=True)
     assert len(reasons) == 1 and "interpret" in reasons[0]
 
@@ -506,7 +506,7 @@ def interpreter_reset() -> Iterator[None]:
 def test_interpreter_still_cannot_run_the_kernel(monkeypatch: pytest.MonkeyPatch, interpreter_reset: None) -> None:
     # When this fails, jax's TPU interpreter runs the kernel: raise INTERPRET_BROKEN_THROUGH
     # past that jax version and run the numerics tests above in interpret mode.
-    monkeypatch.setattr(paged_rules, "INTERPRET_BROKEN_THROUGH", (0,))
+    monkeypatch.setattr(ragged_rules, "INTERPRET_BROKEN_THROUGH", (0,))
     c = _make_case([(1, 3)], hq=2, hkv=1, d=128, pad_rows=0)
     with pytest.raises(Exception, match="ReshapeTransform"):
         _ragged(c, "combined", softmax_scale=1.0, interpret=True)
@@ -522,13 +522,13 @@ def _facts(**changes: Any) -> dict[str, Any]:
 
 
 def test_reasons_accept_the_supported_calls() -> None:
-    assert paged_rules.ragged_reasons(**_facts()) == []
-    assert paged_rules.ragged_reasons(**_facts(q_dtype="float32", kv_dtype="float32", num_q_heads=3,
+    assert ragged_rules.ragged_reasons(**_facts()) == []
+    assert ragged_rules.ragged_reasons(**_facts(q_dtype="float32", kv_dtype="float32", num_q_heads=3,
                                                num_kv_heads=3, head_dim=20, v_head_dim=20, page_size=1,
                                                logits_soft_cap=30.0, window_left=0, tpu_generation=6)) == []
-    assert paged_rules.ragged_reasons(**_facts(layout="separate", v_head_dim=64)) == []
-    assert paged_rules.paged_decode_reasons(q_len=4, **_facts(window_left=7)) == []
-    assert paged_rules.ragged_reasons(**_facts(interpret=True, jax_version=(0, 12, 0))) == []
+    assert ragged_rules.ragged_reasons(**_facts(layout="separate", v_head_dim=64)) == []
+    assert ragged_rules.paged_decode_reasons(q_len=4, **_facts(window_left=7)) == []
+    assert ragged_rules.ragged_reasons(**_facts(interpret=True, jax_version=(0, 12, 0))) == []
 
 
 @pytest.mark.parametrize(
@@ -554,15 +554,15 @@ def test_reasons_accept_the_supported_calls() -> None:
     ],
 )
 def test_reasons_name_each_refusal(changes: dict[str, Any], expected: list[str]) -> None:
-    reasons = paged_rules.ragged_reasons(**_facts(**changes))
+    reasons = ragged_rules.ragged_reasons(**_facts(**changes))
     assert len(reasons) == len(expected)
     for reason, part in zip(reasons, expected, strict=True):
         assert part in reason
 
 
 def test_paged_decode_reasons() -> None:
-    assert paged_rules.paged_decode_reasons(q_len=-1, **_facts(has_sinks=True))[0].startswith("q_len")
-    assert len(paged_rules.paged_decode_reasons(q_len=0, **_facts(has_sinks=True))) == 1
+    assert ragged_rules.paged_decode_reasons(q_len=-1, **_facts(has_sinks=True))[0].startswith("q_len")
+    assert len(ragged_rules.paged_decode_reasons(q_len=0, **_facts(has_sinks=True))) == 1
 
 
 @pytest.mark.parametrize("q_dtype", DTYPES)
@@ -570,7 +570,7 @@ def test_paged_decode_reasons() -> None:
 def test_head_tiling_mirrors_the_kernel(q_dtype: str, kv_dtype: str) -> None:
     for hkv in range(1, 20):
         for group in (1, 2, 3, 4, 6, 8):
-            mine = paged_rules.kernel_heads_per_block(hkv * group, hkv, q_dtype, kv_dtype)
+            mine = ragged_rules.kernel_heads_per_block(hkv * group, hkv, q_dtype, kv_dtype)
             try:
                 theirs: tuple[int, int] | None = rpa_kernel.get_min_heads_per_blk(
                     hkv * group, 2 * hkv, jnp.dtype(q_dtype), jnp.dtype(kv_dtype))
@@ -580,27 +580,27 @@ def test_head_tiling_mirrors_the_kernel(q_dtype: str, kv_dtype: str) -> None:
 
 
 def test_plans() -> None:
-    plan = paged_rules.plan_ragged(**_facts(pages_per_seq=64, num_tokens=70))
-    assert plan == paged_rules.RaggedPlan(head_dim=128, num_kv_heads=2, q_per_kv=4, num_queries_per_block=32,
+    plan = ragged_rules.plan_ragged(**_facts(pages_per_seq=64, num_tokens=70))
+    assert plan == ragged_rules.RaggedPlan(head_dim=128, num_kv_heads=2, q_per_kv=4, num_queries_per_block=32,
                                           num_kv_pages_per_block=16, num_tokens=96, sliding_window=None,
                                           cache_copy=None)
     # Small calls get small blocks; a big page shrinks the KV block to the VMEM budget.
-    small = paged_rules.plan_ragged(**_facts(pages_per_seq=3, num_tokens=5, window_left=4))
+    small = ragged_rules.plan_ragged(**_facts(pages_per_seq=3, num_tokens=5, window_left=4))
     assert (small.num_queries_per_block, small.num_kv_pages_per_block, small.num_tokens) == (5, 3, 5)
     assert small.sliding_window == 5
-    big = paged_rules.plan_ragged(**_facts(q_dtype="float32", kv_dtype="float32", page_size=1024, head_dim=256,
+    big = ragged_rules.plan_ragged(**_facts(q_dtype="float32", kv_dtype="float32", page_size=1024, head_dim=256,
                                            v_head_dim=256, pages_per_seq=64, num_tokens=8))
     assert big.num_kv_pages_per_block == 1
-    explicit = paged_rules.plan_ragged(**_facts(pages_per_seq=3, num_tokens=5, num_queries_per_block=4,
+    explicit = ragged_rules.plan_ragged(**_facts(pages_per_seq=3, num_tokens=5, num_queries_per_block=4,
                                                 num_kv_pages_per_block=9))
     assert (explicit.num_queries_per_block, explicit.num_kv_pages_per_block, explicit.num_tokens) == (4, 3, 8)
     # What copies the cache, said once per call.
-    separate = paged_rules.plan_ragged(**_facts(layout="separate", head_dim=64, v_head_dim=32, pages_per_seq=1,
+    separate = ragged_rules.plan_ragged(**_facts(layout="separate", head_dim=64, v_head_dim=32, pages_per_seq=1,
                                                 num_tokens=1))
     assert separate.cache_copy is not None and "interleaved" in separate.cache_copy
     assert "64 (K) and 32 (V) to 128" in separate.cache_copy
     with pytest.raises(ValueError, match="page_size"):
-        paged_rules.plan_ragged(**_facts(page_size=0, pages_per_seq=1, num_tokens=1))
+        ragged_rules.plan_ragged(**_facts(page_size=0, pages_per_seq=1, num_tokens=1))
 
 
 # --- the registered backend over the emulated kernel --------------------------------------

@@ -3,7 +3,7 @@
 The seed's decode mechanism on every platform: a few queries per sequence (T <= 16: a decode
 step, speculative decoding) over a dense ``(B, S, Hkv, D)`` cache, optionally holding
 ``kv_lengths[b]`` valid tokens per sequence; split-K, the query heads of a KV head packed
-together, K and V read in place (``jaxattn_vanilla.decode``). Gradients come from JAX's
+together, K and V read in place (``jaxattn_vanilla.decode.kernel``). Gradients come from JAX's
 autodiff of the same code, exactly.
 
 Two kinds of call run ``blockwise``'s kernel instead (a tiled online softmax whose matrix
@@ -34,8 +34,8 @@ from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 
-from .blockwise import DEFAULT_BLOCK_K, blockwise_attention
-from .decode import decode_attention, plan_decode
+from ..blockwise.kernel import DEFAULT_BLOCK_K, blockwise_attention
+from .kernel import decode_attention, plan_decode
 
 __all__ = ["MAX_DECODE_QUERIES", "MAX_STREAMED_ROWS", "DecodeAttention"]
 

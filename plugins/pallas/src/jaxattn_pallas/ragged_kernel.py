@@ -1,7 +1,7 @@
 """The serving contract's ragged paged attention on the Pallas TPU ragged kernel.
 
 ``jax.experimental.pallas.ops.tpu.ragged_paged_attention`` (its constraints are listed in
-:mod:`jaxattn_pallas.paged_rules`) is given the contract's arrays, translated exactly:
+:mod:`jaxattn_pallas.ragged_rules`) is given the contract's arrays, translated exactly:
 
 * KV cache: the combined layout ``(num_pages, page_size, 2 * Hkv, D)`` is the kernel's own
   and is passed as is when its head dim is a multiple of 128 and ``2 * Hkv`` tiles the
@@ -9,7 +9,7 @@
   (every page, used or not) on every call. Head dims off a multiple of 128 and KV head
   counts that do not tile are zero-padded as part of that conversion, and for the
   combined layout they make a whole-cache copy of their own.
-  ``paged_rules.plan_ragged(...).cache_copy`` says which calls copy, and
+  ``ragged_rules.plan_ragged(...).cache_copy`` says which calls copy, and
   ``ragged_reasons(allow_cache_copy=False)`` refuses them;
 * query heads: per KV head group, padded with zero heads where the kernel would otherwise
   leave its tiled path (q is small; the cache is not touched); dummy heads' outputs and
@@ -27,10 +27,10 @@
   averages masked keys there. Query rows are padded to a whole number of query blocks;
 * cache contents no query reads (rows past a length, pages past a last page) may be NaN: the
   kernel itself selects K and V rows past each length to zero before its products;
-* block sizes are chosen here (:func:`paged_rules.plan_ragged`) or given by the caller:
+* block sizes are chosen here (:func:`ragged_rules.plan_ragged`) or given by the caller:
   the kernel's own tuned table raises off TPU and on TPU v2/v3.
 
-Declined (``paged_rules.ragged_reasons`` lists them): attention sinks, float16 and other
+Declined (``ragged_rules.ragged_reasons`` lists them): attention sinks, float16 and other
 dtypes, q and cache of different dtypes, and TPU interpret mode on jax <= 0.11.2, which
 cannot run this kernel.
 
@@ -50,8 +50,8 @@ from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
 
 from jaxattn.errors import InvalidInputError, UnsupportedError
 
-from . import paged_rules
-from .paged_rules import Layout, RaggedPlan
+from . import ragged_rules
+from .ragged_rules import Layout, RaggedPlan
 
 __all__ = ["ragged_paged_attention"]
 
@@ -164,7 +164,7 @@ def run_ragged(
         # Nothing to compute, or no key anywhere: every row is zeros by the contract.
         return jnp.zeros(out_shape, q.dtype)
 
-    plan = paged_rules.plan_ragged(
+    plan = ragged_rules.plan_ragged(
         q_dtype=jnp.dtype(q.dtype).name, kv_dtype=kv_dtype, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
         head_dim=head_dim, v_head_dim=v_head_dim, layout=layout, page_size=page_size, pages_per_seq=pages_per_seq,
         num_tokens=num_tokens, window_left=window_left, num_queries_per_block=num_queries_per_block,
@@ -233,12 +233,12 @@ def ragged_paged_attention(
     ``cu_q_lens (max_num_seqs + 1,)``, ``num_seqs`` a scalar or ``(1,)``: int32 arrays as
     in the serving contract. Returns ``(num_tokens, Hq, Dv)`` in q's dtype. ``sinks`` must
     be None (declined). Raises ``UnsupportedError`` with every reason a call cannot run
-    (:func:`paged_rules.ragged_reasons`), ``InvalidInputError`` for malformed arguments.
+    (:func:`ragged_rules.ragged_reasons`), ``InvalidInputError`` for malformed arguments.
     """
     if q.ndim != 3:
         raise InvalidInputError("q", f"expected (num_tokens, Hq, D), got shape {q.shape}")
     layout, hkv, dv, page_size, _, kv_dtype = cache_facts(q.shape[-1], k_pages, v_pages, kv_pages)
-    reasons = paged_rules.ragged_reasons(
+    reasons = ragged_rules.ragged_reasons(
         q_dtype=jnp.dtype(q.dtype).name, kv_dtype=kv_dtype, num_q_heads=q.shape[1], num_kv_heads=hkv,
         head_dim=q.shape[-1], v_head_dim=dv, layout=layout, page_size=page_size, softmax_scale=softmax_scale,
         logits_soft_cap=logits_soft_cap, window_left=window_left, has_sinks=sinks is not None,

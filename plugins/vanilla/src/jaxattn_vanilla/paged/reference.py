@@ -31,7 +31,7 @@ from jax import Array
 from jaxattn.quantize import dequantize_visible
 from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
 
-from .reference import vanilla_attention
+from ..vanilla.reference import vanilla_attention
 
 __all__ = ["paged_reference"]
 

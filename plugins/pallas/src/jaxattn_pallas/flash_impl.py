@@ -1,6 +1,6 @@
 """``PallasFlashAttention``: ``flash_attn2`` on TPU, over the Pallas TPU flash-attention kernel.
 
-Imports no Pallas TPU module at import time: ``kernel.py`` (which does) is imported inside
+Imports no Pallas TPU module at import time: ``flash_kernel.py`` (which does) is imported inside
 ``forward_tpu``, so discovery, listing and ``explain`` stay cheap on every host.
 """
 
@@ -14,7 +14,7 @@ from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 
-from .blocks import plan_flash
+from .flash_rules import plan_flash
 
 __all__ = ["PallasFlashAttention"]
 
@@ -81,7 +81,7 @@ class PallasFlashAttention(AttentionImpl):
         causal: bool = False,
         **features: Any,
     ) -> AttentionOutput:
-        from .kernel import flash_attention
+        from .flash_kernel import flash_attention
 
         if bias is None and init_bias is not None:
             bias = init_bias()

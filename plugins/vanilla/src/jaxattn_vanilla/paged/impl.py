@@ -47,7 +47,7 @@ class PagedReference(PagedAttentionImpl):
                 "attends (the reference)"]
 
     def forward_native(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> AttentionOutput:
-        from .paged import paged_reference
+        from .reference import paged_reference
 
         features.pop("kv_layout")
         out = paged_reference(q, k_pages, v_pages, softmax_dtype=self.metadata.softmax_dtype, **features)

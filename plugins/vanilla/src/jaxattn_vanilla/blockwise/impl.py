@@ -10,7 +10,7 @@ from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 
-from .blockwise import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, blockwise_attention, default_block, plan_blocks
+from .kernel import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, blockwise_attention, default_block, plan_blocks
 
 __all__ = ["BlockwiseAttention"]
 
@@ -19,7 +19,7 @@ class BlockwiseAttention(AttentionImpl):
     """Chunked attention in plain XLA with a blockwise custom VJP: O(T) memory on any platform.
 
     Block sizes follow ``metadata.block_q`` / ``block_k`` (and ``block_q_bwd`` /
-    ``block_k_bwd`` for the backward) where set; see ``jaxattn_vanilla.blockwise``.
+    ``block_k_bwd`` for the backward) where set; see ``jaxattn_vanilla.blockwise.kernel``.
     """
 
     platforms: ClassVar[frozenset[str]] = frozenset({"cpu", "gpu", "tpu"})

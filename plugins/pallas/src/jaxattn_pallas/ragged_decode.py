@@ -3,7 +3,7 @@ ragged paged-attention kernel.
 
 Each sequence's T queries are one ragged sequence (``cu_q_lens = arange(num_seqs + 1) * T``,
 every sequence real); query i of sequence s then sits at ``kv_lengths[s] - T + i``, which
-is the contract's position, and everything else is :mod:`jaxattn_pallas.ragged`'s
+is the contract's position, and everything else is :mod:`jaxattn_pallas.ragged_kernel`'s
 translation (same fix-ups, same refusals, same block-size rules).
 
 Why the ragged kernel for this function, and not ``jax.experimental.pallas.ops.tpu.paged_attention``
@@ -16,21 +16,22 @@ Why the ragged kernel for this function, and not ``jax.experimental.pallas.ops.t
   it one interleaving copy, no more than the transpose;
 * precision: paged_attention casts every loaded K/V page to bfloat16
   (``_maybe_dequantize`` defaults to it), so a float32 cache is attended in float32 only
-  if it is split into bfloat16 terms first (what :mod:`jaxattn_pallas.paged_kernel` does),
+  if it is split into bfloat16 terms first (what :mod:`jaxattn_pallas.paged_decode_kernel` does),
   at two to three times the kernel's work;
 * features: paged_attention has no sliding window and no causal offset (one query per
   sequence; T > 1 would need one batch row per query, re-reading the pages T times),
   while the ragged kernel masks causally per sequence, takes a window and a soft cap,
   and reads each page once per block of queries;
 * what paged_attention has for it: it runs in TPU interpret mode on CPU, which the ragged
-  kernel does not in these jax versions (see :mod:`jaxattn_pallas.paged_rules`). That is
+  kernel does not in these jax versions (see :mod:`jaxattn_pallas.ragged_rules`). That is
   a testing convenience, not a property of the call; it does not buy back the transpose.
 
-The registered backends follow from this (:mod:`jaxattn_pallas.paged_impl`): on a TPU "auto"
-runs ``ragged_page_attention_v3`` (this kernel) for decode steps too, while the name
-``page_attention`` is :mod:`jaxattn_pallas.paged_kernel` on paged_attention, the interpretable
-one, which the conformance suite runs on CPU.
-Supported and declined: as :func:`jaxattn_pallas.paged_rules.paged_decode_reasons` says
+The registered backends follow from this (:mod:`jaxattn_pallas.ragged_impl`,
+:mod:`jaxattn_pallas.paged_decode_impl`): on a TPU "auto" runs ``ragged_page_attention_v3``
+(this kernel) for decode steps too, while the name ``page_attention`` is
+:mod:`jaxattn_pallas.paged_decode_kernel` on paged_attention, the interpretable one, which the
+conformance suite runs on CPU.
+Supported and declined: as :func:`jaxattn_pallas.ragged_rules.paged_decode_reasons` says
 (any T >= 0; T == 0 or num_seqs == 0 return an empty result).
 """
 
@@ -41,8 +42,8 @@ import jax.numpy as jnp
 
 from jaxattn.errors import InvalidInputError
 
-from . import paged_rules
-from .ragged import cache_facts, run_ragged
+from . import ragged_rules
+from .ragged_kernel import cache_facts, run_ragged
 
 __all__ = ["paged_decode"]
 
@@ -81,7 +82,7 @@ def paged_decode(
     layout, hkv, dv, page_size, _, kv_dtype = cache_facts(head_dim, k_pages, v_pages, kv_pages)
     if page_table.shape[0] != num_seqs:
         raise InvalidInputError("page_table", f"has {page_table.shape[0]} rows for {num_seqs} sequences")
-    reasons = paged_rules.paged_decode_reasons(
+    reasons = ragged_rules.paged_decode_reasons(
         q_len=t, q_dtype=jnp.dtype(q.dtype).name, kv_dtype=kv_dtype, num_q_heads=num_q_heads, num_kv_heads=hkv,
         head_dim=head_dim, v_head_dim=dv, layout=layout, page_size=page_size, softmax_scale=softmax_scale,
         logits_soft_cap=logits_soft_cap, window_left=window_left, has_sinks=sinks is not None,

@@ -1,0 +1,101 @@
+"""``ragged_page_attention_v3`` (alias ``_v2``, op kind "paged") on the Pallas TPU ragged
+paged-attention kernel (:mod:`jaxattn_pallas.ragged_kernel`).
+
+What it copies per call, and why: the combined layout ``(num_pages, page_size, 2 * Hkv, D)``
+is the kernel's own and is read in place when D is a multiple of 128 and ``2 * Hkv`` tiles the
+dtype's layout; otherwise (the separate layout, or padding of heads or head dims) the whole
+cache is copied once per call into that layout. q is padded (small). ``notes()`` says which,
+per call. Ranking: :mod:`jaxattn_pallas.paged_base`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from jaxattn.capabilities import Feature
+from jaxattn.output import AttentionOutput
+from jaxattn.problem import PagedProblem
+
+from . import ragged_rules
+from .paged_base import PallasPagedBase
+
+__all__ = ["PallasRaggedPagedAttention"]
+
+_INTERPRET = (
+    "in TPU interpret mode use 'page_attention' for decode steps (JAX's paged_attention kernel, which interprets; "
+    "impl='auto' picks it), or drop the TPU override: on a CPU this name runs jaxattn-vanilla's pure-JAX reference"
+)
+
+
+
+class PallasRaggedPagedAttention(PallasPagedBase):
+    """Ragged paged attention on TPU (jax.experimental.pallas.ops.tpu.ragged_paged_attention)."""
+
+    dtypes: ClassVar[frozenset[str]] = frozenset(ragged_rules.SUPPORTED_DTYPES)
+    features: ClassVar[frozenset[Feature]] = frozenset({
+        Feature.GQA, Feature.VALUE_DIM, Feature.SLIDING_WINDOW, Feature.SOFT_CAP, Feature.MULTI_TOKEN,
+        Feature.RAGGED,
+    })
+    # Above page_attention (50) and the pure-JAX references (0): the TPU's fastest paged kernel.
+    priority: ClassVar[int] = 100
+    quantized_why: ClassVar[str] = (
+        "JAX's ragged_paged_attention takes k_scale and v_scale as Python floats (one static scale per tensor), "
+        "never an array of scales per head or token, nor one traced under jit")
+    description: ClassVar[str] = "Pallas TPU ragged paged attention (mixed prefill and decode, window, soft cap)"
+
+    @classmethod
+    def get_impl_name(cls) -> tuple[str, ...]:
+        return ("ragged_page_attention_v3", "ragged_page_attention_v2")
+
+    def _facts(self, problem: PagedProblem) -> dict[str, Any]:
+        # An unsupported dtype is the declarations' to decline; the kernel's other rules do not
+        # depend on it, so they are asked with a dtype it takes (one reason, not three).
+        dtype = self.compute_dtype(problem)
+        dtype = dtype if dtype in ragged_rules.SUPPORTED_DTYPES else "float32"
+        return {
+            "q_dtype": dtype, "kv_dtype": dtype, "num_q_heads": problem.heads_q, "num_kv_heads": problem.heads_kv,
+            "head_dim": problem.head_dim, "v_head_dim": problem.head_dim_v, "layout": problem.kv_layout,
+            "page_size": problem.page_size,
+        }
+
+    def kernel_reasons(self, problem: PagedProblem) -> list[str]:
+        # Sinks are declined by the declarations (no Feature.SINKS), so not asked again here.
+        asked = {**self._facts(problem), "window_left": problem.sliding_window,
+                 "logits_soft_cap": problem.logits_soft_cap, "tpu_generation": self.generation()}
+        reasons = ragged_rules.ragged_reasons(**asked)
+        interpret = self.platform == "tpu" and self.metadata.interpret
+        broken = [r for r in ragged_rules.ragged_reasons(**asked, interpret=interpret) if r not in reasons]
+        return [f"{r}; {self.instead()}" for r in reasons] + [f"{r}; {_INTERPRET}" for r in broken]
+
+    def notes(self, problem: PagedProblem) -> list[str]:
+        facts = self._facts(problem)
+        plan = ragged_rules.plan_ragged(**facts, pages_per_seq=problem.pages_per_seq, num_tokens=problem.num_tokens,
+                                       window_left=problem.sliding_window)
+        copy = (f"copies the whole KV cache per call ({plan.cache_copy})" if plan.cache_copy
+                else "reads the combined KV cache in place")
+        return [copy, f"blocks: {plan.num_queries_per_block} query rows x {plan.num_kv_pages_per_block} pages"]
+
+    def forward_tpu(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> AttentionOutput:
+        import jax.numpy as jnp
+
+        from jaxattn.tracing import traced_under, x64_off
+
+        from .ragged_kernel import ragged_paged_attention
+
+        combined = features["kv_layout"] == "combined"
+        kv = k_pages if combined else None
+        k, v = (None, None) if combined else (k_pages, v_pages)
+
+        def run(q: Any, k: Any, v: Any, kv: Any, table: Any, lengths: Any, cu: Any, n: Any) -> Any:
+            return ragged_paged_attention(
+                q, k, v, table, lengths, cu, n, kv_pages=kv, softmax_scale=features["softmax_scale"],
+                logits_soft_cap=features["logits_soft_cap"], window_left=features["sliding_window"],
+                sinks=features["softmax_aux"], interpret=self.metadata.interpret,
+            )
+
+        # The kernel and the wrapper's index arithmetic run in int32 with x64 off (Pallas TPU
+        # kernels break under jax_enable_x64); the indices are cast before, under the caller's mode.
+        names = ("page_table", "kv_lengths", "cu_q_lens", "num_seqs")
+        ints = [jnp.asarray(features[n]).astype(jnp.int32) for n in names]
+        out = traced_under(run, x64_off)(q, k, v, kv, *ints)
+        return AttentionOutput(attention_outputs=out)

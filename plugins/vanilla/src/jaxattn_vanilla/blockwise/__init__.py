@@ -1,0 +1,1 @@
+"""``blockwise``: pure-JAX blockwise attention with a custom VJP (``kernel``) and its impl (``impl``)."""

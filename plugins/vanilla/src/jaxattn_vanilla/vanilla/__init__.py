@@ -1,0 +1,1 @@
+"""``vanilla``: the pure-JAX reference attention (``reference``) and its impl (``impl``)."""
