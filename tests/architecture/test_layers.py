@@ -22,7 +22,7 @@ CORE = ROOT / "core" / "src" / "jaxattn"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("contract", (
         "jaxattn._dtypes", "jaxattn.environment", "jaxattn.errors", "jaxattn.names", "jaxattn.capabilities",
-        "jaxattn.problem",
+        "jaxattn.declaration", "jaxattn.problem", "jaxattn.call",
         "jaxattn.device", "jaxattn.metadata", "jaxattn.output", "jaxattn.validation", "jaxattn.paged_validation",
         "jaxattn.backend", "jaxattn.impl", "jaxattn.paged_impl", "jaxattn.paging", "jaxattn.quantize", "jaxattn.sinks",
         "jaxattn.tracing", "jaxattn.unread",

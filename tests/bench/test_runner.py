@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxattn
-from jaxattn import AttentionImpl, AttentionOutput, Feature
+from jaxattn import AttentionCall, AttentionImpl, AttentionOutput, Feature
 from jaxattn.cli._output import Printer
 from jaxattn.plugins import isolated_registry
 from jaxattn_bench import BenchConfig, BenchShape, default_matrix, quick_matrix, run_bench
@@ -28,19 +28,10 @@ class Plain(AttentionImpl):
     def get_impl_name(cls) -> str:
         return "plain"
 
-    def forward_native(
-        self,
-        q: Any,
-        k: Any,
-        v: Any,
-        mask: Any = None,
-        bias: Any = None,
-        init_bias: Any = None,
-        causal: bool = False,
-        **kw: Any,
-    ) -> AttentionOutput:
-        s = jnp.einsum("bthd,bshd->bhts", q, k) * kw["softmax_scale"]
-        if causal:
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+        q, k, v = call.q, call.k, call.v
+        s = jnp.einsum("bthd,bshd->bhts", q, k) * call.softmax_scale
+        if call.causal:
             s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -jnp.inf)
         return AttentionOutput(
             jnp.einsum(
@@ -61,7 +52,7 @@ class Broken(Plain):
     def get_impl_name(cls) -> str:
         return "broken"
 
-    def forward_native(self, *args: Any, **kw: Any) -> AttentionOutput:
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
         raise RuntimeError("kernel exploded")
 
 
@@ -75,11 +66,11 @@ class Flaky(Plain):
     def get_impl_name(cls) -> str:
         return "flaky"
 
-    def forward_native(self, *args: Any, **kw: Any) -> AttentionOutput:
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
         type(self).traces.append(1)
         if len(type(self).traces) == 1:
             raise RuntimeError("compiler state clobbered by another thread")
-        return super().forward_native(*args, **kw)
+        return super().forward_native(call)
 
 
 class Twin(Plain):
@@ -101,10 +92,10 @@ class Other(Plain):
     def get_impl_name(cls) -> str:
         return "other"
 
-    def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None, init_bias: Any = None,
-                       causal: bool = False, **kw: Any) -> AttentionOutput:
-        s = jnp.einsum("bthd,bshd->bhts", q, k) * kw["softmax_scale"]
-        if causal:
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+        q, k, v = call.q, call.k, call.v
+        s = jnp.einsum("bthd,bshd->bhts", q, k) * call.softmax_scale
+        if call.causal:
             s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -1e30)
         return AttentionOutput(jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(s, axis=-1), v))
 

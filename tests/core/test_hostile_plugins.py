@@ -139,10 +139,8 @@ class Misshapen(PlainImpl):
     def get_impl_name(cls) -> str:
         return "misshapen"
 
-    def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None, init_bias: Any = None,
-                       causal: bool = False, **kw: Any) -> jaxattn.AttentionOutput:
-        out = super().forward_native(q, k, v, mask, bias, init_bias, causal, **kw)
-        return jaxattn.AttentionOutput(out.attention_outputs[:, :, :1])
+    def forward_native(self, call: jaxattn.AttentionCall) -> jaxattn.AttentionOutput:
+        return jaxattn.AttentionOutput(super().forward_native(call).attention_outputs[:, :, :1])
 
 
 class MisshapenPaged(PagedReference):
@@ -154,8 +152,8 @@ class MisshapenPaged(PagedReference):
     def get_impl_name(cls) -> str:
         return "misshapen_paged"
 
-    def forward_native(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> jaxattn.AttentionOutput:
-        return jaxattn.AttentionOutput(super().forward_native(q, k_pages, v_pages, **features).attention_outputs[:-1])
+    def forward_native(self, call: jaxattn.PagedCall) -> jaxattn.AttentionOutput:
+        return jaxattn.AttentionOutput(super().forward_native(call).attention_outputs[:-1])
 
 
 class Crashy(PlainImpl):
@@ -178,9 +176,9 @@ class NanImpl(jaxattn.AttentionImpl):
     def get_impl_name(cls) -> str:
         return "nan"
 
-    def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None, init_bias: Any = None,
-                       causal: bool = False, **kw: Any) -> jaxattn.AttentionOutput:
-        return jaxattn.AttentionOutput(jnp.full(q.shape[:3] + v.shape[-1:], jnp.nan, q.dtype))
+    def forward_native(self, call: jaxattn.AttentionCall) -> jaxattn.AttentionOutput:
+        q = call.q
+        return jaxattn.AttentionOutput(jnp.full(q.shape[:3] + call.v.shape[-1:], jnp.nan, q.dtype))
 
 
 def registering(*refs: str) -> str:

@@ -170,9 +170,9 @@ def test_runtime_dtype_leaves_the_quantized_cache_alone() -> None:
     seen: dict[str, Any] = {}
 
     class Spy(PagedReference):
-        def forward_native(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> Any:
-            seen.update(q=q.dtype, k=k_pages.dtype, v=v_pages.dtype, k_scale=features["k_scale"].shape)
-            return super().forward_native(q, k_pages, v_pages, **features)
+        def forward_native(self, call: jaxattn.PagedCall) -> Any:
+            seen.update(q=call.q.dtype, k=call.k_pages.dtype, v=call.v_pages.dtype, k_scale=call.k_scale.shape)
+            return super().forward_native(call)
 
     a = _paged("float8_e5m2", "head")
     got = _call(a, impl=Spy(jaxattn.AttentionMetadata(runtime_dtype="bfloat16")))

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from jaxattn import AttentionImpl, AttentionOutput, Feature
+from jaxattn import AttentionCall, AttentionImpl, AttentionOutput, Feature
 
 
 def dense_attention(q: Any, k: Any, v: Any, causal: bool, scale: float) -> Any:
@@ -32,15 +32,13 @@ class PlainImpl(AttentionImpl):
     def get_impl_name(cls) -> tuple[str, ...]:
         return ("plain", "plain_alias")
 
-    def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
-                       init_bias: Any = None, causal: bool = False, **kw: Any) -> AttentionOutput:
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
         type(self).calls.append(f"native:{self.platform}")
-        return AttentionOutput(dense_attention(q, k, v, causal, kw["softmax_scale"]))
+        return AttentionOutput(dense_attention(call.q, call.k, call.v, call.causal, call.softmax_scale))
 
-    def forward_cuda(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
-                     init_bias: Any = None, causal: bool = False, **kw: Any) -> AttentionOutput:
+    def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
         type(self).calls.append("cuda")
-        return AttentionOutput(dense_attention(q, k, v, causal, kw["softmax_scale"]))
+        return AttentionOutput(dense_attention(call.q, call.k, call.v, call.causal, call.softmax_scale))
 
 
 class FancyImpl(PlainImpl):
@@ -104,21 +102,21 @@ class OddBackwardImpl(PlainImpl):
             reasons.append(f"the backward needs even T and S, got T={problem.seq_q}, S={problem.seq_k}")
         return reasons
 
-    def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
-                       init_bias: Any = None, causal: bool = False, **kw: Any) -> AttentionOutput:
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
         type(self).calls.append("odd_bwd")
+        causal, scale = call.causal, call.softmax_scale
 
         @jax.custom_vjp
         def attend(q: Any, k: Any, v: Any) -> Any:
-            return dense_attention(q, k, v, causal, kw["softmax_scale"])
+            return dense_attention(q, k, v, causal, scale)
 
         def fwd(q: Any, k: Any, v: Any) -> tuple[Any, None]:
             if q.shape[1] % 2 or k.shape[1] % 2:  # what a kernel library does: a raw error
                 raise NotImplementedError(f"Unsupported sequence length Q {q.shape[1]}, KV {k.shape[1]}.")
-            return jax.vjp(lambda *a: dense_attention(*a, causal, kw["softmax_scale"]), q, k, v)
+            return jax.vjp(lambda *a: dense_attention(*a, causal, scale), q, k, v)
 
         def bwd(pullback: Any, g: Any) -> Any:
             return pullback(g)
 
         attend.defvjp(fwd, bwd)
-        return AttentionOutput(attend(q, k, v))
+        return AttentionOutput(attend(call.q, call.k, call.v))

@@ -225,15 +225,13 @@ def test_notes_say_what_each_call_copies() -> None:
     for dtype, layout, expect in (("float32", "separate", "split into 3 bfloat16 terms"),
                                   ("bfloat16", "combined", "de-interleaved from the combined layout")):
         args, kw = _decode_call(dtype=dtype, layout=layout)
-        spec = decode._resolve(*args, kw)
-        notes = decode.notes(decode.problem(spec, args[0]))
+        notes = decode.notes(decode.validate(*args, **kw).problem)
         assert "copies the whole KV cache per call" in notes[0] and expect in notes[0], notes
     ragged = PallasRaggedPagedAttention(jaxattn.AttentionMetadata(), V5E)
     for layout, d, expect in (("combined", 128, "reads the combined KV cache in place"),
                               ("separate", 128, "interleaved"), ("combined", 64, "zero-padded from 64 to 128")):
         args, kw = _decode_call(dtype="bfloat16", layout=layout, d=d, hkv=8, hq=8)
-        spec = ragged._resolve(*args, kw)
-        (copy, _) = ragged.notes(ragged.problem(spec, args[0]))
+        (copy, _) = ragged.notes(ragged.validate(*args, **kw).problem)
         assert expect in copy, copy
 
 

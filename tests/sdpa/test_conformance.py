@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import jax
 import pytest
 
+from jaxattn.call import AttentionCall
 from jaxattn.metadata import AttentionMetadata
 from jaxattn.problem import AttentionProblem
 from jaxattn.testing.conformance import ConformanceSuite
@@ -73,9 +74,8 @@ class EmulatedCudnn(CudnnAttention):
         reasons = _JaxNnAttention.not_supported_reasons(self, problem)
         return reasons + cudnn_reasons(problem, H100, 91000)
 
-    def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
-                       init_bias: Any = None, causal: bool = False, **features: Any) -> Any:
-        return self._attend("cudnn", q, k, v, mask, bias, init_bias, causal, features)
+    def forward_native(self, call: AttentionCall) -> Any:
+        return self._attend("cudnn", call)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the real cuDNN runs the suite here (TestCudnnConformance)")

@@ -167,9 +167,7 @@ class TestSdpaChoosesAPath:
         q, k, v = qkv()
 
         def notes(q: Any, k: Any, v: Any, **features: Any) -> str:
-            spec = resolve_call(q, k, v, metadata=sdpa.metadata, **features)
-            problem = sdpa.problem(q, k, v, features.get("mask"), spec, features.get("softmax_aux"))
-            return joined(sdpa.notes(problem))
+            return joined(sdpa.notes(resolve_call(q, k, v, metadata=sdpa.metadata, **features).problem))
 
         assert "through cuDNN" in notes(q, k, v, causal=True)
         assert "through XLA" in notes(*qkv(dtype=jnp.float32)) and "float32" in notes(*qkv(dtype=jnp.float32))

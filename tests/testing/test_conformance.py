@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxattn.call import AttentionCall, PagedCall
 from jaxattn.capabilities import ALL_FEATURES, Feature
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
@@ -142,59 +143,39 @@ def _ignoring(*names: str) -> type[VanillaAttention]:
     """vanilla that accepts the features ``names`` and then silently ignores them."""
 
     class Ignoring(VanillaAttention):
-        def forward_native(
-            self,
-            q: Any,
-            k: Any,
-            v: Any,
-            mask: Any = None,
-            bias: Any = None,
-            init_bias: Any = None,
-            causal: bool = False,
-            **features: Any,
-        ) -> AttentionOutput:
-            args = {"mask": mask, "bias": bias, "causal": causal, **features}
-            args.update({n: _NEUTRAL[n] for n in names})
-            return super().forward_native(q, k, v, **args)
+        def forward_native(self, call: AttentionCall) -> AttentionOutput:
+            return super().forward_native(call.replace(**{n: _NEUTRAL[n] for n in names}))
 
     Ignoring.__name__ = f"Ignoring_{'_'.join(names)}"
     return Ignoring
 
 
 class TopLeftCausal(VanillaAttention):
-    def forward_native(
-        self,
-        q: Any,
-        k: Any,
-        v: Any,
-        mask: Any = None,
-        bias: Any = None,
-        init_bias: Any = None,
-        causal: bool = False,
-        **features: Any,
-    ) -> AttentionOutput:
-        if causal:
-            tril = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), dtype=bool))
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+        mask = call.mask
+        if call.causal:
+            tril = jnp.tril(jnp.ones((call.q.shape[1], call.k.shape[1]), dtype=bool))
             mask = tril if mask is None else mask & tril
-        return super().forward_native(q, k, v, mask, bias, None, False, **features)
+        return super().forward_native(call.replace(mask=mask, causal=False))
 
 
 class NanOnEmptyRows(VanillaAttention):
-    def forward_native(self, *args: Any, **kwargs: Any) -> AttentionOutput:
-        out = super().forward_native(*args, **kwargs)
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+        out = super().forward_native(call)
         empty = jnp.isneginf(out.softmax_lse).transpose(0, 2, 1)[..., None]  # (B, T, H, 1)
         return dataclasses.replace(out, attention_outputs=jnp.where(empty, jnp.nan, out.attention_outputs))
 
 
 class GradOffByOnePercent(VanillaAttention):
-    def forward_native(self, q: Any, *args: Any, **kwargs: Any) -> AttentionOutput:
-        q = q * 1.01 - jax.lax.stop_gradient(q * 0.01)  # same value, gradient scaled by 1.01
-        return super().forward_native(q, *args, **kwargs)
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+        q = call.q * 1.01 - jax.lax.stop_gradient(call.q * 0.01)  # same value, gradient scaled by 1.01
+        return super().forward_native(call.replace(q=q))
 
 
 class LseCountsTheSink(VanillaAttention):
-    def forward_native(self, *args: Any, softmax_aux: Any = None, **kwargs: Any) -> AttentionOutput:
-        out = super().forward_native(*args, softmax_aux=softmax_aux, **kwargs)
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+        out = super().forward_native(call)
+        softmax_aux = call.softmax_aux
         if softmax_aux is None:
             return out
         lse = jnp.logaddexp(out.softmax_lse, softmax_aux.astype(jnp.float32)[None, :, None])
@@ -202,14 +183,14 @@ class LseCountsTheSink(VanillaAttention):
 
 
 class ForgetsWeights(VanillaAttention):
-    def forward_native(self, *args: Any, **kwargs: Any) -> AttentionOutput:
-        return dataclasses.replace(super().forward_native(*args, **kwargs), attention_weights=None)
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+        return dataclasses.replace(super().forward_native(call), attention_weights=None)
 
 
 class DropoutUnscaled(VanillaAttention):
-    def forward_native(self, *args: Any, dropout_prob: float = 0.0, **kwargs: Any) -> AttentionOutput:
-        out = super().forward_native(*args, dropout_prob=dropout_prob, **kwargs)
-        keep = 1.0 - dropout_prob
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+        out = super().forward_native(call)
+        keep = 1.0 - call.dropout_prob
         return AttentionOutput(out.attention_outputs * keep, out.attention_weights * keep, out.softmax_lse)
 
 
@@ -225,16 +206,16 @@ class LiesAboutSinks(VanillaAttention):
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
         return [r for r in super().not_supported_reasons(problem) if "sinks" not in r]
 
-    def forward_native(self, *args: Any, softmax_aux: Any = None, **kwargs: Any) -> AttentionOutput:
-        return super().forward_native(*args, **kwargs)
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+        return super().forward_native(call.replace(softmax_aux=None))
 
 
 class WrongWhenEager(VanillaAttention):
     """Right under jit, off by 1% outside it (a compiler or a trace-time path that differs)."""
 
-    def forward_native(self, q: Any, *args: Any, **kwargs: Any) -> AttentionOutput:
-        out = super().forward_native(q, *args, **kwargs)
-        if isinstance(q, jax.core.Tracer):
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+        out = super().forward_native(call)
+        if isinstance(call.q, jax.core.Tracer):
             return out
         return dataclasses.replace(out, attention_outputs=out.attention_outputs * 1.01)
 
@@ -242,8 +223,9 @@ class WrongWhenEager(VanillaAttention):
 class WrongOnLongGqaDecode(VanillaAttention):
     """Wrong only where jaxlib 0.10.2 miscompiled the decode kernel: GQA, T <= 16, S >= 64."""
 
-    def forward_native(self, q: Any, k: Any, *args: Any, **kwargs: Any) -> AttentionOutput:
-        out = super().forward_native(q, k, *args, **kwargs)
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+        out = super().forward_native(call)
+        q, k = call.q, call.k
         if q.shape[1] <= 16 and k.shape[1] >= 64 and q.shape[2] != k.shape[2]:
             return dataclasses.replace(out, attention_outputs=out.attention_outputs * 1.1)
         return out
@@ -252,9 +234,9 @@ class WrongOnLongGqaDecode(VanillaAttention):
 class ReadsPastLengths(VanillaAttention):
     """Excludes keys past kv_lengths by multiplying by zero: NaN there poisons the output."""
 
-    def forward_native(self, q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> AttentionOutput:
-        out = super().forward_native(q, k, v, *args, **kwargs)
-        return dataclasses.replace(out, attention_outputs=out.attention_outputs + 0.0 * jnp.sum(v))
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+        out = super().forward_native(call)
+        return dataclasses.replace(out, attention_outputs=out.attention_outputs + 0.0 * jnp.sum(call.v))
 
 
 def _suite(impl: type[VanillaAttention]) -> ConformanceSuite:
@@ -375,9 +357,9 @@ def test_decode_sweep_is_seeded_and_spans_the_shapes() -> None:
 class _LeaksUnreadPages(PagedReference):
     """Multiplies the pool by zero somewhere: NaN in a page no query reads poisons the output."""
 
-    def forward_native(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> AttentionOutput:
-        out = super().forward_native(q, k_pages, v_pages, **features)
-        pool = features["kv_pages"] if k_pages is None else v_pages
+    def forward_native(self, call: PagedCall) -> AttentionOutput:
+        out = super().forward_native(call)
+        pool = call.k_pages if call.v_pages is None else call.v_pages
         return dataclasses.replace(out, attention_outputs=out.attention_outputs + 0.0 * jnp.sum(pool))
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxattn.call import AttentionCall, PagedCall
 from jaxattn.capabilities import Feature
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import PagedProblem
@@ -62,22 +63,22 @@ def test_unread_slots_are_poisoned_and_the_oracle_is_not(qcase: QuantizedCase) -
 
 # -- wrong backends the checks must fail -----------------------------------------------------
 class DenseIgnoresScales(VanillaAttention):
-    def forward_native(self, q: Any, k: Any, v: Any, *args: Any, k_scale: Any = None, v_scale: Any = None,
-                       **kwargs: Any) -> AttentionOutput:
-        return super().forward_native(q, k.astype(q.dtype), v.astype(q.dtype), *args, **kwargs)
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+        dtype = call.q.dtype
+        return super().forward_native(call.replace(k=call.k.astype(dtype), v=call.v.astype(dtype), k_scale=None,
+                                                   v_scale=None))
 
 
 class DenseReadsPastTheLength(VanillaAttention):
     """Reads one slot past each length (an off-by-one): the poison there must show."""
 
-    def forward_native(self, *args: Any, kv_lengths: Any = None, **kwargs: Any) -> AttentionOutput:
-        return super().forward_native(*args, kv_lengths=jnp.minimum(kv_lengths + 1, args[1].shape[1]), **kwargs)
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+        return super().forward_native(call.replace(kv_lengths=jnp.minimum(call.kv_lengths + 1, call.k.shape[1])))
 
 
 class PagedReadsPastTheLength(PagedReference):
-    def forward_native(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> AttentionOutput:
-        features["kv_lengths"] = features["kv_lengths"] + 1
-        return super().forward_native(q, k_pages, v_pages, **features)
+    def forward_native(self, call: PagedCall) -> AttentionOutput:
+        return super().forward_native(call.replace(kv_lengths=call.kv_lengths + 1))
 
 
 class PagedLiesAboutQuantized(PagedReference):

@@ -10,11 +10,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import ClassVar
 
 import pytest
 
+from jaxattn.call import AttentionCall
 from jaxattn.output import AttentionOutput
 from jaxattn.testing.cases import Case, Level
 from jaxattn.testing.conformance import ConformanceSuite
@@ -30,18 +31,8 @@ class InterpretedTritonFlash(TritonFlashAttention):
     dtypes: ClassVar[frozenset[str]] = frozenset({"float32", "float16", "bfloat16"})
     interpret: ClassVar[bool] = True
 
-    def forward_cpu(
-        self,
-        q: Any,
-        k: Any,
-        v: Any,
-        mask: Any = None,
-        bias: Any = None,
-        init_bias: Callable[[], Any] | None = None,
-        causal: bool = False,
-        **features: Any,
-    ) -> AttentionOutput:
-        return self.forward_cuda(q, k, v, mask, bias, init_bias, causal, **features)
+    def forward_cpu(self, call: AttentionCall) -> AttentionOutput:
+        return self.forward_cuda(call)
 
 
 BF16_CASES = {"causal_t_lt_s", "mqa_causal", "mask_per_head", "sinks", "combined"}

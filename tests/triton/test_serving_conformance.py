@@ -17,10 +17,11 @@ On an NVIDIA GPU (marked ``gpu``) the registered impls themselves run, bf16 and 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import pytest
 
+from jaxattn.call import AttentionCall, PagedCall
 from jaxattn.output import AttentionOutput
 from jaxattn.testing.cases import Case, Level, cases_for
 from jaxattn.testing.conformance import ConformanceSuite
@@ -42,8 +43,8 @@ class InterpretedRaggedPaged(TritonRaggedPagedAttention):
     dtypes: ClassVar[frozenset[str]] = _INTERPRETED_DTYPES
     interpret: ClassVar[bool] = True
 
-    def forward_cpu(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> AttentionOutput:
-        return self.forward_cuda(q, k_pages, v_pages, **features)
+    def forward_cpu(self, call: PagedCall) -> AttentionOutput:
+        return self.forward_cuda(call)
 
 
 class InterpretedPagedDecode(TritonPagedDecode):
@@ -53,8 +54,8 @@ class InterpretedPagedDecode(TritonPagedDecode):
     dtypes: ClassVar[frozenset[str]] = _INTERPRETED_DTYPES
     interpret: ClassVar[bool] = True
 
-    def forward_cpu(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> AttentionOutput:
-        return self.forward_cuda(q, k_pages, v_pages, **features)
+    def forward_cpu(self, call: PagedCall) -> AttentionOutput:
+        return self.forward_cuda(call)
 
 
 class InterpretedDecode(TritonDecodeAttention):
@@ -64,9 +65,8 @@ class InterpretedDecode(TritonDecodeAttention):
     dtypes: ClassVar[frozenset[str]] = _INTERPRETED_DTYPES
     interpret: ClassVar[bool] = True
 
-    def forward_cpu(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None, init_bias: Any = None,
-                    causal: bool = False, **features: Any) -> AttentionOutput:
-        return self.forward_cuda(q, k, v, mask, bias, init_bias, causal, **features)
+    def forward_cpu(self, call: AttentionCall) -> AttentionOutput:
+        return self.forward_cuda(call)
 
 
 # -- paged --------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from jaxattn import AttentionImpl, AttentionOutput, Feature
+from jaxattn import AttentionCall, AttentionImpl, AttentionOutput, Feature
 
 EVERYTHING = frozenset({Feature.CAUSAL, Feature.GQA, Feature.CROSS, Feature.GRAD, Feature.MASK})
 
@@ -28,10 +28,9 @@ class _Toy(AttentionImpl):
     features: ClassVar = EVERYTHING
     calls: ClassVar[list[str]]
 
-    def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
-                       init_bias: Any = None, causal: bool = False, **kw: Any) -> AttentionOutput:
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
         type(self).calls.append(self.name())
-        return AttentionOutput(dense(q, k, v, causal, kw["softmax_scale"], mask))
+        return AttentionOutput(dense(call.q, call.k, call.v, call.causal, call.softmax_scale, call.mask))
 
 
 class Alpha(_Toy):

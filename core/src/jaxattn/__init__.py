@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
+    "AttentionCall": "call",
+    "PagedCall": "call",
     "AttentionImpl": "impl",
     "PagedAttentionImpl": "paged_impl",
     "PagedProblem": "problem",
@@ -52,6 +54,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "AttentionCall",
     "AttentionImpl",
     "AttentionMechanisms",
     "AttentionMetadata",
@@ -67,6 +70,7 @@ __all__ = [
     "InvalidTypeError",
     "JaxattnError",
     "PagedAttentionImpl",
+    "PagedCall",
     "PagedProblem",
     "PluginError",
     "PluginRecord",
@@ -108,6 +112,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from .api import attention, explain_paged, get_impl, paged_attention, ragged_paged_attention
+    from .call import AttentionCall, PagedCall
     from .capabilities import Feature
     from .device import DeviceInfo, detect_device, tpu_version_check
     from .dispatch import Explanation, explain, get_optimal_config, use_impl

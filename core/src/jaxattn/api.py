@@ -3,12 +3,15 @@
 
 This is where the layers meet: names are resolved by the selection layer (``lookup``,
 ``dispatch``), and what runs is composed here: every impl ``get_impl`` returns carries the
-``COMPOSED`` runner (hand-off and sharding, ``jaxattn.compose``), and "auto" gets this module's
-``get_impl`` to build its choices and ``SplitGradImpl`` to give a call's backward its own backend.
+``COMPOSED`` composition (hand-off and sharding, ``jaxattn.compose``), and "auto" gets this
+module's ``get_impl`` to build its choices and ``SplitGradImpl`` to give a call's backward its
+own backend. A call is validated once, here, into one call object (``jaxattn.call``), which the
+impl runs (``Backend.run``: its plan for the problem, then the forward).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -22,9 +25,10 @@ from .dispatch import AutoAttention, AutoPagedAttention, Explanation, accepting,
 from .errors import InvalidInputError, UnsupportedError
 from .impl import AttentionImpl
 from .lookup import new_impl
-from .metadata import AttentionMetadata, as_metadata
+from .metadata import DEFAULT_METADATA, AttentionMetadata, as_metadata
 from .names import AttentionMechanisms, normalize_name
 from .paged_impl import PagedAttentionImpl
+from .paged_validation import resolve_paged_call
 from .plugins import registry
 from .problem import Problem
 from .split import SplitGradImpl
@@ -36,8 +40,16 @@ __all__ = ["attention", "explain_paged", "get_impl", "paged_attention", "ragged_
 @functools.lru_cache(maxsize=256)
 def _composed(name: str, metadata: AttentionMetadata, device: DeviceInfo, generation: int) -> Backend[Any]:
     impl = new_impl(name, metadata, device)
-    impl.runner = COMPOSED
+    impl.composition = COMPOSED
     return impl
+
+
+@functools.lru_cache(maxsize=64)
+def _auto(kind: str, metadata: AttentionMetadata, device: DeviceInfo, generation: int) -> Backend[Any]:
+    # One instance per metadata and registry state: its plans are memoised per problem.
+    if kind == "paged":
+        return AutoPagedAttention(metadata, resolve=get_impl)
+    return AutoAttention(metadata, resolve=get_impl, combine=SplitGradImpl)
 
 
 def get_impl(name: str | AttentionMechanisms, metadata: AttentionMetadata | None = None, *,
@@ -57,9 +69,7 @@ def get_impl(name: str | AttentionMechanisms, metadata: AttentionMetadata | None
         raise InvalidInputError("kind", f"must be 'dense' or 'paged', got {kind!r}",
                                 "kind picks what 'auto' chooses among; a named impl has its own")
     if key == AttentionMechanisms.AUTO.value:
-        if kind == "paged":
-            return AutoPagedAttention(md, resolve=get_impl)
-        return AutoAttention(md, resolve=get_impl, combine=SplitGradImpl)
+        return _auto(kind, md, detect_device(), registry().generation)
     return _composed(key, md, detect_device(), registry().generation)
 
 
@@ -109,30 +119,23 @@ def attention(
     explicitly chosen impl never falls back silently: it raises ``UnsupportedError`` with every
     reason and the names of the impls that would accept the call.
     """
-    md = as_metadata(metadata)
+    md = DEFAULT_METADATA if metadata is None else as_metadata(metadata)
     chosen = impl if isinstance(impl, AttentionImpl) else get_impl(call_impl_name(impl), md)
     if not isinstance(chosen, AttentionImpl):
         raise InvalidInputError("impl", f"{chosen.name()!r} is a {chosen.kind} impl; attention() runs dense ones",
                                 "use paged_attention / ragged_paged_attention for paged impls")
-    kwargs: dict[str, Any] = {
-        "sliding_window": sliding_window, "q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids,
-        "softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap, "softmax_aux": softmax_aux,
-        "dropout_prob": dropout_prob, "dropout_rng": dropout_rng,
-    }
-    if kv_lengths is not None:  # only impls that declare Feature.KV_LENGTHS see the keyword
-        kwargs["kv_lengths"] = kv_lengths
-    if k_scale is not None or v_scale is not None:  # validated with the cache (jaxattn.quantize)
-        kwargs["k_scale"], kwargs["v_scale"] = k_scale, v_scale
+    call = resolve_call(q, k, v, mask=mask, bias=bias, init_bias=init_bias, causal=causal,
+                        sliding_window=sliding_window, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                        softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap, softmax_aux=softmax_aux,
+                        dropout_prob=dropout_prob, dropout_rng=dropout_rng, kv_lengths=kv_lengths, k_scale=k_scale,
+                        v_scale=v_scale, metadata=chosen.metadata, prepare=True)
     try:
-        out = chosen(q, k, v, mask, bias, init_bias, causal, **kwargs)
+        return chosen.run(call).attention_outputs
     except UnsupportedError as err:
         if isinstance(chosen, AutoAttention) or err.hint:
             raise
-        spec = resolve_call(q, k, v, mask=mask, bias=bias, init_bias=init_bias, causal=causal, metadata=md,
-                            **kwargs)
-        problem = chosen.problem(q, k, v, mask, spec, softmax_aux, needs_grad=err.gradient)
+        problem = dataclasses.replace(call.problem, needs_grad=err.gradient)
         raise _with_hint(err, problem, md) from None
-    return out.attention_outputs
 
 
 def _paged_impl(impl: str | AttentionMechanisms | PagedAttentionImpl | None,
@@ -157,13 +160,13 @@ def _num_seqs(num_seqs: Any) -> Any:
 
 def _run_paged(chosen: PagedAttentionImpl, q: Any, k_pages: Any, v_pages: Any, page_table: Any, kv_lengths: Any,
                features: dict[str, Any], metadata: AttentionMetadata) -> Any:
+    call = chosen.validate(q, k_pages, v_pages, page_table, kv_lengths, prepare=True, **features)
     try:
-        return chosen(q, k_pages, v_pages, page_table, kv_lengths, **features).attention_outputs
+        return chosen.run(call).attention_outputs
     except UnsupportedError as err:
         if isinstance(chosen, AutoPagedAttention) or err.hint:
             raise
-        spec = chosen._resolve(q, k_pages, v_pages, page_table, kv_lengths, features)
-        raise _with_hint(err, chosen.problem(spec, q, features.get("softmax_aux")), metadata) from None
+        raise _with_hint(err, dataclasses.replace(call.problem, needs_grad=err.gradient), metadata) from None
 
 
 def ragged_paged_attention(
@@ -267,10 +270,9 @@ def explain_paged(
         q = _Struct((b * t, *shape[-2:]), q.dtype)
         cu_q_lens = np.arange(b + 1, dtype=np.int32) * t
         num_seqs, features["queries_per_seq"] = np.asarray([b], np.int32), t
-    base = PagedAttentionImpl(md)
-    spec = base._resolve(q, k_pages, v_pages, page_table, kv_lengths,
-                         {**features, "cu_q_lens": cu_q_lens, "num_seqs": _num_seqs(num_seqs)})
-    return explain_problem(base.problem(spec, q, features.get("softmax_aux")), impl=impl, metadata=md)
+    call = resolve_paged_call(q, k_pages, v_pages, page_table, kv_lengths, metadata=md,
+                              **{**features, "cu_q_lens": cu_q_lens, "num_seqs": _num_seqs(num_seqs)})
+    return explain_problem(call.problem, impl=impl, metadata=md)
 
 
 class _Struct:

@@ -8,16 +8,19 @@ routes an accepted call to its ``forward_<platform>`` method for the device, vLL
 over a paged KV cache, ``jaxattn.paged_impl``); their calls and forwards differ, the rest
 is here.
 
-What runs around the kernel is the backend's ``runner``, passed down by whoever built it:
-``jaxattn.get_impl`` hands calls to ``fallback_impl`` and wraps kernels in ``shard_map`` over a
-mesh (``jaxattn.compose``); a backend constructed directly runs its own kernel (``DIRECT``).
+A call runs on a straight path: ``run(call)`` looks up the call's ``Plan``, decided once per
+problem (``plan``: decline with every reason, hand-off, sharding, the gradient guard, the routed
+forward), and calls the forward on the call object (``jaxattn.call``). Hand-off to
+``fallback_impl`` and ``shard_map`` over a mesh are the ``composition`` that ``jaxattn.get_impl``
+gives the instances it builds (``jaxattn.compose``); a backend constructed directly has none and
+declines the calls that would need them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from .capabilities import Feature, describe_features, head_dim_reason, platform_matches
 from .declaration import DeclarationError, ImplRef
@@ -29,7 +32,7 @@ from .problem import Problem
 if TYPE_CHECKING:
     from .output import AttentionOutput
 
-__all__ = ["DIRECT", "Backend", "Call", "DirectRunner", "Forward", "Runner", "resolve_platform"]
+__all__ = ["Backend", "Composition", "Forward", "Plan", "refuse_gradients", "resolve_platform"]
 
 _FEATURE_TEXT = {
     Feature.CAUSAL: "causal masking",
@@ -74,96 +77,70 @@ def resolve_platform(metadata: AttentionMetadata, device: DeviceInfo) -> tuple[s
     return override, None
 
 
-def _refuse_gradients(forward: Forward, name: str, reasons: list[str]) -> Forward:
+def refuse_gradients(forward: Forward, name: str, reasons: list[str]) -> Forward:
     """Wrap a forward so that differentiating it raises ``UnsupportedError`` with ``reasons``
     instead of failing deep inside a kernel (or, worse, differentiating something that is not
     the kernel's math).
 
     The error comes from the custom VJP's forward rule, which JAX traces only when the call is
     differentiated: an undifferentiated call runs the plain forward (the wrapper is transparent
-    in the compiled program). Keyword arguments that are arrays travel as primal inputs.
+    in the compiled program). The call's arrays travel as primal inputs.
     """
     import jax
 
-    def run(*args: Any, **kwargs: Any) -> AttentionOutput:
-        arrays = {n: kwargs.pop(n) for n in list(kwargs) if hasattr(kwargs[n], "shape")}
-
+    def run(call: Any) -> AttentionOutput:
         @jax.custom_vjp
-        def call(args: tuple[Any, ...], arrays: dict[str, Any]) -> AttentionOutput:
-            return forward(*args, **arrays, **kwargs)
+        def guarded(arrays: dict[str, Any]) -> AttentionOutput:
+            return forward(call.replace(**arrays))
 
-        def fwd(args: tuple[Any, ...], arrays: dict[str, Any]) -> tuple[AttentionOutput, None]:
+        def fwd(arrays: dict[str, Any]) -> tuple[AttentionOutput, None]:
             raise UnsupportedError(name, reasons, gradient=True)
 
         def bwd(_: None, __: Any) -> Any:  # never reached: fwd raises
             raise UnsupportedError(name, reasons, gradient=True)
 
-        call.defvjp(fwd, bwd)
-        return call(args, arrays)
+        guarded.defvjp(fwd, bwd)
+        return guarded(call.arrays())
 
     run.__name__ = getattr(forward, "__name__", "forward")
     return run
 
 
-def _jax_arrays(call: Call) -> Call:
-    """``call`` with its NumPy arrays as JAX arrays: every argument that takes an array takes a
-    NumPy one, but kernels index with traced values (``lax.map``, ``vmap``), which a NumPy array
-    cannot take."""
-    import jax.numpy as jnp
-    import numpy as np
+def _TRANSITION(impl: Any, forward: Any) -> Any:  # TEMPORARY: old-style forwards while plugins move
+    import inspect
 
-    def convert(x: Any) -> Any:
-        return jnp.asarray(x) if isinstance(x, np.ndarray) else x
-
-    return Call(tuple(convert(a) for a in call.args), {n: convert(x) for n, x in call.kwargs.items()})
+    params = list(inspect.signature(forward).parameters.values())
+    if len(params) == 1 and params[0].name == "call":
+        return forward
+    if impl.kind == "paged":
+        return lambda call: forward(call.q, call.k_pages, call.v_pages, kv_layout=call.kv_layout, **call.options())
+    return lambda call: forward(call.q, call.k, call.v, call.mask, call.bias, None, call.causal, **call.options())
 
 
 @dataclasses.dataclass(frozen=True)
-class Call:
-    """One accepted call, validated and normalised: what a ``forward_*`` method receives.
+class Plan:
+    """How calls of one problem run, decided once (``Backend.plan``) and memoised per problem."""
 
-    ``args`` are the positional arrays (q, k, v for dense attention); ``kwargs`` every other
-    argument in its normalised form (see the kind's ``prepare``).
+    #: The forward to call on the call object: routed for the platform, maybe under
+    #: ``shard_map``, maybe guarding against gradients, maybe another backend's (a hand-off).
+    forward: Forward
+    #: The backend whose kernel runs (errors name it).
+    name: str
+    #: The shape ``attention_outputs`` must have (checked after every kernel).
+    out_shape: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Composition:
+    """What surrounds a kernel for the backends ``jaxattn.get_impl`` builds (``jaxattn.compose``).
+
+    ``hand_off(impl, problem, reasons)`` is the backend that runs a call ``impl`` hands to its
+    ``fallback_impl`` (``reasons``: its ``fallback_reasons``); ``shard(impl)`` is ``impl``'s routed
+    forward under ``shard_map`` over the batch and head axes of its metadata's mesh.
     """
 
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-
-
-class Runner(Protocol):
-    """How a call that a backend accepted runs: passed down by whoever built the backend."""
-
-    def reasons(self, impl: Backend[Any], problem: Any) -> list[str]:
-        """Why this runner cannot run ``problem`` with ``impl`` (beyond the impl's own reasons)."""
-        ...
-
-    def run(self, impl: Backend[Any], problem: Any, call: Call) -> AttentionOutput:
-        """Run an accepted call."""
-        ...
-
-
-class DirectRunner:
-    """The runner of a backend built directly: its own kernel, on the arrays given, nothing around it."""
-
-    def reasons(self, impl: Backend[Any], problem: Any) -> list[str]:
-        reasons = []
-        md = impl.metadata
-        if md.mesh is not None and (md.batch_axis or md.head_axis) and not impl.sequence_parallel:
-            reasons.append(
-                f"metadata.mesh shards the batch or heads, but this {type(impl).__name__} was constructed "
-                "directly, so nothing wraps its kernel in shard_map; build it with jaxattn.get_impl(name, metadata)"
-            )
-        if md.allow_fallback:
-            reasons += [f"{r} (would hand the call to {impl.fallback_impl}, which only an impl built by "
-                        "jaxattn.get_impl can do)" for r in impl.fallback_reasons(problem)]
-        return reasons
-
-    def run(self, impl: Backend[Any], problem: Any, call: Call) -> AttentionOutput:
-        return impl.run_kernel(problem, call)
-
-
-#: The runner of backends that were constructed directly.
-DIRECT = DirectRunner()
+    hand_off: Callable[[Backend[Any], Any, list[str]], Backend[Any]]
+    shard: Callable[[Backend[Any]], Forward]
 
 
 class Backend(Generic[P]):
@@ -191,14 +168,16 @@ class Backend(Generic[P]):
     #: The ``ImplRef`` this class binds to (``class X(AttentionImpl, declaration=REF)``), which
     #: states its names and the class attributes above; None for a class that declares them itself.
     declaration: ClassVar[ImplRef | None] = None
-    #: How an accepted call runs; ``jaxattn.get_impl`` sets its own on the instances it builds.
-    runner: Runner = DIRECT
+    #: Hand-off and sharding: set by ``jaxattn.get_impl`` on the instances it builds; None for a
+    #: backend constructed directly, which declines the calls that would need them.
+    composition: Composition | None = None
 
     def __init__(self, metadata: AttentionMetadata | None = None, device: DeviceInfo | None = None) -> None:
         self.metadata = metadata if metadata is not None else DEFAULT_METADATA
         self.device = device if device is not None else detect_device()
         self.platform, self.vendor = resolve_platform(self.metadata, self.device)
         self._grad_reasons: dict[P, tuple[str, ...]] = {}
+        self._plans: dict[P, Plan] = {}
 
     def __init_subclass__(cls, declaration: ImplRef | None = None, **kwargs: Any) -> None:
         """Bind the class to its ``declaration``: every class attribute it states is set from it.
@@ -332,9 +311,26 @@ class Backend(Generic[P]):
             cached = self._grad_reasons[key] = tuple(self.reasons_to_decline(key))
         return list(cached)
 
+    def direct_reasons(self, problem: P) -> list[str]:
+        """Why a backend constructed directly (no ``composition``) cannot run ``problem``: a mesh
+        to shard over, or a hand-off to ``fallback_impl``; empty for one ``jaxattn.get_impl`` built."""
+        if self.composition is not None:
+            return []
+        reasons = []
+        md = self.metadata
+        if md.mesh is not None and (md.batch_axis or md.head_axis) and not self.sequence_parallel:
+            reasons.append(
+                f"metadata.mesh shards the batch or heads, but this {type(self).__name__} was constructed "
+                "directly, so nothing wraps its kernel in shard_map; build it with jaxattn.get_impl(name, metadata)"
+            )
+        if md.allow_fallback:
+            reasons += [f"{r} (would hand the call to {self.fallback_impl}, which only an impl built by "
+                        "jaxattn.get_impl can do)" for r in self.fallback_reasons(problem)]
+        return reasons
+
     def decline(self, problem: P) -> None:
-        """Raise one ``UnsupportedError`` with every reason this call cannot run (runner's too)."""
-        reasons = self.reasons_to_decline(problem) + self.runner.reasons(self, problem)
+        """Raise one ``UnsupportedError`` with every reason this call cannot run (hand-off and mesh too)."""
+        reasons = self.reasons_to_decline(problem) + self.direct_reasons(problem)
         if reasons:
             raise UnsupportedError(self.name(), reasons)
 
@@ -344,65 +340,87 @@ class Backend(Generic[P]):
         ``PagedAttentionImpl``)."""
         raise NotImplementedError(f"{type(self).__name__} is not an op kind's backend")
 
-    def route(self) -> Forward:
-        """The ``forward_*`` method for the effective platform."""
-        forward: Forward
-        if self.platform == "cpu":
-            forward = self.forward_cpu
-        elif self.platform == "tpu":
-            forward = self.forward_tpu
-        elif self.platform == "gpu":
-            forward = self.forward_rocm if self.vendor == "rocm" else self.forward_cuda
-        else:
-            forward = self.forward_native
-        return forward
-
-    def output_shape(self, call: Call) -> tuple[int, ...]:
-        """The shape ``attention_outputs`` must have for ``call`` (checked after every kernel)."""
+    def output_shape(self, problem: P) -> tuple[int, ...]:
+        """The shape ``attention_outputs`` must have for ``problem`` (checked after every kernel)."""
         raise NotImplementedError
 
-    def run_kernel(self, problem: P, call: Call,
-                   wrap: Callable[[Backend[Any], Forward], Forward] | None = None) -> AttentionOutput:
-        """Run this backend's own forward for the platform on an accepted call.
+    def plan(self, problem: P) -> Plan:
+        """Decide how calls of ``problem`` run here, once (``run`` memoises it per problem).
 
-        ``wrap`` (from the runner) wraps the forward, e.g. in ``shard_map``. Differentiating a
-        call whose backward this backend cannot run raises its ``grad_reasons``.
+        Declines the call (one ``UnsupportedError`` with every reason), else: the forward of
+        this backend, or of its ``fallback_impl`` for a call it hands off (logged once); under
+        ``shard_map`` when the metadata carries a mesh; guarded so that differentiating a call
+        whose backward the backend cannot run raises its ``grad_reasons``.
         """
-        forward = self.route()
-        if wrap is not None:
-            forward = wrap(self, forward)
-        grad_reasons = self.grad_reasons(problem)
-        if grad_reasons:  # after the wrap, so that a sharded call refuses too
-            forward = _refuse_gradients(forward, self.name(), grad_reasons)
-        call = _jax_arrays(call)
-        out = forward(*call.args, **call.kwargs)
-        want = self.output_shape(call)
+        self.decline(problem)
+        impl: Backend[Any] = self
+        why = self.fallback_reasons(problem)
+        if why and self.composition is not None:  # without one, decline() refused the call
+            impl = self.composition.hand_off(self, problem, why)
+        forward = impl.route()
+        if (self.composition is not None and impl.metadata.mesh is not None and not impl.sequence_parallel
+                and impl.kind == "dense"):
+            forward = self.composition.shard(impl)
+        grad_reasons = impl.grad_reasons(problem)
+        if grad_reasons:  # after the shard_map, so that a sharded call refuses too
+            forward = refuse_gradients(forward, impl.name(), grad_reasons)
+        return Plan(forward, impl.name(), self.output_shape(problem))
+
+    def run(self, call: Any) -> AttentionOutput:
+        """Run a validated call (an ``AttentionCall`` or ``PagedCall``): its plan, then its forward.
+
+        An output of the wrong shape is the backend's fault: ``PluginError``.
+        """
+        plan = self._plans.get(call.problem)
+        if plan is None:
+            plan = self._plans[call.problem] = self.plan(call.problem)
+        out = plan.forward(call)
         got = tuple(out.attention_outputs.shape)
-        if got != want:
-            raise PluginError(f"impl {self.name()!r} returned attention_outputs of shape {got}, expected {want}")
+        if got != plan.out_shape:
+            raise PluginError(f"impl {plan.name!r} returned attention_outputs of shape {got}, "
+                              f"expected {plan.out_shape}")
         return out
 
-    # -- per-platform forwards (a kind fixes their signature; override the ones you have) ----
-    def forward_native(self, *args: Any, **kwargs: Any) -> AttentionOutput:
+    def route(self) -> Forward:
+        """The ``forward_*`` method for the effective platform: the most specific one the class
+        overrides (cpu: ``forward_cpu``; tpu: ``forward_tpu``; an NVIDIA or AMD GPU:
+        ``forward_cuda`` or ``forward_rocm``, then ``forward_gpu``), else ``forward_native``."""
+        names: tuple[str, ...] = ()
+        if self.platform == "cpu":
+            names = ("forward_cpu",)
+        elif self.platform == "tpu":
+            names = ("forward_tpu",)
+        elif self.platform == "gpu":
+            names = ("forward_rocm" if self.vendor == "rocm" else "forward_cuda", "forward_gpu")
+        cls = type(self)
+        for name in names:
+            if getattr(cls, name) is not getattr(Backend, name):
+                return _TRANSITION(self, getattr(self, name))  # type: ignore[no-any-return]
+        return _TRANSITION(self, self.forward_native)
+
+    # -- per-platform forwards: override the ones you have -----------------------------------
+    # Each takes the call object of the backend's kind (``AttentionCall``, ``PagedCall``:
+    # ``jaxattn.call``) and returns an ``AttentionOutput``.
+    def forward_native(self, call: Any) -> AttentionOutput:
         """Portable path; the default target of every other forward."""
         raise NotImplementedError(
             f"impl {self.name()!r} has no forward for platform {self.platform!r} and no forward_native"
         )
 
-    def forward_cpu(self, *args: Any, **kwargs: Any) -> AttentionOutput:
-        return self.forward_native(*args, **kwargs)
+    def forward_cpu(self, call: Any) -> AttentionOutput:
+        return self.forward_native(call)
 
-    def forward_tpu(self, *args: Any, **kwargs: Any) -> AttentionOutput:
-        return self.forward_native(*args, **kwargs)
+    def forward_tpu(self, call: Any) -> AttentionOutput:
+        return self.forward_native(call)
 
-    def forward_gpu(self, *args: Any, **kwargs: Any) -> AttentionOutput:
-        return self.forward_native(*args, **kwargs)
+    def forward_gpu(self, call: Any) -> AttentionOutput:
+        return self.forward_native(call)
 
-    def forward_cuda(self, *args: Any, **kwargs: Any) -> AttentionOutput:
-        return self.forward_gpu(*args, **kwargs)
+    def forward_cuda(self, call: Any) -> AttentionOutput:
+        return self.forward_gpu(call)
 
-    def forward_rocm(self, *args: Any, **kwargs: Any) -> AttentionOutput:
-        return self.forward_gpu(*args, **kwargs)
+    def forward_rocm(self, call: Any) -> AttentionOutput:
+        return self.forward_gpu(call)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name()!r} on {self.platform}>"

@@ -15,6 +15,8 @@ import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
+from .backend import Plan
+from .call import AttentionCall, PagedCall
 from .candidates import Candidate
 from .capabilities import ALL_FEATURES
 from .device import detect_device
@@ -28,8 +30,7 @@ from .paged_impl import PagedAttentionImpl
 from .plugins import registry
 from .problem import AttentionProblem, PagedProblem, Problem
 from .registry import reraise_interrupts
-from .tuning.cache import on_reload
-from .tuning.refiner import refine
+from .tuning import on_reload, refine
 from .validation import resolve_call
 
 __all__ = [
@@ -156,8 +157,9 @@ def _evaluate(problem: Problem, metadata: AttentionMetadata) -> list[Candidate]:
 RankRefiner = Callable[[list[Candidate], Problem, AttentionMetadata], list[Candidate]]
 _refiners: list[RankRefiner] = [refine]
 
-# choose()'s results per (problem, metadata, device, registry state): a repeated call signature
-# costs one dict lookup. Cleared when refiners or the tuning cache change (clear_choices).
+# choose()'s results per (problem, metadata, device, registry state), and auto's plans per
+# (auto instance, problem): a repeated call signature costs one dict lookup. Cleared when
+# refiners or the tuning cache change (clear_choices).
 _choices: dict[tuple[Any, ...], Any] = {}
 
 # Backends that auto ran and that broke the contract on a call (a PluginError, e.g. an output
@@ -260,12 +262,33 @@ Resolve = Callable[[str, AttentionMetadata], AttentionImpl]
 Combine = Callable[[AttentionImpl, AttentionImpl | None, Sequence[str]], AttentionImpl]
 
 
+def _auto_run(auto: AttentionImpl | PagedAttentionImpl, call: AttentionCall | PagedCall) -> AttentionOutput:
+    """Run ``call`` on auto's plan for its problem (memoised in ``_choices``); a chosen backend
+    that breaks its contract (``PluginError``) is declined for such calls and the next one runs."""
+    while True:  # each pass declines one more faulty backend: it ends
+        key = (auto, call.problem)
+        plan = _choices.get(key)
+        if plan is None:
+            plan = _choices[key] = auto.plan(call.problem)
+        try:
+            out = plan.forward(call)
+            got = tuple(out.attention_outputs.shape)
+            if got != plan.out_shape:
+                raise PluginError(f"impl {plan.name!r} returned attention_outputs of shape {got}, expected "
+                                  f"{plan.out_shape}")
+        except PluginError as err:  # the chosen backend broke its contract: the next one runs
+            _skip_fault(call.problem, auto.metadata, _chosen_name(call.problem, auto.metadata), err)
+            continue
+        return out
+
+
 class AutoAttention(AttentionImpl):
-    """Picks, per call, the best implementation that supports the inputs on this device.
+    """Picks, per problem, the best implementation that supports the inputs on this device.
 
     Choosing is this module's job; building what runs the choice is the caller's: ``resolve``
     turns a name into a runnable impl and ``combine`` joins a forward impl with the impl that
-    differentiates the call, when they differ (see ``jaxattn.api.get_impl``).
+    differentiates the call, when they differ (see ``jaxattn.api.get_impl``). The choice, and
+    the chosen impl's plan, are made once per problem.
     """
 
     features: ClassVar = ALL_FEATURES
@@ -280,6 +303,8 @@ class AutoAttention(AttentionImpl):
         return AttentionMechanisms.AUTO.value
 
     def select(self, problem: AttentionProblem) -> AttentionImpl:
+        """The impl that runs ``problem``: the chosen one, or its join with the impl that
+        differentiates the call."""
         chosen, rows = choose(problem, self.metadata)
         if chosen is None:
             raise _no_choice(rows)
@@ -297,34 +322,11 @@ class AutoAttention(AttentionImpl):
             return []
         return [f"{c.name}: {'; '.join(c.reasons)}" for c in rows if c.here] or ["no impl for this platform"]
 
-    def __call__(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
-                 init_bias: Callable[[], Any] | None = None, causal: bool = False,
-                 **features: Any) -> AttentionOutput:
-        # A repeated call signature skips validation and choice here: the chosen impl validates
-        # the call itself, so auto's own cost per call is building this key and one lookup.
-        key = _call_key(q, k, v, mask, bias, causal, features, self.metadata) if init_bias is None else None
-        try:
-            impl = _choices.get(key) if key is not None else None
-        except TypeError:  # an unhashable feature value: this call is not memoised
-            key = impl = None
-        if impl is not None:
-            assert isinstance(impl, AttentionImpl)
-            return impl(q, k, v, mask, bias, None, causal, **features)
-        spec = resolve_call(q, k, v, mask=mask, bias=bias, init_bias=init_bias, causal=causal,
-                            metadata=self.metadata, **features)
-        problem = self.problem(q, k, v, mask, spec, features.get("softmax_aux"))
-        while True:  # each pass declines one more faulty backend: it ends
-            impl = self.select(problem)
-            try:
-                out = impl(q, k, v, mask, spec.bias, None, causal, **features)
-            except PluginError as err:  # the chosen backend broke its contract: the next one runs
-                _skip_fault(problem, self.metadata, _chosen_name(problem, self.metadata), err)
-                continue
-            if key is not None:
-                _choices[key] = impl
-            return out
+    def plan(self, problem: AttentionProblem) -> Plan:
+        return self.select(problem).plan(problem)
 
-
+    def run(self, call: AttentionCall) -> AttentionOutput:
+        return _auto_run(self, call)
 
 
 def _no_choice(rows: list[Candidate]) -> UnsupportedError:
@@ -334,7 +336,7 @@ def _no_choice(rows: list[Candidate]) -> UnsupportedError:
 
 
 class AutoPagedAttention(PagedAttentionImpl):
-    """"auto" for calls over a paged KV cache: per call, the best paged backend that accepts it."""
+    """"auto" for calls over a paged KV cache: per problem, the best paged backend that accepts it."""
 
     features: ClassVar = ALL_FEATURES
     priority: ClassVar[int] = -1
@@ -360,37 +362,17 @@ class AutoPagedAttention(PagedAttentionImpl):
         chosen, rows = choose(problem, self.metadata)
         return [] if chosen is not None else _no_choice(rows).reasons
 
-    def __call__(self, q: Any, k_pages: Any, v_pages: Any, page_table: Any, kv_lengths: Any,
-                 **features: Any) -> AttentionOutput:
-        spec = self._resolve(q, k_pages, v_pages, page_table, kv_lengths, features)
-        problem = self.problem(spec, q, features.get("softmax_aux"))
-        while True:  # as AutoAttention: a backend that breaks its contract is skipped
-            impl = self.select(problem)
-            try:
-                return impl(q, k_pages, v_pages, page_table, kv_lengths, **features)
-            except PluginError as err:
-                _skip_fault(problem, self.metadata, _chosen_name(problem, self.metadata), err)
+    def plan(self, problem: PagedProblem) -> Plan:
+        return self.select(problem).plan(problem)
+
+    def run(self, call: PagedCall) -> AttentionOutput:
+        return _auto_run(self, call)
 
 
 def _chosen_name(problem: Problem, metadata: AttentionMetadata) -> str:
     chosen, _ = choose(problem, metadata)  # memoised: what select() just ran
     assert chosen is not None
     return chosen
-
-
-def _signature(x: Any) -> Any:
-    shape = getattr(x, "shape", None)
-    return x if shape is None else (tuple(shape), x.dtype)  # dtype objects hash fast; str() does not
-
-
-def _call_key(q: Any, k: Any, v: Any, mask: Any, bias: Any, causal: Any, features: dict[str, Any],
-              metadata: AttentionMetadata) -> tuple[Any, ...]:
-    """Shapes, dtypes and static features of a call: what auto's choice depends on."""
-    # Comparing with the default is ~10x cheaper than hashing a metadata, and most calls use it.
-    md = None if metadata == DEFAULT_METADATA else metadata
-    return ("call", _signature(q), _signature(k), _signature(v), _signature(mask), _signature(bias), causal,
-            tuple(sorted((name, _signature(x)) for name, x in features.items())), md, detect_device(),
-            registry().generation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,15 +428,9 @@ def explain(
     ``q``, ``k``, ``v`` (and mask/bias/segment ids) may be ``jax.ShapeDtypeStruct``s.
     """
     md = as_metadata(metadata)
-    mask = features.pop("mask", None)
-    spec = resolve_call(q, k, v, mask=mask, metadata=md, **features)
-    problem = AttentionProblem.from_inputs(
-        q, k, v, mask=mask, bias=spec.bias, causal=spec.causal, sliding_window=spec.sliding_window,
-        q_segment_ids=spec.q_segment_ids, kv_segment_ids=spec.kv_segment_ids,
-        logits_soft_cap=spec.logits_soft_cap, softmax_aux=features.get("softmax_aux"),
-        dropout_prob=spec.dropout_prob, needs_grad=needs_grad, dtype=md.runtime_dtype or q.dtype,
-        kv_lengths=spec.kv_lengths,
-    )
+    problem = resolve_call(q, k, v, metadata=md, **features).problem
+    if needs_grad:
+        problem = dataclasses.replace(problem, needs_grad=True)
     return explain_problem(problem, impl=impl, metadata=md)
 
 

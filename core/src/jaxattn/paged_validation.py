@@ -10,39 +10,19 @@ lengths are clamped, never read out of bounds).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from ._dtypes import dtype_name
+from .call import PagedCall
 from .errors import InvalidInputError, InvalidTypeError
 from .metadata import AttentionMetadata, as_metadata
+from .problem import PagedProblem
 from .quantize import check_kv_scales
 from .validation import as_int, check_sinks, is_concrete, positive, shape_of
 
-__all__ = ["PagedSpec", "resolve_paged_call"]
+__all__ = ["resolve_paged_call"]
 
 _FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
-
-
-@dataclasses.dataclass(frozen=True)
-class PagedSpec:
-    """The validated, defaulted arguments of one paged call (arrays untouched)."""
-
-    kv_layout: str  # "separate" or "combined"
-    num_tokens: int
-    heads_q: int
-    heads_kv: int
-    head_dim: int
-    head_dim_v: int
-    num_pages: int
-    page_size: int
-    num_seqs_max: int
-    pages_per_seq: int
-    queries_per_seq: int | None
-    sliding_window: int | None
-    softmax_scale: float
-    logits_soft_cap: float | None
-    kv_dtype: str | None = None  # a quantized cache's storage dtype (k_scale, v_scale given), else None
 
 
 def _ints(x: Any, name: str, shape: tuple[int, ...], what: str) -> None:
@@ -100,11 +80,11 @@ def _window(sliding_window: Any, longest: int | None = None) -> int | None:
     return size if longest is None else min(size, longest)
 
 
-def _check_values(spec: PagedSpec, page_table: Any, kv_lengths: Any, cu_q_lens: Any, num_seqs: Any) -> None:
+def _check_values(spec: PagedProblem, page_table: Any, kv_lengths: Any, cu_q_lens: Any, num_seqs: Any) -> None:
     """Value checks of concrete arrays (see the module docstring for traced ones)."""
     import numpy as np
 
-    n = spec.num_seqs_max
+    n = spec.num_seqs
     if is_concrete(num_seqs):
         count = int(np.asarray(num_seqs).reshape(-1)[0])
         if not 0 <= count <= n:
@@ -167,8 +147,13 @@ def resolve_paged_call(
     k_scale: Any = None,
     v_scale: Any = None,
     metadata: AttentionMetadata | None = None,
-) -> PagedSpec:
-    """Validate a paged call in its ragged form and fill its defaults from ``metadata``."""
+    prepare: bool = False,
+) -> PagedCall:
+    """Validate a paged call in its ragged form and fill its defaults from ``metadata``: the one
+    ``PagedCall`` it runs as. Arrays may be ``jax.ShapeDtypeStruct``s unless ``prepare`` is set,
+    which also normalises them as a forward receives them: q and a float cache in
+    ``metadata.runtime_dtype``, ``num_seqs`` int32 of shape (1,), the scales float32 at rank 3,
+    NumPy arrays as JAX arrays."""
     md = as_metadata(metadata)
     qs = shape_of(q, "q")
     if len(qs) != 3:
@@ -212,11 +197,38 @@ def resolve_paged_call(
     check_sinks(softmax_aux, hq)
     scale = positive("softmax_scale", softmax_scale if softmax_scale is not None else md.softmax_scale)
     cap = positive("logits_soft_cap", logits_soft_cap if logits_soft_cap is not None else md.logits_soft_cap)
-    spec = PagedSpec(
-        kv_layout=layout, num_tokens=num_tokens, heads_q=hq, heads_kv=hkv, head_dim=d, head_dim_v=dv,
-        num_pages=num_pages, page_size=page_size, num_seqs_max=n, pages_per_seq=pages_per_seq,
-        queries_per_seq=queries_per_seq, sliding_window=_window(sliding_window, pages_per_seq * page_size),
-        softmax_scale=scale if scale is not None else float(d) ** -0.5, logits_soft_cap=cap, kv_dtype=kv_dtype,
+    window = _window(sliding_window, pages_per_seq * page_size)
+    problem = PagedProblem(
+        num_seqs=n, num_tokens=num_tokens, queries_per_seq=queries_per_seq, heads_q=hq, heads_kv=hkv, head_dim=d,
+        head_dim_v=dv, dtype=dtype_name(md.runtime_dtype or q.dtype), page_size=page_size, num_pages=num_pages,
+        pages_per_seq=pages_per_seq, kv_layout=layout, sliding_window=window, logits_soft_cap=cap,
+        sinks=softmax_aux is not None, kv_dtype=kv_dtype,
     )
-    _check_values(spec, page_table, kv_lengths, cu_q_lens, num_seqs)
-    return spec
+    _check_values(problem, page_table, kv_lengths, cu_q_lens, num_seqs)
+    if layout == "combined":
+        k_pages, v_pages = kv_pages, None
+    if prepare:
+        import jax.numpy as jnp
+        import numpy as np
+
+        q, k_pages, v_pages, page_table, kv_lengths, cu_q_lens, num_seqs, softmax_aux = [
+            jnp.asarray(x) if isinstance(x, np.ndarray) else x
+            for x in (q, k_pages, v_pages, page_table, kv_lengths, cu_q_lens, num_seqs, softmax_aux)
+        ]
+        if md.runtime_dtype is not None:
+            dtype = jnp.dtype(md.runtime_dtype)
+            q = q.astype(dtype)
+            if kv_dtype is None:  # a quantized cache is read as it is
+                k_pages = k_pages.astype(dtype)
+                v_pages = None if v_pages is None else v_pages.astype(dtype)
+        num_seqs = jnp.reshape(num_seqs, (1,)).astype(jnp.int32)
+        if kv_dtype is not None:
+            from .quantize import scale_rank3
+
+            k_scale, v_scale = scale_rank3(k_scale), scale_rank3(v_scale)
+    return PagedCall(
+        problem=problem, metadata=md, q=q, k_pages=k_pages, v_pages=v_pages, page_table=page_table,
+        kv_lengths=kv_lengths, cu_q_lens=cu_q_lens, num_seqs=num_seqs, kv_layout=layout,
+        queries_per_seq=queries_per_seq, softmax_scale=scale if scale is not None else float(d) ** -0.5,
+        logits_soft_cap=cap, sliding_window=window, softmax_aux=softmax_aux, k_scale=k_scale, v_scale=v_scale,
+    )

@@ -23,62 +23,66 @@ and the dropout key none. A ``custom_vjp`` has no forward-mode derivative, so
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from .backend import Forward, Plan
+from .call import AttentionCall
 from .errors import UnsupportedError
 from .impl import AttentionImpl
 from .output import AttentionOutput
+from .problem import AttentionProblem
 
-__all__ = ["SplitGradImpl"]
+__all__ = ["SplitGradImpl", "split_forward"]
 
-_ARRAY_FEATURES = ("q_segment_ids", "kv_segment_ids", "softmax_aux", "dropout_rng")
 # Array arguments whose cotangents the gradient backend computes (the rest are integers,
 # booleans or keys: no cotangent).
 _DIFFERENTIABLE = ("bias", "softmax_aux")
 
 
-@functools.lru_cache(maxsize=256)
-def _split_fn(forward: AttentionImpl, backward: AttentionImpl | None, refusal: tuple[str, ...], causal: bool,
-              names: tuple[str, ...], static: tuple[tuple[str, Any], ...]) -> Callable[..., Any]:
-    """The split call for one configuration; ``names`` are the array arguments it receives."""
+def split_forward(forward: Plan, backward: Plan | None, refusal: Sequence[str]) -> Forward:
+    """A forward that runs ``forward``'s plan for the output and, under differentiation,
+    ``backward``'s (its forward and its backward); ``backward=None`` raises ``refusal``."""
     import jax
 
-    kwargs = dict(static)
+    refusal = list(refusal)
 
-    def run(impl: AttentionImpl, q: Any, k: Any, v: Any, arrays: dict[str, Any]) -> Any:
-        return impl(q, k, v, causal=causal, **arrays, **kwargs).attention_outputs
+    def run(call: AttentionCall) -> AttentionOutput:
+        q, k, v = call.q, call.k, call.v
+        arrays = {n: a for n, a in call.arrays().items() if n not in ("q", "k", "v")}
 
-    @jax.custom_vjp
-    def attend(q: Any, k: Any, v: Any, arrays: dict[str, Any]) -> Any:
-        return run(forward, q, k, v, arrays)
+        @jax.custom_vjp
+        def attend(q: Any, k: Any, v: Any, arrays: dict[str, Any]) -> Any:
+            return forward.forward(call.replace(q=q, k=k, v=v, **arrays)).attention_outputs
 
-    def attend_fwd(q: Any, k: Any, v: Any, arrays: dict[str, Any]) -> tuple[Any, Any]:
-        if backward is None:
-            raise UnsupportedError("auto", list(refusal), gradient=True,
-                                   hint="no installed impl can differentiate this call here")
-        fixed = {n: a for n, a in arrays.items() if n not in _DIFFERENTIABLE}
+        def attend_fwd(q: Any, k: Any, v: Any, arrays: dict[str, Any]) -> tuple[Any, Any]:
+            if backward is None:
+                raise UnsupportedError("auto", refusal, gradient=True,
+                                       hint="no installed impl can differentiate this call here")
+            fixed = {n: a for n, a in arrays.items() if n not in _DIFFERENTIABLE}
 
-        def differentiable(q: Any, k: Any, v: Any, diff: dict[str, Any]) -> Any:
-            return run(backward, q, k, v, {**fixed, **diff})
+            def differentiable(q: Any, k: Any, v: Any, diff: dict[str, Any]) -> Any:
+                return backward.forward(call.replace(q=q, k=k, v=v, **fixed, **diff)).attention_outputs
 
-        diff = {n: a for n, a in arrays.items() if n in _DIFFERENTIABLE}
-        return jax.vjp(differentiable, q, k, v, diff)  # (output, B's pullback)
+            diff = {n: a for n, a in arrays.items() if n in _DIFFERENTIABLE}
+            return jax.vjp(differentiable, q, k, v, diff)  # (output, B's pullback)
 
-    def attend_bwd(pullback: Any, cotangent: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
-        dq, dk, dv, ddiff = pullback(cotangent)
-        return dq, dk, dv, {n: ddiff.get(n) for n in names}
+        def attend_bwd(pullback: Any, cotangent: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
+            dq, dk, dv, ddiff = pullback(cotangent)
+            return dq, dk, dv, {n: ddiff.get(n) for n in arrays}
 
-    attend.defvjp(attend_fwd, attend_bwd)
-    return attend
+        attend.defvjp(attend_fwd, attend_bwd)
+        return AttentionOutput(attend(q, k, v, arrays))
+
+    return run
 
 
 class SplitGradImpl(AttentionImpl):
     """Runs ``forward`` for the output and ``backward`` (forward and backward) under differentiation.
 
     ``backward=None``: nothing can differentiate the call; differentiating it raises
-    ``UnsupportedError`` with ``refusal`` (every candidate's reasons).
+    ``UnsupportedError`` with ``refusal`` (every candidate's reasons). Its plan for a problem is
+    the two impls' plans joined by ``split_forward``.
     """
 
     def __init__(self, forward: AttentionImpl, backward: AttentionImpl | None,
@@ -94,18 +98,10 @@ class SplitGradImpl(AttentionImpl):
         grad = self.backward.name() if self.backward is not None else None
         return f"<SplitGradImpl forward={self.forward.name()!r} grad={grad!r}>"
 
-    def __call__(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
-                 init_bias: Callable[[], Any] | None = None, causal: bool = False,
-                 **features: Any) -> AttentionOutput:
-        if bias is None and init_bias is not None:
-            bias = init_bias()
-        given = {"mask": mask, "bias": bias, **{n: features.get(n) for n in _ARRAY_FEATURES}}
-        arrays = {n: a for n, a in given.items() if a is not None}
-        static = tuple(sorted((name, _hashable(value)) for name, value in features.items()
-                              if name not in _ARRAY_FEATURES))
-        attend = _split_fn(self.forward, self.backward, self.refusal, bool(causal), tuple(sorted(arrays)), static)
-        return AttentionOutput(attend(q, k, v, arrays))
+    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
+        return self.forward.reasons_to_decline(problem)
 
-
-def _hashable(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
+    def plan(self, problem: AttentionProblem) -> Plan:
+        first = self.forward.plan(problem)
+        second = None if self.backward is None else self.backward.plan(problem)
+        return Plan(split_forward(first, second, self.refusal), first.name, first.out_shape)

@@ -12,31 +12,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ._dtypes import dtype_name
+from .call import AttentionCall
 from .errors import InvalidInputError, InvalidTypeError
-from .metadata import AttentionMetadata, as_metadata, is_bool, positive, probability
+from .metadata import DEFAULT_METADATA, AttentionMetadata, as_metadata, is_bool, positive, probability
+from .problem import AttentionProblem
 from .quantize import QUANTIZED_KV_DTYPES, check_kv_scales
 
-__all__ = ["CallSpec", "as_int", "check_sinks", "is_concrete", "positive", "resolve_call", "shape_of", "window_pair"]
+__all__ = ["as_int", "check_sinks", "is_concrete", "positive", "resolve_call", "shape_of", "window_pair"]
 
 _FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
-
-
-@dataclasses.dataclass(frozen=True)
-class CallSpec:
-    """The validated, defaulted features of one call (arrays untouched)."""
-
-    causal: bool
-    sliding_window: tuple[int, int] | None
-    softmax_scale: float
-    logits_soft_cap: float | None
-    dropout_prob: float
-    q_segment_ids: Any
-    kv_segment_ids: Any
-    bias: Any
-    kv_lengths: Any = None
-    kv_dtype: str | None = None  # a quantized cache's storage dtype (k_scale, v_scale given), else None
-    k_scale: Any = None
-    v_scale: Any = None
 
 
 def shape_of(x: Any, name: str) -> tuple[int, ...]:
@@ -193,43 +177,47 @@ def _check_lengths(kv_lengths: Any, b: int, s: int) -> None:
     if not dtype_name(kv_lengths.dtype).startswith(("int", "uint")):
         raise InvalidInputError("kv_lengths", f"must be integers, got {dtype_name(kv_lengths.dtype)}",
                                 "use jnp.int32 lengths")
-    if is_concrete(kv_lengths):
-        import numpy as np
-
-        values = np.asarray(kv_lengths)
-        bad = np.flatnonzero((values < 0) | (values > s))
-        if bad.size:
-            i = int(bad[0])
-            raise InvalidInputError(
-                "kv_lengths", f"kv_lengths[{i}] = {int(values[i])} is outside 0..S = 0..{s} (the cache's capacity)",
-                "a length counts the valid keys at the front of k and v",
-            )
 
 
-def resolve_call(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    mask: Any = None,
-    bias: Any = None,
-    init_bias: Callable[[], Any] | None = None,
-    causal: bool = False,
-    sliding_window: Any = None,
-    q_segment_ids: Any = None,
-    kv_segment_ids: Any = None,
-    softmax_scale: float | None = None,
-    logits_soft_cap: float | None = None,
-    softmax_aux: Any = None,
-    dropout_prob: float | None = None,
-    dropout_rng: Any = None,
-    kv_lengths: Any = None,
-    k_scale: Any = None,
-    v_scale: Any = None,
-    metadata: AttentionMetadata | None = None,
-) -> CallSpec:
-    """Validate a call and fill its defaults from ``metadata`` (call arguments win)."""
-    md = as_metadata(metadata)
+def _check_length_values(kv_lengths: Any, s: int) -> None:
+    """Concrete lengths within the cache's capacity (traced ones cannot be checked: the contract
+    says what happens to them)."""
+    import numpy as np
+
+    values = np.asarray(kv_lengths)
+    bad = np.flatnonzero((values < 0) | (values > s))
+    if bad.size:
+        i = int(bad[0])
+        raise InvalidInputError(
+            "kv_lengths", f"kv_lengths[{i}] = {int(values[i])} is outside 0..S = 0..{s} (the cache's capacity)",
+            "a length counts the valid keys at the front of k and v",
+        )
+
+
+#: Checks already passed, per call signature (shapes, dtypes, static options, metadata): a
+#: repeated signature skips them. Values are never part of it (arrays may be traced).
+_checked: dict[tuple[Any, ...], _Checked] = {}
+_MAX_CHECKED = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    """What the checks of one call signature found: the problem and the normalised options."""
+
+    problem: AttentionProblem
+    causal: bool
+    sliding_window: tuple[int, int] | None
+    softmax_scale: float
+    logits_soft_cap: float | None
+    dropout_prob: float
+
+
+def _check(q: Any, k: Any, v: Any, mask: Any, bias: Any, init_bias: Any, causal: Any, sliding_window: Any,
+           q_segment_ids: Any, kv_segment_ids: Any, softmax_scale: Any, logits_soft_cap: Any, softmax_aux: Any,
+           dropout_prob: Any, dropout_rng: Any, kv_lengths: Any, k_scale: Any, v_scale: Any,
+           md: AttentionMetadata) -> tuple[_Checked, Any]:
+    """Every check of a call that reads no values: the problem it describes, and the bias
+    (``init_bias()`` when only that is given)."""
     _check_qkv(q, k, v)
     # k and v share q's dtype, or are quantized alike with float32 scales (jaxattn.quantize).
     kv_dtype = check_kv_scales(q, {"k": k, "v": v}, k_scale, v_scale, tuple(k.shape[:3]), "(B, S, Hkv)")
@@ -254,7 +242,6 @@ def resolve_call(
     if not is_bool(causal):
         raise InvalidTypeError("causal", f"must be a bool, got {type(causal).__name__} {causal!r}",
                                 "pass causal=True or causal=False")
-    causal = bool(causal)
     q_ids, kv_ids = _segment_ids(q_segment_ids, kv_segment_ids, b, t, s)
     check_sinks(softmax_aux, hq)
     if kv_lengths is not None:
@@ -267,17 +254,110 @@ def resolve_call(
                                 "pass dropout_rng=jax.random.key(seed), or dropout_prob=0.0")
     scale = positive("softmax_scale", softmax_scale if softmax_scale is not None else md.softmax_scale)
     cap = positive("logits_soft_cap", logits_soft_cap if logits_soft_cap is not None else md.logits_soft_cap)
-    return CallSpec(
-        causal=causal,
-        sliding_window=window_pair(sliding_window, max(t, s)),
-        softmax_scale=scale if scale is not None else float(d) ** -0.5,
-        logits_soft_cap=cap,
-        dropout_prob=p,
-        q_segment_ids=q_ids,
-        kv_segment_ids=kv_ids,
-        bias=bias,
-        kv_lengths=kv_lengths,
-        kv_dtype=kv_dtype,
-        k_scale=k_scale,
+    window = window_pair(sliding_window, max(t, s))
+    problem = AttentionProblem.from_inputs(
+        q, k, v, mask=mask, bias=bias, causal=bool(causal), sliding_window=window, q_segment_ids=q_ids,
+        kv_segment_ids=kv_ids, logits_soft_cap=cap, softmax_aux=softmax_aux, dropout_prob=p,
+        dtype=md.runtime_dtype or q.dtype, kv_lengths=kv_lengths,
+    )
+    assert problem.kv_dtype == kv_dtype  # one rule for both: jaxattn.quantize
+    checked = _Checked(problem=problem, causal=bool(causal), sliding_window=window,
+                       softmax_scale=scale if scale is not None else float(d) ** -0.5, logits_soft_cap=cap,
+                       dropout_prob=p)
+    return checked, bias
+
+
+def resolve_call(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any = None,
+    bias: Any = None,
+    init_bias: Callable[[], Any] | None = None,
+    causal: bool = False,
+    sliding_window: Any = None,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    softmax_aux: Any = None,
+    dropout_prob: float | None = None,
+    dropout_rng: Any = None,
+    kv_lengths: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    metadata: AttentionMetadata | None = None,
+    prepare: bool = False,
+) -> AttentionCall:
+    """Validate a call and fill its defaults from ``metadata`` (call arguments win): the one
+    ``AttentionCall`` the call runs as.
+
+    Arrays may be ``jax.ShapeDtypeStruct``s (``explain``, ``supports``) unless ``prepare`` is set,
+    which also normalises them as a forward receives them: NumPy arrays as JAX arrays, q, k and v
+    in ``metadata.runtime_dtype`` (a quantized cache as it is), mask and bias at rank 4, the scales
+    float32 at rank 3.
+    """
+    md = DEFAULT_METADATA if metadata is None else as_metadata(metadata)
+    # init_bias is called in the checks' order (after q, k, v and mask): such calls are not memoised.
+    lazy = bias is None and init_bias is not None
+    # The signature of the call: everything the checks read. Scalars carry their type (True == 1).
+    try:
+        key: tuple[Any, ...] | None = (
+            q.shape, q.dtype, k.shape, k.dtype, v.shape, v.dtype,
+            None if mask is None else (mask.shape, mask.dtype), None if bias is None else (bias.shape, bias.dtype),
+            None if q_segment_ids is None else (q_segment_ids.shape, q_segment_ids.dtype),
+            None if kv_segment_ids is None else (kv_segment_ids.shape, kv_segment_ids.dtype),
+            None if softmax_aux is None else (softmax_aux.shape, softmax_aux.dtype),
+            None if dropout_rng is None else (dropout_rng.shape, dropout_rng.dtype),
+            None if kv_lengths is None else (kv_lengths.shape, kv_lengths.dtype),
+            None if k_scale is None else (k_scale.shape, k_scale.dtype),
+            None if v_scale is None else (v_scale.shape, v_scale.dtype),
+            causal.__class__, causal, None if sliding_window is None else repr(sliding_window),
+            softmax_scale.__class__, softmax_scale, logits_soft_cap.__class__, logits_soft_cap,
+            dropout_prob.__class__, dropout_prob, None if md is DEFAULT_METADATA else md,
+        )
+        checked = None if lazy else _checked.get(key)  # type: ignore[arg-type]
+    except (AttributeError, TypeError):  # not arrays, or unhashable options: the checks say what is wrong
+        key = checked = None
+    if checked is None:
+        checked, bias = _check(q, k, v, mask, bias, init_bias, causal, sliding_window, q_segment_ids, kv_segment_ids,
+                               softmax_scale, logits_soft_cap, softmax_aux, dropout_prob, dropout_rng, kv_lengths,
+                               k_scale, v_scale, md)
+        if key is not None and not lazy:
+            if len(_checked) >= _MAX_CHECKED:
+                _checked.clear()
+            _checked[key] = checked
+    if kv_lengths is not None and is_concrete(kv_lengths):
+        _check_length_values(kv_lengths, k.shape[1])
+    if (q_segment_ids is None) != (kv_segment_ids is None):  # one set for both sides (T == S: checked)
+        q_segment_ids = kv_segment_ids if q_segment_ids is None else q_segment_ids
+        kv_segment_ids = q_segment_ids
+    if prepare:
+        import jax.numpy as jnp
+        import numpy as np
+
+        q, k, v, mask, bias, q_segment_ids, kv_segment_ids, softmax_aux, dropout_rng, kv_lengths = [
+            jnp.asarray(x) if isinstance(x, np.ndarray) else x
+            for x in (q, k, v, mask, bias, q_segment_ids, kv_segment_ids, softmax_aux, dropout_rng, kv_lengths)
+        ]
+        if md.runtime_dtype is not None:
+            dtype = jnp.dtype(md.runtime_dtype)
+            q = q.astype(dtype)
+            if checked.problem.kv_dtype is None:
+                k, v = k.astype(dtype), v.astype(dtype)
+        if mask is not None and mask.ndim < 4:
+            mask = jnp.reshape(mask, (1,) * (4 - mask.ndim) + tuple(mask.shape))
+        if bias is not None and bias.ndim < 4:
+            bias = jnp.reshape(bias, (1,) * (4 - bias.ndim) + tuple(bias.shape))
+        if checked.problem.kv_dtype is not None:
+            from .quantize import scale_rank3
+
+            k_scale, v_scale = scale_rank3(k_scale), scale_rank3(v_scale)
+    return AttentionCall(
+        problem=checked.problem, metadata=md, q=q, k=k, v=v, mask=mask, bias=bias, causal=checked.causal,
+        sliding_window=checked.sliding_window, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+        softmax_scale=checked.softmax_scale, logits_soft_cap=checked.logits_soft_cap, softmax_aux=softmax_aux,
+        dropout_prob=checked.dropout_prob, dropout_rng=dropout_rng, kv_lengths=kv_lengths, k_scale=k_scale,
         v_scale=v_scale,
     )

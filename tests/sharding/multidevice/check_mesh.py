@@ -125,11 +125,11 @@ def test_the_kernel_runs_under_shard_map_on_local_shards() -> None:
         def get_impl_name(cls) -> str:
             return "test_shape_spy"
 
-        def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
-                           init_bias: Any = None, causal: bool = False, **features: Any) -> jaxattn.AttentionOutput:
-            seen.append(tuple(q.shape))
+        def forward_native(self, call: jaxattn.AttentionCall) -> jaxattn.AttentionOutput:
+            seen.append(tuple(call.q.shape))
             assert self.metadata.mesh is None, "the kernel must see metadata without the mesh"
-            return jaxattn.get_impl("vanilla")(q, k, v, causal=causal)
+            assert call.metadata.mesh is None and call.problem.batch == 1 and call.problem.heads_q == 2
+            return jaxattn.get_impl("vanilla")(call.q, call.k, call.v, causal=call.causal)
 
     jaxattn.register_impl(Spy)
     spy = functools.partial(jaxattn.attention, impl="test_shape_spy", metadata=SHARDED)

@@ -158,9 +158,8 @@ class _LseWithoutGradient(jaxattn.AttentionImpl):
     def get_impl_name(cls) -> str:
         return "test_lse_without_gradient"
 
-    def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None, init_bias: Any = None,
-                       causal: bool = False, **features: Any) -> jaxattn.AttentionOutput:
-        res = jaxattn.get_impl("vanilla")(q, k, v, mask, bias, None, causal, **features)
+    def forward_native(self, call: jaxattn.AttentionCall) -> jaxattn.AttentionOutput:
+        res = jaxattn.get_impl("vanilla").forward_native(call)
         return jaxattn.AttentionOutput(res.attention_outputs, None, jax.lax.stop_gradient(res.softmax_lse))
 
 

@@ -1,13 +1,14 @@
 """Every backend on a mesh: its forward runs under ``shard_map`` over batch and heads.
 
-``AttentionImpl._run`` calls ``sharded_forward`` when ``metadata.mesh`` is set (and the impl
-is not sequence-parallel itself, as ring is). The kernel then sees local shards
-``(B / batch devices, T, Hq / head devices, D)`` and a copy of the impl bound to metadata
-without the mesh, so nothing it calls is sharded twice.
+An impl's plan (``Backend.plan``, with ``jaxattn.compose``) uses ``sharded_forward`` when
+``metadata.mesh`` is set (and the impl is not sequence-parallel itself, as ring is). The kernel
+then sees a call of local shards ``(B / batch devices, T, Hq / head devices, D)`` and is a
+copy of the impl bound to metadata without the mesh, so nothing it calls is sharded twice.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ from .compat import shard_map
 from .specs import AttentionSpecs
 
 if TYPE_CHECKING:
+    from ..call import AttentionCall
     from ..impl import AttentionImpl
     from ..metadata import AttentionMetadata
 
@@ -57,47 +59,51 @@ def check_batch_heads(axes: MeshAxes, q: Any, k: Any) -> int:
     return repeat
 
 
-def sharded_forward(impl: AttentionImpl, forward_name: str) -> Callable[..., AttentionOutput]:
-    """``impl``'s ``forward_name`` method, run under ``shard_map`` over the batch and head axes.
+def sharded_forward(impl: AttentionImpl) -> Callable[[AttentionCall], AttentionOutput]:
+    """``impl``'s routed forward, run under ``shard_map`` over the batch and head axes.
 
-    Returns ``impl``'s bound forward unchanged when the metadata names neither axis (nothing
+    Returns ``impl``'s routed forward unchanged when the metadata names neither axis (nothing
     to split), or carries no mesh (the call already runs on local shards inside the
-    caller's own ``shard_map``).
+    caller's own ``shard_map``). Inside, the kernel receives the call with local shards, the
+    local problem and the metadata without the mesh.
     """
     md = impl.metadata
     axes = mesh_axes(md)
     if axes is None or not (axes.batch or axes.heads):
-        return getattr(impl, forward_name)  # type: ignore[no-any-return]
+        return impl.route()
     mesh = md.mesh
-    local = type(impl)(local_metadata(md), impl.device)
-    kernel: Callable[..., AttentionOutput] = getattr(local, forward_name)
+    local_md = local_metadata(md)
+    kernel = type(impl)(local_md, impl.device).route()
+    shard_axes = axes.batch + axes.heads
 
-    def forward(q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None, init_bias: Any = None,
-                causal: bool = False, *, q_segment_ids: Any = None, kv_segment_ids: Any = None,
-                softmax_aux: Any = None, dropout_rng: Any = None, kv_lengths: Any = None,
-                **static: Any) -> AttentionOutput:
+    def forward(call: AttentionCall) -> AttentionOutput:
+        q, k, v = call.q, call.k, call.v
         repeat = check_batch_heads(axes, q, k)
         if repeat > 1:  # documented replication: see kv_head_repeat
             k, v = (jnp.repeat(x, repeat, axis=2) for x in (k, v))
         specs = AttentionSpecs.from_axes(axes)
         full = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
-        shard_axes = axes.batch + axes.heads
+        problem = call.problem
+        local_problem = dataclasses.replace(
+            problem, batch=problem.batch // axes.batch_size, heads_q=problem.heads_q // axes.head_size,
+            heads_kv=max(problem.heads_kv * repeat // axes.head_size, 1))
 
         def body(q: Any, k: Any, v: Any, mask: Any, bias: Any, q_ids: Any, kv_ids: Any, aux: Any,
                  rng: Any, lengths: Any) -> AttentionOutput:
             if rng is not None:
                 # One key for every shard would repeat the same keep-mask on each of them.
                 rng = jax.random.fold_in(rng, jax.lax.axis_index(shard_axes))
-            extra = {} if lengths is None else {"kv_lengths": lengths}
-            out = kernel(q, k, v, mask=mask, bias=bias, init_bias=None, causal=causal, q_segment_ids=q_ids,
-                         kv_segment_ids=kv_ids, softmax_aux=aux, dropout_rng=rng, **extra, **static)
+            out = kernel(call.replace(problem=local_problem, metadata=local_md, q=q, k=k, v=v, mask=mask, bias=bias,
+                                      q_segment_ids=q_ids, kv_segment_ids=kv_ids, softmax_aux=aux, dropout_rng=rng,
+                                      kv_lengths=lengths))
             return out if isinstance(out, AttentionOutput) else AttentionOutput(out)
 
-        in_specs = (specs.q, specs.kv, specs.kv, specs.broadcast(mask, full), specs.broadcast(bias, full),
+        in_specs = (specs.q, specs.kv, specs.kv, specs.broadcast(call.mask, full), specs.broadcast(call.bias, full),
                     specs.q_ids, specs.kv_ids, specs.aux, P(), specs.lengths)
         out_specs = AttentionOutput(specs.out, specs.weights, specs.lse)
         run = shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-        return run(q, k, v, mask, bias, q_segment_ids, kv_segment_ids, softmax_aux,  # type: ignore[no-any-return]
-                   dropout_rng, kv_lengths)
+        return run(q, k, v, call.mask, call.bias, call.q_segment_ids,  # type: ignore[no-any-return]
+                   call.kv_segment_ids, call.softmax_aux, call.dropout_rng, call.kv_lengths)
 
+    forward.__name__ = getattr(kernel, "__name__", "forward")
     return forward

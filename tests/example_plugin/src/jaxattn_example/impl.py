@@ -8,13 +8,10 @@ ignored.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
-from jaxattn import AttentionImpl, AttentionOutput
+from jaxattn import AttentionCall, AttentionImpl, AttentionOutput
 
 from .plugin import EXAMPLE
 
@@ -25,25 +22,14 @@ class ExampleAttention(AttentionImpl, declaration=EXAMPLE):
     Its names, platforms, priority and capabilities are those ``EXAMPLE`` declares.
     """
 
-    def forward_native(
-        self,
-        q: Any,
-        k: Any,
-        v: Any,
-        mask: Any = None,
-        bias: Any = None,
-        init_bias: Callable[[], Any] | None = None,
-        causal: bool = False,
-        *,
-        softmax_scale: float | None = None,
-        **unused: Any,
-    ) -> AttentionOutput:
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
         # The core has validated the call, resolved softmax_scale, made mask/bias rank 4 and
-        # declined every feature not in `features`, so the remaining keywords are all unset.
+        # declined every feature not in `features`: the call's other options are all unset.
+        q, k, v, mask, bias = call.q, call.k, call.v, call.mask, call.bias
         b, t, hq, d = q.shape
         s, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
         groups = hq // hkv
-        scale = d**-0.5 if softmax_scale is None else softmax_scale
+        scale = call.softmax_scale
         softmax_dtype = jnp.dtype(self.metadata.softmax_dtype)
 
         # Query head h uses key/value head h // groups: group the query heads instead of
@@ -57,7 +43,7 @@ class ExampleAttention(AttentionImpl, declaration=EXAMPLE):
         keep = jnp.ones((1, 1, t, s), dtype=bool)
         if mask is not None:
             keep = keep & mask
-        if causal:
+        if call.causal:
             # Bottom-right alignment: query i is the (i + s - t)-th position of the keys.
             rows = jnp.arange(t)[:, None] + (s - t)
             keep = keep & (jnp.arange(s)[None, :] <= rows)
