@@ -225,8 +225,8 @@ def _backend_classes() -> dict[str, Any]:
         return classes
 
     def on_cpu(cls: Any) -> Any:
-        def forward_cpu(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return self.forward_cuda(*args, **kwargs)
+        def forward_cpu(self: Any, call: Any) -> Any:
+            return self.forward_cuda(call)
 
         body = {"platforms": frozenset({"cpu"}), "dtypes": frozenset({"float32", "bfloat16", "float16"}),
                 "interpret": True, "forward_cpu": forward_cpu}  # fmt: skip

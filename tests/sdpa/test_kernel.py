@@ -18,6 +18,7 @@ import jaxattn
 from jaxattn.errors import UnsupportedError
 from jaxattn.metadata import AttentionMetadata
 from jaxattn.testing import oracle
+from jaxattn.validation import resolve_call
 from jaxattn_sdpa.kernel import sdpa_attention
 
 _jax_nn_dpa = jax.nn.dot_product_attention
@@ -217,12 +218,12 @@ def test_forward_called_directly_never_drops_a_feature() -> None:
     impl = jaxattn.get_impl("sdpa")
     q, k, v = inputs()
     with pytest.raises(UnsupportedError, match="soft cap"):
-        impl.forward_cpu(q, k, v, logits_soft_cap=5.0, softmax_scale=0.3)
+        impl.forward_cpu(resolve_call(q, k, v, logits_soft_cap=5.0, softmax_scale=0.3, prepare=True))
     with pytest.raises(UnsupportedError, match="no dropout"):
-        impl.forward_cpu(q, k, v, dropout_prob=0.5, dropout_rng=jax.random.key(0))
-    # init_bias is honoured on a direct call, as the base class does before routing.
+        impl.forward_cpu(resolve_call(q, k, v, dropout_prob=0.5, dropout_rng=jax.random.key(0), prepare=True))
+    # init_bias is called by validation: a direct call on the call object sees the bias.
     bias = jnp.full((1, 1, 6, 6), -1e9).at[..., 0].set(0.0)
-    out = impl.forward_cpu(q, k, v, init_bias=lambda: bias).attention_outputs
+    out = impl.forward_cpu(resolve_call(q, k, v, init_bias=lambda: bias, prepare=True)).attention_outputs
     np.testing.assert_allclose(
         np.asarray(out), np.broadcast_to(np.repeat(np.asarray(v[:, :1]), 2, 2), out.shape), atol=1e-6
     )

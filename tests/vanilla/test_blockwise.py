@@ -21,6 +21,7 @@ from jaxattn.testing import oracle
 from jaxattn.testing.cases import Case, Level
 from jaxattn.testing.conformance import ConformanceSuite
 from jaxattn.testing.quick_jit import compiler_options_for_tests, quick_jit
+from jaxattn.validation import resolve_call
 from jaxattn_vanilla.blockwise.impl import BlockwiseAttention
 from jaxattn_vanilla.blockwise.kernel import (
     blockwise_attention,
@@ -435,7 +436,9 @@ def test_vmap_and_init_bias() -> None:
         q, k, v, bias)
     for i in range(2):
         _assert_close(batched[i], oracle.attention(q[i], k[i], v[i], bias=bias[i], causal=True).output, 1e-5)
-    direct = impl.forward_native(q[0], k[0], v[0], init_bias=lambda: bias[0], causal=True, softmax_scale=8**-0.5)
+    # A call object built from init_bias (validation calls it) runs the forward directly.
+    call = resolve_call(q[0], k[0], v[0], init_bias=lambda: bias[0], causal=True, metadata=impl.metadata, prepare=True)
+    direct = impl.forward_native(call)
     _assert_close(direct.attention_outputs, batched[0], 1e-6)
 
 

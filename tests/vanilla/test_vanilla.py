@@ -14,6 +14,7 @@ import pytest
 import jaxattn
 from jaxattn.testing import oracle
 from jaxattn.testing.quick_jit import quick_jit
+from jaxattn.validation import resolve_call
 from jaxattn_vanilla.vanilla.impl import VanillaAttention
 from jaxattn_vanilla.vanilla.reference import vanilla_attention
 
@@ -145,10 +146,9 @@ def test_init_bias_is_called_when_bias_is_none(impl: jaxattn.AttentionImpl) -> N
     out = quick_jit(lambda q, k, v: impl(q, k, v, init_bias=init_bias).attention_outputs)(q, k, v)
     assert calls == [1]
     np.testing.assert_allclose(out, oracle.attention(q, k, v, bias=bias).output, rtol=1e-5, atol=1e-5)
-    # forward_native called directly (as other plugins' fallbacks may) honours init_bias too
-    direct = quick_jit(lambda q, k, v: impl.forward_native(q, k, v, init_bias=init_bias, softmax_scale=8**-0.5))(
-        q, k, v
-    )
+    # validation calls it once: forward_native, called directly on the call object, sees the bias
+    direct = quick_jit(lambda q, k, v: impl.forward_native(
+        resolve_call(q, k, v, init_bias=init_bias, metadata=impl.metadata, prepare=True)))(q, k, v)
     np.testing.assert_allclose(direct.attention_outputs, out, rtol=1e-6, atol=1e-6)
 
 

@@ -106,17 +106,6 @@ def refuse_gradients(forward: Forward, name: str, reasons: list[str]) -> Forward
     return run
 
 
-def _TRANSITION(impl: Any, forward: Any) -> Any:  # TEMPORARY: old-style forwards while plugins move
-    import inspect
-
-    params = list(inspect.signature(forward).parameters.values())
-    if len(params) == 1 and params[0].name == "call":
-        return forward
-    if impl.kind == "paged":
-        return lambda call: forward(call.q, call.k_pages, call.v_pages, kv_layout=call.kv_layout, **call.options())
-    return lambda call: forward(call.q, call.k, call.v, call.mask, call.bias, None, call.causal, **call.options())
-
-
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """How calls of one problem run, decided once (``Backend.plan``) and memoised per problem."""
@@ -395,8 +384,8 @@ class Backend(Generic[P]):
         cls = type(self)
         for name in names:
             if getattr(cls, name) is not getattr(Backend, name):
-                return _TRANSITION(self, getattr(self, name))  # type: ignore[no-any-return]
-        return _TRANSITION(self, self.forward_native)
+                return getattr(self, name)  # type: ignore[no-any-return]
+        return self.forward_native
 
     # -- per-platform forwards: override the ones you have -----------------------------------
     # Each takes the call object of the backend's kind (``AttentionCall``, ``PagedCall``:

@@ -6,9 +6,9 @@ Imports no Pallas TPU module at import time: ``flash_kernel.py`` (which does) is
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from jaxattn.call import AttentionCall
 from jaxattn.capabilities import Feature
 from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
@@ -70,31 +70,19 @@ class PallasFlashAttention(AttentionImpl):
             reasons.append(f"metadata: {err}")
         return reasons
 
-    def forward_tpu(
-        self,
-        q: Any,
-        k: Any,
-        v: Any,
-        mask: Any = None,
-        bias: Any = None,
-        init_bias: Callable[[], Any] | None = None,
-        causal: bool = False,
-        **features: Any,
-    ) -> AttentionOutput:
+    def forward_tpu(self, call: AttentionCall) -> AttentionOutput:
         from .flash_kernel import flash_attention
 
-        if bias is None and init_bias is not None:
-            bias = init_bias()
         out = flash_attention(
-            q,
-            k,
-            v,
-            mask=mask,
-            bias=bias,
-            causal=causal,
-            q_segment_ids=features.get("q_segment_ids"),
-            kv_segment_ids=features.get("kv_segment_ids"),
-            softmax_scale=features["softmax_scale"],
+            call.q,
+            call.k,
+            call.v,
+            mask=call.mask,
+            bias=call.bias,
+            causal=call.causal,
+            q_segment_ids=call.q_segment_ids,
+            kv_segment_ids=call.kv_segment_ids,
+            softmax_scale=call.softmax_scale,
             block_sizes=self.metadata.block_sizes,
             interpret=self.metadata.interpret,
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+from jaxattn.call import PagedCall
 from jaxattn.capabilities import Feature
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import PagedProblem
@@ -83,18 +84,19 @@ class PallasPagedDecode(PallasPagedBase):
         return [plan.describe_copy(self.compute_dtype(problem), problem.kv_layout),
                 f"blocks of {plan.pages_per_compute_block} pages"]
 
-    def forward_tpu(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> AttentionOutput:
+    def forward_tpu(self, call: PagedCall) -> AttentionOutput:
         from .paged_decode_kernel import paged_attention_decode
 
         # Declined otherwise: one query per sequence, so row s is sequence s (cu_q_lens is arange).
-        assert features["queries_per_seq"] == 1
-        assert features["sliding_window"] is None
-        assert features["softmax_aux"] is None
-        combined = features["kv_layout"] == "combined"
+        assert call.queries_per_seq == 1
+        assert call.sliding_window is None
+        assert call.softmax_aux is None
+        combined = call.kv_layout == "combined"
+        k_pages = call.k_pages
         out = paged_attention_decode(
-            q, None if combined else k_pages, None if combined else v_pages, features["page_table"],
-            features["kv_lengths"], features["num_seqs"], kv_pages=k_pages if combined else None,
-            softmax_scale=features["softmax_scale"], logits_soft_cap=features["logits_soft_cap"],
+            call.q, None if combined else k_pages, None if combined else call.v_pages, call.page_table,
+            call.kv_lengths, call.num_seqs, kv_pages=k_pages if combined else None,
+            softmax_scale=call.softmax_scale, logits_soft_cap=call.logits_soft_cap,
             interpret=self.metadata.interpret,
         )
         return AttentionOutput(attention_outputs=out)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from jaxattn.call import PagedCall
 from jaxattn.capabilities import Feature
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import PagedProblem
@@ -75,27 +76,27 @@ class PallasRaggedPagedAttention(PallasPagedBase):
                 else "reads the combined KV cache in place")
         return [copy, f"blocks: {plan.num_queries_per_block} query rows x {plan.num_kv_pages_per_block} pages"]
 
-    def forward_tpu(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> AttentionOutput:
+    def forward_tpu(self, call: PagedCall) -> AttentionOutput:
         import jax.numpy as jnp
 
         from jaxattn.tracing import traced_under, x64_off
 
         from .ragged_kernel import ragged_paged_attention
 
-        combined = features["kv_layout"] == "combined"
-        kv = k_pages if combined else None
-        k, v = (None, None) if combined else (k_pages, v_pages)
+        combined = call.kv_layout == "combined"
+        kv = call.k_pages if combined else None
+        k, v = (None, None) if combined else (call.k_pages, call.v_pages)
 
         def run(q: Any, k: Any, v: Any, kv: Any, table: Any, lengths: Any, cu: Any, n: Any) -> Any:
             return ragged_paged_attention(
-                q, k, v, table, lengths, cu, n, kv_pages=kv, softmax_scale=features["softmax_scale"],
-                logits_soft_cap=features["logits_soft_cap"], window_left=features["sliding_window"],
-                sinks=features["softmax_aux"], interpret=self.metadata.interpret,
+                q, k, v, table, lengths, cu, n, kv_pages=kv, softmax_scale=call.softmax_scale,
+                logits_soft_cap=call.logits_soft_cap, window_left=call.sliding_window,
+                sinks=call.softmax_aux, interpret=self.metadata.interpret,
             )
 
         # The kernel and the wrapper's index arithmetic run in int32 with x64 off (Pallas TPU
         # kernels break under jax_enable_x64); the indices are cast before, under the caller's mode.
-        names = ("page_table", "kv_lengths", "cu_q_lens", "num_seqs")
-        ints = [jnp.asarray(features[n]).astype(jnp.int32) for n in names]
-        out = traced_under(run, x64_off)(q, k, v, kv, *ints)
+        ints = [jnp.asarray(x).astype(jnp.int32) for x in (call.page_table, call.kv_lengths, call.cu_q_lens,
+                                                           call.num_seqs)]
+        out = traced_under(run, x64_off)(call.q, k, v, kv, *ints)
         return AttentionOutput(attention_outputs=out)

@@ -9,12 +9,12 @@ registered impls that return their log-sum-exp.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax.numpy as jnp
 
 from jaxattn.api import get_impl
+from jaxattn.call import AttentionCall
 from jaxattn.capabilities import Feature
 from jaxattn.errors import InvalidInputError, UnsupportedError
 from jaxattn.impl import AttentionImpl
@@ -118,8 +118,7 @@ class RingAttention(AttentionImpl):
     def block_kernel(self, q: Array, k: Array, v: Array, mask: Array = None, causal: bool = False,
                      **features: Any) -> AttentionImpl:
         """The per-block impl ring would run for this call (arrays or ShapeDtypeStructs)."""
-        spec = resolve_call(q, k, v, mask=mask, causal=causal, metadata=self.metadata, **features)
-        problem = self.problem(q, k, v, mask, spec, features.get("softmax_aux"))
+        problem = resolve_call(q, k, v, mask=mask, causal=causal, metadata=self.metadata, **features).problem
         axes = mesh_axes(self.metadata)
         setup = self._setup(problem, axes, axes.sequence_size if axes is not None else 1)
         if setup.kernel is None:
@@ -127,17 +126,14 @@ class RingAttention(AttentionImpl):
         return setup.kernel
 
     # -- running -------------------------------------------------------------------------------
-    def forward_native(self, q: Array, k: Array, v: Array, mask: Array = None, bias: Array = None,
-                       init_bias: Callable[[], Array] | None = None, causal: bool = False,
-                       **features: Any) -> AttentionOutput:
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
         # bias and dropout are declined by not_supported_reasons (not in ``features``). A +inf sink
         # would be inf - inf in the blocks' log-sum-exp merge: a finite stand-in runs, and the
         # heads it absorbs are zeroed (jaxattn.sinks).
-        sinks, absorbed = split_absorbing_sinks(features.get("softmax_aux"))
-        res = self._ring(q, k, v, mask, causal, sliding_window=features.get("sliding_window"),
-                         q_segment_ids=features.get("q_segment_ids"), kv_segment_ids=features.get("kv_segment_ids"),
-                         softmax_scale=features["softmax_scale"], logits_soft_cap=features.get("logits_soft_cap"),
-                         softmax_aux=sinks)
+        sinks, absorbed = split_absorbing_sinks(call.softmax_aux)
+        res = self._ring(call.q, call.k, call.v, call.mask, call.causal, sliding_window=call.sliding_window,
+                         q_segment_ids=call.q_segment_ids, kv_segment_ids=call.kv_segment_ids,
+                         softmax_scale=call.softmax_scale, logits_soft_cap=call.logits_soft_cap, softmax_aux=sinks)
         return dataclasses.replace(res, attention_outputs=zero_absorbed_heads(res.attention_outputs, absorbed, 2))
 
     def _ring(self, q: Array, k: Array, v: Array, mask: Array, causal: bool, *,

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
 from typing import Any, ClassVar
 
+from jaxattn.call import AttentionCall
 from jaxattn.capabilities import Feature
 from jaxattn.errors import UnsupportedError
 from jaxattn.impl import AttentionImpl
@@ -66,31 +66,17 @@ class _JaxNnAttention(AttentionImpl):
             )
         return reasons
 
-    def _problem(self, q: Any, k: Any, v: Any, mask: Any, bias: Any, causal: bool,
-                 features: dict[str, Any]) -> AttentionProblem:
-        return AttentionProblem.from_inputs(
-            q, k, v, mask=mask, bias=bias, causal=causal, sliding_window=features.get("sliding_window"),
-            q_segment_ids=features.get("q_segment_ids"), kv_segment_ids=features.get("kv_segment_ids"),
-            softmax_aux=features.get("softmax_aux"), dtype=q.dtype, kv_lengths=features.get("kv_lengths"),
-        )
-
-    def _attend(
-        self, implementation: Implementation, q: Any, k: Any, v: Any, mask: Any, bias: Any,
-        init_bias: Callable[[], Any] | None, causal: bool, features: dict[str, Any],
-    ) -> AttentionOutput:
-        # __call__ has declined these already; a direct forward_* call must not drop them either.
-        if features.get("logits_soft_cap") is not None:
+    def _attend(self, implementation: Implementation, call: AttentionCall) -> AttentionOutput:
+        # The call declined these already; a direct forward_* call must not drop them either.
+        if call.logits_soft_cap is not None:
             raise UnsupportedError(self.name(), [WHY_NOT[Feature.SOFT_CAP]])
-        if features.get("dropout_prob", 0.0):
+        if call.dropout_prob:
             raise UnsupportedError(self.name(), [WHY_NOT[Feature.DROPOUT]])
-        if bias is None and init_bias is not None:
-            bias = init_bias()
         out = sdpa_attention(
-            q, k, v, mask=mask, bias=bias, causal=causal,
-            sliding_window=features.get("sliding_window"),
-            q_segment_ids=features.get("q_segment_ids"), kv_segment_ids=features.get("kv_segment_ids"),
-            softmax_scale=features.get("softmax_scale"), softmax_aux=features.get("softmax_aux"),
-            kv_lengths=features.get("kv_lengths"), implementation=implementation,
+            call.q, call.k, call.v, mask=call.mask, bias=call.bias, causal=call.causal,
+            sliding_window=call.sliding_window, q_segment_ids=call.q_segment_ids,
+            kv_segment_ids=call.kv_segment_ids, softmax_scale=call.softmax_scale, softmax_aux=call.softmax_aux,
+            kv_lengths=call.kv_lengths, implementation=implementation,
         )
         return AttentionOutput(attention_outputs=out)
 
@@ -113,10 +99,8 @@ class CudnnAttention(_JaxNnAttention):
         reasons = super().not_supported_reasons(problem)
         return reasons + cudnn_reasons(problem, self.device, cudnn_version())
 
-    def forward_cuda(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
-                     init_bias: Callable[[], Any] | None = None, causal: bool = False,
-                     **features: Any) -> AttentionOutput:
-        return self._attend("cudnn", q, k, v, mask, bias, init_bias, causal, features)
+    def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
+        return self._attend("cudnn", call)
 
 
 class SdpaAttention(_JaxNnAttention):
@@ -170,15 +154,11 @@ class SdpaAttention(_JaxNnAttention):
             return ["runs through cuDNN (jax.nn implementation='cudnn')"]
         return ["runs through XLA (jax.nn implementation='xla'): " + "; ".join(why)]
 
-    def forward_native(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
-                       init_bias: Callable[[], Any] | None = None, causal: bool = False,
-                       **features: Any) -> AttentionOutput:
-        return self._attend("xla", q, k, v, mask, bias, init_bias, causal, features)
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+        return self._attend("xla", call)
 
-    def forward_cuda(self, q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
-                     init_bias: Callable[[], Any] | None = None, causal: bool = False,
-                     **features: Any) -> AttentionOutput:
-        problem = self._problem(q, k, v, mask, bias, causal, features)
+    def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
+        problem = call.problem
         why = self.cudnn_declines(problem)
         implementation: Implementation = "xla" if why else "cudnn"
         key = (problem.signature(), implementation)
@@ -186,4 +166,4 @@ class SdpaAttention(_JaxNnAttention):
             _logged.add(key)
             logger.info("jaxattn: sdpa runs %s through %s%s", problem.describe(),
                         "cuDNN" if not why else "XLA", f" ({'; '.join(why)})" if why else "")
-        return self._attend(implementation, q, k, v, mask, bias, init_bias, causal, features)
+        return self._attend(implementation, call)

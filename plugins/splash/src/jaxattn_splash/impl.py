@@ -6,9 +6,9 @@ Imports no Pallas TPU module at import time: ``kernel.py`` (which does) is impor
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from jaxattn.call import AttentionCall
 from jaxattn.capabilities import Feature
 from jaxattn.device import DeviceInfo
 from jaxattn.impl import AttentionImpl
@@ -82,33 +82,23 @@ class SplashAttention(AttentionImpl):
                 reasons.append(f"{label} {dim} is not a multiple of {LANES}, the TPU lane width splash tiles by")
         return reasons
 
-    def forward_tpu(
-        self,
-        q: Any,
-        k: Any,
-        v: Any,
-        mask: Any = None,
-        bias: Any = None,
-        init_bias: Callable[[], Any] | None = None,
-        causal: bool = False,
-        **features: Any,
-    ) -> AttentionOutput:
+    def forward_tpu(self, call: AttentionCall) -> AttentionOutput:
         from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
 
         from .kernel import splash_attention
 
         # A +inf sink: the kernel gets a finite one and the heads it absorbs are zeroed (jaxattn.sinks).
-        sinks, absorbed = split_absorbing_sinks(features.get("softmax_aux"))
+        sinks, absorbed = split_absorbing_sinks(call.softmax_aux)
         out = splash_attention(
-            q,
-            k,
-            v,
-            causal=causal,
-            sliding_window=features.get("sliding_window"),
-            q_segment_ids=features.get("q_segment_ids"),
-            kv_segment_ids=features.get("kv_segment_ids"),
-            softmax_scale=features["softmax_scale"],
-            logits_soft_cap=features.get("logits_soft_cap"),
+            call.q,
+            call.k,
+            call.v,
+            causal=call.causal,
+            sliding_window=call.sliding_window,
+            q_segment_ids=call.q_segment_ids,
+            kv_segment_ids=call.kv_segment_ids,
+            softmax_scale=call.softmax_scale,
+            logits_soft_cap=call.logits_soft_cap,
             softmax_aux=sinks,
             block_sizes=self.metadata.block_sizes,
             interpret=self.metadata.interpret,

@@ -23,9 +23,9 @@ This module imports neither triton nor jax_triton: ``paged_ops`` loads on the fi
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from jaxattn.call import AttentionCall
 from jaxattn.capabilities import Feature
 from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
@@ -115,48 +115,37 @@ class TritonDecodeAttention(AttentionImpl):
                     "(k_scale, v_scale read in place; no full-size copy); forward only"]
         return [f"split-K decode kernel over {lengths}; gradients by the flash backward"]
 
-    def forward_cuda(
-        self,
-        q: Any,
-        k: Any,
-        v: Any,
-        mask: Any = None,
-        bias: Any = None,
-        init_bias: Callable[[], Any] | None = None,
-        causal: bool = False,
-        **features: Any,
-    ) -> AttentionOutput:
+    def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
         from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
         from jaxattn_triton.paged_ops import decode_with_flash_grad, dense_decode
 
-        if bias is None and init_bias is not None:
-            bias = init_bias()
+        q, k, v, causal = call.q, call.k, call.v, call.causal
         # A +inf sink: the kernel gets a finite one and the heads it absorbs are zeroed (jaxattn.sinks).
-        features["softmax_aux"], absorbed = split_absorbing_sinks(features.get("softmax_aux"))
-        # __call__ declined these already; a direct forward_* call must not drop them either.
+        sinks, absorbed = split_absorbing_sinks(call.softmax_aux)
+        # The call declined these already; a direct forward_* call must not drop them either.
         for feature, present in (
-            (Feature.MASK, mask is not None), (Feature.BIAS, bias is not None),
-            (Feature.SEGMENT_IDS, features.get("q_segment_ids") is not None),
-            (Feature.DROPOUT, bool(features.get("dropout_prob", 0.0))),
+            (Feature.MASK, call.mask is not None), (Feature.BIAS, call.bias is not None),
+            (Feature.SEGMENT_IDS, call.q_segment_ids is not None),
+            (Feature.DROPOUT, bool(call.dropout_prob)),
         ):  # fmt: skip
             if present:
                 raise NotImplementedError(WHY_NOT[feature])
         if int(q.shape[1]) > MAX_DECODE_QUERIES:
             raise NotImplementedError(f"autoregressive_decodeattn takes T <= {MAX_DECODE_QUERIES} queries")
-        if features.get("k_scale") is not None:
+        if call.k_scale is not None:
             # A quantized cache: the split-K forward alone (serving; no gradient into int8/fp8).
             got = dense_decode(
-                q, k, v, features.get("kv_lengths"), causal=causal, softmax_scale=features.get("softmax_scale"),
-                logits_soft_cap=features.get("logits_soft_cap"), window=features.get("sliding_window"),
-                sinks=features.get("softmax_aux"), k_scale=features["k_scale"], v_scale=features.get("v_scale"),
+                q, k, v, call.kv_lengths, causal=causal, softmax_scale=call.softmax_scale,
+                logits_soft_cap=call.logits_soft_cap, window=call.sliding_window,
+                sinks=sinks, k_scale=call.k_scale, v_scale=call.v_scale,
                 return_lse=True, interpret=self.interpret,
             )  # fmt: skip
             assert isinstance(got, tuple)
             return AttentionOutput(attention_outputs=zero_absorbed_heads(got[0], absorbed, 2), softmax_lse=got[1])
         out, lse = decode_with_flash_grad(
-            q, k, v, features.get("kv_lengths"), causal=causal, softmax_scale=features.get("softmax_scale"),
-            logits_soft_cap=features.get("logits_soft_cap"), window=features.get("sliding_window"),
-            sinks=features.get("softmax_aux"), flash_overrides=self._overrides(), interpret=self.interpret,
+            q, k, v, call.kv_lengths, causal=causal, softmax_scale=call.softmax_scale,
+            logits_soft_cap=call.logits_soft_cap, window=call.sliding_window,
+            sinks=sinks, flash_overrides=self._overrides(), interpret=self.interpret,
         )  # fmt: skip
         return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 2), softmax_lse=lse)
 

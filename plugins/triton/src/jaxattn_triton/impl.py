@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from collections.abc import Callable
 from typing import Any, ClassVar
 
+from jaxattn.call import AttentionCall
 from jaxattn.capabilities import Feature
 from jaxattn.device import DeviceInfo
 from jaxattn.impl import AttentionImpl
@@ -84,40 +84,29 @@ class TritonFlashAttention(AttentionImpl):
             reasons += kernel_library_reasons(self.device)
         return reasons
 
-    def forward_cuda(
-        self,
-        q: Any,
-        k: Any,
-        v: Any,
-        mask: Any = None,
-        bias: Any = None,
-        init_bias: Callable[[], Any] | None = None,
-        causal: bool = False,
-        **features: Any,
-    ) -> AttentionOutput:
+    def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
         from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
         from jaxattn_triton.ops import flash_attention, make_spec
         from jaxattn_triton.tuning import tiles_for
 
-        if bias is None and init_bias is not None:
-            bias = init_bias()
+        q, k, v, mask, bias, causal = call.q, call.k, call.v, call.mask, call.bias, call.causal
         # A +inf sink would be inf - inf in the kernels' online softmax: they get a finite one,
         # and the heads it absorbs are zeroed after (jaxattn.sinks).
-        features["softmax_aux"], absorbed = split_absorbing_sinks(features.get("softmax_aux"))
-        # __call__ declined these already; a direct forward_* call must not drop them either.
-        if features.get("dropout_prob", 0.0):
+        sinks, absorbed = split_absorbing_sinks(call.softmax_aux)
+        # The call declined these already; a direct forward_* call must not drop them either.
+        if call.dropout_prob:
             raise NotImplementedError(WHY_NOT[Feature.DROPOUT])
-        segments = features.get("q_segment_ids") is not None
-        kv_lengths = features.get("kv_lengths")
+        segments = call.q_segment_ids is not None
+        kv_lengths = call.kv_lengths
         if kv_lengths is not None and not _split_k_decode(q, k, mask, bias, segments, kv_lengths):
-            # __call__ declined it already; a direct forward_* call must not drop the lengths.
+            # The call declined it already; a direct forward_* call must not drop the lengths.
             raise NotImplementedError(KV_LENGTHS_ONLY_DECODE)
         spec = make_spec(
             q, k, v, mask=mask, bias=bias, causal=causal,
-            sliding_window=features.get("sliding_window"), segments=segments,
-            softmax_scale=features.get("softmax_scale"),
-            logits_soft_cap=features.get("logits_soft_cap"),
-            sinks=features.get("softmax_aux") is not None,
+            sliding_window=call.sliding_window, segments=segments,
+            softmax_scale=call.softmax_scale,
+            logits_soft_cap=call.logits_soft_cap,
+            sinks=sinks is not None,
         )  # fmt: skip
         if _split_k_decode(q, k, mask, bias, segments, kv_lengths):
             from jaxattn_triton.paged_ops import decode_with_flash_grad
@@ -126,20 +115,20 @@ class TritonFlashAttention(AttentionImpl):
             # its gradient is the flash backward, on this forward's output and lse (with
             # kv_lengths, on the mask they make: flash tiles for that spec, overrides applied).
             out, lse = decode_with_flash_grad(
-                q, k, v, kv_lengths, causal=causal, softmax_scale=features.get("softmax_scale"),
-                logits_soft_cap=features.get("logits_soft_cap"), window=features.get("sliding_window"),
-                sinks=features.get("softmax_aux"), flash_overrides=self._overrides(), interpret=self.interpret,
+                q, k, v, kv_lengths, causal=causal, softmax_scale=call.softmax_scale,
+                logits_soft_cap=call.logits_soft_cap, window=call.sliding_window,
+                sinks=sinks, flash_overrides=self._overrides(), interpret=self.interpret,
             )  # fmt: skip
             return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 2), softmax_lse=lse)
         tiles = tiles_for(spec, interpret=self.interpret, overrides=self._overrides())
         out, lse = flash_attention(
             q, k, v, mask=mask, bias=bias, causal=causal,
-            sliding_window=features.get("sliding_window"),
-            q_segment_ids=features.get("q_segment_ids"),
-            kv_segment_ids=features.get("kv_segment_ids"),
-            softmax_scale=features.get("softmax_scale"),
-            logits_soft_cap=features.get("logits_soft_cap"),
-            softmax_aux=features.get("softmax_aux"),
+            sliding_window=call.sliding_window,
+            q_segment_ids=call.q_segment_ids,
+            kv_segment_ids=call.kv_segment_ids,
+            softmax_scale=call.softmax_scale,
+            logits_soft_cap=call.logits_soft_cap,
+            softmax_aux=sinks,
             tiles=tiles, interpret=self.interpret,
         )  # fmt: skip
         return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 2), softmax_lse=lse)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+from jaxattn.call import PagedCall
 from jaxattn.capabilities import Feature
 from jaxattn.output import AttentionOutput
 from jaxattn.paged_impl import PagedAttentionImpl
@@ -98,41 +99,40 @@ class _TritonPaged(PagedAttentionImpl):
                        "full-size copy)")
         return [kernel, layout]
 
-    def forward_cuda(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> AttentionOutput:
-        """The ragged form's keywords (``jaxattn.paged_impl``): page_table, kv_lengths, cu_q_lens,
-        num_seqs, kv_layout, queries_per_seq, softmax_scale, logits_soft_cap, sliding_window,
-        softmax_aux, and k_scale, v_scale (rank 3) with a quantized cache."""
+    def forward_cuda(self, call: PagedCall) -> AttentionOutput:
+        """Runs the call (``jaxattn.paged_impl``) through paged_decode when every sequence has
+        ``queries_per_seq`` queries, else through ragged_paged."""
         import jax.numpy as jnp
 
         from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
         from jaxattn_triton.paged_ops import paged_decode, ragged_paged
 
         # A +inf sink: the kernel gets a finite one and the heads it absorbs are zeroed (jaxattn.sinks).
-        sinks, absorbed = split_absorbing_sinks(features.get("softmax_aux"))
-        page_table, kv_lengths = features["page_table"], features["kv_lengths"]
-        num_seqs, queries_per_seq = features["num_seqs"], features.get("queries_per_seq")
-        if features.get("kv_layout", "separate") == "combined":
-            k, v, cache = None, None, {"kv_pages": k_pages}
+        sinks, absorbed = split_absorbing_sinks(call.softmax_aux)
+        page_table, kv_lengths = call.page_table, call.kv_lengths
+        num_seqs, queries_per_seq = call.num_seqs, call.queries_per_seq
+        if call.kv_layout == "combined":
+            k, v, cache = None, None, {"kv_pages": call.k_pages}
         else:
-            k, v, cache = k_pages, v_pages, {}
+            k, v, cache = call.k_pages, call.v_pages, {}
         kw: dict[str, Any] = {
-            "softmax_scale": features.get("softmax_scale"), "logits_soft_cap": features.get("logits_soft_cap"),
-            "window_left": features.get("sliding_window"), "sinks": sinks,
-            "interpret": self.interpret, "k_scale": features.get("k_scale"), "v_scale": features.get("v_scale"),
+            "softmax_scale": call.softmax_scale, "logits_soft_cap": call.logits_soft_cap,
+            "window_left": call.sliding_window, "sinks": sinks,
+            "interpret": self.interpret, "k_scale": call.k_scale, "v_scale": call.v_scale,
             **cache,
         }  # fmt: skip
         if queries_per_seq is not None:
             # Uniform: sequence s owns rows s*T ... s*T + T - 1 (cu_q_lens = arange * T). Rows of
             # sequences past num_seqs see no key: length 0 gives their zeros.
             n, t = int(page_table.shape[0]), int(queries_per_seq)
-            _, hq, d = q.shape
+            _, hq, d = call.q.shape
             live = jnp.arange(n) < jnp.reshape(num_seqs, (-1,))[0]
             lengths = jnp.where(live, kv_lengths, 0)
-            out = paged_decode(q.reshape(n, t, hq, d), k, v, page_table, lengths, **kw)
+            out = paged_decode(call.q.reshape(n, t, hq, d), k, v, page_table, lengths, **kw)
             assert not isinstance(out, tuple)
             rows = jnp.reshape(out, (n * t, hq, -1))
             return AttentionOutput(attention_outputs=zero_absorbed_heads(rows, absorbed, 1))
-        out = ragged_paged(q, k, v, page_table, kv_lengths, features["cu_q_lens"], num_seqs, **kw)
+        out = ragged_paged(call.q, k, v, page_table, kv_lengths, call.cu_q_lens, num_seqs, **kw)
         assert not isinstance(out, tuple)
         return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 1))
 

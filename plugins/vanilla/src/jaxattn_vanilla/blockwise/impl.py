@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from jaxattn.call import AttentionCall
 from jaxattn.capabilities import ALL_FEATURES, Feature
 from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
@@ -73,33 +73,20 @@ class BlockwiseAttention(AttentionImpl):
             notes.append(f"backward blocks {min(bq_bwd, problem.seq_q)}x{min(bk_bwd, problem.seq_k)}")
         return notes
 
-    def forward_native(
-        self,
-        q: Any,
-        k: Any,
-        v: Any,
-        mask: Any = None,
-        bias: Any = None,
-        init_bias: Callable[[], Any] | None = None,
-        causal: bool = False,
-        **features: Any,
-    ) -> AttentionOutput:
-        # The base class resolves init_bias before routing; honour it when called directly.
-        if bias is None and init_bias is not None:
-            bias = init_bias()
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
         md = self.metadata
         res = blockwise_attention(
-            q,
-            k,
-            v,
-            mask=mask,
-            bias=bias,
-            causal=causal,
+            call.q,
+            call.k,
+            call.v,
+            mask=call.mask,
+            bias=call.bias,
+            causal=call.causal,
             softmax_dtype=md.softmax_dtype,
             block_q=md.block_q,
             block_k=md.block_k,
             block_q_bwd=md.block_q_bwd,
             block_k_bwd=md.block_k_bwd,
-            **features,
+            **call.options(),
         )
         return AttentionOutput(attention_outputs=res.output, softmax_lse=res.lse)

@@ -22,12 +22,12 @@ dropout, attention weights, and T > 16 (a prefill: the dense paths tile it bette
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
+from jaxattn.call import AttentionCall
 from jaxattn.capabilities import Feature
 from jaxattn.device import DeviceInfo
 from jaxattn.impl import AttentionImpl
@@ -136,34 +136,22 @@ class DecodeAttention(AttentionImpl):
                          "(chosen at run time)")
         return notes
 
-    def forward_native(
-        self,
-        q: Any,
-        k: Any,
-        v: Any,
-        mask: Any = None,
-        bias: Any = None,
-        init_bias: Callable[[], Any] | None = None,
-        causal: bool = False,
-        **features: Any,
-    ) -> AttentionOutput:
-        if bias is None and init_bias is not None:
-            bias = init_bias()
-        # __call__ declined these already; a direct forward_* call must not drop them either.
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+        q, k, v = call.q, call.k, call.v
+        # The call declined these already; a direct forward_* call must not drop them either.
         for feature, present in (
-            (Feature.MASK, mask is not None), (Feature.BIAS, bias is not None),
-            (Feature.SEGMENT_IDS, features.get("q_segment_ids") is not None),
-            (Feature.DROPOUT, bool(features.get("dropout_prob", 0.0))),
+            (Feature.MASK, call.mask is not None), (Feature.BIAS, call.bias is not None),
+            (Feature.SEGMENT_IDS, call.q_segment_ids is not None), (Feature.DROPOUT, bool(call.dropout_prob)),
         ):  # fmt: skip
             if present:
                 raise NotImplementedError(WHY_NOT[feature])
         if int(q.shape[1]) > MAX_DECODE_QUERIES:
             raise NotImplementedError(f"autoregressive_decodeattn takes T <= {MAX_DECODE_QUERIES} queries")
-        lengths = features.get("kv_lengths")
+        lengths = call.kv_lengths
         common: dict[str, Any] = {
-            "kv_lengths": lengths, "causal": causal, "sliding_window": features.get("sliding_window"),
-            "softmax_scale": features.get("softmax_scale"), "logits_soft_cap": features.get("logits_soft_cap"),
-            "softmax_aux": features.get("softmax_aux"), "softmax_dtype": self.metadata.softmax_dtype,
+            "kv_lengths": lengths, "causal": call.causal, "sliding_window": call.sliding_window,
+            "softmax_scale": call.softmax_scale, "logits_soft_cap": call.logits_soft_cap,
+            "softmax_aux": call.softmax_aux, "softmax_dtype": self.metadata.softmax_dtype,
         }
 
         def tiled() -> tuple[Any, Any]:

@@ -10,8 +10,9 @@ sinks on a TPU, ...). Where no kernel is installed, the mechanism names resolve 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from jaxattn.call import PagedCall
 from jaxattn.capabilities import Feature
 from jaxattn.output import AttentionOutput
 from jaxattn.paged_impl import PagedAttentionImpl
@@ -46,9 +47,9 @@ class PagedReference(PagedAttentionImpl):
         return [f"dequantizes the {problem.kv_dtype} pages each sequence reads into a full-size float32 copy, then "
                 "attends (the reference)"]
 
-    def forward_native(self, q: Any, k_pages: Any, v_pages: Any, **features: Any) -> AttentionOutput:
+    def forward_native(self, call: PagedCall) -> AttentionOutput:
         from .reference import paged_reference
 
-        features.pop("kv_layout")
-        out = paged_reference(q, k_pages, v_pages, softmax_dtype=self.metadata.softmax_dtype, **features)
+        out = paged_reference(call.q, call.k_pages, call.v_pages, softmax_dtype=self.metadata.softmax_dtype,
+                              **call.options())
         return AttentionOutput(attention_outputs=out)

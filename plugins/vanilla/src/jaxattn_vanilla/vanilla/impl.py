@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from jaxattn.call import AttentionCall
 from jaxattn.capabilities import ALL_FEATURES, Feature
 from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
@@ -36,40 +36,23 @@ class VanillaAttention(AttentionImpl):
             return []
         return [f"dequantizes the {problem.kv_dtype} cache into a full-size float32 copy, then attends (the reference)"]
 
-    def forward_native(
-        self,
-        q: Any,
-        k: Any,
-        v: Any,
-        mask: Any = None,
-        bias: Any = None,
-        init_bias: Callable[[], Any] | None = None,
-        causal: bool = False,
-        **features: Any,
-    ) -> AttentionOutput:
-        # The base class resolves init_bias before routing; honour it when called directly.
-        if bias is None and init_bias is not None:
-            bias = init_bias()
-        k_scale, v_scale = features.pop("k_scale", None), features.pop("v_scale", None)
+    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+        q, k, v = call.q, call.k, call.v
         out_dtype = q.dtype
-        if k_scale is not None and v_scale is not None:  # a quantized cache: attend over its dequantized copy
+        if call.k_scale is not None:  # a quantized cache: attend over its dequantized copy
             import jax.numpy as jnp
 
             from jaxattn.quantize import dequantize_visible
 
             wide = jnp.promote_types(q.dtype, jnp.float32)
-            lengths = features.get("kv_lengths")
             q = q.astype(wide)
-            k, v = dequantize_visible(k, k_scale, lengths, wide), dequantize_visible(v, v_scale, lengths, wide)
+            k = dequantize_visible(k, call.k_scale, call.kv_lengths, wide)
+            v = dequantize_visible(v, call.v_scale, call.kv_lengths, wide)
         res = vanilla_attention(
-            q,
-            k,
-            v,
-            mask=mask,
-            bias=bias,
-            causal=causal,
-            softmax_dtype=self.metadata.softmax_dtype,
-            **features,
+            q, k, v, mask=call.mask, bias=call.bias, causal=call.causal, sliding_window=call.sliding_window,
+            q_segment_ids=call.q_segment_ids, kv_segment_ids=call.kv_segment_ids, softmax_scale=call.softmax_scale,
+            logits_soft_cap=call.logits_soft_cap, softmax_aux=call.softmax_aux, dropout_prob=call.dropout_prob,
+            dropout_rng=call.dropout_rng, kv_lengths=call.kv_lengths, softmax_dtype=self.metadata.softmax_dtype,
         )
         return AttentionOutput(attention_outputs=res.output.astype(out_dtype), attention_weights=res.weights,
                                softmax_lse=res.lse)
