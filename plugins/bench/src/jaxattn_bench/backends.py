@@ -75,7 +75,7 @@ class ImplBackend(Backend):
             exp = jaxattn.explain(q, k, v, impl="auto", causal=shape.causal, metadata=self.metadata)
             grad = next((c.grad_impl for c in exp.candidates if c.chosen and c.grad_impl), None)
             return f"-> {exp.chosen}" + (f", grad {grad}" if grad else "")
-        problem = impl.problem(q, k, v, None, _spec(q, k, v, shape.causal, self.metadata))
+        problem = _spec(q, k, v, shape.causal, self.metadata).problem
         fallback = impl.fallback_reasons(problem)
         return f"via {impl.fallback_impl}: {'; '.join(fallback)}" if fallback else ""
 

@@ -22,7 +22,7 @@ from .shapes import BenchShape
 
 __all__ = ["AUTO_OWN", "OverheadReport", "measure_overhead"]
 
-AUTO_OWN = "auto's own work on a repeated call (call key + memo lookup)"
+AUTO_OWN = "auto's own work on a repeated call (its plan's memo lookup)"
 
 
 @dataclasses.dataclass
@@ -77,7 +77,7 @@ def measure_overhead(shape: BenchShape, metadata: AttentionMetadata | None = Non
     import jax
 
     import jaxattn
-    from jaxattn.dispatch import AutoAttention, _call_key, _choices, _evaluate, choose
+    from jaxattn.dispatch import AutoAttention, _choices, _evaluate, choose
     from jaxattn.problem import AttentionProblem
 
     from .timing import make_inputs
@@ -92,9 +92,6 @@ def measure_overhead(shape: BenchShape, metadata: AttentionMetadata | None = Non
     auto = jaxattn.get_impl("auto", md)
     assert isinstance(auto, AutoAttention)
     direct = auto.select(problem)  # what auto runs: the chosen impl, or its measured fwd/grad split
-    # the keyword arguments attention() hands to auto, so the key below is the one a real call builds
-    features: dict[str, Any] = dict.fromkeys(("sliding_window", "q_segment_ids", "kv_segment_ids", "softmax_scale",
-                                              "logits_soft_cap", "softmax_aux", "dropout_prob", "dropout_rng"))
 
     def by_impl() -> Any:
         return direct(q, k, v, causal=causal).attention_outputs
@@ -108,7 +105,7 @@ def measure_overhead(shape: BenchShape, metadata: AttentionMetadata | None = Non
     jit_direct = jax.jit(lambda q, k, v: direct(q, k, v, causal=causal).attention_outputs)
     jit_auto = jax.jit(lambda q, k, v: jaxattn.attention(q, k, v, impl="auto", causal=causal, metadata=md))
     rows = list(_per_call_us({
-        AUTO_OWN: lambda: _choices.get(_call_key(q, k, v, None, None, causal, features, auto.metadata)),
+        AUTO_OWN: lambda: _choices.get((auto, problem)),  # what auto adds to a named impl's path
         "choose(): memo hit": lambda: choose(problem, md),
         "choose(): every impl asked (what the memo saves)": lambda: _evaluate(problem, md),
     }, batch_s).items())
