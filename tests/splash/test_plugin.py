@@ -15,7 +15,7 @@ import pytest
 
 import jaxattn
 import jaxattn.impl
-from jaxattn.compose import COMPOSED
+from jaxattn import api, compose
 from jaxattn.device import DeviceInfo
 from jaxattn.errors import UnsupportedError
 from jaxattn.testing import oracle
@@ -61,8 +61,10 @@ def _inputs(t: int, s: int, d: int) -> tuple[np.ndarray, ...]:
 def test_fallback_to_vanilla_is_visible_and_exact(
     t: int, d: int, why: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The core logs each hand-off once per process; other tests may have had this one.
-    monkeypatch.setattr(COMPOSED, "_logged", set())
+    # The core logs each hand-off once per process, when it plans the call (the plan is then
+    # memoised on the impl jaxattn.get_impl built); other tests may have had this one.
+    monkeypatch.setattr(compose, "_logged", set())
+    api._composed.cache_clear()
     q, k, v = _inputs(t, 11, d)
     args = [jnp.asarray(a, jnp.float32) for a in (q, k, v)]
     explained = str(jaxattn.explain(*args, impl="splash", causal=True, metadata=INTERPRET))

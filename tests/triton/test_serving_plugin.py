@@ -29,6 +29,7 @@ from jaxattn.metadata import AttentionMetadata
 from jaxattn.plugins import isolated_registry, registry
 from jaxattn.problem import AttentionProblem, PagedProblem
 from jaxattn.testing import oracle
+from jaxattn.validation import resolve_call
 from jaxattn_triton import impl as impl_module
 from jaxattn_triton import paged_ops
 from jaxattn_triton.decode_impl import MAX_DECODE_QUERIES, TritonDecodeAttention
@@ -417,9 +418,10 @@ def test_flash_attn2_runs_kv_lengths_through_dense_decode_with_gradients(
 def test_direct_forwards_never_drop_what_they_cannot_run() -> None:
     q, k = jnp.zeros((1, 3, 2, 16)), jnp.zeros((1, 8, 1, 16))
     with pytest.raises(NotImplementedError, match="reads no mask"):
-        TritonDecodeAttention(MD, H100).forward_cuda(q, k, k, mask=jnp.ones((1, 1, 3, 8), bool))
+        TritonDecodeAttention(MD, H100).forward_cuda(resolve_call(q, k, k, mask=jnp.ones((1, 1, 3, 8), bool),
+                                                                   prepare=True))
     with pytest.raises(NotImplementedError, match="split-K decode path"):
-        TritonFlashAttention(MD, H100).forward_cuda(q, k, k, kv_lengths=jnp.asarray([4]))
+        TritonFlashAttention(MD, H100).forward_cuda(resolve_call(q, k, k, kv_lengths=jnp.asarray([4]), prepare=True))
 
 
 @pytest.mark.usefixtures("kernels_installed")

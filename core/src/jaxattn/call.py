@@ -24,9 +24,11 @@ from .problem import AttentionProblem, PagedProblem
 __all__ = ["AttentionCall", "PagedCall"]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class AttentionCall:
     """One dense attention call, validated and normalised (docs/contract.md says what it computes).
+
+    Compared by identity: it holds arrays.
 
     Arrays are JAX arrays (NumPy inputs converted), q, k and v in ``metadata.runtime_dtype`` when
     it is set (a quantized cache stays as it is). ``None`` means the call does not use the feature,
@@ -87,7 +89,7 @@ class AttentionCall:
         return out
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class PagedCall:
     """One call over a paged KV cache, in the ragged form (``jaxattn.paged_impl`` describes it).
 
