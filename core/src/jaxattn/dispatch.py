@@ -15,7 +15,7 @@ import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
-from .backend import Plan
+from .backend import Backend, Plan
 from .call import AttentionCall, PagedCall
 from .candidates import Candidate
 from .capabilities import ALL_FEATURES
@@ -262,7 +262,7 @@ Resolve = Callable[[str, AttentionMetadata], AttentionImpl]
 Combine = Callable[[AttentionImpl, AttentionImpl | None, Sequence[str]], AttentionImpl]
 
 
-def _auto_run(auto: AttentionImpl | PagedAttentionImpl, call: AttentionCall | PagedCall) -> AttentionOutput:
+def _auto_run(auto: Backend[Any], call: AttentionCall | PagedCall) -> AttentionOutput:
     """Run ``call`` on auto's plan for its problem (memoised in ``_choices``); a chosen backend
     that breaks its contract (``PluginError``) is declined for such calls and the next one runs."""
     while True:  # each pass declines one more faulty backend: it ends
