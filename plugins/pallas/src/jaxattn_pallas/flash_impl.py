@@ -6,15 +6,13 @@ Imports no Pallas TPU module at import time: ``flash_kernel.py`` (which does) is
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from jaxattn.call import AttentionCall
-from jaxattn.capabilities import Feature
 from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 
 from .flash_rules import plan_flash
+from .plugin import PALLAS_FLASH
 
 __all__ = ["PallasFlashAttention"]
 
@@ -22,33 +20,8 @@ __all__ = ["PallasFlashAttention"]
 _ITEMSIZE = {"float32": 4, "bfloat16": 2}
 
 
-class PallasFlashAttention(AttentionImpl):
+class PallasFlashAttention(AttentionImpl, declaration=PALLAS_FLASH):
     """Flash attention on TPU (jax.experimental.pallas.ops.tpu.flash_attention)."""
-
-    platforms: ClassVar[frozenset[str]] = frozenset({"tpu"})
-    # float16 has no fast path on TPUs; bfloat16 is their 16-bit type.
-    dtypes: ClassVar[frozenset[str]] = frozenset({"float32", "bfloat16"})
-    # Any head dim works (padded with zeros to the kernel's sizes); past 256 the padded
-    # tiles stop fitting the default VMEM budget.
-    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 256)
-    features: ClassVar[frozenset[Feature]] = frozenset({
-        Feature.CAUSAL,
-        Feature.MASK,
-        Feature.BIAS,
-        Feature.GQA,
-        Feature.CROSS,
-        Feature.DECODE,
-        Feature.VALUE_DIM,
-        Feature.SEGMENT_IDS,
-        Feature.GRAD,
-    })
-    # Above vanilla (0); below splash on TPU v4 and later (see jaxattn_splash), above it on v2/v3.
-    priority: ClassVar[int] = 100
-    description: ClassVar[str] = "Pallas TPU flash attention (causal, mask, bias, GQA, segment ids)"
-
-    @classmethod
-    def get_impl_name(cls) -> str:
-        return "flash_attn2"
 
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
         # The base class declines every feature missing from ``features`` (sliding window,

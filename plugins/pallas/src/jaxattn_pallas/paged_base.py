@@ -32,9 +32,8 @@ def _generation(platform: str, device: Any, interpret: bool) -> int | None:
 
 
 class PallasPagedBase(PagedAttentionImpl):
-    """What both share: platform, dtypes, the float32 softmax, the advice on a decline."""
+    """What both share: the float32 softmax, the advice on a decline."""
 
-    platforms: ClassVar[frozenset[str]] = frozenset({"tpu"})
     #: Why JAX's kernel does not read jaxattn's quantized caches (Feature.QUANTIZED_KV is not declared).
     quantized_why: ClassVar[str] = ""
 

@@ -13,35 +13,23 @@ import dataclasses
 from typing import Any, ClassVar
 
 from jaxattn.call import PagedCall
-from jaxattn.capabilities import Feature
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import PagedProblem
 
 from .paged_base import PallasPagedBase
 from .paged_decode_rules import plan_paged_kernel
+from .plugin import PALLAS_PAGE_ATTENTION
 
 __all__ = ["PallasPagedDecode"]
 
 
-class PallasPagedDecode(PallasPagedBase):
+class PallasPagedDecode(PallasPagedBase, declaration=PALLAS_PAGE_ATTENTION):
     """``page_attention``: decode steps (T == 1) on TPU (jax.experimental.pallas.ops.tpu.paged_attention)."""
 
-    # float32 and float16 are split into bfloat16 terms for the kernel, exactly (paged_decode_rules).
-    dtypes: ClassVar[frozenset[str]] = frozenset({"float32", "bfloat16", "float16"})
-    # One query per sequence, no window, no sinks: the kernel has none of them.
-    features: ClassVar[frozenset[Feature]] = frozenset({Feature.GQA, Feature.VALUE_DIM, Feature.SOFT_CAP})
-    # Below the ragged kernel (100), which is faster on a TPU (see the module docstring); this
-    # one serves the name ``page_attention`` and, in TPU interpret mode, "auto"'s decode steps.
-    priority: ClassVar[int] = 50
     quantized_why: ClassVar[str] = (
         "JAX's paged_attention reads int8 only (no float8), as a QuantizedTensor whose scales it broadcasts to "
         "the head dim (float32: 4x the bytes of the int8 values, in the kernel's layout, which this backend "
         "already copies the whole cache into per call), so it would read more bytes than the float cache")
-    description: ClassVar[str] = "Pallas TPU paged decode (JAX's paged_attention kernel; runs in interpret mode)"
-
-    @classmethod
-    def get_impl_name(cls) -> str:
-        return "page_attention"
 
     def not_supported_reasons(self, problem: PagedProblem) -> list[str]:
         # What the ragged kernel runs on a TPU is declined here with that advice; the rest

@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from jaxattn.call import PagedCall
-from jaxattn.capabilities import Feature
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import PagedProblem
 
 from . import ragged_rules
 from .paged_base import PallasPagedBase
+from .plugin import PALLAS_RAGGED_PAGE_ATTENTION
 
 __all__ = ["PallasRaggedPagedAttention"]
 
@@ -28,25 +28,12 @@ _INTERPRET = (
 )
 
 
-
-class PallasRaggedPagedAttention(PallasPagedBase):
+class PallasRaggedPagedAttention(PallasPagedBase, declaration=PALLAS_RAGGED_PAGE_ATTENTION):
     """Ragged paged attention on TPU (jax.experimental.pallas.ops.tpu.ragged_paged_attention)."""
 
-    dtypes: ClassVar[frozenset[str]] = frozenset(ragged_rules.SUPPORTED_DTYPES)
-    features: ClassVar[frozenset[Feature]] = frozenset({
-        Feature.GQA, Feature.VALUE_DIM, Feature.SLIDING_WINDOW, Feature.SOFT_CAP, Feature.MULTI_TOKEN,
-        Feature.RAGGED,
-    })
-    # Above page_attention (50) and the pure-JAX references (0): the TPU's fastest paged kernel.
-    priority: ClassVar[int] = 100
     quantized_why: ClassVar[str] = (
         "JAX's ragged_paged_attention takes k_scale and v_scale as Python floats (one static scale per tensor), "
         "never an array of scales per head or token, nor one traced under jit")
-    description: ClassVar[str] = "Pallas TPU ragged paged attention (mixed prefill and decode, window, soft cap)"
-
-    @classmethod
-    def get_impl_name(cls) -> tuple[str, ...]:
-        return ("ragged_page_attention_v3", "ragged_page_attention_v2")
 
     def _facts(self, problem: PagedProblem) -> dict[str, Any]:
         # An unsupported dtype is the declarations' to decline; the kernel's other rules do not

@@ -9,13 +9,12 @@ registered impls that return their log-sum-exp.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any
 
 import jax.numpy as jnp
 
 from jaxattn.api import get_impl
 from jaxattn.call import AttentionCall
-from jaxattn.capabilities import Feature
 from jaxattn.errors import InvalidInputError, UnsupportedError
 from jaxattn.impl import AttentionImpl
 from jaxattn.metadata import axis_tuple, describe_axes
@@ -30,6 +29,7 @@ from jaxattn.validation import resolve_call
 
 from .blocks import BlockKernel, Mode, RingPlan, block_problems, choose_kernel
 from .layout import LAYOUTS, Layout, from_zigzag, to_zigzag
+from .plugin import RING
 from .ring import make_ring
 
 __all__ = ["RingAttention"]
@@ -48,25 +48,8 @@ class _Setup:
     reasons: list[str]
 
 
-class RingAttention(AttentionImpl):
+class RingAttention(AttentionImpl, declaration=RING):
     """Ring attention: each device holds a slice of the sequence; K/V travel around the ring."""
-
-    platforms: ClassVar[frozenset[str]] = frozenset({"cpu", "gpu", "tpu"})
-    # What the per-block kernel accepts decides in the end; ring itself adds no dtype limit.
-    dtypes: ClassVar[frozenset[str]] = frozenset({"float16", "bfloat16", "float32", "float64"})
-    features: ClassVar[frozenset[Feature]] = frozenset({
-        Feature.CAUSAL, Feature.MASK, Feature.GQA, Feature.CROSS, Feature.VALUE_DIM, Feature.SLIDING_WINDOW,
-        Feature.SEGMENT_IDS, Feature.SOFT_CAP, Feature.SINKS, Feature.GRAD, Feature.LSE,
-    })
-    priority: ClassVar[int] = 0
-    sequence_parallel: ClassVar[bool] = True
-    description: ClassVar[str] = (
-        "sequence-parallel ring attention over metadata.sequence_axis, any per-block kernel with lse"
-    )
-
-    @classmethod
-    def get_impl_name(cls) -> str:
-        return "ring"
 
     # -- what can run ------------------------------------------------------------------------
     def _layout(self, causal: bool) -> Layout:

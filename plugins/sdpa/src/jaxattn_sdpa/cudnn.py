@@ -26,8 +26,6 @@ from jaxattn.problem import AttentionProblem
 from .translate import Band, kv_band_restricts, structural_band
 
 __all__ = [
-    "CUDNN_DTYPES",
-    "CUDNN_HEAD_DIMS",
     "EMPTY_ROWS_GRAD",
     "CudnnLayout",
     "band_is_native",
@@ -37,15 +35,10 @@ __all__ = [
     "sink_columns",
 ]
 
-#: cuDNN computes in these only (fp8 needs scaling factors that jax.nn does not take).
-CUDNN_DTYPES = frozenset({"bfloat16", "float16"})
 EMPTY_ROWS_GRAD = (
     "cuDNN's backward returns NaN for queries that see no key, as bottom-right causal with T > S leaves the "
     "first T - S queries (seen on an H200, jax 0.11.2); use impl='sdpa' (XLA) for training such shapes"
 )
-
-#: Head dims cuDNN takes on sm_90+ (jax checks <= 256 there, <= 128 before; see cudnn_reasons).
-CUDNN_HEAD_DIMS: tuple[int, int] = (8, 256)
 
 
 @functools.lru_cache(maxsize=1)

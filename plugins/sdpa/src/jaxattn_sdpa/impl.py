@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, ClassVar
+from typing import Any
 
 from jaxattn.call import AttentionCall
 from jaxattn.capabilities import Feature
@@ -20,19 +20,13 @@ from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 
-from .cudnn import CUDNN_DTYPES, CUDNN_HEAD_DIMS, cudnn_reasons, cudnn_version
+from .cudnn import cudnn_reasons, cudnn_version
 from .kernel import Implementation, sdpa_attention
+from .plugin import CUDNN, SDPA
 
 __all__ = ["CudnnAttention", "SdpaAttention"]
 
 logger = logging.getLogger("jaxattn")
-
-#: What jax.nn runs exactly, on both paths (sinks through an extra key, kv_lengths through
-#: key_value_seq_lengths or a per-sequence mask: see kernel.py).
-FEATURES: frozenset[Feature] = frozenset({
-    Feature.CAUSAL, Feature.MASK, Feature.BIAS, Feature.GQA, Feature.CROSS, Feature.DECODE,
-    Feature.SLIDING_WINDOW, Feature.SEGMENT_IDS, Feature.SINKS, Feature.GRAD, Feature.KV_LENGTHS,
-})
 
 #: Why the features jax.nn lacks cannot be emulated exactly (added to the generic reason).
 WHY_NOT: dict[Feature, str] = {
@@ -51,9 +45,7 @@ _logged: set[tuple[Any, ...]] = set()
 
 
 class _JaxNnAttention(AttentionImpl):
-    """What both impls share: declarations, reasons, and the call into ``sdpa_attention``."""
-
-    features: ClassVar[frozenset[Feature]] = FEATURES
+    """What both impls share: reasons, and the call into ``sdpa_attention``."""
 
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
         reasons = super().not_supported_reasons(problem)
@@ -81,19 +73,8 @@ class _JaxNnAttention(AttentionImpl):
         return AttentionOutput(attention_outputs=out)
 
 
-class CudnnAttention(_JaxNnAttention):
+class CudnnAttention(_JaxNnAttention, declaration=CUDNN):
     """cuDNN flash attention through ``jax.nn.dot_product_attention(implementation="cudnn")``."""
-
-    platforms: ClassVar[frozenset[str]] = frozenset({"cuda"})
-    dtypes: ClassVar[frozenset[str]] = CUDNN_DTYPES
-    # cuDNN's ceiling is 256 on sm_90+ and 128 before; cudnn_reasons checks the GPU at hand.
-    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = CUDNN_HEAD_DIMS
-    priority: ClassVar[int] = 100
-    description: ClassVar[str] = "cuDNN flash attention via jax.nn (needs an NVIDIA GPU with cuDNN, fp16/bf16)"
-
-    @classmethod
-    def get_impl_name(cls) -> tuple[str, ...]:
-        return ("cudnn", "cuda_flash_attn2")
 
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
         reasons = super().not_supported_reasons(problem)
@@ -103,19 +84,8 @@ class CudnnAttention(_JaxNnAttention):
         return self._attend("cudnn", call)
 
 
-class SdpaAttention(_JaxNnAttention):
+class SdpaAttention(_JaxNnAttention, declaration=SDPA):
     """The best ``jax.nn.dot_product_attention`` path here: cuDNN if it takes the call, else XLA."""
-
-    platforms: ClassVar[frozenset[str]] = frozenset({"cpu", "gpu", "tpu"})
-    # float64 is left out: jax.nn would run its softmax in float32, silently.
-    dtypes: ClassVar[frozenset[str]] = frozenset({"float32", "bfloat16", "float16"})
-    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 1 << 16)
-    priority: ClassVar[int] = 50
-    description: ClassVar[str] = "jax.nn.dot_product_attention: cuDNN when it takes the call, XLA otherwise"
-
-    @classmethod
-    def get_impl_name(cls) -> str:
-        return "sdpa"
 
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
         reasons = super().not_supported_reasons(problem)
@@ -138,9 +108,10 @@ class SdpaAttention(_JaxNnAttention):
             return [f"cuDNN runs only on NVIDIA GPUs; this platform is {self.platform}"]
         reasons: list[str] = []
         dtype = self.compute_dtype(problem)
-        if dtype not in CUDNN_DTYPES:
+        # cuDNN's limits are what its backend declares (plugin.CUDNN).
+        if dtype not in CudnnAttention.dtypes:
             reasons.append(f"cuDNN computes in float16/bfloat16 only, the inputs are {dtype}")
-        lo, hi = CUDNN_HEAD_DIMS
+        lo, hi = CudnnAttention.head_dims
         reasons += [f"cuDNN takes a {label} of {lo}..{hi}, got {dim}"
                     for label, dim in (("head dim", problem.head_dim), ("value head dim", problem.head_dim_v))
                     if not lo <= dim <= hi]

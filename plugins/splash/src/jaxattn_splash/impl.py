@@ -6,16 +6,14 @@ Imports no Pallas TPU module at import time: ``kernel.py`` (which does) is impor
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from jaxattn.call import AttentionCall
-from jaxattn.capabilities import Feature
 from jaxattn.device import DeviceInfo
 from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 
 from .blocks import LANES, plan_splash
+from .plugin import SPLASH
 
 __all__ = ["SplashAttention"]
 
@@ -23,35 +21,8 @@ __all__ = ["SplashAttention"]
 _OLD_TPUS = frozenset({"v2", "v3"})
 
 
-class SplashAttention(AttentionImpl):
+class SplashAttention(AttentionImpl, declaration=SPLASH):
     """Block-sparse flash attention on TPU (jax.experimental.pallas.ops.tpu.splash_attention)."""
-
-    platforms: ClassVar[frozenset[str]] = frozenset({"tpu"})
-    dtypes: ClassVar[frozenset[str]] = frozenset({"float32", "bfloat16"})
-    # Head dims that are not multiples of 128 are accepted and handed to vanilla (see
-    # fallback_reasons); past 256 the tiles stop fitting the default VMEM budget.
-    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 256)
-    features: ClassVar[frozenset[Feature]] = frozenset({
-        Feature.CAUSAL,
-        Feature.GQA,
-        Feature.CROSS,
-        Feature.DECODE,  # through the fallback
-        Feature.VALUE_DIM,
-        Feature.SLIDING_WINDOW,
-        Feature.SEGMENT_IDS,
-        Feature.SOFT_CAP,
-        Feature.SINKS,
-        Feature.GRAD,
-    })
-    # The seed's choice by generation: splash on TPU v4 and later, the Pallas flash kernel
-    # (priority 100) on v2/v3, where splash's block-sparse bookkeeping does not pay.
-    priority: ClassVar[int] = 110
-    fallback_impl: ClassVar[str | None] = "vanilla"
-    description: ClassVar[str] = "Pallas TPU splash attention (block-sparse: causal, windows, soft cap, sinks)"
-
-    @classmethod
-    def get_impl_name(cls) -> tuple[str, ...]:
-        return ("splash", "blocksparse")
 
     @classmethod
     def priority_for(cls, device: DeviceInfo) -> int:

@@ -31,7 +31,7 @@ from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 from jaxattn_triton import impl as flash_impl
-from jaxattn_triton.launch_paged import MAX_HEAD_DIM
+from jaxattn_triton.plugin import DECODE
 
 __all__ = ["MAX_DECODE_QUERIES", "TritonDecodeAttention"]
 
@@ -39,11 +39,6 @@ __all__ = ["MAX_DECODE_QUERIES", "TritonDecodeAttention"]
 #: K/V tile for the sequence); past 16 a call is a prefill chunk, which the flash kernels
 #: (flash_attn2, cudnn) tile better.
 MAX_DECODE_QUERIES = 16
-
-FEATURES: frozenset[Feature] = frozenset({
-    Feature.CAUSAL, Feature.GQA, Feature.CROSS, Feature.DECODE, Feature.VALUE_DIM, Feature.SLIDING_WINDOW,
-    Feature.SOFT_CAP, Feature.SINKS, Feature.KV_LENGTHS, Feature.GRAD, Feature.LSE, Feature.QUANTIZED_KV,
-})  # fmt: skip
 
 _FLASH = "flash_attn2 runs it (impl='auto' picks a backend that accepts the call)"
 #: Why the features it lacks are declined (added to the generic reason).
@@ -60,22 +55,11 @@ WHY_NOT: dict[Feature, str] = {
 _BACKWARD_OVERRIDES = ("block_q_bwd", "block_k_bwd", "num_warps", "num_stages")
 
 
-class TritonDecodeAttention(AttentionImpl):
+class TritonDecodeAttention(AttentionImpl, declaration=DECODE):
     """Split-K decode over a dense KV cache (T <= 16), differentiable through the flash backward."""
 
-    platforms: ClassVar[frozenset[str]] = frozenset({"cuda"})
-    dtypes: ClassVar[frozenset[str]] = frozenset({"bfloat16", "float16"})
-    # 64/128/256 run unpadded; other sizes are masked to the next power of two (>= 16).
-    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, MAX_HEAD_DIM)
-    features: ClassVar[frozenset[Feature]] = FEATURES
-    priority: ClassVar[int] = 100
-    description: ClassVar[str] = "Triton split-K decode over a dense KV cache (CUDA GPUs, fp16/bf16, T <= 16)"
     #: Run the kernels in the Triton interpreter through a host callback (tests only).
     interpret: ClassVar[bool] = False
-
-    @classmethod
-    def get_impl_name(cls) -> str:
-        return "autoregressive_decodeattn"
 
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
         reasons = super().not_supported_reasons(problem)

@@ -16,27 +16,9 @@ from jaxattn.device import DeviceInfo
 from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
+from jaxattn_triton.plugin import FLASH_ATTN2
 
 __all__ = ["TritonFlashAttention", "kernel_library_reasons", "kv_lengths_reasons"]
-
-FEATURES: frozenset[Feature] = frozenset(
-    {
-        Feature.CAUSAL,
-        Feature.DECODE,
-        Feature.MASK,
-        Feature.BIAS,
-        Feature.GQA,
-        Feature.CROSS,
-        Feature.VALUE_DIM,
-        Feature.SLIDING_WINDOW,
-        Feature.SEGMENT_IDS,
-        Feature.SOFT_CAP,
-        Feature.SINKS,
-        Feature.GRAD,
-        Feature.LSE,
-        Feature.KV_LENGTHS,  # on the split-K decode path only (see kv_lengths_reasons)
-    }
-)
 
 #: Why the features it lacks are declined (added to the generic reason).
 WHY_NOT: dict[Feature, str] = {
@@ -48,24 +30,11 @@ WHY_NOT: dict[Feature, str] = {
 }
 
 
-class TritonFlashAttention(AttentionImpl):
+class TritonFlashAttention(AttentionImpl, declaration=FLASH_ATTN2):
     """FlashAttention-2 forward and backward in Triton, launched from JAX through jax-triton."""
 
-    platforms: ClassVar[frozenset[str]] = frozenset({"cuda"})
-    dtypes: ClassVar[frozenset[str]] = frozenset({"bfloat16", "float16"})
-    # 64/128/256 run unpadded; other sizes are padded in-kernel to the next power of two.
-    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 256)
-    features: ClassVar[frozenset[Feature]] = FEATURES
-    # Below cudnn (100), which measured faster on H200 for the calls both accept; above
-    # sdpa (50): "auto" picks this kernel for what cuDNN cannot do (soft cap, Dv != D).
-    priority: ClassVar[int] = 90
-    description: ClassVar[str] = "FlashAttention-2 in Triton via jax-triton (CUDA GPUs, fp16/bf16)"
     #: Run the kernels in the Triton interpreter through a host callback (tests only).
     interpret: ClassVar[bool] = False
-
-    @classmethod
-    def get_impl_name(cls) -> str | tuple[str, ...]:
-        return ("flash_attn2", "triton_flash_attn2")
 
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
         reasons = super().not_supported_reasons(problem)

@@ -30,32 +30,20 @@ import dataclasses
 from typing import Any, ClassVar
 
 from jaxattn.call import PagedCall
-from jaxattn.capabilities import Feature
 from jaxattn.output import AttentionOutput
 from jaxattn.paged_impl import PagedAttentionImpl
 from jaxattn.problem import PagedProblem
 from jaxattn_triton import impl as flash_impl
-from jaxattn_triton.launch_paged import MAX_HEAD_DIM
+from jaxattn_triton.plugin import PAGE_ATTENTION, RAGGED_PAGE_ATTENTION
 
 __all__ = ["TritonPagedDecode", "TritonRaggedPagedAttention"]
-
-_FEATURES: frozenset[Feature] = frozenset({
-    Feature.GQA, Feature.VALUE_DIM, Feature.SLIDING_WINDOW, Feature.SOFT_CAP, Feature.SINKS, Feature.MULTI_TOKEN,
-    Feature.RAGGED, Feature.QUANTIZED_KV,
-})  # fmt: skip
 
 _REFERENCE = "impl='vanilla_paged' (jaxattn-vanilla's pure-JAX reference) runs it, and impl='auto' picks it"
 
 
 class _TritonPaged(PagedAttentionImpl):
-    """What both paged backends share: declarations, declines and the forward."""
+    """What both paged backends share: declines and the forward."""
 
-    platforms: ClassVar[frozenset[str]] = frozenset({"cuda"})
-    dtypes: ClassVar[frozenset[str]] = frozenset({"bfloat16", "float16"})
-    # 64/128/256 run unpadded; other sizes are masked to the next power of two (>= 16).
-    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, MAX_HEAD_DIM)
-    features: ClassVar[frozenset[Feature]] = _FEATURES
-    priority: ClassVar[int] = 100
     #: Run the kernels in the Triton interpreter through a host callback (tests only).
     interpret: ClassVar[bool] = False
     def instead(self) -> str:
@@ -137,27 +125,12 @@ class _TritonPaged(PagedAttentionImpl):
         return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 1))
 
 
-class TritonRaggedPagedAttention(_TritonPaged):
+class TritonRaggedPagedAttention(_TritonPaged, declaration=RAGGED_PAGE_ATTENTION):
     """``ragged_page_attention_v3`` / ``_v2`` on CUDA GPUs: ragged batches (uniform ones through paged_decode)."""
 
-    description: ClassVar[str] = "Triton split-K ragged paged attention (CUDA GPUs, fp16/bf16; mixed prefill+decode)"
 
-    @classmethod
-    def get_impl_name(cls) -> tuple[str, ...]:
-        # v2 and v3 differ in EasyDeL by kernel generation and cache layout; the contract fixes
-        # the call, so both name this op (docs/contract.md).
-        return ("ragged_page_attention_v3", "ragged_page_attention_v2")
-
-
-class TritonPagedDecode(_TritonPaged):
+class TritonPagedDecode(_TritonPaged, declaration=PAGE_ATTENTION):
     """``page_attention`` on CUDA GPUs: T queries per sequence (decode, speculative decoding)."""
-
-    features: ClassVar[frozenset[Feature]] = _FEATURES - {Feature.RAGGED}
-    description: ClassVar[str] = "Triton split-K paged decode (CUDA GPUs, fp16/bf16; T queries per sequence)"
-
-    @classmethod
-    def get_impl_name(cls) -> str:
-        return "page_attention"
 
     def not_supported_reasons(self, problem: PagedProblem) -> list[str]:
         if problem.queries_per_seq is not None:

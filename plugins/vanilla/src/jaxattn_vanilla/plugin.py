@@ -1,53 +1,88 @@
-"""Entry-point module of jaxattn-vanilla: registers ``vanilla``, ``blockwise`` and
-``autoregressive_decodeattn`` (dense), and the paged reference, lazily (imports no jax)."""
+"""Entry-point module of jaxattn-vanilla: declares ``vanilla``, ``blockwise`` and
+``autoregressive_decodeattn`` (dense), and the paged reference ``vanilla_paged``, once each
+(imports no jax); each class binds to its declaration."""
 
 from __future__ import annotations
 
+from jaxattn.capabilities import ALL_FEATURES, Feature
 from jaxattn.hookspecs import hookimpl
 from jaxattn.registry import ImplRef
 
 __all__ = ["BLOCKWISE", "DECODE", "VANILLA", "VANILLA_PAGED", "jaxattn_register_impls"]
 
-# Must match VanillaAttention's declarations; the registry checks it when the class loads.
+EVERYWHERE = ("cpu", "gpu", "tpu")
+#: float64 too: pure JAX is the only way to check a model (or a serving loop) at full precision.
+DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+ANY_HEAD_DIM = (1, 1 << 16)
+
 VANILLA = ImplRef(
     "jaxattn_vanilla.vanilla.impl:VanillaAttention",
     names=("vanilla",),
-    platforms=("cpu", "gpu", "tpu"),
+    platforms=EVERYWHERE,
+    # Lowest rank: "auto" picks it only when no specialised kernel accepts the call.
     priority=0,
     description="pure-JAX reference attention, every feature, O(T*S) memory",
+    dtypes=DTYPES,
+    head_dims=ANY_HEAD_DIM,
+    features=ALL_FEATURES,
 )
-# Must match BlockwiseAttention's declarations. Priority 10: above vanilla (same math in O(T)
-# memory), below every kernel plugin (sdpa is 50), so "auto" takes it only where none runs.
 BLOCKWISE = ImplRef(
     "jaxattn_vanilla.blockwise.impl:BlockwiseAttention",
     names=("blockwise",),
-    platforms=("cpu", "gpu", "tpu"),
+    platforms=EVERYWHERE,
+    # Above vanilla (same math in O(T) memory), below every kernel plugin (sdpa is 50), so
+    # "auto" takes it only where none runs.
     priority=10,
     description="pure-JAX blockwise attention with a custom VJP, every feature but weights, O(T) memory",
+    dtypes=DTYPES,
+    head_dims=ANY_HEAD_DIM,
+    # Every dense feature; the weights are exactly what it never forms. A quantized cache runs
+    # on vanilla (which dequantizes a full-size copy) or a kernel that reads it.
+    features=ALL_FEATURES - {Feature.WEIGHTS, Feature.QUANTIZED_KV},
 )
-# Must match DecodeAttention's declarations. Priority 60 (decode/impl.py says why): above sdpa
-# (50) for the decode calls it accepts on a CPU, where it was measured faster; its
-# priority_for() drops it to 5 on GPUs and TPUs. Kernel plugins' providers of this name (the
-# Triton decode kernel, 100 on CUDA) shadow it on their platforms.
 DECODE = ImplRef(
     "jaxattn_vanilla.decode.impl:DecodeAttention",
     names=("autoregressive_decodeattn",),
-    platforms=("cpu", "gpu", "tpu"),
+    platforms=EVERYWHERE,
+    # On a CPU "auto" should take the decode calls it accepts. Measured (plugins/vanilla/
+    # benchmarks/decode_cpu.py; docs/decode.md has the commands and the whole table) at B=8,
+    # Hq=32, Hkv=8, D=128, causal, kv_lengths, on the project's shared 2-core AMD EPYC host,
+    # fastest of 9 runs, ms, this vs sdpa / blockwise / vanilla: T=1 float32 56 vs 155 / 82 /
+    # 145 at S=4096 and 251 vs 647 / 265 / 570 at S=16384; T=1 bfloat16 105 vs 118 / 175 / 126
+    # and 476 vs 525 / 718 / 487; T=4 117 vs 201 / 121 / 194; T=16 (blockwise's kernel) 184 vs
+    # 296 / 193 / 289; a quarter-full S=16384 cache (blockwise's tiles) 114 vs 741 / 149 / 628.
+    # It reads the cache in place where jax.nn's XLA path first copies K and V into another
+    # layout. So 60: above sdpa (50), the path "auto" picked there before, below every kernel
+    # plugin (cudnn and the Triton decode kernel are 100, and shadow this name on CUDA). Off
+    # the CPU nothing was measured, so DecodeAttention.priority_for() puts it at 5, under
+    # blockwise (10) and sdpa: there "auto" never prefers it to a generic path, and
+    # impl="autoregressive_decodeattn" still runs it.
     priority=60,
     description="pure-JAX split-K decode over a dense KV cache (T <= 16), any platform",
+    dtypes=DTYPES,
+    head_dims=ANY_HEAD_DIM,
+    features={
+        Feature.CAUSAL, Feature.GQA, Feature.CROSS, Feature.DECODE, Feature.VALUE_DIM, Feature.SLIDING_WINDOW,
+        Feature.SOFT_CAP, Feature.SINKS, Feature.KV_LENGTHS, Feature.GRAD, Feature.LSE,
+    },
 )
-
 
 # The paged mechanisms' reference (kind "paged"), on every platform at the lowest priority:
 # kernel plugins provide the mechanism names for their platforms above it, and "auto" still
-# sees it under its own name.
+# sees it under its own name. v2 and v3 differ in EasyDeL by kernel generation and cache
+# layout; here the contract fixes the call, so both name this op (docs/serving.md).
 VANILLA_PAGED = ImplRef(
     "jaxattn_vanilla.paged.impl:PagedReference",
     names=("vanilla_paged", "ragged_page_attention_v3", "ragged_page_attention_v2", "page_attention"),
-    platforms=("cpu", "gpu", "tpu"),
+    platforms=EVERYWHERE,
     priority=0,
     description="pure-JAX paged attention (gather the pages, then attend), every paged call",
     kind="paged",
+    dtypes=DTYPES,
+    features={
+        Feature.GQA, Feature.VALUE_DIM, Feature.SLIDING_WINDOW, Feature.SOFT_CAP, Feature.SINKS,
+        Feature.MULTI_TOKEN, Feature.RAGGED, Feature.QUANTIZED_KV,
+    },
 )
 
 

@@ -2,42 +2,23 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from jaxattn.call import AttentionCall
-from jaxattn.capabilities import ALL_FEATURES, Feature
 from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 
+from ..plugin import BLOCKWISE
 from .kernel import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, blockwise_attention, default_block, plan_blocks
 
 __all__ = ["BlockwiseAttention"]
 
 
-class BlockwiseAttention(AttentionImpl):
+class BlockwiseAttention(AttentionImpl, declaration=BLOCKWISE):
     """Chunked attention in plain XLA with a blockwise custom VJP: O(T) memory on any platform.
 
     Block sizes follow ``metadata.block_q`` / ``block_k`` (and ``block_q_bwd`` /
     ``block_k_bwd`` for the backward) where set; see ``jaxattn_vanilla.blockwise.kernel``.
     """
-
-    platforms: ClassVar[frozenset[str]] = frozenset({"cpu", "gpu", "tpu"})
-    dtypes: ClassVar[frozenset[str]] = frozenset({"float16", "bfloat16", "float32", "float64"})
-    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 1 << 16)
-    # Every dense feature; the weights are exactly what it never forms.
-    # A quantized cache runs on vanilla (which dequantizes a full-size copy) or a kernel that reads it.
-    features: ClassVar[frozenset[Feature]] = ALL_FEATURES - {Feature.WEIGHTS, Feature.QUANTIZED_KV}
-    # Above vanilla (same math, O(T) instead of O(T*S) memory), below every real kernel:
-    # "auto" picks it where no kernel takes the call.
-    priority: ClassVar[int] = 10
-    description: ClassVar[str] = (
-        "pure-JAX blockwise attention with a custom VJP, every feature but weights, O(T) memory"
-    )
-
-    @classmethod
-    def get_impl_name(cls) -> str:
-        return "blockwise"
 
     def _blocks(self, problem: AttentionProblem) -> tuple[int, int, int, int]:
         md = self.metadata

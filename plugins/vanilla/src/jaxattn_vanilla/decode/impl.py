@@ -22,7 +22,7 @@ dropout, attention weights, and T > 16 (a prefill: the dense paths tile it bette
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +35,7 @@ from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 
 from ..blockwise.kernel import DEFAULT_BLOCK_K, blockwise_attention
+from ..plugin import DECODE
 from .kernel import decode_attention, plan_decode
 
 __all__ = ["MAX_DECODE_QUERIES", "MAX_STREAMED_ROWS", "DecodeAttention"]
@@ -42,11 +43,6 @@ __all__ = ["MAX_DECODE_QUERIES", "MAX_STREAMED_ROWS", "DecodeAttention"]
 #: Most queries per sequence: decode steps and speculative decoding. Longer calls are a
 #: prefill, for which the dense paths (sdpa, blockwise) are the better tiling.
 MAX_DECODE_QUERIES = 16
-
-FEATURES: frozenset[Feature] = frozenset({
-    Feature.CAUSAL, Feature.GQA, Feature.CROSS, Feature.DECODE, Feature.VALUE_DIM, Feature.SLIDING_WINDOW,
-    Feature.SOFT_CAP, Feature.SINKS, Feature.KV_LENGTHS, Feature.GRAD, Feature.LSE,
-})  # fmt: skip
 
 _DENSE = "impl='blockwise' or 'vanilla' runs it (impl='auto' picks a backend that accepts the call)"
 #: Why the features it lacks are declined (added to the generic reason).
@@ -71,31 +67,8 @@ MAX_STREAMED_ROWS = 16
 ACCELERATOR_CHUNK = 512
 
 
-class DecodeAttention(AttentionImpl):
+class DecodeAttention(AttentionImpl, declaration=DECODE):
     """Split-K decode over a dense KV cache (T <= 16) in plain XLA, every platform."""
-
-    platforms: ClassVar[frozenset[str]] = frozenset({"cpu", "gpu", "tpu"})
-    dtypes: ClassVar[frozenset[str]] = frozenset({"float16", "bfloat16", "float32", "float64"})
-    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 1 << 16)
-    features: ClassVar[frozenset[Feature]] = FEATURES
-    # On a CPU "auto" should take the decode calls it accepts. Measured (plugins/vanilla/
-    # benchmarks/decode_cpu.py; docs/decode.md has the commands and the whole table) at B=8,
-    # Hq=32, Hkv=8, D=128, causal, kv_lengths, on the project's shared 2-core AMD EPYC host,
-    # fastest of 9 runs, ms, this vs sdpa / blockwise / vanilla: T=1 float32 56 vs 155 / 82 /
-    # 145 at S=4096 and 251 vs 647 / 265 / 570 at S=16384; T=1 bfloat16 105 vs 118 / 175 / 126
-    # and 476 vs 525 / 718 / 487; T=4 117 vs 201 / 121 / 194; T=16 (blockwise's kernel) 184 vs
-    # 296 / 193 / 289; a quarter-full S=16384 cache (blockwise's tiles) 114 vs 741 / 149 / 628.
-    # It reads the cache in place where jax.nn's XLA path first copies K and V into another
-    # layout. So 60: above sdpa (50), the path "auto" picked there before, below every kernel
-    # plugin (cudnn and the Triton decode kernel are 100). Off the CPU nothing was measured,
-    # so priority_for() puts it at 5, under blockwise (10) and sdpa: there "auto" never
-    # prefers it to a generic path, and impl="autoregressive_decodeattn" still runs it.
-    priority: ClassVar[int] = 60
-    description: ClassVar[str] = "pure-JAX split-K decode over a dense KV cache (T <= 16), any platform"
-
-    @classmethod
-    def get_impl_name(cls) -> str:
-        return "autoregressive_decodeattn"
 
     @classmethod
     def priority_for(cls, device: DeviceInfo) -> int:

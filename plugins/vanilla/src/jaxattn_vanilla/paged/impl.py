@@ -10,36 +10,18 @@ sinks on a TPU, ...). Where no kernel is installed, the mechanism names resolve 
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from jaxattn.call import PagedCall
-from jaxattn.capabilities import Feature
 from jaxattn.output import AttentionOutput
 from jaxattn.paged_impl import PagedAttentionImpl
 from jaxattn.problem import PagedProblem
 
+from ..plugin import VANILLA_PAGED
+
 __all__ = ["PagedReference"]
 
 
-class PagedReference(PagedAttentionImpl):
+class PagedReference(PagedAttentionImpl, declaration=VANILLA_PAGED):
     """Gathers each sequence's pages, then attends: every paged feature, every platform."""
-
-    platforms: ClassVar[frozenset[str]] = frozenset({"cpu", "gpu", "tpu"})
-    # float64 too: the reference that checks a serving loop at full precision.
-    dtypes: ClassVar[frozenset[str]] = frozenset({"float16", "bfloat16", "float32", "float64"})
-    features: ClassVar[frozenset[Feature]] = frozenset({
-        Feature.GQA, Feature.VALUE_DIM, Feature.SLIDING_WINDOW, Feature.SOFT_CAP, Feature.SINKS,
-        Feature.MULTI_TOKEN, Feature.RAGGED, Feature.QUANTIZED_KV,
-    })
-    # Lowest rank: "auto" runs it only where no paged kernel accepts the call.
-    priority: ClassVar[int] = 0
-    description: ClassVar[str] = "pure-JAX paged attention (gather the pages, then attend), every paged call"
-
-    @classmethod
-    def get_impl_name(cls) -> str | tuple[str, ...]:
-        # v2 and v3 differ in EasyDeL by kernel generation and cache layout; here the contract
-        # fixes the call, so both name this op (docs/serving.md).
-        return ("vanilla_paged", "ragged_page_attention_v3", "ragged_page_attention_v2", "page_attention")
 
     def notes(self, problem: PagedProblem) -> list[str]:
         if problem.kv_dtype is None:

@@ -2,34 +2,19 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from jaxattn.call import AttentionCall
-from jaxattn.capabilities import ALL_FEATURES, Feature
 from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 
+from ..plugin import VANILLA
 from .reference import vanilla_attention
 
 __all__ = ["VanillaAttention"]
 
 
-class VanillaAttention(AttentionImpl):
+class VanillaAttention(AttentionImpl, declaration=VANILLA):
     """Pure-JAX attention: every feature, every platform; the reference and the fallback."""
-
-    platforms: ClassVar[frozenset[str]] = frozenset({"cpu", "gpu", "tpu"})
-    # float64 too: it is the only impl that can check a model at full precision.
-    dtypes: ClassVar[frozenset[str]] = frozenset({"float16", "bfloat16", "float32", "float64"})
-    head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 1 << 16)
-    features: ClassVar[frozenset[Feature]] = ALL_FEATURES
-    # Lowest rank: "auto" picks it only when no specialised kernel accepts the call.
-    priority: ClassVar[int] = 0
-    description: ClassVar[str] = "pure-JAX reference attention, every feature, O(T*S) memory"
-
-    @classmethod
-    def get_impl_name(cls) -> str:
-        return "vanilla"
 
     def notes(self, problem: AttentionProblem) -> list[str]:
         if problem.kv_dtype is None:
