@@ -79,7 +79,7 @@ class ImplRef:
             raise PluginError(f"{self.target}: overrides {stray}, which are not among its names {self.names}; "
                               "a backend can only take over names it provides")
         if self.dtypes is not None:
-            put(self, "dtypes", frozenset(_as_tuple(self.dtypes)))  # type: ignore[arg-type]
+            put(self, "dtypes", frozenset(_as_tuple(self.dtypes)))
         if self.head_dims is not None:
             put(self, "head_dims", _head_dims(self.target, self.head_dims))
         if self.features is not None:

@@ -110,7 +110,7 @@ class Provider:
                               f"{type(self.error).__name__}: {self.error}") from self.error
         assert isinstance(self.source, ImplRef)
         try:
-            impl_cls = self.source.load()
+            impl_cls: type[Backend[Any]] = self.source.load()  # checked by _disagreements
             disagreements = self._disagreements(impl_cls)
         except BaseException as err:  # third-party code: isolated, whatever it raises
             reraise_interrupts(err)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 
 from ._output import Printer, Table, dump_json
 from ._plugins import is_plugin_row
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     return _report(disagree)
 
 
-def _report(disagree: list[object]) -> int:
+def _report(disagree: Sequence[object]) -> int:
     for problem in disagree:
         print(f"jaxattn list: {problem}", file=sys.stderr)
     return 1 if disagree else 0
