@@ -166,7 +166,7 @@ def _run_paged(chosen: PagedAttentionImpl, q: Any, k_pages: Any, v_pages: Any, p
     except UnsupportedError as err:
         if isinstance(chosen, AutoPagedAttention) or err.hint:
             raise
-        raise _with_hint(err, dataclasses.replace(call.problem, needs_grad=err.gradient), metadata) from None
+        raise _with_hint(err, call.problem, metadata) from None
 
 
 def ragged_paged_attention(

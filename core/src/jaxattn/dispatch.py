@@ -267,10 +267,10 @@ def _auto_run(auto: Backend[Any], call: AttentionCall | PagedCall) -> AttentionO
     that breaks its contract (``PluginError``) is declined for such calls and the next one runs."""
     while True:  # each pass declines one more faulty backend: it ends
         key = (auto, call.problem)
-        plan = _choices.get(key)
-        if plan is None:
-            plan = _choices[key] = auto.plan(call.problem)
         try:
+            plan = _choices.get(key)
+            if plan is None:
+                plan = _choices[key] = auto.plan(call.problem)
             out = plan.forward(call)
             got = tuple(out.attention_outputs.shape)
             if got != plan.out_shape:
