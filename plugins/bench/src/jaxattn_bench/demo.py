@@ -60,16 +60,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m jaxattn_bench.demo``."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    error = _heads_error(args)
-    if error:
-        parser.error(error)
+    refused = _heads_error(args)
+    if refused:
+        parser.error(refused)
     return run(args)
 
 
 def run(args: argparse.Namespace) -> int:
-    error = _heads_error(args)
-    if error:  # the one-line form of a parser error (exit status 2), as for every option
-        print(f"jaxattn demo: error: {error}", file=sys.stderr)
+    refused = _heads_error(args)
+    if refused:  # the one-line form of a parser error (exit status 2), as for every option
+        print(f"jaxattn demo: error: {refused}", file=sys.stderr)
         return 2
     import jax
     import jax.numpy as jnp
