@@ -52,15 +52,16 @@ def _plugin_commands() -> list[tuple[str, Command]]:
             for command in added]
 
 
-def commands() -> list[Command]:
+def commands(plugins: bool = True) -> list[Command]:
     """Every command of the program: the core's, then the plugins' (a name already taken is refused
-    with a ``PluginWarning``, the core's and the first plugin's keep it)."""
+    with a ``PluginWarning``, the core's and the first plugin's keep it). ``plugins=False``: the
+    core's only, without discovering plugins."""
     from jaxattn.commands import Command
     from jaxattn.plugins import PluginWarning
 
     found = [Command.from_module(name, module) for name, module in CORE_COMMANDS.items()]
     taken = {c.name: "jaxattn" for c in found}
-    for plugin, command in _plugin_commands():
+    for plugin, command in _plugin_commands() if plugins else []:
         if command.name in taken:
             warnings.warn(f"jaxattn: plugin {plugin!r} adds a command {command.name!r}, which {taken[command.name]!r} "
                           "already has; it is left out", PluginWarning, stacklevel=2)
@@ -84,7 +85,8 @@ def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plain", action="store_true", help="plain-text tables even when rich is installed")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
+    """The program's parser, with every command (``plugins=False``: the core's only)."""
     from ._args import OneLineParser  # subcommand parsers inherit its one-line errors
 
     parser = OneLineParser(
@@ -93,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"jaxattn {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in commands():
+    for command in commands(plugins):
         sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
         _add_common_arguments(sub)
         command.add_arguments(sub)
@@ -114,15 +116,17 @@ def _one_line_warning(prog: str, default: Callable[..., None], message: Warning 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # Discovery runs while the parser is built (plugins add commands): its warnings are one line
-    # too, under the name of the command about to run.
-    prog = " ".join(["jaxattn", *[a for a in argv if not a.startswith("-")][:1]])
+    name = next((a for a in argv if not a.startswith("-")), None)  # the top level has no option with a value
+    prog = " ".join(["jaxattn", *([name] if name else [])])
     from jaxattn.errors import JaxattnError
 
     try:
+        # A core command runs as if no plugin added commands: discovery happens where it did,
+        # inside the command (info reports its warnings). Otherwise discovery runs while the
+        # parser is built (--help, a plugin's command): its warnings are one line too.
         with warnings.catch_warnings():  # restores showwarning afterwards
             warnings.showwarning = functools.partial(_one_line_warning, prog, warnings.showwarning)
-            parser = build_parser()
+            parser = build_parser(plugins=name not in CORE_COMMANDS)
     except JaxattnError as err:  # JAXATTN_STRICT_PLUGINS and a broken plugin, say
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
