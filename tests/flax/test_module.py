@@ -1,4 +1,4 @@
-"""``jaxattn.flax.FlexibleAttentionModule`` on the CPU: train, prefill and decode, against the oracle."""
+"""``jaxattn_flax.FlexibleAttentionModule`` on the CPU: train, prefill and decode, against the oracle."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from flax import nnx  # the test dependency group installs flax, as jaxattn[flax
 
 import jaxattn
 from jaxattn.capabilities import Feature
-from jaxattn.flax import FlexibleAttentionModule, KVCache
 from jaxattn.testing import oracle
 from jaxattn.tuning import cache as cache_module
+from jaxattn_flax import FlexibleAttentionModule, KVCache
 from jaxattn_vanilla.vanilla.impl import VanillaAttention
 
 B, T, HQ, HKV, D = 2, 12, 4, 2, 8
@@ -225,3 +225,9 @@ def test_a_held_fixed_cache_with_a_window_under_nnx_jit() -> None:
     for i in range(6, T):
         np.testing.assert_allclose(step(module, q[:, i:i + 1], k[:, i:i + 1], v[:, i:i + 1]), want[:, i:i + 1],
                                    atol=2e-5)
+
+
+def test_the_old_import_path_says_where_the_module_went() -> None:
+    """``jaxattn.flax`` left the core (the core imports no plugin): importing it names the new path."""
+    with pytest.raises(ImportError, match=r"from jaxattn_flax import FlexibleAttentionModule.*jaxattn\[flax\]"):
+        import jaxattn.flax  # noqa: F401

@@ -42,7 +42,7 @@ def test_getting_started_examples_run_in_order() -> None:
 
 @pytest.mark.slow
 def test_flax_page_examples_run_in_order() -> None:
-    pytest.importorskip("flax", reason="docs/flax.md's examples need flax (jaxattn[flax])")
+    pytest.importorskip("jaxattn_flax", reason="docs/flax.md's examples need jaxattn-flax (jaxattn[flax])")
     code = "\n\n".join(_blocks("flax.md", "python"))
     result = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True,
                             timeout=600, check=False)
@@ -51,8 +51,8 @@ def test_flax_page_examples_run_in_order() -> None:
 
 
 def test_flax_module_has_its_docstring() -> None:
-    pytest.importorskip("flax")
-    from jaxattn.flax import FlexibleAttentionModule
+    pytest.importorskip("jaxattn_flax")
+    from jaxattn_flax import FlexibleAttentionModule
 
     assert FlexibleAttentionModule.__doc__ and FlexibleAttentionModule.__doc__.startswith("Attention over BTHD")
 

@@ -83,10 +83,13 @@ def third_party_requirements(wheels: Iterable[Path], ours: str = "jaxattn") -> l
     plugin's own extras (kernel libraries such as triton for ``jaxattn-triton[gpu]``).
 
     JAX's accelerator runtimes (``jax[cuda12]``, ``jax[tpu]``) and whatever the core's
-    extras add besides our own plugins (flax, rich) are never needed here and left out.
+    extras add besides our own plugins (flax, rich) are never needed here and left out, as is
+    jaxattn-flax's Flax (the flax extra's distribution; no install target here brings it).
     """
     found: set[str] = set()
     for wheel in wheels:
+        if wheel.name.startswith(f"{ours}_flax-"):
+            continue
         with zipfile.ZipFile(wheel) as archive:
             name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
             text = archive.read(name).decode()

@@ -1,4 +1,4 @@
-"""Key/value caches for decoding with :class:`~jaxattn.flax.FlexibleAttentionModule`.
+"""Key/value caches for decoding with :class:`~jaxattn_flax.FlexibleAttentionModule`.
 
 Two layouts, one class:
 
