@@ -1,6 +1,6 @@
 """The one rule for every numeric command-line option: validated by its argparse ``type=``.
 
-Every numeric option of every ``jaxattn`` subcommand (and of ``python -m jaxattn.demo``) takes
+Every numeric option of every ``jaxattn`` subcommand (and of ``python -m jaxattn_bench.demo``) takes
 one of the converters below as its ``type``, never a bare ``int`` or ``float``: zero where it
 means nothing, a negative number, ``inf``/``nan`` and garbage are refused before anything
 runs, with exit status 2 and one line that names the option, the constraint and a valid
