@@ -874,6 +874,10 @@ def sweep() -> None:
 #: --quant-sweep: (page_size, batch, context).
 QUANT_SWEEP_SHAPES = [(16, 16, 32768), (16, 64, 32768)]
 QUANT_FORMATS = ("int8", "float8_e4m3fn")
+#: Switches of ``launch_paged`` (read when a launch is built): V tiles as int32 words, K widened
+#: by ``kernels/widen.py``.
+WIDEN_SWITCHES = ("JAXATTN_TRITON_V_WORDS", "JAXATTN_TRITON_K_WIDEN")
+QUANT_ABLATIONS = (("JAXATTN_TRITON_V_WORDS",), ("JAXATTN_TRITON_K_WIDEN",), WIDEN_SWITCHES)
 
 
 def quantized_cache(k: Array, v: Array, fmt: str, granularity: str) -> tuple[Array, Array, Array, Array]:
@@ -947,10 +951,18 @@ def quant_sweep() -> None:
                 except Exception as err:
                     rows.append(record_error("quant", f"setup {tag} {fmt} {gran}", err))
                     continue
-                variants = quant_variants(base) if gran == "token" and not SMOKE else [base]
-                for t in variants:
+                variants: list[tuple[LP.PagedTiles, dict[str, str]]] = [(base, {})]
+                if not SMOKE:
+                    # Ablations of kernels/widen.py on the default tiles: V read byte-wise, K
+                    # widened by Triton's casts, both (the kernel before the word reads).
+                    variants += [(base, {k: "0" for k in off}) for off in QUANT_ABLATIONS]
+                if gran == "token" and not SMOKE:
+                    variants += [(t, {}) for t in quant_variants(base)[1:]]
+                for t, env in variants:
                     label = (f"{tag} {fmt} per {gran} kvh={t.kv_heads} bn={t.block_n} w={t.num_warps} "
-                             f"st={t.num_stages} splits={t.num_splits}")  # fmt: skip
+                             f"st={t.num_stages} splits={t.num_splits}"
+                             + "".join(f" {k.removeprefix('JAXATTN_TRITON_')}=0" for k in env))  # fmt: skip
+                    os.environ.update({k: "1" for k in WIDEN_SWITCHES}, **env)
                     late = out_of_time("quant", label)
                     if late:
                         rows.append(late)
@@ -963,9 +975,9 @@ def quant_sweep() -> None:
                         )  # fmt: skip
                         row = {"name": label, "tiles": dataclasses.asdict(t), "us": sec * 1e6,
                                "GBps": nbytes / sec / 1e9, "vs_cudnn": bar / sec if bar else None,
-                               "default": t == base}  # fmt: skip
+                               "default": t == base and not env, "ablation": sorted(env)}  # fmt: skip
                         log(f"quant {label}: {sec * 1e6:.1f} us {nbytes / sec / 1e9:.0f} GB/s"
-                            + (f" {bar / sec:.3f}x cudnn" if bar else "") + ("  (default)" if t == base else ""))
+                            + (f" {bar / sec:.3f}x cudnn" if bar else "") + ("  (default)" if t == base and not env else ""))
                     except Exception as err:
                         row = record_error("quant", label, err)
                     rows.append(row)

@@ -281,3 +281,51 @@ def test_default_tiles_of_a_quantized_cache() -> None:
             tiles = LP.default_tiles(dataclasses.replace(spec, cache_dtype=fmt, k_scale=(0, 0, 0) if fmt else None))
             assert (tiles.block_n, tiles.num_warps, tiles.kv_heads) == (quantized if fmt else bf16), (batch, fmt)
             assert tiles.num_splits == 1
+
+
+def _widen_probe() -> Any:
+    # Defined on first use (triton imported then, the interpreter chosen by ._env); the jit
+    # function reads widen/widen_words as globals of this module.
+    import triton
+    import triton.language as tl
+
+    from jaxattn_triton.kernels import widen as W
+
+    globals().update(widen=W.widen, widen_words=W.widen_words)
+
+    @triton.jit
+    def probe(X, W, Y, Z, FMT: tl.constexpr, ASM: tl.constexpr):
+        rows = tl.arange(0, 16)
+        y = widen(tl.load(X + rows[:, None] * 16 + tl.arange(0, 16)[None, :]), FMT, Y.dtype.element_ty, ASM)
+        tl.store(Y + rows[:, None] * 16 + tl.arange(0, 16)[None, :], y)
+        w = tl.load(W + rows[:, None] * 4 + tl.arange(0, 4)[None, :])
+        z = widen_words(w, FMT, Z.dtype.element_ty, ASM, 16, 4)
+        tl.store(Z + rows[:, None] * 16 + tl.arange(0, 16)[None, :], z)
+
+    return probe
+
+
+@pytest.mark.parametrize("out", ["bfloat16", "float16"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_widening_is_exact(fmt: str, out: str) -> None:
+    # Every byte of each format through kernels/widen.py, elementwise (K's path) and as int32
+    # words (V's), against torch's cast: on a GPU the PTX bit tricks, bit for bit. NaN/inf
+    # codes are left out (widened to finite numbers by design: they are never read).
+    import torch
+
+    probe = _widen_probe()
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    x = codes.view(getattr(torch, fmt)).reshape(16, 16)
+    want = x.to(torch.float32).to(getattr(torch, out))
+    y = torch.empty(16, 16, dtype=getattr(torch, out), device=TORCH_DEVICE)
+    z = torch.empty_like(y)
+    on_gpu = TORCH_DEVICE != "cpu"
+    probe[(1,)](
+        x.to(TORCH_DEVICE), codes.view(torch.int32).reshape(16, 4).to(TORCH_DEVICE), y, z,
+        FMT={"int8": 1, "float8_e4m3fn": 2, "float8_e5m2": 3}[fmt], ASM=on_gpu,
+    )  # fmt: skip
+    finite = torch.isfinite(want)
+    for name, got in (("elementwise", y), ("words", z)):
+        got = got.cpu()
+        bits, ref = got.view(torch.int16)[finite], want.view(torch.int16)[finite]
+        assert torch.equal(bits, ref), f"{fmt} -> {out} ({name}): {int((bits != ref).sum())} codes differ"

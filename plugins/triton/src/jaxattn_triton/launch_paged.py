@@ -29,6 +29,7 @@ v_scale (absent ones one-element dummies), then the outputs (see :func:`attentio
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -312,6 +313,38 @@ def _cache_strides(spec: PagedSpec) -> dict[str, int]:
     }  # fmt: skip
 
 
+#: ``V_WORDS`` of the kernel per cache dtype: V tiles read as int32 words of 4 values.
+_WORD_FORMATS = {"int8": 1, "float8_e4m3fn": 2, "float8_e5m2": 3}
+
+
+def v_words(spec: PagedSpec) -> int:
+    """The kernel's ``V_WORDS``: the format code (1 int8, 2 e4m3, 3 e5m2) when a quantized V is
+    read as int32 words (every V offset a multiple of 4 values, Dv a power of two >= 4), else 0.
+
+    ``JAXATTN_TRITON_V_WORDS=0`` turns it off (the byte-wise read, for ablations)."""
+    if spec.cache_dtype is None or os.environ.get("JAXATTN_TRITON_V_WORDS", "1") == "0":
+        return 0
+    strides = _cache_strides(spec)
+    offsets = (strides["stride_vp"], strides["stride_vt"], strides["stride_vh"], strides["V_OFF"])
+    dv = spec.head_dim_v
+    if dv < 4 or dv != block_dim(dv) or any(x % 4 for x in offsets):
+        return 0
+    return _WORD_FORMATS[spec.cache_dtype]
+
+
+def k_widen(spec: PagedSpec) -> int:
+    """The kernel's ``K_WIDEN``: the format code when a quantized K is widened by
+    ``kernels/widen.py`` (``JAXATTN_TRITON_K_WIDEN=0``: Triton's casts, for ablations)."""
+    if spec.cache_dtype is None or os.environ.get("JAXATTN_TRITON_K_WIDEN", "1") == "0":
+        return 0
+    return _WORD_FORMATS[spec.cache_dtype]
+
+
+def _interpreted() -> bool:
+    # Inline PTX has no interpreter path: the kernels widen narrow values with tl casts there.
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def _scale_constexprs(which: str, strides: ScaleStrides | None) -> dict[str, int]:
     sp, st, sh = strides if strides is not None else (0, 0, 0)
     return {
@@ -361,6 +394,9 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         **_cache_strides(spec),
         **_scale_constexprs("k", spec.k_scale),
         **_scale_constexprs("v", spec.v_scale),
+        "V_WORDS": v_words(spec),
+        "K_WIDEN": k_widen(spec),
+        "ASM": not _interpreted(),
         "stride_pt": 0 if identity else spec.pages_per_seq,
         "NUM_TOKENS": n,
         "MAX_SEQS": spec.max_seqs,
