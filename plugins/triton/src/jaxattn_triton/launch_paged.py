@@ -319,18 +319,19 @@ _WORD_FORMATS = {"int8": 1, "float8_e4m3fn": 2, "float8_e5m2": 3}
 
 def v_words(spec: PagedSpec) -> int:
     """The kernel's ``V_WORDS``: the format code (1 int8, 2 e4m3, 3 e5m2) when a quantized V is
-    read as int32 words (q 16-bit, every V offset a multiple of 4 values, Dv a power of two),
-    else 0.
+    read as int32 words (q 16-bit, every V offset a multiple of 4 values, Dv a power of two
+    >= 32), else 0.
 
-    Not for a float32 q: triton 3.6's dot-operand pass fails on the widened float32 tile of a
-    ragged batch (and float32 q is the interpreter tests' exact oracle, not a serving dtype).
+    triton 3.6's dot-operand pass fails on the widened tile of a ragged batch with Dv = 16
+    ("Illegal shared layout") or a float32 q (the interpreter tests' exact oracle, not a
+    serving dtype): those read V byte-wise, as before.
     ``JAXATTN_TRITON_V_WORDS=0`` turns it off (the byte-wise read, for ablations)."""
     if spec.cache_dtype is None or spec.dtype == "float32" or os.environ.get("JAXATTN_TRITON_V_WORDS", "1") == "0":
         return 0
     strides = _cache_strides(spec)
     offsets = (strides["stride_vp"], strides["stride_vt"], strides["stride_vh"], strides["V_OFF"])
     dv = spec.head_dim_v
-    if dv < 4 or dv != block_dim(dv) or any(x % 4 for x in offsets):
+    if dv < 32 or dv != block_dim(dv) or any(x % 4 for x in offsets):
         return 0
     return _WORD_FORMATS[spec.cache_dtype]
 
