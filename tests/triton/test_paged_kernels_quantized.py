@@ -269,18 +269,29 @@ def test_spec_declines_bad_quantized_specs() -> None:
 
 
 def test_default_tiles_of_a_quantized_cache() -> None:
-    # One byte per value: the decode tiles take twice the tokens (the same bytes per stage) and
-    # 8 warps, one wave (16 sequences) and 4 KV heads per program (64 sequences) alike; the
-    # bf16 tiles of the same calls are unchanged.
-    for batch, bf16, quantized in ((16, (128, 8, 1), (256, 8, 1)), (64, (32, 4, 4), (64, 8, 4))):
+    # One byte per value: decode takes 128-token tiles (64 per KV head with 2 heads), 4 warps and
+    # about two programs per SM (264 on 132 SMs): 2 splits of 16 sequences' 128 programs, 2 KV
+    # heads per program for 64 sequences' 512; the bf16 tiles of the same calls are unchanged,
+    # and prefill blocks over a quantized cache take the bf16 tiles.
+    cases = ((16, (128, 8, 1, 1), (128, 4, 1, 2)), (64, (32, 4, 4, 1), (64, 4, 2, 1)), (32, None, (128, 4, 1, 1)),
+             (4, None, (128, 4, 1, 8)), (128, None, (32, 4, 4, 1)))  # fmt: skip
+    for batch, bf16, quantized in cases:
         spec = LP.PagedSpec(
             num_tokens=batch, max_seqs=batch, q_len=1, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
             dtype="bfloat16", num_pages=batch * 2048, page_size=16, pages_per_seq=2048,
         )  # fmt: skip
         for fmt in (None, "int8", "float8_e4m3fn"):
+            if fmt is None and bf16 is None:
+                continue
             tiles = LP.default_tiles(dataclasses.replace(spec, cache_dtype=fmt, k_scale=(0, 0, 0) if fmt else None))
-            assert (tiles.block_n, tiles.num_warps, tiles.kv_heads) == (quantized if fmt else bf16), (batch, fmt)
-            assert tiles.num_splits == 1
+            got = (tiles.block_n, tiles.num_warps, tiles.kv_heads, tiles.num_splits)
+            assert got == (quantized if fmt else bf16), (batch, fmt, got)
+    prefill = LP.PagedSpec(
+        num_tokens=2112, max_seqs=68, q_len=None, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
+        dtype="bfloat16", num_pages=68 * 288, page_size=16, pages_per_seq=288,
+    )  # fmt: skip
+    quantized_prefill = dataclasses.replace(prefill, cache_dtype="int8", k_scale=(0, 0, 0))
+    assert LP.default_tiles(quantized_prefill) == LP.default_tiles(prefill)
 
 
 def _widen_probe() -> Any:

@@ -218,7 +218,9 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
     twice as many programs as SMs, with each split keeping >= 4 key tiles of the cache's
     capacity; decode whose unsplit programs fill at least 7/8 of the SMs runs unsplit, and
     decode with enough sequences for several waves puts several KV heads in one program when
-    that makes one nearly full wave.
+    that makes one nearly full wave. Decode over a quantized cache aims at about two programs
+    per SM instead (4 warps, 128-token tiles; splits or KV heads per program to get there);
+    prefill blocks over one take the 16-bit tiles.
     """
     chunks = _cdiv(spec.group, MAX_HEAD_CHUNK)
     head_chunk = _cdiv(spec.group, chunks)
@@ -238,6 +240,7 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
     decode_like = block_m <= 16 and not wide
     one_wave = filled = False
     kv_heads = 1
+    split_free = num_splits is None
     if num_splits is None:
         if spec.q_len is not None:
             work_blocks = query_blocks(spec, block_q)
@@ -274,19 +277,36 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
         # against 2698-2787 with 64-token tiles and 3 stages, cuDNN's dense decode 2914-2918.
         # With fewer sequences (splits > 1) 64 tokens and 3 stages stay ahead.
         block_n, num_stages = 32, 4
-    if spec.quantized:
-        # One byte per value: twice the tokens per tile keeps the bytes of a pipeline stage, and
-        # 8 warps share the in-register dequantization. Measured on an H100 (GQA 32/8, D=128,
-        # 32k tokens, pages of 16 in a random order, scales per token; benchmarks/
-        # triton_paged_check.py --quant-sweep, cuDNN's bf16 dense decode 726.9 / 2900.1 us in the
-        # same run), us per call, these tiles vs the bf16 tiles: 16 sequences (one wave, 256
-        # tokens) int8 527.7 vs 604.8, fp8 e4m3 625.1 vs 706.8; 64 sequences (4 KV heads x 64
-        # tokens) int8 2081.7 vs 3064.5, fp8 2491.6 vs 3940.2. Split decode and ragged tiles
-        # double the same way, unmeasured.
-        block_n = min(2 * block_n, 256)
-        if one_wave or kv_heads > 1:
-            num_warps = 8
+    if spec.quantized and decode_like and split_free:
+        # One byte per value: 128-token tiles (the bytes of a bf16 64-token tile per stage), 4
+        # warps, and about two programs per SM (registers and shared memory hold two such
+        # programs: ~96 KB each with V's widened staging tile), so one program's barriers and
+        # softmax hide behind the other's loads: splits when the sequences make about one wave,
+        # 2 or 4 KV heads per program when they make several. Measured on an H100 (GQA 32/8,
+        # D=128, 32k tokens, pages of 16 in a random order, per-token scales; benchmarks/
+        # triton_paged_check.py --quant-sweep --quant-fast, cuDNN's bf16 dense decode 723.9 /
+        # 2941.9 us in the same run), us per call against the one-program-per-SM tiles before
+        # (256 tokens x 8 warps unsplit / 4 KV heads x 64 tokens x 8 warps): 16 sequences int8
+        # 451.4 vs 533.6, e4m3 466.3 vs 551.3 (2 splits; 3 splits of 64 tokens 578.8); 64
+        # sequences int8 1715.3 vs 2056.6, e4m3 1829.0 vs 2193.6 (2 KV heads x 64 tokens; one
+        # head x 128 tokens, 512 programs, 1893.8 / 1874.0).
+        unsplit = max(1, query_blocks(spec, block_q) * spec.heads_kv * chunks)
+        kv_heads = _quantized_kv_heads(spec.heads_kv, block_q * head_chunk, unsplit, num_sms)
+        programs = unsplit // kv_heads
+        num_splits = 1 if kv_heads > 1 else max(1, min((2 * num_sms) // programs, spec.capacity // 512, 64))
+        block_n, num_warps, num_stages = 128 // kv_heads, 4, 3
     return PagedTiles(block_q, head_chunk, block_n, num_warps, num_stages, int(num_splits), kv_heads)
+
+
+def _quantized_kv_heads(heads_kv: int, rows_per_head: int, programs: int, num_sms: int) -> int:
+    """KV heads per program (4 or 2, dividing Hkv, rows <= 16) that turn ``programs`` one-head
+    programs into about two per SM (at least 7/8 of that); 1 if none does (few sequences:
+    splits make the programs instead)."""
+    for kv_heads in (4, 2):
+        fewer = programs // kv_heads
+        if heads_kv % kv_heads == 0 and rows_per_head * kv_heads <= 16 and 7 * num_sms <= 4 * fewer:
+            return kv_heads
+    return 1
 
 
 def _one_wave_kv_heads(heads_kv: int, rows_per_head: int, programs: int, num_sms: int) -> int:
