@@ -964,14 +964,14 @@ def quant_sweep() -> None:
                 if not SMOKE and not QUANT_FAST:
                     # Ablations of kernels/widen.py on the default tiles: V read byte-wise, K
                     # widened by Triton's casts, both (the kernel before the word reads).
-                    variants += [(base, {k: "0" for k in off}) for off in QUANT_ABLATIONS]
+                    variants += [(base, dict.fromkeys(off, "0")) for off in QUANT_ABLATIONS]
                 if gran == "token" and not SMOKE:
                     variants += [(t, {}) for t in quant_variants(base)[1:]]
                 for t, env in variants:
                     label = (f"{tag} {fmt} per {gran} kvh={t.kv_heads} bn={t.block_n} w={t.num_warps} "
                              f"st={t.num_stages} splits={t.num_splits}"
                              + "".join(f" {k.removeprefix('JAXATTN_TRITON_')}=0" for k in env))  # fmt: skip
-                    os.environ.update({k: "1" for k in WIDEN_SWITCHES}, **env)
+                    os.environ.update(dict.fromkeys(WIDEN_SWITCHES, "1"), **env)
                     late = out_of_time("quant", label)
                     if late:
                         rows.append(late)
@@ -986,7 +986,8 @@ def quant_sweep() -> None:
                                "GBps": nbytes / sec / 1e9, "vs_cudnn": bar / sec if bar else None,
                                "default": t == base and not env, "ablation": sorted(env)}  # fmt: skip
                         log(f"quant {label}: {sec * 1e6:.1f} us {nbytes / sec / 1e9:.0f} GB/s"
-                            + (f" {bar / sec:.3f}x cudnn" if bar else "") + ("  (default)" if t == base and not env else ""))
+                            + (f" {bar / sec:.3f}x cudnn" if bar else "")
+                            + ("  (default)" if t == base and not env else ""))
                     except Exception as err:
                         row = record_error("quant", label, err)
                     rows.append(row)
@@ -1021,8 +1022,12 @@ def quant_mixed() -> None:
             cu = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
             lens = jnp.asarray(kv_lens, jnp.int32)
 
-            def run(q: Array, t: Array, n: Array, cu: Array, ns: Array, tiles: LP.PagedTiles | None = None) -> Array:
-                out = ragged_paged(q, kq, vq, t, n, cu, ns, k_scale=ks, v_scale=vs, tiles=tiles, interpret=SMOKE)
+            def run(
+                q: Array, t: Array, n: Array, cu: Array, ns: Array, tiles: LP.PagedTiles | None = None,
+                cache: tuple[Array, Array, Array, Array] = (kq, vq, ks, vs),
+            ) -> Array:
+                k, v, a, b = cache
+                out = ragged_paged(q, k, v, t, n, cu, ns, k_scale=a, v_scale=b, tiles=tiles, interpret=SMOKE)
                 assert isinstance(out, jax.Array)
                 return out
 
@@ -1049,7 +1054,8 @@ def quant_mixed() -> None:
             for bq, bn, w, st in ((16, 64, 4, 3), (16, 128, 8, 3), (32, 64, 8, 3), (32, 128, 8, 3), (8, 128, 4, 3))
         ]
         for t in [] if SMOKE else variants:
-            label = f"{name} one call bq={t.block_q} bn={t.block_n} w={t.num_warps} st={t.num_stages} splits={t.num_splits}"
+            label = (f"{name} one call bq={t.block_q} bn={t.block_n} w={t.num_warps} st={t.num_stages} "
+                     f"splits={t.num_splits}")  # fmt: skip
             late = out_of_time("quant_mixed", label)
             if late:
                 rows.append(late)
@@ -1057,7 +1063,8 @@ def quant_mixed() -> None:
             try:
                 one = time_fn(jax.jit(functools.partial(run, tiles=t)), q, table, lens, cu, ns_all)
                 rows.append({"name": label, "us": one * 1e6, "one_over_two": one / two, "default": t == base})
-                log(f"quant mixed {label}: {one * 1e6:.1f} us, {one / two:.3f}x two calls" + ("  (default)" if t == base else ""))
+                log(f"quant mixed {label}: {one * 1e6:.1f} us, {one / two:.3f}x two calls"
+                    + ("  (default)" if t == base else ""))  # fmt: skip
             except Exception as err:
                 rows.append(record_error("quant_mixed", label, err))
         free(kq, vq)
@@ -1154,7 +1161,8 @@ def main() -> None:
         SWEEP_SHAPES.append((ps, batch, ctx))
     global DEADLINE
     DEADLINE = time.monotonic() + args.deadline_s if args.deadline_s > 0 else math.inf
-    if not (args.check or args.bench or args.ragged or args.sweep or args.compile or args.quant_sweep or args.quant_mixed):
+    sections = (args.check, args.bench, args.ragged, args.sweep, args.compile, args.quant_sweep, args.quant_mixed)
+    if not any(sections):
         args.check = args.bench = args.ragged = args.sweep = True
     RESULTS["device"] = str(jax.devices()[0])
     RESULTS["device_kind"] = jax.devices()[0].device_kind

@@ -294,28 +294,6 @@ def test_default_tiles_of_a_quantized_cache() -> None:
     assert LP.default_tiles(quantized_prefill) == LP.default_tiles(prefill)
 
 
-def _widen_probe() -> Any:
-    # Defined on first use (triton imported then, the interpreter chosen by ._env); the jit
-    # function reads widen/widen_words as globals of this module.
-    import triton
-    import triton.language as tl
-
-    from jaxattn_triton.kernels import widen as W
-
-    globals().update(widen=W.widen, widen_words=W.widen_words)
-
-    @triton.jit
-    def probe(X, W, Y, Z, FMT: tl.constexpr, ASM: tl.constexpr):
-        rows = tl.arange(0, 16)
-        y = widen(tl.load(X + rows[:, None] * 16 + tl.arange(0, 16)[None, :]), FMT, Y.dtype.element_ty, ASM)
-        tl.store(Y + rows[:, None] * 16 + tl.arange(0, 16)[None, :], y)
-        w = tl.load(W + rows[:, None] * 4 + tl.arange(0, 4)[None, :])
-        z = widen_words(w, FMT, Z.dtype.element_ty, ASM, 16, 4)
-        tl.store(Z + rows[:, None] * 16 + tl.arange(0, 16)[None, :], z)
-
-    return probe
-
-
 @pytest.mark.parametrize("out", ["bfloat16", "float16"])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_widening_is_exact(fmt: str, out: str) -> None:
@@ -324,7 +302,8 @@ def test_widening_is_exact(fmt: str, out: str) -> None:
     # codes are left out (widened to finite numbers by design: they are never read).
     import torch
 
-    probe = _widen_probe()
+    from ._widen_probe import probe
+
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     x = codes.view(getattr(torch, fmt)).reshape(16, 16)
     want = x.to(torch.float32).to(getattr(torch, out))

@@ -436,21 +436,24 @@ def paged_attn_kernel(
     acc, l_i, m_i = _paged_sweep(
         acc, l_i, m_i, q, pos, hrow, a, f0, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-        stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM,
+        stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _paged_sweep(
         acc, l_i, m_i, q, pos, hrow, f0, f1, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-        stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM,
+        stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _paged_sweep(
         acc, l_i, m_i, q, pos, hrow, f1, b, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-        stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM,
+        stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip

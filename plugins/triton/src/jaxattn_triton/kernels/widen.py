@@ -1,6 +1,7 @@
-# mypy: allow-untyped-defs, allow-incomplete-defs
+# mypy: allow-untyped-defs, allow-incomplete-defs, disable-error-code="no-redef"
 # (Triton reads a @triton.jit parameter's annotation as its kind: tl.constexpr, or nothing for
-# pointers and runtime scalars, which have no Python type to write.)
+# pointers and runtime scalars, which have no Python type to write. An inline-asm string must
+# be an annotated constexpr local, once per branch: mypy reads those as redefinitions.)
 """Narrow cache values (int8, float8_e4m3fn, float8_e5m2) widened to bf16 or fp16 in registers.
 
 Formats are codes (``FMT``): 1 int8, 2 float8_e4m3fn, 3 float8_e5m2. On a GPU (``ASM``) four
@@ -97,15 +98,15 @@ _W3B, _W3H, _P3B, _P3H = _asm(3, "bf16", True), _asm(3, "fp16", True), _asm(3, "
 
 
 @triton.jit
-def _word_lanes_asm(w, FMT: tl.constexpr, OUT: tl.constexpr):
-    if OUT == tl.bfloat16:
+def _word_lanes_asm(w, FMT: tl.constexpr, out_dtype: tl.constexpr):
+    if out_dtype == tl.bfloat16:
         if FMT == 1:
             asm: tl.constexpr = _W1B
         elif FMT == 2:
             asm: tl.constexpr = _W2B
         else:
             asm: tl.constexpr = _W3B
-        return tl.inline_asm_elementwise(asm, "=h,=h,=h,=h,r", [w], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
+        lanes = tl.inline_asm_elementwise(asm, "=h,=h,=h,=h,r", [w], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
     else:
         if FMT == 1:
             asm: tl.constexpr = _W1H
@@ -113,30 +114,31 @@ def _word_lanes_asm(w, FMT: tl.constexpr, OUT: tl.constexpr):
             asm: tl.constexpr = _W2H
         else:
             asm: tl.constexpr = _W3H
-        return tl.inline_asm_elementwise(asm, "=h,=h,=h,=h,r", [w], dtype=(tl.float16,) * 4, is_pure=True, pack=1)
+        lanes = tl.inline_asm_elementwise(asm, "=h,=h,=h,=h,r", [w], dtype=(tl.float16,) * 4, is_pure=True, pack=1)
+    return lanes
 
 
 @triton.jit
-def _word_lane(w, i: tl.constexpr, FMT: tl.constexpr, OUT: tl.constexpr):
+def _word_lane(w, i: tl.constexpr, FMT: tl.constexpr, out_dtype: tl.constexpr):
     # Lane i (little-endian) of each word through Triton's casts.
-    return widen(((w >> (8 * i)) & 0xFF).to(tl.uint8), FMT, OUT, False)
+    return widen(((w >> (8 * i)) & 0xFF).to(tl.uint8), FMT, out_dtype, False)
 
 
 @triton.jit
-def widen(x, FMT: tl.constexpr, OUT: tl.constexpr, ASM: tl.constexpr):
-    """Values ``x`` (of the format's dtype, or their bytes as uint8) as ``OUT``, elementwise.
+def widen(x, FMT: tl.constexpr, out_dtype: tl.constexpr, ASM: tl.constexpr):
+    """Values ``x`` (of the format's dtype, or their bytes as uint8) as ``out_dtype``, elementwise.
 
     Any layout: the compiler may move it into an MMA operand's layout, after the load."""
-    if ASM and (OUT == tl.bfloat16 or OUT == tl.float16):
+    if ASM and (out_dtype == tl.bfloat16 or out_dtype == tl.float16):
         b = x.to(tl.uint8, bitcast=True)
-        if OUT == tl.bfloat16:
+        if out_dtype == tl.bfloat16:
             if FMT == 1:
                 asm: tl.constexpr = _P1B
             elif FMT == 2:
                 asm: tl.constexpr = _P2B
             else:
                 asm: tl.constexpr = _P3B
-            return tl.inline_asm_elementwise(asm, "=r,=r,r", [b], dtype=tl.bfloat16, is_pure=True, pack=4)
+            y = tl.inline_asm_elementwise(asm, "=r,=r,r", [b], dtype=tl.bfloat16, is_pure=True, pack=4)
         else:
             if FMT == 1:
                 asm: tl.constexpr = _P1H
@@ -144,32 +146,35 @@ def widen(x, FMT: tl.constexpr, OUT: tl.constexpr, ASM: tl.constexpr):
                 asm: tl.constexpr = _P2H
             else:
                 asm: tl.constexpr = _P3H
-            return tl.inline_asm_elementwise(asm, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
+            y = tl.inline_asm_elementwise(asm, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
     elif FMT == 1:
-        return x.to(tl.int8, bitcast=True).to(OUT)
+        y = x.to(tl.int8, bitcast=True).to(out_dtype)
     elif FMT == 2:
-        return x.to(tl.float8e4nv, bitcast=True).to(OUT)
+        y = x.to(tl.float8e4nv, bitcast=True).to(out_dtype)
     else:
-        return x.to(tl.float8e5, bitcast=True).to(OUT)
+        y = x.to(tl.float8e5, bitcast=True).to(out_dtype)
+    return y
 
 
 @triton.jit
-def widen_words(w, FMT: tl.constexpr, OUT: tl.constexpr, ASM: tl.constexpr, ROWS: tl.constexpr, WORDS: tl.constexpr):
+def widen_words(
+    w, FMT: tl.constexpr, out_dtype: tl.constexpr, ASM: tl.constexpr, ROWS: tl.constexpr, WORDS: tl.constexpr
+):
     """``(ROWS, WORDS)`` int32 words of 4 narrow values each (little-endian) to ``(ROWS, 4 *
-    WORDS)`` values of ``OUT``.
+    WORDS)`` values of ``out_dtype``.
 
     The lanes are joined and reshaped, which the compiler cannot move into an MMA operand's
     layout: a V tile read as words is widened where it was loaded (16-byte reads of shared
     memory) and reaches ``P @ V`` through shared memory and a transposing ldmatrix, as a 16-bit
     cache's would, instead of each thread gathering its tokens' bytes one load at a time (the
     contraction runs over tokens, V's strided axis)."""
-    if ASM and (OUT == tl.bfloat16 or OUT == tl.float16):
-        e0, e1, e2, e3 = _word_lanes_asm(w, FMT, OUT)
+    if ASM and (out_dtype == tl.bfloat16 or out_dtype == tl.float16):
+        e0, e1, e2, e3 = _word_lanes_asm(w, FMT, out_dtype)
     else:
-        e0 = _word_lane(w, 0, FMT, OUT)
-        e1 = _word_lane(w, 1, FMT, OUT)
-        e2 = _word_lane(w, 2, FMT, OUT)
-        e3 = _word_lane(w, 3, FMT, OUT)
+        e0 = _word_lane(w, 0, FMT, out_dtype)
+        e1 = _word_lane(w, 1, FMT, out_dtype)
+        e2 = _word_lane(w, 2, FMT, out_dtype)
+        e3 = _word_lane(w, 3, FMT, out_dtype)
     # join stacks on a new last axis: (row, word, pair, lane in pair) -> column 4 word + 2 pair + lane.
     x = tl.join(tl.join(e0, e2), tl.join(e1, e3))
     return tl.reshape(x, (ROWS, 4 * WORDS))
