@@ -875,6 +875,12 @@ def sweep() -> None:
 #: --quant-sweep: (page_size, batch, context).
 QUANT_SWEEP_SHAPES = [(16, 16, 32768), (16, 64, 32768)]
 QUANT_FORMATS = ("int8", "float8_e4m3fn")
+#: --quant-fast: per-token scales only, no ablations (the tile variants).
+QUANT_FAST = "--quant-fast" in sys.argv
+#: Switches of ``launch_paged`` (read when a launch is built): V tiles as int32 words, K widened
+#: by ``kernels/widen.py``.
+WIDEN_SWITCHES = ("JAXATTN_TRITON_V_WORDS", "JAXATTN_TRITON_K_WIDEN")
+QUANT_ABLATIONS = (("JAXATTN_TRITON_V_WORDS",), ("JAXATTN_TRITON_K_WIDEN",), WIDEN_SWITCHES)
 
 
 def quantized_cache(k: Array, v: Array, fmt: str, granularity: str) -> tuple[Array, Array, Array, Array]:
@@ -894,13 +900,20 @@ def quantized_cache(k: Array, v: Array, fmt: str, granularity: str) -> tuple[Arr
 
 def quant_variants(base: LP.PagedTiles) -> list[LP.PagedTiles]:
     """The default tiles and a few with more bytes in flight per stage (narrow values)."""
+    # (block_n, warps, stages, splits, kv_heads); None keeps the default's. Splits and fewer KV
+    # heads per program make more, smaller programs: two or three per SM where registers and
+    # shared memory allow (4 warps), each with its own barriers.
     if base.kv_heads > 1:
-        options = ((64, 4, 3), (32, 4, 4), (64, 4, 4), (64, 8, 3))
+        options = ((64, 4, 3, None, None), (32, 4, 4, None, None), (64, 8, 3, None, None),
+                   (64, 4, 3, None, 2), (128, 4, 3, None, 1), (64, 4, 3, 2, None))  # fmt: skip
     else:
-        options = ((256, 8, 3), (128, 8, 4), (256, 8, 2), (64, 4, 4))
+        options = ((256, 8, 3, None, None), (128, 8, 4, None, None), (256, 8, 2, None, None),
+                   (128, 4, 3, 2, None), (128, 4, 4, 2, None), (128, 8, 3, 2, None), (256, 4, 3, None, None),
+                   (64, 4, 4, 4, None))  # fmt: skip
     out = [base]
-    for bn, warps, stages in options:
-        t = dataclasses.replace(base, block_n=bn, num_warps=warps, num_stages=stages)
+    for bn, warps, stages, splits, kvh in options:
+        t = dataclasses.replace(base, block_n=bn, num_warps=warps, num_stages=stages,
+                                num_splits=splits or base.num_splits, kv_heads=kvh or base.kv_heads)  # fmt: skip
         if t not in out:
             out.append(t)
     return out
@@ -933,7 +946,7 @@ def quant_sweep() -> None:
             rows.append(record_error("quant", f"setup {tag}", err))
             continue
         for fmt in QUANT_FORMATS:
-            for gran in ("token", "head"):
+            for gran in ("token",) if QUANT_FAST else ("token", "head"):
                 try:
                     kq, vq, ks, vs = quantized_cache(k, v, fmt, gran)
                     nbytes = kv_bytes(batch, ctx, 1) + 2 * 4 * (int(ks.size) if gran == "token" else HKV)
@@ -948,10 +961,18 @@ def quant_sweep() -> None:
                 except Exception as err:
                     rows.append(record_error("quant", f"setup {tag} {fmt} {gran}", err))
                     continue
-                variants = quant_variants(base) if gran == "token" and not SMOKE else [base]
-                for t in variants:
+                variants: list[tuple[LP.PagedTiles, dict[str, str]]] = [(base, {})]
+                if not SMOKE and not QUANT_FAST:
+                    # Ablations of kernels/widen.py on the default tiles: V read byte-wise, K
+                    # widened by Triton's casts, both (the kernel before the word reads).
+                    variants += [(base, dict.fromkeys(off, "0")) for off in QUANT_ABLATIONS]
+                if gran == "token" and not SMOKE:
+                    variants += [(t, {}) for t in quant_variants(base)[1:]]
+                for t, env in variants:
                     label = (f"{tag} {fmt} per {gran} kvh={t.kv_heads} bn={t.block_n} w={t.num_warps} "
-                             f"st={t.num_stages} splits={t.num_splits}")  # fmt: skip
+                             f"st={t.num_stages} splits={t.num_splits}"
+                             + "".join(f" {k.removeprefix('JAXATTN_TRITON_')}=0" for k in env))  # fmt: skip
+                    os.environ.update(dict.fromkeys(WIDEN_SWITCHES, "1"), **env)
                     late = out_of_time("quant", label)
                     if late:
                         rows.append(late)
@@ -964,15 +985,91 @@ def quant_sweep() -> None:
                         )  # fmt: skip
                         row = {"name": label, "tiles": dataclasses.asdict(t), "us": sec * 1e6,
                                "GBps": nbytes / sec / 1e9, "vs_cudnn": bar / sec if bar else None,
-                               "default": t == base}  # fmt: skip
+                               "default": t == base and not env, "ablation": sorted(env)}  # fmt: skip
                         log(f"quant {label}: {sec * 1e6:.1f} us {nbytes / sec / 1e9:.0f} GB/s"
-                            + (f" {bar / sec:.3f}x cudnn" if bar else "") + ("  (default)" if t == base else ""))
+                            + (f" {bar / sec:.3f}x cudnn" if bar else "")
+                            + ("  (default)" if t == base and not env else ""))
                     except Exception as err:
                         row = record_error("quant", label, err)
                     rows.append(row)
                 free(kq, vq)
         free(k, v)
     RESULTS["quant_sweep"] = rows
+
+
+#: --quant-mixed: (page size, decode rows, context, prefill chunks, chunk length), the serving
+#: benchmark's mixed shapes.
+QUANT_MIXED_SHAPES = [(16, 64, 4096, 4, 512), (64, 32, 16384, 2, 2048)]
+
+
+def quant_mixed() -> None:
+    """A mixed ragged batch over an int8 cache (per-token scales): one call with the default and
+    other prefill tiles, against two calls (decode rows, then the prefill chunks)."""
+    rows: list[dict[str, Any]] = []
+    dt = dtype_under_test()
+    shapes = [(8, 2, 48, 2, 12)] if SMOKE else QUANT_MIXED_SHAPES
+    for ps, n_dec, ctx, n_pre, chunk in shapes:
+        name = f"ps={ps} decode {n_dec}@{ctx} + prefill {n_pre}x{chunk}@{ctx}"
+        try:
+            seqs = n_dec + n_pre
+            cap = -(-(ctx + chunk) // ps) * ps
+            k, v, table = paged_cache(seqs, cap, ps, dt, 13)
+            kq, vq, ks, vs = quantized_cache(k, v, "int8", "token")
+            free(k, v)
+            rng = np.random.default_rng(5)
+            q_lens = [1] * n_dec + [chunk] * n_pre
+            kv_lens = [ctx] * n_dec + [ctx + chunk] * n_pre
+            q = jnp.asarray(rng.standard_normal((sum(q_lens), HQ, D)), dt)
+            cu = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
+            lens = jnp.asarray(kv_lens, jnp.int32)
+
+            def run(
+                q: Array, t: Array, n: Array, cu: Array, ns: Array, tiles: LP.PagedTiles | None = None,
+                cache: tuple[Array, Array, Array, Array] = (kq, vq, ks, vs),
+            ) -> Array:
+                k, v, a, b = cache
+                out = ragged_paged(q, k, v, t, n, cu, ns, k_scale=a, v_scale=b, tiles=tiles, interpret=SMOKE)
+                assert isinstance(out, jax.Array)
+                return out
+
+            ns_all = jnp.asarray([seqs], jnp.int32)
+            dec = time_fn(jax.jit(run), q[:n_dec], table[:n_dec], lens[:n_dec], cu[: n_dec + 1],
+                          jnp.asarray([n_dec], jnp.int32))  # fmt: skip
+            pre_cu = cu[n_dec:] - cu[n_dec]
+            pre = time_fn(jax.jit(run), q[n_dec:], table[n_dec:], lens[n_dec:], pre_cu, jnp.asarray([n_pre], jnp.int32))
+            two = dec + pre
+            rows.append({"name": f"{name} two calls", "us": two * 1e6, "decode_us": dec * 1e6, "prefill_us": pre * 1e6})
+            log(f"quant mixed {name}: two calls {two * 1e6:.1f} us (decode {dec * 1e6:.1f} + prefill {pre * 1e6:.1f})")
+            spec = LP.PagedSpec(
+                num_tokens=int(q.shape[0]), max_seqs=seqs, q_len=None, heads_q=HQ, heads_kv=HKV, head_dim=D,
+                head_dim_v=D, dtype=jnp.dtype(dt).name, num_pages=int(kq.shape[0]), page_size=ps,
+                pages_per_seq=cap // ps, cache_dtype="int8", k_scale=LP.scale_strides(ks.shape, kq.shape[:3]),
+                v_scale=LP.scale_strides(vs.shape, kq.shape[:3]),
+            )  # fmt: skip
+            base = LP.default_tiles(spec, _num_sms())
+        except Exception as err:
+            rows.append(record_error("quant_mixed", f"setup {name}", err))
+            continue
+        variants = [base] + [
+            dataclasses.replace(base, block_q=bq, block_n=bn, num_warps=w, num_stages=st)
+            for bq, bn, w, st in ((16, 64, 4, 3), (16, 128, 8, 3), (32, 64, 8, 3), (32, 128, 8, 3), (8, 128, 4, 3))
+        ]
+        for t in [] if SMOKE else variants:
+            label = (f"{name} one call bq={t.block_q} bn={t.block_n} w={t.num_warps} st={t.num_stages} "
+                     f"splits={t.num_splits}")  # fmt: skip
+            late = out_of_time("quant_mixed", label)
+            if late:
+                rows.append(late)
+                continue
+            try:
+                one = time_fn(jax.jit(functools.partial(run, tiles=t)), q, table, lens, cu, ns_all)
+                rows.append({"name": label, "us": one * 1e6, "one_over_two": one / two, "default": t == base})
+                log(f"quant mixed {label}: {one * 1e6:.1f} us, {one / two:.3f}x two calls"
+                    + ("  (default)" if t == base else ""))  # fmt: skip
+            except Exception as err:
+                rows.append(record_error("quant_mixed", label, err))
+        free(kq, vq)
+    RESULTS["quant_mixed"] = rows
 
 
 # -- sm_90 compile check (no GPU needed) --------------------------------------------------------
@@ -1048,6 +1145,8 @@ def main() -> None:
     ap.add_argument("--ragged", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--quant-sweep", action="store_true", help="int8/fp8 caches: tiles, vs cuDNN bf16 dense decode")
+    ap.add_argument("--quant-fast", action="store_true", help="with --quant-sweep: per-token scales, no ablations")
+    ap.add_argument("--quant-mixed", action="store_true", help="a mixed ragged batch over an int8 cache: tiles")
     ap.add_argument("--compile", action="store_true", help="sm_90 compile check (no GPU needed)")
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny shapes in the Triton interpreter")
     ap.add_argument("--json", type=Path, default=None)
@@ -1063,7 +1162,8 @@ def main() -> None:
         SWEEP_SHAPES.append((ps, batch, ctx))
     global DEADLINE
     DEADLINE = time.monotonic() + args.deadline_s if args.deadline_s > 0 else math.inf
-    if not (args.check or args.bench or args.ragged or args.sweep or args.compile or args.quant_sweep):
+    sections = (args.check, args.bench, args.ragged, args.sweep, args.compile, args.quant_sweep, args.quant_mixed)
+    if not any(sections):
         args.check = args.bench = args.ragged = args.sweep = True
     RESULTS["device"] = str(jax.devices()[0])
     RESULTS["device_kind"] = jax.devices()[0].device_kind
@@ -1077,7 +1177,7 @@ def main() -> None:
     log(f"device {RESULTS['device_kind']} ({RESULTS['device']}), versions {RESULTS['versions']}, smoke={SMOKE}")
     t0 = time.perf_counter()
     for flag, fn in (("compile", compile_check), ("check", check), ("bench", bench), ("ragged", ragged),
-                     ("sweep", sweep), ("quant_sweep", quant_sweep)):  # fmt: skip
+                     ("sweep", sweep), ("quant_sweep", quant_sweep), ("quant_mixed", quant_mixed)):  # fmt: skip
         if getattr(args, flag):
             try:
                 fn()

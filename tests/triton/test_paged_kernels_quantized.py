@@ -269,15 +269,53 @@ def test_spec_declines_bad_quantized_specs() -> None:
 
 
 def test_default_tiles_of_a_quantized_cache() -> None:
-    # One byte per value: the decode tiles take twice the tokens (the same bytes per stage) and
-    # 8 warps, one wave (16 sequences) and 4 KV heads per program (64 sequences) alike; the
-    # bf16 tiles of the same calls are unchanged.
-    for batch, bf16, quantized in ((16, (128, 8, 1), (256, 8, 1)), (64, (32, 4, 4), (64, 8, 4))):
+    # One byte per value: decode takes 128-token tiles (64 per KV head with 2 heads), 4 warps and
+    # about two programs per SM (264 on 132 SMs): 2 splits of 16 sequences' 128 programs, 2 KV
+    # heads per program for 64 sequences' 512; the bf16 tiles of the same calls are unchanged,
+    # and prefill blocks over a quantized cache take the bf16 tiles.
+    cases = ((16, (128, 8, 1, 1), (128, 4, 1, 2)), (64, (32, 4, 4, 1), (64, 4, 2, 1)), (32, None, (128, 4, 1, 1)),
+             (4, None, (128, 4, 1, 8)), (128, None, (32, 4, 4, 1)))  # fmt: skip
+    for batch, bf16, quantized in cases:
         spec = LP.PagedSpec(
             num_tokens=batch, max_seqs=batch, q_len=1, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
             dtype="bfloat16", num_pages=batch * 2048, page_size=16, pages_per_seq=2048,
         )  # fmt: skip
         for fmt in (None, "int8", "float8_e4m3fn"):
+            if fmt is None and bf16 is None:
+                continue
             tiles = LP.default_tiles(dataclasses.replace(spec, cache_dtype=fmt, k_scale=(0, 0, 0) if fmt else None))
-            assert (tiles.block_n, tiles.num_warps, tiles.kv_heads) == (quantized if fmt else bf16), (batch, fmt)
-            assert tiles.num_splits == 1
+            got = (tiles.block_n, tiles.num_warps, tiles.kv_heads, tiles.num_splits)
+            assert got == (quantized if fmt else bf16), (batch, fmt, got)
+    prefill = LP.PagedSpec(
+        num_tokens=2112, max_seqs=68, q_len=None, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
+        dtype="bfloat16", num_pages=68 * 288, page_size=16, pages_per_seq=288,
+    )  # fmt: skip
+    quantized_prefill = dataclasses.replace(prefill, cache_dtype="int8", k_scale=(0, 0, 0))
+    assert LP.default_tiles(quantized_prefill) == LP.default_tiles(prefill)
+
+
+@pytest.mark.parametrize("out", ["bfloat16", "float16"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_widening_is_exact(fmt: str, out: str) -> None:
+    # Every byte of each format through kernels/widen.py, elementwise (K's path) and as int32
+    # words (V's), against torch's cast: on a GPU the PTX bit tricks, bit for bit. NaN/inf
+    # codes are left out (widened to finite numbers by design: they are never read).
+    import torch
+
+    from ._widen_probe import probe
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    x = codes.view(getattr(torch, fmt)).reshape(16, 16)
+    want = x.to(torch.float32).to(getattr(torch, out))
+    y = torch.empty(16, 16, dtype=getattr(torch, out), device=TORCH_DEVICE)
+    z = torch.empty_like(y)
+    on_gpu = TORCH_DEVICE != "cpu"
+    probe[(1,)](
+        x.to(TORCH_DEVICE), codes.view(torch.int32).reshape(16, 4).to(TORCH_DEVICE), y, z,
+        FMT={"int8": 1, "float8_e4m3fn": 2, "float8_e5m2": 3}[fmt], ASM=on_gpu,
+    )  # fmt: skip
+    finite = torch.isfinite(want)
+    for name, got in (("elementwise", y), ("words", z)):
+        got = got.cpu()
+        bits, ref = got.view(torch.int16)[finite], want.view(torch.int16)[finite]
+        assert torch.equal(bits, ref), f"{fmt} -> {out} ({name}): {int((bits != ref).sum())} codes differ"

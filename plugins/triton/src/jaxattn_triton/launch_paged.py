@@ -29,6 +29,7 @@ v_scale (absent ones one-element dummies), then the outputs (see :func:`attentio
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -217,7 +218,9 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
     twice as many programs as SMs, with each split keeping >= 4 key tiles of the cache's
     capacity; decode whose unsplit programs fill at least 7/8 of the SMs runs unsplit, and
     decode with enough sequences for several waves puts several KV heads in one program when
-    that makes one nearly full wave.
+    that makes one nearly full wave. Decode over a quantized cache aims at about two programs
+    per SM instead (4 warps, 128-token tiles; splits or KV heads per program to get there);
+    prefill blocks over one take the 16-bit tiles.
     """
     chunks = _cdiv(spec.group, MAX_HEAD_CHUNK)
     head_chunk = _cdiv(spec.group, chunks)
@@ -237,6 +240,7 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
     decode_like = block_m <= 16 and not wide
     one_wave = filled = False
     kv_heads = 1
+    split_free = num_splits is None
     if num_splits is None:
         if spec.q_len is not None:
             work_blocks = query_blocks(spec, block_q)
@@ -273,19 +277,36 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
         # against 2698-2787 with 64-token tiles and 3 stages, cuDNN's dense decode 2914-2918.
         # With fewer sequences (splits > 1) 64 tokens and 3 stages stay ahead.
         block_n, num_stages = 32, 4
-    if spec.quantized:
-        # One byte per value: twice the tokens per tile keeps the bytes of a pipeline stage, and
-        # 8 warps share the in-register dequantization. Measured on an H100 (GQA 32/8, D=128,
-        # 32k tokens, pages of 16 in a random order, scales per token; benchmarks/
-        # triton_paged_check.py --quant-sweep, cuDNN's bf16 dense decode 726.9 / 2900.1 us in the
-        # same run), us per call, these tiles vs the bf16 tiles: 16 sequences (one wave, 256
-        # tokens) int8 527.7 vs 604.8, fp8 e4m3 625.1 vs 706.8; 64 sequences (4 KV heads x 64
-        # tokens) int8 2081.7 vs 3064.5, fp8 2491.6 vs 3940.2. Split decode and ragged tiles
-        # double the same way, unmeasured.
-        block_n = min(2 * block_n, 256)
-        if one_wave or kv_heads > 1:
-            num_warps = 8
+    if spec.quantized and decode_like and split_free:
+        # One byte per value: 128-token tiles (the bytes of a bf16 64-token tile per stage), 4
+        # warps, and about two programs per SM (registers and shared memory hold two such
+        # programs: ~96 KB each with V's widened staging tile), so one program's barriers and
+        # softmax hide behind the other's loads: splits when the sequences make about one wave,
+        # 2 or 4 KV heads per program when they make several. Measured on an H100 (GQA 32/8,
+        # D=128, 32k tokens, pages of 16 in a random order, per-token scales; benchmarks/
+        # triton_paged_check.py --quant-sweep --quant-fast, cuDNN's bf16 dense decode 723.9 /
+        # 2941.9 us in the same run), us per call against the one-program-per-SM tiles before
+        # (256 tokens x 8 warps unsplit / 4 KV heads x 64 tokens x 8 warps): 16 sequences int8
+        # 451.4 vs 533.6, e4m3 466.3 vs 551.3 (2 splits; 3 splits of 64 tokens 578.8); 64
+        # sequences int8 1715.3 vs 2056.6, e4m3 1829.0 vs 2193.6 (2 KV heads x 64 tokens; one
+        # head x 128 tokens, 512 programs, 1893.8 / 1874.0).
+        unsplit = max(1, query_blocks(spec, block_q) * spec.heads_kv * chunks)
+        kv_heads = _quantized_kv_heads(spec.heads_kv, block_q * head_chunk, unsplit, num_sms)
+        programs = unsplit // kv_heads
+        num_splits = 1 if kv_heads > 1 else max(1, min((2 * num_sms) // programs, spec.capacity // 512, 64))
+        block_n, num_warps, num_stages = 128 // kv_heads, 4, 3
     return PagedTiles(block_q, head_chunk, block_n, num_warps, num_stages, int(num_splits), kv_heads)
+
+
+def _quantized_kv_heads(heads_kv: int, rows_per_head: int, programs: int, num_sms: int) -> int:
+    """KV heads per program (4 or 2, dividing Hkv, rows <= 16) that turn ``programs`` one-head
+    programs into about two per SM (at least 7/8 of that); 1 if none does (few sequences:
+    splits make the programs instead)."""
+    for kv_heads in (4, 2):
+        fewer = programs // kv_heads
+        if heads_kv % kv_heads == 0 and rows_per_head * kv_heads <= 16 and 7 * num_sms <= 4 * fewer:
+            return kv_heads
+    return 1
 
 
 def _one_wave_kv_heads(heads_kv: int, rows_per_head: int, programs: int, num_sms: int) -> int:
@@ -310,6 +331,42 @@ def _cache_strides(spec: PagedSpec) -> dict[str, int]:
         "stride_kp": ps * hkv * d, "stride_kt": hkv * d, "stride_kh": d,
         "stride_vp": ps * hkv * dv, "stride_vt": hkv * dv, "stride_vh": dv, "V_OFF": 0,
     }  # fmt: skip
+
+
+#: ``V_WORDS`` of the kernel per cache dtype: V tiles read as int32 words of 4 values.
+_WORD_FORMATS = {"int8": 1, "float8_e4m3fn": 2, "float8_e5m2": 3}
+
+
+def v_words(spec: PagedSpec) -> int:
+    """The kernel's ``V_WORDS``: the format code (1 int8, 2 e4m3, 3 e5m2) when a quantized V is
+    read as int32 words (q 16-bit, every V offset a multiple of 4 values, Dv a power of two
+    >= 32), else 0.
+
+    triton 3.6's dot-operand pass fails on the widened tile of a ragged batch with Dv = 16
+    ("Illegal shared layout") or a float32 q (the interpreter tests' exact oracle, not a
+    serving dtype): those read V byte-wise, as before.
+    ``JAXATTN_TRITON_V_WORDS=0`` turns it off (the byte-wise read, for ablations)."""
+    if spec.cache_dtype is None or spec.dtype == "float32" or os.environ.get("JAXATTN_TRITON_V_WORDS", "1") == "0":
+        return 0
+    strides = _cache_strides(spec)
+    offsets = (strides["stride_vp"], strides["stride_vt"], strides["stride_vh"], strides["V_OFF"])
+    dv = spec.head_dim_v
+    if dv < 32 or dv != block_dim(dv) or any(x % 4 for x in offsets):
+        return 0
+    return _WORD_FORMATS[spec.cache_dtype]
+
+
+def k_widen(spec: PagedSpec) -> int:
+    """The kernel's ``K_WIDEN``: the format code when a quantized K is widened by
+    ``kernels/widen.py`` (``JAXATTN_TRITON_K_WIDEN=0``: Triton's casts, for ablations)."""
+    if spec.cache_dtype is None or spec.dtype == "float32" or os.environ.get("JAXATTN_TRITON_K_WIDEN", "1") == "0":
+        return 0
+    return _WORD_FORMATS[spec.cache_dtype]
+
+
+def _interpreted() -> bool:
+    # Inline PTX has no interpreter path: the kernels widen narrow values with tl casts there.
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _scale_constexprs(which: str, strides: ScaleStrides | None) -> dict[str, int]:
@@ -361,6 +418,9 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         **_cache_strides(spec),
         **_scale_constexprs("k", spec.k_scale),
         **_scale_constexprs("v", spec.v_scale),
+        "V_WORDS": v_words(spec),
+        "K_WIDEN": k_widen(spec),
+        "ASM": not _interpreted(),
         "stride_pt": 0 if identity else spec.pages_per_seq,
         "NUM_TOKENS": n,
         "MAX_SEQS": spec.max_seqs,

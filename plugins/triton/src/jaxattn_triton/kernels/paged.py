@@ -55,6 +55,7 @@ import triton
 import triton.language as tl
 
 from jaxattn_triton.kernels.common import LN2, LOG2E, tanh_f32
+from jaxattn_triton.kernels.widen import widen, widen_words
 
 
 @triton.jit
@@ -90,6 +91,9 @@ def _paged_sweep(
     offs_dv,
     K_QUANT: tl.constexpr,
     V_QUANT: tl.constexpr,
+    V_WORDS: tl.constexpr,
+    K_WIDEN: tl.constexpr,
+    ASM: tl.constexpr,
     SM_SCALE: tl.constexpr,
     SOFTCAP: tl.constexpr,
     LEFT: tl.constexpr,
@@ -119,7 +123,12 @@ def _paged_sweep(
     col_tok = offs_c // KV_HEADS
     hcol = offs_c % KV_HEADS
     k_head = hcol * stride_kh
-    v_head = hcol * stride_vh
+    if V_WORDS:
+        # v_base is an int32 pointer: rows and heads in words of 4 values (strides % 4 == 0).
+        v_head = hcol * (stride_vh // 4)
+        offs_w = tl.arange(0, BLOCK_DV // 4)
+    else:
+        v_head = hcol * stride_vh
     TOKEN_SCALES: tl.constexpr = (K_QUANT == 2) or (V_QUANT == 2)
     if KV_HEADS > 1:
         own_head = hrow[:, None] == hcol[None, :]
@@ -139,7 +148,10 @@ def _paged_sweep(
         if IDENTITY_PAGES:
             # A dense cache seen as one page per sequence: no page-table read at all.
             k_rows = seq64 * stride_kp + offs_n.to(tl.int64) * stride_kt
-            v_rows = seq64 * stride_vp + offs_n.to(tl.int64) * stride_vt
+            if V_WORDS:
+                v_rows = seq64 * (stride_vp // 4) + offs_n.to(tl.int64) * (stride_vt // 4)
+            else:
+                v_rows = seq64 * stride_vp + offs_n.to(tl.int64) * stride_vt
             if TOKEN_SCALES:
                 ks_rows = seq64 * stride_ksp + offs_n.to(tl.int64) * stride_kst + hcol * stride_ksh
                 vs_rows = seq64 * stride_vsp + offs_n.to(tl.int64) * stride_vst + hcol * stride_vsh
@@ -155,12 +167,18 @@ def _paged_sweep(
                 page_next = tl.load(pt_row + offs_nxt // PAGE_SIZE, mask=offs_nxt < hi, other=0)
             in_page = offs_n % PAGE_SIZE
             k_rows = page * stride_kp + in_page * stride_kt
-            v_rows = page * stride_vp + in_page * stride_vt
+            if V_WORDS:
+                v_rows = page * (stride_vp // 4) + in_page * (stride_vt // 4)
+            else:
+                v_rows = page * stride_vp + in_page * stride_vt
             if TOKEN_SCALES:
                 ks_rows = page * stride_ksp + in_page * stride_kst + hcol * stride_ksh
                 vs_rows = page * stride_vsp + in_page * stride_vst + hcol * stride_vsh
         k_ptrs = k_base + (k_rows + k_head)[:, None] + offs_d[None, :]
-        v_ptrs = v_base + (v_rows + v_head)[:, None] + offs_dv[None, :]
+        if V_WORDS:
+            v_ptrs = v_base + (v_rows + v_head)[:, None] + offs_w[None, :]
+        else:
+            v_ptrs = v_base + (v_rows + v_head)[:, None] + offs_dv[None, :]
         if EDGE:
             # Rows at or past ``hi`` (<= kv_len: the sweep's end, which no row of the block sees
             # past) may be unwritten cache memory (possibly NaN bit patterns), or, where a tile
@@ -171,7 +189,9 @@ def _paged_sweep(
                 k = tl.load(k_ptrs, mask=live & (offs_d[None, :] < D), other=0.0)
             else:
                 k = tl.load(k_ptrs, mask=live, other=0.0)
-            if PAD_DV:
+            if V_WORDS:
+                v = tl.load(v_ptrs, mask=live, other=0)
+            elif PAD_DV:
                 v = tl.load(v_ptrs, mask=live & (offs_dv[None, :] < DV), other=0.0)
             else:
                 v = tl.load(v_ptrs, mask=live, other=0.0)
@@ -185,7 +205,7 @@ def _paged_sweep(
                 k = tl.load(k_ptrs, mask=offs_d[None, :] < D, other=0.0)
             else:
                 k = tl.load(k_ptrs)
-            if PAD_DV:
+            if PAD_DV and not V_WORDS:
                 v = tl.load(v_ptrs, mask=offs_dv[None, :] < DV, other=0.0)
             else:
                 v = tl.load(v_ptrs)
@@ -193,7 +213,11 @@ def _paged_sweep(
                 ks = tl.load(ks_base + ks_rows)
             if V_QUANT == 2:
                 vs = tl.load(vs_base + vs_rows)
+        if V_WORDS:
+            v = widen_words(v, V_WORDS, q.dtype, ASM, BLOCK_N * KV_HEADS, BLOCK_DV // 4)
         # A quantized cache is converted to q's dtype here, in registers (a no-op otherwise).
+        if K_WIDEN:
+            k = widen(k, K_WIDEN, q.dtype, ASM)
         qk = tl.dot(q, tl.trans(k.to(q.dtype)))
         if K_QUANT == 1:
             qk = qk * k_row_scale[:, None]
@@ -264,6 +288,9 @@ def paged_attn_kernel(
     stride_vsh: tl.constexpr,
     K_QUANT: tl.constexpr,
     V_QUANT: tl.constexpr,
+    V_WORDS: tl.constexpr,
+    K_WIDEN: tl.constexpr,
+    ASM: tl.constexpr,
     stride_pt: tl.constexpr,
     NUM_TOKENS: tl.constexpr,
     MAX_SEQS: tl.constexpr,
@@ -390,7 +417,10 @@ def paged_attn_kernel(
 
     seq64 = seq.to(tl.int64)
     k_base = K + hkv.to(tl.int64) * stride_kh
-    v_base = V + V_OFF + hkv.to(tl.int64) * stride_vh
+    if V_WORDS:
+        v_base = V.to(tl.pointer_type(tl.int32)) + (V_OFF // 4) + hkv.to(tl.int64) * (stride_vh // 4)
+    else:
+        v_base = V + V_OFF + hkv.to(tl.int64) * stride_vh
     pt_row = PageTable + seq64 * stride_pt
     ks_base = KScale + hkv.to(tl.int64) * stride_ksh
     vs_base = VScale + hkv.to(tl.int64) * stride_vsh
@@ -406,21 +436,24 @@ def paged_attn_kernel(
     acc, l_i, m_i = _paged_sweep(
         acc, l_i, m_i, q, pos, hrow, a, f0, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-        stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv, K_QUANT, V_QUANT,
+        stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _paged_sweep(
         acc, l_i, m_i, q, pos, hrow, f0, f1, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-        stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv, K_QUANT, V_QUANT,
+        stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _paged_sweep(
         acc, l_i, m_i, q, pos, hrow, f1, b, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-        stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv, K_QUANT, V_QUANT,
+        stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip

@@ -1,0 +1,180 @@
+# mypy: allow-untyped-defs, allow-incomplete-defs, disable-error-code="no-redef"
+# (Triton reads a @triton.jit parameter's annotation as its kind: tl.constexpr, or nothing for
+# pointers and runtime scalars, which have no Python type to write. An inline-asm string must
+# be an annotated constexpr local, once per branch: mypy reads those as redefinitions.)
+"""Narrow cache values (int8, float8_e4m3fn, float8_e5m2) widened to bf16 or fp16 in registers.
+
+Formats are codes (``FMT``): 1 int8, 2 float8_e4m3fn, 3 float8_e5m2. On a GPU (``ASM``) four
+values at a time go through bit tricks in inline PTX, every instruction a full-rate integer or
+packed 16-bit one, where Triton's own casts take e4m3 through f16 -> f32 -> bf16 (F2F, a
+quarter-rate conversion unit):
+
+* int8 -> bf16: each byte under 0x43 (128 + low 7 bits) minus 0x4300/0x4380 (its sign bit's
+  weight), one packed subtraction per pair; int8 -> fp16: the sign flipped, under 0x64
+  (1024 + byte), minus 1152.
+* e4m3 -> bf16: the byte's sign, exponent and mantissa shifted into a bf16's fields give the
+  value times 2^-120 (subnormals included: both formats' subnormals scale the same way), and
+  one packed multiply by 2^120 restores it; e4m3 -> fp16: the hardware's e4m3x2 -> f16x2.
+* e5m2 -> fp16: the byte is the high byte of an fp16; e5m2 -> bf16: shifted as e4m3, 2^112.
+
+Every result is exact. Bytes holding NaN or inf come out finite: values inside a length are
+numbers, and those past it are masked to zero before they are widened. The interpreter has
+no inline PTX: there (``ASM`` False), and for float32 outputs, Triton's casts do the job.
+"""
+
+import triton
+import triton.language as tl
+
+# PTX bodies: input word in IN (4 bytes, little-endian), outputs r0 (values 0, 1) and r1 (2, 3).
+_BODIES = {
+    (1, "bf16"): """
+        mov.b32 c, 0x43434343;
+        prmt.b32 a0, IN, c, 0x4140;
+        prmt.b32 a1, IN, c, 0x4342;
+        and.b32 s0, a0, 0x43804380;
+        and.b32 a0, a0, 0x437f437f;
+        and.b32 s1, a1, 0x43804380;
+        and.b32 a1, a1, 0x437f437f;
+        sub.rn.bf16x2 r0, a0, s0;
+        sub.rn.bf16x2 r1, a1, s1;""",
+    (1, "fp16"): """
+        mov.b32 c, 0x64646464;
+        xor.b32 a0, IN, 0x80808080;
+        prmt.b32 a1, a0, c, 0x4342;
+        prmt.b32 a0, a0, c, 0x4140;
+        mov.b32 c, 0x64806480;
+        sub.rn.f16x2 r0, a0, c;
+        sub.rn.f16x2 r1, a1, c;""",
+    (2, "bf16"): """
+        prmt.b32 a0, IN, 0, 0x1404;
+        prmt.b32 a1, IN, 0, 0x3424;
+        and.b32 s0, a0, 0x80008000;
+        and.b32 s1, a1, 0x80008000;
+        shr.b32 a0, a0, 4;
+        shr.b32 a1, a1, 4;
+        and.b32 a0, a0, 0x07f007f0;
+        and.b32 a1, a1, 0x07f007f0;
+        or.b32 a0, a0, s0;
+        or.b32 a1, a1, s1;
+        mov.b32 c, 0x7b807b80;
+        mul.rn.bf16x2 r0, a0, c;
+        mul.rn.bf16x2 r1, a1, c;""",
+    (2, "fp16"): """
+        mov.b32 {l, h}, IN;
+        cvt.rn.f16x2.e4m3x2 r0, l;
+        cvt.rn.f16x2.e4m3x2 r1, h;""",
+    (3, "bf16"): """
+        prmt.b32 a0, IN, 0, 0x1404;
+        prmt.b32 a1, IN, 0, 0x3424;
+        and.b32 s0, a0, 0x80008000;
+        and.b32 s1, a1, 0x80008000;
+        shr.b32 a0, a0, 3;
+        shr.b32 a1, a1, 3;
+        and.b32 a0, a0, 0x0fe00fe0;
+        and.b32 a1, a1, 0x0fe00fe0;
+        or.b32 a0, a0, s0;
+        or.b32 a1, a1, s1;
+        mov.b32 c, 0x77807780;
+        mul.rn.bf16x2 r0, a0, c;
+        mul.rn.bf16x2 r1, a1, c;""",
+    (3, "fp16"): """
+        prmt.b32 r0, IN, 0, 0x1404;
+        prmt.b32 r1, IN, 0, 0x3424;""",
+}
+_REGS = ".reg .b32 c, a0, a1, s0, s1, r0, r1; .reg .b16 l, h;"
+
+
+def _asm(fmt: int, out: str, words: bool) -> tl.constexpr:
+    # words: four 16-bit outputs ($0..$3) of one int32 input ($4); else Triton's pack=4 form,
+    # two 32-bit outputs of 16-bit pairs ($0, $1) of one register of 4 bytes ($2).
+    body = _BODIES[(fmt, out)].replace("IN", "$4" if words else "$2")
+    tail = "mov.b32 {$0, $1}, r0; mov.b32 {$2, $3}, r1;" if words else "mov.b32 $0, r0; mov.b32 $1, r1;"
+    return tl.constexpr("{" + _REGS + body + "\n" + tail + "}")
+
+
+_W1B, _W1H, _P1B, _P1H = _asm(1, "bf16", True), _asm(1, "fp16", True), _asm(1, "bf16", False), _asm(1, "fp16", False)
+_W2B, _W2H, _P2B, _P2H = _asm(2, "bf16", True), _asm(2, "fp16", True), _asm(2, "bf16", False), _asm(2, "fp16", False)
+_W3B, _W3H, _P3B, _P3H = _asm(3, "bf16", True), _asm(3, "fp16", True), _asm(3, "bf16", False), _asm(3, "fp16", False)
+
+
+@triton.jit
+def _word_lanes_asm(w, FMT: tl.constexpr, out_dtype: tl.constexpr):
+    if out_dtype == tl.bfloat16:
+        if FMT == 1:
+            asm: tl.constexpr = _W1B
+        elif FMT == 2:
+            asm: tl.constexpr = _W2B
+        else:
+            asm: tl.constexpr = _W3B
+        lanes = tl.inline_asm_elementwise(asm, "=h,=h,=h,=h,r", [w], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
+    else:
+        if FMT == 1:
+            asm: tl.constexpr = _W1H
+        elif FMT == 2:
+            asm: tl.constexpr = _W2H
+        else:
+            asm: tl.constexpr = _W3H
+        lanes = tl.inline_asm_elementwise(asm, "=h,=h,=h,=h,r", [w], dtype=(tl.float16,) * 4, is_pure=True, pack=1)
+    return lanes
+
+
+@triton.jit
+def _word_lane(w, i: tl.constexpr, FMT: tl.constexpr, out_dtype: tl.constexpr):
+    # Lane i (little-endian) of each word through Triton's casts.
+    return widen(((w >> (8 * i)) & 0xFF).to(tl.uint8), FMT, out_dtype, False)
+
+
+@triton.jit
+def widen(x, FMT: tl.constexpr, out_dtype: tl.constexpr, ASM: tl.constexpr):
+    """Values ``x`` (of the format's dtype, or their bytes as uint8) as ``out_dtype``, elementwise.
+
+    Any layout: the compiler may move it into an MMA operand's layout, after the load."""
+    if ASM and (out_dtype == tl.bfloat16 or out_dtype == tl.float16):
+        b = x.to(tl.uint8, bitcast=True)
+        if out_dtype == tl.bfloat16:
+            if FMT == 1:
+                asm: tl.constexpr = _P1B
+            elif FMT == 2:
+                asm: tl.constexpr = _P2B
+            else:
+                asm: tl.constexpr = _P3B
+            y = tl.inline_asm_elementwise(asm, "=r,=r,r", [b], dtype=tl.bfloat16, is_pure=True, pack=4)
+        else:
+            if FMT == 1:
+                asm: tl.constexpr = _P1H
+            elif FMT == 2:
+                asm: tl.constexpr = _P2H
+            else:
+                asm: tl.constexpr = _P3H
+            y = tl.inline_asm_elementwise(asm, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
+    elif FMT == 1:
+        y = x.to(tl.int8, bitcast=True).to(out_dtype)
+    elif FMT == 2:
+        y = x.to(tl.float8e4nv, bitcast=True).to(out_dtype)
+    else:
+        y = x.to(tl.float8e5, bitcast=True).to(out_dtype)
+    return y
+
+
+@triton.jit
+def widen_words(
+    w, FMT: tl.constexpr, out_dtype: tl.constexpr, ASM: tl.constexpr, ROWS: tl.constexpr, WORDS: tl.constexpr
+):
+    """``(ROWS, WORDS)`` int32 words of 4 narrow values each (little-endian) to ``(ROWS, 4 *
+    WORDS)`` values of ``out_dtype``.
+
+    The lanes are joined and reshaped, which the compiler cannot move into an MMA operand's
+    layout: a V tile read as words is widened where it was loaded (16-byte reads of shared
+    memory) and reaches ``P @ V`` through shared memory and a transposing ldmatrix, as a 16-bit
+    cache's would, instead of each thread gathering its tokens' bytes one load at a time (the
+    contraction runs over tokens, V's strided axis)."""
+    if ASM and (out_dtype == tl.bfloat16 or out_dtype == tl.float16):
+        e0, e1, e2, e3 = _word_lanes_asm(w, FMT, out_dtype)
+    else:
+        e0 = _word_lane(w, 0, FMT, out_dtype)
+        e1 = _word_lane(w, 1, FMT, out_dtype)
+        e2 = _word_lane(w, 2, FMT, out_dtype)
+        e3 = _word_lane(w, 3, FMT, out_dtype)
+    # join stacks on a new last axis: (row, word, pair, lane in pair) -> column 4 word + 2 pair + lane.
+    x = tl.join(tl.join(e0, e2), tl.join(e1, e3))
+    return tl.reshape(x, (ROWS, 4 * WORDS))
