@@ -1,6 +1,7 @@
 """What ``jaxattn bench`` times: registered impls, "auto", and JAX's own Pallas-Triton ``mha``.
 
-Each :class:`Backend` answers, for one shape and mode, either the reasons it declines (shown
+Each :class:`Contender` (a jaxattn impl, or an outside kernel timed beside them; a "backend"
+column of the tables) answers, for one shape and mode, either the reasons it declines (shown
 as "declined: ..." cells, never raised) or the function to time plus a note (which impl
 "auto" picked, or that an impl hands the call to another).
 """
@@ -16,7 +17,7 @@ from jaxattn.metadata import AttentionMetadata
 
 from .shapes import BenchShape
 
-__all__ = ["PALLAS_MHA", "Backend", "Verdict", "available_backends", "make_backend"]
+__all__ = ["PALLAS_MHA", "Contender", "Verdict", "available_backends", "make_backend"]
 
 PALLAS_MHA = "pallas_mha"
 
@@ -34,14 +35,14 @@ class Verdict:
         return not self.reasons and self.fn is not None
 
 
-class Backend:
+class Contender:
     name: str
 
     def verdict(self, shape: BenchShape, mode: str) -> Verdict:
         raise NotImplementedError
 
 
-class ImplBackend(Backend):
+class ImplContender(Contender):
     """A registered impl (or "auto") called through ``jaxattn.attention``."""
 
     def __init__(self, name: str, metadata: AttentionMetadata) -> None:
@@ -86,7 +87,7 @@ def _spec(q: Any, k: Any, v: Any, causal: bool, metadata: AttentionMetadata) -> 
     return resolve_call(q, k, v, causal=causal, metadata=metadata)
 
 
-class PallasMhaBackend(Backend):
+class PallasMhaContender(Contender):
     """``jax.experimental.pallas.ops.gpu.attention.mha``: JAX's own (deprecated) Triton kernel."""
 
     name = PALLAS_MHA
@@ -120,8 +121,8 @@ class PallasMhaBackend(Backend):
         return Verdict(fn=fn)
 
 
-def make_backend(name: str, metadata: AttentionMetadata) -> Backend:
-    return PallasMhaBackend() if name == PALLAS_MHA else ImplBackend(name, metadata)
+def make_backend(name: str, metadata: AttentionMetadata) -> Contender:
+    return PallasMhaContender() if name == PALLAS_MHA else ImplContender(name, metadata)
 
 
 def available_backends(metadata: AttentionMetadata) -> list[str]:
