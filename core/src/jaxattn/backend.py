@@ -118,6 +118,15 @@ class Plan:
     #: The shape ``attention_outputs`` must have (checked after every kernel).
     out_shape: tuple[int, ...]
 
+    def checked(self, out: AttentionOutput) -> AttentionOutput:
+        """``out``, the forward's result, if its shape is right: else the backend broke its
+        contract (``PluginError``, which auto answers by running the next backend)."""
+        got = tuple(out.attention_outputs.shape)
+        if got != self.out_shape:
+            raise PluginError(f"impl {self.name!r} returned attention_outputs of shape {got}, "
+                              f"expected {self.out_shape}")
+        return out
+
 
 @dataclasses.dataclass(frozen=True)
 class Composition:
@@ -363,12 +372,7 @@ class Backend(Generic[P]):
         plan = self._plans.get(call.problem)
         if plan is None:
             plan = self._plans[call.problem] = self.plan(call.problem)
-        out = plan.forward(call)
-        got = tuple(out.attention_outputs.shape)
-        if got != plan.out_shape:
-            raise PluginError(f"impl {plan.name!r} returned attention_outputs of shape {got}, "
-                              f"expected {plan.out_shape}")
-        return out
+        return plan.checked(plan.forward(call))
 
     def route(self) -> Forward:
         """The ``forward_*`` method for the effective platform: the most specific one the class

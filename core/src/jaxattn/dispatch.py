@@ -271,11 +271,7 @@ def _auto_run(auto: Backend[Any], call: AttentionCall | PagedCall) -> AttentionO
             plan = _choices.get(key)
             if plan is None:
                 plan = _choices[key] = auto.plan(call.problem)
-            out = plan.forward(call)
-            got = tuple(out.attention_outputs.shape)
-            if got != plan.out_shape:
-                raise PluginError(f"impl {plan.name!r} returned attention_outputs of shape {got}, expected "
-                                  f"{plan.out_shape}")
+            out = plan.checked(plan.forward(call))
         except PluginError as err:  # the chosen backend broke its contract: the next one runs
             _skip_fault(call.problem, auto.metadata, _chosen_name(call.problem, auto.metadata), err)
             continue
