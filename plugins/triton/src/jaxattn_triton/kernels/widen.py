@@ -25,6 +25,28 @@ no inline PTX: there (``ASM`` False), and for float32 outputs, Triton's casts do
 import triton
 import triton.language as tl
 
+
+def _float8_to_bf16(exponent_bits: int, mask: int, unbias: int) -> str:
+    """A float8's sign, exponent and mantissa shifted into a bf16's fields (the byte moved to a
+    16-bit lane's high half, exponent and mantissa down by bf16's 8 exponent bits less the
+    format's, ``mask`` keeping them), then one packed multiply by ``unbias`` (a bf16 pair: 2^120
+    for e4m3, 2^112 for e5m2) restores the exponent bias."""
+    return f"""
+        prmt.b32 a0, IN, 0, 0x1404;
+        prmt.b32 a1, IN, 0, 0x3424;
+        and.b32 s0, a0, 0x80008000;
+        and.b32 s1, a1, 0x80008000;
+        shr.b32 a0, a0, {8 - exponent_bits};
+        shr.b32 a1, a1, {8 - exponent_bits};
+        and.b32 a0, a0, {mask:#010x};
+        and.b32 a1, a1, {mask:#010x};
+        or.b32 a0, a0, s0;
+        or.b32 a1, a1, s1;
+        mov.b32 c, {unbias:#010x};
+        mul.rn.bf16x2 r0, a0, c;
+        mul.rn.bf16x2 r1, a1, c;"""
+
+
 # PTX bodies: input word in IN (4 bytes, little-endian), outputs r0 (values 0, 1) and r1 (2, 3).
 _BODIES = {
     (1, "bf16"): """
@@ -45,38 +67,12 @@ _BODIES = {
         mov.b32 c, 0x64806480;
         sub.rn.f16x2 r0, a0, c;
         sub.rn.f16x2 r1, a1, c;""",
-    (2, "bf16"): """
-        prmt.b32 a0, IN, 0, 0x1404;
-        prmt.b32 a1, IN, 0, 0x3424;
-        and.b32 s0, a0, 0x80008000;
-        and.b32 s1, a1, 0x80008000;
-        shr.b32 a0, a0, 4;
-        shr.b32 a1, a1, 4;
-        and.b32 a0, a0, 0x07f007f0;
-        and.b32 a1, a1, 0x07f007f0;
-        or.b32 a0, a0, s0;
-        or.b32 a1, a1, s1;
-        mov.b32 c, 0x7b807b80;
-        mul.rn.bf16x2 r0, a0, c;
-        mul.rn.bf16x2 r1, a1, c;""",
+    (2, "bf16"): _float8_to_bf16(4, 0x07F007F0, 0x7B807B80),
     (2, "fp16"): """
         mov.b32 {l, h}, IN;
         cvt.rn.f16x2.e4m3x2 r0, l;
         cvt.rn.f16x2.e4m3x2 r1, h;""",
-    (3, "bf16"): """
-        prmt.b32 a0, IN, 0, 0x1404;
-        prmt.b32 a1, IN, 0, 0x3424;
-        and.b32 s0, a0, 0x80008000;
-        and.b32 s1, a1, 0x80008000;
-        shr.b32 a0, a0, 3;
-        shr.b32 a1, a1, 3;
-        and.b32 a0, a0, 0x0fe00fe0;
-        and.b32 a1, a1, 0x0fe00fe0;
-        or.b32 a0, a0, s0;
-        or.b32 a1, a1, s1;
-        mov.b32 c, 0x77807780;
-        mul.rn.bf16x2 r0, a0, c;
-        mul.rn.bf16x2 r1, a1, c;""",
+    (3, "bf16"): _float8_to_bf16(5, 0x0FE00FE0, 0x77807780),
     (3, "fp16"): """
         prmt.b32 r0, IN, 0, 0x1404;
         prmt.b32 r1, IN, 0, 0x3424;""",
