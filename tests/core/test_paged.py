@@ -212,10 +212,13 @@ def test_paged_calls_are_forward_only_and_refuse_gradients_with_a_reason() -> No
     assert info.value.gradient and any("gradients" in r for r in info.value.reasons)
 
 
-def test_a_mesh_is_declined_for_paged_calls() -> None:
+def test_a_mesh_shards_paged_calls_over_heads_only() -> None:
+    # Head sharding on 8 devices: tests/sharding/multidevice/check_paged.py.
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
-    with pytest.raises(UnsupportedError, match="your own shard_map"):
+    with pytest.raises(UnsupportedError, match="shards only the KV heads"):
         call_ragged(metadata=jaxattn.AttentionMetadata(mesh=mesh, batch_axis="data"))
+    sharded = call_ragged(metadata=jaxattn.AttentionMetadata(mesh=mesh, head_axis="data"))
+    np.testing.assert_array_equal(np.asarray(sharded), np.asarray(call_ragged()))
 
 
 def test_a_name_means_one_kind_of_call() -> None:

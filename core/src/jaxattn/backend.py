@@ -356,8 +356,7 @@ class Backend(Generic[P]):
         if why and self.composition is not None:  # without one, decline() refused the call
             impl = self.composition.hand_off(self, problem, why)
         forward = impl.route()
-        if (self.composition is not None and impl.metadata.mesh is not None and not impl.sequence_parallel
-                and impl.kind == "dense"):
+        if self.composition is not None and impl.metadata.mesh is not None and not impl.sequence_parallel:
             forward = self.composition.shard(impl)
         grad_reasons = impl.grad_reasons(problem)
         if grad_reasons:  # after the shard_map, so that a sharded call refuses too

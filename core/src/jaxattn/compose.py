@@ -8,7 +8,8 @@ constructed directly declines:
   (``fallback_reasons`` non-empty) runs on that impl, logged once;
 * **sharding**: with ``metadata.mesh`` set (and an impl that does not shard the sequence
   itself, as ring does), the kernel runs under ``shard_map`` over the batch and head axes
-  (``jaxattn.sharding.wrap``).
+  (``jaxattn.sharding.wrap``); a paged kernel over the head axis only, each device holding
+  its KV heads' pages.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from .backend import Backend, Composition, Forward
 from .errors import JaxattnError
 from .impl import AttentionImpl
 from .lookup import impl_for
+from .paged_impl import PagedAttentionImpl
 from .problem import Problem
-from .sharding.wrap import sharded_forward
+from .sharding.wrap import sharded_forward, sharded_paged_forward
 
 __all__ = ["COMPOSED"]
 
@@ -47,8 +49,10 @@ def _hand_off(impl: Backend[Any], problem: Problem, why: list[str]) -> Backend[A
 
 
 def _shard(impl: Backend[Any]) -> Forward:
-    assert isinstance(impl, AttentionImpl)  # only dense calls run on a mesh (paged ones decline it)
-    return sharded_forward(impl)
+    if isinstance(impl, AttentionImpl):
+        return sharded_forward(impl)
+    assert isinstance(impl, PagedAttentionImpl)  # paged calls shard their KV heads only
+    return sharded_paged_forward(impl)
 
 
 #: The composition of the impls ``jaxattn.get_impl`` builds.

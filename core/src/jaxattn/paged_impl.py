@@ -24,10 +24,12 @@ None for a ragged batch. The output is ``(num_tokens, Hq, Dv)``; rows past
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, Any
 
 from .backend import Backend
 from .call import PagedCall
+from .metadata import axis_tuple, describe_axes
 from .paged_validation import resolve_paged_call
 from .problem import PagedProblem
 
@@ -44,12 +46,14 @@ class PagedAttentionImpl(Backend[PagedProblem]):
 
     def not_supported_reasons(self, problem: PagedProblem) -> list[str]:
         reasons = self.declared_reasons(problem)
-        md = self.metadata
-        if md.mesh is not None or md.batch_axis or md.head_axis or md.sequence_axis:
-            reasons.append(
-                "paged attention runs on the arrays it is given: shard the cache yourself and call it inside your "
-                "own shard_map, with no mesh or axes in the metadata"
-            )
+        md, heads = self.metadata, axis_tuple(self.metadata.head_axis)
+        if md.batch_axis or md.sequence_axis:
+            reasons.append("paged attention shards only the KV heads (AttentionMetadata.head_axis): its sequences "
+                           "share one page pool, so batch_axis and sequence_axis are declined")
+        n = math.prod(dict(md.mesh.shape)[a] for a in heads) if md.mesh is not None else 1
+        if problem.heads_kv % n:
+            reasons.append(f"Hkv={problem.heads_kv} KV heads do not split over mesh axis {describe_axes(heads)} of "
+                           f"size {n} (AttentionMetadata.head_axis): each device must hold whole KV heads' pages")
         return reasons
 
     def validate(self, q: Any, k_pages: Any, v_pages: Any, page_table: Any, kv_lengths: Any, *,

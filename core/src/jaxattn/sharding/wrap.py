@@ -1,5 +1,13 @@
 """Every backend on a mesh: its forward runs under ``shard_map`` over batch and heads.
 
+A paged backend shards its KV heads only (``sharded_paged_forward``): each device holds its
+heads' pages ``(num_pages, page_size, Hkv / n, D)`` (the combined layout's ``2 * Hkv`` slots
+split the same way, whole heads per device) and its query heads ``Hq / n`` (query head ``h``
+reads KV head ``h // (Hq / Hkv)``, which the contiguous split keeps on one device), the sinks
+and per-head scales with them; the page table, lengths and ``cu_q_lens`` are replicated, and
+nothing is communicated but the output's head shards. ``PagedAttentionImpl`` declines the
+batch and sequence axes and a head count that does not split.
+
 An impl's plan (``Backend.plan``, with ``jaxattn.compose``) uses ``sharded_forward`` when
 ``metadata.mesh`` is set (and the impl is not sequence-parallel itself, as ring is). The kernel
 then sees a call of local shards ``(B / batch devices, T, Hq / head devices, D)`` and is a
@@ -23,11 +31,12 @@ from .compat import shard_map
 from .specs import AttentionSpecs
 
 if TYPE_CHECKING:
-    from ..call import AttentionCall
+    from ..call import AttentionCall, PagedCall
     from ..impl import AttentionImpl
     from ..metadata import AttentionMetadata
+    from ..paged_impl import PagedAttentionImpl
 
-__all__ = ["check_batch_heads", "local_metadata", "sharded_forward"]
+__all__ = ["check_batch_heads", "local_metadata", "sharded_forward", "sharded_paged_forward"]
 
 logger = logging.getLogger("jaxattn")
 _logged: set[tuple[str, int, int, int]] = set()
@@ -106,4 +115,35 @@ def sharded_forward(impl: AttentionImpl) -> Callable[[AttentionCall], AttentionO
                    call.kv_segment_ids, call.softmax_aux, call.dropout_rng, call.kv_lengths)
 
     forward.__name__ = getattr(kernel, "__name__", "forward")
+    return forward
+
+
+#: The head dim of each array of a ``PagedCall`` that has one (the rest are replicated).
+_PAGED_HEAD_DIM = {"q": 1, "k_pages": 2, "v_pages": 2, "softmax_aux": 0, "k_scale": 2, "v_scale": 2}
+
+
+def sharded_paged_forward(impl: PagedAttentionImpl) -> Callable[[PagedCall], AttentionOutput]:
+    """A paged ``impl``'s routed forward under ``shard_map`` over the KV heads (unchanged without a head axis)."""
+    md, axes = impl.metadata, mesh_axes(impl.metadata)
+    if axes is None or not axes.heads:
+        return impl.route()
+    local_md, heads, n = local_metadata(md), axes.spec_entry(axes.heads), axes.head_size
+    kernel = type(impl)(local_md, impl.device).route()
+
+    def spec(name: str, x: Any) -> P:  # a size-1 (broadcast) scale axis is replicated
+        dim = _PAGED_HEAD_DIM.get(name)
+        return P() if dim is None or x.shape[dim] == 1 else P(*(heads if i == dim else None for i in range(x.ndim)))
+
+    def forward(call: PagedCall) -> AttentionOutput:
+        pb, arrays = call.problem, call.arrays()
+        local = dataclasses.replace(pb, heads_q=pb.heads_q // n, heads_kv=pb.heads_kv // n)
+
+        def body(*xs: Any) -> AttentionOutput:
+            out = kernel(call.replace(problem=local, metadata=local_md, **dict(zip(arrays, xs, strict=True))))
+            return AttentionOutput(out.attention_outputs)
+
+        run = shard_map(body, mesh=md.mesh, in_specs=tuple(spec(k, x) for k, x in arrays.items()),
+                        out_specs=AttentionOutput(P(None, heads, None)))
+        return run(*arrays.values())  # type: ignore[no-any-return]
+
     return forward
