@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 from typing import Any
 
@@ -57,6 +59,29 @@ def test_the_block_kernel_is_the_best_impl_here_that_returns_its_lse() -> None:
     pinned = jaxattn.get_impl("ring", ring_of_one(ring_block_impl="vanilla"))
     assert isinstance(pinned, RingAttention)
     assert pinned.block_kernel(Q, Q, Q, causal=True).name() == "vanilla"
+
+
+def test_auto_tries_the_measured_candidates_first_and_says_why_not() -> None:
+    from jaxattn.problem import AttentionProblem
+    from jaxattn_ring.blocks import CANDIDATES, choose_kernel
+
+    assert CANDIDATES[:2] == ("flash_attn2", "cudnn+blockwise")
+    problem = AttentionProblem.from_inputs(Q, Q, Q, causal=True)
+    unrunnable = dataclasses.replace(problem, head_dim=1 << 20, head_dim_v=1 << 20)
+    choice, reasons = choose_kernel(jaxattn.AttentionMetadata(), [unrunnable])
+    assert choice is None
+    tried = [r.split(":")[0] for r in reasons]
+    assert tried[:2] == ["block kernel flash_attn2", "block kernel cudnn+blockwise"], reasons
+    assert "block kernel blockwise" in tried and "block kernel vanilla" in tried, reasons
+
+
+def test_a_forward_paired_with_the_blockwise_backward() -> None:
+    pinned = jaxattn.get_impl("ring", ring_of_one(ring_block_impl="vanilla+blockwise"))
+    assert isinstance(pinned, RingAttention)
+    choice = pinned.block_kernel(Q, Q, Q, causal=True)
+    assert choice.name() == "vanilla+blockwise" and choice.own_backward
+    reasons = jaxattn.get_impl("ring", ring_of_one(ring_block_impl="vanilla+sdpa")).supports(Q, Q, Q, causal=True)
+    assert any("only 'blockwise' can be paired as a backward" in r for r in reasons), reasons
 
 
 def test_a_block_kernel_without_lse_is_declined() -> None:

@@ -169,8 +169,41 @@ def lse_without_gradient() -> str:
     return _LseWithoutGradient.get_impl_name()
 
 
-def test_kernel_whose_lse_has_no_gradient_differentiates_with_vanilla(lse_without_gradient: str) -> None:
+def test_kernel_whose_lse_has_no_gradient_differentiates_with_the_blockwise_backward(
+        lse_without_gradient: str) -> None:
     check_against_oracle(attend(ring(4, ring_block_impl=lse_without_gradient)), inputs(GQA, seed=17), causal=True)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal-zigzag", "full"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_own_backward_block_kernel_gradients_through_lse(lse_without_gradient: str, causal: bool, n: int) -> None:
+    # "X+blockwise": X's forward (here an lse without gradient, as cuDNN's), the blockwise backward.
+    # Output, lse and the gradients of sum(out * do) + sum(lse * w) against float64 on one device.
+    md = ring(n, ring_block_impl=f"{lse_without_gradient}+blockwise")
+    data = inputs(GQA, seed=20 + n)
+    weights = np.random.default_rng(21).normal(size=(GQA.b, GQA.hq, GQA.t))
+    impl = jaxattn.get_impl("ring", md)
+    assert impl.block_kernel(jnp.asarray(data["q"]), jnp.asarray(data["k"]), jnp.asarray(data["v"]),
+                             causal=causal).name() == f"{lse_without_gradient}+blockwise"
+
+    def loss(impl: Any, dtype: Any) -> Any:
+        def f(q: Any, k: Any, v: Any) -> Any:
+            res = impl(q, k, v, causal=causal)
+            value = (res.attention_outputs * jnp.asarray(data["do"], dtype)).sum()
+            return value + (res.softmax_lse * jnp.asarray(weights, dtype)).sum(), (res.attention_outputs,
+                                                                                    res.softmax_lse)
+        return jax.grad(f, argnums=(0, 1, 2), has_aux=True)
+
+    grads, (out, lse) = jax.jit(loss(impl, jnp.float32))(*(jnp.asarray(data[x]) for x in "qkv"))
+    with jax.enable_x64(True):
+        want, (out64, lse64) = loss(jaxattn.get_impl("vanilla"), jnp.float64)(
+            *(jnp.asarray(data[x], jnp.float64) for x in "qkv"))
+        want = [np.asarray(g) for g in want]
+        out64, lse64 = np.asarray(out64), np.asarray(lse64)
+    assert_close("output", out, out64, 2e-5)
+    assert_close("softmax_lse", lse, lse64, 2e-5)
+    for label, got, expected in zip(("dq", "dk", "dv"), grads, want, strict=True):
+        assert_close(label, got, expected, 5e-5)
 
 
 def test_kernel_whose_lse_has_no_gradient_without_fallback_raises(lse_without_gradient: str) -> None:

@@ -1,7 +1,10 @@
 """The per-block kernel, and the block of attention each ring step computes.
 
 Any registered impl that returns its log-sum-exp (``Feature.LSE``) can be the per-block
-kernel; it is called through its own ``__call__`` on local blocks, with flags only
+kernel, and so can ``"X+blockwise"``: impl X's forward with the blockwise backward of
+jaxattn-vanilla fed X's output and lse (``OwnBackwardKernel``: for X whose lse has no gradient,
+cuDNN's). "auto" tries :data:`CANDIDATES` first, in their measured order, then every other impl
+that returns its lse by priority. A kernel is called through its own ``__call__`` on local blocks, with flags only
 (``causal`` on the diagonal block) where the layout allows, so kernels without mask
 support serve causal and full attention; masks are built per block only for what flags
 cannot express (a user mask, a sliding window, bottom-right causal with T != S).
@@ -11,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
 from typing import Any, Literal
 
 import jax
@@ -28,8 +30,10 @@ from jaxattn.problem import AttentionProblem
 from .layout import AxisName, Layout, key_columns, positions
 
 __all__ = [
+    "CANDIDATES",
     "BlockKernel",
     "Mode",
+    "OwnBackwardKernel",
     "RingPlan",
     "block",
     "block_problems",
@@ -41,6 +45,16 @@ logger = logging.getLogger("jaxattn")
 
 Mode = Literal["full", "causal", "masked"]
 Array = Any
+
+#: The per-block kernels "auto" tries first, fastest first as measured by ``benchmarks/ring_bench.py
+#: --block-kernels`` (ring forward+backward, causal, bf16): each returns ``(out, lse)`` with
+#: gradients through lse. Triton's ``flash_attn2`` (its backward subtracts the lse cotangent);
+#: cuDNN's forward with the blockwise backward (cuDNN's own lse has no gradient). Not yet
+#: measured against each other on a multi-GPU machine (docs/bench.md); reorder when they are.
+CANDIDATES: tuple[str, ...] = ("flash_attn2", "cudnn+blockwise")
+
+#: The backward an ``"X+blockwise"`` kernel takes X's forward to (jaxattn-vanilla's).
+OWN_BACKWARD = "blockwise"
 
 
 def acc_dtype(dtype: Any) -> Any:
@@ -88,6 +102,34 @@ class BlockKernel:
             raise PluginError(f"impl {self.impl.name()!r} declares Feature.LSE but returned softmax_lse {got}, "
                               f"expected shape (B, Hq, T) = {want}")
         return out.attention_outputs.astype(q.dtype), lse.astype(acc_dtype(q.dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnBackwardKernel(BlockKernel):
+    """``impl``'s forward with the blockwise backward of jaxattn-vanilla, fed the forward's output
+    and lse: a differentiable lse from a kernel whose own lse has none (cuDNN's)."""
+
+    def __call__(self, q: Array, k: Array, v: Array, *, causal: bool = False, mask: Array = None,
+                 q_ids: Array = None, kv_ids: Array = None) -> tuple[Array, Array]:
+        from jaxattn_vanilla.blockwise.kernel import blockwise_backward
+
+        def forward(q: Array, k: Array, v: Array, mask: Array, q_ids: Array, kv_ids: Array) -> tuple[Array, Array]:
+            return BlockKernel.__call__(self, q, k, v, causal=causal, mask=mask, q_ids=q_ids, kv_ids=kv_ids)
+
+        def fwd(*args: Array) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
+            out, lse = forward(*args)
+            return (out, lse), (*args, out, lse)
+
+        def bwd(res: tuple[Array, ...], cts: tuple[Array, Array]) -> tuple[Array, ...]:
+            q, k, v, mask, q_ids, kv_ids, out, lse = res
+            dq, dk, dv = blockwise_backward(q, k, v, out, lse, cts[0], cts[1], mask=mask, causal=causal,
+                                            q_segment_ids=q_ids, kv_segment_ids=kv_ids,
+                                            softmax_scale=self.softmax_scale, logits_soft_cap=self.logits_soft_cap)
+            return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None
+
+        attend = jax.custom_vjp(forward)
+        attend.defvjp(fwd, bwd)
+        return attend(q, k, v, mask, q_ids, kv_ids)  # type: ignore[no-any-return]
 
 
 def _skip(q: Array, v: Array) -> tuple[Array, Array]:
@@ -172,32 +214,66 @@ def block_problems(plan_mode: Mode, layout: Layout, local: AttentionProblem,
     return problems
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockChoice:
+    """The per-block kernel chosen: an impl, and whether its backward is the blockwise one."""
+
+    impl: AttentionImpl
+    own_backward: bool = False
+
+    def name(self) -> str:
+        """``"X"``, or ``"X+blockwise"`` for X's forward with the blockwise backward."""
+        return self.impl.name() + (f"+{OWN_BACKWARD}" if self.own_backward else "")
+
+    def kernel(self, softmax_scale: float, logits_soft_cap: float | None) -> BlockKernel:
+        kind = OwnBackwardKernel if self.own_backward else BlockKernel
+        return kind(self.impl, softmax_scale, logits_soft_cap)
+
+
+def _block_reasons(metadata: AttentionMetadata, name: str,
+                   problems: list[AttentionProblem]) -> tuple[BlockChoice | None, list[str]]:
+    """``name`` ("X" or "X+blockwise") as the per-block kernel, or every reason it cannot be."""
+    forward_name, plus, backward_name = name.partition("+")
+    if plus and backward_name != OWN_BACKWARD:
+        return None, [f"block kernel {name}: only '{OWN_BACKWARD}' can be paired as a backward ('X+{OWN_BACKWARD}')"]
+    impls: list[AttentionImpl] = []
+    for part in (forward_name, backward_name) if plus else (forward_name,):
+        try:
+            impls.append(get_impl(part, metadata))
+        except (JaxattnError, ImportError) as err:
+            return None, [f"block kernel {name}: {err}"]
+    why: list[str] = []
+    if impls[0].sequence_parallel:
+        why.append("is sequence-parallel itself")
+    if Feature.LSE not in impls[0].features:
+        why.append("does not return its log-sum-exp (Feature.LSE)")
+    for impl in impls:
+        for problem in problems:
+            if plus and impl is impls[0]:  # the forward only: the blockwise backward differentiates it
+                problem = dataclasses.replace(problem, needs_grad=False)
+            why += [f"{impl.name()}: {r}" if plus else r for r in impl.reasons_to_decline(problem) if r not in why]
+    if why:
+        return None, [f"block kernel {name}: {'; '.join(why)}"]
+    return BlockChoice(impls[0], bool(plus)), []
+
+
 def choose_kernel(metadata: AttentionMetadata, problems: list[AttentionProblem],
-                  requested: str = "auto") -> tuple[AttentionImpl | None, list[str]]:
-    """The per-block impl: ``requested``, or under "auto" the highest-priority impl here that
-    returns its lse and accepts every block problem. Returns ``(impl, [])`` or ``(None, reasons)``.
+                  requested: str = "auto") -> tuple[BlockChoice | None, list[str]]:
+    """The per-block kernel: ``requested`` ("X" or "X+blockwise"), or under "auto" the first of
+    :data:`CANDIDATES` here that accepts every block problem, then the other impls that return
+    their lse, highest priority first. Returns ``(choice, [])`` or ``(None, every reason)``.
     """
     if requested == "auto":
-        names = [p.name for p in available_here(metadata, kind="dense") if p.name not in ("auto", "ring")]
+        here = [p.name for p in available_here(metadata, kind="dense") if p.name not in ("auto", "ring")]
+        names = [*CANDIDATES, *(n for n in here if n not in CANDIDATES)]
     else:
         names = [requested]
     reasons: list[str] = []
     for name in names:
-        try:
-            impl = get_impl(name, metadata)
-        except (JaxattnError, ImportError) as err:
-            reasons.append(f"block kernel {name}: {err}")
-            continue
-        why: list[str] = []
-        if impl.sequence_parallel:
-            why.append("is sequence-parallel itself")
-        if Feature.LSE not in impl.features:
-            why.append("does not return its log-sum-exp (Feature.LSE)")
-        for problem in problems:
-            why += [r for r in impl.reasons_to_decline(problem) if r not in why]
-        if not why:
-            return impl, []
-        reasons.append(f"block kernel {name}: {'; '.join(why)}")
+        choice, why = _block_reasons(metadata, name, problems)
+        if choice is not None:
+            return choice, []
+        reasons += why
     return None, reasons
 
 
@@ -234,17 +310,24 @@ def lse_is_differentiable(kernel: BlockKernel, q: Array, k: Array, v: Array) -> 
     return _lse_grad_cache[key]
 
 
-def gradient_kernel(kernel: BlockKernel, q: Array, k: Array, v: Array,
-                    fallback: Callable[[], BlockKernel]) -> BlockKernel:
-    """The kernel the ring's backward differentiates: ``kernel`` if its lse is differentiable,
-    else ``fallback()`` (vanilla), visibly; ``allow_fallback=False`` makes that an error."""
+def gradient_kernel(kernel: BlockKernel, q: Array, k: Array, v: Array) -> BlockKernel:
+    """The kernel the ring's backward differentiates: ``kernel`` if its lse is differentiable, else
+    its forward with the blockwise backward (``OwnBackwardKernel``), logged once;
+    ``allow_fallback=False`` makes that an error."""
     if lse_is_differentiable(kernel, q, k, v):
         return kernel
     name = kernel.impl.name()
     if not kernel.impl.metadata.allow_fallback:
         raise PluginError(
             f"ring: the per-block kernel {name!r} returns a softmax_lse whose cotangent its VJP ignores, so ring "
-            "cannot differentiate through it; set metadata.extra['ring_block_impl']='vanilla' or allow_fallback"
+            f"cannot differentiate through it; set metadata.extra['ring_block_impl']='{name}+{OWN_BACKWARD}' (its "
+            "forward, the blockwise backward) or allow_fallback"
         )
-    logger.info("jaxattn: ring differentiates its blocks with vanilla: %s's softmax_lse is not differentiable", name)
-    return fallback()
+    if name not in _logged_own_backward:
+        _logged_own_backward.add(name)
+        logger.info("jaxattn: ring differentiates %s's blocks with the %s backward: its softmax_lse is not "
+                    "differentiable", name, OWN_BACKWARD)
+    return OwnBackwardKernel(kernel.impl, kernel.softmax_scale, kernel.logits_soft_cap)
+
+
+_logged_own_backward: set[str] = set()

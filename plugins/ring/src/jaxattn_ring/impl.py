@@ -13,7 +13,6 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from jaxattn.api import get_impl
 from jaxattn.call import AttentionCall
 from jaxattn.errors import InvalidInputError, UnsupportedError
 from jaxattn.impl import AttentionImpl
@@ -27,7 +26,7 @@ from jaxattn.sharding.wrap import check_batch_heads, local_metadata
 from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
 from jaxattn.validation import resolve_call
 
-from .blocks import BlockKernel, Mode, RingPlan, block_problems, choose_kernel
+from .blocks import BlockChoice, Mode, RingPlan, block_problems, choose_kernel
 from .layout import LAYOUTS, Layout, from_zigzag, to_zigzag
 from .plugin import RING
 from .ring import make_ring
@@ -44,7 +43,7 @@ class _Setup:
     mode: Mode
     layout: Layout
     local: AttentionProblem  # per-device sizes
-    kernel: AttentionImpl | None
+    kernel: BlockChoice | None
     reasons: list[str]
 
 
@@ -99,8 +98,9 @@ class RingAttention(AttentionImpl, declaration=RING):
         return reasons
 
     def block_kernel(self, q: Array, k: Array, v: Array, mask: Array = None, causal: bool = False,
-                     **features: Any) -> AttentionImpl:
-        """The per-block impl ring would run for this call (arrays or ShapeDtypeStructs)."""
+                     **features: Any) -> BlockChoice:
+        """The per-block kernel ring would run for this call (arrays or ShapeDtypeStructs): its
+        ``name()`` ("X", or "X+blockwise" for X's forward with the blockwise backward) and ``impl``."""
         problem = resolve_call(q, k, v, mask=mask, causal=causal, metadata=self.metadata, **features).problem
         axes = mesh_axes(self.metadata)
         setup = self._setup(problem, axes, axes.sequence_size if axes is not None else 1)
@@ -146,13 +146,7 @@ class RingAttention(AttentionImpl, declaration=RING):
         plan = RingPlan(axis=axis, n=n, layout=setup.layout, mode=setup.mode, t_local=problem.seq_q // n,
                         s_local=problem.seq_k // n, causal=causal, window=sliding_window,
                         offset=problem.seq_k - problem.seq_q)
-        kernel = BlockKernel(setup.kernel, softmax_scale, logits_soft_cap)
-        vanilla = local_metadata(md)
-
-        def grad_fallback() -> BlockKernel:
-            return BlockKernel(get_impl("vanilla", vanilla), softmax_scale, logits_soft_cap)
-
-        ring = make_ring(plan, kernel, grad_fallback)
+        ring = make_ring(plan, setup.kernel.kernel(softmax_scale, logits_soft_cap))
 
         def per_device(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array,
                        aux: Array) -> tuple[Array, Array]:

@@ -18,7 +18,8 @@ with ``w_b = exp(lse_b - L)`` (``L`` the global log-denominator, sink included) 
     d lse_b = w_b * (rowsum(dO * o_b) - D) + exp(lse_b - lse) * d lse
 
 while dK/dV accumulators travel with their K/V and arrive home after ``n`` passes. This
-needs a kernel whose lse is differentiable; see ``blocks.gradient_kernel``. Autodiff
+needs a kernel whose lse is differentiable (else its forward runs with the blockwise
+backward: ``blocks.gradient_kernel``). Autodiff
 through the forward loop would also be exact, but it would keep every step's K/V block
 and kernel residuals alive (the whole K/V on every device), which is what ring attention
 exists to avoid.
@@ -68,7 +69,7 @@ def _denominator(lse: Array, aux: Array) -> Array:
     return jnp.logaddexp(lse, aux.astype(lse.dtype)[None, :, None])
 
 
-def make_ring(plan: RingPlan, kernel: BlockKernel, grad_fallback: Callable[[], BlockKernel]) -> Callable[..., Any]:
+def make_ring(plan: RingPlan, kernel: BlockKernel) -> Callable[..., Any]:
     """``ring(q, k, v, q_ids, kv_ids, mask, aux) -> (output, lse)`` for one device's shards."""
 
     def run_block(kern: BlockKernel, q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array,
@@ -112,7 +113,7 @@ def make_ring(plan: RingPlan, kernel: BlockKernel, grad_fallback: Callable[[], B
         d_lse = d_lse.astype(acc)
         delta = jnp.swapaxes(jnp.sum(d_out * out, axis=-1), 1, 2)  # D = rowsum(dO * O), (B, H, T)
         lse_safe, big_l_safe = _finite_or_zero(lse), _finite_or_zero(big_l)
-        kern = gradient_kernel(kernel, q, k, v, grad_fallback)
+        kern = gradient_kernel(kernel, q, k, v)
         index = jax.lax.axis_index(plan.axis)
 
         def grads(kv: tuple[Array, Array, Array], s: Any, first: bool) -> tuple[Array, Array, Array]:

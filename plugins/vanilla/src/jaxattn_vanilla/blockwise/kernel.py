@@ -60,6 +60,7 @@ __all__ = [
     "BlockPlan",
     "BlockwiseResult",
     "blockwise_attention",
+    "blockwise_backward",
     "default_block",
     "key_block_ranges",
     "plan_blocks",
@@ -718,3 +719,36 @@ def blockwise_attention(
     kv_len = None if kv_lengths is None else jnp.clip(jnp.asarray(kv_lengths).astype(jnp.int32), 0, s)
     out, lse = _attend(st, q, k, v, bias_g, aux, mask_g, q_seg, kv_seg, rng, kv_len)
     return BlockwiseResult(output=zero_absorbed_heads(out, absorbed, 2), lse=lse)
+
+
+def blockwise_backward(
+    q: Array, k: Array, v: Array, out: Array, lse: Array, d_out: Array | None, d_lse: Array | None, *,
+    mask: Array | None = None, causal: bool = False, q_segment_ids: Array | None = None,
+    kv_segment_ids: Array | None = None, softmax_scale: float | None = None, logits_soft_cap: float | None = None,
+    softmax_dtype: Any = jnp.float32, block_q: int | None = None, block_k: int | None = None,
+    precision: jax.lax.PrecisionLike = None,
+) -> tuple[Array, Array, Array]:
+    """``(dq, dk, dv)`` of attention's ``(out, lse)`` at cotangents ``(d_out, d_lse)``, from the
+    residuals of *another* kernel's forward: this module's blockwise backward, ``O(T)`` memory.
+
+    For kernels whose forward is fast but whose lse has no gradient (cuDNN through
+    ``return_residual``): ring attention pairs such a forward with this backward
+    (``ring_block_impl="cudnn+blockwise"``). ``out`` and ``lse`` must be the forward's: the
+    contract's output and ``(B, Hq, T)`` log-sum-exp (``-inf`` for rows with nothing visible).
+    Full or top-left causal attention with an optional mask and segment ids, as the ring's
+    blocks are; no bias, window, sinks, dropout or lengths.
+    """
+    t, hq, d = q.shape[1], q.shape[2], q.shape[3]
+    s, hkv = k.shape[1], k.shape[2]
+    blocks = (min(block_q or default_block(t, DEFAULT_BLOCK_Q), t),
+              min(block_k or default_block(s, DEFAULT_BLOCK_K), s))
+    st = _Static(
+        scale=float(d) ** -0.5 if softmax_scale is None else float(softmax_scale),
+        soft_cap=None if logits_soft_cap is None else float(logits_soft_cap), causal=bool(causal), window=None,
+        softmax_dtype=jnp.dtype(softmax_dtype).name, fwd_blocks=blocks, bwd_blocks=blocks, dropout_prob=0.0,
+        precision=precision,
+    )
+    mask_g = None if mask is None else _split_heads(jnp.asarray(mask, dtype=bool), hq, hkv, "mask")
+    dq, dk, dv, _, _ = _backward(st, q, k, v, None, None, mask_g, q_segment_ids, kv_segment_ids, None, None, out, lse,
+                                 d_out, d_lse, False, False)
+    return dq, dk, dv
