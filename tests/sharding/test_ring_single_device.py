@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import functools
 from typing import Any
 
@@ -138,3 +137,41 @@ def test_infinite_sinks_zero_their_heads_and_minus_inf_is_no_sink() -> None:
     np.testing.assert_allclose(dq, grads.dq, atol=2e-5)
     assert grads.dsoftmax_aux is not None
     np.testing.assert_allclose(daux, grads.dsoftmax_aux, atol=2e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_cudnn_forward_with_lse_and_the_blockwise_backward(causal: bool) -> None:
+    # The code of ring's cudnn+blockwise kernel with jax.nn's XLA path standing in for cuDNN (no GPU
+    # here): output, lse and the gradients through both against vanilla in float64.
+    from jaxattn_ring.blocks import CudnnLseKernel
+
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.normal(size=(2, 32, h, 8)) for h in (4, 2, 2))
+    do, w = rng.normal(size=(2, 32, 4, 8)), rng.normal(size=(2, 4, 32))
+
+    def loss(kernel: Any, dtype: Any) -> Any:
+        def f(q: Any, k: Any, v: Any) -> Any:
+            out, lse = kernel(q, k, v, causal=causal)
+            return (out * jnp.asarray(do, dtype)).sum() + (lse * jnp.asarray(w, dtype)).sum(), (out, lse)
+        return jax.grad(f, argnums=(0, 1, 2), has_aux=True)
+
+    kernel = CudnnLseKernel(jaxattn.get_impl("vanilla"), 0.3, None, implementation="xla")
+    got, (out, lse) = jax.jit(loss(kernel, jnp.float32))(*(jnp.asarray(x, jnp.float32) for x in (q, k, v)))
+    with jax.enable_x64(True):
+        vanilla = jaxattn.get_impl("vanilla")
+
+        def reference(q: Any, k: Any, v: Any, causal: bool) -> Any:
+            res = vanilla(q, k, v, causal=causal, softmax_scale=0.3)
+            return res.attention_outputs, res.softmax_lse
+
+        want, (out64, lse64) = loss(reference, jnp.float64)(*(jnp.asarray(x) for x in (q, k, v)))
+        want, out64, lse64 = [np.asarray(g) for g in want], np.asarray(out64), np.asarray(lse64)
+    np.testing.assert_allclose(np.asarray(out), out64, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(lse), lse64, atol=2e-5)
+    for g, g64 in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), g64, atol=5e-5)
+
+
+def test_the_cudnn_pairing_is_declined_with_reasons_off_cuda() -> None:
+    reasons = jaxattn.get_impl("ring", ring_of_one(ring_block_impl="cudnn+blockwise")).supports(Q, Q, Q, causal=True)
+    assert any("block kernel cudnn+blockwise: impl 'cudnn' runs on cuda" in r for r in reasons), reasons

@@ -68,10 +68,11 @@ def test_head_sharded_matches_float64_oracle(n: int, jit: bool, ragged: bool) ->
 
         def run(args: dict[str, Any], aux: Any) -> Any:
             kw = {"softmax_aux": aux, "sliding_window": 6, "logits_soft_cap": 3.0, "metadata": heads(n)}
-            cache = [args[key] for key in ("q", "k_pages", "v_pages", "page_table", "kv_lengths")]
+            q, k, v, table, lengths = (args[key] for key in ("q", "k_pages", "v_pages", "page_table", "kv_lengths"))
             if ragged:
-                return jaxattn.ragged_paged_attention(*cache, args["cu_q_lens"], args["num_seqs"], **kw)
-            return jaxattn.paged_attention(*cache, **kw)  # q (B, Hq, D): one decode step per sequence
+                cu, num = args["cu_q_lens"], args["num_seqs"]
+                return jaxattn.ragged_paged_attention(q, k, v, table, lengths, cu, num, **kw)
+            return jaxattn.paged_attention(q, k, v, table, lengths, **kw)  # q (B, Hq, D): one decode step per sequence
 
         out = (jax.jit(run) if jit else run)(args, jnp.asarray(aux))
         assert out.dtype == jnp.float64

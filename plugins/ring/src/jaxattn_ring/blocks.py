@@ -32,6 +32,7 @@ from .layout import AxisName, Layout, key_columns, positions
 __all__ = [
     "CANDIDATES",
     "BlockKernel",
+    "CudnnLseKernel",
     "Mode",
     "OwnBackwardKernel",
     "RingPlan",
@@ -114,7 +115,7 @@ class OwnBackwardKernel(BlockKernel):
         from jaxattn_vanilla.blockwise.kernel import blockwise_backward
 
         def forward(q: Array, k: Array, v: Array, mask: Array, q_ids: Array, kv_ids: Array) -> tuple[Array, Array]:
-            return BlockKernel.__call__(self, q, k, v, causal=causal, mask=mask, q_ids=q_ids, kv_ids=kv_ids)
+            return self.forward_block(q, k, v, causal=causal, mask=mask, q_ids=q_ids, kv_ids=kv_ids)
 
         def fwd(*args: Array) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
             out, lse = forward(*args)
@@ -129,7 +130,33 @@ class OwnBackwardKernel(BlockKernel):
 
         attend = jax.custom_vjp(forward)
         attend.defvjp(fwd, bwd)
-        return attend(q, k, v, mask, q_ids, kv_ids)  # type: ignore[no-any-return]
+        return attend(q, k, v, mask, q_ids, kv_ids)
+
+    def forward_block(self, q: Array, k: Array, v: Array, *, causal: bool = False, mask: Array = None,
+                      q_ids: Array = None, kv_ids: Array = None) -> tuple[Array, Array]:
+        """The forward: ``impl``'s, through its ``__call__``."""
+        return BlockKernel.__call__(self, q, k, v, causal=causal, mask=mask, q_ids=q_ids, kv_ids=kv_ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class CudnnLseKernel(OwnBackwardKernel):
+    """``cudnn+blockwise``: cuDNN's forward through ``jax.nn.dot_product_attention(implementation="cudnn",
+    return_residual=True)``, whose log-sum-exp (the softmax statistics cuDNN keeps for its
+    backward) has no gradient, with the blockwise backward. ``impl`` is the ``cudnn`` impl, which
+    vouches for the platform, dtype and head dims; full and causal blocks only (``_block_reasons``).
+    """
+
+    #: jax.nn's implementation: "cudnn"; the CPU tests run the same code with "xla".
+    implementation: Literal["xla", "cudnn"] = "cudnn"
+
+    def forward_block(self, q: Array, k: Array, v: Array, *, causal: bool = False, mask: Array = None,
+                      q_ids: Array = None, kv_ids: Array = None) -> tuple[Array, Array]:
+        if mask is not None or q_ids is not None or kv_ids is not None or self.logits_soft_cap is not None:
+            raise PluginError("ring's cudnn+blockwise kernel takes full and causal blocks only")  # _block_reasons
+        out, lse = jax.nn.dot_product_attention(q, k, v, is_causal=causal, scale=self.softmax_scale,
+                                                implementation=self.implementation,
+                                                return_residual=True)
+        return out.astype(q.dtype), jnp.swapaxes(lse, 1, 2).astype(acc_dtype(q.dtype))  # (B, T, H) -> (B, H, T)
 
 
 def _skip(q: Array, v: Array) -> tuple[Array, Array]:
@@ -226,7 +253,9 @@ class BlockChoice:
         return self.impl.name() + (f"+{OWN_BACKWARD}" if self.own_backward else "")
 
     def kernel(self, softmax_scale: float, logits_soft_cap: float | None) -> BlockKernel:
-        kind = OwnBackwardKernel if self.own_backward else BlockKernel
+        kind = BlockKernel
+        if self.own_backward:
+            kind = CudnnLseKernel if self.impl.name() == "cudnn" else OwnBackwardKernel
         return kind(self.impl, softmax_scale, logits_soft_cap)
 
 
@@ -242,16 +271,21 @@ def _block_reasons(metadata: AttentionMetadata, name: str,
             impls.append(get_impl(part, metadata))
         except (JaxattnError, ImportError) as err:
             return None, [f"block kernel {name}: {err}"]
+    cudnn = plus and impls[0].name() == "cudnn"  # its lse comes from jax.nn's return_residual
     why: list[str] = []
     if impls[0].sequence_parallel:
         why.append("is sequence-parallel itself")
-    if Feature.LSE not in impls[0].features:
+    if Feature.LSE not in impls[0].features and not cudnn:
         why.append("does not return its log-sum-exp (Feature.LSE)")
     for impl in impls:
         for problem in problems:
             if plus and impl is impls[0]:  # the forward only: the blockwise backward differentiates it
                 problem = dataclasses.replace(problem, needs_grad=False)
             why += [f"{impl.name()}: {r}" if plus else r for r in impl.reasons_to_decline(problem) if r not in why]
+            if cudnn and impl is impls[0] and (problem.mask_shape or problem.segment_ids or problem.logits_soft_cap):
+                reason = ("cudnn: ring's cuDNN forward with lse takes full and causal blocks only (no mask, segment "
+                          "ids or soft cap)")
+                why += [reason] if reason not in why else []
     if why:
         return None, [f"block kernel {name}: {'; '.join(why)}"]
     return BlockChoice(impls[0], bool(plus)), []
