@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxattn.tuning import cache as cache_module
+from jaxattn_bench import records as cache_module
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ from flax import nnx  # the test dependency group installs flax, as jaxattn[flax
 import jaxattn
 from jaxattn.capabilities import Feature
 from jaxattn.testing import oracle
-from jaxattn.tuning import cache as cache_module
+from jaxattn_bench import records as cache_module
 from jaxattn_flax import FlexibleAttentionModule, KVCache
 from jaxattn_vanilla.vanilla.impl import VanillaAttention
 

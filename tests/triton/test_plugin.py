@@ -154,7 +154,7 @@ def test_default_tiles_shrink_for_short_sequences_and_dense_extras() -> None:
 
 def _section(path: Path) -> dict[str, object]:
     """This plugin's object in the tuning cache file ``path`` (jaxattn's one cache), this environment's section."""
-    from jaxattn.tuning.keys import current_environment
+    from jaxattn_bench.keys import current_environment
 
     data = json.loads(path.read_text())
     [mine] = [s for s in data["sections"] if s["environment"] == current_environment().to_dict()]
@@ -246,7 +246,8 @@ def test_tune_takes_split_dkdv_when_it_beats_one_kernel(monkeypatch: pytest.Monk
 
 def test_tiles_share_the_one_tuning_cache_with_auto(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """One file: the plugin's tiles sit beside auto's measurements, and writing either keeps the other."""
-    from jaxattn.tuning.cache import Measurement, TuningCache
+    from jaxattn.tuning import Measurement
+    from jaxattn_bench.records import TuningCache
     from jaxattn_bench.store import TuningStore
 
     monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path))
@@ -287,7 +288,7 @@ def test_default_backward_modes_by_head_dim() -> None:
 
 
 def test_corrupt_cache_is_ignored(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from jaxattn.tuning.cache import TuningCacheWarning
+    from jaxattn.tuning import TuningCacheWarning
 
     path = tmp_path / "tuning.json"
     path.write_text("{not json")

@@ -11,7 +11,8 @@ import jaxattn
 from jaxattn import device as device_module
 from jaxattn.device import DeviceInfo
 from jaxattn.plugins import isolated_registry, register_plugin
-from jaxattn.tuning import cache as cache_module
+import jaxattn.tuning
+from jaxattn_bench import records as cache_module
 from jaxattn_bench import plugin as bench_plugin
 from jaxattn_bench import runner as runner_module
 from jaxattn_bench.timing import samples_per_round
@@ -25,7 +26,7 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     """Every test gets its own tuning cache folder and forgets what earlier tests read."""
     monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("JAXATTN_TUNING", raising=False)
-    cache_module._warned.clear()
+    jaxattn.tuning._warned.clear()
     cache_module.reload()
     yield tmp_path / "cache"
     cache_module.reload()

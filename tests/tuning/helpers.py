@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from jaxattn import AttentionProblem
 from jaxattn.plugins import RUNTIME_PLUGIN
-from jaxattn.tuning.cache import Measurement
+from jaxattn.tuning import Measurement
 from jaxattn_bench.store import TuningStore
 
 Timer = Callable[[str, int, random.Random], float]  # (impl, round, rng) -> ms per call, for fake_timer

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxattn.tuning.cache import Measurement, TuningCacheWarning, default_cache_path
-from jaxattn.tuning.keys import Environment, current_environment, problem_key, seq_bucket
+from jaxattn.tuning import TuningCacheWarning
+from jaxattn_bench.keys import Environment, current_environment, problem_key, seq_bucket
+from jaxattn_bench.records import default_cache_path, parse_measurement
 from jaxattn_bench.store import TuningStore
 
 from .helpers import problem, runtime, store
@@ -120,5 +121,5 @@ def test_other_device_kinds_are_kept_but_not_used(cache_dir: Path) -> None:
 
 def test_measurement_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="positive"):
-        Measurement.from_dict("a", {"fwd_ms": "fast"})
-    assert Measurement.from_dict("a", {"fwd_ms": 1, "origin": "x", "version": "1"}).fwd_ms == 1.0
+        parse_measurement("a", {"fwd_ms": "fast"})
+    assert parse_measurement("a", {"fwd_ms": 1, "origin": "x", "version": "1"}).fwd_ms == 1.0

@@ -16,9 +16,9 @@ import pytest
 
 import jaxattn
 from jaxattn.cli import main
-from jaxattn.tuning import cache as cache_module
-from jaxattn.tuning.cache import TuningCacheWarning
-from jaxattn.tuning.keys import current_environment
+from jaxattn.tuning import TuningCacheWarning
+from jaxattn_bench import records as cache_module
+from jaxattn_bench.keys import current_environment
 from jaxattn_bench.store import TuningCacheError, TuningStore
 
 from .helpers import problem, qkv, runtime, store

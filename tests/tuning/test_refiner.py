@@ -15,7 +15,7 @@ import jaxattn
 from jaxattn import dispatch
 from jaxattn.device import DeviceInfo
 from jaxattn.split import SplitGradImpl
-from jaxattn.tuning.cache import TuningCacheWarning
+from jaxattn.tuning import TuningCacheWarning
 
 from .helpers import problem, qkv, runtime, store
 from .toys import Alpha, Beta, NoGqa, dense, reset_calls

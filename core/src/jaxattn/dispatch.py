@@ -13,7 +13,7 @@ import logging
 import os
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from .backend import Backend, Plan
 from .call import AttentionCall, PagedCall
@@ -28,7 +28,7 @@ from .names import AttentionMechanisms, normalize_name
 from .output import AttentionOutput
 from .paged_impl import PagedAttentionImpl
 from .plugins import registry
-from .problem import AttentionProblem, PagedProblem, Problem
+from .problem import AttentionProblem, Problem
 from .registry import reraise_interrupts
 from .tuning import on_reload, refine
 from .validation import resolve_call
@@ -153,13 +153,9 @@ def _evaluate(problem: Problem, metadata: AttentionMetadata) -> list[Candidate]:
     return sorted(rows, key=lambda c: (not c.here, *_rank_key(c)))
 
 
-#: Hook for measured ranking: reorders accepted candidates. The tuning cache's refiner is first.
-RankRefiner = Callable[[list[Candidate], Problem, AttentionMetadata], list[Candidate]]
-_refiners: list[RankRefiner] = [refine]
-
 # choose()'s results per (problem, metadata, device, registry state), and auto's plans per
 # (auto instance, problem): a repeated call signature costs one dict lookup. Cleared when
-# refiners or the tuning cache change (clear_choices).
+# tuning records change (clear_choices).
 _choices: dict[tuple[Any, ...], Any] = {}
 
 # Backends that auto ran and that broke the contract on a call (a PluginError, e.g. an output
@@ -181,19 +177,12 @@ def _skip_fault(problem: Problem, metadata: AttentionMetadata, name: str, err: P
     _choices.clear()  # memoised choices may name it
 
 
-def add_rank_refiner(refiner: RankRefiner) -> None:
-    """Let measured results (e.g. a tuning cache) reorder auto's accepted candidates."""
-    if refiner not in _refiners:
-        _refiners.append(refiner)
-    clear_choices()
-
-
 def clear_choices() -> None:
-    """Forget memoised choices (after a refiner's data changed, e.g. a new tuning cache)."""
+    """Forget memoised choices (after new tuning records, say)."""
     _choices.clear()
 
 
-# A new tuning cache may change every choice.
+# New tuning records may change every choice.
 on_reload(clear_choices)
 
 
@@ -212,8 +201,7 @@ def choose(problem: Problem, metadata: AttentionMetadata) -> tuple[str | None, l
     accepted = [c for c in rows if c.accepted]
     direct = [c for c in accepted if not c.fallback]
     pool = [dataclasses.replace(c, rank_reason=f"declared priority {c.priority}") for c in direct or accepted]
-    for refiner in _refiners:
-        pool = refiner(pool, problem, metadata)
+    pool = refine(pool, problem, metadata)  # measured ranking (jaxattn.tuning)
     if pool and not problem.needs_grad and isinstance(problem, AttentionProblem):
         pool[0] = _with_backward(pool[0], problem, metadata)
     chosen = pool[0].name if pool else None
@@ -278,19 +266,20 @@ def _auto_run(auto: Backend[Any], call: AttentionCall | PagedCall) -> AttentionO
         return out
 
 
-class AutoAttention(AttentionImpl):
+class _Auto(Backend[Any]):
     """Picks, per problem, the best implementation that supports the inputs on this device.
 
     Choosing is this module's job; building what runs the choice is the caller's: ``resolve``
-    turns a name into a runnable impl and ``combine`` joins a forward impl with the impl that
-    differentiates the call, when they differ (see ``jaxattn.api.get_impl``). The choice, and
-    the chosen impl's plan, are made once per problem.
+    turns a name into a runnable impl and, for dense calls, ``combine`` joins a forward impl
+    with the impl that differentiates the call, when they differ (see ``jaxattn.api.get_impl``).
+    The choice, and the chosen impl's plan, are made once per problem.
     """
 
     features: ClassVar = ALL_FEATURES
     priority: ClassVar[int] = -1
 
-    def __init__(self, metadata: AttentionMetadata | None = None, *, resolve: Resolve, combine: Combine) -> None:
+    def __init__(self, metadata: AttentionMetadata | None = None, *, resolve: Resolve,
+                 combine: Combine | None = None) -> None:
         super().__init__(metadata)
         self.resolve, self.combine = resolve, combine
 
@@ -298,7 +287,7 @@ class AutoAttention(AttentionImpl):
     def get_impl_name(cls) -> str:
         return AttentionMechanisms.AUTO.value
 
-    def select(self, problem: AttentionProblem) -> AttentionImpl:
+    def select(self, problem: Problem) -> Any:
         """The impl that runs ``problem``: the chosen one, or its join with the impl that
         differentiates the call."""
         chosen, rows = choose(problem, self.metadata)
@@ -307,62 +296,34 @@ class AutoAttention(AttentionImpl):
         _log_choice(problem, self.metadata, chosen, rows)
         row = next(c for c in rows if c.chosen)
         forward = self.resolve(chosen, self.metadata)
-        if (row.grad_impl and row.grad_impl != chosen) or row.grad_reasons:
+        if self.combine is not None and ((row.grad_impl and row.grad_impl != chosen) or row.grad_reasons):
             backward = self.resolve(row.grad_impl, self.metadata) if row.grad_impl else None
             return self.combine(forward, backward, row.grad_reasons)
         return forward
 
-    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
+    def not_supported_reasons(self, problem: Problem) -> list[str]:
         chosen, rows = choose(problem, self.metadata)
-        if chosen is not None:
-            return []
-        return [f"{c.name}: {'; '.join(c.reasons)}" for c in rows if c.here] or ["no impl for this platform"]
+        return [] if chosen is not None else _no_choice(rows).reasons
 
-    def plan(self, problem: AttentionProblem) -> Plan:
-        return self.select(problem).plan(problem)
+    def plan(self, problem: Problem) -> Plan:
+        return cast("Plan", self.select(problem).plan(problem))
 
-    def run(self, call: AttentionCall) -> AttentionOutput:
+    def run(self, call: AttentionCall | PagedCall) -> AttentionOutput:
         return _auto_run(self, call)
+
+
+class AutoAttention(_Auto, AttentionImpl):
+    """"auto" for dense calls."""
+
+
+class AutoPagedAttention(_Auto, PagedAttentionImpl):
+    """"auto" for calls over a paged KV cache: per problem, the best paged backend that accepts it."""
 
 
 def _no_choice(rows: list[Candidate]) -> UnsupportedError:
     reasons = [f"{c.name}: {'; '.join(c.reasons)}" for c in rows if c.here]
     return UnsupportedError("auto", reasons or ["no attention impl is installed for this platform"],
                             hint="install a backend (pip install 'jaxattn[cpu]') or change the inputs")
-
-
-class AutoPagedAttention(PagedAttentionImpl):
-    """"auto" for calls over a paged KV cache: per problem, the best paged backend that accepts it."""
-
-    features: ClassVar = ALL_FEATURES
-    priority: ClassVar[int] = -1
-
-    def __init__(self, metadata: AttentionMetadata | None = None, *, resolve: Resolve) -> None:
-        super().__init__(metadata)
-        self.resolve = resolve
-
-    @classmethod
-    def get_impl_name(cls) -> str:
-        return AttentionMechanisms.AUTO.value
-
-    def select(self, problem: PagedProblem) -> PagedAttentionImpl:
-        chosen, rows = choose(problem, self.metadata)
-        if chosen is None:
-            raise _no_choice(rows)
-        _log_choice(problem, self.metadata, chosen, rows)
-        impl = self.resolve(chosen, self.metadata)
-        assert isinstance(impl, PagedAttentionImpl)
-        return impl
-
-    def not_supported_reasons(self, problem: PagedProblem) -> list[str]:
-        chosen, rows = choose(problem, self.metadata)
-        return [] if chosen is not None else _no_choice(rows).reasons
-
-    def plan(self, problem: PagedProblem) -> Plan:
-        return self.select(problem).plan(problem)
-
-    def run(self, call: PagedCall) -> AttentionOutput:
-        return _auto_run(self, call)
 
 
 def _chosen_name(problem: Problem, metadata: AttentionMetadata) -> str:

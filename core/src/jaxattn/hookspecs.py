@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -32,4 +32,14 @@ def jaxattn_register_commands(commands: Commands) -> None:
 
     Called when the program starts, so keep it cheap (no jax); see ``jaxattn.commands``. A hook
     that raises costs only its own plugin's commands (the plugin is reported broken).
+    """
+
+
+@hookspec
+def jaxattn_tuning_records() -> Any:
+    """Return this plugin's measured records for "auto" (``jaxattn.tuning.TuningRecords``), or None.
+
+    Typed ``Any`` because discovery sits below selection. Asked once per registry state; the
+    object answers per call kind and may re-read its store. A hook that raises costs only its
+    own plugin (reported broken): auto keeps declared order.
     """

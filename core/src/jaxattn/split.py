@@ -10,7 +10,7 @@ then exactly B's forward+backward.
 "auto" uses it in two cases: A's backward cannot run the call at all (a forward cannot know
 whether a gradient follows, so the choice of the backward is a decision of its own), and the
 tuning cache measured B's forward+backward faster (see
-:func:`jaxattn.tuning.refiner.split_eligible` for when that is considered). With no B that
+:func:`jaxattn.tuning.split_eligible` for when that is considered). With no B that
 can differentiate the call, differentiating it raises ``UnsupportedError`` with every
 candidate's reasons.
 

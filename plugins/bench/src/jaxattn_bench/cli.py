@@ -343,8 +343,7 @@ def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: Att
         print(f"jaxattn bench: error: unknown --modes {bad}; use fwd and/or fwdbwd", file=sys.stderr)
         return 2
     if args.tune:
-        from jaxattn.tuning.cache import default_cache_path
-
+        from .records import default_cache_path
         from .store import check_writable
 
 

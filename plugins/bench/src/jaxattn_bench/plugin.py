@@ -1,11 +1,17 @@
-"""Entry-point module of jaxattn-bench: adds ``jaxattn bench``, ``tune`` and ``demo`` (imports no jax)."""
+"""Entry-point module of jaxattn-bench: adds ``jaxattn bench``, ``tune`` and ``demo``, and hands "auto"
+the tuning file's records (imports no jax)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from jaxattn.commands import Command, Commands
 from jaxattn.hookspecs import hookimpl
 
-__all__ = ["COMMANDS", "jaxattn_register_commands"]
+if TYPE_CHECKING:
+    from jaxattn.tuning import TuningRecords
+
+__all__ = ["COMMANDS", "jaxattn_register_commands", "jaxattn_tuning_records"]
 
 #: name -> module holding the command's HELP, add_arguments and run (argparse only at import).
 COMMANDS = {
@@ -19,3 +25,10 @@ COMMANDS = {
 def jaxattn_register_commands(commands: Commands) -> None:
     for name, module in COMMANDS.items():
         commands.add(Command.from_module(name, module))
+
+
+@hookimpl
+def jaxattn_tuning_records() -> TuningRecords:
+    from .records import FileRecords
+
+    return FileRecords()

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from jaxattn.lookup import available_here
 from jaxattn.metadata import AttentionMetadata
 from jaxattn.problem import AttentionProblem
-from jaxattn.tuning.cache import Measurement
+from jaxattn.tuning import Measurement
 
 from .results import BenchResult
 from .shapes import BenchShape

@@ -1,7 +1,7 @@
 """Writing the tuning cache: what ``jaxattn tune`` (and ``bench --tune``) store for "auto".
 
-The core reads the file (``jaxattn.tuning.cache``: its format, its place, the checks of every
-record); this module writes it in that format. :class:`TuningStore` is the core's
+``jaxattn_bench.records`` reads the file (its format, its place, the checks of every record) and
+hands "auto" its records; this module writes it in that format. :class:`TuningStore` is that
 ``TuningCache`` with the writing methods: ``record`` measurements of a problem, ``update_plugin``
 a plugin's own object (the Triton plugin's kernel tiles), then ``save`` atomically, after
 which "auto" in this process sees the new results at once.
@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jaxattn.errors import JaxattnError
-from jaxattn.tuning.cache import FORMAT, Entry, Measurement, Section, TuningCache, reload
-from jaxattn.tuning.keys import problem_key
+from jaxattn.tuning import Measurement
+
+from .keys import problem_key
+from .records import FORMAT, Entry, Section, TuningCache, reload
 
 if TYPE_CHECKING:
     from jaxattn.problem import AttentionProblem

@@ -44,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from jaxattn.cli._output import Printer
     from jaxattn.metadata import AttentionMetadata
-    from jaxattn.tuning.cache import default_cache_path
 
+    from .records import default_cache_path
     from .store import TuningStore, check_writable
 
     printer = Printer.from_args(args)
@@ -70,11 +70,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace, shapes: list[BenchShape], metadata: AttentionMetadata,
           printer: Printer) -> int:
-    from jaxattn.tuning.cache import active_cache
-
     from .backends import available_backends
     from .progress import Progress
     from .record import record_results
+    from .records import active_cache
     from .results import BenchConfig
     from .runner import run_bench
 
@@ -129,8 +128,8 @@ def unstable_shape(config: BenchConfig, results: list[BenchResult]) -> list[str]
 
 def _picks(shapes: list[BenchShape], metadata: AttentionMetadata) -> list[dict[str, str | None]]:
     import jaxattn
-    from jaxattn.tuning.keys import problem_key
 
+    from .keys import problem_key
     from .record import problem_of
 
     rows = []

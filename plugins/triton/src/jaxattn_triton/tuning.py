@@ -7,7 +7,7 @@ candidate configurations on the current GPU and stores the winner, so the measur
 once per device and shape class, not once per process.
 
 Tuning results live in jaxattn's one tuning cache, in this plugin's object (``SECTION``) of
-the environment's section: read through ``jaxattn.tuning.cache.plugin_section``, written
+the environment's section: read through ``jaxattn.tuning.plugin_section``, written
 through jaxattn-bench's ``TuningStore`` (storing is measuring: ``tune`` needs jaxattn-bench).
 
 Nothing here imports triton or jax at module level.
@@ -149,7 +149,7 @@ def _tiles_from_json(d: Any) -> Tiles:
 
 def load_cached(device_kind: str, spec: AttnSpec) -> Tiles | None:
     """The tiles ``tune`` stored for this device kind and shape class, or None."""
-    from jaxattn.tuning.cache import plugin_section
+    from jaxattn.tuning import plugin_section
 
     key = _key(device_kind, spec)
     with _lock:

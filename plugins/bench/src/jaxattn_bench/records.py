@@ -1,18 +1,20 @@
-"""The tuning cache, as "auto" and the plugins read it: measured timings, one JSON file per user.
+"""The tuning file: measured timings, one JSON file per user, read for "auto" and written by
+``jaxattn tune`` (``jaxattn_bench.store``). Its format, place and checks live here, beside the
+writer; the core sees it only through the hook ``jaxattn_tuning_records`` (:class:`FileRecords`).
 
 Where: ``$JAXATTN_CACHE_DIR/tuning.json`` when set, else the platform's per-user cache folder
 (``$XDG_CACHE_HOME/jaxattn`` or ``~/.cache/jaxattn`` on Linux, ``~/Library/Caches/jaxattn``
 on macOS, ``%LOCALAPPDATA%\\jaxattn\\Cache`` on Windows).
 
-The file holds one section per :class:`~jaxattn.tuning.keys.Environment`, so a home folder
+The file holds one section per :class:`~jaxattn_bench.keys.Environment`, so a home folder
 shared by machines with different GPUs keeps each one's results; only the section of this
 process's environment is ever used. A file that cannot be read, or that has results only for
-other jax versions of this device, is ignored with a :class:`TuningCacheWarning`, never an
-error: a cache can make "auto" faster, never make a call fail.
+other jax versions of this device, is ignored with a ``jaxattn.tuning.TuningCacheWarning``,
+never an error: a cache can make "auto" faster, never make a call fail.
 
 Each section also holds one object per plugin that tunes something of its own (kernel tiles,
-say): :func:`plugin_section` reads it; its contents are the plugin's to define and check.
-Only reading lives here: measuring and writing is ``jaxattn_bench.store`` (``jaxattn tune``).
+say), which the plugin reads through ``jaxattn.tuning.plugin_section``; its contents are the
+plugin's to define and check.
 """
 
 from __future__ import annotations
@@ -22,46 +24,32 @@ import json
 import math
 import os
 import sys
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Self
+
+import jaxattn.tuning
+from jaxattn.tuning import Measurement, warn_once
 
 from .keys import Environment, current_environment, problem_key
 
 if TYPE_CHECKING:
-    from ..problem import AttentionProblem
+    from jaxattn.problem import AttentionProblem
 
 __all__ = [
     "FORMAT",
     "Entry",
-    "Measurement",
+    "FileRecords",
     "Section",
     "TuningCache",
-    "TuningCacheWarning",
     "active_cache",
     "default_cache_path",
-    "on_reload",
-    "plugin_section",
+    "parse_measurement",
     "reload",
 ]
 
 FORMAT = 1
 FILENAME = "tuning.json"
-
-
-class TuningCacheWarning(UserWarning):
-    """The tuning cache (or part of it) was ignored; "auto" falls back to declared priorities."""
-
-
-_warned: set[str] = set()
-
-
-def warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        warnings.warn(message, TuningCacheWarning, stacklevel=3)
 
 
 def default_cache_path() -> Path:
@@ -79,35 +67,21 @@ def default_cache_path() -> Path:
     return base / FILENAME
 
 
-@dataclasses.dataclass(frozen=True)
-class Measurement:
-    """One backend's median times for one problem key, and the plugin version that ran."""
-
-    impl: str
-    origin: str | None = None  # distribution (or plugin) that provided the impl
-    version: str | None = None  # its version; a different installed version makes this stale
-    fwd_ms: float | None = None
-    fwdbwd_ms: float | None = None  # None: not measured, or the impl has no backward here
-
-    def time(self, grad: bool) -> float | None:
-        return self.fwdbwd_ms if grad else self.fwd_ms
-
-    @classmethod
-    def from_dict(cls, impl: str, data: Any) -> Measurement:
-        """Validate one stored record field by field; ValueError names the first bad field."""
-        if not isinstance(data, dict):
-            raise ValueError(f"result for {impl!r} must be an object")
-        times = {}
-        for name in ("fwd_ms", "fwdbwd_ms"):
-            value = data.get(name)
-            # Exact types: JSON's true is a Python bool, which is an int; Infinity parses as a float.
-            if value is not None and not (type(value) in (int, float) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{impl}.{name} must be a finite positive number or null, got {value!r}")
-            times[name] = None if value is None else float(value)
-        origin, version = data.get("origin"), data.get("version")
-        if not all(x is None or type(x) is str for x in (origin, version)):
-            raise ValueError(f"{impl}: origin and version must be strings or null")
-        return cls(impl=impl, origin=origin, version=version, **times)
+def parse_measurement(impl: str, data: Any) -> Measurement:
+    """Validate one stored record field by field; ValueError names the first bad field."""
+    if not isinstance(data, dict):
+        raise ValueError(f"result for {impl!r} must be an object")
+    times = {}
+    for name in ("fwd_ms", "fwdbwd_ms"):
+        value = data.get(name)
+        # Exact types: JSON's true is a Python bool, which is an int; Infinity parses as a float.
+        if value is not None and not (type(value) in (int, float) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{impl}.{name} must be a finite positive number or null, got {value!r}")
+        times[name] = None if value is None else float(value)
+    origin, version = data.get("origin"), data.get("version")
+    if not all(x is None or type(x) is str for x in (origin, version)):
+        raise ValueError(f"{impl}: origin and version must be strings or null")
+    return Measurement(impl=impl, origin=origin, version=version, **times)
 
 
 @dataclasses.dataclass
@@ -129,7 +103,7 @@ class Entry:
         results = {}
         for name, m in data["results"].items():
             try:
-                results[name] = Measurement.from_dict(name, m)
+                results[name] = parse_measurement(name, m)
             except ValueError as err:
                 dropped.append(str(err))
         return cls(problem=problem, measured_at=measured_at, results=results)
@@ -263,24 +237,19 @@ def active_cache() -> TuningCache:
     return _active[1]
 
 
-def plugin_section(plugin: str) -> Mapping[str, Any]:
-    """What the cache holds for ``plugin`` in this environment (empty when nothing): the object
-    that plugin stored, read-only; its contents are the plugin's to check."""
-    return MappingProxyType(active_cache().plugins.get(plugin, {}))
+class FileRecords:
+    """What the hook hands the core (``jaxattn.tuning.TuningRecords``): the active file's records."""
 
+    def results(self, problem: AttentionProblem) -> tuple[str, Mapping[str, Measurement]] | None:
+        entry = active_cache().lookup(problem)
+        return None if entry is None else (problem_key(problem), entry.results)
 
-_reload_listeners: list[Callable[[], None]] = []
-
-
-def on_reload(listener: Callable[[], None]) -> None:
-    """Call ``listener`` whenever the cache is reloaded (the selection layer forgets its choices)."""
-    if listener not in _reload_listeners:
-        _reload_listeners.append(listener)
+    def plugin_section(self, plugin: str) -> Mapping[str, Any]:
+        return active_cache().plugins.get(plugin, {})
 
 
 def reload() -> None:
-    """Forget what was read, so the next "auto" choice reads the cache file again."""
+    """Forget what was read, so the next "auto" choice reads the file again (and forgets its choices)."""
     global _active
     _active = None
-    for listener in _reload_listeners:
-        listener()
+    jaxattn.tuning.reload()

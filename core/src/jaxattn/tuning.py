@@ -1,34 +1,46 @@
-"""The rank refiner that lets measured timings reorder "auto"'s candidates.
+"""Measured ranking for "auto": the core's one tuning interface.
 
-``jaxattn.dispatch`` ranks with :func:`refine` first among its rank refiners. It runs only
-when dispatch's memo of choices misses, so its cost (a ``stat`` of the cache file and a dict
-lookup) is paid once per distinct call signature.
+Records of measured timings come from plugins, through the hook ``jaxattn_tuning_records``:
+jaxattn-bench reads the tuning file that its ``jaxattn tune`` writes (its format, place and
+checks live beside the writer, in ``jaxattn_bench.records``). This module is what selection
+and the plugins use of them, and it imports no tooling:
 
-Ranking: the candidates measured for this problem's key come first, fastest first; those
-within :data:`TIE_TOLERANCE` of the fastest count as tied and keep their declared order (a
-difference that small is timing noise, and a coin flip between two runs of ``jaxattn tune``
-must not flip the pick), and so on for the rest (see :func:`rank_measured`). The result is
-deterministic for a given cache. Candidates without a usable measurement follow in declared
-order. A forward call is ranked by forward time. When another exact backend is measurably
-faster for forward+backward, the first candidate carries ``grad_impl``: "auto" then runs
-that backend whenever the call is differentiated (see :mod:`jaxattn.split`).
-``JAXATTN_TUNING=0`` turns measured ranking off.
+- :func:`refine`, auto's rank refiner (``jaxattn.dispatch`` calls it when its memo of choices
+  misses, so its cost is paid once per distinct call signature);
+- :func:`plugin_section`, a plugin's own tuned object (the Triton plugin's kernel tiles);
+- :func:`on_reload` / :func:`reload`, so that new records change the next choice.
+
+Ranking: the candidates measured for this problem come first, fastest first; those within
+:data:`TIE_TOLERANCE` of the fastest count as tied and keep their declared order (a difference
+that small is timing noise, and a coin flip between two runs of ``jaxattn tune`` must not flip
+the pick), and so on for the rest (see :func:`rank_measured`). Candidates without a usable
+measurement follow in declared order. A forward call is ranked by forward time. When another
+exact backend is measurably faster for forward+backward, the first candidate carries
+``grad_impl``: "auto" then runs that backend whenever the call is differentiated (see
+:mod:`jaxattn.split`). ``JAXATTN_TUNING=0`` turns measured ranking off. Importing this module
+loads no jax.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Protocol
 
-from ..candidates import Candidate
-from ..environment import flag
-from ..errors import JaxattnError
-from ..lookup import available_here, impl_for
-from ..metadata import AttentionMetadata
-from ..problem import AttentionProblem, Problem
-from .cache import Measurement, active_cache, warn_once
-from .keys import problem_key
+from .candidates import Candidate
+from .environment import flag
+from .errors import JaxattnError
+from .lookup import available_here, impl_for
+from .metadata import AttentionMetadata
+from .plugins import call_each, registry
+from .problem import AttentionProblem, Problem
 
-__all__ = ["SPLIT_MARGIN", "TIE_TOLERANCE", "enabled", "rank_measured", "refine", "split_eligible"]
+__all__ = [
+    "SPLIT_MARGIN", "TIE_TOLERANCE", "Measurement", "TuningCacheWarning", "TuningRecords", "enabled",
+    "on_reload", "plugin_section", "rank_measured", "refine", "reload", "split_eligible", "warn_once",
+]
 
 #: Measured times within this fraction of the fastest are tied: declared priority orders them.
 #: Between two full ``jaxattn bench`` runs on an H200 one figure moved by 1.1% at the median
@@ -38,6 +50,83 @@ TIE_TOLERANCE = 0.01
 #: The gradient backend must beat the forward's own forward+backward by this fraction: within
 #: timing noise, one backend for both directions is the simpler program (and keeps jvp).
 SPLIT_MARGIN = 0.01
+
+
+class TuningCacheWarning(UserWarning):
+    """Tuning records (or part of them) were ignored; "auto" falls back to declared priorities."""
+
+
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, TuningCacheWarning, stacklevel=3)
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """One backend's median times for one kind of call, and the plugin version that ran."""
+
+    impl: str
+    origin: str | None = None  # distribution (or plugin) that provided the impl
+    version: str | None = None  # its version; a different installed version makes this stale
+    fwd_ms: float | None = None
+    fwdbwd_ms: float | None = None  # None: not measured, or the impl has no backward here
+
+    def time(self, grad: bool) -> float | None:
+        return self.fwdbwd_ms if grad else self.fwd_ms
+
+
+class TuningRecords(Protocol):
+    """What a ``jaxattn_tuning_records`` hook returns: measurements for this environment."""
+
+    def results(self, problem: AttentionProblem) -> tuple[str, Mapping[str, Measurement]] | None:
+        """``(the records' key for calls like problem, measurements by impl name)``, or None."""
+
+    def plugin_section(self, plugin: str) -> Mapping[str, Any]:
+        """The object ``plugin`` stored for this environment (empty when none)."""
+
+
+_sources: tuple[int, list[TuningRecords]] | None = None
+
+
+def _records() -> list[TuningRecords]:
+    # Asked once per registry state: a plugin registered later may bring records.
+    global _sources
+    generation = registry().generation
+    if _sources is None or _sources[0] != generation:
+        found = call_each("jaxattn_tuning_records", lambda hook: hook())
+        _sources = (generation, [records for _, records in found if records is not None])
+    return _sources[1]
+
+
+def plugin_section(plugin: str) -> Mapping[str, Any]:
+    """What the records hold for ``plugin`` in this environment (empty when nothing), read-only;
+    its contents are the plugin's to check."""
+    for records in _records():
+        section = records.plugin_section(plugin)
+        if section:
+            return MappingProxyType(dict(section))
+    return MappingProxyType({})
+
+
+_reload_listeners: list[Callable[[], None]] = []
+
+
+def on_reload(listener: Callable[[], None]) -> None:
+    """Call ``listener`` whenever records change (the selection layer forgets its choices)."""
+    if listener not in _reload_listeners:
+        _reload_listeners.append(listener)
+
+
+def reload() -> None:
+    """Records changed (a provider calls this after writing): forget what depends on them."""
+    global _sources
+    _sources = None
+    for listener in _reload_listeners:
+        listener()
 
 
 def enabled() -> bool:
@@ -68,7 +157,7 @@ def _accepts_grad(name: str, problem: AttentionProblem, metadata: AttentionMetad
         return False
 
 
-def _usable(pool: list[Candidate], results: dict[str, Measurement],
+def _usable(pool: list[Candidate], results: Mapping[str, Measurement],
             metadata: AttentionMetadata) -> dict[str, Measurement]:
     installed = _installed(metadata)
     usable: dict[str, Measurement] = {}
@@ -88,14 +177,15 @@ def _usable(pool: list[Candidate], results: dict[str, Measurement],
 def refine(pool: list[Candidate], problem: Problem, metadata: AttentionMetadata) -> list[Candidate]:
     """Reorder auto's accepted candidates by measured time (see the module docstring).
 
-    Dense calls only: the cache keys dense problems; paged calls keep their declared order.
+    Dense calls only: records key dense problems; paged calls keep their declared order.
     """
     if not pool or not enabled() or not isinstance(problem, AttentionProblem):
         return pool
-    entry = active_cache().lookup(problem)
-    if entry is None:
+    found = [r for r in (records.results(problem) for records in _records()) if r]
+    if not found:
         return pool
-    usable = _usable(pool, entry.results, metadata)
+    key, results = found[0]
+    usable = _usable(pool, results, metadata)
     grad = problem.needs_grad
     metric = "fwd+bwd" if grad else "fwd"
     timed = [c for c in pool if c.name in usable and usable[c.name].time(grad) is not None]
@@ -114,7 +204,6 @@ def refine(pool: list[Candidate], problem: Problem, metadata: AttentionMetadata)
             why = f"{t / fastest:.2f}x the fastest"
         ranked.append(dataclasses.replace(c, measured=True,
                                           rank_reason=f"measured {metric} {t:.3f} ms ({why})"))
-    key = problem_key(problem)
     rest = [dataclasses.replace(c, rank_reason=f"declared priority {c.priority}; no usable measurement for {key}")
             for c in pool if c.name not in usable or usable[c.name].time(grad) is None]
     if not grad and split_eligible(problem):

@@ -15,11 +15,11 @@ import functools
 import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
-from ..capabilities import Feature
+from jaxattn.capabilities import Feature
 
 if TYPE_CHECKING:
-    from ..device import DeviceInfo
-    from ..problem import AttentionProblem
+    from jaxattn.device import DeviceInfo
+    from jaxattn.problem import AttentionProblem
 
 __all__ = ["Environment", "current_environment", "problem_key", "seq_bucket"]
 
@@ -85,7 +85,7 @@ def _versions() -> tuple[str, str]:
 
 def current_environment(device: DeviceInfo | None = None) -> Environment:
     """This process's environment (the detected device unless one is given)."""
-    from ..device import detect_device
+    from jaxattn.device import detect_device
 
     info = device or detect_device()
     jax_version, jaxlib_version = _versions()
