@@ -316,12 +316,33 @@ def check_cases() -> list[CheckCase]:
                 num_splits=2,
             ),
             rep(small, name="dense decode t2 lengths", kind="dense", kv_lens=(64, 20, 3), t=2),
-            rep(small, name="dispatch page_attention sinks combined", kv_lens=(37, 5, 60), sinks=True,
-                layout=LP.COMBINED, via="dispatch"),
-            rep(small, name="dispatch ragged_page_attention_v3 window", kind="ragged", kv_lens=(40, 9, 0, 17),
-                q_lens=(5, 1, 0, 3), left=7, softcap=2.0, pad_tokens=2, via="dispatch"),
-            rep(small, name="dispatch autoregressive_decodeattn t2", kind="dense", kv_lens=(64, 20, 3), t=2,
-                via="dispatch"),
+            rep(
+                small,
+                name="dispatch page_attention sinks combined",
+                kv_lens=(37, 5, 60),
+                sinks=True,
+                layout=LP.COMBINED,
+                via="dispatch",
+            ),
+            rep(
+                small,
+                name="dispatch ragged_page_attention_v3 window",
+                kind="ragged",
+                kv_lens=(40, 9, 0, 17),
+                q_lens=(5, 1, 0, 3),
+                left=7,
+                softcap=2.0,
+                pad_tokens=2,
+                via="dispatch",
+            ),
+            rep(
+                small,
+                name="dispatch autoregressive_decodeattn t2",
+                kind="dense",
+                kv_lens=(64, 20, 3),
+                t=2,
+                via="dispatch",
+            ),
         ]
     rng = np.random.default_rng(0)
     lens8 = tuple(int(x) for x in rng.integers(1, 4096, 8))
@@ -356,10 +377,18 @@ def check_cases() -> list[CheckCase]:
         CheckCase("dense decode bf16 T=3 window", "dense", lens8, t=3, left=500, capacity=4096),
         CheckCase("dense decode bf16 non-causal", "dense", lens8, capacity=4096, causal=False),
         # The registered backends, through jaxattn's dispatch.
-        CheckCase("dispatch page_attention bf16 window+softcap+sinks", "decode", lens8, left=300, softcap=30.0,
-                  sinks=True, via="dispatch"),
-        CheckCase("dispatch page_attention bf16 T=4 combined", "decode", lens8, t=4, layout=LP.COMBINED,
-                  via="dispatch"),
+        CheckCase(
+            "dispatch page_attention bf16 window+softcap+sinks",
+            "decode",
+            lens8,
+            left=300,
+            softcap=30.0,
+            sinks=True,
+            via="dispatch",
+        ),
+        CheckCase(
+            "dispatch page_attention bf16 T=4 combined", "decode", lens8, t=4, layout=LP.COMBINED, via="dispatch"
+        ),
         CheckCase(
             "dispatch ragged_page_attention_v3 bf16 mixed",
             "ragged",
@@ -370,8 +399,15 @@ def check_cases() -> list[CheckCase]:
             via="dispatch",
         ),
         CheckCase("dispatch autoregressive_decodeattn bf16 T=1 lengths", "dense", lens8, via="dispatch"),
-        CheckCase("dispatch autoregressive_decodeattn fp16 T=3 window", "dense", lens8, t=3, left=500,
-                  dtype="float16", via="dispatch"),
+        CheckCase(
+            "dispatch autoregressive_decodeattn fp16 T=3 window",
+            "dense",
+            lens8,
+            t=3,
+            left=500,
+            dtype="float16",
+            via="dispatch",
+        ),
     ]
 
 
@@ -683,8 +719,10 @@ def bench() -> None:
         rows.append(res)
         log(json.dumps(res))
     RESULTS["bench"] = rows
-    log("\n  ps     B    ctx |  ours us   GB/s  %peak | cudnn us  ratio | pallas us  ratio | dense_decode us"
-        " | page_attn us  /ours | decodeattn us  /dense")
+    log(
+        "\n  ps     B    ctx |  ours us   GB/s  %peak | cudnn us  ratio | pallas us  ratio | dense_decode us"
+        " | page_attn us  /ours | decodeattn us  /dense"
+    )
     for r in rows:
         if "skipped" in r:
             log(f"{r['page_size']:4d} {r['batch']:5d} {r['ctx']:6d} | skipped: {r['skipped']}")
@@ -706,8 +744,10 @@ def bench() -> None:
             f"{cell(c)} {ratio_c} | {cell(pl_, width=9)} {ratio_p} | {cell(dd, width=15)} | "
             f"{cell(pa, width=12)} {over_p} | {cell(da, width=13)} {over_d}"
         )
-    log("(ratio = their time / ours: > 1 means ours is faster; /ours, /dense = through jaxattn's dispatch over the "
-        "raw kernel: 1.00 means no overhead)")
+    log(
+        "(ratio = their time / ours: > 1 means ours is faster; /ours, /dense = through jaxattn's dispatch over the "
+        "raw kernel: 1.00 means no overhead)"
+    )
 
 
 def _num_sms() -> int:
@@ -831,8 +871,9 @@ def sweep() -> None:
                 kd, vd = filled((batch, ctx, HKV, D), dt, 6), filled((batch, ctx, HKV, D), dt, 7)
                 sec = time_fn(jax.jit(cudnn_decode), q, kd, vd, lens)
                 free(kd, vd)
-                rows.append({"name": f"ps={ps} B={batch} ctx={ctx} cudnn dense", "us": sec * 1e6,
-                             "GBps": nbytes / sec / 1e9})
+                rows.append(
+                    {"name": f"ps={ps} B={batch} ctx={ctx} cudnn dense", "us": sec * 1e6, "GBps": nbytes / sec / 1e9}
+                )
                 log(f"sweep ps={ps} B={batch} ctx={ctx} cudnn dense: {sec * 1e6:.1f} us {nbytes / sec / 1e9:.0f} GB/s")
             k, v, table = paged_cache(batch, ctx, ps, dt, 21)
             spec = LP.PagedSpec(
@@ -986,9 +1027,11 @@ def quant_sweep() -> None:
                         row = {"name": label, "tiles": dataclasses.asdict(t), "us": sec * 1e6,
                                "GBps": nbytes / sec / 1e9, "vs_cudnn": bar / sec if bar else None,
                                "default": t == base and not env, "ablation": sorted(env)}  # fmt: skip
-                        log(f"quant {label}: {sec * 1e6:.1f} us {nbytes / sec / 1e9:.0f} GB/s"
+                        log(
+                            f"quant {label}: {sec * 1e6:.1f} us {nbytes / sec / 1e9:.0f} GB/s"
                             + (f" {bar / sec:.3f}x cudnn" if bar else "")
-                            + ("  (default)" if t == base and not env else ""))
+                            + ("  (default)" if t == base and not env else "")
+                        )
                     except Exception as err:
                         row = record_error("quant", label, err)
                     rows.append(row)
@@ -1000,11 +1043,18 @@ def quant_sweep() -> None:
 #: --quant-mixed: (page size, decode rows, context, prefill chunks, chunk length), the serving
 #: benchmark's mixed shapes.
 QUANT_MIXED_SHAPES = [(16, 64, 4096, 4, 512), (64, 32, 16384, 2, 2048)]
+#: --quant-mixed-all: per-token scales too, the bf16 cache's two calls, and the variants for
+#: every format (each timing compiles a kernel of its own: minutes in all).
+QUANT_MIXED_ALL = "--quant-mixed-all" in sys.argv
 
 
 def quant_mixed() -> None:
-    """A mixed ragged batch over an int8 cache (per-token scales): one call with the default and
-    other prefill tiles, against two calls (decode rows, then the prefill chunks)."""
+    """A mixed ragged batch over int8 and e4m3 caches (per-head scales): one call with the
+    default tiles (decode programs for the decode rows) against two calls (the decode rows, then
+    the prefill chunks) and the bf16 cache's one call of the same tokens, all in this run; for
+    int8 also one call without decode programs (every row in prefill blocks: the tiles before)
+    and with 64-token decode tiles. ``--quant-mixed-all``: per-token scales, the bf16 cache's two
+    calls and those variants for every cache too."""
     rows: list[dict[str, Any]] = []
     dt = dtype_under_test()
     shapes = [(8, 2, 48, 2, 12)] if SMOKE else QUANT_MIXED_SHAPES
@@ -1014,61 +1064,100 @@ def quant_mixed() -> None:
             seqs = n_dec + n_pre
             cap = -(-(ctx + chunk) // ps) * ps
             k, v, table = paged_cache(seqs, cap, ps, dt, 13)
-            kq, vq, ks, vs = quantized_cache(k, v, "int8", "token")
-            free(k, v)
             rng = np.random.default_rng(5)
             q_lens = [1] * n_dec + [chunk] * n_pre
             kv_lens = [ctx] * n_dec + [ctx + chunk] * n_pre
             q = jnp.asarray(rng.standard_normal((sum(q_lens), HQ, D)), dt)
             cu = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
             lens = jnp.asarray(kv_lens, jnp.int32)
-
-            def run(
-                q: Array, t: Array, n: Array, cu: Array, ns: Array, tiles: LP.PagedTiles | None = None,
-                cache: tuple[Array, Array, Array, Array] = (kq, vq, ks, vs),
-            ) -> Array:
-                k, v, a, b = cache
-                out = ragged_paged(q, k, v, t, n, cu, ns, k_scale=a, v_scale=b, tiles=tiles, interpret=SMOKE)
-                assert isinstance(out, jax.Array)
-                return out
-
             ns_all = jnp.asarray([seqs], jnp.int32)
-            dec = time_fn(jax.jit(run), q[:n_dec], table[:n_dec], lens[:n_dec], cu[: n_dec + 1],
-                          jnp.asarray([n_dec], jnp.int32))  # fmt: skip
             pre_cu = cu[n_dec:] - cu[n_dec]
-            pre = time_fn(jax.jit(run), q[n_dec:], table[n_dec:], lens[n_dec:], pre_cu, jnp.asarray([n_pre], jnp.int32))
-            two = dec + pre
-            rows.append({"name": f"{name} two calls", "us": two * 1e6, "decode_us": dec * 1e6, "prefill_us": pre * 1e6})
-            log(f"quant mixed {name}: two calls {two * 1e6:.1f} us (decode {dec * 1e6:.1f} + prefill {pre * 1e6:.1f})")
-            spec = LP.PagedSpec(
-                num_tokens=int(q.shape[0]), max_seqs=seqs, q_len=None, heads_q=HQ, heads_kv=HKV, head_dim=D,
-                head_dim_v=D, dtype=jnp.dtype(dt).name, num_pages=int(kq.shape[0]), page_size=ps,
-                pages_per_seq=cap // ps, cache_dtype="int8", k_scale=LP.scale_strides(ks.shape, kq.shape[:3]),
-                v_scale=LP.scale_strides(vs.shape, kq.shape[:3]),
-            )  # fmt: skip
-            base = LP.default_tiles(spec, _num_sms())
         except Exception as err:
             rows.append(record_error("quant_mixed", f"setup {name}", err))
             continue
-        variants = [base] + [
-            dataclasses.replace(base, block_q=bq, block_n=bn, num_warps=w, num_stages=st)
-            for bq, bn, w, st in ((16, 64, 4, 3), (16, 128, 8, 3), (32, 64, 8, 3), (32, 128, 8, 3), (8, 128, 4, 3))
-        ]
-        for t in [] if SMOKE else variants:
-            label = (f"{name} one call bq={t.block_q} bn={t.block_n} w={t.num_warps} st={t.num_stages} "
-                     f"splits={t.num_splits}")  # fmt: skip
+        # The bf16 cache first (its one call the reference), then each format.
+        caches: list[tuple[str, tuple[Array, ...]]] = [("bf16", (k, v))]
+        for fmt in QUANT_FORMATS:
+            for gran in ("head", "token") if QUANT_MIXED_ALL else ("head",):
+                kq, vq, ks, vs = quantized_cache(k, v, fmt, gran)
+                caches.append((f"{fmt} per {gran}", (kq, vq, ks, vs)))
+        for index, (cname, cache) in enumerate(caches):
+
+            def run(
+                q: Array,
+                t: Array,
+                n: Array,
+                cu: Array,
+                ns: Array,
+                tiles: LP.PagedTiles | None = None,
+                cache: tuple[Array, ...] = cache,
+            ) -> Array:
+                if len(cache) == 2:
+                    out = ragged_paged(q, cache[0], cache[1], t, n, cu, ns, tiles=tiles, interpret=SMOKE)
+                else:
+                    k, v, a, b = cache
+                    out = ragged_paged(q, k, v, t, n, cu, ns, k_scale=a, v_scale=b, tiles=tiles, interpret=SMOKE)
+                assert isinstance(out, jax.Array)
+                return out
+
+            label = f"{name} {cname}"
             late = out_of_time("quant_mixed", label)
             if late:
                 rows.append(late)
                 continue
+            two = math.nan
             try:
-                one = time_fn(jax.jit(functools.partial(run, tiles=t)), q, table, lens, cu, ns_all)
-                rows.append({"name": label, "us": one * 1e6, "one_over_two": one / two, "default": t == base})
-                log(f"quant mixed {label}: {one * 1e6:.1f} us, {one / two:.3f}x two calls"
-                    + ("  (default)" if t == base else ""))  # fmt: skip
+                kc = cache[0]
+                gran_shape = cache[2].shape if len(cache) == 4 else None
+                spec = LP.PagedSpec(
+                    num_tokens=int(q.shape[0]), max_seqs=seqs, q_len=None, heads_q=HQ, heads_kv=HKV, head_dim=D,
+                    head_dim_v=D, dtype=jnp.dtype(dt).name, num_pages=int(kc.shape[0]), page_size=ps,
+                    pages_per_seq=cap // ps, cache_dtype=None if gran_shape is None else jnp.dtype(kc.dtype).name,
+                    k_scale=None if gran_shape is None else LP.scale_strides(gran_shape, kc.shape[:3]),
+                    v_scale=None if gran_shape is None else LP.scale_strides(gran_shape, kc.shape[:3]),
+                )  # fmt: skip
+                base = LP.default_tiles(spec, _num_sms())
+                if gran_shape is not None or QUANT_MIXED_ALL:
+                    dec = time_fn(jax.jit(run), q[:n_dec], table[:n_dec], lens[:n_dec], cu[: n_dec + 1],
+                                  jnp.asarray([n_dec], jnp.int32))  # fmt: skip
+                    pre = time_fn(jax.jit(run), q[n_dec:], table[n_dec:], lens[n_dec:], pre_cu,
+                                  jnp.asarray([n_pre], jnp.int32))  # fmt: skip
+                    two = dec + pre
+                    rows.append({"name": f"{label} two calls", "us": two * 1e6, "decode_us": dec * 1e6,
+                                 "prefill_us": pre * 1e6})  # fmt: skip
+                    log(f"quant mixed {label}: two calls {two * 1e6:.1f} us (decode {dec * 1e6:.1f} + prefill "
+                        f"{pre * 1e6:.1f})")  # fmt: skip
             except Exception as err:
                 rows.append(record_error("quant_mixed", label, err))
-        free(kq, vq)
+                continue
+            # The default; then, for the first format (or all with --quant-mixed-all), every row in
+            # prefill blocks (no decode programs: the tiles before) and 64-token decode tiles.
+            variants = [base]
+            if index == 1 or QUANT_MIXED_ALL:
+                variants += [
+                    dataclasses.replace(base, decode_q=0, decode_block_n=0),
+                    dataclasses.replace(base, decode_q=max(1, 16 // base.head_chunk), decode_block_n=64),
+                ]
+            seen: list[LP.PagedTiles] = []
+            for t in [] if SMOKE else variants:
+                if t in seen:
+                    continue
+                seen.append(t)
+                tl_ = (f"{label} one call bq={t.block_q} bn={t.block_n} w={t.num_warps} st={t.num_stages} "
+                       f"splits={t.num_splits} decode_q={t.decode_q} decode_bn={t.decode_block_n}")  # fmt: skip
+                late = out_of_time("quant_mixed", tl_)
+                if late:
+                    rows.append(late)
+                    continue
+                try:
+                    one = time_fn(jax.jit(functools.partial(run, tiles=t)), q, table, lens, cu, ns_all)
+                    rows.append({"name": tl_, "us": one * 1e6, "one_over_two": one / two, "default": t == base,
+                                 "tiles": dataclasses.asdict(t)})  # fmt: skip
+                    log(f"quant mixed {tl_}: {one * 1e6:.1f} us, {one / two:.3f}x two calls"
+                        + ("  (default)" if t == base else ""))  # fmt: skip
+                except Exception as err:
+                    rows.append(record_error("quant_mixed", tl_, err))
+        free(*[a for _, c in caches for a in c])
     RESULTS["quant_mixed"] = rows
 
 
@@ -1146,7 +1235,8 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--quant-sweep", action="store_true", help="int8/fp8 caches: tiles, vs cuDNN bf16 dense decode")
     ap.add_argument("--quant-fast", action="store_true", help="with --quant-sweep: per-token scales, no ablations")
-    ap.add_argument("--quant-mixed", action="store_true", help="a mixed ragged batch over an int8 cache: tiles")
+    ap.add_argument("--quant-mixed", action="store_true", help="a mixed ragged batch over int8/e4m3 caches")
+    ap.add_argument("--quant-mixed-all", action="store_true", help="with --quant-mixed: every variant")
     ap.add_argument("--compile", action="store_true", help="sm_90 compile check (no GPU needed)")
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny shapes in the Triton interpreter")
     ap.add_argument("--json", type=Path, default=None)
@@ -1154,8 +1244,12 @@ def main() -> None:
         "--deadline-s", type=float, default=540.0,
         help="skip the remaining measurements after this many seconds (default 540; 0: no limit)",
     )  # fmt: skip
-    ap.add_argument("--sweep-shapes", default="", metavar="PS,B,CTX;...",
-                    help="shapes for --sweep (page size, sequences, context), e.g. '16,16,8192;16,64,2048'")
+    ap.add_argument(
+        "--sweep-shapes",
+        default="",
+        metavar="PS,B,CTX;...",
+        help="shapes for --sweep (page size, sequences, context), e.g. '16,16,8192;16,64,2048'",
+    )
     args = ap.parse_args()
     for part in filter(None, args.sweep_shapes.split(";")):
         ps, batch, ctx = (int(x) for x in part.split(","))

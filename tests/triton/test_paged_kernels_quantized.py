@@ -88,6 +88,8 @@ class Quant:
     k_scale: bool = True
     v_scale: bool = True
     nan_scales: bool = False  # every scale NaN (for calls that read no position)
+    #: (decode_q, decode_block_n) of the tiles; None: the default tiles' (``base.tiles_of``).
+    decode: tuple[int, int] | None = None
 
     @property
     def fmt(self) -> str:
@@ -132,6 +134,8 @@ def run_quantized(c: Quant) -> tuple[np.ndarray, np.ndarray]:
         v_scale=LP.scale_strides(vs.shape, lead) if c.v_scale else None,
     )
     tiles = base.tiles_of(p, spec)
+    if c.decode is not None:
+        tiles = dataclasses.replace(tiles, decode_q=c.decode[0], decode_block_n=c.decode[1])
     dt = getattr(torch, p.dtype)
 
     def t(a: np.ndarray, dtype: Any) -> torch.Tensor:
@@ -210,6 +214,28 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_quantized_case(name: str) -> None:
     run_quantized(CASES[name])
+
+
+# A mixed ragged batch: prefill chunks, single-token decode rows, a 3-token (speculative) row,
+# an empty sequence and padding. decode_q picks which sequences take the decode programs (0:
+# none, 1: single tokens, 3: the speculative row too, 8: every sequence but the 9- and
+# 20-token chunks), with decode tiles of their own size; every row must match the oracle
+# whichever program wrote it, and the unwritten ones must not exist (the outputs are fresh).
+MIXED = base.Paged(
+    q_len=None, q_lens=(20, 1, 3, 0, 1, 9), kv_lens=(33, 50, 8, 5, 1, 9), hq=4, hkv=2, block_q=4,
+    page_size=16, pages_per_seq=5, pad_seqs=1, pad_tokens=2,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("decode", [(0, 0), (1, 32), (3, 16), (8, 64)])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_mixed_batch_decode_programs(decode: tuple[int, int], splits: int) -> None:
+    run_quantized(Quant(base.rep(MIXED, splits=splits), k_fmt="int8", k_gran="token", decode=decode))
+
+
+def test_mixed_batch_decode_programs_window_sinks_fp8() -> None:
+    p = base.rep(MIXED, left=6, softcap=2.0, sinks=True, q_gain=3.0, splits=2)
+    run_quantized(Quant(p, k_fmt="float8_e4m3fn", k_gran="head", v_gran="token", decode=(3, 32)))
 
 
 @pytest.mark.skipif(not BF16_DOT_OK, reason="this triton's interpreter multiplies bf16 bits as ints")
@@ -291,7 +317,10 @@ def test_default_tiles_of_a_quantized_cache() -> None:
         dtype="bfloat16", num_pages=68 * 288, page_size=16, pages_per_seq=288,
     )  # fmt: skip
     quantized_prefill = dataclasses.replace(prefill, cache_dtype="int8", k_scale=(0, 0, 0))
-    assert LP.default_tiles(quantized_prefill) == LP.default_tiles(prefill)
+    # ... plus decode programs for the sequences of at most 16 rows (4 tokens of GQA 4).
+    want = dataclasses.replace(LP.default_tiles(prefill), decode_q=4, decode_block_n=128)
+    assert LP.default_tiles(quantized_prefill) == want
+    assert LP.default_tiles(prefill).decode_q == 0
 
 
 @pytest.mark.parametrize("out", ["bfloat16", "float16"])

@@ -185,7 +185,13 @@ class PagedTiles:
     """``block_q`` query tokens x ``kv_heads`` KV heads x ``head_chunk`` query heads of each
     per program (rows padded to a power of two >= 16), ``block_n`` key tokens per iteration (of
     every one of the ``kv_heads``), ``num_splits`` key splits. ``kv_heads > 1`` needs the
-    whole group in the program (``head_chunk == group``) and ``kv_heads`` dividing Hkv."""
+    whole group in the program (``head_chunk == group``) and ``kv_heads`` dividing Hkv.
+
+    ``decode_q > 0`` (ragged batches only) adds one *decode program* per sequence in front of
+    the query blocks: a sequence of at most ``decode_q`` queries is attended there, in a tile of
+    ``decode_m`` rows with ``decode_block_n`` keys per iteration, and the query blocks skip it,
+    so a mixed batch's decode rows keep decode-shaped tiles in the same launch as the prefill
+    blocks."""
 
     block_q: int
     head_chunk: int
@@ -194,14 +200,23 @@ class PagedTiles:
     num_stages: int
     num_splits: int
     kv_heads: int = 1
+    decode_q: int = 0
+    decode_block_n: int = 0
 
     @property
     def block_m(self) -> int:
         return max(16, _pow2_at_least(self.block_q * self.head_chunk * self.kv_heads))
 
+    @property
+    def decode_m(self) -> int:
+        return max(16, _pow2_at_least(self.decode_q * self.head_chunk * self.kv_heads))
 
-def query_blocks(spec: PagedSpec, block_q: int) -> int:
-    """Programs along the grid's first axis (see the kernel module for the ragged allotment)."""
+
+def query_blocks(spec: PagedSpec, block_q: int, decode_q: int = 0) -> int:
+    """Programs along the grid's first axis (see the kernel module for the ragged allotment),
+    with ``max_seqs`` decode programs in front when ``decode_q > 0``."""
+    if decode_q > 0:
+        return spec.max_seqs + query_blocks(spec, block_q)
     if spec.q_len is not None:
         return spec.max_seqs * _cdiv(spec.q_len, block_q)
     if block_q == 1:
@@ -295,7 +310,16 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
         programs = unsplit // kv_heads
         num_splits = 1 if kv_heads > 1 else max(1, min((2 * num_sms) // programs, spec.capacity // 512, 64))
         block_n, num_warps, num_stages = 128 // kv_heads, 4, 3
-    return PagedTiles(block_q, head_chunk, block_n, num_warps, num_stages, int(num_splits), kv_heads)
+    decode_q = decode_block_n = 0
+    if spec.quantized and spec.ragged and block_q > 1 and chunks == 1 and not wide and head_chunk <= 16:
+        # A ragged batch with prefill over a quantized cache: its decode rows (sequences of
+        # at most 16 rows) take decode programs of their own in the same launch, 16 rows x
+        # 128-token tiles, instead of a 64-row prefill block of 4 real rows, and the prefill
+        # blocks skip them. MEASURED_BELOW
+        decode_q, decode_block_n = 16 // head_chunk, 128
+    return PagedTiles(
+        block_q, head_chunk, block_n, num_warps, num_stages, int(num_splits), kv_heads, decode_q, decode_block_n
+    )
 
 
 def _quantized_kv_heads(heads_kv: int, rows_per_head: int, programs: int, num_sms: int) -> int:
@@ -394,7 +418,9 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         raise ValueError(f"kv_heads={tiles.kv_heads} must divide heads_kv={spec.heads_kv}")
     if tiles.kv_heads > 1 and tiles.head_chunk != spec.group:
         raise ValueError(f"kv_heads={tiles.kv_heads} > 1 needs head_chunk == group ({spec.group})")
-    for name in ("block_n",):
+    if tiles.decode_q < 0 or (tiles.decode_q and not spec.ragged):
+        raise ValueError(f"decode_q={tiles.decode_q} must be >= 0, and 0 unless the batch is ragged")
+    for name in ("block_n", "decode_block_n") if tiles.decode_q else ("block_n",):
         value = getattr(tiles, name)
         if value < 16 or value & (value - 1):
             raise ValueError(f"{name}={value} must be a power of two >= 16")
@@ -452,6 +478,10 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         "BLOCK_N": tiles.block_n,
         "BLOCK_D": block_dim(spec.head_dim),
         "BLOCK_DV": block_dim(dv),
+        "DECODE_Q": tiles.decode_q,
+        "DECODE_M": tiles.decode_m,
+        "DECODE_N": tiles.decode_block_n if tiles.decode_q else tiles.block_n,
+        "DECODE_PAGE_PER_TILE": spec.page_size % (tiles.decode_block_n or tiles.block_n) == 0,
     }
     if splits == 1:
         outputs: tuple[tuple[tuple[int, ...], str], ...] = (
@@ -467,7 +497,7 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         )
     return Launch(
         kernel=paged_attn_kernel,
-        grid=(query_blocks(spec, tiles.block_q), spec.heads_kv // tiles.kv_heads * chunks, splits),
+        grid=(query_blocks(spec, tiles.block_q, tiles.decode_q), spec.heads_kv // tiles.kv_heads * chunks, splits),
         outputs=outputs,
         constexprs=constexprs,
         num_warps=tiles.num_warps,

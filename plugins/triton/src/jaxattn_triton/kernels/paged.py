@@ -257,14 +257,67 @@ def _paged_sweep(
 
 
 @triton.jit
-def paged_attn_kernel(
+def _ragged_rows(pid, KvLens, CuQLens, NumSeqs, MAX_SEQS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+                 BLOCK_Q: tl.constexpr, SKIP_Q: tl.constexpr):  # fmt: skip
+    """``(seq, tok0, q_len, n_tok, tok_start, kv_len)`` of ragged program ``pid`` (the
+    allotment in the module docstring); sequences of at most ``SKIP_Q`` queries get no rows
+    here (the decode programs take them)."""
+    ns = tl.minimum(tl.maximum(tl.load(NumSeqs), 0), MAX_SEQS)
+    SPREAD: tl.constexpr = 1 if BLOCK_Q > 1 else 0
+    # Largest s in [0, ns] with start(s) <= pid; start() is non-decreasing.
+    s_lo = pid * 0
+    s_hi = ns
+    for _ in tl.static_range(SEARCH_STEPS):
+        mid = (s_lo + s_hi + 1) // 2
+        start_mid = tl.load(CuQLens + mid) // BLOCK_Q + mid * SPREAD
+        ok = start_mid <= pid
+        s_lo = tl.where(ok, mid, s_lo)
+        s_hi = tl.where(ok, s_hi, mid - 1)
+    seq = s_lo
+    real = seq < ns
+    cu_s = tl.load(CuQLens + seq)
+    cu_e = tl.load(CuQLens + seq + 1, mask=real, other=0)
+    blk = pid - (cu_s // BLOCK_Q + seq * SPREAD)
+    tok0 = blk * BLOCK_Q
+    q_len = tl.where(real, cu_e - cu_s, 0)
+    # Padding programs (seq == ns) take the padding tokens in BLOCK_Q runs, with no keys.
+    n_tok = tl.where(real, q_len - tok0, BLOCK_Q)
+    if SKIP_Q > 0:
+        n_tok = tl.where(real & (q_len <= SKIP_Q), 0, n_tok)
+    tok_start = cu_s + tok0
+    kv_len = tl.load(KvLens + seq, mask=real, other=0)
+    return seq, tok0, q_len, n_tok, tok_start, kv_len
+
+
+@triton.jit
+def _decode_rows(pid, KvLens, CuQLens, NumSeqs, MAX_SEQS: tl.constexpr, DECODE_Q: tl.constexpr):
+    """``(seq, tok0, q_len, n_tok, tok_start, kv_len)`` of decode program ``pid`` (< MAX_SEQS):
+    all of sequence ``pid``'s queries when it is real and has at most ``DECODE_Q``, else none."""
+    ns = tl.minimum(tl.maximum(tl.load(NumSeqs), 0), MAX_SEQS)
+    real = pid < ns
+    cu_s = tl.load(CuQLens + pid)
+    cu_e = tl.load(CuQLens + pid + 1)
+    q_len = tl.where(real, cu_e - cu_s, 0)
+    n_tok = tl.where(q_len <= DECODE_Q, q_len, 0)
+    kv_len = tl.load(KvLens + pid, mask=real, other=0)
+    return pid, pid * 0, q_len, n_tok, cu_s, kv_len
+
+
+@triton.jit
+def _paged_block(
+    seq,
+    tok0,
+    q_len,
+    n_tok,
+    tok_start,
+    kv_len,
+    hkv,
+    chunk,
+    sid,
     Q,
     K,
     V,
     PageTable,
-    KvLens,
-    CuQLens,
-    NumSeqs,
     Sink,
     KScale,
     VScale,
@@ -293,10 +346,6 @@ def paged_attn_kernel(
     ASM: tl.constexpr,
     stride_pt: tl.constexpr,
     NUM_TOKENS: tl.constexpr,
-    MAX_SEQS: tl.constexpr,
-    Q_LEN: tl.constexpr,
-    RAGGED: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr,
     CAPACITY: tl.constexpr,
     HQ: tl.constexpr,
     GROUP: tl.constexpr,
@@ -323,43 +372,9 @@ def paged_attn_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    NUM_CHUNKS: tl.constexpr = (GROUP + HEAD_CHUNK - 1) // HEAD_CHUNK
-    hkv = tl.program_id(1) // NUM_CHUNKS * KV_HEADS
-    chunk = tl.program_id(1) % NUM_CHUNKS
-    sid = tl.program_id(2)
-
-    if RAGGED:
-        ns = tl.minimum(tl.maximum(tl.load(NumSeqs), 0), MAX_SEQS)
-        SPREAD: tl.constexpr = 1 if BLOCK_Q > 1 else 0
-        # Largest s in [0, ns] with start(s) <= pid; start() is non-decreasing.
-        s_lo = pid * 0
-        s_hi = ns
-        for _ in tl.static_range(SEARCH_STEPS):
-            mid = (s_lo + s_hi + 1) // 2
-            start_mid = tl.load(CuQLens + mid) // BLOCK_Q + mid * SPREAD
-            ok = start_mid <= pid
-            s_lo = tl.where(ok, mid, s_lo)
-            s_hi = tl.where(ok, s_hi, mid - 1)
-        seq = s_lo
-        real = seq < ns
-        cu_s = tl.load(CuQLens + seq)
-        cu_e = tl.load(CuQLens + seq + 1, mask=real, other=0)
-        blk = pid - (cu_s // BLOCK_Q + seq * SPREAD)
-        tok0 = blk * BLOCK_Q
-        q_len = tl.where(real, cu_e - cu_s, 0)
-        # Padding programs (seq == ns) take the padding tokens in BLOCK_Q runs, with no keys.
-        n_tok = tl.where(real, q_len - tok0, BLOCK_Q)
-        tok_start = cu_s + tok0
-        kv_len = tl.load(KvLens + seq, mask=real, other=0)
-    else:
-        NBQ: tl.constexpr = (Q_LEN + BLOCK_Q - 1) // BLOCK_Q
-        seq = pid // NBQ
-        tok0 = (pid % NBQ) * BLOCK_Q
-        q_len = Q_LEN
-        n_tok = Q_LEN - tok0
-        tok_start = seq * Q_LEN + tok0
-        kv_len = tl.load(KvLens + seq)
+    """One program's query block: ``n_tok`` query tokens of sequence ``seq`` from ``tok_start``
+    (block ``tok0`` of its ``q_len``), KV head ``hkv`` (chunk ``chunk`` of its group), key split
+    ``sid``; attends and writes those rows."""
     n_tok = tl.minimum(tl.minimum(n_tok, BLOCK_Q), NUM_TOKENS - tok_start)
     n_tok = tl.maximum(n_tok, 0)
     # kv_lengths beyond the cache would index past the page table.
@@ -487,6 +502,138 @@ def paged_attn_kernel(
         tl.store(Out + part[:, None] * DV + o_cols, acc, mask=o_mask)
         tl.store(Stat + part, m_i, mask=row_ok)
         tl.store(Sum + part, l_i, mask=row_ok)
+
+
+@triton.jit
+def paged_attn_kernel(
+    Q,
+    K,
+    V,
+    PageTable,
+    KvLens,
+    CuQLens,
+    NumSeqs,
+    Sink,
+    KScale,
+    VScale,
+    Out,
+    Stat,
+    Sum,
+    stride_qt: tl.constexpr,
+    stride_qh: tl.constexpr,
+    stride_kp: tl.constexpr,
+    stride_kt: tl.constexpr,
+    stride_kh: tl.constexpr,
+    stride_vp: tl.constexpr,
+    stride_vt: tl.constexpr,
+    stride_vh: tl.constexpr,
+    V_OFF: tl.constexpr,
+    stride_ksp: tl.constexpr,
+    stride_kst: tl.constexpr,
+    stride_ksh: tl.constexpr,
+    stride_vsp: tl.constexpr,
+    stride_vst: tl.constexpr,
+    stride_vsh: tl.constexpr,
+    K_QUANT: tl.constexpr,
+    V_QUANT: tl.constexpr,
+    V_WORDS: tl.constexpr,
+    K_WIDEN: tl.constexpr,
+    ASM: tl.constexpr,
+    stride_pt: tl.constexpr,
+    NUM_TOKENS: tl.constexpr,
+    MAX_SEQS: tl.constexpr,
+    Q_LEN: tl.constexpr,
+    RAGGED: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+    CAPACITY: tl.constexpr,
+    HQ: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_CHUNK: tl.constexpr,
+    KV_HEADS: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    NUM_PAGES: tl.constexpr,
+    IDENTITY_PAGES: tl.constexpr,
+    PAGE_PER_TILE: tl.constexpr,
+    SM_SCALE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    LEFT: tl.constexpr,
+    RIGHT: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    DECODE_Q: tl.constexpr,
+    DECODE_M: tl.constexpr,
+    DECODE_N: tl.constexpr,
+    DECODE_PAGE_PER_TILE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    NUM_CHUNKS: tl.constexpr = (GROUP + HEAD_CHUNK - 1) // HEAD_CHUNK
+    hkv = tl.program_id(1) // NUM_CHUNKS * KV_HEADS
+    chunk = tl.program_id(1) % NUM_CHUNKS
+    sid = tl.program_id(2)
+
+    if DECODE_Q > 0:
+        # A ragged batch with decode programs: the first MAX_SEQS programs take one sequence
+        # each, when it has at most DECODE_Q queries, with the decode tiles (DECODE_M rows,
+        # DECODE_N keys a tile); the rest are the ragged allotment of BLOCK_Q-token blocks over
+        # the other sequences (and the padding rows).
+        if pid < MAX_SEQS:
+            d_seq, d_tok0, d_q_len, d_n_tok, d_tok_start, d_kv_len = _decode_rows(
+                pid, KvLens, CuQLens, NumSeqs, MAX_SEQS, DECODE_Q
+            )
+            _paged_block(
+                d_seq, d_tok0, d_q_len, d_n_tok, d_tok_start, d_kv_len, hkv, chunk, sid, Q, K, V, PageTable, Sink,
+                KScale, VScale, Out, Stat, Sum, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
+                stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
+                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
+                HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, DECODE_PAGE_PER_TILE, SM_SCALE,
+                SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, DECODE_Q, DECODE_M,
+                DECODE_N, BLOCK_D, BLOCK_DV,
+            )  # fmt: skip
+        else:
+            seq, tok0, q_len, n_tok, tok_start, kv_len = _ragged_rows(
+                pid - MAX_SEQS, KvLens, CuQLens, NumSeqs, MAX_SEQS, SEARCH_STEPS, BLOCK_Q, DECODE_Q
+            )
+            _paged_block(
+                seq, tok0, q_len, n_tok, tok_start, kv_len, hkv, chunk, sid, Q, K, V, PageTable, Sink, KScale,
+                VScale, Out, Stat, Sum, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
+                stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
+                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
+                HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, SM_SCALE,
+                SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, BLOCK_Q, BLOCK_M,
+                BLOCK_N, BLOCK_D, BLOCK_DV,
+            )  # fmt: skip
+    else:
+        if RAGGED:
+            seq, tok0, q_len, n_tok, tok_start, kv_len = _ragged_rows(
+                pid, KvLens, CuQLens, NumSeqs, MAX_SEQS, SEARCH_STEPS, BLOCK_Q, 0
+            )
+        else:
+            NBQ: tl.constexpr = (Q_LEN + BLOCK_Q - 1) // BLOCK_Q
+            seq = pid // NBQ
+            tok0 = (pid % NBQ) * BLOCK_Q
+            q_len = Q_LEN
+            n_tok = Q_LEN - tok0
+            tok_start = seq * Q_LEN + tok0
+            kv_len = tl.load(KvLens + seq)
+        _paged_block(
+            seq, tok0, q_len, n_tok, tok_start, kv_len, hkv, chunk, sid, Q, K, V, PageTable, Sink, KScale,
+            VScale, Out, Stat, Sum, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
+            stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
+            stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
+            HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, SM_SCALE,
+            SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, BLOCK_Q, BLOCK_M,
+            BLOCK_N, BLOCK_D, BLOCK_DV,
+        )  # fmt: skip
 
 
 @triton.jit
