@@ -2,10 +2,10 @@
 
 Lines of code: not blank lines, comments or docstrings, which explain why the code is as it is
 and must never be deleted to meet a budget (``wc -l`` figures are printed beside it). The ceiling
-is a ratchet: the core at its last measure, never more; lower it as the core shrinks. The
-target is 4,500 (docs/architecture.md, "What ships where"): the core held 6,914 lines of code
-(10,046 by ``wc -l``) before bench, tune, demo, Flax and the TPU tile rules left it for plugins,
-4,667 (6,931) after.
+is the target, 4,500 (docs/architecture.md, "What ships where"), and only ever goes down: the
+core held 6,914 lines of code (10,046 by ``wc -l``) before bench, tune, demo, Flax and the TPU
+tile rules left it for plugins, 4,667 (6,931) after, and about 4,450 once the tuning file went
+beside its writer in jaxattn-bench (the core keeps the tuning interface).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 4700
+BUDGET = 4500
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 
