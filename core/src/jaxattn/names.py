@@ -46,6 +46,7 @@ _SDPA = MechanismSource("jaxattn-sdpa", "every platform (cuDNN on NVIDIA GPUs)",
 _CUDNN = MechanismSource("jaxattn-sdpa", "NVIDIA GPUs", "pip install 'jaxattn[gpu,cuda12]'")
 _TRITON = MechanismSource("jaxattn-triton", "NVIDIA GPUs", "pip install 'jaxattn[gpu,cuda12]'")
 _PALLAS = MechanismSource("jaxattn-pallas", "TPUs", "pip install 'jaxattn[tpu,libtpu]'")
+_MOSAIC = MechanismSource("jaxattn-mosaic", "NVIDIA Hopper GPUs (sm_90)", "pip install 'jaxattn[gpu,cuda12]'")
 _SPLASH = MechanismSource("jaxattn-splash", "TPUs", "pip install 'jaxattn[tpu,libtpu]'")
 _RING = MechanismSource("jaxattn-ring", "every platform, over a device mesh", "pip install 'jaxattn[ring]'")
 
@@ -56,6 +57,7 @@ PROVIDERS: dict[str, tuple[MechanismSource, ...]] = {
     "cudnn": (_CUDNN,),
     "cuda_flash_attn2": (_CUDNN,),
     "flash_attn2": (_TRITON, _PALLAS),
+    "mosaic_flash": (_MOSAIC,),
     "splash": (_SPLASH,),
     "blocksparse": (_SPLASH,),
     "ring": (_RING,),

@@ -248,7 +248,7 @@ def _environment() -> dict[str, Any]:
 
     versions = {}
     for dist in ("jax", "jaxlib", "jaxattn", "jaxattn-vanilla", "jaxattn-sdpa", "jaxattn-triton",
-                 "jaxattn-pallas", "jaxattn-splash", "jax-triton", "triton"):
+                 "jaxattn-mosaic", "jaxattn-pallas", "jaxattn-splash", "jax-triton", "triton"):
         try:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

@@ -1,0 +1,93 @@
+"""``MosaicFlashAttention``: ``mosaic_flash`` on Hopper GPUs, the Pallas Mosaic GPU kernel of
+this package.
+
+This module imports no jax: ``kernel`` (and through it ``jax.experimental.pallas.mosaic_gpu``)
+is imported when the first call runs, so listing, ``explain`` and ``supports`` stay cheap.
+"""
+
+from __future__ import annotations
+
+from jaxattn.call import AttentionCall
+from jaxattn.capabilities import Feature
+from jaxattn.device import DeviceInfo
+from jaxattn.impl import AttentionImpl
+from jaxattn.output import AttentionOutput
+from jaxattn.problem import AttentionProblem
+from jaxattn_mosaic.plugin import MOSAIC_FLASH
+
+__all__ = ["WHY_NOT", "MosaicFlashAttention", "device_reasons"]
+
+#: Why the features it lacks are declined (added to the generic reason).
+WHY_NOT: dict[Feature, str] = {
+    Feature.GRAD: (
+        "mosaic_flash has no backward kernel yet (forward only); impl='auto' differentiates such a call "
+        "through another backend (the gradient split: mosaic_flash's forward is not used under "
+        "differentiation), or pick impl='cudnn' / 'flash_attn2'"
+    ),
+    Feature.MASK: "mosaic_flash masks only causally (bottom-right) and past the key length; no dense mask",
+    Feature.BIAS: "mosaic_flash adds no bias to the logits",
+    Feature.SLIDING_WINDOW: "mosaic_flash has no sliding window yet (causal or full only)",
+    Feature.SEGMENT_IDS: "mosaic_flash has no segment ids (no packed sequences)",
+    Feature.SOFT_CAP: "mosaic_flash has no logits soft cap",
+    Feature.SINKS: "mosaic_flash has no attention sinks",
+    Feature.DROPOUT: "mosaic_flash has no dropout (no in-kernel random generator)",
+    Feature.WEIGHTS: "flash attention never forms the (B, Hq, T, S) probabilities",
+    Feature.VALUE_DIM: "mosaic_flash needs v's head dim equal to q's and k's",
+    Feature.KV_LENGTHS: "mosaic_flash has no per-sequence key lengths",
+    Feature.QUANTIZED_KV: "mosaic_flash reads no quantized K/V",
+}
+
+
+def device_reasons(device: DeviceInfo) -> list[str]:
+    """Why the kernel cannot run on ``device``: it needs Hopper (sm_90: wgmma, TMA, setmaxnreg)."""
+    if device.platform != "gpu":
+        return [f"Pallas Mosaic GPU runs on NVIDIA Hopper GPUs only (sm_90); it does not run on {device.platform}"]
+    cc = device.compute_capability
+    if cc is not None and not str(cc).startswith("9."):
+        return [f"mosaic_flash is built for Hopper (compute capability 9.0: wgmma, TMA); this GPU is {cc}"]
+    return []
+
+
+class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
+    """Warp-specialised flash attention forward in Pallas Mosaic GPU (a TMA producer warpgroup,
+    two consumer warpgroups ping-ponging on asynchronous wgmma)."""
+
+    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        missing = problem.required_features() - self.features
+        reasons += [WHY_NOT[f] for f in sorted(missing, key=str) if f in WHY_NOT]
+        if self.metadata.softmax_dtype != "float32":
+            reasons.append(
+                "mosaic_flash computes the softmax in float32; "
+                f"softmax_dtype={self.metadata.softmax_dtype!r} cannot be honoured"
+            )
+        for name, value in self._overrides().items():
+            if name.startswith("block") and value % 64:
+                reasons.append(f"metadata.{name}={value}: mosaic_flash tiles are multiples of 64 rows")
+            if name == "num_stages" and value < 2:
+                reasons.append(f"metadata.num_stages={value}: the K/V ring needs at least 2 stages")
+        reasons += device_reasons(self.device)
+        return reasons
+
+    def notes(self, problem: AttentionProblem) -> list[str]:
+        return ["forward only: under differentiation, impl='auto' runs another backend's forward and backward"]
+
+    def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
+        from jaxattn_mosaic.kernel import Config, default_config, mosaic_attention_forward
+
+        cfg = default_config(int(call.q.shape[-1]))
+        overrides = self._overrides()
+        if overrides:
+            cfg = Config(
+                block_q=overrides.get("block_q", cfg.block_q),
+                block_kv=overrides.get("block_k", cfg.block_kv),
+                stages=overrides.get("num_stages", cfg.stages),
+            )
+        out, lse = mosaic_attention_forward(
+            call.q, call.k, call.v, causal=call.causal, softmax_scale=call.softmax_scale, config=cfg,
+        )
+        return AttentionOutput(attention_outputs=out, softmax_lse=lse)
+
+    def _overrides(self) -> dict[str, int]:
+        md = self.metadata
+        return {n: v for n in ("block_q", "block_k", "num_stages") if (v := getattr(md, n, None)) is not None}

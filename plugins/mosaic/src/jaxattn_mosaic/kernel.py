@@ -1,0 +1,319 @@
+"""The forward attention kernel of jaxattn-mosaic, in Pallas Mosaic GPU (sm_90 only).
+
+This module imports jax's Mosaic GPU Pallas dialect at its top, so only the impl's forward
+imports it (never ``import jaxattn`` nor plugin discovery). It needs nothing of jaxattn: the
+probe script in benchmarks/ loads it on its own.
+
+Design (one CTA = three warpgroups):
+
+* warpgroup 2 is the producer: it gives most of its registers back and streams K and V
+  blocks into a ring of ``stages`` shared-memory slots with bulk tensor copies (TMA), each
+  slot guarded by a "loaded" barrier and refilled once both consumers arrived on its
+  "consumed" barrier;
+* warpgroups 0 and 1 are consumers: each owns ``block_q`` query rows (its Q tile loaded once
+  by TMA), runs S = Q K^T and O += P V as asynchronous wgmma into register accumulators, and
+  the online softmax in float32 on the log2 scale (the softmax scale folded into one FMA);
+* a shared "schedule" barrier makes the two consumers ping-pong: one's softmax runs while
+  the other's two GEMMs hold the tensor cores.
+
+Masks: causal is bottom-right aligned (query ``i`` sees key ``j`` iff ``j <= i + S - T``),
+and a key tail past ``S`` (the key length padded up to a block) is masked too. Blocks that
+need no mask run a loop without the iota/compare; only the diagonal band and the tail block
+pay for it. Rows that see no key at all (causal with T > S) come out as zeros with an LSE of
+``-inf``, as jaxattn's contract asks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+__all__ = ["Config", "default_config", "mosaic_attention_forward"]
+
+_LOG2E = math.log2(math.e)
+_LN2 = math.log(2.0)
+#: The value a masked logit takes (scaled, log2 domain). Finite, so a block whose row max
+#: is still "nothing seen" never computes -inf - -inf; rows that see some key always see
+#: one in their first block (causal keys are a prefix), so the mask value never wins a max
+#: there; rows that see none are zeroed after the kernel.
+_MASKED = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Tile sizes: ``block_q`` rows per consumer warpgroup (2 consumers per CTA)."""
+
+    block_q: int = 64
+    block_kv: int = 128
+    stages: int = 2
+
+    def __post_init__(self) -> None:
+        if self.block_q % 64 or self.block_kv % 64:
+            raise ValueError(f"blocks must be multiples of 64, got {self}")
+        if self.stages < 2:
+            raise ValueError(f"stages must be >= 2, got {self.stages}")
+
+
+def default_config(head_dim: int) -> Config:
+    """Tiles that fit the 227 KiB of shared memory and the consumers' 232 registers."""
+    if head_dim <= 64:
+        return Config(block_q=64, block_kv=256, stages=2)
+    if head_dim <= 128:
+        return Config(block_q=64, block_kv=128, stages=2)
+    return Config(block_q=64, block_kv=64, stages=2)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def mosaic_attention_forward(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    config: Config | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Attention of q ``(B, T, Hq, D)`` over k, v ``(B, S, Hkv, D)``.
+
+    Returns the output ``(B, T, Hq, D)`` in q's dtype and the log-sum-exp of the scaled
+    logits ``(B, Hq, T)`` in float32 (natural log).
+    """
+    _, t_len, hq, head_dim = q.shape
+    _, s_len, hkv, _ = k.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k {k.shape} and v {v.shape} must have one shape")
+    if hq % hkv:
+        raise ValueError(f"{hq} query heads are no multiple of {hkv} key heads")
+    if q.dtype != k.dtype or q.dtype != v.dtype or q.dtype not in (jnp.float16, jnp.bfloat16):
+        raise ValueError(f"q, k, v must share float16 or bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if head_dim % 64 or head_dim > 256:
+        raise ValueError(f"head dim must be 64, 128, 192 or 256, got {head_dim}")
+    cfg = config or default_config(head_dim)
+    bq, bkv = cfg.block_q, cfg.block_kv
+    t_pad = _cdiv(t_len, 2 * bq) * 2 * bq
+    # At least two key blocks: the producer's ring is filled by an unrolled loop of static
+    # slices (a one-block key is padded; the padding block is never loaded nor computed).
+    s_pad = max(_cdiv(s_len, bkv), 2) * bkv
+    if t_pad != t_len:
+        q = jnp.pad(q, ((0, 0), (0, t_pad - t_len), (0, 0), (0, 0)))
+    if s_pad != s_len:
+        pad = ((0, 0), (0, s_pad - s_len), (0, 0), (0, 0))
+        k, v = jnp.pad(k, pad), jnp.pad(v, pad)
+    out, lse2 = _forward_call(q, k, v, causal=causal, scale=float(softmax_scale), s_len=s_len,
+                              t_len=t_len, cfg=cfg)
+    out = out[:, :t_len]
+    lse = lse2[:, :, :t_len] * _LN2
+    if causal and t_len > s_len:
+        # Rows i < T - S see no key: zeros and -inf, whatever the kernel left there.
+        seen = (jnp.arange(t_len) + (s_len - t_len)) >= 0
+        out = jnp.where(seen[None, :, None, None], out, jnp.zeros((), out.dtype))
+        lse = jnp.where(seen[None, None, :], lse, -jnp.inf)
+    return out, lse
+
+
+def _forward_call(q, k, v, *, causal: bool, scale: float, s_len: int, t_len: int, cfg: Config):
+    batch, t_pad, hq, head_dim = q.shape
+    _, s_pad, hkv, _ = k.shape
+    dtype = q.dtype
+    group = hq // hkv
+    bq, bkv = cfg.block_q, cfg.block_kv
+    n_q_tiles = t_pad // (2 * bq)
+    n_kv_blocks = _cdiv(s_len, bkv)  # blocks holding any key (padding past them is never read)
+    stages = max(2, min(cfg.stages, s_pad // bkv))
+    offset = s_len - t_len  # bottom-right causal: row i sees keys j <= i + offset
+    qk_scale = scale * _LOG2E
+
+    def kv_blocks_for(row_end):
+        """Blocks holding any key rows < row_end may see (traced row_end, exclusive)."""
+        if not causal:
+            return row_end * 0 + n_kv_blocks  # traced: a concrete array cannot enter the kernel
+        last = jnp.minimum(row_end + offset, s_len)  # keys < last
+        return jnp.clip(lax.div(last + (bkv - 1), jnp.int32(bkv)), 0, n_kv_blocks)
+
+    def unmasked_blocks_for(row_start):
+        """Blocks every row >= row_start sees whole (no causal mask, no tail)."""
+        full = s_len // bkv
+        if not causal:
+            return row_start * 0 + full
+        first = row_start + offset + 1  # keys < first are seen by row row_start
+        return jnp.clip(lax.div(jnp.maximum(first, 0), jnp.int32(bkv)), 0, full)
+
+    def body(q_ref, k_ref, v_ref, out_ref, lse_ref, scoped):
+        (q_smem2, k_smem, v_smem, lse_smem2), (k_ready, v_ready, q_ready), (k_free, v_free), sched = scoped
+        b = lax.axis_index("b")
+        head = lax.axis_index("h")
+        # Heavy (late) causal tiles first: the tail of the grid is then the short ones.
+        q_tile = (n_q_tiles - 1) - lax.axis_index("q") if causal else lax.axis_index("q")
+        wg = lax.axis_index("wg")
+        tile_start = q_tile * (2 * bq)
+        cta_blocks = kv_blocks_for(tile_start + 2 * bq)
+
+        def sched_sync():
+            plgpu.barrier_arrive(sched)
+            plgpu.barrier_wait(sched)
+
+        @pl.when(wg < 2)
+        def _consumer():
+            plgpu.set_max_registers(232, action="increase")
+            q_smem = q_smem2.at[wg]
+            lse_smem = lse_smem2.at[wg]
+            row0 = tile_start + wg * bq
+            n_blocks = kv_blocks_for(row0 + bq)
+            n_full = jnp.minimum(unmasked_blocks_for(row0), n_blocks)
+
+            plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, bq), head], q_smem, q_ready.at[wg])
+            plgpu.barrier_wait(q_ready.at[wg])
+
+            m_i = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+            l_i = plgpu.layout_cast(jnp.full((bq,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+            acc = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+
+            @pl.when(n_blocks > 0)
+            def _():
+                plgpu.barrier_wait(k_ready.at[0])
+
+            # Consumer 1 starts half a step behind consumer 0: the ping-pong.
+            pl.when(wg == 1)(sched_sync)
+
+            def step(j, carry, masked: bool):
+                acc, m_i, l_i = carry
+                slot = lax.rem(j, jnp.int32(stages))
+
+                def qk_gemm(s_ref):
+                    plgpu.wgmma(s_ref, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+                    sched_sync()
+                    return s_ref[...]
+
+                s = pl.run_scoped(qk_gemm, plgpu.ACC((bq, bkv), jnp.float32))
+                plgpu.barrier_arrive(k_free.at[slot])
+                if masked:
+                    rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA)
+                    cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA)
+                    keys = cols + j * bkv
+                    keep = keys < s_len
+                    if causal:
+                        keep = keep & (keys <= rows + (row0 + offset))
+                    s = jnp.where(keep, s, _MASKED)
+                # The scale rides in the exp2's FMA: m is kept scaled, on the log2 scale.
+                m_new = jnp.maximum(m_i, s.max(axis=1) * qk_scale)
+                alpha = jnp.exp2(m_i - m_new)
+                p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(m_new, s.shape, [0]))
+                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                l_i = l_i * alpha
+                p_lo = p.astype(dtype)
+
+                def release_tensor_cores():
+                    plgpu.barrier_arrive(sched)
+                    plgpu.barrier_wait(v_ready.at[slot])
+                    plgpu.barrier_wait(sched)
+
+                if head_dim <= 128:
+                    l_i = l_i + p.sum(axis=1)
+                    acc, l_i, m_new, p_lo = lax.optimization_barrier((acc, l_i, m_new, p_lo))
+                    release_tensor_cores()
+                else:
+                    release_tensor_cores()
+                    l_i = l_i + p.sum(axis=1)
+
+                def pv_gemm(acc_ref):
+                    plgpu.wgmma(acc_ref, p_lo, v_smem.at[slot])
+                    nxt = j + 1
+
+                    @pl.when(nxt < n_blocks)
+                    def _():
+                        plgpu.barrier_wait(k_ready.at[lax.rem(nxt, jnp.int32(stages))])
+
+                acc = pl.run_state(pv_gemm)(plgpu.ACC.init(acc))
+                plgpu.barrier_arrive(v_free.at[slot])
+                return acc, m_new, l_i
+
+            carry = (acc, m_i, l_i)
+            carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), carry)
+            acc, m_i, l_i = lax.fori_loop(n_full, n_blocks, functools.partial(step, masked=True), carry)
+
+            def drain(j, _):
+                # The other consumer needs more blocks: release our share of them and keep
+                # the ping-pong in step.
+                slot = lax.rem(j, jnp.int32(stages))
+                plgpu.barrier_arrive(k_free.at[slot])
+                plgpu.barrier_arrive(v_free.at[slot])
+                sched_sync()
+                sched_sync()
+
+            lax.fori_loop(n_blocks, cta_blocks, drain, None)
+
+            pl.when(wg == 0)(sched_sync)
+
+            l_safe = jnp.where(l_i == 0.0, 1.0, l_i)
+            acc = acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [0])
+            q_smem[...] = acc.astype(dtype)
+            lse_smem[...] = m_i + jnp.log2(l_safe)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(q_smem, out_ref.at[b, pl.ds(row0, bq), head])
+            plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, head, pl.ds(row0, bq)])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == 2)
+        def _producer():
+            plgpu.set_max_registers(40, action="decrease")
+            kv_head = lax.div(head, jnp.int32(group))
+
+            def load(j, slot):
+                idx = (b, pl.ds(j * bkv, bkv), kv_head)
+                plgpu.copy_gmem_to_smem(k_ref.at[idx], k_smem.at[slot], k_ready.at[slot])
+                plgpu.copy_gmem_to_smem(v_ref.at[idx], v_smem.at[slot], v_ready.at[slot])
+
+            for i in range(stages):
+                pl.when(i < cta_blocks)(functools.partial(load, i, i))
+
+            @pl.loop(0, jnp.maximum(cta_blocks - stages, 0))
+            def _refill(j):
+                slot = lax.rem(j, jnp.int32(stages))
+                nxt = j + stages
+                idx = (b, pl.ds(nxt * bkv, bkv), kv_head)
+                plgpu.barrier_wait(k_free.at[slot])
+                plgpu.copy_gmem_to_smem(k_ref.at[idx], k_smem.at[slot], k_ready.at[slot])
+                plgpu.barrier_wait(v_free.at[slot])
+                plgpu.copy_gmem_to_smem(v_ref.at[idx], v_smem.at[slot], v_ready.at[slot])
+
+    def entry(q_ref, k_ref, v_ref, out_ref, lse_ref):
+        transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+        smem = [
+            plgpu.SMEM((2, bq, head_dim), dtype, transforms=transforms),
+            plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=transforms),
+            plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=transforms),
+            plgpu.SMEM((2, bq), jnp.float32),
+        ]
+        pl.run_scoped(
+            lambda *scoped: body(q_ref, k_ref, v_ref, out_ref, lse_ref, scoped),
+            smem,
+            (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
+             plgpu.Barrier(num_barriers=2)),
+            (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2,
+            plgpu.Barrier(num_arrivals=2),
+            collective_axes="wg",
+        )
+
+    out, lse = plgpu.kernel(
+        entry,
+        out_type=(
+            jax.ShapeDtypeStruct(q.shape, dtype),
+            jax.ShapeDtypeStruct((batch, hq, t_pad), jnp.float32),
+        ),
+        grid=(hq, n_q_tiles, batch),
+        grid_names=("h", "q", "b"),
+        num_threads=3,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+    )(q, k, v)
+    return out, lse
