@@ -1,30 +1,43 @@
-"""Ring attention on 1 and 2 GPUs: the longest sequence that fits and the time per training step.
+"""Ring attention on 1, 2 and 4 devices against the best single-device backend and all-gathered K/V.
 
-Run on a machine with two GPUs and the jaxattn wheels installed (see CONTRIBUTING.md, "Working on a GPU"):
+The measurements of the issue "Context parallelism measured on 2 and 4 GPUs". On a machine with
+4 GPUs and the jaxattn wheels installed (CONTRIBUTING.md, "Working on a GPU"):
 
-    python3 benchmarks/ring_bench.py --json ring_bench.json
+    python3 benchmarks/ring_bench.py --devices 1,2,4 --seqs 32768,65536,131072,262144 \\
+        --modes causal,full --passes fwd,fwdbwd --json ring_bench.json
 
-For each configuration it finds the longest sequence that fits, doubling from
-``--seq-start`` and compiling only (XLA's memory analysis of the training step against
-the GPU's memory limit, so that lengths whose step would take minutes are still probed),
-then times one training step of attention (forward + backward of ``sum(out * dout)``,
-bf16, B=1) per length until a step exceeds ``--max-step-s``:
+For every sequence length S, mode (causal, load-balanced by ring's zigzag layout; or full) and
+pass (``fwd``: the forward; ``fwdbwd``: forward and backward of ``sum(out * dout)``), with B=1,
+``--heads`` query heads, ``--kv-heads`` K/V heads, head dim ``--dim``, bf16, it times:
 
-* ``1gpu:<kernel>``: the per-block kernel ring uses, called directly on one GPU (no ring);
-* ``1gpu:cudnn``: cuDNN through jax.nn on one GPU, for reference (its lse is not
-  differentiable, so ring does not use it per block);
-* ``ring2:<kernel>``: ring over both GPUs (sequence sharded over the mesh axis "seq"),
-  zigzag layout for causal attention.
+* ``1dev:<baseline>``: the best single-device backend on the whole problem (``--baseline``,
+  cuDNN on a GPU): the bar the issue's targets are set against (same total work);
+* ``ring<n>:<block>``: ring over ``n`` devices (sequence sharded over the mesh axis "seq"), for
+  each per-block kernel of ``--block-kernels`` ("auto" is ring's own choice; name others, such
+  as ``flash_attn2`` and ``cudnn+blockwise``, to choose between them by measurement);
+* ``gather<n>:<baseline>``: plain ``shard_map`` of the baseline with K/V all-gathered: device
+  ``i`` keeps its ``S/n`` queries and attends to the whole gathered K/V (causal: bottom-right
+  aligned to ``kv_lengths = (i+1) S/n``, so positions are global; contiguous shards, so the last
+  device does the most work: what one gets without a ring).
 
-Before timing, ``--check`` compares ring on 2 GPUs with the kernel on one GPU (output and
-the three gradients) at ``--check-seq``, and the one-GPU kernel with a float32 reference.
-Everything runs within ``--budget-s`` seconds so the command fits a 10-minute slot.
+It prints one table per (mode, pass): ms per step, TFLOP/s (whole problem), and the speed-up of
+each row over ``1dev:<baseline>`` and of ring over ``gather<n>`` at the same n. Before timing,
+``--check-seq`` checks every ring configuration against the baseline on one device (output and
+the three gradients). Everything runs within ``--budget-s`` seconds; a row that runs out of memory
+or past ``--max-step-s`` stops growing S for that row.
+
+The same script runs on the CPU host mesh with tiny shapes (tests/sharding/multidevice/
+check_benchmarks.py does), e.g.::
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python3 benchmarks/ring_bench.py \\
+        --devices 1,2,4 --seqs 64,128 --heads 2 --kv-heads 2 --dim 8 --dtype float32 --reps 1
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -34,7 +47,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-# The longest sequence that fits is the point: let XLA use (nearly) all GPU memory.
+# Long sequences are the point: let XLA use (nearly) all GPU memory.
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
 
 import jax
@@ -44,7 +57,7 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxattn
-from jaxattn_ring import RingAttention
+from jaxattn.sharding.compat import shard_map
 
 
 def log(*args: Any) -> None:
@@ -53,38 +66,67 @@ def log(*args: Any) -> None:
 
 @dataclasses.dataclass
 class Record:
-    config: str
-    gpus: int
-    impl: str
-    block_impl: str | None
+    config: str  # "1dev:cudnn", "ring2:auto", "gather4:cudnn"
+    kind: str  # "single", "ring", "gather"
+    devices: int
+    block_impl: str | None  # ring's per-block kernel as chosen (None for the others)
     seq: int
-    causal: bool
-    status: str  # "ok", "oom", "slow" (over --max-step-s), "error"
-    ms_per_step: float | None = None
+    mode: str  # "causal" or "full"
+    passes: str  # "fwd" or "fwdbwd"
+    status: str  # "ok", "oom", "slow" (over --max-step-s), "error", "skipped"
+    ms: float | None = None
     tflops: float | None = None
     detail: str = ""
 
 
-def step_flops(seq: int, heads: int, dim: int, causal: bool) -> float:
-    # 4 * B * H * T * S * D forward (halved for causal), forward + backward = 3.5 x forward.
+def flops(seq: int, heads: int, dim: int, causal: bool, passes: str) -> float:
+    """4 * B * H * T * S * D for the forward (halved for causal); forward + backward = 3.5 x forward."""
     fwd = 4.0 * heads * seq * seq * dim * (0.5 if causal else 1.0)
-    return 3.5 * fwd
+    return fwd * (3.5 if passes == "fwdbwd" else 1.0)
 
 
-def make_step(impl: str, md: jaxattn.AttentionMetadata, causal: bool) -> Callable[..., Any]:
-    """One jitted training step of attention: returns the output and the gradients of q, k, v."""
+def gathered(baseline: str, mesh: Mesh, causal: bool) -> Callable[..., Any]:
+    """Plain ``shard_map`` of ``baseline``: local queries, K/V all-gathered over "seq"."""
+
+    def local(q: Any, k: Any, v: Any) -> Any:
+        k, v = (jax.lax.all_gather(x, "seq", axis=1, tiled=True) for x in (k, v))
+        extra: dict[str, Any] = {}
+        if causal:  # bottom-right causal aligned to the keys up to this shard's last query
+            t_local = q.shape[1]
+            end = (jax.lax.axis_index("seq") + 1) * t_local
+            extra["kv_lengths"] = jnp.full((q.shape[0],), end, jnp.int32)
+        return jaxattn.attention(q, k, v, impl=baseline, causal=causal, **extra)
+
+    spec = P(None, "seq")
+    return shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)
+
+
+def attention_fn(kind: str, impl: str, mesh: Mesh | None, causal: bool, block: str) -> Callable[..., Any]:
+    if kind == "single":
+        return functools.partial(jaxattn.attention, impl=impl, causal=causal)
+    assert mesh is not None
+    if kind == "gather":
+        return gathered(impl, mesh, causal)
+    md = jaxattn.AttentionMetadata(mesh=mesh, sequence_axis="seq", extra={"ring_block_impl": block})
+    return functools.partial(jaxattn.attention, impl="ring", causal=causal, metadata=md)
+
+
+def make_step(attend: Callable[..., Any], passes: str) -> Callable[..., Any]:
+    """A jitted forward (returns the output) or training step (the loss and dq, dk, dv)."""
+    if passes == "fwd":
+        return jax.jit(lambda q, k, v, dout: attend(q, k, v))
 
     def loss(q: Any, k: Any, v: Any, dout: Any) -> Any:
-        out = jaxattn.attention(q, k, v, impl=impl, causal=causal, metadata=md)
-        return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32))
+        return jnp.sum(attend(q, k, v).astype(jnp.float32) * dout.astype(jnp.float32))
 
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
 
 
-def inputs(seq: int, heads: int, kv_heads: int, dim: int, sharding: Any, seed: int = 0) -> tuple[Any, ...]:
+def inputs(seq: int, args: argparse.Namespace, sharding: Any, seed: int = 0) -> tuple[Any, ...]:
     keys = jax.random.split(jax.random.key(seed), 4)
-    shapes = [(1, seq, heads, dim), (1, seq, kv_heads, dim), (1, seq, kv_heads, dim), (1, seq, heads, dim)]
-    arrays = [jax.random.normal(key, shape, jnp.bfloat16) for key, shape in zip(keys, shapes, strict=True)]
+    heads = (args.heads, args.kv_heads, args.kv_heads, args.heads)
+    arrays = [jax.random.normal(key, (1, seq, h, args.dim), jnp.dtype(args.dtype))
+              for key, h in zip(keys, heads, strict=True)]
     return tuple(jax.device_put(a, sharding) for a in arrays)
 
 
@@ -93,197 +135,212 @@ def is_oom(err: BaseException) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
 
 
-def time_step(step: Callable[..., Any], args: tuple[Any, ...], reps: int) -> list[float]:
-    jax.block_until_ready(step(*args))  # compile + warm up
+def time_step(step: Callable[..., Any], data: tuple[Any, ...], reps: int) -> float:
+    jax.block_until_ready(step(*data))  # compile and warm up
     times = []
     for _ in range(reps):
         start = time.perf_counter()
-        jax.block_until_ready(step(*args))
+        jax.block_until_ready(step(*data))
         times.append(time.perf_counter() - start)
-    return times
+    return statistics.median(times)
 
 
-def abstract_inputs(seq: int, args: argparse.Namespace, sharding: Any) -> tuple[Any, ...]:
-    shapes = [(1, seq, args.heads, args.dim), (1, seq, args.kv_heads, args.dim), (1, seq, args.kv_heads, args.dim),
-              (1, seq, args.heads, args.dim)]
-    return tuple(jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=sharding) for s in shapes)
+def relative_errors(got: Any, want: Any) -> dict[str, float]:
+    """Max |got - want| / max |want| per output leaf (output, or loss and dq, dk, dv)."""
+    names = ["out"] if not isinstance(want, tuple) else ["loss", "dq", "dk", "dv"]
+    leaves_got, leaves_want = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+    errs = {}
+    for name, a, b in zip(names, leaves_got, leaves_want, strict=True):
+        a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        errs[name] = float(np.abs(a64 - b64).max() / max(1e-6, float(np.abs(b64).max())))
+    return errs
 
 
-def peak_bytes(step: Callable[..., Any], seq: int, args: argparse.Namespace, sharding: Any) -> int:
-    """Per-device bytes of the compiled step (arguments + outputs + temporaries), from XLA."""
-    stats = step.lower(*abstract_inputs(seq, args, sharding)).compile().memory_analysis()  # type: ignore[attr-defined]
-    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
-               - stats.alias_size_in_bytes)
+@dataclasses.dataclass(frozen=True)
+class Config:
+    name: str
+    kind: str
+    impl: str
+    devices: int
+    block: str  # requested per-block kernel (ring only)
+    mesh: Mesh | None
+    sharding: Any
 
 
-def longest_fitting(config: str, step: Callable[..., Any], sharding: Any, limit: int | None,
-                    args: argparse.Namespace, deadline: float) -> tuple[int | None, list[dict[str, Any]]]:
-    """Double T (compiling only) until the step's memory passes ``limit``; the last T under it."""
-    if limit is None:
-        log(f"  {config}: the device reports no memory limit; lengths are probed by running only")
-        return None, []
-    probes: list[dict[str, Any]] = []
-    best = None
-    seq = args.seq_start
-    while seq <= args.seq_max and time.monotonic() < deadline:
-        try:
-            need = peak_bytes(step, seq, args, sharding)
-        except Exception as err:  # a compile-time OOM ends the probe
-            probes.append({"seq": seq, "error": str(err).splitlines()[0][:200] if str(err) else type(err).__name__})
-            break
-        probes.append({"seq": seq, "bytes_per_device": need})
-        log(f"  {config:<22} T={seq:>8} needs {need / 2**30:7.2f} GiB per device (limit {limit / 2**30:.1f})")
-        if need > limit:
-            break
-        best = seq
-        seq *= 2
-    return best, probes
+def configs(args: argparse.Namespace) -> list[Config]:
+    devices = jax.devices()
+    one = SingleDeviceSharding(devices[0])
+    out = [Config(f"1dev:{args.baseline}", "single", args.baseline, 1, "", None, one)]
+    for n in args.devices:
+        if n > len(devices):
+            log(f"ring_bench: {n} devices asked, {len(devices)} here: the rows on {n} are skipped")
+            continue
+        mesh = Mesh(np.array(devices[:n]), ("seq",))
+        sharded = NamedSharding(mesh, P(None, "seq"))
+        out += [Config(f"ring{n}:{block}", "ring", "ring", n, block, mesh, sharded) for block in args.block_kernels]
+        if n > 1 and args.gather:
+            out.append(Config(f"gather{n}:{args.baseline}", "gather", args.baseline, n, "", mesh, sharded))
+    return out
 
 
-def sweep(config: str, impl: str, md: jaxattn.AttentionMetadata, sharding: Any, gpus: int, block: str | None,
-          args: argparse.Namespace, deadline: float, upto: int | None) -> list[Record]:
+def block_name(cfg: Config, seq: int, args: argparse.Namespace, causal: bool) -> str | None:
+    """The per-block kernel ring runs for this configuration (raises with every reason if none)."""
+    if cfg.kind != "ring":
+        return None
+    md = jaxattn.AttentionMetadata(mesh=cfg.mesh, sequence_axis="seq", extra={"ring_block_impl": cfg.block})
+    q = jax.ShapeDtypeStruct((1, seq, args.heads, args.dim), jnp.dtype(args.dtype))
+    kv = jax.ShapeDtypeStruct((1, seq, args.kv_heads, args.dim), jnp.dtype(args.dtype))
+    return str(jaxattn.get_impl("ring", md).block_kernel(q, kv, kv, causal=causal).name())
+
+
+def check(cfgs: list[Config], args: argparse.Namespace) -> dict[str, Any]:
+    """Every ring and gather configuration against the baseline on one device, at ``--check-seq``."""
+    report: dict[str, Any] = {}
+    one = cfgs[0]
+    for mode in args.modes:
+        causal = mode == "causal"
+        for passes in args.passes:
+            data = inputs(args.check_seq, args, one.sharding, seed=1)
+            want = make_step(attention_fn("single", one.impl, None, causal, ""), passes)(*data)
+            for cfg in cfgs[1:]:
+                key = f"{cfg.name}/{mode}/{passes}"
+                try:
+                    step = make_step(attention_fn(cfg.kind, cfg.impl, cfg.mesh, causal, cfg.block), passes)
+                    got = step(*(jax.device_put(x, cfg.sharding) for x in data))
+                    report[key] = relative_errors(got, want)
+                except Exception as err:  # report and go on
+                    report[key] = {"error": (str(err).splitlines() or [type(err).__name__])[0][:300]}
+                log(f"  check {key:<40} vs {one.name}: {report[key]}")
+    return report
+
+
+def sweep(cfg: Config, mode: str, passes: str, args: argparse.Namespace, deadline: float) -> list[Record]:
+    causal = mode == "causal"
     records: list[Record] = []
-    seq = args.seq_start
-    step = make_step(impl, md, args.causal)
-    while seq <= min(args.seq_max, upto or args.seq_max):
-        if time.monotonic() > deadline:
-            log(f"  {config}: time budget spent, stopping before T={seq}")
-            break
-        rec = Record(config, gpus, impl, block, seq, args.causal, "ok")
+    stop = ""
+    try:
+        block = block_name(cfg, min(args.seqs), args, causal)
+        step = make_step(attention_fn(cfg.kind, cfg.impl, cfg.mesh, causal, cfg.block), passes)
+    except Exception as err:  # no kernel for this configuration: every length says why
+        block, step = None, None
+        stop = (str(err).splitlines() or [type(err).__name__])[0][:300]
+    for seq in args.seqs:
+        rec = Record(cfg.name, cfg.kind, cfg.devices, block, seq, mode, passes, "ok")
+        if stop or step is None or time.monotonic() > deadline:
+            rec.status, rec.detail = "skipped", stop or "time budget spent"
+            records.append(rec)
+            continue
         data: tuple[Any, ...] | None = None
         try:
-            data = inputs(seq, args.heads, args.kv_heads, args.dim, sharding)
-            times = time_step(step, data, args.reps)
-            med = statistics.median(times)
-            rec.ms_per_step = 1e3 * med
-            rec.tflops = step_flops(seq, args.heads, args.dim, args.causal) / med / 1e12
-            if med > args.max_step_s:
-                rec.status = "slow"
-        except Exception as err:  # an OOM or a kernel failure ends this sweep, not the run
+            data = inputs(seq, args, cfg.sharding)
+            seconds = time_step(step, data, args.reps)
+            rec.ms = 1e3 * seconds
+            rec.tflops = flops(seq, args.heads, args.dim, causal, passes) / seconds / 1e12
+            if seconds > args.max_step_s:
+                rec.status, stop = "slow", f"a step at S={seq} took {seconds:.1f} s"
+        except Exception as err:  # an OOM or a kernel failure ends this row, not the run
             rec.status = "oom" if is_oom(err) else "error"
-            rec.detail = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+            rec.detail = stop = (str(err).splitlines() or [type(err).__name__])[0][:300]
             if rec.status == "error":
                 traceback.print_exc()
         finally:
-            del data  # release the inputs before the next (larger) length
+            del data
         records.append(rec)
-        shown = f"{rec.ms_per_step:9.1f} ms/step {rec.tflops:7.1f} TFLOP/s" if rec.ms_per_step else rec.detail
-        log(f"  {config:<22} T={seq:>8} {rec.status:<5} {shown}")
-        if rec.status != "ok":
-            break
-        seq *= 2
+        shown = f"{rec.ms:10.2f} ms {rec.tflops:8.3f} TFLOP/s" if rec.ms is not None else rec.detail
+        log(f"  {cfg.name:<24} {mode:<6} {passes:<6} S={seq:>8} {rec.status:<5} {shown}")
     return records
 
 
-def check(block: str, md_ring: jaxattn.AttentionMetadata, sharding_ring: Any,
-          args: argparse.Namespace) -> dict[str, Any]:
-    """ring on 2 GPUs vs the kernel on 1 GPU (same bf16 inputs), and the kernel vs float32 XLA."""
-    seq = args.check_seq
-    one = SingleDeviceSharding(jax.devices()[0])
-    data = inputs(seq, args.heads, args.kv_heads, args.dim, one, seed=1)
-    single = make_step(block, jaxattn.AttentionMetadata(), args.causal)(*data)
-    ringed = make_step("ring", md_ring, args.causal)(*(jax.device_put(x, sharding_ring) for x in data))
+def table(records: list[Record], args: argparse.Namespace) -> str:
+    """Per (mode, pass): a row per configuration, a column per S: ms, and x over the 1-device baseline."""
+    lines = []
+    base_name = f"1dev:{args.baseline}"
+    for mode in args.modes:
+        for passes in args.passes:
+            rows = [r for r in records if r.mode == mode and r.passes == passes]
+            ms = {(r.config, r.seq): r.ms for r in rows}
+            lines.append(f"\n{mode}, {passes} (B=1 H={args.heads} Hkv={args.kv_heads} D={args.dim} {args.dtype}): "
+                         f"ms per step [x speed-up over {base_name}; ring also / gather at the same n]")
+            lines.append(f"{'config':<26}{'block':<28}" + "".join(f"{'S=' + str(s):>30}" for s in args.seqs))
+            for name in dict.fromkeys(r.config for r in rows):
+                first = next(r for r in rows if r.config == name)
+                cells = []
+                for seq in args.seqs:
+                    t = ms.get((name, seq))
+                    if t is None:
+                        status = next((r.status for r in rows if r.config == name and r.seq == seq), "-")
+                        cells.append(f"{status:>30}")
+                        continue
+                    base = ms.get((base_name, seq))
+                    cell = f"{t:.2f}" + (f" [{base / t:.2f}x" if base else " [?") + "]"
+                    gather = ms.get((f"gather{first.devices}:{args.baseline}", seq))
+                    if first.kind == "ring" and gather:
+                        cell += f" [{gather / t:.2f}x gather]"
+                    cells.append(f"{cell:>30}")
+                lines.append(f"{name:<26}{(first.block_impl or '-'):<28}" + "".join(cells))
+    return "\n".join(lines)
 
-    def as_f32(q: Any, k: Any, v: Any, dout: Any) -> Any:
-        q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
-        out = jaxattn.attention(q, k, v, impl="vanilla", causal=args.causal)
-        return jnp.sum(out * dout.astype(jnp.float32))
 
-    reference = jax.jit(jax.value_and_grad(as_f32, argnums=(0, 1, 2)))(*data) if seq <= 8192 else None
-    report: dict[str, Any] = {"seq": seq, "block_impl": block}
-    names = ("dq", "dk", "dv")
-    for label, other in (("ring2_vs_1gpu", single), ("1gpu_vs_f32", reference)):
-        if other is None:
-            continue
-        base = ringed if label.startswith("ring") else single
-        errs = {}
-        for name, a, b in zip(names, base[1], other[1], strict=True):
-            a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-            errs[name] = float(np.abs(a64 - b64).max() / max(1e-6, np.abs(b64).max()))
-        errs["loss"] = float(abs(float(base[0]) - float(other[0])) / max(1e-6, abs(float(other[0]))))
-        report[label] = errs
-        log(f"  check {label}: relative max errors {errs}")
-    return report
+def parse_ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def parse_names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--devices", type=parse_ints, default=[1, 2, 4], help="ring sizes (default 1,2,4)")
+    parser.add_argument("--seqs", type=parse_ints, default=[32768, 65536, 131072, 262144])
+    parser.add_argument("--modes", type=parse_names, default=["causal", "full"])
+    parser.add_argument("--passes", type=parse_names, default=["fwd", "fwdbwd"])
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--kv-heads", type=int, default=16)
     parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--full", dest="causal", action="store_false", help="full attention (default: causal)")
-    parser.add_argument("--seq-start", type=int, default=8192)
-    parser.add_argument("--seq-max", type=int, default=1 << 21)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--baseline", default=None,
+                        help="the single-device backend (default: cudnn on a GPU, blockwise elsewhere)")
+    parser.add_argument("--block-kernels", type=parse_names, default=["auto"],
+                        help="ring's per-block kernels to measure, e.g. auto,flash_attn2,cudnn+blockwise")
+    parser.add_argument("--no-gather", dest="gather", action="store_false", help="skip the all-gather rows")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--max-step-s", type=float, default=8.0, help="stop doubling past this step time")
-    parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting new lengths after this")
-    parser.add_argument("--block-impl", default="auto", help="ring's per-block kernel (default: auto)")
+    parser.add_argument("--max-step-s", type=float, default=8.0, help="stop growing S for a row past this")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="start nothing new after this")
     parser.add_argument("--check-seq", type=int, default=8192)
     parser.add_argument("--no-check", dest="check", action="store_false")
-    parser.add_argument("--no-cudnn", dest="cudnn", action="store_false")
     parser.add_argument("--json", help="write every record here")
     args = parser.parse_args(argv)
+    if args.baseline is None:
+        args.baseline = "cudnn" if jax.devices()[0].platform == "gpu" else "blockwise"
+    for mode in args.modes:
+        if mode not in ("causal", "full"):
+            parser.error(f"--modes: {mode!r} is not causal or full")
+    for passes in args.passes:
+        if passes not in ("fwd", "fwdbwd"):
+            parser.error(f"--passes: {passes!r} is not fwd or fwdbwd")
     deadline = time.monotonic() + args.budget_s
-
     devices = jax.devices()
-    log(f"jax {jax.__version__}; devices: {[d.device_kind for d in devices]}")
-    if len(devices) < 2:
-        log("ring_bench: needs 2 devices for the ring rows; only the 1-GPU rows will run")
-    n = min(2, len(devices))
-    mesh = Mesh(np.array(devices[:n]), ("seq",))
-    md_ring = jaxattn.AttentionMetadata(mesh=mesh, sequence_axis="seq", extra={"ring_block_impl": args.block_impl})
-    seq_sharded = NamedSharding(mesh, P(None, "seq"))
-    probe = jax.ShapeDtypeStruct((1, args.seq_start, args.heads, args.dim), jnp.bfloat16)
-    probe_kv = jax.ShapeDtypeStruct((1, args.seq_start, args.kv_heads, args.dim), jnp.bfloat16)
-    ring_impl = jaxattn.get_impl("ring", md_ring)
-    assert isinstance(ring_impl, RingAttention), "jaxattn-ring is not installed"
-    block = ring_impl.block_kernel(probe, probe_kv, probe_kv, causal=args.causal).name()
-    log(f"ring per-block kernel: {block} (ring on {n} GPU{'s' if n > 1 else ''})")
-
-    out: dict[str, Any] = {"devices": [d.device_kind for d in devices], "jax": jax.__version__, "args": vars(args),
-                           "block_impl": block, "records": []}
-    if args.check and n == 2:
-        try:
-            out["check"] = check(block, md_ring, seq_sharded, args)
-        except Exception as err:  # report and go on to the timings
-            traceback.print_exc()
-            out["check"] = {"error": str(err)[:500]}
-
-    one = SingleDeviceSharding(jax.devices()[0])
-    configs: list[tuple[str, str, jaxattn.AttentionMetadata, Any, int]] = [
-        (f"1gpu:{block}", block, jaxattn.AttentionMetadata(), one, 1)]
-    if n == 2:
-        configs.append((f"ring2:{block}", "ring", md_ring, seq_sharded, 2))
-    if args.cudnn and devices[0].platform == "gpu":
-        configs.append(("1gpu:cudnn", "cudnn", jaxattn.AttentionMetadata(), one, 1))
-    limit = (devices[0].memory_stats() or {}).get("bytes_limit") if devices[0].platform == "gpu" else None
+    log(f"jax {jax.__version__}; {len(devices)} devices: {sorted({d.device_kind for d in devices})}")
+    cfgs = configs(args)
+    out: dict[str, Any] = {"devices": [d.device_kind for d in devices], "jax": jax.__version__,
+                           "args": dict(vars(args)), "records": []}
+    if args.check:
+        out["check"] = check(cfgs, args)
     records: list[Record] = []
-    fits: dict[str, Any] = {}
-    for config, impl, md, sharding, gpus in configs:
-        log(f"{config}: B=1 H={args.heads} Hkv={args.kv_heads} D={args.dim} bf16 "
-            f"{'causal' if args.causal else 'full'}, fwd+bwd per step")
-        step = make_step(impl, md, args.causal)
-        best, probes = longest_fitting(config, step, sharding, limit, args, deadline)
-        fits[config] = {"longest_fitting_seq": best, "probes": probes}
-        records += sweep(config, impl, md, sharding, gpus, block if impl == "ring" else None, args, deadline, best)
-        jax.clear_caches()
-
-    out["fits"] = fits
+    for mode in args.modes:
+        for passes in args.passes:
+            for cfg in cfgs:
+                records += sweep(cfg, mode, passes, args, deadline)
+            jax.clear_caches()
     out["records"] = [dataclasses.asdict(r) for r in records]
-    log("\nsummary: longest sequence that fits (memory), longest timed, and its time per step")
-    for config, *_ in configs:
-        timed = [r for r in records if r.config == config and r.ms_per_step is not None]
-        fit = fits[config]["longest_fitting_seq"]
-        line = f"  {config:<22} fits T={fit if fit else '?':>8}"
-        if timed:
-            last = timed[-1]
-            line += f"  timed T={last.seq:>8} {last.ms_per_step:9.1f} ms/step {last.tflops:7.1f} TFLOP/s"
-        log(line)
+    log(table(records, args))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=2)
         log(f"wrote {args.json}")
-    return 0
+    failed = [r for r in records if r.status == "error"]
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
