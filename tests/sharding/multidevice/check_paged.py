@@ -125,3 +125,15 @@ def test_batch_and_sequence_axes_are_declined() -> None:
     md = jaxattn.AttentionMetadata(mesh=mesh((2, 4), ("data", "model")), batch_axis="data", head_axis="model")
     with pytest.raises(UnsupportedError, match="shards only the KV heads"):
         jaxattn.ragged_paged_attention(*a.values(), impl="vanilla_paged", metadata=md)
+
+
+def test_pallas_tpu_page_attention_in_interpret_mode() -> None:
+    # JAX's TPU paged_attention kernel (Pallas interpret mode on the CPU) on its heads' pages, 2 devices.
+    # (The ragged TPU kernel does not run in interpret mode; it declines there, as on one device.)
+    a = cache(hq=8, hkv=4, q_lens=[1, 1, 1], seed=13, dtype=np.float32)
+    clean = {key: np.nan_to_num(a[key], nan=0.0, posinf=0.0) for key in ("k_pages", "v_pages")}
+    a.update(clean)  # the poison is for the float64 tests above; these kernels' page reads differ
+    md = heads(2, platform="tpu", interpret=True)
+    cached = (a["q"], a["k_pages"], a["v_pages"], a["page_table"], a["kv_lengths"])
+    out = jaxattn.paged_attention(*cached, impl="page_attention", metadata=md)
+    np.testing.assert_allclose(np.asarray(out), expected(a), rtol=2e-5, atol=2e-5)
