@@ -330,7 +330,7 @@ def lse_is_differentiable(kernel: BlockKernel, q: Array, k: Array, v: Array) -> 
     cotangent). This traces the kernel's pullback on abstract values, without running it,
     and checks that the lse cotangent reaches the gradients.
     """
-    key = (type(kernel.impl), kernel.impl.metadata, kernel.softmax_scale, kernel.logits_soft_cap,
+    key = (type(kernel), type(kernel.impl), kernel.impl.metadata, kernel.softmax_scale, kernel.logits_soft_cap,
            *((tuple(x.shape), str(x.dtype)) for x in (q, k, v)))
     if key not in _lse_grad_cache:
         def pullback(q: Array, k: Array, v: Array, ct: Array) -> Any:
