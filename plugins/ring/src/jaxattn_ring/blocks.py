@@ -50,9 +50,10 @@ Array = Any
 #: The per-block kernels "auto" tries first, fastest first as measured by ``benchmarks/ring_bench.py
 #: --block-kernels`` (ring forward+backward, causal, bf16): each returns ``(out, lse)`` with
 #: gradients through lse. Triton's ``flash_attn2`` (its backward subtracts the lse cotangent);
-#: cuDNN's forward with the blockwise backward (cuDNN's own lse has no gradient). Not yet
-#: measured against each other on a multi-GPU machine (docs/bench.md); reorder when they are.
-CANDIDATES: tuple[str, ...] = ("flash_attn2", "cudnn+blockwise")
+#: jaxattn-mosaic's Hopper forward and cuDNN's forward, each with the blockwise backward (neither
+#: has a backward through its lse). Not yet measured against each other on a multi-GPU machine
+#: (docs/bench.md); reorder when they are.
+CANDIDATES: tuple[str, ...] = ("flash_attn2", "mosaic_flash+blockwise", "cudnn+blockwise")
 
 #: The backward an ``"X+blockwise"`` kernel takes X's forward to (jaxattn-vanilla's).
 OWN_BACKWARD = "blockwise"
