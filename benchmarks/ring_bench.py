@@ -15,10 +15,13 @@ pass (``fwd``: the forward; ``fwdbwd``: forward and backward of ``sum(out * dout
 * ``ring<n>:<block>``: ring over ``n`` devices (sequence sharded over the mesh axis "seq"), for
   each per-block kernel of ``--block-kernels`` ("auto" is ring's own choice; name others, such
   as ``flash_attn2`` and ``cudnn+blockwise``, to choose between them by measurement);
-* ``gather<n>:<baseline>``: plain ``shard_map`` of the baseline with K/V all-gathered: device
-  ``i`` keeps its ``S/n`` queries and attends to the whole gathered K/V (causal: bottom-right
-  aligned to ``kv_lengths = (i+1) S/n``, so positions are global; contiguous shards, so the last
-  device does the most work: what one gets without a ring).
+* ``gather<n>:<gather-impl>``: plain ``shard_map`` of a backend (``--gather-impl``, default the
+  baseline) with K/V all-gathered: device ``i`` keeps its ``S/n`` queries and attends to the
+  whole gathered K/V (causal: bottom-right aligned to ``kv_lengths = (i+1) S/n``, so positions
+  are global; contiguous shards, so the last device does the most work: what one gets without
+  a ring). jaxattn's cuDNN path spells causal with ``kv_lengths`` as a ``(S/n) x S`` mask
+  (jax.nn's causal is top-left, and no flag shifts it per device), so at long S the causal
+  gather rows may run out of memory and say so; full attention needs no lengths.
 
 It prints one table per (mode, pass): ms per step, TFLOP/s (whole problem), and the speed-up of
 each row over ``1dev:<baseline>`` and of ring over ``gather<n>`` at the same n. Before timing,
@@ -179,7 +182,7 @@ def configs(args: argparse.Namespace) -> list[Config]:
         sharded = NamedSharding(mesh, P(None, "seq"))
         out += [Config(f"ring{n}:{block}", "ring", "ring", n, block, mesh, sharded) for block in args.block_kernels]
         if n > 1 and args.gather:
-            out.append(Config(f"gather{n}:{args.baseline}", "gather", args.baseline, n, "", mesh, sharded))
+            out.append(Config(f"gather{n}:{args.gather_impl}", "gather", args.gather_impl, n, "", mesh, sharded))
     return out
 
 
@@ -273,7 +276,7 @@ def table(records: list[Record], args: argparse.Namespace) -> str:
                         continue
                     base = ms.get((base_name, seq))
                     cell = f"{t:.2f}" + (f" [{base / t:.2f}x" if base else " [?") + "]"
-                    gather = ms.get((f"gather{first.devices}:{args.baseline}", seq))
+                    gather = ms.get((f"gather{first.devices}:{args.gather_impl}", seq))
                     if first.kind == "ring" and gather:
                         cell += f" [{gather / t:.2f}x gather]"
                     cells.append(f"{cell:>30}")
@@ -304,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-kernels", type=parse_names, default=["auto"],
                         help="ring's per-block kernels to measure, e.g. auto,flash_attn2,cudnn+blockwise")
     parser.add_argument("--no-gather", dest="gather", action="store_false", help="skip the all-gather rows")
+    parser.add_argument("--gather-impl", default=None, help="the backend of the all-gather rows (default: --baseline)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--max-step-s", type=float, default=8.0, help="stop growing S for a row past this")
     parser.add_argument("--budget-s", type=float, default=540.0, help="start nothing new after this")
@@ -313,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.baseline is None:
         args.baseline = "cudnn" if jax.devices()[0].platform == "gpu" else "blockwise"
+    args.gather_impl = args.gather_impl or args.baseline
     for mode in args.modes:
         if mode not in ("causal", "full"):
             parser.error(f"--modes: {mode!r} is not causal or full")
