@@ -28,6 +28,13 @@ Query blocks:
   ``cdiv(q_len_s, BLOCK_Q)`` of them; a binary search over ``cu_q_lens`` finds a program's
   sequence. Programs past ``start(num_seqs)`` cover the padding tokens: they attend to no key
   and so write zeros, which is how padding rows get their zeros without a memset.
+* ragged with decode programs (``DECODE_Q > 0``): programs ``0 .. MAX_SEQS - 1`` come first,
+  program ``s`` taking every query of sequence ``s`` when it has at most ``DECODE_Q`` of them
+  (a decode step, a few speculative tokens), with tiles of their own (``DECODE_M`` rows,
+  ``DECODE_N`` keys: a decode tile, not a prefill block of a few real rows); programs from
+  ``MAX_SEQS`` on are the ragged allotment above, which gives such sequences no rows. Both kinds
+  are branches of one kernel (one launch, so decode and prefill programs share the GPU at once);
+  its shared memory is the larger branch's.
 
 Key range of a block: the union of its rows' visible keys ``[pos - LEFT, pos + RIGHT]``
 intersected with ``[0, kv_len)``, in tiles; it is cut into ``NUM_SPLITS`` even runs of tiles
