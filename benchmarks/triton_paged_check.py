@@ -19,7 +19,9 @@ times a mixed batch (prefill chunks + decode rows) against its two parts run sep
 ``--sweep`` times other tiles and split counts on a few decode shapes. ``--quant-sweep`` times
 paged decode over int8 and float8_e4m3fn caches (scales per token, and per head) with the
 default tiles and a few others, beside cuDNN's bf16 dense decode and the bf16 paged kernel
-over the same tokens (bytes read: values + scales). The registered
+over the same tokens (bytes read: values + scales); ``--quant-mixed`` a mixed ragged batch
+over int8 and e4m3 caches as one call and as two, beside the bf16 cache's one call
+(``--quant-mixed-all``: per-token scales and every tile variant too). The registered
 backends are measured too, through jaxattn's dispatch (validation, support checks, the
 ragged-form call, the kernel choice): ``--check`` runs ``jaxattn.paged_attention(...,
 impl="page_attention")``, ``jaxattn.ragged_paged_attention(..., impl="ragged_page_attention_v3")``
