@@ -39,10 +39,11 @@ K = importlib.util.module_from_spec(_spec)
 sys.modules["mosaic_kernel"] = K
 _spec.loader.exec_module(K)
 
-SWEEP: dict[int, tuple[tuple[int, int, int], ...]] = {
-    128: ((64, 128, 2), (64, 64, 4), (128, 64, 2)),
-    64: ((64, 128, 2), (64, 256, 2), (64, 128, 4)),
-    256: ((64, 64, 2), (64, 64, 3)),
+#: (block_q, block_kv, stages, pingpong) timed beside the default with --sweep (an ablation).
+SWEEP: dict[int, tuple[tuple[int, int, int, bool], ...]] = {
+    128: ((64, 128, 2, False), (64, 64, 4, True), (128, 64, 2, True)),
+    64: ((64, 128, 2, True), (64, 256, 2, False)),
+    256: ((64, 64, 2, False),),
 }
 
 
@@ -168,7 +169,7 @@ def _grad_of(fn: Callable[..., Any]) -> Callable[..., Any]:
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
-def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool) -> None:
+def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None = None) -> None:
     tk = import_tokamax()
     name = jnp.dtype(dtype).name
     print(f"\n{name}, BTHD, ms per call (TFLOP/s; causal counts half the FLOPs)")
@@ -178,6 +179,8 @@ def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool) -> None:
     print(head)
     print("|---" * (head.count("|") - 1) + "|")
     for b, s, hq, hkv, d in SHAPES[:2] if quick else SHAPES:
+        if only and d not in only:
+            continue
         for causal in (False, True):
             ks = jax.random.split(jax.random.PRNGKey(0), 3)
             q = jax.random.normal(ks[0], (b, s, hq, d), dtype)
@@ -204,7 +207,7 @@ def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool) -> None:
 
             for key in ms:
                 if key.startswith("mosaic("):
-                    print(f"   ablation {key} (block_q, block_kv, stages): {ms[key]:.3f} ms, "
+                    print(f"   ablation {key} (block_q, block_kv, stages, pingpong): {ms[key]:.3f} ms, "
                           f"cuDNN/it {ms['cudnn'] / ms[key]:.3f}")
             row = (f"| {b}, {s}, {hq}/{hkv}, {d} | {'causal' if causal else 'full'} | {cell('mosaic')} | "
                    f"{cell('cudnn')} | {cell('tokamax')} | {ms['cudnn'] / ms['mosaic']:.3f} | "
@@ -222,13 +225,15 @@ def main() -> int:
     ap.add_argument("--fp16", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--bwd", action="store_true")
+    ap.add_argument("--head-dims", default="", help="only these head dims, e.g. 64,256")
     a = ap.parse_args()
     print(jax.__version__, jax.devices(), flush=True)
     bad = check(a.quick) if a.check else 0
     if a.bench:
-        bench(a.quick, jnp.bfloat16, a.sweep, a.bwd)
+        only = {int(d) for d in a.head_dims.split(",") if d}
+        bench(a.quick, jnp.bfloat16, a.sweep, a.bwd, only)
         if a.fp16:
-            bench(a.quick, jnp.float16, a.sweep, a.bwd)
+            bench(a.quick, jnp.float16, a.sweep, a.bwd, only)
     return 1 if bad else 0
 
 

@@ -53,6 +53,8 @@ class Config:
     block_q: int = 64
     block_kv: int = 128
     stages: int = 2
+    #: The two consumers take turns on the tensor cores (off: an ablation, both issue freely).
+    pingpong: bool = True
 
     def __post_init__(self) -> None:
         if self.block_q % 64 or self.block_kv % 64:
@@ -159,8 +161,9 @@ def _forward_call(q, k, v, *, causal: bool, scale: float, s_len: int, t_len: int
         cta_blocks = kv_blocks_for(tile_start + 2 * bq)
 
         def sched_sync():
-            plgpu.barrier_arrive(sched)
-            plgpu.barrier_wait(sched)
+            if cfg.pingpong:
+                plgpu.barrier_arrive(sched)
+                plgpu.barrier_wait(sched)
 
         @pl.when(wg < 2)
         def _consumer():
@@ -213,9 +216,11 @@ def _forward_call(q, k, v, *, causal: bool, scale: float, s_len: int, t_len: int
                 p_lo = p.astype(dtype)
 
                 def release_tensor_cores():
-                    plgpu.barrier_arrive(sched)
+                    if cfg.pingpong:
+                        plgpu.barrier_arrive(sched)
                     plgpu.barrier_wait(v_ready.at[slot])
-                    plgpu.barrier_wait(sched)
+                    if cfg.pingpong:
+                        plgpu.barrier_wait(sched)
 
                 if head_dim <= 128:
                     l_i = l_i + p.sum(axis=1)
