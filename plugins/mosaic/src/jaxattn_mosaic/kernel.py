@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -123,7 +124,8 @@ def mosaic_attention_forward(
     return out, lse
 
 
-def _forward_call(q, k, v, *, causal: bool, scale: float, s_len: int, t_len: int, cfg: Config):
+def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: int, t_len: int,
+                  cfg: Config) -> tuple[Any, Any]:
     batch, t_pad, hq, head_dim = q.shape
     _, s_pad, hkv, _ = k.shape
     dtype = q.dtype
@@ -135,14 +137,14 @@ def _forward_call(q, k, v, *, causal: bool, scale: float, s_len: int, t_len: int
     offset = s_len - t_len  # bottom-right causal: row i sees keys j <= i + offset
     qk_scale = scale * _LOG2E
 
-    def kv_blocks_for(row_end):
+    def kv_blocks_for(row_end: Any) -> Any:
         """Blocks holding any key rows < row_end may see (traced row_end, exclusive)."""
         if not causal:
             return row_end * 0 + n_kv_blocks  # traced: a concrete array cannot enter the kernel
         last = jnp.minimum(row_end + offset, s_len)  # keys < last
         return jnp.clip(lax.div(last + (bkv - 1), jnp.int32(bkv)), 0, n_kv_blocks)
 
-    def unmasked_blocks_for(row_start):
+    def unmasked_blocks_for(row_start: Any) -> Any:
         """Blocks every row >= row_start sees whole (no causal mask, no tail)."""
         full = s_len // bkv
         if not causal:
@@ -150,7 +152,7 @@ def _forward_call(q, k, v, *, causal: bool, scale: float, s_len: int, t_len: int
         first = row_start + offset + 1  # keys < first are seen by row row_start
         return jnp.clip(lax.div(jnp.maximum(first, 0), jnp.int32(bkv)), 0, full)
 
-    def body(q_ref, k_ref, v_ref, out_ref, lse_ref, scoped):
+    def body(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scoped: Any) -> None:
         (q_smem2, k_smem, v_smem, lse_smem2), (k_ready, v_ready, q_ready), (k_free, v_free), sched = scoped
         b = lax.axis_index("b")
         head = lax.axis_index("h")
@@ -160,13 +162,13 @@ def _forward_call(q, k, v, *, causal: bool, scale: float, s_len: int, t_len: int
         tile_start = q_tile * (2 * bq)
         cta_blocks = kv_blocks_for(tile_start + 2 * bq)
 
-        def sched_sync():
+        def sched_sync() -> None:
             if cfg.pingpong:
                 plgpu.barrier_arrive(sched)
                 plgpu.barrier_wait(sched)
 
         @pl.when(wg < 2)
-        def _consumer():
+        def _consumer() -> None:
             plgpu.set_max_registers(232, action="increase")
             q_smem = q_smem2.at[wg]
             lse_smem = lse_smem2.at[wg]
@@ -182,17 +184,17 @@ def _forward_call(q, k, v, *, causal: bool, scale: float, s_len: int, t_len: int
             acc = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
 
             @pl.when(n_blocks > 0)
-            def _():
+            def _() -> None:
                 plgpu.barrier_wait(k_ready.at[0])
 
             # Consumer 1 starts half a step behind consumer 0: the ping-pong.
             pl.when(wg == 1)(sched_sync)
 
-            def step(j, carry, masked: bool):
+            def step(j: Any, carry: Any, masked: bool) -> Any:
                 acc, m_i, l_i = carry
                 slot = lax.rem(j, jnp.int32(stages))
 
-                def qk_gemm(s_ref):
+                def qk_gemm(s_ref: Any) -> Any:
                     plgpu.wgmma(s_ref, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
                     sched_sync()
                     return s_ref[...]
@@ -215,7 +217,7 @@ def _forward_call(q, k, v, *, causal: bool, scale: float, s_len: int, t_len: int
                 l_i = l_i * alpha
                 p_lo = p.astype(dtype)
 
-                def release_tensor_cores():
+                def release_tensor_cores() -> None:
                     if cfg.pingpong:
                         plgpu.barrier_arrive(sched)
                     plgpu.barrier_wait(v_ready.at[slot])
@@ -230,12 +232,12 @@ def _forward_call(q, k, v, *, causal: bool, scale: float, s_len: int, t_len: int
                     release_tensor_cores()
                     l_i = l_i + p.sum(axis=1)
 
-                def pv_gemm(acc_ref):
+                def pv_gemm(acc_ref: Any) -> None:
                     plgpu.wgmma(acc_ref, p_lo, v_smem.at[slot])
                     nxt = j + 1
 
                     @pl.when(nxt < n_blocks)
-                    def _():
+                    def _() -> None:
                         plgpu.barrier_wait(k_ready.at[lax.rem(nxt, jnp.int32(stages))])
 
                 acc = pl.run_state(pv_gemm)(plgpu.ACC.init(acc))
@@ -246,7 +248,7 @@ def _forward_call(q, k, v, *, causal: bool, scale: float, s_len: int, t_len: int
             carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), carry)
             acc, m_i, l_i = lax.fori_loop(n_full, n_blocks, functools.partial(step, masked=True), carry)
 
-            def drain(j, _):
+            def drain(j: Any, _: Any) -> None:
                 # The other consumer needs more blocks: release our share of them and keep
                 # the ping-pong in step.
                 slot = lax.rem(j, jnp.int32(stages))
@@ -269,11 +271,11 @@ def _forward_call(q, k, v, *, causal: bool, scale: float, s_len: int, t_len: int
             plgpu.wait_smem_to_gmem(0)
 
         @pl.when(wg == 2)
-        def _producer():
+        def _producer() -> None:
             plgpu.set_max_registers(40, action="decrease")
             kv_head = lax.div(head, jnp.int32(group))
 
-            def load(j, slot):
+            def load(j: Any, slot: Any) -> None:
                 idx = (b, pl.ds(j * bkv, bkv), kv_head)
                 plgpu.copy_gmem_to_smem(k_ref.at[idx], k_smem.at[slot], k_ready.at[slot])
                 plgpu.copy_gmem_to_smem(v_ref.at[idx], v_smem.at[slot], v_ready.at[slot])
@@ -282,7 +284,7 @@ def _forward_call(q, k, v, *, causal: bool, scale: float, s_len: int, t_len: int
                 pl.when(i < cta_blocks)(functools.partial(load, i, i))
 
             @pl.loop(0, jnp.maximum(cta_blocks - stages, 0))
-            def _refill(j):
+            def _refill(j: Any) -> None:
                 slot = lax.rem(j, jnp.int32(stages))
                 nxt = j + stages
                 idx = (b, pl.ds(nxt * bkv, bkv), kv_head)
@@ -291,7 +293,7 @@ def _forward_call(q, k, v, *, causal: bool, scale: float, s_len: int, t_len: int
                 plgpu.barrier_wait(v_free.at[slot])
                 plgpu.copy_gmem_to_smem(v_ref.at[idx], v_smem.at[slot], v_ready.at[slot])
 
-    def entry(q_ref, k_ref, v_ref, out_ref, lse_ref):
+    def entry(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any) -> None:
         transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
         smem = [
             plgpu.SMEM((2, bq, head_dim), dtype, transforms=transforms),
