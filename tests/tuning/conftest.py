@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 import jaxattn
+import jaxattn.tuning
 from jaxattn import device as device_module
 from jaxattn.device import DeviceInfo
 from jaxattn.plugins import isolated_registry, register_plugin
-import jaxattn.tuning
-from jaxattn_bench import records as cache_module
 from jaxattn_bench import plugin as bench_plugin
+from jaxattn_bench import records as cache_module
 from jaxattn_bench import runner as runner_module
 from jaxattn_bench.timing import samples_per_round
 
