@@ -3,10 +3,96 @@
 Numerics tests compare against a float64 oracle with float32 tolerances; on GPUs and TPUs
 XLA's default float32 matrix product is TF32 / bf16-pass, about 1e-3 off. Tests check the
 math, so they run float32 products at full precision everywhere (users keep jax's default).
+
+Under pytest-xdist's ``--dist loadgroup`` (what ``run.py test`` uses) the scheduler below
+sends tests that share compiled programs or session fixtures to one worker, where they are
+built once:
+
+* the tests of one parametrisation of a class (for the conformance suites: suite class, case
+  and dtype): ``test_forward`` and ``test_gradients`` share one compiled program and its
+  results (the suites' per-process cache), the case's other tests the eager primitives
+  compiled for its shapes;
+* the variants of a test that differ only in the value poisoning a cache (``nan``, ``inf``,
+  ``-inf`` in the id): the same shapes, so the same programs;
+* the modules that name an ``xdist_group`` in their ``pytestmark`` (the fresh-venv tests: one
+  wheelhouse and one dependency base per session). xdist reads that marker into the test id,
+  which pytest 9.2 no longer lets it change, so the group is read off the module here.
+
+Spread over two workers, about half of those programs (and both fixtures) were built twice.
+Groups with more tests start first (xdist's ``--loadscope-reorder``, on by default). The order
+the tests run in changes; nothing a test checks does.
 """
 
 from __future__ import annotations
 
+import functools
+import re
+from pathlib import Path
+from typing import Any
+
 import jax
+import pytest
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+ROOT = Path(__file__).resolve().parents[1]
+# Ids of the values a poisoned-cache test tries; the rest of its id fixes the shapes.
+_POISON_IDS = frozenset({"nan", "inf", "-inf"})
+_MODULE_GROUP = re.compile(r"^pytestmark\s*=.*xdist_group\(\s*[\"']([^\"']+)[\"']", re.M)
+
+
+@functools.cache
+def _module_group(path: str) -> str | None:
+    try:
+        found = _MODULE_GROUP.search((ROOT / path).read_text())
+    except OSError:
+        return None
+    return found.group(1) if found else None
+
+
+def _id_tokens(param_id: str) -> list[str]:
+    """``"vanilla--inf-eager"`` -> ``["vanilla", "-inf", "eager"]`` (ids are joined by ``-``)."""
+    tokens: list[str] = []
+    pending = ""
+    for part in param_id.split("-"):
+        if part == "" and not pending:
+            pending = "-"
+            continue
+        tokens.append(pending + part)
+        pending = ""
+    return tokens
+
+
+def shared_program_scope(nodeid: str) -> str:
+    """The unit of work (a worker runs all of it) that ``nodeid`` belongs to."""
+    path = nodeid.split("::", 1)[0]
+    group = _module_group(path)
+    if group is not None:
+        return group
+    name, bracket, param_id = nodeid.partition("[")
+    if not bracket or not param_id.endswith("]"):
+        return nodeid
+    param_id = param_id[:-1]
+    parts = name.split("::")
+    if len(parts) == 3:  # a method: every test of the class with this parametrisation
+        return f"{parts[0]}::{parts[1]}[{param_id}]"
+    tokens = _id_tokens(param_id)
+    kept = [t for t in tokens if t not in _POISON_IDS]
+    if len(kept) < len(tokens):  # the same test with another poison value
+        return f"{name}[{'-'.join(kept)}:poisons]"
+    return nodeid
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class SharedProgramScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.rfind("@") > nodeid.rfind("]"):  # a group xdist did read into the id
+                return super()._split_scope(nodeid)
+            return shared_program_scope(nodeid)
+
+    return SharedProgramScheduling(config, log)
