@@ -226,7 +226,13 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--bwd", action="store_true")
     ap.add_argument("--head-dims", default="", help="only these head dims, e.g. 64,256")
+    ap.add_argument("--config", action="append", default=[],
+                    help="BQ,BKV,STAGES,PINGPONG(0/1) timed with --sweep instead of SWEEP (repeatable)")
     a = ap.parse_args()
+    if a.config:
+        mine = tuple((bq, bkv, st, bool(pp)) for bq, bkv, st, pp in (map(int, c.split(",")) for c in a.config))
+        for d in SWEEP:
+            SWEEP[d] = mine
     print(jax.__version__, jax.devices(), flush=True)
     bad = check(a.quick) if a.check else 0
     if a.bench:
