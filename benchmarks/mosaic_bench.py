@@ -41,7 +41,8 @@ _spec.loader.exec_module(K)
 
 #: (block_q, block_kv, stages, pingpong) timed beside the default with --sweep (an ablation).
 SWEEP: dict[int, tuple[tuple[int, int, int, bool], ...]] = {
-    128: ((64, 128, 2, False), (64, 64, 4, True), (128, 64, 2, True)),
+    128: ((64, 128, 2, False), (64, 64, 4, True), (128, 64, 2, True), (64, 128, 3, True), (64, 128, 2, True),
+          (64, 192, 2, True)),
     64: ((64, 128, 2, True), (64, 256, 2, False)),
     256: ((64, 64, 2, False),),
 }
@@ -79,16 +80,20 @@ CHECKS = [
 ]
 
 
-def check(quick: bool) -> int:
+def check(quick: bool, configs: tuple[Any, ...] = ()) -> int:
+    """The default configuration, then each of ``configs`` (at head dim 128 only)."""
     bad = 0
-    for b, t, s, hq, hkv, d, causal, dt in CHECKS[:3] if quick else CHECKS:
+    todo = [(None, c) for c in (CHECKS[:3] if quick else CHECKS)]
+    todo += [(cfg, c) for cfg in configs for c in CHECKS if c[5] == 128]
+    for cfg, (b, t, s, hq, hkv, d, causal, dt) in todo:
         ks = jax.random.split(jax.random.PRNGKey(t * 7 + s + d), 3)
         q = jax.random.normal(ks[0], (b, t, hq, d), dt)
         k = jax.random.normal(ks[1], (b, s, hkv, d), dt)
         v = jax.random.normal(ks[2], (b, s, hkv, d), dt)
         scale = 1.0 / math.sqrt(d)
         try:
-            fn = jax.jit(functools.partial(K.mosaic_attention_forward, causal=causal, softmax_scale=scale))
+            fn = jax.jit(functools.partial(K.mosaic_attention_forward, causal=causal, softmax_scale=scale,
+                                           config=None if cfg is None else K.Config(*cfg)))
             out, lse = fn(q, k, v)
             ro, rl = reference(q, k, v, causal, scale)
             err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ro)))
@@ -101,7 +106,8 @@ def check(quick: bool) -> int:
             ok, err, lerr = False, float("nan"), float("nan")
             print("   ", type(e).__name__, str(e)[:2000])
         bad += not ok
-        print(f"check B={b} T={t} S={s} H={hq}/{hkv} D={d} causal={causal} {jnp.dtype(dt).name}: "
+        name = "default" if cfg is None else cfg
+        print(f"check {name} B={b} T={t} S={s} H={hq}/{hkv} D={d} causal={causal} {jnp.dtype(dt).name}: "
               f"max|out-ref|={err:.2e} max|lse-ref|={lerr:.2e} {'ok' if ok else 'FAIL'}", flush=True)
     return bad
 
@@ -227,14 +233,15 @@ def main() -> int:
     ap.add_argument("--bwd", action="store_true")
     ap.add_argument("--head-dims", default="", help="only these head dims, e.g. 64,256")
     ap.add_argument("--config", action="append", default=[],
-                    help="BQ,BKV,STAGES,PINGPONG(0/1) timed with --sweep instead of SWEEP (repeatable)")
+                    help="BQ,BKV,STAGES,PINGPONG(0/1) timed with --sweep instead of SWEEP, and checked "
+                         "at head dim 128 with --check (repeatable)")
     a = ap.parse_args()
-    if a.config:
-        mine = tuple((bq, bkv, st, bool(pp)) for bq, bkv, st, pp in (map(int, c.split(",")) for c in a.config))
+    mine = tuple((bq, bkv, st, bool(pp)) for bq, bkv, st, pp in (map(int, c.split(",")) for c in a.config))
+    if mine:
         for d in SWEEP:
             SWEEP[d] = mine
     print(jax.__version__, jax.devices(), flush=True)
-    bad = check(a.quick) if a.check else 0
+    bad = check(a.quick, mine) if a.check else 0
     if a.bench:
         only = {int(d) for d in a.head_dims.split(",") if d}
         bench(a.quick, jnp.bfloat16, a.sweep, a.bwd, only)

@@ -75,7 +75,7 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
     def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
         from jaxattn_mosaic.kernel import Config, default_config, mosaic_attention_forward
 
-        cfg = default_config(int(call.q.shape[-1]))
+        cfg = default_config(int(call.q.shape[-1]), causal=call.causal, kv_len=int(call.k.shape[1]))
         overrides = self._overrides()
         if overrides:
             cfg = Config(

@@ -64,11 +64,22 @@ class Config:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
 
 
-def default_config(head_dim: int) -> Config:
-    """Tiles that fit the 227 KiB of shared memory and the consumers' 232 registers."""
+#: Keys from which a full (non-causal) D = 128 forward takes 64x192 tiles (measured on an H100:
+#: 1.4-4.9% faster than 64x128 at 16k and 32k keys, a tie or slower below; slower causal, where
+#: 192-key blocks cut the diagonal band of 128-row tiles worse). docs/bench.md has the runs.
+WIDE_KV_FROM = 16384
+
+
+def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0) -> Config:
+    """Tiles that fit the 227 KiB of shared memory and the consumers' 232 registers.
+
+    ``causal`` and ``kv_len`` (the key length) choose between measured tiles at D = 128.
+    """
     if head_dim <= 64:
         return Config(block_q=64, block_kv=256, stages=2)
     if head_dim <= 128:
+        if not causal and kv_len >= WIDE_KV_FROM:
+            return Config(block_q=64, block_kv=192, stages=2)
         return Config(block_q=64, block_kv=128, stages=2)
     return Config(block_q=64, block_kv=64, stages=2)
 
@@ -101,7 +112,7 @@ def mosaic_attention_forward(
         raise ValueError(f"q, k, v must share float16 or bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
     if head_dim % 64 or head_dim > 256:
         raise ValueError(f"head dim must be 64, 128, 192 or 256, got {head_dim}")
-    cfg = config or default_config(head_dim)
+    cfg = config or default_config(head_dim, causal=causal, kv_len=s_len)
     bq, bkv = cfg.block_q, cfg.block_kv
     t_pad = _cdiv(t_len, 2 * bq) * 2 * bq
     # At least two key blocks: the producer's ring is filled by an unrolled loop of static
@@ -153,7 +164,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         return jnp.clip(lax.div(jnp.maximum(first, 0), jnp.int32(bkv)), 0, full)
 
     def body(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scoped: Any) -> None:
-        (q_smem2, k_smem, v_smem, lse_smem2), (k_ready, v_ready, q_ready), (k_free, v_free), sched = scoped
+        (q_smem2, k_smem, v_smem), (k_ready, v_ready, q_ready), (k_free, v_free), sched = scoped
         b = lax.axis_index("b")
         head = lax.axis_index("h")
         # Heavy (late) causal tiles first: the tail of the grid is then the short ones.
@@ -171,7 +182,6 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         def _consumer() -> None:
             plgpu.set_max_registers(232, action="increase")
             q_smem = q_smem2.at[wg]
-            lse_smem = lse_smem2.at[wg]
             row0 = tile_start + wg * bq
             n_blocks = kv_blocks_for(row0 + bq)
             n_full = jnp.minimum(unmasked_blocks_for(row0), n_blocks)
@@ -264,10 +274,12 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             l_safe = jnp.where(l_i == 0.0, 1.0, l_i)
             acc = acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [0])
             q_smem[...] = acc.astype(dtype)
-            lse_smem[...] = m_i + jnp.log2(l_safe)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(q_smem, out_ref.at[b, pl.ds(row0, bq), head])
-            plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, head, pl.ds(row0, bq)])
+            # The LSE goes from registers straight to global memory (64 floats a consumer):
+            # no shared staging buffer (its 512 bytes were more than a third K/V stage or
+            # 64x192 tiles missed the shared memory by).
+            lse_ref[b, head, pl.ds(row0, bq)] = m_i + jnp.log2(l_safe)
             plgpu.wait_smem_to_gmem(0)
 
         @pl.when(wg == 2)
@@ -299,7 +311,6 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             plgpu.SMEM((2, bq, head_dim), dtype, transforms=transforms),
             plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=transforms),
             plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=transforms),
-            plgpu.SMEM((2, bq), jnp.float32),
         ]
         pl.run_scoped(
             lambda *scoped: body(q_ref, k_ref, v_ref, out_ref, lse_ref, scoped),
