@@ -19,7 +19,7 @@ declines the calls that would need them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from .capabilities import Feature, describe_features, head_dim_reason, platform_matches
@@ -154,6 +154,9 @@ class Backend(Generic[P]):
     head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 1 << 16)
     #: Features beyond plain attention this backend runs exactly (see ``Feature``).
     features: ClassVar[frozenset[Feature]] = frozenset()
+    #: Why a feature outside ``features`` is declined, and what runs it instead: added, after the
+    #: generic reasons, for each missing feature it names (class-side text, not a declaration).
+    why_not: ClassVar[Mapping[Feature, str]] = {}
     #: Higher wins, both for "auto" and among providers of one name on one platform.
     priority: ClassVar[int] = 0
     #: Name of the impl this one hands calls to when ``fallback_reasons`` is non-empty.
@@ -272,7 +275,7 @@ class Backend(Generic[P]):
         missing = sorted(problem.required_features() - self.features, key=str)
         reasons += [f"{_FEATURE_TEXT.get(f, str(f))} {'are' if f in _PLURAL else 'is'} not supported by {name}"
                     for f in missing]
-        return reasons
+        return reasons + [self.why_not[f] for f in missing if f in self.why_not]
 
     def not_supported_reasons(self, problem: P) -> list[str]:
         """Every reason this backend cannot run ``problem`` here; empty when it can.

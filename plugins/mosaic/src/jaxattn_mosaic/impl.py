@@ -52,10 +52,10 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
     """Warp-specialised flash attention forward in Pallas Mosaic GPU (a TMA producer warpgroup,
     two consumer warpgroups ping-ponging on asynchronous wgmma)."""
 
+    why_not = WHY_NOT
+
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
         reasons = super().not_supported_reasons(problem)
-        missing = problem.required_features() - self.features
-        reasons += [WHY_NOT[f] for f in sorted(missing, key=str) if f in WHY_NOT]
         if self.metadata.softmax_dtype != "float32":
             reasons.append(
                 "mosaic_flash computes the softmax in float32; "

@@ -47,10 +47,10 @@ _logged: set[tuple[Any, ...]] = set()
 class _JaxNnAttention(AttentionImpl):
     """What both impls share: reasons, and the call into ``sdpa_attention``."""
 
+    why_not = WHY_NOT
+
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
         reasons = super().not_supported_reasons(problem)
-        missing = problem.required_features() - self.features
-        reasons += [WHY_NOT[f] for f in sorted(missing, key=str) if f in WHY_NOT]
         if self.metadata.softmax_dtype != "float32":
             reasons.append(
                 "jax.nn.dot_product_attention always computes the softmax in float32; "

@@ -58,6 +58,8 @@ _BACKWARD_OVERRIDES = ("block_q_bwd", "block_k_bwd", "num_warps", "num_stages")
 class TritonDecodeAttention(AttentionImpl, declaration=DECODE):
     """Split-K decode over a dense KV cache (T <= 16), differentiable through the flash backward."""
 
+    why_not = WHY_NOT
+
     #: Run the kernels in the Triton interpreter through a host callback (tests only).
     interpret: ClassVar[bool] = False
 
@@ -68,8 +70,6 @@ class TritonDecodeAttention(AttentionImpl, declaration=DECODE):
             reasons.append("dtype float32 is not supported: the Triton decode kernel multiplies float32 in TF32 on "
                            "the tensor cores, which does not honour float32 precision; cast to bfloat16 or float16, "
                            "or impl='vanilla' / 'blockwise' runs float32 (impl='auto' picks one)")
-        missing = problem.required_features() - self.features
-        reasons += [WHY_NOT[f] for f in sorted(missing, key=str) if f in WHY_NOT]
         if problem.seq_q > MAX_DECODE_QUERIES:
             reasons.append(
                 f"T={problem.seq_q} queries per sequence: autoregressive_decodeattn is the split-K decode kernel "

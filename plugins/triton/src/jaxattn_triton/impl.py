@@ -33,13 +33,13 @@ WHY_NOT: dict[Feature, str] = {
 class TritonFlashAttention(AttentionImpl, declaration=FLASH_ATTN2):
     """FlashAttention-2 forward and backward in Triton, launched from JAX through jax-triton."""
 
+    why_not = WHY_NOT
+
     #: Run the kernels in the Triton interpreter through a host callback (tests only).
     interpret: ClassVar[bool] = False
 
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
         reasons = super().not_supported_reasons(problem)
-        missing = problem.required_features() - self.features
-        reasons += [WHY_NOT[f] for f in sorted(missing, key=str) if f in WHY_NOT]
         if self.metadata.softmax_dtype != "float32":
             reasons.append(
                 "flash_attn2 (Triton) accumulates the softmax in float32; "

@@ -70,14 +70,14 @@ ACCELERATOR_CHUNK = 512
 class DecodeAttention(AttentionImpl, declaration=DECODE):
     """Split-K decode over a dense KV cache (T <= 16) in plain XLA, every platform."""
 
+    why_not = WHY_NOT
+
     @classmethod
     def priority_for(cls, device: DeviceInfo) -> int:
         return cls.priority if device.platform == "cpu" else 5
 
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
         reasons = super().not_supported_reasons(problem)
-        missing = problem.required_features() - self.features
-        reasons += [WHY_NOT[f] for f in sorted(missing, key=str) if f in WHY_NOT]
         if problem.seq_q > MAX_DECODE_QUERIES:
             reasons.append(
                 f"T={problem.seq_q} queries per sequence: autoregressive_decodeattn is the split-K decode path "
