@@ -181,10 +181,10 @@ def refine(pool: list[Candidate], problem: Problem, metadata: AttentionMetadata)
     """
     if not pool or not enabled() or not isinstance(problem, AttentionProblem):
         return pool
-    found = [r for r in (records.results(problem) for records in _records()) if r]
-    if not found:
+    found = next((r for r in (records.results(problem) for records in _records()) if r), None)
+    if found is None:
         return pool
-    key, results = found[0]
+    key, results = found
     usable = _usable(pool, results, metadata)
     grad = problem.needs_grad
     metric = "fwd+bwd" if grad else "fwd"
