@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +37,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxattn
+from jaxattn_bench.timing import seconds_per_call
 
 
 def log(*args: Any) -> None:
@@ -89,16 +88,6 @@ def placed(c: dict[str, Any], mesh: Mesh | None) -> dict[str, Any]:
     return {k: jax.device_put(x, NamedSharding(mesh, heads.get(k, P()))) for k, x in c.items()}
 
 
-def time_it(fn: Callable[..., Any], c: dict[str, Any], reps: int) -> float:
-    jax.block_until_ready(fn(c))
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(c))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=parse_ints, default=[1, 2, 4])
@@ -112,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impl", default=None, help="paged backend (default: auto)")
     parser.add_argument("--ragged", action="store_true", help="ragged_paged_attention with a prefill chunk")
     parser.add_argument("--prefill", type=int, default=64, help="query tokens of the first sequence with --ragged")
-    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=10, help="timed samples of back-to-back calls (median)")
     parser.add_argument("--json", help="write the records here")
     args = parser.parse_args(argv)
     devices = jax.devices()
@@ -138,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                 if base is None:
                     base = np.asarray(out, np.float32)
                 err = float(np.abs(np.asarray(out, np.float32) - base).max())
-                seconds = time_it(fn, data, args.reps)
+                seconds = seconds_per_call(fn, (data,), args.reps)
                 rec.update(status="ok", ms=1e3 * seconds, tokens_per_s=tokens / seconds, max_abs_diff_vs_1=err)
             except Exception as err:  # a decline names every reason; report it and go on
                 failed = True

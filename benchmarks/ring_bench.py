@@ -43,7 +43,6 @@ import dataclasses
 import functools
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -61,6 +60,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxattn
 from jaxattn.sharding.compat import shard_map
+from jaxattn_bench.timing import seconds_per_call
 
 
 def log(*args: Any) -> None:
@@ -136,16 +136,6 @@ def inputs(seq: int, args: argparse.Namespace, sharding: Any, seed: int = 0) -> 
 def is_oom(err: BaseException) -> bool:
     text = str(err)
     return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
-
-
-def time_step(step: Callable[..., Any], data: tuple[Any, ...], reps: int) -> float:
-    jax.block_until_ready(step(*data))  # compile and warm up
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(step(*data))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def relative_errors(got: Any, want: Any) -> dict[str, float]:
@@ -236,7 +226,7 @@ def sweep(cfg: Config, mode: str, passes: str, args: argparse.Namespace, deadlin
         data: tuple[Any, ...] | None = None
         try:
             data = inputs(seq, args, cfg.sharding)
-            seconds = time_step(step, data, args.reps)
+            seconds = seconds_per_call(step, data, args.reps)
             rec.ms = 1e3 * seconds
             rec.tflops = flops(seq, args.heads, args.dim, causal, passes) / seconds / 1e12
             if seconds > args.max_step_s:
@@ -308,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="ring's per-block kernels to measure, e.g. auto,flash_attn2,cudnn+blockwise")
     parser.add_argument("--no-gather", dest="gather", action="store_false", help="skip the all-gather rows")
     parser.add_argument("--gather-impl", default=None, help="the backend of the all-gather rows (default: --baseline)")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=3, help="timed samples of back-to-back calls (median)")
     parser.add_argument("--max-step-s", type=float, default=8.0, help="stop growing S for a row past this")
     parser.add_argument("--budget-s", type=float, default=540.0, help="start nothing new after this")
     parser.add_argument("--check-seq", type=int, default=8192)

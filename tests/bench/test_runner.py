@@ -254,6 +254,27 @@ def test_run_sample_and_preroll_make_every_call() -> None:
     assert len(calls) == 10
 
 
+def test_seconds_per_call_times_samples_of_back_to_back_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    import jax
+
+    from jaxattn_bench import timing
+
+    monkeypatch.setitem(timing.PLATFORM_DEFAULTS, "cpu", (20.0, 0.0))  # a sample lasts >= 20 ms
+    calls: list[float] = []
+
+    def slow(x: Any) -> Any:  # about 5 ms a call: a sample is several back-to-back calls
+        calls.append(time.perf_counter())
+        time.sleep(0.005)
+        return jax.numpy.asarray(x)
+
+    seconds = timing.seconds_per_call(slow, (1.0,), 3)
+    assert 0.004 < seconds < 0.05, seconds
+    # a warm-up call, one to size the samples, a sizing batch, then 3 samples of several calls each
+    assert len(calls) >= 2 + 3 * 2, len(calls)
+
+
 @pytest.mark.usefixtures("toys")
 def test_samples_are_sized_by_the_warmup_call_and_spread_over_rounds() -> None:
     # a tiny CPU program takes well under 50 ms: each sample batches several calls

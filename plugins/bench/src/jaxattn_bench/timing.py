@@ -49,6 +49,7 @@ __all__ = [
     "run_once",
     "run_sample",
     "samples_per_round",
+    "seconds_per_call",
     "size_samples",
     "split_rounds",
 ]
@@ -234,6 +235,25 @@ def size_samples(program: Program, args: tuple[Any, ...], one_call_ms: float, mi
         one_call_ms = run_sample(program, args, number)
     return max(1, calls_lasting(min_sample_ms, one_call_ms, max_calls)), calls_lasting(preroll_ms, one_call_ms,
                                                                                           max_calls)
+
+
+def seconds_per_call(fn: Callable[..., Any], args: tuple[Any, ...], samples: int) -> float:
+    """Median seconds per call of ``fn(*args)``, timed as the benchmark times a program.
+
+    For scripts that time their own jitted functions (``benchmarks/ring_bench.py``,
+    ``benchmarks/paged_sharded_bench.py``): a first call (compilation and warm-up), the
+    platform's pre-roll, then ``samples`` samples of back-to-back calls (see the module
+    docstring). Timing one blocked call at a time would add the host's dispatch and sync
+    latency, larger for a program over several devices, to every figure.
+    """
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    program = Program(fn, None, 0.0)
+    min_sample_ms, preroll_ms = platform_defaults(jax.devices()[0].platform)
+    number, warm = size_samples(program, args, run_once(program, args), min_sample_ms, preroll_ms)
+    preroll(program, args, warm)
+    return median([run_sample(program, args, number) for _ in range(max(1, samples))]) / 1e3
 
 
 def calls_lasting(ms: float, one_call_ms: float, max_calls: int) -> int:
