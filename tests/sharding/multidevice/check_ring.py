@@ -213,3 +213,110 @@ def test_kernel_whose_lse_has_no_gradient_without_fallback_raises(lse_without_gr
     jax.eval_shape(forward, q, q, q)  # the forward needs no gradient
     with pytest.raises(JaxattnError, match="cotangent"):
         jax.eval_shape(jax.grad(lambda q, k, v: forward(q, k, v).sum()), q, q, q)
+
+
+# -- ring's backward from its own residuals (no block forward in the backward) ----------------------
+# "blockwise" has a residual backward (BlockKernel.residual_backward); under "auto" the blocks of
+# the tests above run autoregressive_decodeattn, differentiated through jax.vjp of each block.
+RESIDUAL = {"ring_block_impl": "blockwise"}
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal-zigzag"])
+def test_residual_backward_with_gqa_and_segment_ids(n: int, causal: bool) -> None:
+    shape = Shape(b=2, t=64, s=64, hq=4, hkv=2, d=8, dv=8)
+    ids = packed_segments(np.random.default_rng(30 + n), shape.b, shape.t, segments=4)
+    ids[1, -11:] = 99
+    md = ring(n, **RESIDUAL)
+    q = jax.ShapeDtypeStruct((shape.b, shape.t, shape.hq, shape.d), jnp.float32)
+    assert jaxattn.get_impl("ring", md).block_kernel(q, q, q, causal=causal).kernel(1.0, None).residual_backward
+    check_against_oracle(attend(md), inputs(shape, seed=30 + n), causal=causal, q_segment_ids=ids,
+                         kv_segment_ids=ids)
+
+
+@pytest.mark.parametrize("case", ["contiguous", "padding-mask", "window", "sinks-cap-scale", "cross-lengths"])
+def test_residual_backward_per_layout_and_feature(case: str) -> None:
+    aux = np.random.default_rng(31).normal(size=(GQA.hq,)).astype(np.float32)
+    mask = np.ones((GQA.b, 1, 1, GQA.s), bool)
+    mask[0, ..., 21:] = False
+    mask[1, ..., :3] = False  # the first rows see nothing: zeros, zero gradients
+    shape, md, features = GQA, ring(4, **RESIDUAL), {"causal": True}
+    if case == "contiguous":
+        md = ring(4, ring_layout="contiguous", **RESIDUAL)
+    elif case == "padding-mask":
+        features["mask"] = mask
+    elif case == "window":
+        md, features = ring(8, **RESIDUAL), {"sliding_window": (3, 9)}
+    elif case == "sinks-cap-scale":
+        features.update(softmax_aux=aux, logits_soft_cap=2.0, softmax_scale=0.7)
+    else:
+        shape = Shape(b=1, t=32, s=64, hq=2, hkv=2, d=8, dv=4)
+    check_against_oracle(attend(md), inputs(shape, seed=32), **features)
+
+
+def test_residual_backward_through_the_lse() -> None:
+    # The lse ring returns, differentiated too: its cotangent reaches the blocks as exp(L - lse) d lse.
+    data = inputs(GQA, seed=33)
+    q, k, v = (jnp.asarray(data[x]) for x in "qkv")
+    weights = jnp.asarray(np.random.default_rng(34).normal(size=(GQA.b, GQA.hq, GQA.t)), jnp.float32)
+    aux = jnp.asarray(np.random.default_rng(35).normal(size=(GQA.hq,)), jnp.float32)
+
+    def grads(impl: str, md: jaxattn.AttentionMetadata) -> Any:
+        def loss(q: Any, k: Any, v: Any) -> Any:
+            res = jaxattn.get_impl(impl, md)(q, k, v, causal=True, softmax_aux=aux)
+            return (res.softmax_lse * weights).sum() + (res.attention_outputs * jnp.asarray(data["do"])).sum()
+
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+    want = grads("vanilla", jaxattn.AttentionMetadata())
+    for got, expected in zip(grads("ring", ring(4, **RESIDUAL)), want, strict=True):
+        assert_close("d(lse, out)", got, np.asarray(expected, np.float64), 5e-5)
+
+
+class _CountingBlocks(jaxattn.AttentionImpl):
+    """blockwise's forward, counting the times it is traced."""
+
+    platforms = frozenset({"cpu"})
+    features = frozenset({jaxattn.Feature.CAUSAL, jaxattn.Feature.GQA, jaxattn.Feature.CROSS,
+                          jaxattn.Feature.LSE, jaxattn.Feature.GRAD})
+    traced = 0
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "test_counting_blocks"
+
+    def forward_native(self, call: jaxattn.AttentionCall) -> jaxattn.AttentionOutput:
+        type(self).traced += 1
+        return jaxattn.get_impl("blockwise").forward_native(call)
+
+
+class _CountingBlocksWithResidualBackward(_CountingBlocks):
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "test_counting_blocks_residual"
+
+    def backward_from_residuals(self, *args: Any, **features: Any) -> Any:
+        return jaxattn.get_impl("blockwise").backward_from_residuals(*args, **features)
+
+
+@pytest.mark.parametrize("kind", [_CountingBlocks, _CountingBlocksWithResidualBackward], ids=["vjp", "residual"])
+def test_a_residual_backward_runs_no_block_forward(kind: type[_CountingBlocks]) -> None:
+    jaxattn.register_impl(kind)
+    md = ring(4, ring_block_impl=kind.get_impl_name())
+    q = jax.ShapeDtypeStruct((2, 32, 4, 8), jnp.float32)
+    forward = functools.partial(jaxattn.attention, impl="ring", causal=True, metadata=md)
+    kind.traced = 0
+    jax.make_jaxpr(forward)(q, q, q)
+    per_forward = kind.traced
+    kind.traced = 0
+    jax.make_jaxpr(jax.grad(lambda q, k, v: forward(q, k, v).sum(), argnums=(0, 1, 2)))(q, q, q)
+    assert per_forward > 0
+    # jax.vjp of each block traces its forward again in the backward (and once more to check that its
+    # lse is differentiable); a residual backward never does.
+    said = " ".join(str(jaxattn.explain(q, q, q, causal=True, impl="ring", metadata=md)).split())
+    if kind is _CountingBlocksWithResidualBackward:
+        assert kind.traced == per_forward
+        assert "backward from the ring's output and lse (no block forward again)" in said, said
+    else:
+        assert kind.traced >= 2 * per_forward
+        assert "backward through jax.vjp of each block (its forward runs again)" in said, said

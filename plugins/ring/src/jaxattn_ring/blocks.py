@@ -35,8 +35,10 @@ __all__ = [
     "CudnnLseKernel",
     "Mode",
     "OwnBackwardKernel",
+    "Residuals",
     "RingPlan",
     "block",
+    "block_grads",
     "block_problems",
     "choose_kernel",
     "lse_is_differentiable",
@@ -87,8 +89,31 @@ class RingPlan:
 
 
 @dataclasses.dataclass(frozen=True)
+class Residuals:
+    """What ring's backward hands a block kernel's residual backward, for this device's query rows:
+    the ring's final output, its log-denominator ``L`` (sink included; 0 where infinite), the
+    output's cotangent, and the lse cotangent in terms of ``L`` (``exp(L - lse) * d lse``, ``d lse``
+    the cotangent of the lse ring returns)."""
+
+    out: Array  # (B, Tl, H, Dv)
+    lse: Array  # (B, H, Tl)
+    d_out: Array  # (B, Tl, H, Dv)
+    d_lse: Array  # (B, H, Tl)
+
+    def rows(self, lo: int, hi: int) -> Residuals:
+        return Residuals(self.out[:, lo:hi], self.lse[:, :, lo:hi], self.d_out[:, lo:hi], self.d_lse[:, :, lo:hi])
+
+
+@dataclasses.dataclass(frozen=True)
 class BlockKernel:
-    """A registered impl called on one block; returns ``(output, lse)``, lse in the accumulation dtype."""
+    """A registered impl called on one block; returns ``(output, lse)``, lse in the accumulation dtype.
+
+    Its backward: an impl with ``backward_from_residuals(q, k, v, out, lse, d_out, d_lse, *, causal,
+    mask, q_segment_ids, kv_segment_ids, softmax_scale, logits_soft_cap) -> (dq, dk, dv)`` (a flash
+    backward that takes any forward's output and lse) gets the ring's own output and
+    log-denominator, so no block's forward runs again (``residual_backward``); ring differentiates
+    any other through ``jax.vjp`` of the block, which recomputes its forward.
+    """
 
     impl: AttentionImpl
     softmax_scale: float
@@ -106,6 +131,18 @@ class BlockKernel:
                               f"expected shape (B, Hq, T) = {want}")
         return out.attention_outputs.astype(q.dtype), lse.astype(acc_dtype(q.dtype))
 
+    @property
+    def residual_backward(self) -> bool:
+        """Whether ring's backward can feed this kernel its residuals (no block forward again)."""
+        return callable(getattr(self.impl, "backward_from_residuals", None))
+
+    def backward(self, q: Array, k: Array, v: Array, res: Residuals, *, causal: bool = False, mask: Array = None,
+                 q_ids: Array = None, kv_ids: Array = None) -> tuple[Array, Array, Array]:
+        """``(dq, dk, dv)`` of this block at the ring's residuals (``residual_backward`` kernels only)."""
+        return self.impl.backward_from_residuals(  # type: ignore[attr-defined,no-any-return]
+            q, k, v, res.out, res.lse, res.d_out, res.d_lse, causal=causal, mask=mask, q_segment_ids=q_ids,
+            kv_segment_ids=kv_ids, softmax_scale=self.softmax_scale, logits_soft_cap=self.logits_soft_cap)
+
 
 @dataclasses.dataclass(frozen=True)
 class OwnBackwardKernel(BlockKernel):
@@ -114,8 +151,6 @@ class OwnBackwardKernel(BlockKernel):
 
     def __call__(self, q: Array, k: Array, v: Array, *, causal: bool = False, mask: Array = None,
                  q_ids: Array = None, kv_ids: Array = None) -> tuple[Array, Array]:
-        from jaxattn_vanilla.blockwise.kernel import blockwise_backward
-
         def forward(q: Array, k: Array, v: Array, mask: Array, q_ids: Array, kv_ids: Array) -> tuple[Array, Array]:
             return self.forward_block(q, k, v, causal=causal, mask=mask, q_ids=q_ids, kv_ids=kv_ids)
 
@@ -125,14 +160,26 @@ class OwnBackwardKernel(BlockKernel):
 
         def bwd(res: tuple[Array, ...], cts: tuple[Array, Array]) -> tuple[Array, ...]:
             q, k, v, mask, q_ids, kv_ids, out, lse = res
-            dq, dk, dv = blockwise_backward(q, k, v, out, lse, cts[0], cts[1], mask=mask, causal=causal,
-                                            q_segment_ids=q_ids, kv_segment_ids=kv_ids,
-                                            softmax_scale=self.softmax_scale, logits_soft_cap=self.logits_soft_cap)
+            dq, dk, dv = self.backward(q, k, v, Residuals(out, lse, *cts), causal=causal, mask=mask, q_ids=q_ids,
+                                       kv_ids=kv_ids)
             return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None
 
         attend = jax.custom_vjp(forward)
         attend.defvjp(fwd, bwd)
         return attend(q, k, v, mask, q_ids, kv_ids)
+
+    @property
+    def residual_backward(self) -> bool:
+        return True
+
+    def backward(self, q: Array, k: Array, v: Array, res: Residuals, *, causal: bool = False, mask: Array = None,
+                 q_ids: Array = None, kv_ids: Array = None) -> tuple[Array, Array, Array]:
+        """The blockwise backward at ``res`` (this block's own residuals, or the ring's)."""
+        from jaxattn_vanilla.blockwise.kernel import blockwise_backward
+
+        return blockwise_backward(q, k, v, res.out, res.lse, res.d_out, res.d_lse, mask=mask, causal=causal,
+                                  q_segment_ids=q_ids, kv_segment_ids=kv_ids, softmax_scale=self.softmax_scale,
+                                  logits_soft_cap=self.logits_soft_cap)
 
     def forward_block(self, q: Array, k: Array, v: Array, *, causal: bool = False, mask: Array = None,
                       q_ids: Array = None, kv_ids: Array = None) -> tuple[Array, Array]:
@@ -188,39 +235,101 @@ def _visibility(plan: RingPlan, index: Array, src: Array, mask: Array) -> Array:
     return visible
 
 
+class _Forward:
+    """A block's ``(output, lse)`` through ``kernel``, on the regions :func:`_dispatch` names."""
+
+    def __init__(self, kernel: BlockKernel, q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array) -> None:
+        self.kernel, self.q, self.k, self.v, self.q_ids, self.kv_ids = kernel, q, k, v, q_ids, kv_ids
+
+    def whole(self, causal: bool = False, mask: Array = None) -> tuple[Array, Array]:
+        return self.kernel(self.q, self.k, self.v, causal=causal, mask=mask, q_ids=self.q_ids, kv_ids=self.kv_ids)
+
+    def skip(self) -> tuple[Array, Array]:
+        return _skip(self.q, self.v)
+
+    def key_prefix(self, c_k: int) -> tuple[Array, Array]:
+        return self.kernel(self.q, self.k[:, :c_k], self.v[:, :c_k], q_ids=self.q_ids,
+                           kv_ids=_rows(self.kv_ids, 0, c_k))
+
+    def row_suffix(self, c_q: int) -> tuple[Array, Array]:
+        t = self.q.shape[1]
+        o, lse = self.kernel(self.q[:, c_q:], self.k, self.v, q_ids=_rows(self.q_ids, c_q, t), kv_ids=self.kv_ids)
+        o0, lse0 = _skip(self.q[:, :c_q], self.v)
+        return jnp.concatenate([o0, o], axis=1), jnp.concatenate([lse0, lse], axis=2)
+
+
+class _Backward(_Forward):
+    """A block's ``(dq, dk, dv)`` (accumulation dtype) from the ring's residuals, on the same regions."""
+
+    def __init__(self, kernel: BlockKernel, q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
+                 res: Residuals) -> None:
+        super().__init__(kernel, q, k, v, q_ids, kv_ids)
+        self.res = res
+
+    def _grads(self, q: Array, k: Array, v: Array, res: Residuals, **kw: Any) -> tuple[Array, Array, Array]:
+        acc = acc_dtype(self.q.dtype)
+        dq, dk, dv = self.kernel.backward(q, k, v, res, **kw)
+        return dq.astype(acc), dk.astype(acc), dv.astype(acc)
+
+    def whole(self, causal: bool = False, mask: Array = None) -> tuple[Array, Array, Array]:  # type: ignore[override]
+        return self._grads(self.q, self.k, self.v, self.res, causal=causal, mask=mask, q_ids=self.q_ids,
+                           kv_ids=self.kv_ids)
+
+    def skip(self) -> tuple[Array, Array, Array]:  # type: ignore[override]
+        acc = acc_dtype(self.q.dtype)
+        return tuple(jnp.zeros(x.shape, acc) for x in (self.q, self.k, self.v))  # type: ignore[return-value]
+
+    def key_prefix(self, c_k: int) -> tuple[Array, Array, Array]:  # type: ignore[override]
+        dq, dk, dv = self._grads(self.q, self.k[:, :c_k], self.v[:, :c_k], self.res, q_ids=self.q_ids,
+                                 kv_ids=_rows(self.kv_ids, 0, c_k))
+        pad = [(0, 0), (0, self.k.shape[1] - c_k), (0, 0), (0, 0)]
+        return dq, jnp.pad(dk, pad), jnp.pad(dv, pad)
+
+    def row_suffix(self, c_q: int) -> tuple[Array, Array, Array]:  # type: ignore[override]
+        t = self.q.shape[1]
+        dq, dk, dv = self._grads(self.q[:, c_q:], self.k, self.v, self.res.rows(c_q, t),
+                                 q_ids=_rows(self.q_ids, c_q, t), kv_ids=self.kv_ids)
+        return jnp.pad(dq, [(0, 0), (c_q, 0), (0, 0), (0, 0)]), dk, dv
+
+
+def _dispatch(plan: RingPlan, op: _Forward, mask: Array, *, index: Array, src: Array, first: bool) -> Any:
+    """The part of the block of device ``src``'s keys that this device's queries see, through ``op``.
+
+    The layout decides it: whole (full attention, or its own keys under causal), none, the early
+    half of src's keys (zigzag, src earlier on the ring), or the late half of the queries
+    (zigzag, src later); per-block masks only where flags cannot say it (``plan.mode == "masked"``).
+    """
+    if plan.mode == "full":
+        return op.whole()
+    if plan.mode == "masked":
+        visible = _visibility(plan, index, src, mask)
+        return jax.lax.cond(jnp.any(visible), lambda: op.whole(mask=visible), op.skip)
+    if first:  # own keys: causal on the local order is causal on global positions in both layouts
+        return op.whole(causal=True)
+    if plan.layout == "contiguous":  # earlier devices' keys are all visible, later ones' none
+        return jax.lax.cond(src < index, op.whole, op.skip)
+    # Zigzag. Device src < index: both query chunks see all of src's early chunk, none of its late
+    # one. Device src > index: only the late query chunk sees src's keys, all of them.
+    c_q, c_k = plan.t_local // 2, plan.s_local // 2
+    return jax.lax.cond(src < index, lambda: op.key_prefix(c_k), lambda: op.row_suffix(c_q))
+
+
 def block(plan: RingPlan, kernel: BlockKernel, q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
           mask: Array, *, index: Array, src: Array, first: bool) -> tuple[Array, Array]:
     """Attention of this device's queries to the keys of device ``src`` (``first``: its own keys).
 
     Returns ``(output (B, Tl, H, Dv), lse (B, H, Tl))`` normalised over this block only.
     """
-    if plan.mode == "full":
-        return kernel(q, k, v, q_ids=q_ids, kv_ids=kv_ids)
-    if plan.mode == "masked":
-        visible = _visibility(plan, index, src, mask)
-        return jax.lax.cond(  # type: ignore[no-any-return]
-            jnp.any(visible),
-            lambda: kernel(q, k, v, mask=visible, q_ids=q_ids, kv_ids=kv_ids),
-            lambda: _skip(q, v),
-        )
-    if first:  # own keys: causal on the local order is causal on global positions in both layouts
-        return kernel(q, k, v, causal=True, q_ids=q_ids, kv_ids=kv_ids)
-    if plan.layout == "contiguous":  # earlier devices' keys are all visible, later ones' none
-        return jax.lax.cond(  # type: ignore[no-any-return]
-            src < index, lambda: kernel(q, k, v, q_ids=q_ids, kv_ids=kv_ids), lambda: _skip(q, v))
-    c_q, c_k = plan.t_local // 2, plan.s_local // 2
+    return _dispatch(plan, _Forward(kernel, q, k, v, q_ids, kv_ids), mask,  # type: ignore[no-any-return]
+                     index=index, src=src, first=first)
 
-    def earlier() -> tuple[Array, Array]:
-        # Device src < index: both query chunks see all of src's early chunk, none of its late one.
-        return kernel(q, k[:, :c_k], v[:, :c_k], q_ids=q_ids, kv_ids=_rows(kv_ids, 0, c_k))
 
-    def later() -> tuple[Array, Array]:
-        # Device src > index: only the late query chunk sees src's keys, all of them.
-        o, lse = kernel(q[:, c_q:], k, v, q_ids=_rows(q_ids, c_q, 2 * c_q), kv_ids=kv_ids)
-        o0, lse0 = _skip(q[:, :c_q], v)
-        return jnp.concatenate([o0, o], axis=1), jnp.concatenate([lse0, lse], axis=2)
-
-    return jax.lax.cond(src < index, earlier, later)  # type: ignore[no-any-return]
+def block_grads(plan: RingPlan, kernel: BlockKernel, q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
+                mask: Array, res: Residuals, *, index: Array, src: Array, first: bool) -> tuple[Array, Array, Array]:
+    """``(dq, dk, dv)`` of the block :func:`block` computes, from the ring's residuals ``res``
+    (``kernel.residual_backward``): the kernel's backward alone, no block forward."""
+    return _dispatch(plan, _Backward(kernel, q, k, v, q_ids, kv_ids, res), mask,  # type: ignore[no-any-return]
+                     index=index, src=src, first=first)
 
 
 def block_problems(plan_mode: Mode, layout: Layout, local: AttentionProblem,

@@ -97,6 +97,20 @@ class RingAttention(AttentionImpl, declaration=RING):
                            + " | ".join(setup.reasons))
         return reasons
 
+    def notes(self, problem: AttentionProblem) -> list[str]:
+        axes = mesh_axes(self.metadata)
+        n = axes.sequence_size if axes is not None else 1
+        try:
+            setup = self._setup(problem, axes, n)
+        except InvalidInputError:
+            return []
+        if setup.kernel is None:
+            return []
+        backward = ("backward from the ring's output and lse (no block forward again)"
+                    if setup.kernel.kernel(1.0, None).residual_backward
+                    else "backward through jax.vjp of each block (its forward runs again)")
+        return [f"{setup.layout} layout; per-block kernel {setup.kernel.name()}, {backward}"]
+
     def block_kernel(self, q: Array, k: Array, v: Array, mask: Array = None, causal: bool = False,
                      **features: Any) -> BlockChoice:
         """The per-block kernel ring would run for this call (arrays or ShapeDtypeStructs): its

@@ -9,17 +9,20 @@ merges into the running result:
 Attention sinks join once, at the end, as one more term of the denominator.
 
 Gradients: a ``custom_vjp`` whose backward runs the ring again. It keeps only the inputs,
-the output and the lse (O(T/n) per device, like flash attention), recomputes each block
-with ``jax.vjp`` of the per-block kernel and feeds it the exact cotangents of the merge:
-with ``w_b = exp(lse_b - L)`` (``L`` the global log-denominator, sink included) and
-``D = rowsum(dO * O)``,
+the output and the lse (O(T/n) per device, like flash attention). With ``L`` the global
+log-denominator (sink included) and ``D = rowsum(dO * O)``, each block's gradients are a flash
+backward's at the *global* statistics: ``P_b = exp(S_b - L)``, ``dS_b = P_b * (dO V_b^T - D)``.
+A kernel with a residual backward (``BlockKernel.residual_backward``: Triton's ``flash_attn2``,
+``blockwise``, every ``X+blockwise``) is handed the ring's output and ``L`` and runs only its
+backward. Any other is differentiated through ``jax.vjp`` of the block, which recomputes its
+forward, and fed the exact cotangents of the merge: with ``w_b = exp(lse_b - L)``,
 
     d o_b   = w_b * dO
     d lse_b = w_b * (rowsum(dO * o_b) - D) + exp(lse_b - lse) * d lse
 
-while dK/dV accumulators travel with their K/V and arrive home after ``n`` passes. This
-needs a kernel whose lse is differentiable (else its forward runs with the blockwise
-backward: ``blocks.gradient_kernel``). Autodiff
+which needs a kernel whose lse is differentiable (else its forward runs with the blockwise
+backward: ``blocks.gradient_kernel``). In both, dK/dV accumulators travel with their K/V and
+arrive home after ``n`` passes. Autodiff
 through the forward loop would also be exact, but it would keep every step's K/V block
 and kernel residuals alive (the whole K/V on every device), which is what ring attention
 exists to avoid.
@@ -33,7 +36,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .blocks import BlockKernel, RingPlan, acc_dtype, block, gradient_kernel
+from .blocks import BlockKernel, Residuals, RingPlan, acc_dtype, block, block_grads, gradient_kernel
 
 __all__ = ["make_ring"]
 
@@ -113,14 +116,20 @@ def make_ring(plan: RingPlan, kernel: BlockKernel) -> Callable[..., Any]:
         d_lse = d_lse.astype(acc)
         delta = jnp.swapaxes(jnp.sum(d_out * out, axis=-1), 1, 2)  # D = rowsum(dO * O), (B, H, T)
         lse_safe, big_l_safe = _finite_or_zero(lse), _finite_or_zero(big_l)
-        kern = gradient_kernel(kernel, q, k, v)
+        kern = kernel if kernel.residual_backward else gradient_kernel(kernel, q, k, v)
         index = jax.lax.axis_index(plan.axis)
+        # The lse cotangent in terms of L: exp(S - lse) d_lse = exp(S - L) exp(L - lse) d_lse.
+        res = Residuals(out, big_l_safe, d_out, jnp.exp(big_l_safe - lse_safe) * d_lse)
 
         def grads(kv: tuple[Array, Array, Array], s: Any, first: bool) -> tuple[Array, Array, Array]:
             k_blk, v_blk, ids_blk = kv
+            src = (index - s) % plan.n
+            if kern.residual_backward:
+                return block_grads(plan, kern, q, k_blk, v_blk, q_ids, ids_blk, mask, res, index=index, src=src,
+                                   first=first)
 
             def f(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
-                return run_block(kern, q, k, v, q_ids, ids_blk, mask, (index - s) % plan.n, first)
+                return run_block(kern, q, k, v, q_ids, ids_blk, mask, src, first)
 
             (o_b, lse_b), vjp = jax.vjp(f, q, k_blk, v_blk)
             w = jnp.exp(lse_b - big_l_safe)  # this block's share of the final softmax

@@ -102,6 +102,16 @@ class TritonFlashAttention(AttentionImpl, declaration=FLASH_ATTN2):
         )  # fmt: skip
         return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 2), softmax_lse=lse)
 
+    def backward_from_residuals(self, q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, d_lse: Any,
+                                **features: Any) -> tuple[Any, Any, Any]:
+        """``(dq, dk, dv)`` at cotangents ``(d_out, d_lse)`` from another forward's ``out`` and ``lse``:
+        the backward kernels alone (ring attention hands them the whole ring's output and lse, so
+        no block's forward runs again). Features: mask, causal, segment ids, scale, soft cap."""
+        from jaxattn_triton.ops import flash_attention_backward
+
+        return flash_attention_backward(q, k, v, out, lse, d_out, d_lse, overrides=self._overrides(),
+                                        interpret=self.interpret, **features)
+
     def _overrides(self) -> dict[str, int]:
         md = self.metadata
         names = ("block_q", "block_k", "block_q_bwd", "block_k_bwd", "num_warps", "num_stages")

@@ -218,9 +218,53 @@ def flash_attention(
         from jaxattn_triton.tuning import tiles_for
 
         tiles = tiles_for(spec, interpret=interpret)
+    bias_arg, sinks, mask_arg, qseg, kseg = _optional_args(mask, bias, q_segment_ids, kv_segment_ids, softmax_aux)
+    out, lse = _flash(spec, tiles, interpret, q, k, v, bias_arg, sinks, mask_arg, qseg, kseg)
+    return out, lse
+
+
+def flash_attention_backward(
+    q: Array,
+    k: Array,
+    v: Array,
+    out: Array,
+    lse: Array,
+    d_out: Array,
+    d_lse: Array,
+    *,
+    mask: Array | None = None,
+    causal: bool = False,
+    q_segment_ids: Array | None = None,
+    kv_segment_ids: Array | None = None,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    overrides: dict[str, int] | None = None,
+    interpret: bool = False,
+) -> tuple[Array, Array, Array]:
+    """``(dq, dk, dv)`` at cotangents ``(d_out, d_lse)`` from the residuals ``out`` ``(B, T, Hq, Dv)``
+    and ``lse`` ``(B, Hq, T)`` of *any* forward of these inputs: the backward kernels alone.
+
+    Ring attention hands it the whole ring's output and log-denominator for each block of keys:
+    a flash backward at the global statistics is exactly that block's share of the gradients,
+    with no block forward run again. No bias or sinks (ring's blocks have none). ``overrides``:
+    tile sizes set in the metadata, as for the forward.
+    """
+    from jaxattn_triton.tuning import tiles_for
+
+    spec = make_spec(q, k, v, mask=mask, causal=causal, segments=q_segment_ids is not None,
+                     softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap)
+    tiles = tiles_for(spec, interpret=interpret, overrides=overrides)
+    bias_arg, sinks, mask_arg, qseg, kseg = _optional_args(mask, None, q_segment_ids, kv_segment_ids, None)
+    residuals = (q, k, v, bias_arg, sinks, mask_arg, qseg, kseg, out.astype(q.dtype), lse.astype(jnp.float32))
+    dq, dk, dv = _flash_bwd(spec, tiles, interpret, residuals, (d_out, d_lse))[:3]
+    return dq, dk, dv  # type: ignore[return-value]  # never None: q, k and v are differentiable
+
+
+def _optional_args(mask: Array | None, bias: Array | None, q_segment_ids: Array | None,
+                   kv_segment_ids: Array | None, softmax_aux: Array | None) -> tuple[Array, ...]:
+    """The kernels' bias, sinks, mask and segment-id arguments; absent ones still occupy their slot."""
 
     def dummy(dtype: Any) -> Array:
-        # Absent optional inputs still occupy their kernel argument slot.
         return jnp.zeros((1,), dtype)
 
     def rank4(x: Array) -> Array:
@@ -231,5 +275,4 @@ def flash_attention(
     qseg = dummy(jnp.int32) if q_segment_ids is None else q_segment_ids.astype(jnp.int32)
     kseg = dummy(jnp.int32) if kv_segment_ids is None else kv_segment_ids.astype(jnp.int32)
     sinks = dummy(jnp.float32) if softmax_aux is None else softmax_aux.astype(jnp.float32)
-    out, lse = _flash(spec, tiles, interpret, q, k, v, bias_arg, sinks, mask_arg, qseg, kseg)
-    return out, lse
+    return bias_arg, sinks, mask_arg, qseg, kseg

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from jaxattn.call import AttentionCall
 from jaxattn.impl import AttentionImpl
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 
 from ..plugin import BLOCKWISE
-from .kernel import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, blockwise_attention, default_block, plan_blocks
+from .kernel import (
+    DEFAULT_BLOCK_K,
+    DEFAULT_BLOCK_Q,
+    blockwise_attention,
+    blockwise_backward,
+    default_block,
+    plan_blocks,
+)
 
 __all__ = ["BlockwiseAttention"]
 
@@ -71,3 +80,13 @@ class BlockwiseAttention(AttentionImpl, declaration=BLOCKWISE):
             **call.options(),
         )
         return AttentionOutput(attention_outputs=res.output, softmax_lse=res.lse)
+
+    def backward_from_residuals(self, q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, d_lse: Any,
+                                **features: Any) -> tuple[Any, Any, Any]:
+        """``(dq, dk, dv)`` at cotangents ``(d_out, d_lse)`` from another forward's ``out`` and ``lse``
+        (ring attention hands it the whole ring's, so no block's forward runs again); the
+        features are ``blockwise_backward``'s (mask, causal, segment ids, scale, soft cap)."""
+        md = self.metadata
+        return blockwise_backward(q, k, v, out, lse, d_out, d_lse, softmax_dtype=md.softmax_dtype,
+                                  block_q=md.block_q_bwd or md.block_q, block_k=md.block_k_bwd or md.block_k,
+                                  **features)
