@@ -235,11 +235,21 @@ def _visibility(plan: RingPlan, index: Array, src: Array, mask: Array) -> Array:
     return visible
 
 
-class _Forward:
-    """A block's ``(output, lse)`` through ``kernel``, on the regions :func:`_dispatch` names."""
+@dataclasses.dataclass(frozen=True)
+class _Region:
+    """One block's inputs; subclasses compute a result on each region :func:`_dispatch` names
+    (``whole``, ``skip``, ``key_prefix``, ``row_suffix``)."""
 
-    def __init__(self, kernel: BlockKernel, q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array) -> None:
-        self.kernel, self.q, self.k, self.v, self.q_ids, self.kv_ids = kernel, q, k, v, q_ids, kv_ids
+    kernel: BlockKernel
+    q: Array
+    k: Array
+    v: Array
+    q_ids: Array
+    kv_ids: Array
+
+
+class _Forward(_Region):
+    """A block's ``(output, lse)`` through ``kernel``."""
 
     def whole(self, causal: bool = False, mask: Array = None) -> tuple[Array, Array]:
         return self.kernel(self.q, self.k, self.v, causal=causal, mask=mask, q_ids=self.q_ids, kv_ids=self.kv_ids)
@@ -258,41 +268,39 @@ class _Forward:
         return jnp.concatenate([o0, o], axis=1), jnp.concatenate([lse0, lse], axis=2)
 
 
-class _Backward(_Forward):
-    """A block's ``(dq, dk, dv)`` (accumulation dtype) from the ring's residuals, on the same regions."""
+@dataclasses.dataclass(frozen=True)
+class _Backward(_Region):
+    """A block's ``(dq, dk, dv)`` (accumulation dtype) from the ring's residuals ``res``."""
 
-    def __init__(self, kernel: BlockKernel, q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
-                 res: Residuals) -> None:
-        super().__init__(kernel, q, k, v, q_ids, kv_ids)
-        self.res = res
+    res: Residuals
 
     def _grads(self, q: Array, k: Array, v: Array, res: Residuals, **kw: Any) -> tuple[Array, Array, Array]:
         acc = acc_dtype(self.q.dtype)
         dq, dk, dv = self.kernel.backward(q, k, v, res, **kw)
         return dq.astype(acc), dk.astype(acc), dv.astype(acc)
 
-    def whole(self, causal: bool = False, mask: Array = None) -> tuple[Array, Array, Array]:  # type: ignore[override]
+    def whole(self, causal: bool = False, mask: Array = None) -> tuple[Array, Array, Array]:
         return self._grads(self.q, self.k, self.v, self.res, causal=causal, mask=mask, q_ids=self.q_ids,
                            kv_ids=self.kv_ids)
 
-    def skip(self) -> tuple[Array, Array, Array]:  # type: ignore[override]
+    def skip(self) -> tuple[Array, Array, Array]:
         acc = acc_dtype(self.q.dtype)
-        return tuple(jnp.zeros(x.shape, acc) for x in (self.q, self.k, self.v))  # type: ignore[return-value]
+        return jnp.zeros(self.q.shape, acc), jnp.zeros(self.k.shape, acc), jnp.zeros(self.v.shape, acc)
 
-    def key_prefix(self, c_k: int) -> tuple[Array, Array, Array]:  # type: ignore[override]
+    def key_prefix(self, c_k: int) -> tuple[Array, Array, Array]:
         dq, dk, dv = self._grads(self.q, self.k[:, :c_k], self.v[:, :c_k], self.res, q_ids=self.q_ids,
                                  kv_ids=_rows(self.kv_ids, 0, c_k))
         pad = [(0, 0), (0, self.k.shape[1] - c_k), (0, 0), (0, 0)]
         return dq, jnp.pad(dk, pad), jnp.pad(dv, pad)
 
-    def row_suffix(self, c_q: int) -> tuple[Array, Array, Array]:  # type: ignore[override]
+    def row_suffix(self, c_q: int) -> tuple[Array, Array, Array]:
         t = self.q.shape[1]
         dq, dk, dv = self._grads(self.q[:, c_q:], self.k, self.v, self.res.rows(c_q, t),
                                  q_ids=_rows(self.q_ids, c_q, t), kv_ids=self.kv_ids)
         return jnp.pad(dq, [(0, 0), (c_q, 0), (0, 0), (0, 0)]), dk, dv
 
 
-def _dispatch(plan: RingPlan, op: _Forward, mask: Array, *, index: Array, src: Array, first: bool) -> Any:
+def _dispatch(plan: RingPlan, op: _Forward | _Backward, mask: Array, *, index: Array, src: Array, first: bool) -> Any:
     """The part of the block of device ``src``'s keys that this device's queries see, through ``op``.
 
     The layout decides it: whole (full attention, or its own keys under causal), none, the early
@@ -456,10 +464,10 @@ def lse_is_differentiable(kernel: BlockKernel, q: Array, k: Array, v: Array) -> 
 
 
 def gradient_kernel(kernel: BlockKernel, q: Array, k: Array, v: Array) -> BlockKernel:
-    """The kernel the ring's backward differentiates: ``kernel`` if its lse is differentiable, else
-    its forward with the blockwise backward (``OwnBackwardKernel``), logged once;
-    ``allow_fallback=False`` makes that an error."""
-    if lse_is_differentiable(kernel, q, k, v):
+    """The kernel the ring's backward runs: ``kernel`` if it has a residual backward or its lse is
+    differentiable, else its forward with the blockwise backward (``OwnBackwardKernel``), logged
+    once; ``allow_fallback=False`` makes that an error."""
+    if kernel.residual_backward or lse_is_differentiable(kernel, q, k, v):
         return kernel
     name = kernel.impl.name()
     if not kernel.impl.metadata.allow_fallback:

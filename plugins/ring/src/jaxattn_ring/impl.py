@@ -57,6 +57,11 @@ class RingAttention(AttentionImpl, declaration=RING):
             raise InvalidInputError("metadata.extra['ring_layout']", f"{layout!r} is not one of {list(LAYOUTS)}")
         return layout  # type: ignore[return-value]  # checked against LAYOUTS above
 
+    def _setup_here(self, problem: AttentionProblem) -> _Setup:
+        """:meth:`_setup` for a problem of global sizes (local ones inside the caller's shard_map)."""
+        axes = mesh_axes(self.metadata)
+        return self._setup(problem, axes, axes.sequence_size if axes is not None else 1)
+
     def _setup(self, problem: AttentionProblem, axes: MeshAxes | None, n: int) -> _Setup:
         """Mode, layout, per-device problem and per-block kernel (or the reasons there is none)."""
         mode = RingPlan.choose_mode(causal=problem.causal, window=problem.sliding_window,
@@ -85,11 +90,8 @@ class RingAttention(AttentionImpl, declaration=RING):
             reasons.append("ring shards the sequence over a mesh axis: set AttentionMetadata(mesh=..., "
                            "sequence_axis=...) (mesh=None inside your own shard_map)")
             return reasons
-        axes = mesh_axes(self.metadata)
-        # Without a mesh the call runs inside the caller's shard_map: shapes are already local.
-        n = axes.sequence_size if axes is not None else 1
         try:
-            setup = self._setup(problem, axes, n)
+            setup = self._setup_here(problem)
         except InvalidInputError as err:
             return [*reasons, str(err)]
         if setup.kernel is None:
@@ -98,17 +100,16 @@ class RingAttention(AttentionImpl, declaration=RING):
         return reasons
 
     def notes(self, problem: AttentionProblem) -> list[str]:
-        axes = mesh_axes(self.metadata)
-        n = axes.sequence_size if axes is not None else 1
         try:
-            setup = self._setup(problem, axes, n)
+            setup = self._setup_here(problem)
         except InvalidInputError:
             return []
         if setup.kernel is None:
             return []
         backward = ("backward from the ring's output and lse (no block forward again)"
                     if setup.kernel.kernel(1.0, None).residual_backward
-                    else "backward through jax.vjp of each block (its forward runs again)")
+                    else "backward through jax.vjp of each block (its forward runs again), or the blockwise "
+                         "backward where the kernel's lse has no gradient")
         return [f"{setup.layout} layout; per-block kernel {setup.kernel.name()}, {backward}"]
 
     def block_kernel(self, q: Array, k: Array, v: Array, mask: Array = None, causal: bool = False,
@@ -116,8 +117,7 @@ class RingAttention(AttentionImpl, declaration=RING):
         """The per-block kernel ring would run for this call (arrays or ShapeDtypeStructs): its
         ``name()`` ("X", or "X+blockwise" for X's forward with the blockwise backward) and ``impl``."""
         problem = resolve_call(q, k, v, mask=mask, causal=causal, metadata=self.metadata, **features).problem
-        axes = mesh_axes(self.metadata)
-        setup = self._setup(problem, axes, axes.sequence_size if axes is not None else 1)
+        setup = self._setup_here(problem)
         if setup.kernel is None:
             raise UnsupportedError(self.name(), setup.reasons)
         return setup.kernel

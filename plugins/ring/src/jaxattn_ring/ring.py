@@ -21,7 +21,7 @@ forward, and fed the exact cotangents of the merge: with ``w_b = exp(lse_b - L)`
     d lse_b = w_b * (rowsum(dO * o_b) - D) + exp(lse_b - lse) * d lse
 
 which needs a kernel whose lse is differentiable (else its forward runs with the blockwise
-backward: ``blocks.gradient_kernel``). In both, dK/dV accumulators travel with their K/V and
+backward, a residual one: ``blocks.gradient_kernel`` decides). In both, dK/dV accumulators travel with their K/V and
 arrive home after ``n`` passes. Autodiff
 through the forward loop would also be exact, but it would keep every step's K/V block
 and kernel residuals alive (the whole K/V on every device), which is what ring attention
@@ -116,7 +116,7 @@ def make_ring(plan: RingPlan, kernel: BlockKernel) -> Callable[..., Any]:
         d_lse = d_lse.astype(acc)
         delta = jnp.swapaxes(jnp.sum(d_out * out, axis=-1), 1, 2)  # D = rowsum(dO * O), (B, H, T)
         lse_safe, big_l_safe = _finite_or_zero(lse), _finite_or_zero(big_l)
-        kern = kernel if kernel.residual_backward else gradient_kernel(kernel, q, k, v)
+        kern = gradient_kernel(kernel, q, k, v)
         index = jax.lax.axis_index(plan.axis)
         # The lse cotangent in terms of L: exp(S - lse) d_lse = exp(S - L) exp(L - lse) d_lse.
         res = Residuals(out, big_l_safe, d_out, jnp.exp(big_l_safe - lse_safe) * d_lse)
