@@ -7,6 +7,7 @@ run eagerly and under jit through ``impl="cudnn"`` and are checked against the o
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -153,3 +154,52 @@ def test_kv_lengths_decode_with_sinks_and_window() -> None:
     lengths = np.array([5, 200, 0, 256], np.int32)
     check_kv_lengths(make(4, 1, 256, 8, 2, 128), lengths, grads=False, causal=True, softmax_aux=aux)
     check_kv_lengths(make(4, 1, 256, 8, 2, 128), lengths, grads=False, causal=True, sliding_window=(31, 0))
+
+
+# -- cuDNN's backward fed residuals it did not compute (ring attention's `cudnn` block kernel) --
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_cudnn_backward_from_its_own_residuals_is_the_gradient(causal: bool) -> None:
+    from jaxattn_sdpa.residual import cudnn_backward
+
+    x = make(2, 256, 256, 8, 2, 128)
+    q, k, v = (jnp.asarray(x[n], jnp.bfloat16) for n in ("q", "k", "v"))
+    do = jnp.asarray(x["do"], jnp.bfloat16)
+    out, lse = jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn", return_residual=True)
+    grads = jax.jit(functools.partial(cudnn_backward, causal=causal))(q, k, v, out, jnp.swapaxes(lse, 1, 2), do)
+    ref = oracle.attention_backward(x["q"], x["k"], x["v"], np.asarray(do.astype(jnp.float32), np.float64),
+                                    causal=causal)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, (ref.dq, ref.dk, ref.dv), strict=True):
+        assert_close(name, got, want, DEFAULT_TOLERANCES["bfloat16"].grad)
+
+
+def test_cudnn_backward_at_global_residuals_is_each_key_blocks_share() -> None:
+    # Causal T = S = 512 cut as a ring of two cuts it: queries 0..255 see key block 0 (causal);
+    # queries 256..511 see key block 0 whole and key block 1 (causal). Each piece's backward at
+    # the *whole* attention's output and lse; the pieces add up to the whole gradient.
+    from jaxattn_sdpa.residual import cudnn_backward
+
+    x = make(1, 512, 512, 8, 2, 128, seed=4)
+    q, k, v = (jnp.asarray(x[n], jnp.bfloat16) for n in ("q", "k", "v"))
+    do = jnp.asarray(x["do"], jnp.bfloat16)
+    whole = oracle.attention(x["q"], x["k"], x["v"], causal=True)
+    out, lse = jnp.asarray(whole.output, jnp.bfloat16), jnp.asarray(whole.lse, jnp.float32)
+    h = 256
+
+    @jax.jit
+    def pieces(q: jax.Array, k: jax.Array, v: jax.Array, out: jax.Array, lse: jax.Array, do: jax.Array) -> Any:
+        top = cudnn_backward(q[:, :h], k[:, :h], v[:, :h], out[:, :h], lse[..., :h], do[:, :h], causal=True)
+        left = cudnn_backward(q[:, h:], k[:, :h], v[:, :h], out[:, h:], lse[..., h:], do[:, h:])
+        diag = cudnn_backward(q[:, h:], k[:, h:], v[:, h:], out[:, h:], lse[..., h:], do[:, h:], causal=True)
+        f32 = [[g.astype(jnp.float32) for g in piece] for piece in (top, left, diag)]
+        dq = jnp.concatenate([f32[0][0], f32[1][0] + f32[2][0]], axis=1)
+        dk = jnp.concatenate([f32[0][1] + f32[1][1], f32[2][1]], axis=1)
+        dv = jnp.concatenate([f32[0][2] + f32[1][2], f32[2][2]], axis=1)
+        return dq, dk, dv
+
+    grads = pieces(q, k, v, out, lse, do)
+    ref = oracle.attention_backward(x["q"], x["k"], x["v"], np.asarray(do.astype(jnp.float32), np.float64),
+                                    causal=True)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, (ref.dq, ref.dk, ref.dv), strict=True):
+        assert_close(name, got, want, DEFAULT_TOLERANCES["bfloat16"].grad)

@@ -175,3 +175,92 @@ def test_cudnn_forward_with_lse_and_the_blockwise_backward(causal: bool) -> None
 def test_the_cudnn_pairing_is_declined_with_reasons_off_cuda() -> None:
     reasons = jaxattn.get_impl("ring", ring_of_one(ring_block_impl="cudnn+blockwise")).supports(Q, Q, Q, causal=True)
     assert any("block kernel cudnn+blockwise: impl 'cudnn' runs on cuda" in r for r in reasons), reasons
+
+
+def test_the_cudnn_kernel_is_declined_with_reasons_off_cuda() -> None:
+    reasons = jaxattn.get_impl("ring", ring_of_one(ring_block_impl="cudnn")).supports(Q, Q, Q, causal=True)
+    assert any("block kernel cudnn: impl 'cudnn' runs on cuda" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_the_cudnn_kernel_routes_an_lse_cotangent_to_the_blockwise_backward(
+        causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The code of ring's cudnn kernel with stand-ins for cuDNN (no GPU here): jax.nn's XLA forward,
+    # and for cuDNN's residual backward the blockwise one *ignoring* the lse cotangent, as cuDNN's
+    # does. Without an lse cotangent the stand-in runs (and is right); with one, the run-time
+    # branch must take the blockwise backward, or the lse gradient goes missing.
+    import jaxattn_sdpa.residual
+    from jaxattn_ring.blocks import CudnnKernel
+    from jaxattn_vanilla.blockwise.kernel import blockwise_backward
+
+    traced = []
+
+    def stand_in(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, causal: bool,
+                 softmax_scale: float) -> Any:
+        traced.append(causal)
+        return blockwise_backward(q, k, v, out, lse, d_out, None, causal=causal, softmax_scale=softmax_scale)
+
+    monkeypatch.setattr(jaxattn_sdpa.residual, "cudnn_backward", stand_in)
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.normal(size=(2, 32, h, 8)) for h in (4, 2, 2))
+    do, w = rng.normal(size=(2, 32, 4, 8)), rng.normal(size=(2, 4, 32))
+    kernel = CudnnKernel(jaxattn.get_impl("vanilla"), 0.3, None, implementation="xla")
+    for lse_weight in (0.0, 1.0):
+        def loss(q: Any, k: Any, v: Any, attend: Any, dtype: Any, lse_weight: float = lse_weight) -> Any:
+            out, lse = attend(q, k, v)
+            return (out * jnp.asarray(do, dtype)).sum() + lse_weight * (lse * jnp.asarray(w, dtype)).sum()
+
+        got = jax.jit(jax.grad(functools.partial(loss, attend=functools.partial(kernel, causal=causal),
+                                                 dtype=jnp.float32), argnums=(0, 1, 2)))(
+            *(jnp.asarray(x, jnp.float32) for x in (q, k, v)))
+        with jax.enable_x64(True):
+            vanilla = jaxattn.get_impl("vanilla")
+
+            def reference(q: Any, k: Any, v: Any) -> Any:
+                res = vanilla(q, k, v, causal=causal, softmax_scale=0.3)
+                return res.attention_outputs, res.softmax_lse
+
+            want = jax.grad(functools.partial(loss, attend=reference, dtype=jnp.float64), argnums=(0, 1, 2))(
+                *(jnp.asarray(x) for x in (q, k, v)))
+        for g, g64 in zip(got, want, strict=True):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(g64), atol=5e-5)
+    assert traced == [causal, causal]  # traced once per jit (both branches are traced, one runs)
+
+
+def test_cudnn_backward_binds_with_this_jax() -> None:
+    # cuDNN's backward is jax's private primitive: its operands and parameters must still be what
+    # jaxattn_sdpa.residual passes (shapes checked by tracing; only a GPU runs it).
+    from jaxattn_sdpa.residual import cudnn_backward, unavailable
+
+    assert unavailable() is None
+    q = jax.ShapeDtypeStruct((2, 64, 8, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 64, 2, 128), jnp.bfloat16)
+    lse = jax.ShapeDtypeStruct((2, 8, 64), jnp.float32)
+    for causal in (True, False):
+        dq, dk, dv = jax.eval_shape(functools.partial(cudnn_backward, causal=causal), q, kv, kv, q, lse, q)
+        assert (dq.shape, dk.shape, dv.shape) == (q.shape, kv.shape, kv.shape)
+        assert dq.dtype == dk.dtype == dv.dtype == jnp.bfloat16
+
+
+def test_the_cudnn_kernel_is_declined_where_jax_lacks_the_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    import jaxattn_sdpa.residual
+
+    from jaxattn.problem import AttentionProblem
+    from jaxattn_ring.blocks import _block_reasons, block_problems
+
+    from jaxattn.device import DeviceInfo
+    from jaxattn_sdpa import CudnnAttention
+
+    h100 = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0")
+    monkeypatch.setattr("jaxattn_ring.blocks.get_impl", lambda name, md: CudnnAttention(md, h100))
+    monkeypatch.setattr(jaxattn_sdpa.residual, "_binding", lambda: "jax 9.9 does not expose it")
+    q = jax.ShapeDtypeStruct((2, 16, 4, 8), jnp.bfloat16)
+    odd = jax.ShapeDtypeStruct((2, 18, 4, 8), jnp.bfloat16)  # zigzag halves of 9 keys: cuDNN's backward refuses
+    for shape, extra in ((q, ""), (odd, "cuDNN's backward pass needs even T and S, got T=18, S=9")):
+        problem = AttentionProblem.from_inputs(shape, shape, shape, causal=True)
+        choice, why = _block_reasons(ring_of_one(), "cudnn", block_problems("causal", "zigzag", problem, None))
+        assert choice is None
+        assert not extra or any(extra in r for r in why), why
+    assert not any("runs on cuda" in r for r in why), why
+    assert any("cannot be fed the ring's residuals: jax 9.9 does not expose it; use 'cudnn+blockwise'" in r
+               for r in why), why

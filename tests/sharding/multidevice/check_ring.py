@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -320,3 +321,48 @@ def test_a_residual_backward_runs_no_block_forward(kind: type[_CountingBlocks]) 
     else:
         assert kind.traced >= 2 * per_forward
         assert "backward through jax.vjp of each block (its forward runs again)" in said, said
+
+
+@pytest.fixture
+def cudnn_kernel_on_xla(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ring's ``cudnn`` block kernel with stand-ins for cuDNN (no GPU here): jax.nn's XLA forward with
+    its lse, and for cuDNN's residual backward the blockwise one *ignoring* the lse cotangent, as
+    cuDNN's does. What runs is ring's code for that kernel: the global residuals handed to the
+    backward, and the run-time branch to the blockwise backward where an lse cotangent exists."""
+    import jaxattn_sdpa.residual
+    from jaxattn_ring import impl as ring_impl
+    from jaxattn_ring.blocks import BlockChoice, CudnnKernel
+    from jaxattn_vanilla.blockwise.kernel import blockwise_backward
+
+    @dataclasses.dataclass(frozen=True)
+    class OnXla(BlockChoice):
+        def name(self) -> str:
+            return "cudnn"
+
+        def kernel(self, softmax_scale: float, logits_soft_cap: float | None) -> CudnnKernel:
+            return CudnnKernel(self.impl, softmax_scale, logits_soft_cap, implementation="xla")
+
+    def cudnn_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, *, causal: bool,
+                       softmax_scale: float) -> Any:
+        return blockwise_backward(q, k, v, out, lse, d_out, None, causal=causal, softmax_scale=softmax_scale)
+
+    monkeypatch.setattr(jaxattn_sdpa.residual, "cudnn_backward", cudnn_backward)
+    monkeypatch.setattr(ring_impl, "choose_kernel",
+                        lambda md, problems, requested: (OnXla(jaxattn.get_impl("vanilla", md)), []))
+
+
+@pytest.mark.usefixtures("cudnn_kernel_on_xla")
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_cudnn_kernel_on_the_ring(layout: str, causal: bool) -> None:
+    check_against_oracle(attend(ring(4, ring_layout=layout)), inputs(GQA, seed=41), causal=causal)
+    md = ring(4, ring_layout=layout)
+    q = jax.ShapeDtypeStruct((2, 32, 4, 8), jnp.float32)
+    said = " ".join(str(jaxattn.explain(q, q, q, causal=causal, impl="ring", metadata=md)).split())
+    assert "per-block kernel cudnn, backward from the ring's output and lse" in said, said
+
+
+@pytest.mark.usefixtures("cudnn_kernel_on_xla")
+def test_the_cudnn_kernel_through_the_lse() -> None:
+    # An lse cotangent: the run-time branch must leave the stand-in (which would drop it) for the blockwise backward.
+    test_residual_backward_through_the_lse()

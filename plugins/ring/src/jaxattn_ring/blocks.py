@@ -32,6 +32,7 @@ from .layout import AxisName, Layout, key_columns, positions
 __all__ = [
     "CANDIDATES",
     "BlockKernel",
+    "CudnnKernel",
     "CudnnLseKernel",
     "Mode",
     "OwnBackwardKernel",
@@ -208,6 +209,34 @@ class CudnnLseKernel(OwnBackwardKernel):
         return out.astype(q.dtype), jnp.swapaxes(lse, 1, 2).astype(acc_dtype(q.dtype))  # (B, T, H) -> (B, H, T)
 
 
+@dataclasses.dataclass(frozen=True)
+class CudnnKernel(CudnnLseKernel):
+    """``cudnn``: cuDNN's forward with its lse, and cuDNN's own backward fed the residuals
+    (``jaxattn_sdpa.residual.cudnn_backward``), so both halves of a block run at cuDNN's speed.
+    cuDNN's backward takes no lse cotangent: a call with one (a loss that uses ring's lse) takes
+    the blockwise backward instead, chosen at run time (``lax.cond``), exact either way.
+    """
+
+    def backward(self, q: Array, k: Array, v: Array, res: Residuals, *, causal: bool = False, mask: Array = None,
+                 q_ids: Array = None, kv_ids: Array = None) -> tuple[Array, Array, Array]:
+        from jaxattn_sdpa.residual import cudnn_backward
+
+        dtypes = (q.dtype, k.dtype, v.dtype)
+
+        def cudnn() -> tuple[Array, Array, Array]:
+            grads = cudnn_backward(q, k, v, res.out, res.lse, res.d_out, causal=causal,
+                                   softmax_scale=self.softmax_scale)
+            return tuple(g.astype(t) for g, t in zip(grads, dtypes, strict=True))  # type: ignore[return-value]
+
+        def blockwise() -> tuple[Array, Array, Array]:
+            grads = super(CudnnKernel, self).backward(q, k, v, res, causal=causal)
+            return tuple(g.astype(t) for g, t in zip(grads, dtypes, strict=True))  # type: ignore[return-value]
+
+        if mask is not None or q_ids is not None or kv_ids is not None:
+            raise PluginError("ring's cudnn kernel takes full and causal blocks only")  # _block_reasons
+        return jax.lax.cond(jnp.any(res.d_lse != 0), blockwise, cudnn)  # type: ignore[no-any-return]
+
+
 def _skip(q: Array, v: Array) -> tuple[Array, Array]:
     """The result of a block with nothing visible: zero output, lse -inf."""
     b, t, h, _ = q.shape
@@ -372,9 +401,11 @@ class BlockChoice:
         return self.impl.name() + (f"+{OWN_BACKWARD}" if self.own_backward else "")
 
     def kernel(self, softmax_scale: float, logits_soft_cap: float | None) -> BlockKernel:
-        kind = BlockKernel
-        if self.own_backward:
-            kind = CudnnLseKernel if self.impl.name() == "cudnn" else OwnBackwardKernel
+        kind: type[BlockKernel] = BlockKernel
+        if self.impl.name() == "cudnn":  # its lse comes from jax.nn's return_residual
+            kind = CudnnLseKernel if self.own_backward else CudnnKernel
+        elif self.own_backward:
+            kind = OwnBackwardKernel
         return kind(self.impl, softmax_scale, logits_soft_cap)
 
 
@@ -390,16 +421,23 @@ def _block_reasons(metadata: AttentionMetadata, name: str,
             impls.append(get_impl(part, metadata))
         except (JaxattnError, ImportError) as err:
             return None, [f"block kernel {name}: {err}"]
-    cudnn = plus and impls[0].name() == "cudnn"  # its lse comes from jax.nn's return_residual
+    cudnn = impls[0].name() == "cudnn"  # its lse comes from jax.nn's return_residual
     why: list[str] = []
     if impls[0].sequence_parallel:
         why.append("is sequence-parallel itself")
     if Feature.LSE not in impls[0].features and not cudnn:
         why.append("does not return its log-sum-exp (Feature.LSE)")
+    if cudnn and not plus:
+        from jaxattn_sdpa.residual import unavailable
+
+        if (missing := unavailable()) is not None:
+            why.append(f"cuDNN's backward cannot be fed the ring's residuals: {missing}; use 'cudnn+{OWN_BACKWARD}'")
     for impl in impls:
         for problem in problems:
             if plus and impl is impls[0]:  # the forward only: the blockwise backward differentiates it
                 problem = dataclasses.replace(problem, needs_grad=False)
+            elif cudnn and not plus:  # cuDNN's backward runs whenever ring is differentiated: judge its limits now
+                problem = dataclasses.replace(problem, needs_grad=True)
             why += [f"{impl.name()}: {r}" if plus else r for r in impl.reasons_to_decline(problem) if r not in why]
             if cudnn and impl is impls[0] and (problem.mask_shape or problem.segment_ids or problem.logits_soft_cap):
                 reason = ("cudnn: ring's cuDNN forward with lse takes full and causal blocks only (no mask, segment "
