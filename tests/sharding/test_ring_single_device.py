@@ -64,13 +64,13 @@ def test_auto_tries_the_measured_candidates_first_and_says_why_not() -> None:
     from jaxattn.problem import AttentionProblem
     from jaxattn_ring.blocks import CANDIDATES, choose_kernel
 
-    assert CANDIDATES == ("flash_attn2", "mosaic_flash+blockwise", "cudnn+blockwise")
+    assert CANDIDATES == ("cudnn", "flash_attn2", "mosaic_flash+blockwise", "cudnn+blockwise")
     problem = AttentionProblem.from_inputs(Q, Q, Q, causal=True)
     unrunnable = dataclasses.replace(problem, head_dim=1 << 20, head_dim_v=1 << 20)
     choice, reasons = choose_kernel(jaxattn.AttentionMetadata(), [unrunnable])
     assert choice is None
     tried = [r.split(":")[0] for r in reasons]
-    assert tried[:3] == [f"block kernel {name}" for name in CANDIDATES], reasons
+    assert tried[:4] == [f"block kernel {name}" for name in CANDIDATES], reasons
     assert "block kernel blockwise" in tried and "block kernel vanilla" in tried, reasons
 
 

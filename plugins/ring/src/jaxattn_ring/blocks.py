@@ -1,7 +1,8 @@
 """The per-block kernel, and the block of attention each ring step computes.
 
 Any registered impl that returns its log-sum-exp (``Feature.LSE``) can be the per-block
-kernel, and so can ``"X+blockwise"``: impl X's forward with the blockwise backward of
+kernel, and so can ``"cudnn"`` (cuDNN's forward and its own backward fed the ring's residuals:
+``CudnnKernel``) and ``"X+blockwise"``: impl X's forward with the blockwise backward of
 jaxattn-vanilla fed X's output and lse (``OwnBackwardKernel``: for X whose lse has no gradient,
 cuDNN's). "auto" tries :data:`CANDIDATES` first, in their measured order, then every other impl
 that returns its lse by priority. A kernel is called through its own ``__call__`` on local blocks, with flags only
@@ -51,13 +52,14 @@ Mode = Literal["full", "causal", "masked"]
 Array = Any
 
 #: The per-block kernels "auto" tries first, fastest first as measured by ``benchmarks/ring_bench.py
-#: --block-kernels`` (ring forward+backward, causal, bf16): each returns ``(out, lse)`` with
-#: gradients through lse. Triton's ``flash_attn2`` (its backward subtracts the lse cotangent);
-#: jaxattn-mosaic's Hopper forward and cuDNN's forward, each with the blockwise backward (neither
-#: has a backward through its lse). On 4 H200s at 128k tokens ``flash_attn2`` blocks ran 2.8x
-#: faster than ``cudnn+blockwise`` (docs/bench.md, "Multi-GPU"); ``mosaic_flash+blockwise`` shares
-#: the blockwise backward and was not timed there.
-CANDIDATES: tuple[str, ...] = ("flash_attn2", "mosaic_flash+blockwise", "cudnn+blockwise")
+#: --block-kernels`` (ring forward+backward, causal, bf16): each returns ``(out, lse)`` and has a
+#: backward for the ring. cuDNN's forward and its own backward fed the ring's residuals (``cudnn``);
+#: Triton's ``flash_attn2`` (its backward subtracts the lse cotangent); jaxattn-mosaic's Hopper
+#: forward and cuDNN's forward with the blockwise backward. On 4 H200s at 128k tokens ``cudnn``
+#: blocks ran 1.21-1.22x faster than ``flash_attn2`` blocks on 2 and 4 GPUs, and those 2.8x faster
+#: than ``cudnn+blockwise`` (docs/bench.md, "Multi-GPU"); ``mosaic_flash+blockwise`` shares the
+#: blockwise backward and was not timed there.
+CANDIDATES: tuple[str, ...] = ("cudnn", "flash_attn2", "mosaic_flash+blockwise", "cudnn+blockwise")
 
 #: The backward an ``"X+blockwise"`` kernel takes X's forward to (jaxattn-vanilla's).
 OWN_BACKWARD = "blockwise"
