@@ -14,6 +14,8 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 JAXATTN_CACHE_DIR=/tmp/jaxattn-cache
+# Triton keeps compiled kernels under $HOME, which the GPU machine may not set: give it a place.
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 for stage in "$@"; do
   start=$(date +%s)
