@@ -366,3 +366,21 @@ def test_the_cudnn_kernel_on_the_ring(layout: str, causal: bool) -> None:
 def test_the_cudnn_kernel_through_the_lse() -> None:
     # An lse cotangent: the run-time branch must leave the stand-in (which would drop it) for the blockwise backward.
     test_residual_backward_through_the_lse()
+
+
+@pytest.mark.parametrize("block", ["blockwise", "vanilla+blockwise", "vanilla"])
+def test_eager_gradients(block: str) -> None:
+    # jax.grad without jax.jit: shard_map then runs eagerly, and jax 0.10 cannot run a custom_vjp with
+    # symbolic zeros there (the blockwise kernel's, once): every block kernel must still differentiate.
+    data = inputs(GQA, seed=51)
+    q, k, v, do = (jnp.asarray(data[x]) for x in ("q", "k", "v", "do"))
+    md = ring(4, ring_block_impl=block)
+
+    def loss(q: Any, k: Any, v: Any) -> Any:
+        return (jaxattn.attention(q, k, v, causal=True, impl="ring", metadata=md) * do).sum()
+
+    with jax.default_matmul_precision("highest"):
+        grads = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    want = oracle.attention_backward(data["q"], data["k"], data["v"], data["do"], causal=True)
+    for name, got, expected in zip(("dq", "dk", "dv"), grads, (want.dq, want.dk, want.dv), strict=True):
+        assert_close(name, got, expected, 5e-5)

@@ -633,6 +633,12 @@ def _attend_bwd(st: _Static, res: _Residuals, cts: tuple[Any, Any]) -> tuple[Any
 
 _attend.defvjp(_attend_fwd, _attend_bwd, symbolic_zeros=True)
 
+#: The same without symbolic zeros, for calls with neither a bias nor sinks, where they would skip
+#: nothing but an unused lse cotangent: jax 0.10 cannot run a custom_vjp with symbolic zeros inside
+#: an eagerly differentiated ``shard_map`` (NotImplementedError), and ring attention's blocks run there.
+_attend_dense = jax.custom_vjp(_primal, nondiff_argnums=(0,))
+_attend_dense.defvjp(_attend_fwd, _attend_bwd)
+
 
 def _window(sliding_window: int | tuple[int, int] | None) -> tuple[int, int] | None:
     if sliding_window is None:
@@ -717,7 +723,8 @@ def blockwise_attention(
     q_seg = None if q_segment_ids is None else jnp.asarray(q_segment_ids)
     kv_seg = None if kv_segment_ids is None else jnp.asarray(kv_segment_ids)
     kv_len = None if kv_lengths is None else jnp.clip(jnp.asarray(kv_lengths).astype(jnp.int32), 0, s)
-    out, lse = _attend(st, q, k, v, bias_g, aux, mask_g, q_seg, kv_seg, rng, kv_len)
+    attend = _attend if bias_g is not None or aux is not None else _attend_dense
+    out, lse = attend(st, q, k, v, bias_g, aux, mask_g, q_seg, kv_seg, rng, kv_len)
     return BlockwiseResult(output=zero_absorbed_heads(out, absorbed, 2), lse=lse)
 
 
