@@ -205,6 +205,11 @@ def test_the_cudnn_kernel_routes_an_lse_cotangent_to_the_blockwise_backward(
     q, k, v = (rng.normal(size=(2, 32, h, 8)) for h in (4, 2, 2))
     do, w = rng.normal(size=(2, 32, 4, 8)), rng.normal(size=(2, 4, 32))
     kernel = CudnnKernel(jaxattn.get_impl("vanilla"), 0.3, None, implementation="xla")
+
+    def reference(q: Any, k: Any, v: Any) -> Any:
+        res = jaxattn.get_impl("vanilla")(q, k, v, causal=causal, softmax_scale=0.3)
+        return res.attention_outputs, res.softmax_lse
+
     for lse_weight in (0.0, 1.0):
         def loss(q: Any, k: Any, v: Any, attend: Any, dtype: Any, lse_weight: float = lse_weight) -> Any:
             out, lse = attend(q, k, v)
@@ -214,12 +219,6 @@ def test_the_cudnn_kernel_routes_an_lse_cotangent_to_the_blockwise_backward(
                                                  dtype=jnp.float32), argnums=(0, 1, 2)))(
             *(jnp.asarray(x, jnp.float32) for x in (q, k, v)))
         with jax.enable_x64(True):
-            vanilla = jaxattn.get_impl("vanilla")
-
-            def reference(q: Any, k: Any, v: Any) -> Any:
-                res = vanilla(q, k, v, causal=causal, softmax_scale=0.3)
-                return res.attention_outputs, res.softmax_lse
-
             want = jax.grad(functools.partial(loss, attend=reference, dtype=jnp.float64), argnums=(0, 1, 2))(
                 *(jnp.asarray(x) for x in (q, k, v)))
         for g, g64 in zip(got, want, strict=True):
@@ -244,11 +243,9 @@ def test_cudnn_backward_binds_with_this_jax() -> None:
 
 def test_the_cudnn_kernel_is_declined_where_jax_lacks_the_backward(monkeypatch: pytest.MonkeyPatch) -> None:
     import jaxattn_sdpa.residual
-
+    from jaxattn.device import DeviceInfo
     from jaxattn.problem import AttentionProblem
     from jaxattn_ring.blocks import _block_reasons, block_problems
-
-    from jaxattn.device import DeviceInfo
     from jaxattn_sdpa import CudnnAttention
 
     h100 = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0")

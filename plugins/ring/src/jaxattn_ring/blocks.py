@@ -223,16 +223,15 @@ class CudnnKernel(CudnnLseKernel):
                  q_ids: Array = None, kv_ids: Array = None) -> tuple[Array, Array, Array]:
         from jaxattn_sdpa.residual import cudnn_backward
 
-        dtypes = (q.dtype, k.dtype, v.dtype)
+        def cast(grads: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
+            return grads[0].astype(q.dtype), grads[1].astype(k.dtype), grads[2].astype(v.dtype)
 
         def cudnn() -> tuple[Array, Array, Array]:
-            grads = cudnn_backward(q, k, v, res.out, res.lse, res.d_out, causal=causal,
-                                   softmax_scale=self.softmax_scale)
-            return tuple(g.astype(t) for g, t in zip(grads, dtypes, strict=True))  # type: ignore[return-value]
+            return cast(cudnn_backward(q, k, v, res.out, res.lse, res.d_out, causal=causal,
+                                       softmax_scale=self.softmax_scale))
 
         def blockwise() -> tuple[Array, Array, Array]:
-            grads = super(CudnnKernel, self).backward(q, k, v, res, causal=causal)
-            return tuple(g.astype(t) for g, t in zip(grads, dtypes, strict=True))  # type: ignore[return-value]
+            return cast(super(CudnnKernel, self).backward(q, k, v, res, causal=causal))
 
         if mask is not None or q_ids is not None or kv_ids is not None:
             raise PluginError("ring's cudnn kernel takes full and causal blocks only")  # _block_reasons
