@@ -15,6 +15,9 @@ pass (``fwd``: the forward; ``fwdbwd``: forward and backward of ``sum(out * dout
 * ``ring<n>:<block>``: ring over ``n`` devices (sequence sharded over the mesh axis "seq"), for
   each per-block kernel of ``--block-kernels`` ("auto" is ring's own choice; name others, such
   as ``flash_attn2`` and ``cudnn+blockwise``, to choose between them by measurement);
+  ``ring<n>z:<block>`` with ``--ring-inputs natural,zigzag``: the same ring taking and returning
+  the zigzag order (``ring_inputs="zigzag"``, as a training input pipeline that orders its tokens
+  once arranges), which skips ring's relayout of q, k, v and the output;
 * ``gather<n>:<gather-impl>``: plain ``shard_map`` of a backend (``--gather-impl``, default the
   baseline) with K/V all-gathered: device ``i`` keeps its ``S/n`` queries and attends to the
   whole gathered K/V (causal: bottom-right aligned to ``kv_lengths = (i+1) S/n``, so positions
@@ -104,14 +107,29 @@ def gathered(baseline: str, mesh: Mesh, causal: bool) -> Callable[..., Any]:
     return shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)
 
 
-def attention_fn(kind: str, impl: str, mesh: Mesh | None, causal: bool, block: str) -> Callable[..., Any]:
+def ring_metadata(mesh: Mesh | None, block: str, order: str) -> jaxattn.AttentionMetadata:
+    return jaxattn.AttentionMetadata(mesh=mesh, sequence_axis="seq",
+                                     extra={"ring_block_impl": block, "ring_inputs": order})
+
+
+def attention_fn(kind: str, impl: str, mesh: Mesh | None, causal: bool, block: str,
+                 order: str = "natural") -> Callable[..., Any]:
     if kind == "single":
         return functools.partial(jaxattn.attention, impl=impl, causal=causal)
     assert mesh is not None
     if kind == "gather":
         return gathered(impl, mesh, causal)
-    md = jaxattn.AttentionMetadata(mesh=mesh, sequence_axis="seq", extra={"ring_block_impl": block})
-    return functools.partial(jaxattn.attention, impl="ring", causal=causal, metadata=md)
+    return functools.partial(jaxattn.attention, impl="ring", causal=causal, metadata=ring_metadata(mesh, block, order))
+
+
+def in_natural_order(attend: Callable[..., Any], seq: int, n: int) -> Callable[..., Any]:
+    """``attend`` of a ring that takes and returns the zigzag order (``ring_inputs="zigzag"``), called
+    on natural-order arrays (for the check: a training input pipeline orders its tokens once)."""
+    from jaxattn_ring import zigzag_permutation
+
+    perm = zigzag_permutation(seq, n)
+    inverse = np.argsort(perm)
+    return lambda q, k, v: jnp.take(attend(*(jnp.take(x, perm, axis=1) for x in (q, k, v))), inverse, axis=1)
 
 
 def make_step(attend: Callable[..., Any], passes: str) -> Callable[..., Any]:
@@ -158,6 +176,7 @@ class Config:
     block: str  # requested per-block kernel (ring only)
     mesh: Mesh | None
     sharding: Any
+    order: str = "natural"  # ring only: the order its inputs arrive in (ring_inputs)
 
 
 def configs(args: argparse.Namespace) -> list[Config]:
@@ -170,7 +189,8 @@ def configs(args: argparse.Namespace) -> list[Config]:
             continue
         mesh = Mesh(np.array(devices[:n]), ("seq",))
         sharded = NamedSharding(mesh, P(None, "seq"))
-        out += [Config(f"ring{n}:{block}", "ring", "ring", n, block, mesh, sharded) for block in args.block_kernels]
+        out += [Config(f"ring{n}{'z' if order == 'zigzag' else ''}:{block}", "ring", "ring", n, block, mesh, sharded,
+                       order) for block in args.block_kernels for order in args.ring_inputs]
         if n > 1 and args.gather:
             out.append(Config(f"gather{n}:{args.gather_impl}", "gather", args.gather_impl, n, "", mesh, sharded))
     return out
@@ -180,7 +200,7 @@ def block_name(cfg: Config, seq: int, args: argparse.Namespace, causal: bool) ->
     """The per-block kernel ring runs for this configuration (raises with every reason if none)."""
     if cfg.kind != "ring":
         return None
-    md = jaxattn.AttentionMetadata(mesh=cfg.mesh, sequence_axis="seq", extra={"ring_block_impl": cfg.block})
+    md = ring_metadata(cfg.mesh, cfg.block, cfg.order)
     q = jax.ShapeDtypeStruct((1, seq, args.heads, args.dim), jnp.dtype(args.dtype))
     kv = jax.ShapeDtypeStruct((1, seq, args.kv_heads, args.dim), jnp.dtype(args.dtype))
     return str(jaxattn.get_impl("ring", md).block_kernel(q, kv, kv, causal=causal).name())
@@ -198,7 +218,10 @@ def check(cfgs: list[Config], args: argparse.Namespace) -> dict[str, Any]:
             for cfg in cfgs[1:]:
                 key = f"{cfg.name}/{mode}/{passes}"
                 try:
-                    step = make_step(attention_fn(cfg.kind, cfg.impl, cfg.mesh, causal, cfg.block), passes)
+                    attend = attention_fn(cfg.kind, cfg.impl, cfg.mesh, causal, cfg.block, cfg.order)
+                    if cfg.order == "zigzag":
+                        attend = in_natural_order(attend, args.check_seq, cfg.devices)
+                    step = make_step(attend, passes)
                     got = step(*(jax.device_put(x, cfg.sharding) for x in data))
                     report[key] = relative_errors(got, want)
                 except Exception as err:  # report and go on
@@ -213,7 +236,7 @@ def sweep(cfg: Config, mode: str, passes: str, args: argparse.Namespace, deadlin
     stop = ""
     try:
         block = block_name(cfg, min(args.seqs), args, causal)
-        step = make_step(attention_fn(cfg.kind, cfg.impl, cfg.mesh, causal, cfg.block), passes)
+        step = make_step(attention_fn(cfg.kind, cfg.impl, cfg.mesh, causal, cfg.block, cfg.order), passes)
     except Exception as err:  # no kernel for this configuration: every length says why
         block, step = None, None
         stop = (str(err).splitlines() or [type(err).__name__])[0][:300]
@@ -296,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the single-device backend (default: cudnn on a GPU, blockwise elsewhere)")
     parser.add_argument("--block-kernels", type=parse_names, default=["auto"],
                         help="ring's per-block kernels to measure, e.g. auto,flash_attn2,cudnn+blockwise")
+    parser.add_argument("--ring-inputs", type=parse_names, default=["natural"],
+                        help="the orders ring's inputs arrive in: natural (ring relayouts them), zigzag "
+                             "(ring_inputs='zigzag', rows 'ring<n>z': an input pipeline that orders tokens once)")
     parser.add_argument("--no-gather", dest="gather", action="store_false", help="skip the all-gather rows")
     parser.add_argument("--gather-impl", default=None, help="the backend of the all-gather rows (default: --baseline)")
     parser.add_argument("--reps", type=int, default=3, help="timed samples of back-to-back calls (median)")

@@ -35,11 +35,13 @@ def test_ring_bench_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     out = tmp_path / "ring.json"
     code = load("ring_bench").main(["--devices", "2", "--seqs", "32", "--modes", "causal", "--passes", "fwd,fwdbwd",
                                     "--heads", "2", "--kv-heads", "1", "--dim", "8", "--dtype", "float32",
-                                    "--reps", "1", "--check-seq", "32", "--json", str(out)])
+                                    "--reps", "1", "--check-seq", "32", "--ring-inputs", "natural,zigzag",
+                                    "--json", str(out)])
     printed = capsys.readouterr().out
     assert code == 0, printed
     report = json.loads(out.read_text())
-    assert {r["config"] for r in report["records"]} == {"1dev:blockwise", "ring2:auto", "gather2:blockwise"}
+    assert {r["config"] for r in report["records"]} == {"1dev:blockwise", "ring2:auto", "ring2z:auto",
+                                                        "gather2:blockwise"}
     assert all(r["status"] == "ok" for r in report["records"]), report["records"]
     for key, errs in report["check"].items():  # ring and gather against the baseline on one device
         assert "error" not in errs and max(errs.values()) < 1e-4, (key, errs)

@@ -384,3 +384,67 @@ def test_eager_gradients(block: str) -> None:
     want = oracle.attention_backward(data["q"], data["k"], data["v"], data["do"], causal=True)
     for name, got, expected in zip(("dq", "dk", "dv"), grads, (want.dq, want.dk, want.dv), strict=True):
         assert_close(name, got, expected, 5e-5)
+
+
+def in_zigzag_order(md: jaxattn.AttentionMetadata, n: int, t: int) -> Any:
+    """Ring with ``ring_inputs="zigzag"``, called on natural-order arrays: this wrapper puts every
+    sequence axis (q, k, v, segment ids, the mask's rows and keys) in zigzag order and the output
+    back, so the result must be the oracle's."""
+    from jaxattn_ring import zigzag_permutation
+
+    perm = zigzag_permutation(t, n)
+    inverse = np.argsort(perm)
+
+    def take(x: Any, axis: int) -> Any:
+        return None if x is None or x.shape[axis] == 1 else jnp.take(jnp.asarray(x), perm, axis=axis)
+
+    def attend(q: Any, k: Any, v: Any, *, mask: Any = None, q_segment_ids: Any = None, kv_segment_ids: Any = None,
+               **features: Any) -> Any:
+        if mask is not None:
+            mask = take(take(mask, 2) if mask.shape[2] > 1 else mask, 3) if mask.shape[3] > 1 else take(mask, 2)
+        out = jaxattn.attention(take(q, 1), take(k, 1), take(v, 1), mask=mask, q_segment_ids=take(q_segment_ids, 1),
+                                kv_segment_ids=take(kv_segment_ids, 1), impl="ring", metadata=md, **features)
+        return jnp.take(out, inverse, axis=1)
+
+    return attend
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("case", ["causal", "full", "mask", "segments", "window"])
+def test_inputs_already_in_zigzag_order(n: int, case: str) -> None:
+    shape = Shape(b=2, t=32, s=32, hq=4, hkv=2, d=8, dv=8)
+    features: dict[str, Any] = {"causal": case != "full"}
+    rng = np.random.default_rng(61)
+    if case == "mask":
+        features["mask"] = rng.random((shape.b, 1, shape.t, shape.s)) > 0.3
+    if case == "segments":
+        ids = packed_segments(rng, shape.b, shape.t, segments=3)
+        features.update(q_segment_ids=ids, kv_segment_ids=ids)
+    if case == "window":
+        features["sliding_window"] = (5, 0)
+    md = ring(n, ring_inputs="zigzag")
+    check_against_oracle(in_zigzag_order(md, n, shape.t), inputs(shape, seed=62), **features)
+    q = jax.ShapeDtypeStruct((2, 32, 4, 8), jnp.float32)
+    said = " ".join(str(jaxattn.explain(q, q, q, causal=True, impl="ring", metadata=md)).split())
+    assert "zigzag layout (inputs and outputs in zigzag order: no relayout)" in said, said
+
+
+def test_zigzag_inputs_skip_the_relayout() -> None:
+    # The relayout is two ppermutes of half a shard per array each way; inputs in zigzag order skip them.
+    q = jax.ShapeDtypeStruct((1, 64, 2, 8), jnp.float32)
+
+    def permutes(**extra: Any) -> int:
+        attend = functools.partial(jaxattn.attention, impl="ring", causal=True, metadata=ring(4, **extra))
+        return str(jax.make_jaxpr(attend)(q, q, q)).count("ppermute")
+
+    natural, arrived = permutes(), permutes(ring_inputs="zigzag")
+    assert natural - arrived == 2 * 5, (natural, arrived)  # q, k, v in; the output and the lse out
+
+
+def test_ring_inputs_is_checked() -> None:
+    q = jax.ShapeDtypeStruct((1, 64, 2, 8), jnp.float32)
+    for extra, said in (({"ring_inputs": "sorted"}, "'sorted' is not 'natural' or 'zigzag'"),
+                        ({"ring_inputs": "zigzag", "ring_layout": "contiguous"},
+                         "inputs in zigzag order run the zigzag layout")):
+        reasons = jaxattn.get_impl("ring", ring(4, **extra)).supports(q, q, q, causal=True)
+        assert any(said in r for r in reasons), reasons

@@ -83,6 +83,7 @@ class RingPlan:
     causal: bool
     window: tuple[int, int] | None
     offset: int  # S - T: bottom-right alignment of causal masks and windows
+    arrived_zigzag: bool = False  # the caller's sequence axes are in zigzag order already (ring_inputs)
 
     @staticmethod
     def choose_mode(*, causal: bool, window: Any, mask: bool, t: int, s: int) -> Mode:
@@ -261,7 +262,9 @@ def _visibility(plan: RingPlan, index: Array, src: Array, mask: Array) -> Array:
         visible &= (k_pos >= q_pos - left) & (k_pos <= q_pos + right)
     visible = visible[None, None]
     if mask is not None:
-        visible = visible & key_columns(mask, plan.layout, src, plan.n, plan.s_local)
+        # A mask that arrived in zigzag order holds device src's keys in one contiguous run of columns.
+        order: Layout = "contiguous" if plan.arrived_zigzag else plan.layout
+        visible = visible & key_columns(mask, order, src, plan.n, plan.s_local)
     return visible
 
 

@@ -51,10 +51,22 @@ class RingAttention(AttentionImpl, declaration=RING):
     """Ring attention: each device holds a slice of the sequence; K/V travel around the ring."""
 
     # -- what can run ------------------------------------------------------------------------
+    def _arrived_zigzag(self) -> bool:
+        """Whether the caller's sequence axes come (and go) in zigzag order: ``extra["ring_inputs"]``."""
+        order = self.metadata.extra.get("ring_inputs", "natural")
+        if order not in ("natural", "zigzag"):
+            raise InvalidInputError("metadata.extra['ring_inputs']", f"{order!r} is not 'natural' or 'zigzag'")
+        return order == "zigzag"
+
     def _layout(self, causal: bool) -> Layout:
-        layout = self.metadata.extra.get("ring_layout") or ("zigzag" if causal else "contiguous")
+        arrived = self._arrived_zigzag()
+        layout = self.metadata.extra.get("ring_layout") or ("zigzag" if causal or arrived else "contiguous")
         if layout not in LAYOUTS:
             raise InvalidInputError("metadata.extra['ring_layout']", f"{layout!r} is not one of {list(LAYOUTS)}")
+        if layout != "zigzag" and arrived:
+            raise InvalidInputError(
+                "metadata.extra['ring_layout']", f"{layout!r} with ring_inputs='zigzag': inputs in zigzag order run "
+                "the zigzag layout", "drop ring_layout, or pass the inputs in natural order (ring_inputs='natural')")
         return layout  # type: ignore[return-value]  # checked against LAYOUTS above
 
     def _setup_here(self, problem: AttentionProblem) -> _Setup:
@@ -110,7 +122,8 @@ class RingAttention(AttentionImpl, declaration=RING):
                     if setup.kernel.kernel(1.0, None).residual_backward
                     else "backward through jax.vjp of each block (its forward runs again), or the blockwise "
                          "backward where the kernel's lse has no gradient")
-        return [f"{setup.layout} layout; per-block kernel {setup.kernel.name()}, {backward}"]
+        arrival = " (inputs and outputs in zigzag order: no relayout)" if self._arrived_zigzag() else ""
+        return [f"{setup.layout} layout{arrival}; per-block kernel {setup.kernel.name()}, {backward}"]
 
     def block_kernel(self, q: Array, k: Array, v: Array, mask: Array = None, causal: bool = False,
                      **features: Any) -> BlockChoice:
@@ -159,18 +172,21 @@ class RingAttention(AttentionImpl, declaration=RING):
         self._check_sequence(problem, n, setup.layout, seq, axes is not None)
         plan = RingPlan(axis=axis, n=n, layout=setup.layout, mode=setup.mode, t_local=problem.seq_q // n,
                         s_local=problem.seq_k // n, causal=causal, window=sliding_window,
-                        offset=problem.seq_k - problem.seq_q)
+                        offset=problem.seq_k - problem.seq_q, arrived_zigzag=self._arrived_zigzag())
         ring = make_ring(plan, setup.kernel.kernel(softmax_scale, logits_soft_cap))
 
         def per_device(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array,
                        aux: Array) -> tuple[Array, Array]:
-            if plan.layout == "zigzag":
+            # Natural order in, natural order out: two ppermutes of half a shard each way per array.
+            # Inputs that arrive in zigzag order (ring_inputs) skip them.
+            relayout = plan.layout == "zigzag" and not plan.arrived_zigzag
+            if relayout:
                 q, k, v, q_ids, kv_ids = (None if x is None else to_zigzag(x, 1, axis, n)
                                           for x in (q, k, v, q_ids, kv_ids))
                 if mask is not None and mask.shape[2] > 1:
                     mask = to_zigzag(mask, 2, axis, n)
             out, lse = ring(q, k, v, q_ids, kv_ids, mask, aux)
-            if plan.layout == "zigzag":
+            if relayout:
                 out, lse = from_zigzag(out, 1, axis, n), from_zigzag(lse, 2, axis, n)
             return out, lse
 
