@@ -53,7 +53,7 @@ class RingAttention(AttentionImpl, declaration=RING):
     # -- what can run ------------------------------------------------------------------------
     def _arrived_zigzag(self) -> bool:
         """Whether the caller's sequence axes come (and go) in zigzag order: ``extra["ring_inputs"]``."""
-        order = self.metadata.extra.get("ring_inputs", "natural")
+        order = str(self.metadata.extra.get("ring_inputs", "natural"))
         if order not in ("natural", "zigzag"):
             raise InvalidInputError("metadata.extra['ring_inputs']", f"{order!r} is not 'natural' or 'zigzag'")
         return order == "zigzag"
