@@ -386,33 +386,33 @@ def test_eager_gradients(block: str) -> None:
         assert_close(name, got, expected, 5e-5)
 
 
-def in_zigzag_order(md: jaxattn.AttentionMetadata, n: int, t: int) -> Any:
+def in_zigzag_order(md: jaxattn.AttentionMetadata, n: int, t: int, s: int) -> Any:
     """Ring with ``ring_inputs="zigzag"``, called on natural-order arrays: this wrapper puts every
     sequence axis (q, k, v, segment ids, the mask's rows and keys) in zigzag order and the output
     back, so the result must be the oracle's."""
     from jaxattn_ring import zigzag_permutation
 
-    perm = zigzag_permutation(t, n)
-    inverse = np.argsort(perm)
+    rows, keys = zigzag_permutation(t, n), zigzag_permutation(s, n)
 
-    def take(x: Any, axis: int) -> Any:
-        return None if x is None or x.shape[axis] == 1 else jnp.take(jnp.asarray(x), perm, axis=axis)
+    def take(x: Any, axis: int, perm: np.ndarray) -> Any:
+        return x if x is None or x.shape[axis] == 1 else jnp.take(jnp.asarray(x), perm, axis=axis)
 
     def attend(q: Any, k: Any, v: Any, *, mask: Any = None, q_segment_ids: Any = None, kv_segment_ids: Any = None,
                **features: Any) -> Any:
         if mask is not None:
-            mask = take(take(mask, 2) if mask.shape[2] > 1 else mask, 3) if mask.shape[3] > 1 else take(mask, 2)
-        out = jaxattn.attention(take(q, 1), take(k, 1), take(v, 1), mask=mask, q_segment_ids=take(q_segment_ids, 1),
-                                kv_segment_ids=take(kv_segment_ids, 1), impl="ring", metadata=md, **features)
-        return jnp.take(out, inverse, axis=1)
+            mask = take(take(mask, 2, rows), 3, keys)
+        ids = {"q_segment_ids": take(q_segment_ids, 1, rows), "kv_segment_ids": take(kv_segment_ids, 1, keys)}
+        out = jaxattn.attention(take(q, 1, rows), take(k, 1, keys), take(v, 1, keys), mask=mask, impl="ring",
+                                metadata=md, **ids, **features)
+        return jnp.take(out, np.argsort(rows), axis=1)
 
     return attend
 
 
 @pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("case", ["causal", "full", "mask", "segments", "window"])
+@pytest.mark.parametrize("case", ["causal", "full", "mask", "segments", "window", "longer_keys"])
 def test_inputs_already_in_zigzag_order(n: int, case: str) -> None:
-    shape = Shape(b=2, t=32, s=32, hq=4, hkv=2, d=8, dv=8)
+    shape = Shape(b=2, t=32, s=64 if case == "longer_keys" else 32, hq=4, hkv=2, d=8, dv=8)
     features: dict[str, Any] = {"causal": case != "full"}
     rng = np.random.default_rng(61)
     if case == "mask":
@@ -422,8 +422,10 @@ def test_inputs_already_in_zigzag_order(n: int, case: str) -> None:
         features.update(q_segment_ids=ids, kv_segment_ids=ids)
     if case == "window":
         features["sliding_window"] = (5, 0)
+    if case == "longer_keys":  # bottom-right causal over T < S, and key padding in its own order
+        features["mask"] = np.arange(shape.s)[None, None, None, :] < np.array([64, 50])[:, None, None, None]
     md = ring(n, ring_inputs="zigzag")
-    check_against_oracle(in_zigzag_order(md, n, shape.t), inputs(shape, seed=62), **features)
+    check_against_oracle(in_zigzag_order(md, n, shape.t, shape.s), inputs(shape, seed=62), **features)
     q = jax.ShapeDtypeStruct((2, 32, 4, 8), jnp.float32)
     said = " ".join(str(jaxattn.explain(q, q, q, causal=True, impl="ring", metadata=md)).split())
     assert "zigzag layout (inputs and outputs in zigzag order: no relayout)" in said, said
