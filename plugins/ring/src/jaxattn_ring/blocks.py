@@ -204,12 +204,18 @@ class CudnnLseKernel(OwnBackwardKernel):
 
     def forward_block(self, q: Array, k: Array, v: Array, *, causal: bool = False, mask: Array = None,
                       q_ids: Array = None, kv_ids: Array = None) -> tuple[Array, Array]:
-        if mask is not None or q_ids is not None or kv_ids is not None or self.logits_soft_cap is not None:
-            raise PluginError("ring's cudnn+blockwise kernel takes full and causal blocks only")  # _block_reasons
+        self._full_or_causal(mask, q_ids, kv_ids)
         out, lse = jax.nn.dot_product_attention(q, k, v, is_causal=causal, scale=self.softmax_scale,
                                                 implementation=self.implementation,
                                                 return_residual=True)
         return out.astype(q.dtype), jnp.swapaxes(lse, 1, 2).astype(acc_dtype(q.dtype))  # (B, T, H) -> (B, H, T)
+
+    def _full_or_causal(self, mask: Array, q_ids: Array, kv_ids: Array) -> None:
+        """cuDNN's calls here take flags only: no mask, segment ids or soft cap (``_block_reasons``
+        declines such blocks; this guards a direct call)."""
+        if mask is not None or q_ids is not None or kv_ids is not None or self.logits_soft_cap is not None:
+            raise PluginError(f"ring's {BlockChoice(self.impl, type(self) is CudnnLseKernel).name()} kernel "
+                              "takes full and causal blocks only")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,8 +240,7 @@ class CudnnKernel(CudnnLseKernel):
         def blockwise() -> tuple[Array, Array, Array]:
             return cast(super(CudnnKernel, self).backward(q, k, v, res, causal=causal))
 
-        if mask is not None or q_ids is not None or kv_ids is not None:
-            raise PluginError("ring's cudnn kernel takes full and causal blocks only")  # _block_reasons
+        self._full_or_causal(mask, q_ids, kv_ids)
         return jax.lax.cond(jnp.any(res.d_lse != 0), blockwise, cudnn)  # type: ignore[no-any-return]
 
 

@@ -13,7 +13,7 @@ the output and the lse (O(T/n) per device, like flash attention). With ``L`` the
 log-denominator (sink included) and ``D = rowsum(dO * O)``, each block's gradients are a flash
 backward's at the *global* statistics: ``P_b = exp(S_b - L)``, ``dS_b = P_b * (dO V_b^T - D)``.
 A kernel with a residual backward (``BlockKernel.residual_backward``: Triton's ``flash_attn2``,
-``blockwise``, every ``X+blockwise``) is handed the ring's output and ``L`` and runs only its
+``blockwise``, ``cudnn``, every ``X+blockwise``) is handed the ring's output and ``L`` and runs only its
 backward. Any other is differentiated through ``jax.vjp`` of the block, which recomputes its
 forward, and fed the exact cotangents of the merge: with ``w_b = exp(lse_b - L)``,
 
