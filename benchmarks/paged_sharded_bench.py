@@ -16,6 +16,12 @@ first sequence (a prefill chunk) and one for every other. Tokens/s counts query 
 second; the table gives the speed-up of n devices over one, after checking each sharded output
 against the one-device output.
 
+``--layers L`` times a program of L decode calls, as a model's step holds one per layer: each
+layer has its own cache (same page table and lengths, its own pages) and takes the previous
+layer's output as its queries, so no call can be skipped or merged. The figures are then per
+call (the step's time over L), without the host's dispatch of one program per call, which a
+step of a few tenths of a millisecond over several devices can show.
+
 The same script runs on the CPU host mesh with tiny shapes::
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python3 benchmarks/paged_sharded_bench.py \\
@@ -49,19 +55,20 @@ def parse_ints(text: str) -> list[int]:
 
 
 def cache(context: int, args: argparse.Namespace) -> dict[str, Any]:
-    """A decode (or ragged) call over a cache whose sequences all hold ``context`` tokens."""
+    """A decode (or ragged) call over a cache whose sequences all hold ``context`` tokens (``--layers``
+    caches: ``k_pages``/``v_pages`` are lists, one per layer)."""
     rng = np.random.default_rng(0)
     per_seq = -(-context // args.page_size)
     num_pages = args.batch * per_seq + 1
     table = rng.permutation(num_pages - 1)[: args.batch * per_seq].reshape(args.batch, per_seq).astype(np.int32)
     q_lens = [args.prefill] + [1] * (args.batch - 1) if args.ragged else [1] * args.batch
     dtype = jnp.dtype(args.dtype)
-    keys = jax.random.split(jax.random.key(0), 3)
+    keys = jax.random.split(jax.random.key(0), 1 + 2 * args.layers)
     shape = (num_pages, args.page_size, args.heads_kv, args.dim)
     return {
         "q": jax.random.normal(keys[0], (sum(q_lens), args.heads_q, args.dim), dtype),
-        "k_pages": jax.random.normal(keys[1], shape, dtype),
-        "v_pages": jax.random.normal(keys[2], shape, dtype),
+        "k_pages": [jax.random.normal(key, shape, dtype) for key in keys[1::2]],
+        "v_pages": [jax.random.normal(key, shape, dtype) for key in keys[2::2]],
         "page_table": jnp.asarray(table),
         "kv_lengths": jnp.full((args.batch,), context, jnp.int32),
         "cu_q_lens": jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32),
@@ -71,11 +78,15 @@ def cache(context: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def step(md: jaxattn.AttentionMetadata, args: argparse.Namespace) -> Callable[..., Any]:
     def run(c: dict[str, Any]) -> Any:
-        cached = (c["q"], c["k_pages"], c["v_pages"], c["page_table"], c["kv_lengths"])
-        if args.ragged:
-            return jaxattn.ragged_paged_attention(*cached, c["cu_q_lens"], c["num_seqs"], impl=args.impl,
-                                                  metadata=md)
-        return jaxattn.paged_attention(*cached, impl=args.impl, metadata=md)
+        q = c["q"]
+        for k_pages, v_pages in zip(c["k_pages"], c["v_pages"], strict=True):  # one call per layer
+            cached = (q, k_pages, v_pages, c["page_table"], c["kv_lengths"])
+            if args.ragged:
+                q = jaxattn.ragged_paged_attention(*cached, c["cu_q_lens"], c["num_seqs"], impl=args.impl,
+                                                   metadata=md)
+            else:
+                q = jaxattn.paged_attention(*cached, impl=args.impl, metadata=md)
+        return q
 
     return jax.jit(run)
 
@@ -85,7 +96,7 @@ def placed(c: dict[str, Any], mesh: Mesh | None) -> dict[str, Any]:
     if mesh is None:
         return c
     heads = {"q": P(None, "model"), "k_pages": P(None, None, "model"), "v_pages": P(None, None, "model")}
-    return {k: jax.device_put(x, NamedSharding(mesh, heads.get(k, P()))) for k, x in c.items()}
+    return {k: jax.device_put(x, NamedSharding(mesh, heads.get(k, P()))) for k, x in c.items()}  # lists: leafwise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impl", default=None, help="paged backend (default: auto)")
     parser.add_argument("--ragged", action="store_true", help="ragged_paged_attention with a prefill chunk")
     parser.add_argument("--prefill", type=int, default=64, help="query tokens of the first sequence with --ragged")
+    parser.add_argument("--layers", type=int, default=1,
+                        help="decode calls per program, each over its own cache, chained as a model's layers")
     parser.add_argument("--reps", type=int, default=10, help="timed samples of back-to-back calls (median)")
     parser.add_argument("--json", help="write the records here")
     args = parser.parse_args(argv)
@@ -127,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                 if base is None:
                     base = np.asarray(out, np.float32)
                 err = float(np.abs(np.asarray(out, np.float32) - base).max())
-                seconds = seconds_per_call(fn, (data,), args.reps)
+                seconds = seconds_per_call(fn, (data,), args.reps) / args.layers
                 rec.update(status="ok", ms=1e3 * seconds, tokens_per_s=tokens / seconds, max_abs_diff_vs_1=err)
             except Exception as err:  # a decline names every reason; report it and go on
                 failed = True
@@ -135,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
             records.append(rec)
             log(f"  context={context:>7} devices={n} {rec}")
     log(f"\n{'paged_attention' if not args.ragged else 'ragged_paged_attention'}: B={args.batch} "
-        f"Hq={args.heads_q} Hkv={args.heads_kv} D={args.dim} page={args.page_size} {args.dtype}")
-    log(f"{'context':>9}{'devices':>9}{'ms/step':>12}{'tokens/s':>14}{'x vs 1':>9}{'|diff| vs 1':>14}")
+        f"Hq={args.heads_q} Hkv={args.heads_kv} D={args.dim} page={args.page_size} {args.dtype}"
+        + (f", {args.layers} calls per program (figures per call)" if args.layers > 1 else ""))
+    log(f"{'context':>9}{'devices':>9}{'ms/call':>12}{'tokens/s':>14}{'x vs 1':>9}{'|diff| vs 1':>14}")
     for context in args.context:
         one = next((r for r in records if r["context"] == context and r["devices"] == 1 and "ms" in r), None)
         for r in (r for r in records if r["context"] == context):

@@ -18,6 +18,9 @@ pass (``fwd``: the forward; ``fwdbwd``: forward and backward of ``sum(out * dout
   ``ring<n>z:<block>`` with ``--ring-inputs natural,zigzag``: the same ring taking and returning
   the zigzag order (``ring_inputs="zigzag"``, as a training input pipeline that orders its tokens
   once arranges), which skips ring's relayout of q, k, v and the output;
+  ``ring<n>ag:<block>`` (``ring<n>zag`` in zigzag order) with ``--ring-comms ppermute,all_gather``:
+  the same blocks with K/V all-gathered in one collective and dK/dV reduce-scattered
+  (``ring_comm="all_gather"``) instead of passed around the ring;
 * ``gather<n>:<gather-impl>``: plain ``shard_map`` of a backend (``--gather-impl``, default the
   baseline) with K/V all-gathered: device ``i`` keeps its ``S/n`` queries and attends to the
   whole gathered K/V (causal: bottom-right aligned to ``kv_lengths = (i+1) S/n``, so positions
@@ -107,19 +110,20 @@ def gathered(baseline: str, mesh: Mesh, causal: bool) -> Callable[..., Any]:
     return shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)
 
 
-def ring_metadata(mesh: Mesh | None, block: str, order: str) -> jaxattn.AttentionMetadata:
+def ring_metadata(mesh: Mesh | None, block: str, order: str, comm: str = "ppermute") -> jaxattn.AttentionMetadata:
     return jaxattn.AttentionMetadata(mesh=mesh, sequence_axis="seq",
-                                     extra={"ring_block_impl": block, "ring_inputs": order})
+                                     extra={"ring_block_impl": block, "ring_inputs": order, "ring_comm": comm})
 
 
 def attention_fn(kind: str, impl: str, mesh: Mesh | None, causal: bool, block: str,
-                 order: str = "natural") -> Callable[..., Any]:
+                 order: str = "natural", comm: str = "ppermute") -> Callable[..., Any]:
     if kind == "single":
         return functools.partial(jaxattn.attention, impl=impl, causal=causal)
     assert mesh is not None
     if kind == "gather":
         return gathered(impl, mesh, causal)
-    return functools.partial(jaxattn.attention, impl="ring", causal=causal, metadata=ring_metadata(mesh, block, order))
+    return functools.partial(jaxattn.attention, impl="ring", causal=causal,
+                             metadata=ring_metadata(mesh, block, order, comm))
 
 
 def in_natural_order(attend: Callable[..., Any], seq: int, n: int) -> Callable[..., Any]:
@@ -177,6 +181,7 @@ class Config:
     mesh: Mesh | None
     sharding: Any
     order: str = "natural"  # ring only: the order its inputs arrive in (ring_inputs)
+    comm: str = "ppermute"  # ring only: how K/V travel (ring_comm)
 
 
 def configs(args: argparse.Namespace) -> list[Config]:
@@ -189,8 +194,9 @@ def configs(args: argparse.Namespace) -> list[Config]:
             continue
         mesh = Mesh(np.array(devices[:n]), ("seq",))
         sharded = NamedSharding(mesh, P(None, "seq"))
-        out += [Config(f"ring{n}{'z' if order == 'zigzag' else ''}:{block}", "ring", "ring", n, block, mesh, sharded,
-                       order) for block in args.block_kernels for order in args.ring_inputs]
+        out += [Config(f"ring{n}{'z' if order == 'zigzag' else ''}{'ag' if comm == 'all_gather' else ''}:{block}",
+                       "ring", "ring", n, block, mesh, sharded, order, comm)
+                for block in args.block_kernels for order in args.ring_inputs for comm in args.ring_comms]
         if n > 1 and args.gather:
             out.append(Config(f"gather{n}:{args.gather_impl}", "gather", args.gather_impl, n, "", mesh, sharded))
     return out
@@ -200,7 +206,7 @@ def block_name(cfg: Config, seq: int, args: argparse.Namespace, causal: bool) ->
     """The per-block kernel ring runs for this configuration (raises with every reason if none)."""
     if cfg.kind != "ring":
         return None
-    md = ring_metadata(cfg.mesh, cfg.block, cfg.order)
+    md = ring_metadata(cfg.mesh, cfg.block, cfg.order, cfg.comm)
     q = jax.ShapeDtypeStruct((1, seq, args.heads, args.dim), jnp.dtype(args.dtype))
     kv = jax.ShapeDtypeStruct((1, seq, args.kv_heads, args.dim), jnp.dtype(args.dtype))
     return str(jaxattn.get_impl("ring", md).block_kernel(q, kv, kv, causal=causal).name())
@@ -218,7 +224,7 @@ def check(cfgs: list[Config], args: argparse.Namespace) -> dict[str, Any]:
             for cfg in cfgs[1:]:
                 key = f"{cfg.name}/{mode}/{passes}"
                 try:
-                    attend = attention_fn(cfg.kind, cfg.impl, cfg.mesh, causal, cfg.block, cfg.order)
+                    attend = attention_fn(cfg.kind, cfg.impl, cfg.mesh, causal, cfg.block, cfg.order, cfg.comm)
                     if cfg.order == "zigzag":
                         attend = in_natural_order(attend, args.check_seq, cfg.devices)
                     step = make_step(attend, passes)
@@ -236,7 +242,7 @@ def sweep(cfg: Config, mode: str, passes: str, args: argparse.Namespace, deadlin
     stop = ""
     try:
         block = block_name(cfg, min(args.seqs), args, causal)
-        step = make_step(attention_fn(cfg.kind, cfg.impl, cfg.mesh, causal, cfg.block, cfg.order), passes)
+        step = make_step(attention_fn(cfg.kind, cfg.impl, cfg.mesh, causal, cfg.block, cfg.order, cfg.comm), passes)
     except Exception as err:  # no kernel for this configuration: every length says why
         block, step = None, None
         stop = (str(err).splitlines() or [type(err).__name__])[0][:300]
@@ -322,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ring-inputs", type=parse_names, default=["natural"],
                         help="the orders ring's inputs arrive in: natural (ring relayouts them), zigzag "
                              "(ring_inputs='zigzag', rows 'ring<n>z': an input pipeline that orders tokens once)")
+    parser.add_argument("--ring-comms", type=parse_names, default=["ppermute"],
+                        help="how ring's K/V travel: ppermute (around the ring), all_gather (ring_comm='all_gather', "
+                             "rows 'ring<n>ag')")
     parser.add_argument("--no-gather", dest="gather", action="store_false", help="skip the all-gather rows")
     parser.add_argument("--gather-impl", default=None, help="the backend of the all-gather rows (default: --baseline)")
     parser.add_argument("--reps", type=int, default=3, help="timed samples of back-to-back calls (median)")

@@ -450,3 +450,109 @@ def test_ring_inputs_is_checked() -> None:
                          "inputs in zigzag order run the zigzag layout")):
         reasons = jaxattn.get_impl("ring", ring(4, **extra)).supports(q, q, q, causal=True)
         assert any(said in r for r in reasons), reasons
+
+
+# -- comm="all_gather": the same blocks, K/V all-gathered and dK/dV reduce-scattered --------------------------------
+def _features(case: str, shape: Shape, rng: np.random.Generator) -> dict[str, Any]:
+    features: dict[str, Any] = {"causal": case not in ("full", "full-mask")}
+    if case in ("mask", "full-mask"):
+        features["mask"] = rng.random((shape.b, 1, shape.t, shape.s)) > 0.3
+    if case == "segments":
+        ids = packed_segments(rng, shape.b, shape.t, segments=3)
+        ids[1, -7:] = 99  # padding reaching across the last device boundary
+        features.update(q_segment_ids=ids, kv_segment_ids=ids)
+    if case == "window":
+        features["sliding_window"] = (5, 2)
+    if case == "sinks-cap-scale":
+        features.update(softmax_aux=rng.normal(size=(shape.hq,)).astype(np.float32), logits_soft_cap=2.0,
+                        softmax_scale=0.7)
+    if case == "longer_keys":  # bottom-right causal over T < S, with key padding
+        features["mask"] = np.arange(shape.s)[None, None, None, :] < np.array([64, 50])[:, None, None, None]
+    return features
+
+
+GATHER_CASES = ["causal", "full", "mask", "full-mask", "segments", "window", "sinks-cap-scale", "longer_keys"]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("block", ["auto", "blockwise"], ids=["vjp-blocks", "residual-blocks"])
+@pytest.mark.parametrize("case", GATHER_CASES)
+def test_all_gather_comm(n: int, block: str, case: str) -> None:
+    shape = Shape(b=2, t=32, s=64 if case == "longer_keys" else 32, hq=4, hkv=2, d=8, dv=8)
+    features = _features(case, shape, np.random.default_rng(71))
+    md = ring(n, ring_comm="all_gather", ring_block_impl=block)
+    check_against_oracle(attend(md), inputs(shape, seed=72 + n), **features)
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_all_gather_comm_layouts_and_zigzag_inputs(layout: str) -> None:
+    data = inputs(GQA, seed=73)
+    check_against_oracle(attend(ring(4, ring_comm="all_gather", ring_layout=layout)), data, causal=True)
+    md = ring(4, ring_comm="all_gather", ring_inputs="zigzag", ring_block_impl="blockwise")
+    check_against_oracle(in_zigzag_order(md, 4, GQA.t, GQA.s), data, causal=True)
+
+
+def test_all_gather_comm_through_the_lse() -> None:
+    # The lse ring returns, differentiated too (with a sink), with K/V gathered: vanilla's gradients.
+    data = inputs(GQA, seed=74)
+    q, k, v = (jnp.asarray(data[x]) for x in "qkv")
+    weights = jnp.asarray(np.random.default_rng(77).normal(size=(GQA.b, GQA.hq, GQA.t)), jnp.float32)
+    aux = jnp.asarray(np.random.default_rng(78).normal(size=(GQA.hq,)), jnp.float32)
+
+    def grads(impl: str, md: jaxattn.AttentionMetadata) -> Any:
+        def loss(q: Any, k: Any, v: Any) -> Any:
+            res = jaxattn.get_impl(impl, md)(q, k, v, causal=True, softmax_aux=aux)
+            return (res.softmax_lse * weights).sum() + (res.attention_outputs * jnp.asarray(data["do"])).sum()
+
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+    want = grads("vanilla", jaxattn.AttentionMetadata())
+    for got, expected in zip(grads("ring", ring(4, ring_comm="all_gather", **RESIDUAL)), want, strict=True):
+        assert_close("d(lse, out)", got, np.asarray(expected, np.float64), 5e-5)
+
+
+@pytest.mark.usefixtures("cudnn_kernel_on_xla")
+def test_the_cudnn_kernel_with_all_gather_comm() -> None:
+    check_against_oracle(attend(ring(4, ring_comm="all_gather")), inputs(GQA, seed=75), causal=True)
+
+
+def test_all_gather_comm_eager_gradients() -> None:
+    data = inputs(GQA, seed=76)
+    md = ring(4, ring_comm="all_gather", ring_block_impl="blockwise")
+
+    def loss(q: Any, k: Any, v: Any) -> Any:
+        return (jaxattn.attention(q, k, v, causal=True, impl="ring", metadata=md) * data["do"]).sum()
+
+    with jax.default_matmul_precision("highest"):
+        grads = jax.grad(loss, argnums=(0, 1, 2))(*(jnp.asarray(data[x]) for x in "qkv"))
+    want = oracle.attention_backward(data["q"], data["k"], data["v"], data["do"], causal=True)
+    for name, got, expected in zip(("dq", "dk", "dv"), grads, (want.dq, want.dk, want.dv), strict=True):
+        assert_close(name, got, expected, 5e-5)
+
+
+def test_all_gather_comm_moves_kv_in_collectives() -> None:
+    # K/V neither relayouted nor passed: one all-gather in the forward; the backward gathers again and
+    # sends dK/dV home in one reduce-scatter. Only q (in), the output and the lse (out) relayout.
+    q = jax.ShapeDtypeStruct((1, 64, 2, 8), jnp.float32)
+    md = ring(4, ring_comm="all_gather", ring_block_impl="blockwise")
+
+    def loss(q: Any, k: Any, v: Any) -> Any:
+        return jaxattn.attention(q, k, v, causal=True, impl="ring", metadata=md).sum()
+
+    def count(primitive: str, jaxpr: str) -> int:
+        return jaxpr.count(f"= {primitive}[")
+
+    forward = str(jax.make_jaxpr(loss)(q, q, q))
+    assert (count("ppermute", forward), count("all_gather", forward)) == (2 * 3, 2)  # q, out, lse; k and v
+    backward = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, q, q))
+    # The forward's gather and relayouts, the backward's gather and reduce-scatter; dq and dout relayout.
+    assert (count("all_gather", backward), count("reduce_scatter", backward)) == (2 + 2, 2)
+    assert count("ppermute", backward) == 2 * 3 + 2 * 2, count("ppermute", backward)
+    said = " ".join(str(jaxattn.explain(q, q, q, causal=True, impl="ring", metadata=md)).split())
+    assert "K/V all-gathered (every device holds all S keys during the call), dK/dV reduce-scattered" in said, said
+
+
+def test_ring_comm_is_checked() -> None:
+    q = jax.ShapeDtypeStruct((1, 64, 2, 8), jnp.float32)
+    reasons = jaxattn.get_impl("ring", ring(4, ring_comm="broadcast")).supports(q, q, q, causal=True)
+    assert any("'broadcast' is not one of ['ppermute', 'all_gather']" in r for r in reasons), reasons

@@ -32,6 +32,8 @@ from .layout import AxisName, Layout, key_columns, positions
 
 __all__ = [
     "CANDIDATES",
+    "COMMS",
+    "Comm",
     "BlockKernel",
     "CudnnKernel",
     "CudnnLseKernel",
@@ -49,6 +51,11 @@ __all__ = [
 logger = logging.getLogger("jaxattn")
 
 Mode = Literal["full", "causal", "masked"]
+#: How K/V reach each device: passed around the ring (``ppermute``, O(S/n) keys held at once), or
+#: all-gathered in one collective (every device holds all S keys during the call; dK/dV come home
+#: in one reduce-scatter).
+Comm = Literal["ppermute", "all_gather"]
+COMMS: tuple[str, ...] = ("ppermute", "all_gather")
 Array = Any
 
 #: The per-block kernels "auto" tries first, fastest first as measured by ``benchmarks/ring_bench.py
@@ -84,6 +91,13 @@ class RingPlan:
     window: tuple[int, int] | None
     offset: int  # S - T: bottom-right alignment of causal masks and windows
     arrived_zigzag: bool = False  # the caller's sequence axes are in zigzag order already (ring_inputs)
+    comm: Comm = "ppermute"
+
+    @property
+    def kv_natural(self) -> bool:
+        """All-gathered K/V that arrived in natural order stay so (no relayout): the gathered array is in
+        global order, and a device's block is cut from it by the layout's rows."""
+        return self.comm == "all_gather" and self.layout == "zigzag" and not self.arrived_zigzag
 
     @staticmethod
     def choose_mode(*, causal: bool, window: Any, mask: bool, t: int, s: int) -> Mode:

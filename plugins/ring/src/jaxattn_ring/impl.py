@@ -26,7 +26,7 @@ from jaxattn.sharding.wrap import check_batch_heads, local_metadata
 from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
 from jaxattn.validation import resolve_call
 
-from .blocks import BlockChoice, Mode, RingPlan, block_problems, choose_kernel
+from .blocks import COMMS, BlockChoice, Comm, Mode, RingPlan, block_problems, choose_kernel
 from .layout import LAYOUTS, Layout, from_zigzag, to_zigzag
 from .plugin import RING
 from .ring import make_ring
@@ -58,6 +58,14 @@ class RingAttention(AttentionImpl, declaration=RING):
             raise InvalidInputError("metadata.extra['ring_inputs']", f"{order!r} is not 'natural' or 'zigzag'")
         return order == "zigzag"
 
+    def _comm(self) -> Comm:
+        """How K/V travel: ``extra["ring_comm"]``, passed around the ring (default) or all-gathered."""
+        comm = str(self.metadata.extra.get("ring_comm", "ppermute"))
+        if comm not in COMMS:
+            raise InvalidInputError("metadata.extra['ring_comm']", f"{comm!r} is not one of {list(COMMS)}",
+                                    "'ppermute' holds S/n keys per device; 'all_gather' holds all S")
+        return comm  # type: ignore[return-value]  # checked against COMMS above
+
     def _layout(self, causal: bool) -> Layout:
         arrived = self._arrived_zigzag()
         layout = self.metadata.extra.get("ring_layout") or ("zigzag" if causal or arrived else "contiguous")
@@ -79,6 +87,7 @@ class RingAttention(AttentionImpl, declaration=RING):
         mode = RingPlan.choose_mode(causal=problem.causal, window=problem.sliding_window,
                                     mask=problem.mask_shape is not None, t=problem.seq_q, s=problem.seq_k)
         layout = self._layout(problem.causal)
+        self._comm()  # an invalid value is a reason before any array moves
         bs = hs = 1
         if axes is not None:
             bs, hs = axes.batch_size, axes.head_size
@@ -123,7 +132,9 @@ class RingAttention(AttentionImpl, declaration=RING):
                     else "backward through jax.vjp of each block (its forward runs again), or the blockwise "
                          "backward where the kernel's lse has no gradient")
         arrival = " (inputs and outputs in zigzag order: no relayout)" if self._arrived_zigzag() else ""
-        return [f"{setup.layout} layout{arrival}; per-block kernel {setup.kernel.name()}, {backward}"]
+        comm = ("K/V all-gathered (every device holds all S keys during the call), dK/dV reduce-scattered"
+                if self._comm() == "all_gather" else "K/V passed around the ring")
+        return [f"{setup.layout} layout{arrival}; {comm}; per-block kernel {setup.kernel.name()}, {backward}"]
 
     def block_kernel(self, q: Array, k: Array, v: Array, mask: Array = None, causal: bool = False,
                      **features: Any) -> BlockChoice:
@@ -172,17 +183,19 @@ class RingAttention(AttentionImpl, declaration=RING):
         self._check_sequence(problem, n, setup.layout, seq, axes is not None)
         plan = RingPlan(axis=axis, n=n, layout=setup.layout, mode=setup.mode, t_local=problem.seq_q // n,
                         s_local=problem.seq_k // n, causal=causal, window=sliding_window,
-                        offset=problem.seq_k - problem.seq_q, arrived_zigzag=self._arrived_zigzag())
+                        offset=problem.seq_k - problem.seq_q, arrived_zigzag=self._arrived_zigzag(),
+                        comm=self._comm())
         ring = make_ring(plan, setup.kernel.kernel(softmax_scale, logits_soft_cap))
 
         def per_device(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array,
                        aux: Array) -> tuple[Array, Array]:
             # Natural order in, natural order out: two ppermutes of half a shard each way per array.
-            # Inputs that arrive in zigzag order (ring_inputs) skip them.
+            # Inputs that arrive in zigzag order (ring_inputs) skip them; so do all-gathered K/V.
             relayout = plan.layout == "zigzag" and not plan.arrived_zigzag
             if relayout:
-                q, k, v, q_ids, kv_ids = (None if x is None else to_zigzag(x, 1, axis, n)
-                                          for x in (q, k, v, q_ids, kv_ids))
+                q, q_ids = (None if x is None else to_zigzag(x, 1, axis, n) for x in (q, q_ids))
+                if not plan.kv_natural:
+                    k, v, kv_ids = (None if x is None else to_zigzag(x, 1, axis, n) for x in (k, v, kv_ids))
                 if mask is not None and mask.shape[2] > 1:
                     mask = to_zigzag(mask, 2, axis, n)
             out, lse = ring(q, k, v, q_ids, kv_ids, mask, aux)

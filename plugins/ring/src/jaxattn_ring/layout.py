@@ -17,7 +17,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["LAYOUTS", "Layout", "from_zigzag", "key_columns", "positions", "to_zigzag", "zigzag_permutation"]
+__all__ = [
+    "LAYOUTS",
+    "Layout",
+    "device_rows",
+    "from_zigzag",
+    "key_columns",
+    "positions",
+    "put_device_rows",
+    "to_zigzag",
+    "zigzag_permutation",
+]
 
 Layout = Literal["zigzag", "contiguous"]
 LAYOUTS: tuple[str, ...] = ("zigzag", "contiguous")
@@ -82,13 +92,27 @@ def positions(layout: Layout, index: Any, n: int, local: int) -> Any:
     return jnp.concatenate([index * c + jnp.arange(c), (2 * n - 1 - index) * c + jnp.arange(c)])
 
 
-def key_columns(x: Any, layout: Layout, src: Any, n: int, local: int) -> Any:
-    """Columns (last axis, global key order) of the keys that device ``src`` holds; size-1 axes pass."""
-    if x.shape[-1] == 1:
-        return x
-    axis = x.ndim - 1
+def device_rows(x: Any, layout: Layout, src: Any, n: int, local: int, axis: int) -> Any:
+    """The rows along ``axis`` (global order) that device ``src`` holds in ``layout``."""
     if layout == "contiguous":
         return jax.lax.dynamic_slice_in_dim(x, src * local, local, axis=axis)
     c = local // 2
     return jnp.concatenate([jax.lax.dynamic_slice_in_dim(x, src * c, c, axis=axis),
                             jax.lax.dynamic_slice_in_dim(x, (2 * n - 1 - src) * c, c, axis=axis)], axis=axis)
+
+
+def put_device_rows(x: Any, rows: Any, layout: Layout, src: Any, n: int, local: int, axis: int) -> Any:
+    """``x`` with device ``src``'s rows along ``axis`` replaced by ``rows`` (inverse of :func:`device_rows`)."""
+    if layout == "contiguous":
+        return jax.lax.dynamic_update_slice_in_dim(x, rows, src * local, axis=axis)
+    c = local // 2
+    first, second = _halves(rows, axis)
+    x = jax.lax.dynamic_update_slice_in_dim(x, first, src * c, axis=axis)
+    return jax.lax.dynamic_update_slice_in_dim(x, second, (2 * n - 1 - src) * c, axis=axis)
+
+
+def key_columns(x: Any, layout: Layout, src: Any, n: int, local: int) -> Any:
+    """Columns (last axis, global key order) of the keys that device ``src`` holds; size-1 axes pass."""
+    if x.shape[-1] == 1:
+        return x
+    return device_rows(x, layout, src, n, local, x.ndim - 1)

@@ -8,6 +8,13 @@ merges into the running result:
 ``lse = logaddexp(lse, lse_b)``, ``o = o * exp(lse_old - lse) + o_b * exp(lse_b - lse)``.
 Attention sinks join once, at the end, as one more term of the denominator.
 
+``comm="all_gather"`` (``extra["ring_comm"]``) computes the same blocks in the same order, but
+K/V reach every device in one all-gather (NCCL's collective, not ``n - 1`` neighbour transfers)
+and the backward's dK/dV go home in one reduce-scatter of float32 sums. Every device then holds
+all S keys during the call (the residuals stay O(T/n): the backward gathers again). K/V that
+arrive in natural order are not relayouted: a device's zigzag block is cut from the gathered
+global order.
+
 Gradients: a ``custom_vjp`` whose backward runs the ring again. It keeps only the inputs,
 the output and the lse (O(T/n) per device, like flash attention). With ``L`` the global
 log-denominator (sink included) and ``D = rowsum(dO * O)``, each block's gradients are a flash
@@ -37,6 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from .blocks import BlockKernel, Residuals, RingPlan, acc_dtype, block, block_grads, gradient_kernel
+from .layout import device_rows, put_device_rows
 
 __all__ = ["make_ring"]
 
@@ -47,6 +55,23 @@ def _permute(tree: Any, plan: RingPlan) -> Any:
     """Pass every array of ``tree`` to the next device on the ring."""
     perm = [(d, (d + 1) % plan.n) for d in range(plan.n)]
     return jax.tree_util.tree_map(lambda x: jax.lax.ppermute(x, plan.axis, perm), tree)
+
+
+def _gather(tree: Any, plan: RingPlan) -> Any:
+    """Every device's K/V (and key segment ids) along the sequence axis, in one collective."""
+    return jax.tree_util.tree_map(lambda x: jax.lax.all_gather(x, plan.axis, axis=1, tiled=True), tree)
+
+
+def _gathered_order(plan: RingPlan) -> Any:
+    """How device ``src``'s keys lie in the gathered arrays: in one run of rows (shards gathered in
+    device order), or the layout's chunks of the global order (K/V that stayed natural)."""
+    return plan.layout if plan.kv_natural else "contiguous"
+
+
+def _take(full: Any, src: Array, plan: RingPlan) -> Any:
+    """Device ``src``'s block (in the plan's layout) out of the gathered K/V."""
+    order = _gathered_order(plan)
+    return jax.tree_util.tree_map(lambda x: device_rows(x, order, src, plan.n, plan.s_local, 1), full)
 
 
 def _bthd(x: Array) -> Array:
@@ -70,6 +95,17 @@ def _denominator(lse: Array, aux: Array) -> Array:
     if aux is None:
         return lse
     return jnp.logaddexp(lse, aux.astype(lse.dtype)[None, :, None])
+
+
+def _finish(q: Array, k: Array, v: Array, aux: Array, delta: Array, big_l_safe: Array, acc: Any, dq: Array,
+            dk: Array, dv: Array) -> tuple[Array, ...]:
+    """The backward's cotangents in the inputs' dtypes, the sinks' own included."""
+    d_aux = None
+    if aux is not None:
+        # O = sum_b exp(lse_b - L) o_b and dL/daux = p_sink, so dO/daux = -p_sink * O.
+        p_sink = jnp.exp(aux.astype(acc)[None, :, None] - big_l_safe)
+        d_aux = (-(p_sink * delta).sum(axis=(0, 2))).astype(aux.dtype)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, d_aux
 
 
 def make_ring(plan: RingPlan, kernel: BlockKernel) -> Callable[..., Any]:
@@ -96,13 +132,23 @@ def make_ring(plan: RingPlan, kernel: BlockKernel) -> Callable[..., Any]:
             o, lse = _merge(o, lse, *attend(kv, s, False))
             return (o, lse, nxt), None
 
+        def gathered_step(carry: Any, s: Array) -> tuple[Any, None]:
+            o, lse = carry
+            return _merge(o, lse, *attend(_take(full, (index - s) % plan.n, plan), s, False)), None
+
         kv = (k, v, kv_ids)
-        nxt = _permute(kv, plan) if plan.n > 1 else kv
-        o_b, lse = attend(kv, 0, True)
-        o = o_b.astype(acc_dtype(q.dtype))
-        if plan.n > 1:  # steps 1 .. n-2 pass the block on; the last one only attends
-            (o, lse, kv), _ = jax.lax.scan(step, (o, lse, nxt), jnp.arange(1, plan.n - 1))
-            o, lse = _merge(o, lse, *attend(kv, plan.n - 1, False))
+        if plan.comm == "all_gather":
+            full = _gather(kv, plan)
+            o_b, lse = attend(_take(full, index, plan), 0, True)
+            o = o_b.astype(acc_dtype(q.dtype))
+            (o, lse), _ = jax.lax.scan(gathered_step, (o, lse), jnp.arange(1, plan.n))
+        else:
+            nxt = _permute(kv, plan) if plan.n > 1 else kv
+            o_b, lse = attend(kv, 0, True)
+            o = o_b.astype(acc_dtype(q.dtype))
+            if plan.n > 1:  # steps 1 .. n-2 pass the block on; the last one only attends
+                (o, lse, kv), _ = jax.lax.scan(step, (o, lse, nxt), jnp.arange(1, plan.n - 1))
+                o, lse = _merge(o, lse, *attend(kv, plan.n - 1, False))
         big_l = _denominator(lse, aux)
         out = o * _bthd(jnp.exp(lse - _finite_or_zero(big_l)))
         residuals = (q, k, v, q_ids, kv_ids, mask, aux, out, lse, big_l)
@@ -147,7 +193,27 @@ def make_ring(plan: RingPlan, kernel: BlockKernel) -> Callable[..., Any]:
             g_q, g_k, g_v = grads(kv, s, False)
             return (dq + g_q, nxt, (dkv[0] + g_k, dkv[1] + g_v)), None
 
+        def gathered_step(carry: Any, s: Array) -> tuple[Any, None]:
+            # Each device computes each source's block once: its gradients replace zeros.
+            dq, dk, dv = carry
+            src = (index - s) % plan.n
+            g_q, g_k, g_v = grads(_take(full, src, plan), s, False)
+            return (dq + g_q, put(dk, g_k, src), put(dv, g_v, src)), None
+
+        def put(x: Array, rows: Array, src: Array) -> Array:
+            return put_device_rows(x, rows.astype(acc), _gathered_order(plan), src, plan.n, plan.s_local, 1)
+
         kv = (k, v, kv_ids)
+        if plan.comm == "all_gather":
+            # K/V gathered again rather than kept from the forward: residuals stay O(S/n) per device.
+            full = _gather(kv, plan)
+            dq, g_k, g_v = grads(_take(full, index, plan), 0, True)
+            dk = put(jnp.zeros(full[0].shape, acc), g_k, index)
+            dv = put(jnp.zeros(full[1].shape, acc), g_v, index)
+            (dq, dk, dv), _ = jax.lax.scan(gathered_step, (dq.astype(acc), dk, dv), jnp.arange(1, plan.n))
+            # One reduce-scatter brings every device its own keys' gradients, summed over the queries.
+            dk, dv = (jax.lax.psum_scatter(x, plan.axis, scatter_dimension=1, tiled=True) for x in (dk, dv))
+            return _finish(q, k, v, aux, delta, big_l_safe, acc, dq, dk, dv)
         nxt = _permute(kv, plan) if plan.n > 1 else kv
         dq, dk, dv = grads(kv, 0, True)
         if plan.n > 1:
@@ -156,12 +222,7 @@ def make_ring(plan: RingPlan, kernel: BlockKernel) -> Callable[..., Any]:
             g_q, g_k, g_v = grads(kv, plan.n - 1, False)
             # The n-th pass of the accumulators brings each device's own dK/dV home.
             dq, (dk, dv) = dq + g_q, _permute((dk + g_k, dv + g_v), plan)
-        d_aux = None
-        if aux is not None:
-            # O = sum_b exp(lse_b - L) o_b and dL/daux = p_sink, so dO/daux = -p_sink * O.
-            p_sink = jnp.exp(aux.astype(acc)[None, :, None] - big_l_safe)
-            d_aux = (-(p_sink * delta).sum(axis=(0, 2))).astype(aux.dtype)
-        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, d_aux
+        return _finish(q, k, v, aux, delta, big_l_safe, acc, dq, dk, dv)
 
     @jax.custom_vjp
     def ring(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array,
