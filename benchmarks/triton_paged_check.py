@@ -1252,7 +1252,11 @@ def main() -> None:
         metavar="PS,B,CTX;...",
         help="shapes for --sweep (page size, sequences, context), e.g. '16,16,8192;16,64,2048'",
     )
+    ap.add_argument("--sweep-splits", default="", metavar="N,...", help="key splits for --sweep (default 1,2,3,4,6,8)")
     args = ap.parse_args()
+    if args.sweep_splits:
+        global SWEEP_SPLITS
+        SWEEP_SPLITS = tuple(int(x) for x in args.sweep_splits.split(","))
     for part in filter(None, args.sweep_shapes.split(";")):
         ps, batch, ctx = (int(x) for x in part.split(","))
         SWEEP_SHAPES.append((ps, batch, ctx))

@@ -33,8 +33,8 @@ from .layout import AxisName, Layout, key_columns, positions
 __all__ = [
     "CANDIDATES",
     "COMMS",
-    "Comm",
     "BlockKernel",
+    "Comm",
     "CudnnKernel",
     "CudnnLseKernel",
     "Mode",

@@ -267,9 +267,12 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
         filled = programs >= 2 * num_sms
         # Decode whose unsplit programs already make one nearly full wave: splitting adds the
         # combine kernel and shorter runs for little balance gained.
-        one_wave = decode_like and not filled and 8 * programs >= 7 * num_sms
+        one_wave = decode_like and 7 * num_sms <= 8 * programs <= 8 * num_sms
         num_splits = 1 if one_wave else max(1, min(_cdiv(2 * num_sms, programs), most, 64))
-        if filled and decode_like and chunks == 1:
+        if decode_like and chunks == 1 and programs > num_sms:
+            # More than one wave of one-head programs (filled, or between one and two waves: 32
+            # sequences of 8 KV heads, or 64 of 4 as a 2-way head-sharded GQA 32/8 holds them):
+            # KV heads folded into one nearly full wave where that divides evenly.
             kv_heads = _one_wave_kv_heads(spec.heads_kv, block_q * head_chunk, programs, num_sms)
     if one_wave:
         # Measured on an H100 (bf16, D=128, GQA 32/8, 16 sequences = 128 programs for 132 SMs;
