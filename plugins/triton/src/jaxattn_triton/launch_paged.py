@@ -268,11 +268,15 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
         # Decode whose unsplit programs already make one nearly full wave: splitting adds the
         # combine kernel and shorter runs for little balance gained.
         one_wave = decode_like and 7 * num_sms <= 8 * programs <= 8 * num_sms
-        num_splits = 1 if one_wave else max(1, min(_cdiv(2 * num_sms, programs), most, 64))
-        if decode_like and chunks == 1 and programs > num_sms:
-            # More than one wave of one-head programs (filled, or between one and two waves: 32
-            # sequences of 8 KV heads, or 64 of 4 as a 2-way head-sharded GQA 32/8 holds them):
-            # KV heads folded into one nearly full wave where that divides evenly.
+        # Decode between one and two waves (32 sequences of 8 KV heads; 64 of 4, as 2-way head
+        # sharding holds GQA 32/8): the base tiles, unsplit, one head per program. Measured on an
+        # H200 (bf16, D=128, 32 sequences of GQA 32/8, pages of 16 in a random order;
+        # benchmarks/triton_paged_check.py --sweep, cuDNN's dense decode in the same run), us per
+        # call at 4k / 16k tokens: 135.9 / 508.2 (cuDNN 137.6 / 508.0) against 145.5 / 536.8 with
+        # the one-wave tiles, 143.6 / 533.1 with 2 KV heads per program, 159.3 / 620.9 with 2 splits.
+        waves_1_to_2 = decode_like and num_sms < programs < 2 * num_sms
+        num_splits = 1 if one_wave or waves_1_to_2 else max(1, min(_cdiv(2 * num_sms, programs), most, 64))
+        if filled and decode_like and chunks == 1:
             kv_heads = _one_wave_kv_heads(spec.heads_kv, block_q * head_chunk, programs, num_sms)
     if one_wave:
         # Measured on an H100 (bf16, D=128, GQA 32/8, 16 sequences = 128 programs for 132 SMs;
