@@ -168,6 +168,17 @@ def _fwd_fns(causal: bool, scale: float, tk: Any, sweep: bool, d: int) -> dict[s
     return fns
 
 
+def _mosaic_trained(causal: bool, scale: float) -> Callable[..., Any]:
+    """mosaic_flash as it trains: its forward, cuDNN's backward fed its output and lse."""
+    from jaxattn_mosaic.backward import with_cudnn_backward
+
+    def forward(q: Any, k: Any, v: Any) -> Any:
+        return K.mosaic_attention_forward(q, k, v, causal=causal, softmax_scale=scale)
+
+    trained = with_cudnn_backward(forward, causal=causal, softmax_scale=scale)
+    return lambda q, k, v: trained(q, k, v)[0]
+
+
 def _grad_of(fn: Callable[..., Any]) -> Callable[..., Any]:
     def loss(q: Any, k: Any, v: Any) -> Any:
         return jnp.sum(fn(q, k, v).astype(jnp.float32))
@@ -181,7 +192,7 @@ def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None
     print(f"\n{name}, BTHD, ms per call (TFLOP/s; causal counts half the FLOPs)")
     head = "| B, S, Hq/Hkv, D | mask | mosaic fwd | cuDNN fwd | tokamax fwd | mosaic/cuDNN | mosaic/tokamax |"
     if bwd:
-        head += " cuDNN fwd+bwd | tokamax fwd+bwd |"
+        head += " mosaic fwd+bwd | cuDNN fwd+bwd | tokamax fwd+bwd | fwd+bwd cuDNN/mosaic |"
     print(head)
     print("|---" * (head.count("|") - 1) + "|")
     for b, s, hq, hkv, d in SHAPES[:2] if quick else SHAPES:
@@ -195,6 +206,7 @@ def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None
             flops = 4.0 * b * hq * s * s * d * (0.5 if causal else 1.0)
             fns = _fwd_fns(causal, 1.0 / math.sqrt(d), tk, sweep, d)
             if bwd:
+                fns["mosaic_bwd"] = _grad_of(_mosaic_trained(causal, 1.0 / math.sqrt(d)))
                 fns["cudnn_bwd"] = _grad_of(fns["cudnn"])
                 if "tokamax" in fns:
                     fns["tokamax_bwd"] = _grad_of(fns["tokamax"])
@@ -219,7 +231,8 @@ def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None
                    f"{cell('cudnn')} | {cell('tokamax')} | {ms['cudnn'] / ms['mosaic']:.3f} | "
                    f"{ms.get('tokamax', nan) / ms['mosaic']:.3f} |")
             if bwd:
-                row += f" {cell('cudnn_bwd', 3.5)} | {cell('tokamax_bwd', 3.5)} |"
+                row += (f" {cell('mosaic_bwd', 3.5)} | {cell('cudnn_bwd', 3.5)} | {cell('tokamax_bwd', 3.5)} | "
+                        f"{ms['cudnn_bwd'] / ms['mosaic_bwd']:.3f} |")
             print(row, flush=True)
 
 

@@ -2,10 +2,10 @@
 oracle, and the kernel's own edges (odd lengths, bottom-right causal with T != S, GQA, head
 dims 64/128/256, the log-sum-exp), eager and under jax.jit.
 
-Differentiation: mosaic_flash has no backward, so the suite's gradient tests expect its
-``UnsupportedError`` (every reason named); ``test_auto_split_gradient`` checks that a forward
-by mosaic_flash differentiated through cuDNN (the core's gradient split) gives the oracle's
-gradients.
+Differentiation: cuDNN's backward fed mosaic_flash's output and lse (``jaxattn_mosaic.backward``);
+the suite's gradient tests run it against the oracle where cuDNN's backward accepts the call
+and expect its ``UnsupportedError`` elsewhere (odd lengths, causal with T != S);
+``test_gradients`` adds GQA, every head dim and a loss through the lse.
 """
 
 from __future__ import annotations
@@ -117,8 +117,53 @@ def test_auto_split_gradient() -> None:
         assert_close(name, got, want, tol.grad)
 
 
-def test_differentiating_it_names_the_missing_backward() -> None:
-    x = _make(1, 128, 128, 2, 2, 64, "bfloat16")
+GRAD_CASES = [
+    # (B, T, S, Hq, Hkv, D, causal, dtype)
+    (2, 256, 256, 4, 4, 128, True, "bfloat16"),
+    (1, 512, 384, 8, 2, 64, False, "float16"),  # T != S, full
+    (1, 384, 384, 4, 1, 256, True, "bfloat16"),
+    (1, 1000, 1000, 8, 2, 128, False, "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("through_lse", [False, True], ids=["output", "output-and-lse"])
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize(("b", "t", "s", "hq", "hkv", "d", "causal", "dtype"), GRAD_CASES)
+def test_gradients(b: int, t: int, s: int, hq: int, hkv: int, d: int, causal: bool, dtype: str, jit: bool,
+                   through_lse: bool) -> None:
+    x = _make(b, t, s, hq, hkv, d, dtype, seed=3)
+    q, k, v = (jnp.asarray(x[n], dtype) for n in ("q", "k", "v"))
+    weights = np.random.default_rng(4).normal(size=(b, hq, t)) if through_lse else np.zeros((b, hq, t))
+    impl = jaxattn.get_impl("mosaic_flash")
+
+    def loss(q: Any, k: Any, v: Any) -> Any:
+        res = impl(q, k, v, causal=causal)
+        return (jnp.sum(res.attention_outputs.astype(jnp.float32) * jnp.asarray(x["do"], jnp.float32))
+                + jnp.sum(res.softmax_lse * jnp.asarray(weights, jnp.float32)))
+
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    got = (jax.jit(grad) if jit else grad)(q, k, v)
+
+    def want(q: Any, k: Any, v: Any) -> Any:  # float64 attention, differentiated by jax
+        k, v = (jnp.repeat(a, hq // hkv, axis=2) for a in (k, v))
+        logits = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(d)
+        if causal:
+            logits = jnp.where(jnp.tril(jnp.ones((t, s), bool), s - t), logits, -jnp.inf)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        out = jnp.einsum("bhts,bshd->bthd", jnp.exp(logits - lse[..., None]), v)
+        return jnp.sum(out * jnp.asarray(x["do"], jnp.float64)) + jnp.sum(lse * jnp.asarray(weights, jnp.float64))
+
+    with jax.enable_x64():
+        ref = jax.grad(want, argnums=(0, 1, 2))(*(jnp.asarray(x[n], jnp.float64) for n in ("q", "k", "v")))
+        ref = [np.asarray(r, np.float64) for r in ref]
+    tol = DEFAULT_TOLERANCES[dtype]
+    for name, g, r in zip(("dq", "dk", "dv"), got, ref, strict=True):
+        assert_close(name, g, r, tol.grad)
+
+
+@pytest.mark.parametrize(("t", "s", "said"), [(384, 640, "need T == S"), (333, 333, "even T and S")])
+def test_differentiating_what_cudnns_backward_cannot_names_why(t: int, s: int, said: str) -> None:
+    x = _make(1, t, s, 2, 2, 64, "bfloat16")
     q, k, v = (jnp.asarray(x[n], jnp.bfloat16) for n in ("q", "k", "v"))
-    with pytest.raises(jaxattn.UnsupportedError, match="no backward"):
-        jax.grad(lambda q: jaxattn.attention(q, k, v, impl="mosaic_flash").astype(jnp.float32).sum())(q)
+    with pytest.raises(jaxattn.UnsupportedError, match=said):
+        jax.grad(lambda q: jaxattn.attention(q, k, v, causal=True, impl="mosaic_flash").astype(jnp.float32).sum())(q)

@@ -90,7 +90,7 @@ def test_declines_every_missing_feature_with_all_reasons() -> None:
     )  # fmt: skip
     reasons = MosaicFlashAttention(AttentionMetadata(softmax_dtype="bfloat16"), H100).not_supported_reasons(problem)
     text = "\n".join(reasons)
-    for word in ("mask", "bias", "sliding window", "segment ids", "soft cap", "sinks", "backward", "dropout",
+    for word in ("mask", "bias", "sliding window", "segment ids", "soft cap", "sinks", "dropout",
                  "head dim", "float32", "softmax_dtype"):
         assert word in text, (word, reasons)
 
@@ -99,8 +99,22 @@ def test_declines_every_missing_feature_with_all_reasons() -> None:
     (_problem(head_dim=96, head_dim_v=96), AttentionMetadata(), "96"),
     (_problem(), AttentionMetadata(block_q=48), "multiples of 64"),
     (_problem(), AttentionMetadata(num_stages=1), "2 stages"),
-    (_problem(needs_grad=True), AttentionMetadata(), "impl='auto'"),
+    (_problem(needs_grad=True, causal=True, seq_q=1024, seq_k=2048), AttentionMetadata(), "need T == S"),
+    (_problem(needs_grad=True, seq_q=333, seq_k=517), AttentionMetadata(), "even T and S"),
 ])  # fmt: skip
 def test_declines_with_a_reason(problem: AttentionProblem, metadata: AttentionMetadata, expected: str) -> None:
     reasons = MosaicFlashAttention(metadata, H100).not_supported_reasons(problem)
     assert any(expected in r for r in reasons), reasons
+
+
+def test_differentiates_through_cudnns_backward_where_cudnn_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its gradients are cuDNN's backward at its residuals: accepted wherever cuDNN's backward runs
+    # the call (here a cuDNN is pretended: this machine has none), declined with cuDNN's reasons else.
+    import jaxattn_sdpa.cudnn
+
+    impl = MosaicFlashAttention(AttentionMetadata(), H100)
+    full, causal = _problem(needs_grad=True), _problem(needs_grad=True, causal=True)
+    assert any("cuDNN is not available" in r for r in impl.not_supported_reasons(full))
+    monkeypatch.setattr(jaxattn_sdpa.cudnn, "cudnn_version", lambda: 91000)
+    assert impl.not_supported_reasons(full) == [] and impl.not_supported_reasons(causal) == []
+    assert "backward: cuDNN's" in " ".join(impl.notes(full))

@@ -1,11 +1,13 @@
 """``MosaicFlashAttention``: ``mosaic_flash`` on Hopper GPUs, the Pallas Mosaic GPU kernel of
-this package.
+this package, differentiated by cuDNN's backward fed its output and lse (``backward``).
 
 This module imports no jax: ``kernel`` (and through it ``jax.experimental.pallas.mosaic_gpu``)
 is imported when the first call runs, so listing, ``explain`` and ``supports`` stay cheap.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from jaxattn.call import AttentionCall
 from jaxattn.capabilities import Feature
@@ -15,15 +17,10 @@ from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 from jaxattn_mosaic.plugin import MOSAIC_FLASH
 
-__all__ = ["WHY_NOT", "MosaicFlashAttention", "device_reasons"]
+__all__ = ["WHY_NOT", "MosaicFlashAttention", "device_reasons", "grad_reasons"]
 
 #: Why the features it lacks are declined (added to the generic reason).
 WHY_NOT: dict[Feature, str] = {
-    Feature.GRAD: (
-        "mosaic_flash has no backward kernel yet (forward only); impl='auto' differentiates such a call "
-        "through another backend (the gradient split: mosaic_flash's forward is not used under "
-        "differentiation), or pick impl='cudnn' / 'flash_attn2'"
-    ),
     Feature.MASK: "mosaic_flash masks only causally (bottom-right) and past the key length; no dense mask",
     Feature.BIAS: "mosaic_flash adds no bias to the logits",
     Feature.SLIDING_WINDOW: "mosaic_flash has no sliding window yet (causal or full only)",
@@ -36,6 +33,24 @@ WHY_NOT: dict[Feature, str] = {
     Feature.KV_LENGTHS: "mosaic_flash has no per-sequence key lengths",
     Feature.QUANTIZED_KV: "mosaic_flash reads no quantized K/V",
 }
+
+
+def grad_reasons(problem: AttentionProblem, device: DeviceInfo) -> list[str]:
+    """Why cuDNN's backward (fed mosaic_flash's output and lse: ``backward.py``) cannot
+    differentiate ``problem`` here."""
+    try:
+        from jaxattn_sdpa.cudnn import cudnn_reasons, cudnn_version
+        from jaxattn_sdpa.residual import unavailable
+    except ImportError as err:
+        return [f"mosaic_flash's backward is cuDNN's, through jaxattn-sdpa, which is not importable here ({err}); "
+                'pip install "jaxattn[gpu]"']
+    reasons = [f"cuDNN's backward cannot be fed mosaic_flash's residuals: {why}"] if (why := unavailable()) else []
+    reasons += [r for r in cudnn_reasons(problem, device, cudnn_version()) if r not in reasons]
+    if problem.causal and problem.seq_q != problem.seq_k:
+        reasons.append(f"mosaic_flash's backward (cuDNN's) aligns a causal mask top-left: differentiated causal "
+                       f"calls need T == S, got T={problem.seq_q}, S={problem.seq_k}; the forward alone runs "
+                       "bottom-right causal")
+    return reasons
 
 
 def device_reasons(device: DeviceInfo) -> list[str]:
@@ -67,10 +82,12 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
             if name == "num_stages" and value < 2:
                 reasons.append(f"metadata.num_stages={value}: the K/V ring needs at least 2 stages")
         reasons += device_reasons(self.device)
+        if problem.needs_grad and not reasons:
+            reasons += grad_reasons(problem, self.device)
         return reasons
 
     def notes(self, problem: AttentionProblem) -> list[str]:
-        return ["forward only: under differentiation, impl='auto' runs another backend's forward and backward"]
+        return ["backward: cuDNN's, fed this forward's output and lse (no forward of cuDNN's runs)"]
 
     def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
         from jaxattn_mosaic.kernel import Config, default_config, mosaic_attention_forward
@@ -83,9 +100,14 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
                 block_kv=overrides.get("block_k", cfg.block_kv),
                 stages=overrides.get("num_stages", cfg.stages),
             )
-        out, lse = mosaic_attention_forward(
-            call.q, call.k, call.v, causal=call.causal, softmax_scale=call.softmax_scale, config=cfg,
-        )
+        def forward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+            return mosaic_attention_forward(q, k, v, causal=call.causal, softmax_scale=call.softmax_scale, config=cfg)
+
+        if not self.grad_reasons(call.problem):
+            from jaxattn_mosaic.backward import with_cudnn_backward
+
+            forward = with_cudnn_backward(forward, causal=call.causal, softmax_scale=call.softmax_scale)
+        out, lse = forward(call.q, call.k, call.v)
         return AttentionOutput(attention_outputs=out, softmax_lse=lse)
 
     def _overrides(self) -> dict[str, int]:

@@ -2,9 +2,9 @@
 
 ``mosaic_flash`` is a forward kernel of our own in Pallas Mosaic GPU for sm_90 (H100/H200):
 full and causal (bottom-right when T != S), GQA, head dims 64/128/256, bf16/fp16, any T and S,
-with the log-sum-exp. It has no backward of its own yet: it does not declare gradients, so a
-differentiated call names that reason, and "auto" differentiates such calls through another
-backend (the core's gradient split, ``jaxattn.split``).
+with the log-sum-exp. Its gradients are cuDNN's backward fed this forward's output and lse
+(jaxattn-sdpa's binding; full, or causal with T == S, even lengths): no backward kernel of
+its own yet.
 
 Priority 80 (below cudnn's 100 and flash_attn2's 90): measured on an H100 it is at or above
 cuDNN for causal calls and slightly below for full ones (docs/bench.md), so "auto" picks it
@@ -24,11 +24,11 @@ MOSAIC_FLASH = ImplRef(
     names=("mosaic_flash",),
     platforms=("cuda",),
     priority=80,
-    description="FA3-style forward in Pallas Mosaic GPU (Hopper sm_90 only, fp16/bf16; no CPU; no backward yet)",
+    description="FA3-style forward in Pallas Mosaic GPU (Hopper sm_90 only, fp16/bf16; no CPU); cuDNN's backward",
     dtypes={"bfloat16", "float16"},
     # Tiles of 64 columns of the head dim (128-byte swizzle); the shared memory holds up to 256.
     head_dims={64, 128, 256},
-    features={Feature.CAUSAL, Feature.GQA, Feature.CROSS, Feature.DECODE, Feature.LSE},
+    features={Feature.CAUSAL, Feature.GQA, Feature.CROSS, Feature.DECODE, Feature.LSE, Feature.GRAD},
 )
 
 

@@ -1,0 +1,75 @@
+"""mosaic_flash's gradients: cuDNN's flash backward fed this package's forward residuals.
+
+A flash backward needs only ``q, k, v``, the output, the log-sum-exp and the output's
+cotangent (``jaxattn_sdpa.residual.cudnn_backward`` binds cuDNN's with any forward's pair).
+So a differentiated ``mosaic_flash`` call runs its own forward once and cuDNN's backward
+once: training pays mosaic's forward plus cuDNN's backward, where the gradient split of
+``auto`` pays cuDNN's forward plus its backward.
+
+cuDNN's backward takes no cotangent of the lse. When a loss uses the lse (``d_lse != 0``,
+decided at run time), its exact terms are added: with ``P`` the softmax and ``s`` the scale,
+``d lse_i / d q_i = s * sum_j P_ij k_j`` and ``d lse_i / d k_j = s * P_ij q_i``. The first is
+this forward with the keys as values (``P K``); the second is the ``dV`` a flash backward
+computes, ``P^T dO``, at ``dO = d_lse * Q`` (summed over a GQA group as dV is). Both read the
+same ``P`` (the same q, k and lse), so nothing is approximated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["with_cudnn_backward"]
+
+Array = Any
+Forward = Callable[[Array, Array, Array], tuple[Array, Array]]
+
+
+def _rows(x: Array) -> Array:
+    """``(B, H, T)`` row values -> ``(B, T, H, 1)`` to scale ``(B, T, H, D)`` arrays."""
+    return jnp.swapaxes(x, 1, 2)[..., None]
+
+
+def with_cudnn_backward(forward: Forward, *, causal: bool, softmax_scale: float) -> Forward:
+    """``forward(q, k, v) -> (out, lse)`` made differentiable by cuDNN's backward at its residuals.
+
+    Full attention, or causal with T == S (cuDNN's causal is top-left), even T and S
+    (``MosaicFlashAttention.not_supported_reasons`` declines the rest before this runs).
+    """
+    from jaxattn_sdpa.residual import cudnn_backward
+
+    def backward(q: Array, k: Array, v: Array, out: Array, lse: Array, d_out: Array) -> tuple[Array, Array, Array]:
+        return cudnn_backward(q, k, v, out, lse, d_out, causal=causal, softmax_scale=softmax_scale)
+
+    @jax.custom_vjp
+    def attend(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
+        return forward(q, k, v)
+
+    def attend_fwd(q: Array, k: Array, v: Array) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
+        out, lse = forward(q, k, v)
+        return (out, lse), (q, k, v, out, lse)
+
+    def attend_bwd(res: tuple[Array, ...], cts: tuple[Array, Array]) -> tuple[Array, Array, Array]:
+        q, k, v, out, lse = res
+        d_out, d_lse = cts
+        dq, dk, dv = backward(q, k, v, out, lse, d_out)
+        d_lse = d_lse.astype(jnp.float32)
+
+        def lse_terms() -> tuple[Array, Array]:
+            p_k, _ = forward(q, k, k)  # P K
+            p_t = backward(q, k, k, jnp.zeros_like(q), lse, _rows(d_lse) * q.astype(jnp.float32))[2]  # P^T (d_lse Q)
+            return (softmax_scale * _rows(d_lse) * p_k.astype(jnp.float32),
+                    softmax_scale * p_t.astype(jnp.float32))
+
+        def none() -> tuple[Array, Array]:
+            return jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32)
+
+        extra_q, extra_k = jax.lax.cond(jnp.any(d_lse != 0), lse_terms, none)
+        return ((dq.astype(jnp.float32) + extra_q).astype(q.dtype), (dk.astype(jnp.float32) + extra_k).astype(k.dtype),
+                dv)
+
+    attend.defvjp(attend_fwd, attend_bwd)
+    return attend
