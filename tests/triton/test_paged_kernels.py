@@ -402,7 +402,7 @@ def test_default_splits_fill_the_gpu() -> None:
         programs = LP.query_blocks(spec, tiles.block_q) * spec.heads_kv // tiles.kv_heads * tiles.num_splits
         assert tiles.block_m == 16 and tiles.head_chunk == 4
         one_wave = 7 * LP.DEFAULT_NUM_SMS <= 8 * programs <= 8 * LP.DEFAULT_NUM_SMS
-        more_than_one = LP.DEFAULT_NUM_SMS < programs
+        more_than_one = programs > LP.DEFAULT_NUM_SMS
         assert (programs >= 2 * LP.DEFAULT_NUM_SMS or one_wave or more_than_one
                 or tiles.num_splits * 4 * tiles.block_n >= ctx), (batch, ctx)
         assert one_wave == (batch in (15, 16, 64)), (batch, ctx, tiles)  # 120 of 132 SMs: 7/8 or more
