@@ -103,11 +103,12 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
         def forward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
             return mosaic_attention_forward(q, k, v, causal=call.causal, softmax_scale=call.softmax_scale, config=cfg)
 
+        attend = forward
         if not self.grad_reasons(call.problem):
             from jaxattn_mosaic.backward import with_cudnn_backward
 
-            forward = with_cudnn_backward(forward, causal=call.causal, softmax_scale=call.softmax_scale)
-        out, lse = forward(call.q, call.k, call.v)
+            attend = with_cudnn_backward(forward, causal=call.causal, softmax_scale=call.softmax_scale)
+        out, lse = attend(call.q, call.k, call.v)
         return AttentionOutput(attention_outputs=out, softmax_lse=lse)
 
     def _overrides(self) -> dict[str, int]:
