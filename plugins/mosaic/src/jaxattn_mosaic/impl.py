@@ -7,6 +7,7 @@ is imported when the first call runs, so listing, ``explain`` and ``supports`` s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from jaxattn.call import AttentionCall
@@ -103,7 +104,7 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
         def forward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
             return mosaic_attention_forward(q, k, v, causal=call.causal, softmax_scale=call.softmax_scale, config=cfg)
 
-        attend = forward
+        attend: Callable[[Any, Any, Any], tuple[Any, Any]] = forward
         if not self.grad_reasons(call.problem):
             from jaxattn_mosaic.backward import with_cudnn_backward
 
