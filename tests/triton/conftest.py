@@ -1,5 +1,6 @@
 """Sets up the Triton interpreter before any test module imports a kernel (see ``_env``)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -23,3 +24,12 @@ def kernels_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     from jaxattn_triton import impl as impl_module
 
     monkeypatch.setattr(impl_module, "_installed", lambda module: True)
+
+
+@pytest.fixture(autouse=True)
+def _triton_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # jax_triton sets TRITON_CACHE_DIR="" when imported (it keeps kernels in memory); triton's
+    # own launcher (the torch launches of the kernel tests, on a GPU) then cannot cache and
+    # fails. Every test of this folder gets a cache dir back, whichever test imported it first.
+    if os.environ.get("TRITON_CACHE_DIR") == "":
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton-cache")))

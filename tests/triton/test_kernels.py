@@ -8,7 +8,6 @@ tiles) so that tile skipping, edge masks and tails are exercised, not just one b
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import numpy as np
@@ -29,14 +28,6 @@ pytestmark = [
 # Tolerances on max |a - b| / max(1, max |ref|): float32 runs exact float32 dots in the
 # interpreter (tf32 on a GPU); 16-bit inputs round P to the input dtype before P @ V.
 TOL = {"float32": 2e-5 if TORCH_DEVICE == "cpu" else 5e-3, "float16": 4e-3, "bfloat16": 3e-2}
-
-
-@pytest.fixture(autouse=True)
-def _triton_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
-    # jax_triton sets TRITON_CACHE_DIR="" when imported (it keeps kernels in memory);
-    # triton's own launcher, used here on a GPU, then cannot cache and fails.
-    if os.environ.get("TRITON_CACHE_DIR") == "":
-        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton-cache")))
 
 
 @dataclasses.dataclass(frozen=True)

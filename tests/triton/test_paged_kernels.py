@@ -10,7 +10,6 @@ above the tile, so the page gather, the split boundaries and the edge sweeps all
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import numpy as np
@@ -29,13 +28,6 @@ pytestmark = [
 # max |got - want| / max(1, max |want|): float32 dots are exact in the interpreter (tf32 on
 # a GPU); 16-bit inputs round P to the input dtype before P @ V.
 TOL = {"float32": 2e-5 if TORCH_DEVICE == "cpu" else 5e-3, "float16": 4e-3, "bfloat16": 3e-2}
-
-
-@pytest.fixture(autouse=True)
-def _triton_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
-    # jax_triton sets TRITON_CACHE_DIR="" when imported; triton's own launcher then fails.
-    if os.environ.get("TRITON_CACHE_DIR") == "":
-        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton-cache")))
 
 
 def reference(
