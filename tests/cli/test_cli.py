@@ -421,3 +421,32 @@ def test_bad_environment_values_are_one_line_exit_2(capsys: pytest.CaptureFixtur
     monkeypatch.setenv(var, value)
     code, out, err = run_cli(capsys, "explain", "--plain")
     assert code == 2 and out == "" and err.count("\n") == 1 and needle in err, err
+
+
+# -- explain on a mesh this machine does not have ---------------------------------------------
+def test_explain_plans_on_an_abstract_mesh(capsys: pytest.CaptureFixture[str]) -> None:
+    # The toy impls run whole sequences: a sharded sequence axis is a reason each of them names,
+    # which shows the mesh, the axes and --extra reached the call's metadata.
+    code, out, _ = run_cli(capsys, "explain", "--causal", "-b", "2", "--mesh", "data=2,seq=4", "--batch-axis", "data",
+                           "--sequence-axis", "seq", "--extra", "ring_comm=all_gather", "--json")
+    data = json.loads(out)
+    assert code == 1 and data["chosen"] is None
+    assert all("sequence_axis='seq' shards the sequence" in " ".join(c["reasons"])
+               for c in data["candidates"] if c["status"] == "declined"), data["candidates"]
+    assert run_json(capsys, "explain", "-b", "2", "--mesh", "data=2", "--batch-axis", "data")["chosen"] == "narrow"
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--sequence-axis", "seq"], "no --mesh gives the axes"),
+    (["--mesh", "seq=4", "--head-axis", "model"], "are not axes of metadata.mesh"),
+    (["--mesh", "seq=0"], "sizes >= 1"),
+    (["--mesh", "seq=2,seq=2"], "NAME=SIZE"),
+    (["--extra", "ring_comm"], "is not KEY=VALUE"),
+])  # fmt: skip
+def test_explain_mesh_options_are_checked(capsys: pytest.CaptureFixture[str], argv: list[str], said: str) -> None:
+    try:
+        code = main(["explain", *argv])
+    except SystemExit as exit_info:  # argparse's own refusals
+        code = exit_info.code  # type: ignore[assignment]
+    assert code == 2
+    assert said in capsys.readouterr().err

@@ -21,6 +21,7 @@ __all__ = [
     "NumericArg",
     "OneLineParser",
     "int_list",
+    "mesh_axes",
     "nonneg_float",
     "nonneg_int",
     "nonneg_window",
@@ -94,6 +95,19 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _mesh_axes(text: str) -> tuple[tuple[str, int], ...]:
+    """``data=2,seq=4`` -> ``(("data", 2), ("seq", 4))``: distinct names, sizes >= 1."""
+    axes = []
+    for part in text.split(","):
+        name, eq, size = part.partition("=")
+        if not eq or not name.strip().isidentifier():
+            raise ValueError(text)
+        axes.append((name.strip(), _int(size, 1)))
+    if len({n for n, _ in axes}) != len(axes):
+        raise ValueError(text)
+    return tuple(axes)
+
+
 def _window(text: str) -> int | tuple[int, int]:
     parts = [_int(part, 0) for part in text.split(",")]
     if len(parts) == 1:
@@ -113,6 +127,8 @@ probability = NumericArg("probability", lambda t: _float(t, zero_ok=True, below=
                          "0.1", accepts_zero=True)
 int_list = NumericArg("int_list", _int_list, "a comma-separated list of integers >= 1 (1k = 1024)", "1k,2k,4k",
                       accepts_zero=False)
+mesh_axes = NumericArg("mesh_axes", _mesh_axes, "mesh axes NAME=SIZE, comma-separated, sizes >= 1",
+                       "data=2,seq=4", accepts_zero=False)
 nonneg_window = NumericArg("nonneg_window", _window, "a window W or LEFT,RIGHT of integers >= 0", "128 or 128,0",
                            accepts_zero=True)
 

@@ -168,8 +168,9 @@ class Printer:
                 self.line(table.headings[index], style="bold")
             emit_row(lines(row))
             # One paragraph per row; a cell with nothing to say ("-") is left out.
-            said = [(key, " ".join(cell.split())) for key, cell in zip(stacked, row[keep:], strict=True)
-                    if cell not in ("", "-")]
+            # A cell's lines are items of their own (one reason each): kept apart by "; ".
+            said = [(key, "; ".join(" ".join(line.split()) for line in cell.splitlines() if line.strip()))
+                    for key, cell in zip(stacked, row[keep:], strict=True) if cell not in ("", "-")]
             text = said[0][1] if len(stacked) == 1 and said else "; ".join(f"{k}: {c}" for k, c in said)
             if text:
                 for part in wrap(text, self.width - len(indent), indent="  "):

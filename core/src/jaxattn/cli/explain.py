@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._args import nonneg_window, positive_float, positive_int, probability
+from ._args import mesh_axes, nonneg_window, positive_float, positive_int, probability
 from ._output import Printer, Table, dump_json
 from ._plugins import is_plugin_row
 
@@ -72,6 +72,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     choice.add_argument("--interpret", action="store_true",
                         help="AttentionMetadata(interpret=True): TPU kernels in interpret mode")
     choice.add_argument("--runtime-dtype", help="AttentionMetadata(runtime_dtype=...)")
+    choice.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE",
+                        help="AttentionMetadata(extra={KEY: VALUE}), repeatable; e.g. ring_comm=all_gather")
+
+    mesh = parser.add_argument_group(
+        "sharding (a mesh's shape only: nothing runs, so this machine needs none of its devices)")
+    mesh.add_argument("--mesh", type=mesh_axes, metavar="AXIS=N,...", help="mesh axes and sizes, e.g. data=2,seq=4")
+    mesh.add_argument("--batch-axis", metavar="AXIS", help="AttentionMetadata(batch_axis=...)")
+    mesh.add_argument("--head-axis", metavar="AXIS", help="AttentionMetadata(head_axis=...)")
+    mesh.add_argument("--sequence-axis", metavar="AXIS",
+                      help="AttentionMetadata(sequence_axis=...): ring attention over that axis")
 
 
 def _dtype(name: str) -> Any:
@@ -86,12 +96,36 @@ def _dtype(name: str) -> Any:
             from err
 
 
+def metadata(args: argparse.Namespace) -> Any:
+    """The ``AttentionMetadata`` the options describe (an abstract mesh with ``--mesh``)."""
+    import jaxattn
+    from jaxattn.sharding.compat import abstract_mesh
+
+    extra = {}
+    for item in args.extra:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise jaxattn.InvalidInputError("--extra", f"{item!r} is not KEY=VALUE",
+                                            "e.g. --extra ring_comm=all_gather")
+        extra[key.strip()] = value.strip()
+    axes = {"batch_axis": args.batch_axis, "head_axis": args.head_axis, "sequence_axis": args.sequence_axis}
+    if args.mesh is None and any(axes.values()):
+        named = ", ".join(f"--{k.replace('_', '-')}" for k, v in axes.items() if v)
+        raise jaxattn.InvalidInputError(named, "names a mesh axis, but no --mesh gives the axes",
+                                        "add e.g. --mesh seq=4 --sequence-axis seq")
+    try:
+        return jaxattn.AttentionMetadata(platform=args.platform, interpret=args.interpret,
+                                         runtime_dtype=args.runtime_dtype, extra=extra,
+                                         mesh=None if args.mesh is None else abstract_mesh(args.mesh), **axes)
+    except ValueError as err:  # an axis that is not one of --mesh's
+        raise jaxattn.InvalidInputError("--mesh", str(err), "name the axes of --mesh") from None
+
+
 def build_call(args: argparse.Namespace) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
     """ShapeDtypeStructs for q, k, v and the keyword arguments of ``jaxattn.explain``."""
     import jax
     import jax.numpy as jnp
 
-    import jaxattn
 
     b, t, hq, d = args.batch, args.seq_q, args.heads_q, args.head_dim
     s = args.seq_k if args.seq_k is not None else t
@@ -104,10 +138,7 @@ def build_call(args: argparse.Namespace) -> tuple[tuple[Any, Any, Any], dict[str
     def broadcast(pattern: str, dt: Any) -> Any:
         return spec(tuple(full[c] if c != "1" else 1 for c in pattern), dt)
 
-    kwargs: dict[str, Any] = {"causal": args.causal, "needs_grad": args.grad,
-                              "metadata": jaxattn.AttentionMetadata(
-                                  platform=args.platform, interpret=args.interpret,
-                                  runtime_dtype=args.runtime_dtype)}
+    kwargs: dict[str, Any] = {"causal": args.causal, "needs_grad": args.grad, "metadata": metadata(args)}
     if args.impl is not None:
         kwargs["impl"] = args.impl
     if args.window is not None:
@@ -135,7 +166,6 @@ def build_paged_call(args: argparse.Namespace) -> tuple[tuple[Any, ...], dict[st
     import jax
     import jax.numpy as jnp
 
-    import jaxattn
 
     b, t, hq, d = args.batch, args.seq_q, args.heads_q, args.head_dim
     hkv = args.heads_kv if args.heads_kv is not None else hq
@@ -151,8 +181,7 @@ def build_paged_call(args: argparse.Namespace) -> tuple[tuple[Any, ...], dict[st
     else:
         k_pages, v_pages = spec((*pool, hkv, d), dtype), spec((*pool, hkv, dv), dtype)
     table, lengths = spec((b, per_seq), jnp.int32), spec((b,), jnp.int32)
-    kwargs: dict[str, Any] = {"kv_pages": kv_pages, "metadata": jaxattn.AttentionMetadata(
-        platform=args.platform, interpret=args.interpret, runtime_dtype=args.runtime_dtype)}
+    kwargs: dict[str, Any] = {"kv_pages": kv_pages, "metadata": metadata(args)}
     if args.impl is not None:
         kwargs["impl"] = args.impl
     if args.window is not None:
@@ -245,7 +274,8 @@ def render(explanation: Any, out: Printer) -> None:
     table = Table("Implementations, best first", ["", "impl", "status", "priority", "from", "reasons"])
     for c in explanation.candidates:
         # Why it holds its place: declared priority, or a measurement from the tuning cache.
-        notes = ([c.rank_reason] if c.rank_reason else []) + list(c.reasons)
+        # How the chosen one runs it (its layout, kernel, backward: impl.notes) follows.
+        notes = ([c.rank_reason] if c.rank_reason else []) + list(c.reasons) + (list(c.notes) if c.chosen else [])
         if c.fallback and not c.reasons:
             notes += [f"hands the call to {c.fallback_impl}: {r}" for r in c.fallback]
         table.add("*" if c.chosen else "", c.name, c.status, c.priority, c.origin,

@@ -13,7 +13,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["axis_size", "shard_map"]
+__all__ = ["abstract_mesh", "axis_size", "shard_map"]
 
 
 def _check_flag(fn: Callable[..., Any]) -> str:
@@ -47,3 +47,11 @@ def axis_size(name: str | tuple[str, ...]) -> int:
     if size is not None:
         return int(size(name))
     return int(jax.lax.psum(1, name))
+
+
+def abstract_mesh(axes: tuple[tuple[str, int], ...]) -> Any:
+    """A ``jax.sharding.AbstractMesh`` of ``(name, size)`` axes: a mesh's shape without devices,
+    enough for ``explain`` to plan a sharded call on a machine that lacks those devices."""
+    from jax.sharding import AbstractMesh
+
+    return AbstractMesh(tuple(s for _, s in axes), tuple(n for n, _ in axes))

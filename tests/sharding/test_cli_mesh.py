@@ -1,0 +1,39 @@
+"""``jaxattn explain --mesh``: ring and head-sharded paged calls planned from the command line,
+on a machine without the mesh's devices (an abstract mesh: nothing runs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxattn.cli import main
+
+
+def explain(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    code = main(["explain", "--plain", *argv])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return " ".join(out.split())
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    ([], "K/V passed around the ring"),
+    (["--extra", "ring_comm=all_gather"], "K/V all-gathered (every device holds all S keys during the call)"),
+    (["--extra", "ring_inputs=zigzag"], "inputs and outputs in zigzag order: no relayout"),
+])  # fmt: skip
+def test_ring_from_the_command_line(capsys: pytest.CaptureFixture[str], extra: list[str], said: str) -> None:
+    out = explain(capsys, "-t", "131072", "--heads-q", "16", "--causal", "--grad", "--mesh", "data=2,seq=4",
+                  "--batch-axis", "data", "--sequence-axis", "seq", "-b", "2", *extra)
+    assert "runs: ring" in out and "zigzag layout" in out and said in out, out
+
+
+def test_an_invalid_ring_option_is_a_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["explain", "--impl", "ring", "--causal", "--mesh", "seq=4", "--sequence-axis", "seq",
+                 "--extra", "ring_comm=broadcast"])
+    assert code == 1
+    assert "'broadcast' is not one of ['ppermute', 'all_gather']" in " ".join(capsys.readouterr().out.split())
+
+
+def test_head_sharded_paged_decode_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    out = explain(capsys, "--paged", "-b", "64", "-t", "1", "-s", "4096", "--heads-q", "32", "--heads-kv", "8",
+                  "--mesh", "model=2", "--head-axis", "model")
+    assert "runs:" in out and "nothing can run" not in out, out
