@@ -30,7 +30,8 @@ def test_an_invalid_ring_option_is_a_reason(capsys: pytest.CaptureFixture[str]) 
     code = main(["explain", "--impl", "ring", "--causal", "--mesh", "seq=4", "--sequence-axis", "seq",
                  "--extra", "ring_comm=broadcast"])
     assert code == 1
-    assert "'broadcast' is not one of ['ppermute', 'all_gather']" in " ".join(capsys.readouterr().out.split())
+    said = " ".join(capsys.readouterr().out.split())
+    assert "'broadcast' is not one of ['auto', 'ppermute', 'all_gather']" in said, said
 
 
 def test_head_sharded_paged_decode_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:

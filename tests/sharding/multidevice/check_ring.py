@@ -555,4 +555,4 @@ def test_all_gather_comm_moves_kv_in_collectives() -> None:
 def test_ring_comm_is_checked() -> None:
     q = jax.ShapeDtypeStruct((1, 64, 2, 8), jnp.float32)
     reasons = jaxattn.get_impl("ring", ring(4, ring_comm="broadcast")).supports(q, q, q, causal=True)
-    assert any("'broadcast' is not one of ['ppermute', 'all_gather']" in r for r in reasons), reasons
+    assert any("'broadcast' is not one of ['auto', 'ppermute', 'all_gather']" in r for r in reasons), reasons

@@ -28,13 +28,12 @@ from jaxattn.lookup import available_here
 from jaxattn.metadata import AttentionMetadata
 from jaxattn.problem import AttentionProblem
 
+from .comm import Comm
 from .layout import AxisName, Layout, key_columns, positions
 
 __all__ = [
     "CANDIDATES",
-    "COMMS",
     "BlockKernel",
-    "Comm",
     "CudnnKernel",
     "CudnnLseKernel",
     "Mode",
@@ -51,11 +50,6 @@ __all__ = [
 logger = logging.getLogger("jaxattn")
 
 Mode = Literal["full", "causal", "masked"]
-#: How K/V reach each device: passed around the ring (``ppermute``, O(S/n) keys held at once), or
-#: all-gathered in one collective (every device holds all S keys during the call; dK/dV come home
-#: in one reduce-scatter).
-Comm = Literal["ppermute", "all_gather"]
-COMMS: tuple[str, ...] = ("ppermute", "all_gather")
 Array = Any
 
 #: The per-block kernels "auto" tries first, fastest first as measured by ``benchmarks/ring_bench.py

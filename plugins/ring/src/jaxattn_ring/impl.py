@@ -26,7 +26,8 @@ from jaxattn.sharding.wrap import check_batch_heads, local_metadata
 from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
 from jaxattn.validation import resolve_call
 
-from .blocks import COMMS, BlockChoice, Comm, Mode, RingPlan, block_problems, choose_kernel
+from .blocks import BlockChoice, Mode, RingPlan, block_problems, choose_kernel
+from .comm import COMMS, Comm, choose_comm, describe, device_memory, gathered_bytes, requested_comm
 from .layout import LAYOUTS, Layout, from_zigzag, to_zigzag
 from .plugin import RING
 from .ring import make_ring
@@ -45,6 +46,8 @@ class _Setup:
     local: AttentionProblem  # per-device sizes
     kernel: BlockChoice | None
     reasons: list[str]
+    comm: Comm
+    comm_why: str  # "asked", or how "auto" chose
 
 
 class RingAttention(AttentionImpl, declaration=RING):
@@ -58,13 +61,14 @@ class RingAttention(AttentionImpl, declaration=RING):
             raise InvalidInputError("metadata.extra['ring_inputs']", f"{order!r} is not 'natural' or 'zigzag'")
         return order == "zigzag"
 
-    def _comm(self) -> Comm:
-        """How K/V travel: ``extra["ring_comm"]``, passed around the ring (default) or all-gathered."""
-        comm = str(self.metadata.extra.get("ring_comm", "ppermute"))
-        if comm not in COMMS:
-            raise InvalidInputError("metadata.extra['ring_comm']", f"{comm!r} is not one of {list(COMMS)}",
+    def _comm(self, local: AttentionProblem, n: int) -> tuple[Comm, str]:
+        """How K/V travel (``extra["ring_comm"]``; "auto" by :func:`comm.choose_comm`) and why."""
+        requested = requested_comm(self.metadata.extra)
+        if requested not in COMMS:
+            raise InvalidInputError("metadata.extra['ring_comm']", f"{requested!r} is not one of {list(COMMS)}",
                                     "'ppermute' holds S/n keys per device; 'all_gather' holds all S")
-        return comm  # type: ignore[return-value]  # checked against COMMS above
+        memory = device_memory() if requested == "auto" and self.device.platform == "gpu" else None
+        return choose_comm(requested, n, self.device, gathered_bytes(local, n), memory)
 
     def _layout(self, causal: bool) -> Layout:
         arrived = self._arrived_zigzag()
@@ -87,7 +91,6 @@ class RingAttention(AttentionImpl, declaration=RING):
         mode = RingPlan.choose_mode(causal=problem.causal, window=problem.sliding_window,
                                     mask=problem.mask_shape is not None, t=problem.seq_q, s=problem.seq_k)
         layout = self._layout(problem.causal)
-        self._comm()  # an invalid value is a reason before any array moves
         bs = hs = 1
         if axes is not None:
             bs, hs = axes.batch_size, axes.head_size
@@ -103,7 +106,7 @@ class RingAttention(AttentionImpl, declaration=RING):
         problems = block_problems(mode, layout, local, mask_dims)
         requested = str(self.metadata.extra.get("ring_block_impl", "auto")).lower()
         kernel, reasons = choose_kernel(local_metadata(self.metadata), problems, requested)
-        return _Setup(mode, layout, local, kernel, reasons)
+        return _Setup(mode, layout, local, kernel, reasons, *self._comm(local, n))
 
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
         reasons = super().not_supported_reasons(problem)
@@ -132,8 +135,7 @@ class RingAttention(AttentionImpl, declaration=RING):
                     else "backward through jax.vjp of each block (its forward runs again), or the blockwise "
                          "backward where the kernel's lse has no gradient")
         arrival = " (inputs and outputs in zigzag order: no relayout)" if self._arrived_zigzag() else ""
-        comm = ("K/V all-gathered (every device holds all S keys during the call), dK/dV reduce-scattered"
-                if self._comm() == "all_gather" else "K/V passed around the ring")
+        comm = describe(setup.comm, setup.comm_why)
         return [f"{setup.layout} layout{arrival}; {comm}; per-block kernel {setup.kernel.name()}, {backward}"]
 
     def block_kernel(self, q: Array, k: Array, v: Array, mask: Array = None, causal: bool = False,
@@ -184,7 +186,7 @@ class RingAttention(AttentionImpl, declaration=RING):
         plan = RingPlan(axis=axis, n=n, layout=setup.layout, mode=setup.mode, t_local=problem.seq_q // n,
                         s_local=problem.seq_k // n, causal=causal, window=sliding_window,
                         offset=problem.seq_k - problem.seq_q, arrived_zigzag=self._arrived_zigzag(),
-                        comm=self._comm())
+                        comm=setup.comm)
         ring = make_ring(plan, setup.kernel.kernel(softmax_scale, logits_soft_cap))
 
         def per_device(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array,

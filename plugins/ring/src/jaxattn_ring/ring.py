@@ -8,12 +8,12 @@ merges into the running result:
 ``lse = logaddexp(lse, lse_b)``, ``o = o * exp(lse_old - lse) + o_b * exp(lse_b - lse)``.
 Attention sinks join once, at the end, as one more term of the denominator.
 
-``comm="all_gather"`` (``extra["ring_comm"]``) computes the same blocks in the same order, but
-K/V reach every device in one all-gather (NCCL's collective, not ``n - 1`` neighbour transfers)
-and the backward's dK/dV go home in one reduce-scatter of float32 sums. Every device then holds
-all S keys during the call (the residuals stay O(T/n): the backward gathers again). K/V that
-arrive in natural order are not relayouted: a device's zigzag block is cut from the gathered
-global order.
+``comm="all_gather"`` (``extra["ring_comm"]``, or its "auto": ``comm.py``) computes the same
+blocks in the same order, but K/V reach every device in one all-gather (NCCL's collective, not
+``n - 1`` neighbour transfers) and the backward's dK/dV go home in one reduce-scatter of float32
+sums. Every device then holds all S keys during the call (the residuals stay O(T/n): the
+backward gathers again). K/V that arrive in natural order are not relayouted: a device's
+zigzag block is cut from the gathered global order.
 
 Gradients: a ``custom_vjp`` whose backward runs the ring again. It keeps only the inputs,
 the output and the lse (O(T/n) per device, like flash attention). With ``L`` the global
