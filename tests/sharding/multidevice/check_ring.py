@@ -255,12 +255,13 @@ def test_residual_backward_per_layout_and_feature(case: str) -> None:
     check_against_oracle(attend(md), inputs(shape, seed=32), **features)
 
 
-def test_residual_backward_through_the_lse() -> None:
-    # The lse ring returns, differentiated too: its cotangent reaches the blocks as exp(L - lse) d lse.
-    data = inputs(GQA, seed=33)
+def check_gradients_through_the_lse(md: jaxattn.AttentionMetadata, seed: int) -> None:
+    """Ring's gradients of a loss on its output and its lse (with a sink) against vanilla's: the lse
+    cotangent reaches the blocks as exp(L - lse) d lse."""
+    data = inputs(GQA, seed=seed)
     q, k, v = (jnp.asarray(data[x]) for x in "qkv")
-    weights = jnp.asarray(np.random.default_rng(34).normal(size=(GQA.b, GQA.hq, GQA.t)), jnp.float32)
-    aux = jnp.asarray(np.random.default_rng(35).normal(size=(GQA.hq,)), jnp.float32)
+    weights = jnp.asarray(np.random.default_rng(seed + 1).normal(size=(GQA.b, GQA.hq, GQA.t)), jnp.float32)
+    aux = jnp.asarray(np.random.default_rng(seed + 2).normal(size=(GQA.hq,)), jnp.float32)
 
     def grads(impl: str, md: jaxattn.AttentionMetadata) -> Any:
         def loss(q: Any, k: Any, v: Any) -> Any:
@@ -270,8 +271,12 @@ def test_residual_backward_through_the_lse() -> None:
         return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
 
     want = grads("vanilla", jaxattn.AttentionMetadata())
-    for got, expected in zip(grads("ring", ring(4, **RESIDUAL)), want, strict=True):
+    for got, expected in zip(grads("ring", md), want, strict=True):
         assert_close("d(lse, out)", got, np.asarray(expected, np.float64), 5e-5)
+
+
+def test_residual_backward_through_the_lse() -> None:
+    check_gradients_through_the_lse(ring(4, **RESIDUAL), seed=33)
 
 
 class _CountingBlocks(jaxattn.AttentionImpl):
@@ -493,22 +498,7 @@ def test_all_gather_comm_layouts_and_zigzag_inputs(layout: str) -> None:
 
 
 def test_all_gather_comm_through_the_lse() -> None:
-    # The lse ring returns, differentiated too (with a sink), with K/V gathered: vanilla's gradients.
-    data = inputs(GQA, seed=74)
-    q, k, v = (jnp.asarray(data[x]) for x in "qkv")
-    weights = jnp.asarray(np.random.default_rng(77).normal(size=(GQA.b, GQA.hq, GQA.t)), jnp.float32)
-    aux = jnp.asarray(np.random.default_rng(78).normal(size=(GQA.hq,)), jnp.float32)
-
-    def grads(impl: str, md: jaxattn.AttentionMetadata) -> Any:
-        def loss(q: Any, k: Any, v: Any) -> Any:
-            res = jaxattn.get_impl(impl, md)(q, k, v, causal=True, softmax_aux=aux)
-            return (res.softmax_lse * weights).sum() + (res.attention_outputs * jnp.asarray(data["do"])).sum()
-
-        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
-
-    want = grads("vanilla", jaxattn.AttentionMetadata())
-    for got, expected in zip(grads("ring", ring(4, ring_comm="all_gather", **RESIDUAL)), want, strict=True):
-        assert_close("d(lse, out)", got, np.asarray(expected, np.float64), 5e-5)
+    check_gradients_through_the_lse(ring(4, ring_comm="all_gather", **RESIDUAL), seed=74)
 
 
 @pytest.mark.usefixtures("cudnn_kernel_on_xla")

@@ -126,7 +126,6 @@ def build_call(args: argparse.Namespace) -> tuple[tuple[Any, Any, Any], dict[str
     import jax
     import jax.numpy as jnp
 
-
     b, t, hq, d = args.batch, args.seq_q, args.heads_q, args.head_dim
     s = args.seq_k if args.seq_k is not None else t
     hkv = args.heads_kv if args.heads_kv is not None else hq
@@ -165,7 +164,6 @@ def build_paged_call(args: argparse.Namespace) -> tuple[tuple[Any, ...], dict[st
     """ShapeDtypeStructs of a paged call and the keyword arguments of ``jaxattn.explain_paged``."""
     import jax
     import jax.numpy as jnp
-
 
     b, t, hq, d = args.batch, args.seq_q, args.heads_q, args.head_dim
     hkv = args.heads_kv if args.heads_kv is not None else hq
