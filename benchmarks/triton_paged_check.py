@@ -133,6 +133,28 @@ def time_fn(fn: Callable[..., Any], *args: Any) -> float:
     return bench_util.time_jax(fn, *args, reps=10)
 
 
+#: --warm-workers: threads that compile (and run once) a section's variants before any is timed.
+WARM_WORKERS = 1
+
+
+def warm_parallel(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+    """Run each ``fn(*args)`` once, ``WARM_WORKERS`` at a time: the Triton lowering and the
+    driver's PTX compilation of a variant (tens of seconds for the ragged kernel) overlap the
+    others'. Errors are left to the timed call, which records them."""
+    if WARM_WORKERS <= 1 or len(calls) <= 1 or SMOKE:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(call: tuple[Callable[..., Any], tuple[Any, ...]]) -> None:
+        with contextlib.suppress(Exception):
+            jax.block_until_ready(call[0](*call[1]))
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(WARM_WORKERS) as pool:
+        list(pool.map(one, calls))
+    log(f"warmed {len(calls)} programs in {time.perf_counter() - t0:.1f} s ({WARM_WORKERS} threads)")
+
+
 def filled(shape: tuple[int, ...], dtype: Any, seed: int) -> Array:
     """Random values of ``shape`` without a full-size float32 temporary: one random block of at
     most 2^24 elements, repeated along the first axis (values only matter for NaN-freedom here)."""
@@ -917,13 +939,23 @@ def sweep() -> None:
 
 #: --quant-sweep: (page_size, batch, context).
 QUANT_SWEEP_SHAPES = [(16, 16, 32768), (16, 64, 32768)]
-QUANT_FORMATS = ("int8", "float8_e4m3fn")
+QUANT_FORMATS: tuple[str, ...] = ("int8", "float8_e4m3fn")
 #: --quant-fast: per-token scales only, no ablations (the tile variants).
 QUANT_FAST = "--quant-fast" in sys.argv
+#: --quant-grans: the scale granularities timed, each with the tile variants (default: both,
+#: the variants for per-token scales only).
+QUANT_GRANS: tuple[str, ...] = ()
 #: Switches of ``launch_paged`` (read when a launch is built): V tiles as int32 words, K widened
-#: by ``kernels/widen.py``.
+#: by ``kernels/widen.py``; unset, each follows its default for the format.
 WIDEN_SWITCHES = ("JAXATTN_TRITON_V_WORDS", "JAXATTN_TRITON_K_WIDEN")
-QUANT_ABLATIONS = (("JAXATTN_TRITON_V_WORDS",), ("JAXATTN_TRITON_K_WIDEN",), WIDEN_SWITCHES)
+
+
+def quant_ablations(spec: LP.PagedSpec) -> list[dict[str, str]]:
+    """The switch settings timed beside the default: K widened the other way than the format's
+    default (``kernels/widen.py`` or Triton's cast); V read byte-wise; both."""
+    k_flip = {"JAXATTN_TRITON_K_WIDEN": "0" if LP.k_widen(spec) else "1"}
+    v_off = {"JAXATTN_TRITON_V_WORDS": "0"}
+    return [k_flip, v_off, {**v_off, **k_flip}]
 
 
 def quantized_cache(k: Array, v: Array, fmt: str, granularity: str) -> tuple[Array, Array, Array, Array]:
@@ -941,18 +973,29 @@ def quantized_cache(k: Array, v: Array, fmt: str, granularity: str) -> tuple[Arr
     return narrow(k), narrow(v), ks, ks + 0.0
 
 
+#: --quant-variants: (block_n, warps, stages, splits, kv_heads) timed instead of the built-in list,
+#: on calls whose default has one KV head a program.
+QUANT_VARIANTS: list[tuple[int, int, int, int | None, int | None]] = []
+#: --quant-all-ablations: V read byte-wise, alone and with K widened the other way, too.
+QUANT_ALL_ABLATIONS = "--quant-all-ablations" in sys.argv
+
+
 def quant_variants(base: LP.PagedTiles) -> list[LP.PagedTiles]:
     """The default tiles and a few with more bytes in flight per stage (narrow values)."""
     # (block_n, warps, stages, splits, kv_heads); None keeps the default's. Splits and fewer KV
     # heads per program make more, smaller programs: two or three per SM where registers and
     # shared memory allow (4 warps), each with its own barriers.
-    if base.kv_heads > 1:
+    options: Any
+    if QUANT_VARIANTS:
+        options = QUANT_VARIANTS if base.kv_heads == 1 else ()
+    elif base.kv_heads > 1:
         options = ((64, 4, 3, None, None), (32, 4, 4, None, None), (64, 8, 3, None, None),
                    (64, 4, 3, None, 2), (128, 4, 3, None, 1), (64, 4, 3, 2, None))  # fmt: skip
     else:
         options = ((256, 8, 3, None, None), (128, 8, 4, None, None), (256, 8, 2, None, None),
                    (128, 4, 3, 2, None), (128, 4, 4, 2, None), (128, 8, 3, 2, None), (256, 4, 3, None, None),
-                   (64, 4, 4, 4, None))  # fmt: skip
+                   (64, 4, 4, 4, None), (128, 4, 3, 3, None), (128, 4, 3, 4, None), (64, 4, 3, 2, 2),
+                   (64, 4, 3, 4, 2), (256, 4, 2, 2, None))  # fmt: skip
     out = [base]
     for bn, warps, stages, splits, kvh in options:
         t = dataclasses.replace(base, block_n=bn, num_warps=warps, num_stages=stages,
@@ -989,7 +1032,7 @@ def quant_sweep() -> None:
             rows.append(record_error("quant", f"setup {tag}", err))
             continue
         for fmt in QUANT_FORMATS:
-            for gran in ("token",) if QUANT_FAST else ("token", "head"):
+            for gran in QUANT_GRANS or (("token",) if QUANT_FAST else ("token", "head")):
                 try:
                     kq, vq, ks, vs = quantized_cache(k, v, fmt, gran)
                     nbytes = kv_bytes(batch, ctx, 1) + 2 * 4 * (int(ks.size) if gran == "token" else HKV)
@@ -1008,24 +1051,32 @@ def quant_sweep() -> None:
                 if not SMOKE and not QUANT_FAST:
                     # Ablations of kernels/widen.py on the default tiles: V read byte-wise, K
                     # widened by Triton's casts, both (the kernel before the word reads).
-                    variants += [(base, dict.fromkeys(off, "0")) for off in QUANT_ABLATIONS]
-                if gran == "token" and not SMOKE:
+                    variants += [(base, env) for env in quant_ablations(spec)[: 3 if QUANT_ALL_ABLATIONS else 1]]
+                if (gran in QUANT_GRANS or (gran == "token" and not QUANT_GRANS)) and not SMOKE:
                     variants += [(t, {}) for t in quant_variants(base)[1:]]
+
+                def decode_fn(t: LP.PagedTiles) -> Callable[..., Any]:
+                    return jax.jit(lambda *a: paged_decode(*a[:5], k_scale=a[5], v_scale=a[6], tiles=t,
+                                                           interpret=SMOKE))  # fmt: skip
+
+                fns = {t: decode_fn(t) for t, env in variants if not env}
+                for name in WIDEN_SWITCHES:
+                    os.environ.pop(name, None)
+                warm_parallel([(f, (q, kq, vq, table, lens, ks, vs)) for f in fns.values()])
                 for t, env in variants:
                     label = (f"{tag} {fmt} per {gran} kvh={t.kv_heads} bn={t.block_n} w={t.num_warps} "
                              f"st={t.num_stages} splits={t.num_splits}"
-                             + "".join(f" {k.removeprefix('JAXATTN_TRITON_')}=0" for k in env))  # fmt: skip
-                    os.environ.update(dict.fromkeys(WIDEN_SWITCHES, "1"), **env)
+                             + "".join(f" {n.removeprefix('JAXATTN_TRITON_')}={x}" for n, x in env.items()))
+                    for name in WIDEN_SWITCHES:
+                        os.environ.pop(name, None)
+                    os.environ.update(env)
                     late = out_of_time("quant", label)
                     if late:
                         rows.append(late)
                         continue
                     try:
-                        sec = time_fn(
-                            jax.jit(lambda q, k, v, tb, n, a, b, t=t: paged_decode(
-                                q, k, v, tb, n, k_scale=a, v_scale=b, tiles=t, interpret=SMOKE)),
-                            q, kq, vq, table, lens, ks, vs,
-                        )  # fmt: skip
+                        fn = fns[t] if not env else decode_fn(t)
+                        sec = time_fn(fn, q, kq, vq, table, lens, ks, vs)
                         row = {"name": label, "tiles": dataclasses.asdict(t), "us": sec * 1e6,
                                "GBps": nbytes / sec / 1e9, "vs_cudnn": bar / sec if bar else None,
                                "default": t == base and not env, "ablation": sorted(env)}  # fmt: skip
@@ -1037,6 +1088,8 @@ def quant_sweep() -> None:
                     except Exception as err:
                         row = record_error("quant", label, err)
                     rows.append(row)
+                for name in WIDEN_SWITCHES:
+                    os.environ.pop(name, None)
                 free(kq, vq)
         free(k, v)
     RESULTS["quant_sweep"] = rows
@@ -1048,6 +1101,8 @@ QUANT_MIXED_SHAPES = [(16, 64, 4096, 4, 512), (64, 32, 16384, 2, 2048)]
 #: --quant-mixed-all: per-token scales too, the bf16 cache's two calls, and the variants for
 #: every format (each timing compiles a kernel of its own: minutes in all).
 QUANT_MIXED_ALL = "--quant-mixed-all" in sys.argv
+#: --quant-mixed-prefill: prefill blocks of twice the query tokens too (one call and two).
+QUANT_MIXED_PREFILL = "--quant-mixed-prefill" in sys.argv
 
 
 def quant_mixed() -> None:
@@ -1119,46 +1174,76 @@ def quant_mixed() -> None:
                     v_scale=None if gran_shape is None else LP.scale_strides(gran_shape, kc.shape[:3]),
                 )  # fmt: skip
                 base = LP.default_tiles(spec, _num_sms())
-                if gran_shape is not None or QUANT_MIXED_ALL:
-                    dec = time_fn(jax.jit(run), q[:n_dec], table[:n_dec], lens[:n_dec], cu[: n_dec + 1],
-                                  jnp.asarray([n_dec], jnp.int32))  # fmt: skip
-                    pre = time_fn(jax.jit(run), q[n_dec:], table[n_dec:], lens[n_dec:], pre_cu,
-                                  jnp.asarray([n_pre], jnp.int32))  # fmt: skip
-                    two = dec + pre
-                    rows.append({"name": f"{label} two calls", "us": two * 1e6, "decode_us": dec * 1e6,
-                                 "prefill_us": pre * 1e6})  # fmt: skip
-                    log(f"quant mixed {label}: two calls {two * 1e6:.1f} us (decode {dec * 1e6:.1f} + prefill "
-                        f"{pre * 1e6:.1f})")  # fmt: skip
+                pre_spec = dataclasses.replace(spec, num_tokens=int(q.shape[0]) - n_dec, max_seqs=n_pre)
+                pre_base = LP.default_tiles(pre_spec, _num_sms())
             except Exception as err:
                 rows.append(record_error("quant_mixed", label, err))
                 continue
+            dec_args = (q[:n_dec], table[:n_dec], lens[:n_dec], cu[: n_dec + 1], jnp.asarray([n_dec], jnp.int32))
+            pre_args = (q[n_dec:], table[n_dec:], lens[n_dec:], pre_cu, jnp.asarray([n_pre], jnp.int32))
+            one_args = (q, table, lens, cu, ns_all)
             # The default; then, for the first format (or all with --quant-mixed-all), every row in
-            # prefill blocks (no decode programs: the tiles before) and 64-token decode tiles.
+            # prefill blocks (no decode programs: the tiles before) and 64-token decode tiles;
+            # with --quant-mixed-prefill, prefill blocks of twice the query tokens (128 rows, so
+            # each widened K/V tile serves twice the rows), in the one call and in the prefill
+            # call of the two.
             variants = [base]
-            if index == 1 or QUANT_MIXED_ALL:
+            pre_variants = [pre_base]
+            if cname.startswith("int8") or QUANT_MIXED_ALL:
                 variants += [
                     dataclasses.replace(base, decode_q=0, decode_block_n=0),
                     dataclasses.replace(base, decode_q=max(1, 16 // base.head_chunk), decode_block_n=64),
                 ]
-            seen: list[LP.PagedTiles] = []
-            for t in [] if SMOKE else variants:
-                if t in seen:
-                    continue
-                seen.append(t)
-                tl_ = (f"{label} one call bq={t.block_q} bn={t.block_n} w={t.num_warps} st={t.num_stages} "
-                       f"splits={t.num_splits} decode_q={t.decode_q} decode_bn={t.decode_block_n}")  # fmt: skip
+            if QUANT_MIXED_PREFILL and index >= 1:
+                for bn in (64, 32):
+                    wide = {"block_q": 2 * base.block_q, "num_warps": 8, "block_n": bn}
+                    variants.append(dataclasses.replace(base, **wide))
+                    pre_variants.append(dataclasses.replace(pre_base, **wide))
+            variants = list(dict.fromkeys(variants))
+            pre_variants = list(dict.fromkeys(pre_variants))
+            timed_two = gran_shape is not None or QUANT_MIXED_ALL
+            calls: list[tuple[str, LP.PagedTiles | None, Callable[..., Any], tuple[Any, ...]]] = []
+            if timed_two:
+                calls.append(("decode", None, jax.jit(run), dec_args))
+                calls += [("prefill", t, jax.jit(functools.partial(run, tiles=t)), pre_args) for t in pre_variants]
+            calls += [("one", t, jax.jit(functools.partial(run, tiles=t)), one_args) for t in variants if not SMOKE]
+            warm_parallel([(fn, args) for _, _, fn, args in calls])
+            dec = math.nan
+            two_by: dict[tuple[int, int, int], float] = {}
+            for kind, t, fn, args in calls:
+                tl_ = f"{label} {kind}" + ("" if t is None else (
+                    f" bq={t.block_q} bn={t.block_n} w={t.num_warps} st={t.num_stages} splits={t.num_splits} "
+                    f"decode_q={t.decode_q} decode_bn={t.decode_block_n}"))  # fmt: skip
                 late = out_of_time("quant_mixed", tl_)
                 if late:
                     rows.append(late)
                     continue
                 try:
-                    one = time_fn(jax.jit(functools.partial(run, tiles=t)), q, table, lens, cu, ns_all)
-                    rows.append({"name": tl_, "us": one * 1e6, "one_over_two": one / two, "default": t == base,
-                                 "tiles": dataclasses.asdict(t)})  # fmt: skip
-                    log(f"quant mixed {tl_}: {one * 1e6:.1f} us, {one / two:.3f}x two calls"
-                        + ("  (default)" if t == base else ""))  # fmt: skip
+                    sec = time_fn(fn, *args)
                 except Exception as err:
                     rows.append(record_error("quant_mixed", tl_, err))
+                    continue
+                if kind == "decode":
+                    dec = sec
+                    rows.append({"name": tl_, "us": sec * 1e6})
+                    log(f"quant mixed {tl_}: {sec * 1e6:.1f} us")
+                elif kind == "prefill":
+                    assert t is not None
+                    two_by[(t.block_q, t.block_n, t.num_warps)] = dec + sec
+                    rows.append({"name": tl_, "us": sec * 1e6, "two_calls_us": (dec + sec) * 1e6,
+                                 "default": t == pre_base, "tiles": dataclasses.asdict(t)})  # fmt: skip
+                    log(f"quant mixed {tl_}: {sec * 1e6:.1f} us; two calls {(dec + sec) * 1e6:.1f} us")
+                else:
+                    assert t is not None
+                    two = two_by.get((pre_base.block_q, pre_base.block_n, pre_base.num_warps), math.nan)
+                    same = two_by.get((t.block_q, t.block_n, t.num_warps), two)
+                    best = min(two_by.values(), default=math.nan)
+                    rows.append({"name": tl_, "us": sec * 1e6, "one_over_two": sec / two,
+                                 "one_over_same_tiles": sec / same, "one_over_best_two": sec / best,
+                                 "default": t == base, "tiles": dataclasses.asdict(t)})  # fmt: skip
+                    log(f"quant mixed {tl_}: {sec * 1e6:.1f} us, {sec / two:.3f}x two calls (default tiles), "
+                        f"{sec / same:.3f}x two calls (same prefill tiles), {sec / best:.3f}x the best two calls"
+                        + ("  (default)" if t == base else ""))  # fmt: skip
         free(*[a for _, c in caches for a in c])
     RESULTS["quant_mixed"] = rows
 
@@ -1239,6 +1324,19 @@ def main() -> None:
     ap.add_argument("--quant-fast", action="store_true", help="with --quant-sweep: per-token scales, no ablations")
     ap.add_argument("--quant-mixed", action="store_true", help="a mixed ragged batch over int8/e4m3 caches")
     ap.add_argument("--quant-mixed-all", action="store_true", help="with --quant-mixed: every variant")
+    ap.add_argument("--quant-mixed-prefill", action="store_true",
+                    help="with --quant-mixed: prefill blocks of twice the query tokens too")  # fmt: skip
+    ap.add_argument("--quant-variants", default="", metavar="BN,W,ST,SPLITS,KVH;...",
+                    help="--quant-sweep: these tiles beside the default (one-KV-head defaults only)")  # fmt: skip
+    ap.add_argument("--quant-all-ablations", action="store_true",
+                    help="--quant-sweep: V read byte-wise, alone and with K's widening flipped, too")  # fmt: skip
+    ap.add_argument("--quant-formats", default="", metavar="int8,float8_e4m3fn",
+                    help="--quant-sweep/--quant-mixed: these cache dtypes (default int8,float8_e4m3fn)")  # fmt: skip
+    ap.add_argument("--quant-shapes", default="", metavar="PS,B,CTX;...", help="shapes for --quant-sweep")
+    ap.add_argument("--quant-grans", default="", metavar="token,head",
+                    help="--quant-sweep: these scale granularities, each with the tile variants")  # fmt: skip
+    ap.add_argument("--warm-workers", type=int, default=1,
+                    help="threads compiling the variants before timing (--quant-sweep, --quant-mixed)")  # fmt: skip
     ap.add_argument("--compile", action="store_true", help="sm_90 compile check (no GPU needed)")
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny shapes in the Triton interpreter")
     ap.add_argument("--json", type=Path, default=None)
@@ -1254,6 +1352,18 @@ def main() -> None:
     )
     ap.add_argument("--sweep-splits", default="", metavar="N,...", help="key splits for --sweep (default 1,2,3,4,6,8)")
     args = ap.parse_args()
+    global WARM_WORKERS, QUANT_GRANS, QUANT_FORMATS
+    if args.quant_formats:
+        QUANT_FORMATS = tuple(args.quant_formats.split(","))
+    WARM_WORKERS = args.warm_workers
+    QUANT_GRANS = tuple(filter(None, args.quant_grans.split(",")))
+    for part in filter(None, args.quant_variants.split(";")):
+        bn, w, st, sp, kvh = (int(x) if x else None for x in part.split(","))
+        if not (bn and w and st):
+            raise SystemExit(f"--quant-variants: {part!r} needs block_n, warps and stages")
+        QUANT_VARIANTS.append((bn, w, st, sp, kvh))
+    if args.quant_shapes:
+        QUANT_SWEEP_SHAPES[:] = [tuple(int(x) for x in part.split(",")) for part in args.quant_shapes.split(";")]
     if args.sweep_splits:
         global SWEEP_SPLITS
         SWEEP_SPLITS = tuple(int(x) for x in args.sweep_splits.split(","))

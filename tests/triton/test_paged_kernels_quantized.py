@@ -323,6 +323,31 @@ def test_default_tiles_of_a_quantized_cache() -> None:
     assert LP.default_tiles(prefill).decode_q == 0
 
 
+def test_k_widening_follows_the_format_and_the_scales(monkeypatch: pytest.MonkeyPatch) -> None:
+    # widen.py's bit tricks for K where they measured faster (int8, e5m2, and e4m3 with per-token
+    # scales); Triton's own cast for an e4m3 K with one scale per row; never for 16-bit caches or
+    # a float32 q; the switch forces either way.
+    spec = LP.PagedSpec(
+        num_tokens=16, max_seqs=16, q_len=1, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
+        dtype="bfloat16", num_pages=16 * 64, page_size=16, pages_per_seq=64,
+    )  # fmt: skip
+    per_head, per_token = (0, 0, 1), (128, 8, 1)
+    monkeypatch.delenv("JAXATTN_TRITON_K_WIDEN", raising=False)
+    want = {("int8", per_head): 1, ("int8", per_token): 1, ("float8_e4m3fn", per_head): 0,
+            ("float8_e4m3fn", per_token): 2, ("float8_e5m2", per_head): 3, ("float8_e5m2", per_token): 3}  # fmt: skip
+    for (fmt, scale), code in want.items():
+        quantized = dataclasses.replace(spec, cache_dtype=fmt, k_scale=scale)
+        assert LP.k_widen(quantized) == code, (fmt, scale)
+        assert LP.attention(quantized, LP.default_tiles(quantized)).constexprs["K_WIDEN"] == code
+        assert LP.k_widen(dataclasses.replace(quantized, dtype="float32")) == 0
+    assert LP.k_widen(spec) == 0
+    e4m3 = dataclasses.replace(spec, cache_dtype="float8_e4m3fn", k_scale=per_head)
+    monkeypatch.setenv("JAXATTN_TRITON_K_WIDEN", "1")
+    assert LP.k_widen(e4m3) == 2
+    monkeypatch.setenv("JAXATTN_TRITON_K_WIDEN", "0")
+    assert LP.k_widen(dataclasses.replace(e4m3, cache_dtype="int8")) == 0
+
+
 @pytest.mark.parametrize("out", ["bfloat16", "float16"])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_widening_is_exact(fmt: str, out: str) -> None:

@@ -393,10 +393,27 @@ def v_words(spec: PagedSpec) -> int:
     return _WORD_FORMATS[spec.cache_dtype]
 
 
+#: Cache dtypes whose K is widened by ``kernels/widen.py`` whatever its scales. An e4m3 K with
+#: one scale per row (per tensor or per KV head) takes Triton's own cast instead, which ran
+#: faster there beside the word-read V; with per-token scales widen.py stays ahead. Measured
+#: on an H100 (GQA 32/8, D=128, pages of 16; benchmarks/triton_paged_check.py --quant-sweep,
+#: the K_WIDEN ablation, two runs), us per call, Triton's cast vs widen.py, per-head scales:
+#: 16 sequences x 32k tokens 441.8 vs 461.3 and 444.7 vs 456.7, 64 x 8k 436.8 vs 446.3, 64 x
+#: 32k 1710.9 vs 1743.7, 16 x 8k 122.7 vs 127.6 (the second run's 147.6 vs 126.3 the one
+#: reversal); per-token scales 64 x 8k 490.2 vs 479.4, 64 x 32k 1910.7 vs 1853.2.
+K_WIDEN_FORMATS = frozenset({"int8", "float8_e5m2"})
+
+
 def k_widen(spec: PagedSpec) -> int:
     """The kernel's ``K_WIDEN``: the format code when a quantized K is widened by
-    ``kernels/widen.py`` (``JAXATTN_TRITON_K_WIDEN=0``: Triton's casts, for ablations)."""
-    if spec.cache_dtype is None or spec.dtype == "float32" or os.environ.get("JAXATTN_TRITON_K_WIDEN", "1") == "0":
+    ``kernels/widen.py`` (the formats of ``K_WIDEN_FORMATS``, and any with per-token K
+    scales), else 0 (Triton's casts). ``JAXATTN_TRITON_K_WIDEN=0`` / ``=1`` forces either,
+    for ablations."""
+    if spec.cache_dtype is None or spec.dtype == "float32":
+        return 0
+    forced = os.environ.get("JAXATTN_TRITON_K_WIDEN", "")
+    per_token = scale_mode(spec.k_scale) == 2
+    if forced == "0" or (forced != "1" and not per_token and spec.cache_dtype not in K_WIDEN_FORMATS):
         return 0
     return _WORD_FORMATS[spec.cache_dtype]
 
