@@ -21,7 +21,12 @@ paged decode over int8 and float8_e4m3fn caches (scales per token, and per head)
 default tiles and a few others, beside cuDNN's bf16 dense decode and the bf16 paged kernel
 over the same tokens (bytes read: values + scales); ``--quant-mixed`` a mixed ragged batch
 over int8 and e4m3 caches as one call and as two, beside the bf16 cache's one call
-(``--quant-mixed-all``: per-token scales and every tile variant too). The registered
+(``--quant-mixed-all``: per-token scales and every tile variant too; ``--quant-mixed-prefill``:
+prefill blocks of twice the query tokens). ``--quant-shapes``, ``--quant-grans``,
+``--quant-formats`` and ``--quant-variants`` narrow or widen the quantized sweep; the sweep
+times K widened the other way than the format's default beside each default
+(``--quant-all-ablations``: V read byte-wise too). ``--warm-workers N`` compiles a section's
+variants in N threads before timing them (the ragged kernel takes tens of seconds each). The registered
 backends are measured too, through jaxattn's dispatch (validation, support checks, the
 ragged-form call, the kernel choice): ``--check`` runs ``jaxattn.paged_attention(...,
 impl="page_attention")``, ``jaxattn.ragged_paged_attention(..., impl="ragged_page_attention_v3")``
