@@ -20,7 +20,8 @@ pass (``fwd``: the forward; ``fwdbwd``: forward and backward of ``sum(out * dout
   once arranges), which skips ring's relayout of q, k, v and the output;
   ``ring<n>ag:<block>`` (``ring<n>zag`` in zigzag order) with ``--ring-comms ppermute,all_gather``:
   the same blocks with K/V all-gathered in one collective and dK/dV reduce-scattered
-  (``ring_comm="all_gather"``) instead of passed around the ring;
+  (``ring_comm="all_gather"``) instead of passed around the ring; ``ring<n>auto:<block>`` with
+  ``auto`` in ``--ring-comms``: ring's own choice between the two (the default of the API);
 * ``gather<n>:<gather-impl>``: plain ``shard_map`` of a backend (``--gather-impl``, default the
   baseline) with K/V all-gathered: device ``i`` keeps its ``S/n`` queries and attends to the
   whole gathered K/V (causal: bottom-right aligned to ``kv_lengths = (i+1) S/n``, so positions
@@ -194,7 +195,7 @@ def configs(args: argparse.Namespace) -> list[Config]:
             continue
         mesh = Mesh(np.array(devices[:n]), ("seq",))
         sharded = NamedSharding(mesh, P(None, "seq"))
-        out += [Config(f"ring{n}{'z' if order == 'zigzag' else ''}{'ag' if comm == 'all_gather' else ''}:{block}",
+        out += [Config(f"ring{n}{'z' if order == 'zigzag' else ''}{COMM_TAGS[comm]}:{block}",
                        "ring", "ring", n, block, mesh, sharded, order, comm)
                 for block in args.block_kernels for order in args.ring_inputs for comm in args.ring_comms]
         if n > 1 and args.gather:
@@ -307,6 +308,10 @@ def parse_ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+#: The row tag of each ``--ring-comms`` value (ppermute, ring's transfers, has none: the rows before).
+COMM_TAGS = {"ppermute": "", "all_gather": "ag", "auto": "auto"}
+
+
 def parse_names(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -330,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(ring_inputs='zigzag', rows 'ring<n>z': an input pipeline that orders tokens once)")
     parser.add_argument("--ring-comms", type=parse_names, default=["ppermute"],
                         help="how ring's K/V travel: ppermute (around the ring), all_gather (ring_comm='all_gather', "
-                             "rows 'ring<n>ag')")
+                             "rows 'ring<n>ag'), auto (ring's own choice, rows 'ring<n>auto')")
     parser.add_argument("--no-gather", dest="gather", action="store_false", help="skip the all-gather rows")
     parser.add_argument("--gather-impl", default=None, help="the backend of the all-gather rows (default: --baseline)")
     parser.add_argument("--reps", type=int, default=3, help="timed samples of back-to-back calls (median)")
@@ -340,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-check", dest="check", action="store_false")
     parser.add_argument("--json", help="write every record here")
     args = parser.parse_args(argv)
+    unknown = [c for c in args.ring_comms if c not in COMM_TAGS]
+    if unknown:
+        parser.error(f"--ring-comms: {', '.join(unknown)} not among {', '.join(COMM_TAGS)}")
     if args.baseline is None:
         args.baseline = "cudnn" if jax.devices()[0].platform == "gpu" else "blockwise"
     args.gather_impl = args.gather_impl or args.baseline
