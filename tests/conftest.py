@@ -15,7 +15,8 @@ built once:
   which pytest 9.2 no longer lets it change, so the group is read off the module here.
 
 Spread over two workers, about half of those programs (and both fixtures) were built twice.
-Groups with more tests start first (xdist's ``--loadscope-reorder``, on by default). The order
+Groups with more tests start first (xdist's ``--loadscope-reorder``, on by default), then the
+longest single tests (``LONG_TESTS``), so none is left running alone at the end. The order
 the tests run in changes; nothing a test checks does. (Grouping the tests of one conformance
 case, which share a compiled program through the suites' per-process cache, measured no
 faster: 160 Triton-interpreter conformance tests took 84-90 s grouped, 79-80 s not.)
@@ -78,6 +79,22 @@ def shared_program_scope(nodeid: str) -> str:
     return nodeid
 
 
+#: Tests that take a minute or more of a CI worker (seconds in a 2-core CI run, 2026-11-27):
+#: the multi-device checks (check_ring 337, the others 32-36), the example plugin's conformance
+#: run (70), ring's eager gradient through infinite sinks (52), the random-call property test (44).
+LONG_TESTS = (
+    "tests/sharding/test_multidevice.py::",
+    "tests/packaging/test_example_plugin.py::test_passes_the_conformance_suite_as_a_third_party",
+    "tests/sharding/test_ring_single_device.py::test_infinite_sinks_zero_their_heads",
+    "tests/property/test_random_calls.py::",
+)
+
+
+def starts_early(scope: str) -> bool:
+    """Whether a unit of work is one of :data:`LONG_TESTS` (scheduled right after the first units)."""
+    return scope.startswith(LONG_TESTS)
+
+
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") != "loadgroup":
@@ -89,5 +106,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             if nodeid.rfind("@") > nodeid.rfind("]"):  # a group xdist did read into the id
                 return super()._split_scope(nodeid)
             return shared_program_scope(nodeid)
+
+        def schedule(self) -> None:
+            super().schedule()
+            # The longest single tests next after the first units: started late, one of them
+            # keeps a worker busy while the other has nothing left.
+            for scope in [s for s in self.workqueue if starts_early(s)][::-1]:
+                self.workqueue.move_to_end(scope, last=False)
 
     return SharedProgramScheduling(config, log)
