@@ -955,6 +955,12 @@ QUANT_GRANS: tuple[str, ...] = ()
 WIDEN_SWITCHES = ("JAXATTN_TRITON_V_WORDS", "JAXATTN_TRITON_K_WIDEN")
 
 
+def clear_widen_switches() -> None:
+    """Unset :data:`WIDEN_SWITCHES`: launches built next follow each format's defaults."""
+    for name in WIDEN_SWITCHES:
+        os.environ.pop(name, None)
+
+
 def quant_ablations(spec: LP.PagedSpec) -> list[dict[str, str]]:
     """The switch settings timed beside the default: K widened the other way than the format's
     default (``kernels/widen.py`` or Triton's cast); V read byte-wise; both."""
@@ -1054,8 +1060,9 @@ def quant_sweep() -> None:
                     continue
                 variants: list[tuple[LP.PagedTiles, dict[str, str]]] = [(base, {})]
                 if not SMOKE and not QUANT_FAST:
-                    # Ablations of kernels/widen.py on the default tiles: V read byte-wise, K
-                    # widened by Triton's casts, both (the kernel before the word reads).
+                    # Ablations of kernels/widen.py on the default tiles: K widened the other
+                    # way than the format's default; with --quant-all-ablations also V read
+                    # byte-wise, alone and with K flipped.
                     variants += [(base, env) for env in quant_ablations(spec)[: 3 if QUANT_ALL_ABLATIONS else 1]]
                 if (gran in QUANT_GRANS or (gran == "token" and not QUANT_GRANS)) and not SMOKE:
                     variants += [(t, {}) for t in quant_variants(base)[1:]]
@@ -1065,15 +1072,13 @@ def quant_sweep() -> None:
                                                            interpret=SMOKE))  # fmt: skip
 
                 fns = {t: decode_fn(t) for t, env in variants if not env}
-                for name in WIDEN_SWITCHES:
-                    os.environ.pop(name, None)
+                clear_widen_switches()
                 warm_parallel([(f, (q, kq, vq, table, lens, ks, vs)) for f in fns.values()])
                 for t, env in variants:
                     label = (f"{tag} {fmt} per {gran} kvh={t.kv_heads} bn={t.block_n} w={t.num_warps} "
                              f"st={t.num_stages} splits={t.num_splits}"
                              + "".join(f" {n.removeprefix('JAXATTN_TRITON_')}={x}" for n, x in env.items()))
-                    for name in WIDEN_SWITCHES:
-                        os.environ.pop(name, None)
+                    clear_widen_switches()
                     os.environ.update(env)
                     late = out_of_time("quant", label)
                     if late:
@@ -1093,8 +1098,7 @@ def quant_sweep() -> None:
                     except Exception as err:
                         row = record_error("quant", label, err)
                     rows.append(row)
-                for name in WIDEN_SWITCHES:
-                    os.environ.pop(name, None)
+                clear_widen_switches()
                 free(kq, vq)
         free(k, v)
     RESULTS["quant_sweep"] = rows
@@ -1167,7 +1171,6 @@ def quant_mixed() -> None:
             if late:
                 rows.append(late)
                 continue
-            two = math.nan
             try:
                 kc = cache[0]
                 gran_shape = cache[2].shape if len(cache) == 4 else None
@@ -1319,6 +1322,15 @@ def compile_check() -> None:
     RESULTS["compile"] = rows
 
 
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """``"PS,B,CTX;..."`` (page size, sequences, context) as a list of triples."""
+    shapes = []
+    for part in filter(None, text.split(";")):
+        ps, batch, ctx = (int(x) for x in part.split(","))
+        shapes.append((ps, batch, ctx))
+    return shapes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true")
@@ -1368,13 +1380,11 @@ def main() -> None:
             raise SystemExit(f"--quant-variants: {part!r} needs block_n, warps and stages")
         QUANT_VARIANTS.append((bn, w, st, sp, kvh))
     if args.quant_shapes:
-        QUANT_SWEEP_SHAPES[:] = [tuple(int(x) for x in part.split(",")) for part in args.quant_shapes.split(";")]
+        QUANT_SWEEP_SHAPES[:] = parse_shapes(args.quant_shapes)
     if args.sweep_splits:
         global SWEEP_SPLITS
         SWEEP_SPLITS = tuple(int(x) for x in args.sweep_splits.split(","))
-    for part in filter(None, args.sweep_shapes.split(";")):
-        ps, batch, ctx = (int(x) for x in part.split(","))
-        SWEEP_SHAPES.append((ps, batch, ctx))
+    SWEEP_SHAPES.extend(parse_shapes(args.sweep_shapes))
     global DEADLINE
     DEADLINE = time.monotonic() + args.deadline_s if args.deadline_s > 0 else math.inf
     sections = (args.check, args.bench, args.ragged, args.sweep, args.compile, args.quant_sweep, args.quant_mixed)
