@@ -38,6 +38,12 @@ if _spec is None or _spec.loader is None:
 K = importlib.util.module_from_spec(_spec)
 sys.modules["mosaic_kernel"] = K
 _spec.loader.exec_module(K)
+_bspec = importlib.util.spec_from_file_location("mosaic_backward_kernel", _KERNEL.with_name("backward_kernel.py"))
+if _bspec is None or _bspec.loader is None:
+    raise ImportError(_KERNEL.with_name("backward_kernel.py"))
+KB = importlib.util.module_from_spec(_bspec)
+sys.modules["mosaic_backward_kernel"] = KB
+_bspec.loader.exec_module(KB)
 
 #: (block_q, block_kv, stages, pingpong) timed beside the default with --sweep (an ablation).
 SWEEP: dict[int, tuple[tuple[int, int, int, bool], ...]] = {
@@ -46,6 +52,8 @@ SWEEP: dict[int, tuple[tuple[int, int, int, bool], ...]] = {
     64: ((64, 128, 2, True), (64, 256, 2, False)),
     256: ((64, 64, 2, False),),
 }
+#: Backward (block_q, block_kv, stages) timed beside the default with --bwd --sweep.
+BWD_SWEEP: tuple[tuple[int, int, int], ...] = ((64, 64, 3), (64, 128, 2), (128, 64, 2))
 
 
 def reference(q: Any, k: Any, v: Any, causal: bool, scale: float) -> tuple[Any, Any]:
@@ -57,12 +65,14 @@ def reference(q: Any, k: Any, v: Any, causal: bool, scale: float) -> tuple[Any, 
         keep = jnp.arange(s)[None, :] <= jnp.arange(t)[:, None] + (s - t)
         logits = jnp.where(keep, logits, -jnp.inf)
     m = jnp.max(logits, axis=-1, keepdims=True)
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
     e = jnp.exp(logits - m)
     den = e.sum(-1, keepdims=True)
-    p = e / jnp.where(den == 0, 1.0, den)
+    safe = jnp.where(den == 0, 1.0, den)  # rows that see no key: zeros, lse -inf, no NaN gradient
+    p = e / safe
     out = jnp.einsum("bkgts,bskd->btkgd", p, v.astype(jnp.float32)).reshape(b, t, hq, d)
-    return out, (jnp.log(den) + m)[..., 0].reshape(b, hq, t)
+    lse = jnp.where(den == 0, -jnp.inf, jnp.log(safe) + m)
+    return out, lse[..., 0].reshape(b, hq, t)
 
 
 CHECKS = [
@@ -109,6 +119,48 @@ def check(quick: bool, configs: tuple[Any, ...] = ()) -> int:
         name = "default" if cfg is None else cfg
         print(f"check {name} B={b} T={t} S={s} H={hq}/{hkv} D={d} causal={causal} {jnp.dtype(dt).name}: "
               f"max|out-ref|={err:.2e} max|lse-ref|={lerr:.2e} {'ok' if ok else 'FAIL'}", flush=True)
+    return bad
+
+
+def bwd_check(quick: bool, configs: tuple[Any, ...] = ()) -> int:
+    """The backward kernel's dq, dk, dv against jax's gradient of the float32 reference, with a
+    loss through the output and the lse; and that two runs agree bit for bit."""
+    bad = 0
+    shapes = [c for c in CHECKS if c[5] in KB.HEAD_DIMS]
+    todo = [(None, c) for c in (shapes[:3] if quick else shapes)]
+    todo += [(cfg, c) for cfg in configs for c in shapes if c[5] == 128]
+    for cfg, (b, t, s, hq, hkv, d, causal, dt) in todo:
+        ks = jax.random.split(jax.random.PRNGKey(t * 7 + s + d), 5)
+        q = jax.random.normal(ks[0], (b, t, hq, d), dt)
+        k = jax.random.normal(ks[1], (b, s, hkv, d), dt)
+        v = jax.random.normal(ks[2], (b, s, hkv, d), dt)
+        d_out = jax.random.normal(ks[3], (b, t, hq, d), jnp.float32)
+        d_lse = 0.5 * jax.random.normal(ks[4], (b, hq, t), jnp.float32)
+        scale = 1.0 / math.sqrt(d)
+        try:
+            out, lse = jax.jit(functools.partial(K.mosaic_attention_forward, causal=causal,
+                                                 softmax_scale=scale))(q, k, v)
+            back = jax.jit(functools.partial(KB.mosaic_attention_backward, causal=causal, softmax_scale=scale,
+                                             config=None if cfg is None else KB.BackwardConfig(*cfg)))
+            got = back(q, k, v, out, lse, d_out.astype(dt), d_lse)
+            again = back(q, k, v, out, lse, d_out.astype(dt), d_lse)
+            same = all(bool(jnp.array_equal(x, y)) for x, y in zip(got, again, strict=True))
+            f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+            (_, rl), vjp = jax.vjp(functools.partial(reference, causal=causal, scale=scale), *f32)
+            want = vjp((d_out.astype(dt).astype(jnp.float32), jnp.where(jnp.isfinite(rl), d_lse, 0.0)))
+            errs = [float(jnp.max(jnp.abs(g.astype(jnp.float32) - w)) / (float(jnp.max(jnp.abs(w))) + 1e-6))
+                    for g, w in zip(got, want, strict=True)]
+            finite = all(bool(jnp.all(jnp.isfinite(g))) for g in got)
+            tol = 3e-2 if dt == jnp.bfloat16 else 1e-2
+            ok = finite and same and max(errs) < tol
+        except Exception as e:
+            ok, errs, same = False, [float("nan")] * 3, False
+            print("   ", type(e).__name__, str(e)[:3000])
+        bad += not ok
+        name = "default" if cfg is None else cfg
+        print(f"bwd check {name} B={b} T={t} S={s} H={hq}/{hkv} D={d} causal={causal} {jnp.dtype(dt).name}: "
+              f"max|d-ref|/max|ref| dq {errs[0]:.2e} dk {errs[1]:.2e} dv {errs[2]:.2e} "
+              f"deterministic={same} {'ok' if ok else 'FAIL'}", flush=True)
     return bad
 
 
@@ -179,6 +231,21 @@ def _mosaic_trained(causal: bool, scale: float) -> Callable[..., Any]:
     return lambda q, k, v: trained(q, k, v)[0]
 
 
+def _mosaic_own(causal: bool, scale: float, config: Any = None) -> Callable[..., Any]:
+    """mosaic_flash's forward and this package's own backward kernel."""
+    from jaxattn_mosaic.backward import differentiable
+
+    def forward(q: Any, k: Any, v: Any) -> Any:
+        return K.mosaic_attention_forward(q, k, v, causal=causal, softmax_scale=scale)
+
+    def backward(q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, d_lse: Any) -> Any:
+        return KB.mosaic_attention_backward(q, k, v, out, lse, d_out, d_lse, causal=causal, softmax_scale=scale,
+                                            config=config)
+
+    trained = differentiable(forward, backward)
+    return lambda q, k, v: trained(q, k, v)[0]
+
+
 def _grad_of(fn: Callable[..., Any]) -> Callable[..., Any]:
     def loss(q: Any, k: Any, v: Any) -> Any:
         return jnp.sum(fn(q, k, v).astype(jnp.float32))
@@ -192,7 +259,8 @@ def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None
     print(f"\n{name}, BTHD, ms per call (TFLOP/s; causal counts half the FLOPs)")
     head = "| B, S, Hq/Hkv, D | mask | mosaic fwd | cuDNN fwd | tokamax fwd | mosaic/cuDNN | mosaic/tokamax |"
     if bwd:
-        head += " mosaic fwd+bwd | cuDNN fwd+bwd | tokamax fwd+bwd | fwd+bwd cuDNN/mosaic |"
+        head += (" mosaic fwd+bwd | own fwd+bwd | cuDNN fwd+bwd | tokamax fwd+bwd | fwd+bwd cuDNN/mosaic |"
+                 " cuDNN/own |")
     print(head)
     print("|---" * (head.count("|") - 1) + "|")
     for b, s, hq, hkv, d in SHAPES[:2] if quick else SHAPES:
@@ -207,6 +275,9 @@ def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None
             fns = _fwd_fns(causal, 1.0 / math.sqrt(d), tk, sweep, d)
             if bwd:
                 fns["mosaic_bwd"] = _grad_of(_mosaic_trained(causal, 1.0 / math.sqrt(d)))
+                fns["own_bwd"] = _grad_of(_mosaic_own(causal, 1.0 / math.sqrt(d)))
+                for cfg in BWD_SWEEP if sweep else ():
+                    fns[f"own{cfg}"] = _grad_of(_mosaic_own(causal, 1.0 / math.sqrt(d), KB.BackwardConfig(*cfg)))
                 fns["cudnn_bwd"] = _grad_of(fns["cudnn"])
                 if "tokamax" in fns:
                     fns["tokamax_bwd"] = _grad_of(fns["tokamax"])
@@ -227,12 +298,16 @@ def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None
                 if key.startswith("mosaic("):
                     print(f"   ablation {key} (block_q, block_kv, stages, pingpong): {ms[key]:.3f} ms, "
                           f"cuDNN/it {ms['cudnn'] / ms[key]:.3f}")
+                if key.startswith("own("):
+                    print(f"   ablation {key} (backward block_q, block_kv, stages): fwd+bwd {ms[key]:.3f} ms, "
+                          f"cuDNN/it {ms['cudnn_bwd'] / ms[key]:.3f}")
             row = (f"| {b}, {s}, {hq}/{hkv}, {d} | {'causal' if causal else 'full'} | {cell('mosaic')} | "
                    f"{cell('cudnn')} | {cell('tokamax')} | {ms['cudnn'] / ms['mosaic']:.3f} | "
                    f"{ms.get('tokamax', nan) / ms['mosaic']:.3f} |")
             if bwd:
-                row += (f" {cell('mosaic_bwd', 3.5)} | {cell('cudnn_bwd', 3.5)} | {cell('tokamax_bwd', 3.5)} | "
-                        f"{ms['cudnn_bwd'] / ms['mosaic_bwd']:.3f} |")
+                row += (f" {cell('mosaic_bwd', 3.5)} | {cell('own_bwd', 3.5)} | {cell('cudnn_bwd', 3.5)} | "
+                        f"{cell('tokamax_bwd', 3.5)} | {ms['cudnn_bwd'] / ms['mosaic_bwd']:.3f} | "
+                        f"{ms['cudnn_bwd'] / ms['own_bwd']:.3f} |")
             print(row, flush=True)
 
 
@@ -244,6 +319,7 @@ def main() -> int:
     ap.add_argument("--fp16", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--bwd", action="store_true")
+    ap.add_argument("--bwd-check", action="store_true", help="check the backward kernel against jax's gradient")
     ap.add_argument("--head-dims", default="", help="only these head dims, e.g. 64,256")
     ap.add_argument("--config", action="append", default=[],
                     help="BQ,BKV,STAGES,PINGPONG(0/1) timed with --sweep instead of SWEEP, and checked "
@@ -255,6 +331,7 @@ def main() -> int:
             SWEEP[d] = mine
     print(jax.__version__, jax.devices(), flush=True)
     bad = check(a.quick, mine) if a.check else 0
+    bad += bwd_check(a.quick) if a.bwd_check else 0
     if a.bench:
         only = {int(d) for d in a.head_dims.split(",") if d}
         bench(a.quick, jnp.bfloat16, a.sweep, a.bwd, only)

@@ -1,10 +1,13 @@
-"""mosaic_flash's gradients: cuDNN's flash backward fed this package's forward residuals.
+"""mosaic_flash's gradients: a forward's residuals (q, k, v, output, lse) handed to a flash backward.
 
-A flash backward needs only ``q, k, v``, the output, the log-sum-exp and the output's
-cotangent (``jaxattn_sdpa.residual.cudnn_backward`` binds cuDNN's with any forward's pair).
-So a differentiated ``mosaic_flash`` call runs its own forward once and cuDNN's backward
-once: training pays mosaic's forward plus cuDNN's backward, where the gradient split of
-``auto`` pays cuDNN's forward plus its backward.
+A flash backward needs only ``q, k, v``, the output, the log-sum-exp and the cotangents, so a
+differentiated ``mosaic_flash`` call runs its forward once and one backward:
+
+* :func:`with_own_backward`: this package's Mosaic GPU backward (``backward_kernel``), which
+  takes the lse's cotangent itself (it enters ``delta``), head dims 64 and 128, any T and S,
+  bottom-right causal;
+* :func:`with_cudnn_backward`: cuDNN's (``jaxattn_sdpa.residual.cudnn_backward`` binds it
+  with any forward's pair), for head dim 256.
 
 cuDNN's backward takes no cotangent of the lse. When a loss uses the lse (``d_lse != 0``,
 decided at run time), its exact terms are added: with ``P`` the softmax and ``s`` the scale,
@@ -22,10 +25,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["with_cudnn_backward"]
+__all__ = ["differentiable", "with_cudnn_backward", "with_own_backward"]
 
 Array = Any
 Forward = Callable[[Array, Array, Array], tuple[Array, Array]]
+#: ``backward(q, k, v, out, lse, d_out, d_lse) -> (dq, dk, dv)``.
+Backward = Callable[[Array, Array, Array, Array, Array, Array, Array], tuple[Array, Array, Array]]
 
 
 def _rows(x: Array) -> Array:
@@ -33,16 +38,8 @@ def _rows(x: Array) -> Array:
     return jnp.swapaxes(x, 1, 2)[..., None]
 
 
-def with_cudnn_backward(forward: Forward, *, causal: bool, softmax_scale: float) -> Forward:
-    """``forward(q, k, v) -> (out, lse)`` made differentiable by cuDNN's backward at its residuals.
-
-    Full attention, or causal with T == S (cuDNN's causal is top-left), even T and S
-    (``MosaicFlashAttention.not_supported_reasons`` declines the rest before this runs).
-    """
-    from jaxattn_sdpa.residual import cudnn_backward
-
-    def backward(q: Array, k: Array, v: Array, out: Array, lse: Array, d_out: Array) -> tuple[Array, Array, Array]:
-        return cudnn_backward(q, k, v, out, lse, d_out, causal=causal, softmax_scale=softmax_scale)
+def differentiable(forward: Forward, backward: Backward) -> Forward:
+    """``forward(q, k, v) -> (out, lse)`` differentiated by ``backward`` at its residuals."""
 
     @jax.custom_vjp
     def attend(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
@@ -54,13 +51,43 @@ def with_cudnn_backward(forward: Forward, *, causal: bool, softmax_scale: float)
 
     def attend_bwd(res: tuple[Array, ...], cts: tuple[Array, Array]) -> tuple[Array, Array, Array]:
         q, k, v, out, lse = res
-        d_out, d_lse = cts
-        dq, dk, dv = backward(q, k, v, out, lse, d_out)
+        return backward(q, k, v, out, lse, *cts)
+
+    attend.defvjp(attend_fwd, attend_bwd)
+    return attend
+
+
+def with_own_backward(forward: Forward, *, causal: bool, softmax_scale: float) -> Forward:
+    """``forward`` made differentiable by this package's Mosaic GPU backward (head dims 64, 128)."""
+    from jaxattn_mosaic.backward_kernel import mosaic_attention_backward
+
+    def backward(q: Array, k: Array, v: Array, out: Array, lse: Array, d_out: Array,
+                 d_lse: Array) -> tuple[Array, Array, Array]:
+        return mosaic_attention_backward(q, k, v, out, lse, d_out, d_lse, causal=causal,
+                                         softmax_scale=softmax_scale)
+
+    return differentiable(forward, backward)
+
+
+def with_cudnn_backward(forward: Forward, *, causal: bool, softmax_scale: float) -> Forward:
+    """``forward(q, k, v) -> (out, lse)`` made differentiable by cuDNN's backward at its residuals.
+
+    Full attention, or causal with T == S (cuDNN's causal is top-left), even T and S
+    (``MosaicFlashAttention.not_supported_reasons`` declines the rest before this runs).
+    """
+    from jaxattn_sdpa.residual import cudnn_backward
+
+    def flash(q: Array, k: Array, v: Array, out: Array, lse: Array, d_out: Array) -> tuple[Array, Array, Array]:
+        return cudnn_backward(q, k, v, out, lse, d_out, causal=causal, softmax_scale=softmax_scale)
+
+    def backward(q: Array, k: Array, v: Array, out: Array, lse: Array, d_out: Array,
+                 d_lse: Array) -> tuple[Array, Array, Array]:
+        dq, dk, dv = flash(q, k, v, out, lse, d_out)
         d_lse = d_lse.astype(jnp.float32)
 
         def lse_terms() -> tuple[Array, Array]:
             p_k, _ = forward(q, k, k)  # P K
-            p_t = backward(q, k, k, jnp.zeros_like(q), lse, _rows(d_lse) * q.astype(jnp.float32))[2]  # P^T (d_lse Q)
+            p_t = flash(q, k, k, jnp.zeros_like(q), lse, _rows(d_lse) * q.astype(jnp.float32))[2]  # P^T (d_lse Q)
             return (softmax_scale * _rows(d_lse) * p_k.astype(jnp.float32),
                     softmax_scale * p_t.astype(jnp.float32))
 
@@ -71,5 +98,4 @@ def with_cudnn_backward(forward: Forward, *, causal: bool, softmax_scale: float)
         return ((dq.astype(jnp.float32) + extra_q).astype(q.dtype), (dk.astype(jnp.float32) + extra_k).astype(k.dtype),
                 dv)
 
-    attend.defvjp(attend_fwd, attend_bwd)
-    return attend
+    return differentiable(forward, backward)

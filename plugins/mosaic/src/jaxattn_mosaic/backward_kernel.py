@@ -1,0 +1,466 @@
+"""The backward attention kernels of jaxattn-mosaic, in Pallas Mosaic GPU (sm_90 only).
+
+Like :mod:`jaxattn_mosaic.kernel`, this module imports jax's Mosaic GPU dialect at its top:
+only a differentiated call imports it, and it needs nothing of jaxattn (the benchmark script
+loads it by path).
+
+A flash backward recomputes the probabilities block by block from the forward's log-sum-exp
+and splits the work in two kernels, each a CTA of three warpgroups (two consumers issuing
+asynchronous wgmma, one TMA producer streaming blocks into a ring of ``stages`` slots):
+
+* **dQ**: a CTA per (query head, tile of ``2 * block_q`` rows, batch). Each consumer holds its
+  ``block_q`` rows of Q and dO; the producer streams K and V blocks. Per block:
+  ``S = Q K^T``, ``dP = dO V^T``, ``P = exp2(S * c - lse2)``, ``dS = P (dP - delta)``,
+  ``dQ += dS K``.
+* **dK/dV**: a CTA per (KV head, tile of ``2 * block_kv`` keys, batch). Each consumer holds
+  its ``block_kv`` keys of K and V; the producer streams Q, dO, lse and delta blocks of every
+  query head of the GQA group and every query block that sees the tile. Per block (all
+  transposed, keys as rows): ``S^T = K Q^T``, ``P^T``, ``dV += P^T dO``, ``dP^T = V dO^T``,
+  ``dS^T = P^T (dP^T - delta)``, ``dK += dS^T Q``. The group's sum happens in the
+  accumulators: no per-query-head dK/dV in memory and no atomics, so the result is
+  deterministic (bit-identical from run to run).
+
+``delta_i = sum_d dO_id O_id - d_lse_i``: the lse's own cotangent enters exactly there
+(``d lse_i / d logit_ij = P_ij``), so a loss through the lse costs nothing extra.
+
+Masks: causal is bottom-right (query ``i`` sees key ``j`` iff ``j <= i + S - T``), as the
+forward. Probabilities of masked pairs and of keys past ``S`` are zeroed; query rows past
+``T`` and rows that see no key (lse ``-inf``) get an lse of ``+inf``, so their ``P`` is 0 and
+they add nothing. Blocks that need no mask run without the iota/compare.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+__all__ = ["BackwardConfig", "default_backward_config", "mosaic_attention_backward"]
+
+_LOG2E = math.log2(math.e)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardConfig:
+    """``block_q`` query rows per consumer (dQ) and per streamed block (dK/dV); ``block_kv``
+    keys per streamed block (dQ) and per consumer (dK/dV); ``stages`` slots in each ring."""
+
+    block_q: int = 64
+    block_kv: int = 64
+    stages: int = 2
+
+    def __post_init__(self) -> None:
+        if self.block_q % 64 or self.block_kv % 64:
+            raise ValueError(f"blocks must be multiples of 64, got {self}")
+        if self.stages < 2:
+            raise ValueError(f"stages must be >= 2, got {self.stages}")
+
+
+#: Head dims the backward takes: at 256 the dK/dV accumulators alone (2 x 64 x 256 float32
+#: per consumer) exceed a warpgroup's registers, and K, V and two Q/dO stages the shared memory.
+HEAD_DIMS = (64, 128)
+
+
+def default_backward_config(head_dim: int) -> BackwardConfig:
+    """Tiles that fit the registers: per consumer, dQ holds ``S``, ``dP`` (block_q x block_kv)
+    and dQ (block_q x D) in float32; dK/dV holds dK and dV (block_kv x D) and ``S^T``, ``dP^T``."""
+    del head_dim  # 64 x 64 blocks fit both head dims; see benchmarks/mosaic_bench.py --bwd-sweep
+    return BackwardConfig()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def mosaic_attention_backward(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    out: jax.Array,
+    lse: jax.Array,
+    d_out: jax.Array,
+    d_lse: jax.Array | None = None,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    config: BackwardConfig | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(dq, dk, dv)`` of attention of q ``(B, T, Hq, D)`` over k, v ``(B, S, Hkv, D)``.
+
+    ``out`` and ``lse`` ``(B, Hq, T)``, natural log, are the forward's; ``d_out`` and ``d_lse``
+    their cotangents (``d_lse`` None: the loss does not use the lse). Gradients in the
+    inputs' dtypes.
+    """
+    batch, t_len, hq, head_dim = q.shape
+    _, s_len, hkv, _ = k.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k {k.shape} and v {v.shape} must have one shape")
+    if hq % hkv:
+        raise ValueError(f"{hq} query heads are no multiple of {hkv} key heads")
+    if q.dtype != k.dtype or q.dtype != v.dtype or q.dtype not in (jnp.float16, jnp.bfloat16):
+        raise ValueError(f"q, k, v must share float16 or bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"the backward takes head dims {HEAD_DIMS}, got {head_dim}")
+    cfg = config or default_backward_config(head_dim)
+    bq, bkv = cfg.block_q, cfg.block_kv
+    t_pad = _cdiv(t_len, 2 * bq) * 2 * bq
+    # dK/dV tiles hold 2 * bkv keys; the dQ producer fills its ring with static slices.
+    s_pad = max(_cdiv(s_len, 2 * bkv) * 2 * bkv, cfg.stages * bkv)
+
+    f32 = jnp.float32
+    delta = jnp.einsum("bthd,bthd->bht", out.astype(f32), d_out.astype(f32))
+    if d_lse is not None:
+        delta = delta - d_lse.astype(f32)
+    # +inf for rows that see no key: their P is exp2(-inf) = 0 (not exp2(+inf)).
+    lse2 = jnp.where(jnp.isfinite(lse), lse.astype(f32) * _LOG2E, jnp.inf)
+    if t_pad != t_len:
+        rows = ((0, 0), (0, t_pad - t_len), (0, 0), (0, 0))
+        q, d_out = jnp.pad(q, rows), jnp.pad(d_out.astype(q.dtype), rows)
+        lse2 = jnp.pad(lse2, ((0, 0), (0, 0), (0, t_pad - t_len)), constant_values=jnp.inf)
+        delta = jnp.pad(delta, ((0, 0), (0, 0), (0, t_pad - t_len)))
+    d_out = d_out.astype(q.dtype)
+    if s_pad != s_len:
+        keys = ((0, 0), (0, s_pad - s_len), (0, 0), (0, 0))
+        k, v = jnp.pad(k, keys), jnp.pad(v, keys)
+    shape = _Shape(batch=batch, t_len=t_len, s_len=s_len, hq=hq, hkv=hkv, head_dim=head_dim, causal=causal,
+                   scale=float(softmax_scale), cfg=cfg)
+    dq = _dq_call(q, k, v, d_out, lse2, delta, shape)
+    dk, dv = _dkv_call(q, k, v, d_out, lse2, delta, shape)
+    return dq[:, :t_len], dk[:, :s_len], dv[:, :s_len]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    batch: int
+    t_len: int
+    s_len: int
+    hq: int
+    hkv: int
+    head_dim: int
+    causal: bool
+    scale: float
+    cfg: BackwardConfig
+
+    @property
+    def offset(self) -> int:
+        """Bottom-right causal: row ``i`` sees keys ``j <= i + offset``."""
+        return self.s_len - self.t_len
+
+    @property
+    def qk_scale(self) -> float:
+        return self.scale * _LOG2E
+
+
+_TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+
+def _zeros(shape: tuple[int, int]) -> Any:
+    return plgpu.layout_cast(jnp.full(shape, 0.0, jnp.float32), plgpu.Layout.WGMMA)
+
+
+def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape) -> Any:
+    batch, t_pad, hq, d = q.shape
+    s_pad = k.shape[1]
+    dtype = q.dtype
+    group = sh.hq // sh.hkv
+    bq, bkv, stages = sh.cfg.block_q, sh.cfg.block_kv, sh.cfg.stages
+    n_q_tiles = t_pad // (2 * bq)
+    n_kv_blocks = _cdiv(sh.s_len, bkv)  # blocks holding any key
+    stages = max(2, min(stages, s_pad // bkv))
+    causal, offset, s_len = sh.causal, sh.offset, sh.s_len
+
+    def kv_blocks_for(row_end: Any) -> Any:
+        """Blocks holding any key rows < row_end may see (row_end exclusive, traced)."""
+        if not causal:
+            return row_end * 0 + n_kv_blocks
+        last = jnp.minimum(row_end + offset, s_len)
+        return jnp.clip(lax.div(last + (bkv - 1), jnp.int32(bkv)), 0, n_kv_blocks)
+
+    def unmasked_blocks_for(row_start: Any) -> Any:
+        """Blocks every row >= row_start sees whole (no causal mask, no key tail)."""
+        full = s_len // bkv
+        if not causal:
+            return row_start * 0 + full
+        first = row_start + offset + 1
+        return jnp.clip(lax.div(jnp.maximum(first, 0), jnp.int32(bkv)), 0, full)
+
+    def body(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dq_ref: Any,
+             scoped: Any) -> None:
+        (q_smem2, do_smem2, lse_smem2, delta_smem2, k_smem, v_smem), row_ready, (k_ready, v_ready), kv_free = scoped
+        q_ready, do_ready, lse_ready, delta_ready = row_ready
+        k_free, v_free = kv_free
+        b = lax.axis_index("b")
+        head = lax.axis_index("h")
+        # Heavy (late) causal tiles first, as the forward.
+        q_tile = (n_q_tiles - 1) - lax.axis_index("q") if causal else lax.axis_index("q")
+        wg = lax.axis_index("wg")
+        tile_start = q_tile * (2 * bq)
+        cta_blocks = kv_blocks_for(tile_start + 2 * bq)
+
+        @pl.when(wg < 2)
+        def _consumer() -> None:
+            plgpu.set_max_registers(232, action="increase")
+            q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
+            row0 = tile_start + wg * bq
+            n_blocks = kv_blocks_for(row0 + bq)
+            n_full = jnp.minimum(unmasked_blocks_for(row0), n_blocks)
+            rows = (b, pl.ds(row0, bq), head)
+            stats = (b, head, pl.ds(row0, bq))
+            plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem, q_ready.at[wg])
+            plgpu.copy_gmem_to_smem(do_ref.at[rows], do_smem, do_ready.at[wg])
+            plgpu.copy_gmem_to_smem(lse_ref.at[stats], lse_smem2.at[wg], lse_ready.at[wg])
+            plgpu.copy_gmem_to_smem(delta_ref.at[stats], delta_smem2.at[wg], delta_ready.at[wg])
+            for ready in row_ready:
+                plgpu.barrier_wait(ready.at[wg])
+            lse = plgpu.load(lse_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
+            delta = plgpu.load(delta_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
+
+            def step(j: Any, dq: Any, masked: bool) -> Any:
+                slot = lax.rem(j, jnp.int32(stages))
+                plgpu.barrier_wait(k_ready.at[slot])
+                plgpu.barrier_wait(v_ready.at[slot])
+
+                def gemms(s_ref: Any, dp_ref: Any) -> tuple[Any, Any]:
+                    plgpu.wgmma(s_ref, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+                    plgpu.wgmma(dp_ref, do_smem, plgpu.transpose_ref(v_smem.at[slot], (1, 0)))
+                    return s_ref[...], dp_ref[...]
+
+                s, dp = pl.run_scoped(gemms, plgpu.ACC((bq, bkv), jnp.float32), plgpu.ACC((bq, bkv), jnp.float32))
+                plgpu.barrier_arrive(v_free.at[slot])
+                p = jnp.exp2(s * sh.qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
+                if masked:
+                    r = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA)
+                    c = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA)
+                    keys = c + j * bkv
+                    keep = keys < s_len
+                    if causal:
+                        keep = keep & (keys <= r + (row0 + offset))
+                    p = jnp.where(keep, p, 0.0)
+                ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+
+                def dq_gemm(acc_ref: Any) -> None:
+                    plgpu.wgmma(acc_ref, ds.astype(dtype), k_smem.at[slot])
+
+                dq = pl.run_state(dq_gemm)(plgpu.ACC.init(dq))
+                plgpu.barrier_arrive(k_free.at[slot])
+                return dq
+
+            dq = lax.fori_loop(0, n_full, functools.partial(step, masked=False), _zeros((bq, d)))
+            dq = lax.fori_loop(n_full, n_blocks, functools.partial(step, masked=True), dq)
+
+            @pl.loop(n_blocks, cta_blocks)
+            def _drain(j: Any) -> None:
+                # The other consumer needs more blocks: release our share of them.
+                slot = lax.rem(j, jnp.int32(stages))
+                plgpu.barrier_arrive(k_free.at[slot])
+                plgpu.barrier_arrive(v_free.at[slot])
+
+            q_smem[...] = (dq * sh.scale).astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[rows])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == 2)
+        def _producer() -> None:
+            plgpu.set_max_registers(40, action="decrease")
+            kv_head = lax.div(head, jnp.int32(group))
+
+            def load(j: Any, slot: Any) -> None:
+                idx = (b, pl.ds(j * bkv, bkv), kv_head)
+                plgpu.copy_gmem_to_smem(k_ref.at[idx], k_smem.at[slot], k_ready.at[slot])
+                plgpu.copy_gmem_to_smem(v_ref.at[idx], v_smem.at[slot], v_ready.at[slot])
+
+            for i in range(stages):
+                pl.when(i < cta_blocks)(functools.partial(load, i, i))
+
+            @pl.loop(0, jnp.maximum(cta_blocks - stages, 0))
+            def _refill(j: Any) -> None:
+                slot = lax.rem(j, jnp.int32(stages))
+                idx = (b, pl.ds((j + stages) * bkv, bkv), kv_head)
+                plgpu.barrier_wait(k_free.at[slot])
+                plgpu.copy_gmem_to_smem(k_ref.at[idx], k_smem.at[slot], k_ready.at[slot])
+                plgpu.barrier_wait(v_free.at[slot])
+                plgpu.copy_gmem_to_smem(v_ref.at[idx], v_smem.at[slot], v_ready.at[slot])
+
+    def entry(*refs: Any) -> None:
+        smem = [
+            plgpu.SMEM((2, bq, d), dtype, transforms=_TRANSFORMS),  # q
+            plgpu.SMEM((2, bq, d), dtype, transforms=_TRANSFORMS),  # dO
+            plgpu.SMEM((2, bq), jnp.float32),  # lse2
+            plgpu.SMEM((2, bq), jnp.float32),  # delta
+            plgpu.SMEM((stages, bkv, d), dtype, transforms=_TRANSFORMS),
+            plgpu.SMEM((stages, bkv, d), dtype, transforms=_TRANSFORMS),
+        ]
+        pl.run_scoped(
+            lambda *scoped: body(*refs, scoped),
+            smem,
+            (plgpu.Barrier(num_barriers=2),) * 4,
+            (plgpu.Barrier(num_barriers=stages),) * 2,
+            (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2,
+            collective_axes="wg",
+        )
+
+    return plgpu.kernel(
+        entry,
+        out_type=jax.ShapeDtypeStruct(q.shape, dtype),
+        grid=(hq, n_q_tiles, batch),
+        grid_names=("h", "q", "b"),
+        num_threads=3,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+    )(q, k, v, do, lse2, delta)
+
+
+def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape) -> tuple[Any, Any]:
+    batch, _, _, d = q.shape
+    dtype = q.dtype
+    group = sh.hq // sh.hkv
+    bq, bkv, stages = sh.cfg.block_q, sh.cfg.block_kv, sh.cfg.stages
+    n_kv_tiles = _cdiv(sh.s_len, 2 * bkv)  # tiles holding any key (dK/dV rows past them are sliced off)
+    n_q_blocks = _cdiv(sh.t_len, bq)  # blocks holding any query row
+    causal, offset = sh.causal, sh.offset
+
+    def body(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dk_ref: Any,
+             dv_ref: Any, scoped: Any) -> None:
+        (k_smem2, v_smem2, q_smem, do_smem, lse_smem, delta_smem), (k_ready, v_ready), block_ready, free = scoped
+        q_ready, do_ready, lse_ready, delta_ready = block_ready
+        b = lax.axis_index("b")
+        kv_head = lax.axis_index("h")
+        wg = lax.axis_index("wg")
+        tile_start = lax.axis_index("k") * (2 * bkv)
+        zero = tile_start * 0  # traced: a concrete array cannot enter the kernel
+        if causal:
+            # Rows >= key - offset see a key: the first block that sees any key of the tile,
+            # and the first that sees every one of them (no mask from there on).
+            q_first = jnp.minimum(lax.div(jnp.maximum(tile_start - offset, 0), jnp.int32(bq)), n_q_blocks)
+            last_key = tile_start + 2 * bkv - 1
+            q_full = lax.div(jnp.maximum(last_key - offset, 0) + (bq - 1), jnp.int32(bq))
+            q_full = jnp.clip(q_full, q_first, n_q_blocks)
+        else:
+            q_first = q_full = zero
+        per_head = n_q_blocks - q_first
+        n_steps = group * per_head
+
+        @pl.when(wg < 2)
+        def _consumer() -> None:
+            plgpu.set_max_registers(232, action="increase")
+            k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
+            k0 = tile_start + wg * bkv
+            keys = (b, pl.ds(k0, bkv), kv_head)
+            plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem, k_ready.at[wg])
+            plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem, v_ready.at[wg])
+            plgpu.barrier_wait(k_ready.at[wg])
+            plgpu.barrier_wait(v_ready.at[wg])
+
+            def step(qb: Any, carry: Any, first: Any, masked: bool) -> Any:
+                dk, dv = carry
+                i = first + qb  # the producer's step: head h's blocks from h * per_head
+                slot = lax.rem(i, jnp.int32(stages))
+                plgpu.barrier_wait(q_ready.at[slot])
+                plgpu.barrier_wait(lse_ready.at[slot])
+
+                def st_gemm(acc_ref: Any) -> Any:
+                    plgpu.wgmma(acc_ref, k_smem, plgpu.transpose_ref(q_smem.at[slot], (1, 0)))
+                    return acc_ref[...]
+
+                s_t = pl.run_scoped(st_gemm, plgpu.ACC((bkv, bq), jnp.float32))
+                lse = plgpu.load(lse_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+                p_t = jnp.exp2(s_t * sh.qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]))
+                if masked:
+                    kr = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 0, layout=plgpu.Layout.WGMMA)
+                    qc = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 1, layout=plgpu.Layout.WGMMA)
+                    keep = (kr + k0) <= (qc + (qb * bq + offset))
+                    p_t = jnp.where(keep, p_t, 0.0)
+                plgpu.barrier_wait(do_ready.at[slot])
+                plgpu.barrier_wait(delta_ready.at[slot])
+
+                def dv_dp(refs: Any) -> None:
+                    dv_ref, dp_ref = refs
+                    plgpu.wgmma(dv_ref, p_t.astype(dtype), do_smem.at[slot])
+                    plgpu.wgmma(dp_ref, v_smem, plgpu.transpose_ref(do_smem.at[slot], (1, 0)))
+
+                dv, dp_t = pl.run_state(dv_dp)((plgpu.ACC.init(dv), plgpu.ACC.init(_zeros((bkv, bq)))))
+                delta = plgpu.load(delta_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+                ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))
+
+                def dk_gemm(acc_ref: Any) -> None:
+                    plgpu.wgmma(acc_ref, ds_t.astype(dtype), q_smem.at[slot])
+
+                dk = pl.run_state(dk_gemm)(plgpu.ACC.init(dk))
+                plgpu.barrier_arrive(free.at[slot])
+                return dk, dv
+
+            def head_steps(h: Any, carry: Any) -> Any:
+                # Step index of block qb of head h: h * per_head + (qb - q_first).
+                first = h * per_head - q_first
+                carry = lax.fori_loop(q_first, q_full, functools.partial(step, first=first, masked=True), carry)
+                return lax.fori_loop(q_full, n_q_blocks, functools.partial(step, first=first, masked=False), carry)
+
+            dk, dv = lax.fori_loop(0, group, head_steps, (_zeros((bkv, d)), _zeros((bkv, d))))
+            k_smem[...] = (dk * sh.scale).astype(dtype)
+            v_smem[...] = dv.astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[keys])
+            plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[keys])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == 2)
+        def _producer() -> None:
+            plgpu.set_max_registers(40, action="decrease")
+
+            def load(i: Any, slot: Any) -> None:
+                per = jnp.maximum(per_head, 1)
+                h = kv_head * group + lax.div(i, per)
+                r0 = (q_first + lax.rem(i, per)) * bq
+                rows = (b, pl.ds(r0, bq), h)
+                stats = (b, h, pl.ds(r0, bq))
+                plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem.at[slot], q_ready.at[slot])
+                plgpu.copy_gmem_to_smem(lse_ref.at[stats], lse_smem.at[slot], lse_ready.at[slot])
+                plgpu.copy_gmem_to_smem(do_ref.at[rows], do_smem.at[slot], do_ready.at[slot])
+                plgpu.copy_gmem_to_smem(delta_ref.at[stats], delta_smem.at[slot], delta_ready.at[slot])
+
+            for i in range(stages):
+                pl.when(i < n_steps)(functools.partial(load, zero + i, i))
+
+            @pl.loop(0, jnp.maximum(n_steps - stages, 0))
+            def _refill(j: Any) -> None:
+                slot = lax.rem(j, jnp.int32(stages))
+                plgpu.barrier_wait(free.at[slot])
+                load(j + stages, slot)
+
+    def entry(*refs: Any) -> None:
+        smem = [
+            plgpu.SMEM((2, bkv, d), dtype, transforms=_TRANSFORMS),  # k
+            plgpu.SMEM((2, bkv, d), dtype, transforms=_TRANSFORMS),  # v
+            plgpu.SMEM((stages, bq, d), dtype, transforms=_TRANSFORMS),  # q
+            plgpu.SMEM((stages, bq, d), dtype, transforms=_TRANSFORMS),  # dO
+            plgpu.SMEM((stages, bq), jnp.float32),  # lse2
+            plgpu.SMEM((stages, bq), jnp.float32),  # delta
+        ]
+        pl.run_scoped(
+            lambda *scoped: body(*refs, scoped),
+            smem,
+            (plgpu.Barrier(num_barriers=2),) * 2,
+            (plgpu.Barrier(num_barriers=stages),) * 4,
+            plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+            collective_axes="wg",
+        )
+
+    kv_shape = jax.ShapeDtypeStruct(k.shape, dtype)
+    dk, dv = plgpu.kernel(
+        entry,
+        out_type=(kv_shape, kv_shape),
+        grid=(sh.hkv, n_kv_tiles, batch),
+        grid_names=("h", "k", "b"),
+        num_threads=3,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+    )(q, k, v, do, lse2, delta)
+    return dk, dv
