@@ -1,15 +1,17 @@
 """mosaic_flash's kernel beside cuDNN and tokamax's Mosaic GPU kernel, in one process (H100).
 
-    PYTHONUNBUFFERED=1 python3 benchmarks/mosaic_bench.py [--check] [--bench] [--quick]
-        [--fp16] [--sweep] [--bwd]
+    PYTHONUNBUFFERED=1 python3 benchmarks/mosaic_bench.py [--check] [--bwd-check] [--bench] [--quick]
+        [--fp16] [--sweep] [--bwd] [--bwd-sweep] [--head-dims 64,128]
 
-Needs only jax (tokamax where installed): it loads plugins/mosaic/src/jaxattn_mosaic/kernel.py
-by path, so no jaxattn install is needed. ``--check`` compares the kernel (output and LSE)
-with a float32 reference on odd, causal, T != S and GQA shapes; ``--bench`` prints a markdown
+It loads plugins/mosaic/src/jaxattn_mosaic/kernel.py and backward_kernel.py by path (tokamax
+where installed); ``--bwd`` also needs jaxattn-mosaic and jaxattn-sdpa installed. ``--check``
+compares the forward (output and LSE) with a float32 reference on odd, causal, T != S and GQA
+shapes; ``--bwd-check`` the backward kernels' dq, dk, dv with jax's gradient of that reference
+(a loss through the output and the lse) and two runs bit for bit; ``--bench`` prints a markdown
 table of forward times (ms, TFLOP/s; causal counts half the FLOPs) and ratios; ``--bwd`` adds
-forward+backward columns for cuDNN and tokamax (mosaic_flash has no backward: differentiated,
-jaxattn runs cuDNN's forward and backward for it, so its forward+backward is cuDNN's);
-``--sweep`` also times other tile configurations (an ablation of the block sizes and stages).
+forward+backward columns: mosaic's forward with cuDNN's backward ("mosaic"), with this
+package's own backward ("own"), cuDNN's and tokamax's; ``--sweep`` also times other forward
+tiles, ``--bwd-sweep`` other backward tiles (ablations).
 
 Timing: each function is jitted, warmed up, then run ``iters`` times back to back and blocked
 on the last; the best of ``reps`` such runs is kept (milliseconds per call).
@@ -52,8 +54,16 @@ SWEEP: dict[int, tuple[tuple[int, int, int, bool], ...]] = {
     64: ((64, 128, 2, True), (64, 256, 2, False)),
     256: ((64, 64, 2, False),),
 }
-#: Backward (block_q, block_kv, stages) timed beside the default with --bwd --sweep.
-BWD_SWEEP: tuple[tuple[int, int, int], ...] = ((64, 64, 3), (64, 128, 2), (128, 64, 2))
+#: Backward tiles, ((dQ block_q, block_kv, stages), (dK/dV block_q, block_kv, stages)), timed
+#: beside the default with --bwd --bwd-sweep.
+BWD_SWEEP: tuple[tuple[tuple[int, int, int], tuple[int, int, int]], ...] = (
+    ((64, 64, 3), (64, 64, 3)), ((64, 128, 2), (64, 64, 2)), ((64, 64, 4), (64, 64, 4)),
+    ((64, 128, 3), (64, 64, 3)),
+)
+
+
+def bwd_config(tiles: tuple[tuple[int, int, int], tuple[int, int, int]]) -> Any:
+    return KB.BackwardConfig(KB.Tiles(*tiles[0]), KB.Tiles(*tiles[1]))
 
 
 def reference(q: Any, k: Any, v: Any, causal: bool, scale: float) -> tuple[Any, Any]:
@@ -141,7 +151,7 @@ def bwd_check(quick: bool, configs: tuple[Any, ...] = ()) -> int:
             out, lse = jax.jit(functools.partial(K.mosaic_attention_forward, causal=causal,
                                                  softmax_scale=scale))(q, k, v)
             back = jax.jit(functools.partial(KB.mosaic_attention_backward, causal=causal, softmax_scale=scale,
-                                             config=None if cfg is None else KB.BackwardConfig(*cfg)))
+                                             config=None if cfg is None else bwd_config(cfg)))
             got = back(q, k, v, out, lse, d_out.astype(dt), d_lse)
             again = back(q, k, v, out, lse, d_out.astype(dt), d_lse)
             same = all(bool(jnp.array_equal(x, y)) for x, y in zip(got, again, strict=True))
@@ -199,6 +209,7 @@ SHAPES = [
     (1, 16384, 32, 8, 128),
     (2, 8192, 16, 16, 128),
     (8, 1024, 16, 16, 128),
+    (4, 2048, 32, 8, 128),
     (4, 4096, 32, 8, 64),
     (4, 4096, 16, 16, 256),
 ]
@@ -253,7 +264,8 @@ def _grad_of(fn: Callable[..., Any]) -> Callable[..., Any]:
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
-def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None = None) -> None:
+def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None = None,
+          bwd_sweep: bool = False) -> None:
     tk = import_tokamax()
     name = jnp.dtype(dtype).name
     print(f"\n{name}, BTHD, ms per call (TFLOP/s; causal counts half the FLOPs)")
@@ -276,8 +288,8 @@ def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None
             if bwd:
                 fns["mosaic_bwd"] = _grad_of(_mosaic_trained(causal, 1.0 / math.sqrt(d)))
                 fns["own_bwd"] = _grad_of(_mosaic_own(causal, 1.0 / math.sqrt(d)))
-                for cfg in BWD_SWEEP if sweep else ():
-                    fns[f"own{cfg}"] = _grad_of(_mosaic_own(causal, 1.0 / math.sqrt(d), KB.BackwardConfig(*cfg)))
+                for tiles in BWD_SWEEP if bwd_sweep else ():
+                    fns[f"own{tiles}"] = _grad_of(_mosaic_own(causal, 1.0 / math.sqrt(d), bwd_config(tiles)))
                 fns["cudnn_bwd"] = _grad_of(fns["cudnn"])
                 if "tokamax" in fns:
                     fns["tokamax_bwd"] = _grad_of(fns["tokamax"])
@@ -299,7 +311,7 @@ def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None
                     print(f"   ablation {key} (block_q, block_kv, stages, pingpong): {ms[key]:.3f} ms, "
                           f"cuDNN/it {ms['cudnn'] / ms[key]:.3f}")
                 if key.startswith("own("):
-                    print(f"   ablation {key} (backward block_q, block_kv, stages): fwd+bwd {ms[key]:.3f} ms, "
+                    print(f"   ablation {key} (dQ, dK/dV: block_q, block_kv, stages): fwd+bwd {ms[key]:.3f} ms, "
                           f"cuDNN/it {ms['cudnn_bwd'] / ms[key]:.3f}")
             row = (f"| {b}, {s}, {hq}/{hkv}, {d} | {'causal' if causal else 'full'} | {cell('mosaic')} | "
                    f"{cell('cudnn')} | {cell('tokamax')} | {ms['cudnn'] / ms['mosaic']:.3f} | "
@@ -320,6 +332,7 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--bwd", action="store_true")
     ap.add_argument("--bwd-check", action="store_true", help="check the backward kernel against jax's gradient")
+    ap.add_argument("--bwd-sweep", action="store_true", help="with --bwd: time BWD_SWEEP's backward tiles too")
     ap.add_argument("--head-dims", default="", help="only these head dims, e.g. 64,256")
     ap.add_argument("--config", action="append", default=[],
                     help="BQ,BKV,STAGES,PINGPONG(0/1) timed with --sweep instead of SWEEP, and checked "
@@ -331,12 +344,12 @@ def main() -> int:
             SWEEP[d] = mine
     print(jax.__version__, jax.devices(), flush=True)
     bad = check(a.quick, mine) if a.check else 0
-    bad += bwd_check(a.quick) if a.bwd_check else 0
+    bad += bwd_check(a.quick, tuple(BWD_SWEEP) if a.bwd_sweep else ()) if a.bwd_check else 0
     if a.bench:
         only = {int(d) for d in a.head_dims.split(",") if d}
-        bench(a.quick, jnp.bfloat16, a.sweep, a.bwd, only)
+        bench(a.quick, jnp.bfloat16, a.sweep, a.bwd, only, a.bwd_sweep)
         if a.fp16:
-            bench(a.quick, jnp.float16, a.sweep, a.bwd, only)
+            bench(a.quick, jnp.float16, a.sweep, a.bwd, only, a.bwd_sweep)
     return 1 if bad else 0
 
 

@@ -2,10 +2,13 @@
 oracle, and the kernel's own edges (odd lengths, bottom-right causal with T != S, GQA, head
 dims 64/128/256, the log-sum-exp), eager and under jax.jit.
 
-Differentiation: cuDNN's backward fed mosaic_flash's output and lse (``jaxattn_mosaic.backward``);
-the suite's gradient tests run it against the oracle where cuDNN's backward accepts the call
-and expect its ``UnsupportedError`` elsewhere (odd lengths, causal with T != S);
-``test_gradients`` adds GQA, every head dim and a loss through the lse.
+Differentiation: the package's own backward kernels or cuDNN's backward fed mosaic_flash's
+output and lse (``jaxattn_mosaic.backward``, chosen by ``impl.backward_choice``). The suite's
+gradient tests run the default choice against the oracle; ``test_gradients`` runs each
+backward, asked for by name, on GQA, every head dim, odd lengths, bottom-right causal with
+T != S (rows that see no key) and a loss through the lse, and expects the ``UnsupportedError``
+with the reasons where the asked-for backward cannot run the call; the own backward is
+checked to be deterministic (bit-identical gradients from two runs).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from jaxattn.testing import oracle
 from jaxattn.testing.cases import DEFAULT_TOLERANCES, Case, Level
 from jaxattn.testing.compare import assert_close
 from jaxattn.testing.conformance import ConformanceSuite
+from jaxattn.validation import resolve_call
 
 _here = detect_device()
 ON_HOPPER = _here.platform == "gpu" and _here.vendor == "cuda" and str(_here.compute_capability).startswith("9.")
@@ -123,18 +127,24 @@ GRAD_CASES = [
     (1, 512, 384, 8, 2, 64, False, "float16"),  # T != S, full
     (1, 384, 384, 4, 1, 256, True, "bfloat16"),
     (1, 1000, 1000, 8, 2, 128, False, "bfloat16"),
+    (1, 333, 517, 4, 2, 128, True, "bfloat16"),  # odd lengths, bottom-right causal, T < S
+    (1, 640, 384, 4, 1, 64, True, "float16"),  # T > S: the first 256 queries see no key
+    (2, 1, 77, 4, 2, 128, True, "bfloat16"),  # one query over a key shorter than a block
 ]
 
 
 @pytest.mark.parametrize("through_lse", [False, True], ids=["output", "output-and-lse"])
 @pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("backward", ["auto", "own", "cudnn"])
 @pytest.mark.parametrize(("b", "t", "s", "hq", "hkv", "d", "causal", "dtype"), GRAD_CASES)
-def test_gradients(b: int, t: int, s: int, hq: int, hkv: int, d: int, causal: bool, dtype: str, jit: bool,
-                   through_lse: bool) -> None:
+def test_gradients(b: int, t: int, s: int, hq: int, hkv: int, d: int, causal: bool, dtype: str, backward: str,
+                   jit: bool, through_lse: bool) -> None:
+    from jaxattn_mosaic.impl import backward_choice
+
     x = _make(b, t, s, hq, hkv, d, dtype, seed=3)
     q, k, v = (jnp.asarray(x[n], dtype) for n in ("q", "k", "v"))
     weights = np.random.default_rng(4).normal(size=(b, hq, t)) if through_lse else np.zeros((b, hq, t))
-    impl = jaxattn.get_impl("mosaic_flash")
+    impl = jaxattn.get_impl("mosaic_flash", jaxattn.AttentionMetadata(extra={"mosaic_backward": backward}))
 
     def loss(q: Any, k: Any, v: Any) -> Any:
         res = impl(q, k, v, causal=causal)
@@ -142,7 +152,20 @@ def test_gradients(b: int, t: int, s: int, hq: int, hkv: int, d: int, causal: bo
                 + jnp.sum(res.softmax_lse * jnp.asarray(weights, jnp.float32)))
 
     grad = jax.grad(loss, argnums=(0, 1, 2))
-    got = (jax.jit(grad) if jit else grad)(q, k, v)
+    run = jax.jit(grad) if jit else grad
+    problem = resolve_call(q, k, v, causal=causal, metadata=impl.metadata).problem
+    chosen, reasons = backward_choice(dataclasses.replace(problem, needs_grad=True), _here, backward)
+    if chosen is None:
+        with pytest.raises(jaxattn.UnsupportedError) as err:
+            run(q, k, v)
+        for reason in reasons:
+            assert reason in str(err.value), (reason, str(err.value))
+        return
+    got = run(q, k, v)
+    if chosen == "own":  # deterministic: no atomics, one order of summation
+        again = run(q, k, v)
+        for g, h in zip(got, again, strict=True):
+            assert np.array_equal(np.asarray(g), np.asarray(h))
 
     def want(q: Any, k: Any, v: Any) -> Any:  # float64 attention, differentiated by jax
         k, v = (jnp.repeat(a, hq // hkv, axis=2) for a in (k, v))
@@ -161,9 +184,11 @@ def test_gradients(b: int, t: int, s: int, hq: int, hkv: int, d: int, causal: bo
         assert_close(name, g, r, tol.grad)
 
 
-@pytest.mark.parametrize(("t", "s", "said"), [(384, 640, "need T == S"), (333, 333, "even T and S")])
-def test_differentiating_what_cudnns_backward_cannot_names_why(t: int, s: int, said: str) -> None:
-    x = _make(1, t, s, 2, 2, 64, "bfloat16")
+@pytest.mark.parametrize(("t", "s", "said"), [(384, 640, "needs T == S"), (333, 333, "even T and S")])
+def test_differentiating_what_neither_backward_can_names_why(t: int, s: int, said: str) -> None:
+    # Head dim 256: the own backward declines (registers), and cuDNN's cannot run these shapes.
+    x = _make(1, t, s, 2, 2, 256, "bfloat16")
     q, k, v = (jnp.asarray(x[n], jnp.bfloat16) for n in ("q", "k", "v"))
-    with pytest.raises(jaxattn.UnsupportedError, match=said):
+    with pytest.raises(jaxattn.UnsupportedError, match=said) as err:
         jax.grad(lambda q: jaxattn.attention(q, k, v, causal=True, impl="mosaic_flash").astype(jnp.float32).sum())(q)
+    assert "own backward takes head dims 64 and 128" in str(err.value)

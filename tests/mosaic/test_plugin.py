@@ -99,22 +99,68 @@ def test_declines_every_missing_feature_with_all_reasons() -> None:
     (_problem(head_dim=96, head_dim_v=96), AttentionMetadata(), "96"),
     (_problem(), AttentionMetadata(block_q=48), "multiples of 64"),
     (_problem(), AttentionMetadata(num_stages=1), "2 stages"),
-    (_problem(needs_grad=True, causal=True, seq_q=1024, seq_k=2048), AttentionMetadata(), "need T == S"),
-    (_problem(needs_grad=True, seq_q=333, seq_k=517), AttentionMetadata(), "even T and S"),
+    # Differentiated, where neither backward runs: every reason of both.
+    (_problem(needs_grad=True, causal=True, seq_q=1024, seq_k=2048, head_dim=256, head_dim_v=256),
+     AttentionMetadata(), "needs T == S"),
+    (_problem(needs_grad=True, seq_q=333, seq_k=517, head_dim=256, head_dim_v=256), AttentionMetadata(),
+     "even T and S"),
+    (_problem(needs_grad=True, seq_q=333, seq_k=517, head_dim=256, head_dim_v=256), AttentionMetadata(),
+     "own backward takes head dims 64 and 128, got 256"),
+    # cuDNN's backward asked for: its reasons, though the own backward would run the call.
+    (_problem(needs_grad=True, seq_q=333, seq_k=517), AttentionMetadata(extra={"mosaic_backward": "cudnn"}),
+     "even T and S"),
+    (_problem(needs_grad=True), AttentionMetadata(extra={"mosaic_backward": "own"}), ""),
+    (_problem(needs_grad=True), AttentionMetadata(extra={"mosaic_backward": "fast"}),
+     "'fast' is not one of ['auto', 'own', 'cudnn']"),
 ])  # fmt: skip
 def test_declines_with_a_reason(problem: AttentionProblem, metadata: AttentionMetadata, expected: str) -> None:
     reasons = MosaicFlashAttention(metadata, H100).not_supported_reasons(problem)
-    assert any(expected in r for r in reasons), reasons
+    if expected:
+        assert any(expected in r for r in reasons), reasons
+    else:  # the own backward asked for, where it runs: no reason (cuDNN's are not consulted)
+        assert reasons == [], reasons
 
 
-def test_differentiates_through_cudnns_backward_where_cudnn_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Its gradients are cuDNN's backward at its residuals: accepted wherever cuDNN's backward runs
-    # the call (here a cuDNN is pretended: this machine has none), declined with cuDNN's reasons else.
+@pytest.mark.parametrize(("kw", "requested", "has_cudnn", "chosen"), [
+    # auto: the own backward below OWN_BACKWARD_BELOW_KEYS keys, and wherever cuDNN's cannot run.
+    ({"seq_q": 1024, "seq_k": 1024}, "auto", True, "own"),
+    ({}, "auto", True, "cudnn"),
+    ({}, "auto", False, "own"),
+    ({"seq_q": 4095, "seq_k": 4095}, "auto", True, "own"),  # odd: cuDNN's declines
+    ({"causal": True, "seq_q": 4096, "seq_k": 8192}, "auto", True, "own"),  # causal T != S
+    ({"head_dim": 256, "head_dim_v": 256}, "auto", True, "cudnn"),
+    ({"head_dim": 256, "head_dim_v": 256, "seq_q": 1024, "seq_k": 1024}, "auto", True, "cudnn"),
+    ({"head_dim": 256, "head_dim_v": 256}, "auto", False, None),
+    ({"head_dim": 64, "head_dim_v": 64, "seq_q": 16384, "seq_k": 16384}, "auto", True, "cudnn"),
+    # asked for: that one or its reasons.
+    ({"seq_q": 1024, "seq_k": 1024}, "cudnn", True, "cudnn"),
+    ({}, "own", True, "own"),
+    ({"head_dim": 256, "head_dim_v": 256}, "own", True, None),
+    ({"seq_q": 333, "seq_k": 517}, "cudnn", True, None),
+])  # fmt: skip
+def test_backward_choice(monkeypatch: pytest.MonkeyPatch, kw: dict[str, object], requested: str, has_cudnn: bool,
+                         chosen: str | None) -> None:
     import jaxattn_sdpa.cudnn
+    from jaxattn_mosaic.impl import backward_choice
 
-    impl = MosaicFlashAttention(AttentionMetadata(), H100)
-    full, causal = _problem(needs_grad=True), _problem(needs_grad=True, causal=True)
-    assert any("cuDNN is not available" in r for r in impl.not_supported_reasons(full))
-    monkeypatch.setattr(jaxattn_sdpa.cudnn, "cudnn_version", lambda: 91000)
-    assert impl.not_supported_reasons(full) == [] and impl.not_supported_reasons(causal) == []
-    assert "backward: cuDNN's" in " ".join(impl.notes(full))
+    if has_cudnn:  # pretended: this machine has none
+        monkeypatch.setattr(jaxattn_sdpa.cudnn, "cudnn_version", lambda: 91000)
+    problem = _problem(needs_grad=True, **kw)
+    got, reasons = backward_choice(problem, H100, requested)
+    assert got == chosen, reasons
+    assert (reasons == []) == (chosen is not None), reasons
+    impl = MosaicFlashAttention(AttentionMetadata(extra={"mosaic_backward": requested}), H100)
+    assert impl.not_supported_reasons(problem) == reasons
+    said = " ".join(impl.notes(problem))
+    if chosen == "own":
+        assert "backward: this package's Mosaic GPU kernels" in said, said
+    elif chosen == "cudnn":
+        assert "backward: cuDNN's" in said, said
+
+
+def test_the_declared_head_dims_are_the_kernels() -> None:
+    # impl declares them so that choosing imports no kernel; the kernel module is the truth.
+    from jaxattn_mosaic import backward_kernel
+    from jaxattn_mosaic.impl import OWN_BACKWARD_HEAD_DIMS
+
+    assert backward_kernel.HEAD_DIMS == OWN_BACKWARD_HEAD_DIMS

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 from typing import Any
 
@@ -48,9 +49,9 @@ _LOG2E = math.log2(math.e)
 
 
 @dataclasses.dataclass(frozen=True)
-class BackwardConfig:
-    """``block_q`` query rows per consumer (dQ) and per streamed block (dK/dV); ``block_kv``
-    keys per streamed block (dQ) and per consumer (dK/dV); ``stages`` slots in each ring."""
+class Tiles:
+    """One kernel's tiles: ``block_q`` query rows and ``block_kv`` keys (per consumer or per
+    streamed block, by kernel) and ``stages`` slots in its producer's ring."""
 
     block_q: int = 64
     block_kv: int = 64
@@ -61,6 +62,15 @@ class BackwardConfig:
             raise ValueError(f"blocks must be multiples of 64, got {self}")
         if self.stages < 2:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardConfig:
+    """``dq``: ``block_q`` rows per consumer, ``block_kv`` keys per streamed block.
+    ``dkv``: ``block_kv`` keys per consumer, ``block_q`` rows per streamed block."""
+
+    dq: Tiles = Tiles()
+    dkv: Tiles = Tiles()
 
 
 #: Head dims the backward takes: at 256 the dK/dV accumulators alone (2 x 64 x 256 float32
@@ -109,10 +119,12 @@ def mosaic_attention_backward(
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"the backward takes head dims {HEAD_DIMS}, got {head_dim}")
     cfg = config or default_backward_config(head_dim)
-    bq, bkv = cfg.block_q, cfg.block_kv
-    t_pad = _cdiv(t_len, 2 * bq) * 2 * bq
-    # dK/dV tiles hold 2 * bkv keys; the dQ producer fills its ring with static slices.
-    s_pad = max(_cdiv(s_len, 2 * bkv) * 2 * bkv, cfg.stages * bkv)
+    # dQ tiles hold 2 x its block_q rows, dK/dV tiles 2 x its block_kv keys; the dQ producer
+    # fills its ring with static slices.
+    rows = math.lcm(2 * cfg.dq.block_q, cfg.dkv.block_q)
+    cols = math.lcm(2 * cfg.dkv.block_kv, cfg.dq.block_kv)
+    t_pad = _cdiv(t_len, rows) * rows
+    s_pad = max(_cdiv(s_len, cols) * cols, _cdiv(cfg.dq.stages * cfg.dq.block_kv, cols) * cols)
 
     f32 = jnp.float32
     delta = jnp.einsum("bthd,bthd->bht", out.astype(f32), d_out.astype(f32))
@@ -121,14 +133,14 @@ def mosaic_attention_backward(
     # +inf for rows that see no key: their P is exp2(-inf) = 0 (not exp2(+inf)).
     lse2 = jnp.where(jnp.isfinite(lse), lse.astype(f32) * _LOG2E, jnp.inf)
     if t_pad != t_len:
-        rows = ((0, 0), (0, t_pad - t_len), (0, 0), (0, 0))
-        q, d_out = jnp.pad(q, rows), jnp.pad(d_out.astype(q.dtype), rows)
+        pad = ((0, 0), (0, t_pad - t_len), (0, 0), (0, 0))
+        q, d_out = jnp.pad(q, pad), jnp.pad(d_out.astype(q.dtype), pad)
         lse2 = jnp.pad(lse2, ((0, 0), (0, 0), (0, t_pad - t_len)), constant_values=jnp.inf)
         delta = jnp.pad(delta, ((0, 0), (0, 0), (0, t_pad - t_len)))
     d_out = d_out.astype(q.dtype)
     if s_pad != s_len:
-        keys = ((0, 0), (0, s_pad - s_len), (0, 0), (0, 0))
-        k, v = jnp.pad(k, keys), jnp.pad(v, keys)
+        pad = ((0, 0), (0, s_pad - s_len), (0, 0), (0, 0))
+        k, v = jnp.pad(k, pad), jnp.pad(v, pad)
     shape = _Shape(batch=batch, t_len=t_len, s_len=s_len, hq=hq, hkv=hkv, head_dim=head_dim, causal=causal,
                    scale=float(softmax_scale), cfg=cfg)
     dq = _dq_call(q, k, v, d_out, lse2, delta, shape)
@@ -161,6 +173,15 @@ class _Shape:
 _TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
 
+def _load(ref: Any, layout: Any) -> Any:
+    """A shared-memory vector into registers: jax 0.11 takes the ref alone (an index beside it is
+    deprecated there), jax 0.10 wants one."""
+    load: Any = plgpu.load
+    if inspect.signature(load).parameters["idx"].default is inspect.Parameter.empty:
+        return load(ref, (), layout=layout)
+    return load(ref, layout=layout)
+
+
 def _zeros(shape: tuple[int, int]) -> Any:
     return plgpu.layout_cast(jnp.full(shape, 0.0, jnp.float32), plgpu.Layout.WGMMA)
 
@@ -170,7 +191,7 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
     s_pad = k.shape[1]
     dtype = q.dtype
     group = sh.hq // sh.hkv
-    bq, bkv, stages = sh.cfg.block_q, sh.cfg.block_kv, sh.cfg.stages
+    bq, bkv, stages = sh.cfg.dq.block_q, sh.cfg.dq.block_kv, sh.cfg.dq.stages
     n_q_tiles = t_pad // (2 * bq)
     n_kv_blocks = _cdiv(sh.s_len, bkv)  # blocks holding any key
     stages = max(2, min(stages, s_pad // bkv))
@@ -219,8 +240,8 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
             plgpu.copy_gmem_to_smem(delta_ref.at[stats], delta_smem2.at[wg], delta_ready.at[wg])
             for ready in row_ready:
                 plgpu.barrier_wait(ready.at[wg])
-            lse = plgpu.load(lse_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
-            delta = plgpu.load(delta_smem2.at[wg], layout=plgpu.Layout.WGMMA.reduce(1))
+            lse = _load(lse_smem2.at[wg], plgpu.Layout.WGMMA.reduce(1))
+            delta = _load(delta_smem2.at[wg], plgpu.Layout.WGMMA.reduce(1))
 
             def step(j: Any, dq: Any, masked: bool) -> Any:
                 slot = lax.rem(j, jnp.int32(stages))
@@ -289,7 +310,7 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
                 plgpu.barrier_wait(v_free.at[slot])
                 plgpu.copy_gmem_to_smem(v_ref.at[idx], v_smem.at[slot], v_ready.at[slot])
 
-    def entry(*refs: Any) -> None:
+    def entry(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dq_ref: Any) -> None:
         smem = [
             plgpu.SMEM((2, bq, d), dtype, transforms=_TRANSFORMS),  # q
             plgpu.SMEM((2, bq, d), dtype, transforms=_TRANSFORMS),  # dO
@@ -299,7 +320,7 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
             plgpu.SMEM((stages, bkv, d), dtype, transforms=_TRANSFORMS),
         ]
         pl.run_scoped(
-            lambda *scoped: body(*refs, scoped),
+            lambda *scoped: body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped),
             smem,
             (plgpu.Barrier(num_barriers=2),) * 4,
             (plgpu.Barrier(num_barriers=stages),) * 2,
@@ -322,7 +343,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
     batch, _, _, d = q.shape
     dtype = q.dtype
     group = sh.hq // sh.hkv
-    bq, bkv, stages = sh.cfg.block_q, sh.cfg.block_kv, sh.cfg.stages
+    bq, bkv, stages = sh.cfg.dkv.block_q, sh.cfg.dkv.block_kv, sh.cfg.dkv.stages
     n_kv_tiles = _cdiv(sh.s_len, 2 * bkv)  # tiles holding any key (dK/dV rows past them are sliced off)
     n_q_blocks = _cdiv(sh.t_len, bq)  # blocks holding any query row
     causal, offset = sh.causal, sh.offset
@@ -371,7 +392,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
                     return acc_ref[...]
 
                 s_t = pl.run_scoped(st_gemm, plgpu.ACC((bkv, bq), jnp.float32))
-                lse = plgpu.load(lse_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+                lse = _load(lse_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))
                 p_t = jnp.exp2(s_t * sh.qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]))
                 if masked:
                     kr = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 0, layout=plgpu.Layout.WGMMA)
@@ -387,7 +408,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
                     plgpu.wgmma(dp_ref, v_smem, plgpu.transpose_ref(do_smem.at[slot], (1, 0)))
 
                 dv, dp_t = pl.run_state(dv_dp)((plgpu.ACC.init(dv), plgpu.ACC.init(_zeros((bkv, bq)))))
-                delta = plgpu.load(delta_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+                delta = _load(delta_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))
                 ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))
 
                 def dk_gemm(acc_ref: Any) -> None:
@@ -435,7 +456,8 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
                 plgpu.barrier_wait(free.at[slot])
                 load(j + stages, slot)
 
-    def entry(*refs: Any) -> None:
+    def entry(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dk_ref: Any,
+              dv_ref: Any) -> None:
         smem = [
             plgpu.SMEM((2, bkv, d), dtype, transforms=_TRANSFORMS),  # k
             plgpu.SMEM((2, bkv, d), dtype, transforms=_TRANSFORMS),  # v
@@ -445,7 +467,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
             plgpu.SMEM((stages, bq), jnp.float32),  # delta
         ]
         pl.run_scoped(
-            lambda *scoped: body(*refs, scoped),
+            lambda *scoped: body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, scoped),
             smem,
             (plgpu.Barrier(num_barriers=2),) * 2,
             (plgpu.Barrier(num_barriers=stages),) * 4,

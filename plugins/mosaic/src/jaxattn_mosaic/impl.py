@@ -1,5 +1,6 @@
-"""``MosaicFlashAttention``: ``mosaic_flash`` on Hopper GPUs, the Pallas Mosaic GPU kernel of
-this package, differentiated by cuDNN's backward fed its output and lse (``backward``).
+"""``MosaicFlashAttention``: ``mosaic_flash`` on Hopper GPUs, the Pallas Mosaic GPU kernels of
+this package: its forward, differentiated by its own backward kernel or by cuDNN's backward fed
+its output and lse (``backward``; which one: :func:`backward_choice`).
 
 This module imports no jax: ``kernel`` (and through it ``jax.experimental.pallas.mosaic_gpu``)
 is imported when the first call runs, so listing, ``explain`` and ``supports`` stay cheap.
@@ -7,18 +8,30 @@ is imported when the first call runs, so listing, ``explain`` and ``supports`` s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from jaxattn.call import AttentionCall
 from jaxattn.capabilities import Feature
 from jaxattn.device import DeviceInfo
+from jaxattn.errors import InvalidInputError
 from jaxattn.impl import AttentionImpl
+from jaxattn.metadata import AttentionMetadata
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 from jaxattn_mosaic.plugin import MOSAIC_FLASH
 
-__all__ = ["WHY_NOT", "MosaicFlashAttention", "device_reasons", "grad_reasons"]
+__all__ = [
+    "OWN_BACKWARD_BELOW_KEYS",
+    "OWN_BACKWARD_HEAD_DIMS",
+    "WHY_NOT",
+    "MosaicFlashAttention",
+    "backward_choice",
+    "cudnn_grad_reasons",
+    "device_reasons",
+    "requested_backward",
+]
 
 #: Why the features it lacks are declined (added to the generic reason).
 WHY_NOT: dict[Feature, str] = {
@@ -35,23 +48,73 @@ WHY_NOT: dict[Feature, str] = {
     Feature.QUANTIZED_KV: "mosaic_flash reads no quantized K/V",
 }
 
+#: Head dims this package's backward kernel takes (``backward_kernel.HEAD_DIMS``; declared here
+#: too so that choosing imports no kernel; a GPU test asserts the two agree).
+OWN_BACKWARD_HEAD_DIMS = (64, 128)
+#: With ``mosaic_backward="auto"``, calls with fewer keys than this take the own backward even
+#: where cuDNN's runs. Measured on an H100 (bf16, D=128; benchmarks/mosaic_bench.py --bench --bwd,
+#: cuDNN's forward+backward in the same run): own forward+backward 1.16x (full) and 1.28x
+#: (causal) cuDNN's at 8 x 1024 keys, 0.94x and 1.00x at 4 x 4096, 0.90-0.97x at 8k and 16k;
+#: mosaic's forward with cuDNN's backward 0.99-1.02x everywhere. docs/bench.md has the runs.
+OWN_BACKWARD_BELOW_KEYS = 4096
 
-def grad_reasons(problem: AttentionProblem, device: DeviceInfo) -> list[str]:
+Backward = Literal["own", "cudnn"]
+BACKWARDS = ("auto", "own", "cudnn")
+
+
+def cudnn_grad_reasons(problem: AttentionProblem, device: DeviceInfo) -> list[str]:
     """Why cuDNN's backward (fed mosaic_flash's output and lse: ``backward.py``) cannot
     differentiate ``problem`` here."""
     try:
         from jaxattn_sdpa.cudnn import cudnn_reasons, cudnn_version
         from jaxattn_sdpa.residual import unavailable
     except ImportError as err:
-        return [f"mosaic_flash's backward is cuDNN's, through jaxattn-sdpa, which is not importable here ({err}); "
+        return [f"cuDNN's backward is reached through jaxattn-sdpa, which is not importable here ({err}); "
                 'pip install "jaxattn[gpu]"']
     reasons = [f"cuDNN's backward cannot be fed mosaic_flash's residuals: {why}"] if (why := unavailable()) else []
     reasons += [r for r in cudnn_reasons(problem, device, cudnn_version()) if r not in reasons]
     if problem.causal and problem.seq_q != problem.seq_k:
-        reasons.append(f"mosaic_flash's backward (cuDNN's) aligns a causal mask top-left: differentiated causal "
-                       f"calls need T == S, got T={problem.seq_q}, S={problem.seq_k}; the forward alone runs "
-                       "bottom-right causal")
+        reasons.append(f"cuDNN's backward aligns a causal mask top-left: it needs T == S, got T={problem.seq_q}, "
+                       f"S={problem.seq_k}")
     return reasons
+
+
+def _own_reasons(problem: AttentionProblem) -> list[str]:
+    if problem.head_dim in OWN_BACKWARD_HEAD_DIMS:
+        return []
+    dims = " and ".join(map(str, OWN_BACKWARD_HEAD_DIMS))
+    return [f"mosaic_flash's own backward takes head dims {dims}, got {problem.head_dim} (its dK/dV "
+            "accumulators would not fit a warpgroup's registers)"]
+
+
+def requested_backward(metadata: AttentionMetadata) -> str:
+    """``metadata.extra["mosaic_backward"]``: "auto" (default), "own" or "cudnn"."""
+    requested = str(metadata.extra.get("mosaic_backward", "auto"))
+    if requested not in BACKWARDS:
+        raise InvalidInputError("metadata.extra['mosaic_backward']", f"{requested!r} is not one of {list(BACKWARDS)}",
+                                "'auto' picks per call; 'own' is this package's kernel, 'cudnn' cuDNN's")
+    return requested
+
+
+def backward_choice(problem: AttentionProblem, device: DeviceInfo,
+                    requested: str = "auto") -> tuple[Backward | None, list[str]]:
+    """The backward that differentiates ``problem`` and, when none can, every reason.
+
+    "auto": the own kernel below :data:`OWN_BACKWARD_BELOW_KEYS` keys (measured faster there)
+    and wherever cuDNN's backward cannot run the call (odd lengths, causal with T != S, no
+    cuDNN); cuDNN's elsewhere (head dim 256, and long sequences, where it measured faster).
+    """
+    own = _own_reasons(problem)
+    if requested == "own":
+        return (None, own) if own else ("own", [])
+    cudnn = cudnn_grad_reasons(problem, device)
+    if requested == "cudnn":
+        return (None, cudnn) if cudnn else ("cudnn", [])
+    if not own and (cudnn or problem.seq_k < OWN_BACKWARD_BELOW_KEYS):
+        return "own", []
+    if not cudnn:
+        return "cudnn", []
+    return None, own + cudnn
 
 
 def device_reasons(device: DeviceInfo) -> list[str]:
@@ -84,11 +147,23 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
                 reasons.append(f"metadata.num_stages={value}: the K/V ring needs at least 2 stages")
         reasons += device_reasons(self.device)
         if problem.needs_grad and not reasons:
-            reasons += grad_reasons(problem, self.device)
+            try:
+                reasons += backward_choice(problem, self.device, requested_backward(self.metadata))[1]
+            except InvalidInputError as err:
+                reasons.append(str(err))
         return reasons
 
     def notes(self, problem: AttentionProblem) -> list[str]:
-        return ["backward: cuDNN's, fed this forward's output and lse (no forward of cuDNN's runs)"]
+        try:
+            chosen, _ = backward_choice(problem, self.device, requested_backward(self.metadata))
+        except InvalidInputError:
+            return []
+        if chosen == "own":
+            return ["backward: this package's Mosaic GPU kernels (dQ, then dK/dV; deterministic), fed this "
+                    "forward's output and lse"]
+        if chosen == "cudnn":
+            return ["backward: cuDNN's, fed this forward's output and lse (no forward of cuDNN's runs)"]
+        return []
 
     def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
         from jaxattn_mosaic.kernel import Config, default_config, mosaic_attention_forward
@@ -105,10 +180,13 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
             return mosaic_attention_forward(q, k, v, causal=call.causal, softmax_scale=call.softmax_scale, config=cfg)
 
         attend: Callable[[Any, Any, Any], tuple[Any, Any]] = forward
-        if not self.grad_reasons(call.problem):
-            from jaxattn_mosaic.backward import with_cudnn_backward
+        chosen, _ = backward_choice(dataclasses.replace(call.problem, needs_grad=True), self.device,
+                                    requested_backward(self.metadata))
+        if chosen is not None:
+            from jaxattn_mosaic import backward
 
-            attend = with_cudnn_backward(forward, causal=call.causal, softmax_scale=call.softmax_scale)
+            wrap = backward.with_own_backward if chosen == "own" else backward.with_cudnn_backward
+            attend = wrap(forward, causal=call.causal, softmax_scale=call.softmax_scale)
         out, lse = attend(call.q, call.k, call.v)
         return AttentionOutput(attention_outputs=out, softmax_lse=lse)
 

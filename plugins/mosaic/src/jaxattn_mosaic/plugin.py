@@ -1,10 +1,10 @@
 """Entry-point module of jaxattn-mosaic: declares ``mosaic_flash`` (imports no jax).
 
-``mosaic_flash`` is a forward kernel of our own in Pallas Mosaic GPU for sm_90 (H100/H200):
-full and causal (bottom-right when T != S), GQA, head dims 64/128/256, bf16/fp16, any T and S,
-with the log-sum-exp. Its gradients are cuDNN's backward fed this forward's output and lse
-(jaxattn-sdpa's binding; full, or causal with T == S, even lengths): no backward kernel of
-its own yet.
+``mosaic_flash`` is attention of our own in Pallas Mosaic GPU for sm_90 (H100/H200): a forward
+for full and causal (bottom-right when T != S), GQA, head dims 64/128/256, bf16/fp16, any T and
+S, with the log-sum-exp; a backward of its own for head dims 64 and 128 (the same shapes,
+deterministic), and cuDNN's backward fed this forward's output and lse where that measured
+faster or for head dim 256 (``impl.backward_choice``; ``metadata.extra["mosaic_backward"]``).
 
 Priority 80 (below cudnn's 100 and flash_attn2's 90): measured on an H100 it is at or above
 cuDNN for causal calls and slightly below for full ones (docs/bench.md), so "auto" picks it
@@ -24,7 +24,7 @@ MOSAIC_FLASH = ImplRef(
     names=("mosaic_flash",),
     platforms=("cuda",),
     priority=80,
-    description="FA3-style forward in Pallas Mosaic GPU (Hopper sm_90 only, fp16/bf16; no CPU); cuDNN's backward",
+    description="FA3-style forward and backward in Pallas Mosaic GPU (Hopper sm_90 only, fp16/bf16; no CPU)",
     dtypes={"bfloat16", "float16"},
     # Tiles of 64 columns of the head dim (128-byte swizzle); the shared memory holds up to 256.
     head_dims={64, 128, 256},
