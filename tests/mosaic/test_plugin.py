@@ -143,8 +143,8 @@ def test_backward_choice(monkeypatch: pytest.MonkeyPatch, kw: dict[str, object],
     import jaxattn_sdpa.cudnn
     from jaxattn_mosaic.impl import backward_choice
 
-    if has_cudnn:  # pretended: this machine has none
-        monkeypatch.setattr(jaxattn_sdpa.cudnn, "cudnn_version", lambda: 91000)
+    # Pretended either way: CI's machine has no cuDNN, the GPU machine has one.
+    monkeypatch.setattr(jaxattn_sdpa.cudnn, "cudnn_version", lambda: 91000 if has_cudnn else None)
     problem = _problem(needs_grad=True, **kw)
     got, reasons = backward_choice(problem, H100, requested)
     assert got == chosen, reasons
