@@ -9,8 +9,11 @@ registered impls that return their log-sum-exp.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from jaxattn.call import AttentionCall
@@ -26,7 +29,7 @@ from jaxattn.sharding.wrap import check_batch_heads, local_metadata
 from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
 from jaxattn.validation import resolve_call
 
-from .blocks import BlockChoice, Mode, RingPlan, block_problems, choose_kernel
+from .blocks import BlockChoice, BlockKernel, Mode, RingPlan, block_problems, choose_kernel
 from .comm import COMMS, Comm, choose_comm, describe, device_memory, gathered_bytes, requested_comm
 from .layout import LAYOUTS, Layout, from_zigzag, to_zigzag
 from .plugin import RING
@@ -187,33 +190,17 @@ class RingAttention(AttentionImpl, declaration=RING):
                         s_local=problem.seq_k // n, causal=causal, window=sliding_window,
                         offset=problem.seq_k - problem.seq_q, arrived_zigzag=self._arrived_zigzag(),
                         comm=setup.comm)
-        ring = make_ring(plan, setup.kernel.kernel(softmax_scale, logits_soft_cap))
-
-        def per_device(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array,
-                       aux: Array) -> tuple[Array, Array]:
-            # Natural order in, natural order out: two ppermutes of half a shard each way per array.
-            # Inputs that arrive in zigzag order (ring_inputs) skip them; so do all-gathered K/V.
-            relayout = plan.layout == "zigzag" and not plan.arrived_zigzag
-            if relayout:
-                q, q_ids = (None if x is None else to_zigzag(x, 1, axis, n) for x in (q, q_ids))
-                if not plan.kv_natural:
-                    k, v, kv_ids = (None if x is None else to_zigzag(x, 1, axis, n) for x in (k, v, kv_ids))
-                if mask is not None and mask.shape[2] > 1:
-                    mask = to_zigzag(mask, 2, axis, n)
-            out, lse = ring(q, k, v, q_ids, kv_ids, mask, aux)
-            if relayout:
-                out, lse = from_zigzag(out, 1, axis, n), from_zigzag(lse, 2, axis, n)
-            return out, lse
-
+        kernel = setup.kernel.kernel(softmax_scale, logits_soft_cap)
         args = (q, k, v, q_segment_ids, kv_segment_ids, mask, softmax_aux)
         if axes is None:
-            out, lse = per_device(*args)
+            out, lse = _per_device(plan, make_ring(plan, kernel), *args)
         else:
             specs = AttentionSpecs.from_axes(axes, shard_sequence=True)
             full = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
             in_specs = (specs.q, specs.kv, specs.kv, specs.q_ids, specs.kv_ids,
                         specs.broadcast(mask, full, shard_keys=False), specs.aux)
-            out, lse = shard_map(per_device, mesh=md.mesh, in_specs=in_specs, out_specs=(specs.out, specs.lse))(*args)
+            out, lse = _sharded_ring(*args, plan=plan, kernel=kernel, mesh=md.mesh, in_specs=in_specs,
+                                     out_specs=(specs.out, specs.lse))
         return AttentionOutput(attention_outputs=out, softmax_lse=lse)
 
     @staticmethod
@@ -230,3 +217,36 @@ class RingAttention(AttentionImpl, declaration=RING):
                     "(AttentionMetadata.sequence_axis)",
                     f"pad the sequence to a multiple of {parts} and mark the padding with segment ids or a mask",
                 )
+
+
+def _per_device(plan: RingPlan, ring: Callable[..., tuple[Array, Array]], q: Array, k: Array, v: Array,
+                q_ids: Array, kv_ids: Array, mask: Array, aux: Array) -> tuple[Array, Array]:
+    """One device's ring on its shards (inside a ``shard_map``), natural order in and out."""
+    # Two ppermutes of half a shard each way per array. Inputs that arrive in zigzag order
+    # (ring_inputs) skip them; so do all-gathered K/V.
+    axis, n = plan.axis, plan.n
+    relayout = plan.layout == "zigzag" and not plan.arrived_zigzag
+    if relayout:
+        q, q_ids = (None if x is None else to_zigzag(x, 1, axis, n) for x in (q, q_ids))
+        if not plan.kv_natural:
+            k, v, kv_ids = (None if x is None else to_zigzag(x, 1, axis, n) for x in (k, v, kv_ids))
+        if mask is not None and mask.shape[2] > 1:
+            mask = to_zigzag(mask, 2, axis, n)
+    out, lse = ring(q, k, v, q_ids, kv_ids, mask, aux)
+    if relayout:
+        out, lse = from_zigzag(out, 1, axis, n), from_zigzag(lse, 2, axis, n)
+    return out, lse
+
+
+# Called eagerly (jax.grad included), a bare shard_map runs its body op by op: seconds for a toy
+# ring, where one program runs in milliseconds. The static arguments key jit's cache (the kernel's
+# impl by identity; get_impl caches instances), so eager calls of one plan, kernel and specs trace
+# once. Under the caller's jit it nests; inline=True would not, but runs an eager gradient op by op.
+@functools.partial(jax.jit, static_argnames=("plan", "kernel", "mesh", "in_specs", "out_specs"))
+def _sharded_ring(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array, aux: Array, *,
+                  plan: RingPlan, kernel: BlockKernel, mesh: Any, in_specs: tuple[Any, ...],
+                  out_specs: tuple[Any, Any]) -> tuple[Array, Array]:
+    body = functools.partial(_per_device, plan, make_ring(plan, kernel))
+    out_lse: tuple[Array, Array] = shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)(
+        q, k, v, q_ids, kv_ids, mask, aux)
+    return out_lse
