@@ -148,8 +148,9 @@ def test_gradients(b: int, t: int, s: int, hq: int, hkv: int, d: int, causal: bo
 
     def loss(q: Any, k: Any, v: Any) -> Any:
         res = impl(q, k, v, causal=causal)
+        lse = res.softmax_lse  # -inf where a row sees no key (T > S, causal): no term there
         return (jnp.sum(res.attention_outputs.astype(jnp.float32) * jnp.asarray(x["do"], jnp.float32))
-                + jnp.sum(res.softmax_lse * jnp.asarray(weights, jnp.float32)))
+                + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0) * jnp.asarray(weights, jnp.float32)))
 
     grad = jax.grad(loss, argnums=(0, 1, 2))
     run = jax.jit(grad) if jit else grad
@@ -172,8 +173,14 @@ def test_gradients(b: int, t: int, s: int, hq: int, hkv: int, d: int, causal: bo
         logits = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(d)
         if causal:
             logits = jnp.where(jnp.tril(jnp.ones((t, s), bool), s - t), logits, -jnp.inf)
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        out = jnp.einsum("bhts,bshd->bthd", jnp.exp(logits - lse[..., None]), v)
+        # By hand rather than logsumexp: a row that sees no key gets output 0, lse term 0 and a
+        # gradient of 0 (not NaN).
+        m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+        e = jnp.exp(logits - jnp.where(jnp.isfinite(m), m, 0.0))
+        den = jnp.sum(e, axis=-1, keepdims=True)
+        safe = jnp.where(den == 0, 1.0, den)
+        lse = (jnp.log(safe) + jnp.where(jnp.isfinite(m), m, 0.0))[..., 0]
+        out = jnp.einsum("bhts,bshd->bthd", e / safe, v)
         return jnp.sum(out * jnp.asarray(x["do"], jnp.float64)) + jnp.sum(lse * jnp.asarray(weights, jnp.float64))
 
     with jax.enable_x64():
