@@ -100,16 +100,25 @@ CHECKS = [
 ]
 
 
+def _checks(shapes: list[Any], quick: bool, configs: tuple[Any, ...]) -> list[tuple[Any, Any]]:
+    """``(config, shape)``: each shape at the default configuration (the first three if quick),
+    then each of ``configs`` at head dim 128."""
+    return [(None, c) for c in (shapes[:3] if quick else shapes)] + [
+        (cfg, c) for cfg in configs for c in shapes if c[5] == 128]
+
+
+def _inputs(b: int, t: int, s: int, hq: int, hkv: int, d: int, dt: Any) -> tuple[Any, ...]:
+    """q, k, v of the shape, and two more keys (for cotangents)."""
+    ks = jax.random.split(jax.random.PRNGKey(t * 7 + s + d), 5)
+    return (jax.random.normal(ks[0], (b, t, hq, d), dt), jax.random.normal(ks[1], (b, s, hkv, d), dt),
+            jax.random.normal(ks[2], (b, s, hkv, d), dt), ks[3], ks[4])
+
+
 def check(quick: bool, configs: tuple[Any, ...] = ()) -> int:
     """The default configuration, then each of ``configs`` (at head dim 128 only)."""
     bad = 0
-    todo = [(None, c) for c in (CHECKS[:3] if quick else CHECKS)]
-    todo += [(cfg, c) for cfg in configs for c in CHECKS if c[5] == 128]
-    for cfg, (b, t, s, hq, hkv, d, causal, dt) in todo:
-        ks = jax.random.split(jax.random.PRNGKey(t * 7 + s + d), 3)
-        q = jax.random.normal(ks[0], (b, t, hq, d), dt)
-        k = jax.random.normal(ks[1], (b, s, hkv, d), dt)
-        v = jax.random.normal(ks[2], (b, s, hkv, d), dt)
+    for cfg, (b, t, s, hq, hkv, d, causal, dt) in _checks(CHECKS, quick, configs):
+        q, k, v, _, _ = _inputs(b, t, s, hq, hkv, d, dt)
         scale = 1.0 / math.sqrt(d)
         try:
             fn = jax.jit(functools.partial(K.mosaic_attention_forward, causal=causal, softmax_scale=scale,
@@ -136,16 +145,11 @@ def bwd_check(quick: bool, configs: tuple[Any, ...] = ()) -> int:
     """The backward kernel's dq, dk, dv against jax's gradient of the float32 reference, with a
     loss through the output and the lse; and that two runs agree bit for bit."""
     bad = 0
-    shapes = [c for c in CHECKS if c[5] in KB.HEAD_DIMS]
-    todo = [(None, c) for c in (shapes[:3] if quick else shapes)]
-    todo += [(cfg, c) for cfg in configs for c in shapes if c[5] == 128]
-    for cfg, (b, t, s, hq, hkv, d, causal, dt) in todo:
-        ks = jax.random.split(jax.random.PRNGKey(t * 7 + s + d), 5)
-        q = jax.random.normal(ks[0], (b, t, hq, d), dt)
-        k = jax.random.normal(ks[1], (b, s, hkv, d), dt)
-        v = jax.random.normal(ks[2], (b, s, hkv, d), dt)
-        d_out = jax.random.normal(ks[3], (b, t, hq, d), jnp.float32)
-        d_lse = 0.5 * jax.random.normal(ks[4], (b, hq, t), jnp.float32)
+    for cfg, (b, t, s, hq, hkv, d, causal, dt) in _checks([c for c in CHECKS if c[5] in KB.HEAD_DIMS], quick,
+                                                          configs):
+        q, k, v, k_out, k_lse = _inputs(b, t, s, hq, hkv, d, dt)
+        d_out = jax.random.normal(k_out, (b, t, hq, d), jnp.float32)
+        d_lse = 0.5 * jax.random.normal(k_lse, (b, hq, t), jnp.float32)
         scale = 1.0 / math.sqrt(d)
         try:
             out, lse = jax.jit(functools.partial(K.mosaic_attention_forward, causal=causal,

@@ -43,6 +43,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from jaxattn_mosaic.blocks import TRANSFORMS, KeyBlocks, cdiv, check_inputs, stream_kv
+
 __all__ = ["BackwardConfig", "default_backward_config", "mosaic_attention_backward"]
 
 _LOG2E = math.log2(math.e)
@@ -85,10 +87,6 @@ def default_backward_config(head_dim: int) -> BackwardConfig:
     return BackwardConfig()
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def mosaic_attention_backward(
     q: jax.Array,
     k: jax.Array,
@@ -108,23 +106,16 @@ def mosaic_attention_backward(
     their cotangents (``d_lse`` None: the loss does not use the lse). Gradients in the
     inputs' dtypes.
     """
+    check_inputs(q, k, v, HEAD_DIMS, "the backward")
     batch, t_len, hq, head_dim = q.shape
     _, s_len, hkv, _ = k.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k {k.shape} and v {v.shape} must have one shape")
-    if hq % hkv:
-        raise ValueError(f"{hq} query heads are no multiple of {hkv} key heads")
-    if q.dtype != k.dtype or q.dtype != v.dtype or q.dtype not in (jnp.float16, jnp.bfloat16):
-        raise ValueError(f"q, k, v must share float16 or bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"the backward takes head dims {HEAD_DIMS}, got {head_dim}")
     cfg = config or default_backward_config(head_dim)
     # dQ tiles hold 2 x its block_q rows, dK/dV tiles 2 x its block_kv keys; the dQ producer
     # fills its ring with static slices.
     rows = math.lcm(2 * cfg.dq.block_q, cfg.dkv.block_q)
     cols = math.lcm(2 * cfg.dkv.block_kv, cfg.dq.block_kv)
-    t_pad = _cdiv(t_len, rows) * rows
-    s_pad = max(_cdiv(s_len, cols) * cols, _cdiv(cfg.dq.stages * cfg.dq.block_kv, cols) * cols)
+    t_pad = cdiv(t_len, rows) * rows
+    s_pad = max(cdiv(s_len, cols) * cols, cdiv(cfg.dq.stages * cfg.dq.block_kv, cols) * cols)
 
     f32 = jnp.float32
     delta = jnp.einsum("bthd,bthd->bht", out.astype(f32), d_out.astype(f32))
@@ -170,9 +161,6 @@ class _Shape:
         return self.scale * _LOG2E
 
 
-_TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-
-
 def _load(ref: Any, layout: Any) -> Any:
     """A shared-memory vector into registers: jax 0.11 takes the ref alone (an index beside it is
     deprecated there), jax 0.10 wants one."""
@@ -193,24 +181,9 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
     group = sh.hq // sh.hkv
     bq, bkv, stages = sh.cfg.dq.block_q, sh.cfg.dq.block_kv, sh.cfg.dq.stages
     n_q_tiles = t_pad // (2 * bq)
-    n_kv_blocks = _cdiv(sh.s_len, bkv)  # blocks holding any key
     stages = max(2, min(stages, s_pad // bkv))
+    blocks = KeyBlocks(s_len=sh.s_len, block=bkv, causal=sh.causal, offset=sh.offset)
     causal, offset, s_len = sh.causal, sh.offset, sh.s_len
-
-    def kv_blocks_for(row_end: Any) -> Any:
-        """Blocks holding any key rows < row_end may see (row_end exclusive, traced)."""
-        if not causal:
-            return row_end * 0 + n_kv_blocks
-        last = jnp.minimum(row_end + offset, s_len)
-        return jnp.clip(lax.div(last + (bkv - 1), jnp.int32(bkv)), 0, n_kv_blocks)
-
-    def unmasked_blocks_for(row_start: Any) -> Any:
-        """Blocks every row >= row_start sees whole (no causal mask, no key tail)."""
-        full = s_len // bkv
-        if not causal:
-            return row_start * 0 + full
-        first = row_start + offset + 1
-        return jnp.clip(lax.div(jnp.maximum(first, 0), jnp.int32(bkv)), 0, full)
 
     def body(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dq_ref: Any,
              scoped: Any) -> None:
@@ -223,15 +196,15 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
         q_tile = (n_q_tiles - 1) - lax.axis_index("q") if causal else lax.axis_index("q")
         wg = lax.axis_index("wg")
         tile_start = q_tile * (2 * bq)
-        cta_blocks = kv_blocks_for(tile_start + 2 * bq)
+        cta_blocks = blocks.seen_before(tile_start + 2 * bq)
 
         @pl.when(wg < 2)
         def _consumer() -> None:
             plgpu.set_max_registers(232, action="increase")
             q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
             row0 = tile_start + wg * bq
-            n_blocks = kv_blocks_for(row0 + bq)
-            n_full = jnp.minimum(unmasked_blocks_for(row0), n_blocks)
+            n_blocks = blocks.seen_before(row0 + bq)
+            n_full = jnp.minimum(blocks.whole_from(row0), n_blocks)
             rows = (b, pl.ds(row0, bq), head)
             stats = (b, head, pl.ds(row0, bq))
             plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem, q_ready.at[wg])
@@ -291,33 +264,17 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
         @pl.when(wg == 2)
         def _producer() -> None:
             plgpu.set_max_registers(40, action="decrease")
-            kv_head = lax.div(head, jnp.int32(group))
-
-            def load(j: Any, slot: Any) -> None:
-                idx = (b, pl.ds(j * bkv, bkv), kv_head)
-                plgpu.copy_gmem_to_smem(k_ref.at[idx], k_smem.at[slot], k_ready.at[slot])
-                plgpu.copy_gmem_to_smem(v_ref.at[idx], v_smem.at[slot], v_ready.at[slot])
-
-            for i in range(stages):
-                pl.when(i < cta_blocks)(functools.partial(load, i, i))
-
-            @pl.loop(0, jnp.maximum(cta_blocks - stages, 0))
-            def _refill(j: Any) -> None:
-                slot = lax.rem(j, jnp.int32(stages))
-                idx = (b, pl.ds((j + stages) * bkv, bkv), kv_head)
-                plgpu.barrier_wait(k_free.at[slot])
-                plgpu.copy_gmem_to_smem(k_ref.at[idx], k_smem.at[slot], k_ready.at[slot])
-                plgpu.barrier_wait(v_free.at[slot])
-                plgpu.copy_gmem_to_smem(v_ref.at[idx], v_smem.at[slot], v_ready.at[slot])
+            stream_kv(k_ref, v_ref, (k_smem, v_smem), (k_ready, v_ready), (k_free, v_free), b=b,
+                      kv_head=lax.div(head, jnp.int32(group)), n_blocks=cta_blocks, block=bkv, stages=stages)
 
     def entry(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dq_ref: Any) -> None:
         smem = [
-            plgpu.SMEM((2, bq, d), dtype, transforms=_TRANSFORMS),  # q
-            plgpu.SMEM((2, bq, d), dtype, transforms=_TRANSFORMS),  # dO
+            plgpu.SMEM((2, bq, d), dtype, transforms=TRANSFORMS),  # q
+            plgpu.SMEM((2, bq, d), dtype, transforms=TRANSFORMS),  # dO
             plgpu.SMEM((2, bq), jnp.float32),  # lse2
             plgpu.SMEM((2, bq), jnp.float32),  # delta
-            plgpu.SMEM((stages, bkv, d), dtype, transforms=_TRANSFORMS),
-            plgpu.SMEM((stages, bkv, d), dtype, transforms=_TRANSFORMS),
+            plgpu.SMEM((stages, bkv, d), dtype, transforms=TRANSFORMS),
+            plgpu.SMEM((stages, bkv, d), dtype, transforms=TRANSFORMS),
         ]
         pl.run_scoped(
             lambda *scoped: body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped),
@@ -344,8 +301,8 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
     dtype = q.dtype
     group = sh.hq // sh.hkv
     bq, bkv, stages = sh.cfg.dkv.block_q, sh.cfg.dkv.block_kv, sh.cfg.dkv.stages
-    n_kv_tiles = _cdiv(sh.s_len, 2 * bkv)  # tiles holding any key (dK/dV rows past them are sliced off)
-    n_q_blocks = _cdiv(sh.t_len, bq)  # blocks holding any query row
+    n_kv_tiles = cdiv(sh.s_len, 2 * bkv)  # tiles holding any key (dK/dV rows past them are sliced off)
+    n_q_blocks = cdiv(sh.t_len, bq)  # blocks holding any query row
     causal, offset = sh.causal, sh.offset
 
     def body(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dk_ref: Any,
@@ -459,10 +416,10 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
     def entry(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dk_ref: Any,
               dv_ref: Any) -> None:
         smem = [
-            plgpu.SMEM((2, bkv, d), dtype, transforms=_TRANSFORMS),  # k
-            plgpu.SMEM((2, bkv, d), dtype, transforms=_TRANSFORMS),  # v
-            plgpu.SMEM((stages, bq, d), dtype, transforms=_TRANSFORMS),  # q
-            plgpu.SMEM((stages, bq, d), dtype, transforms=_TRANSFORMS),  # dO
+            plgpu.SMEM((2, bkv, d), dtype, transforms=TRANSFORMS),  # k
+            plgpu.SMEM((2, bkv, d), dtype, transforms=TRANSFORMS),  # v
+            plgpu.SMEM((stages, bq, d), dtype, transforms=TRANSFORMS),  # q
+            plgpu.SMEM((stages, bq, d), dtype, transforms=TRANSFORMS),  # dO
             plgpu.SMEM((stages, bq), jnp.float32),  # lse2
             plgpu.SMEM((stages, bq), jnp.float32),  # delta
         ]

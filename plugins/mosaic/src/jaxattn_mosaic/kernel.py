@@ -36,9 +36,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from jaxattn_mosaic.blocks import TRANSFORMS, KeyBlocks, cdiv, check_inputs, stream_kv
+
 __all__ = ["Config", "default_config", "mosaic_attention_forward"]
 
 _LOG2E = math.log2(math.e)
+#: Head dims the forward takes: tiles of 64 columns (128-byte swizzle), up to what shared memory holds.
+HEAD_DIMS = (64, 128, 192, 256)
 _LN2 = math.log(2.0)
 #: The value a masked logit takes (scaled, log2 domain). Finite, so a block whose row max
 #: is still "nothing seen" never computes -inf - -inf; rows that see some key always see
@@ -84,10 +88,6 @@ def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0) -> C
     return Config(block_q=64, block_kv=64, stages=2)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def mosaic_attention_forward(
     q: jax.Array,
     k: jax.Array,
@@ -102,22 +102,15 @@ def mosaic_attention_forward(
     Returns the output ``(B, T, Hq, D)`` in q's dtype and the log-sum-exp of the scaled
     logits ``(B, Hq, T)`` in float32 (natural log).
     """
-    _, t_len, hq, head_dim = q.shape
-    _, s_len, hkv, _ = k.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k {k.shape} and v {v.shape} must have one shape")
-    if hq % hkv:
-        raise ValueError(f"{hq} query heads are no multiple of {hkv} key heads")
-    if q.dtype != k.dtype or q.dtype != v.dtype or q.dtype not in (jnp.float16, jnp.bfloat16):
-        raise ValueError(f"q, k, v must share float16 or bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if head_dim % 64 or head_dim > 256:
-        raise ValueError(f"head dim must be 64, 128, 192 or 256, got {head_dim}")
+    check_inputs(q, k, v, HEAD_DIMS, "the forward")
+    t_len, head_dim = q.shape[1], q.shape[3]
+    s_len = k.shape[1]
     cfg = config or default_config(head_dim, causal=causal, kv_len=s_len)
     bq, bkv = cfg.block_q, cfg.block_kv
-    t_pad = _cdiv(t_len, 2 * bq) * 2 * bq
+    t_pad = cdiv(t_len, 2 * bq) * 2 * bq
     # At least two key blocks: the producer's ring is filled by an unrolled loop of static
     # slices (a one-block key is padded; the padding block is never loaded nor computed).
-    s_pad = max(_cdiv(s_len, bkv), 2) * bkv
+    s_pad = max(cdiv(s_len, bkv), 2) * bkv
     if t_pad != t_len:
         q = jnp.pad(q, ((0, 0), (0, t_pad - t_len), (0, 0), (0, 0)))
     if s_pad != s_len:
@@ -143,25 +136,10 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     group = hq // hkv
     bq, bkv = cfg.block_q, cfg.block_kv
     n_q_tiles = t_pad // (2 * bq)
-    n_kv_blocks = _cdiv(s_len, bkv)  # blocks holding any key (padding past them is never read)
     stages = max(2, min(cfg.stages, s_pad // bkv))
-    offset = s_len - t_len  # bottom-right causal: row i sees keys j <= i + offset
+    blocks = KeyBlocks(s_len=s_len, block=bkv, causal=causal, offset=s_len - t_len)
+    offset = blocks.offset
     qk_scale = scale * _LOG2E
-
-    def kv_blocks_for(row_end: Any) -> Any:
-        """Blocks holding any key rows < row_end may see (traced row_end, exclusive)."""
-        if not causal:
-            return row_end * 0 + n_kv_blocks  # traced: a concrete array cannot enter the kernel
-        last = jnp.minimum(row_end + offset, s_len)  # keys < last
-        return jnp.clip(lax.div(last + (bkv - 1), jnp.int32(bkv)), 0, n_kv_blocks)
-
-    def unmasked_blocks_for(row_start: Any) -> Any:
-        """Blocks every row >= row_start sees whole (no causal mask, no tail)."""
-        full = s_len // bkv
-        if not causal:
-            return row_start * 0 + full
-        first = row_start + offset + 1  # keys < first are seen by row row_start
-        return jnp.clip(lax.div(jnp.maximum(first, 0), jnp.int32(bkv)), 0, full)
 
     def body(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scoped: Any) -> None:
         (q_smem2, k_smem, v_smem), (k_ready, v_ready, q_ready), (k_free, v_free), sched = scoped
@@ -171,7 +149,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         q_tile = (n_q_tiles - 1) - lax.axis_index("q") if causal else lax.axis_index("q")
         wg = lax.axis_index("wg")
         tile_start = q_tile * (2 * bq)
-        cta_blocks = kv_blocks_for(tile_start + 2 * bq)
+        cta_blocks = blocks.seen_before(tile_start + 2 * bq)
 
         def sched_sync() -> None:
             if cfg.pingpong:
@@ -183,8 +161,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             plgpu.set_max_registers(232, action="increase")
             q_smem = q_smem2.at[wg]
             row0 = tile_start + wg * bq
-            n_blocks = kv_blocks_for(row0 + bq)
-            n_full = jnp.minimum(unmasked_blocks_for(row0), n_blocks)
+            n_blocks = blocks.seen_before(row0 + bq)
+            n_full = jnp.minimum(blocks.whole_from(row0), n_blocks)
 
             plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, bq), head], q_smem, q_ready.at[wg])
             plgpu.barrier_wait(q_ready.at[wg])
@@ -285,32 +263,14 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         @pl.when(wg == 2)
         def _producer() -> None:
             plgpu.set_max_registers(40, action="decrease")
-            kv_head = lax.div(head, jnp.int32(group))
-
-            def load(j: Any, slot: Any) -> None:
-                idx = (b, pl.ds(j * bkv, bkv), kv_head)
-                plgpu.copy_gmem_to_smem(k_ref.at[idx], k_smem.at[slot], k_ready.at[slot])
-                plgpu.copy_gmem_to_smem(v_ref.at[idx], v_smem.at[slot], v_ready.at[slot])
-
-            for i in range(stages):
-                pl.when(i < cta_blocks)(functools.partial(load, i, i))
-
-            @pl.loop(0, jnp.maximum(cta_blocks - stages, 0))
-            def _refill(j: Any) -> None:
-                slot = lax.rem(j, jnp.int32(stages))
-                nxt = j + stages
-                idx = (b, pl.ds(nxt * bkv, bkv), kv_head)
-                plgpu.barrier_wait(k_free.at[slot])
-                plgpu.copy_gmem_to_smem(k_ref.at[idx], k_smem.at[slot], k_ready.at[slot])
-                plgpu.barrier_wait(v_free.at[slot])
-                plgpu.copy_gmem_to_smem(v_ref.at[idx], v_smem.at[slot], v_ready.at[slot])
+            stream_kv(k_ref, v_ref, (k_smem, v_smem), (k_ready, v_ready), (k_free, v_free), b=b,
+                      kv_head=lax.div(head, jnp.int32(group)), n_blocks=cta_blocks, block=bkv, stages=stages)
 
     def entry(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any) -> None:
-        transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
         smem = [
-            plgpu.SMEM((2, bq, head_dim), dtype, transforms=transforms),
-            plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=transforms),
-            plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=transforms),
+            plgpu.SMEM((2, bq, head_dim), dtype, transforms=TRANSFORMS),
+            plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=TRANSFORMS),
+            plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=TRANSFORMS),
         ]
         pl.run_scoped(
             lambda *scoped: body(q_ref, k_ref, v_ref, out_ref, lse_ref, scoped),
