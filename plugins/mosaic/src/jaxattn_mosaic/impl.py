@@ -133,6 +133,20 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
 
     why_not = WHY_NOT
 
+    def __init__(self, metadata: AttentionMetadata | None = None, device: DeviceInfo | None = None) -> None:
+        super().__init__(metadata, device)
+        self._backwards: dict[AttentionProblem, tuple[Backward | None, tuple[str, ...]]] = {}
+
+    def _backward(self, problem: AttentionProblem) -> tuple[Backward | None, list[str]]:
+        """:func:`backward_choice` for ``problem`` differentiated, once per problem: the reasons,
+        ``notes`` and every forward (each eager call) ask, and cuDNN's reasons look up its version."""
+        key = dataclasses.replace(problem, needs_grad=True)
+        cached = self._backwards.get(key)
+        if cached is None:
+            chosen, reasons = backward_choice(key, self.device, requested_backward(self.metadata))
+            cached = self._backwards[key] = (chosen, tuple(reasons))
+        return cached[0], list(cached[1])
+
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
         reasons = super().not_supported_reasons(problem)
         if self.metadata.softmax_dtype != "float32":
@@ -148,14 +162,14 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
         reasons += device_reasons(self.device)
         if problem.needs_grad and not reasons:
             try:
-                reasons += backward_choice(problem, self.device, requested_backward(self.metadata))[1]
+                reasons += self._backward(problem)[1]
             except InvalidInputError as err:
                 reasons.append(str(err))
         return reasons
 
     def notes(self, problem: AttentionProblem) -> list[str]:
         try:
-            chosen, _ = backward_choice(problem, self.device, requested_backward(self.metadata))
+            chosen, _ = self._backward(problem)
         except InvalidInputError:
             return []
         if chosen == "own":
@@ -180,8 +194,7 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
             return mosaic_attention_forward(q, k, v, causal=call.causal, softmax_scale=call.softmax_scale, config=cfg)
 
         attend: Callable[[Any, Any, Any], tuple[Any, Any]] = forward
-        chosen, _ = backward_choice(dataclasses.replace(call.problem, needs_grad=True), self.device,
-                                    requested_backward(self.metadata))
+        chosen, _ = self._backward(call.problem)
         if chosen is not None:
             from jaxattn_mosaic import backward
 
