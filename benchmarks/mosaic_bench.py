@@ -235,20 +235,10 @@ def _fwd_fns(causal: bool, scale: float, tk: Any, sweep: bool, d: int) -> dict[s
     return fns
 
 
-def _mosaic_trained(causal: bool, scale: float) -> Callable[..., Any]:
-    """mosaic_flash as it trains: its forward, cuDNN's backward fed its output and lse."""
-    from jaxattn_mosaic.backward import with_cudnn_backward
-
-    def forward(q: Any, k: Any, v: Any) -> Any:
-        return K.mosaic_attention_forward(q, k, v, causal=causal, softmax_scale=scale)
-
-    trained = with_cudnn_backward(forward, causal=causal, softmax_scale=scale)
-    return lambda q, k, v: trained(q, k, v)[0]
-
-
-def _mosaic_own(causal: bool, scale: float, config: Any = None) -> Callable[..., Any]:
-    """mosaic_flash's forward and this package's own backward kernel."""
-    from jaxattn_mosaic.backward import differentiable
+def _mosaic_trained(causal: bool, scale: float, own: bool, config: Any = None) -> Callable[..., Any]:
+    """mosaic_flash's forward with its own backward kernel (``config``: its tiles) or, ``own``
+    False, cuDNN's backward fed its output and lse."""
+    from jaxattn_mosaic.backward import differentiable, with_cudnn_backward
 
     def forward(q: Any, k: Any, v: Any) -> Any:
         return K.mosaic_attention_forward(q, k, v, causal=causal, softmax_scale=scale)
@@ -257,7 +247,8 @@ def _mosaic_own(causal: bool, scale: float, config: Any = None) -> Callable[...,
         return KB.mosaic_attention_backward(q, k, v, out, lse, d_out, d_lse, causal=causal, softmax_scale=scale,
                                             config=config)
 
-    trained = differentiable(forward, backward)
+    trained = (differentiable(forward, backward) if own
+               else with_cudnn_backward(forward, causal=causal, softmax_scale=scale))
     return lambda q, k, v: trained(q, k, v)[0]
 
 
@@ -290,10 +281,10 @@ def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None
             flops = 4.0 * b * hq * s * s * d * (0.5 if causal else 1.0)
             fns = _fwd_fns(causal, 1.0 / math.sqrt(d), tk, sweep, d)
             if bwd:
-                fns["mosaic_bwd"] = _grad_of(_mosaic_trained(causal, 1.0 / math.sqrt(d)))
-                fns["own_bwd"] = _grad_of(_mosaic_own(causal, 1.0 / math.sqrt(d)))
+                fns["mosaic_bwd"] = _grad_of(_mosaic_trained(causal, 1.0 / math.sqrt(d), own=False))
+                fns["own_bwd"] = _grad_of(_mosaic_trained(causal, 1.0 / math.sqrt(d), own=True))
                 for tiles in BWD_SWEEP if bwd_sweep else ():
-                    fns[f"own{tiles}"] = _grad_of(_mosaic_own(causal, 1.0 / math.sqrt(d), bwd_config(tiles)))
+                    fns[f"own{tiles}"] = _grad_of(_mosaic_trained(causal, 1.0 / math.sqrt(d), True, bwd_config(tiles)))
                 fns["cudnn_bwd"] = _grad_of(fns["cudnn"])
                 if "tokamax" in fns:
                     fns["tokamax_bwd"] = _grad_of(fns["tokamax"])

@@ -107,7 +107,7 @@ def mosaic_attention_backward(
     inputs' dtypes.
     """
     check_inputs(q, k, v, HEAD_DIMS, "the backward")
-    batch, t_len, hq, head_dim = q.shape
+    _, t_len, hq, head_dim = q.shape
     _, s_len, hkv, _ = k.shape
     cfg = config or default_backward_config(head_dim)
     # dQ tiles hold 2 x its block_q rows, dK/dV tiles 2 x its block_kv keys; the dQ producer
@@ -132,8 +132,7 @@ def mosaic_attention_backward(
     if s_pad != s_len:
         pad = ((0, 0), (0, s_pad - s_len), (0, 0), (0, 0))
         k, v = jnp.pad(k, pad), jnp.pad(v, pad)
-    shape = _Shape(batch=batch, t_len=t_len, s_len=s_len, hq=hq, hkv=hkv, head_dim=head_dim, causal=causal,
-                   scale=float(softmax_scale), cfg=cfg)
+    shape = _Shape(t_len=t_len, s_len=s_len, hq=hq, hkv=hkv, causal=causal, scale=float(softmax_scale), cfg=cfg)
     dq = _dq_call(q, k, v, d_out, lse2, delta, shape)
     dk, dv = _dkv_call(q, k, v, d_out, lse2, delta, shape)
     return dq[:, :t_len], dk[:, :s_len], dv[:, :s_len]
@@ -141,12 +140,12 @@ def mosaic_attention_backward(
 
 @dataclasses.dataclass(frozen=True)
 class _Shape:
-    batch: int
+    """What both kernels need beyond the (padded) arrays' shapes: the real lengths, heads, mask, scale, tiles."""
+
     t_len: int
     s_len: int
     hq: int
     hkv: int
-    head_dim: int
     causal: bool
     scale: float
     cfg: BackwardConfig
