@@ -14,7 +14,10 @@ Design (one CTA = three warpgroups):
   by TMA), runs S = Q K^T and O += P V as asynchronous wgmma into register accumulators, and
   the online softmax in float32 on the log2 scale (the softmax scale folded into one FMA);
 * a shared "schedule" barrier makes the two consumers ping-pong: one's softmax runs while
-  the other's two GEMMs hold the tensor cores.
+  the other's two GEMMs hold the tensor cores;
+* with ``Config.overlap``, each consumer also overlaps itself: block ``j``'s Q K^T and block
+  ``j - 1``'s P V are issued together, and the softmax of block ``j`` runs while that P V is
+  still in flight; two "turn" barriers pass the right to issue from one consumer to the other.
 
 Masks: causal is bottom-right aligned (query ``i`` sees key ``j`` iff ``j <= i + S - T``),
 and a key tail past ``S`` (the key length padded up to a block) is masked too. Blocks that
@@ -60,6 +63,10 @@ class Config:
     stages: int = 2
     #: The two consumers take turns on the tensor cores (off: an ablation, both issue freely).
     pingpong: bool = True
+    #: Intra-warpgroup overlap: each consumer issues the next block's Q K^T with this block's
+    #: P V and runs the next softmax while P V is in flight (two S tiles' worth of registers
+    #: live); the consumers pass the tensor cores by turns instead of meeting at a barrier.
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.block_q % 64 or self.block_kv % 64:
@@ -142,7 +149,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     qk_scale = scale * _LOG2E
 
     def body(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scoped: Any) -> None:
-        (q_smem2, k_smem, v_smem), (k_ready, v_ready, q_ready), (k_free, v_free), sched = scoped
+        (q_smem2, k_smem, v_smem), (k_ready, v_ready, q_ready), (k_free, v_free), sched, *extra = scoped
         b = lax.axis_index("b")
         head = lax.axis_index("h")
         # Heavy (late) causal tiles first: the tail of the grid is then the short ones.
@@ -150,26 +157,28 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         wg = lax.axis_index("wg")
         tile_start = q_tile * (2 * bq)
         cta_blocks = blocks.seen_before(tile_start + 2 * bq)
+        if cfg.overlap:
+            # Every consumer of the overlapped loop runs at least block 0 (see ``overlapped``).
+            cta_blocks = jnp.maximum(cta_blocks, 1)
 
         def sched_sync() -> None:
             if cfg.pingpong:
                 plgpu.barrier_arrive(sched)
                 plgpu.barrier_wait(sched)
 
-        @pl.when(wg < 2)
-        def _consumer() -> None:
-            plgpu.set_max_registers(232, action="increase")
-            q_smem = q_smem2.at[wg]
-            row0 = tile_start + wg * bq
-            n_blocks = blocks.seen_before(row0 + bq)
-            n_full = jnp.minimum(blocks.whole_from(row0), n_blocks)
+        def mask(s: Any, j: Any, row0: Any) -> Any:
+            """Scores of block ``j`` with keys past ``S`` (and, causal, right of the diagonal) masked."""
+            rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA)
+            cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA)
+            keys = cols + j * bkv
+            keep = keys < s_len
+            if causal:
+                keep = keep & (keys <= rows + (row0 + offset))
+            return jnp.where(keep, s, _MASKED)
 
-            plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, bq), head], q_smem, q_ready.at[wg])
-            plgpu.barrier_wait(q_ready.at[wg])
-
-            m_i = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-            l_i = plgpu.layout_cast(jnp.full((bq,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-            acc = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+        def in_turns(q_smem: Any, carry: Any, *, row0: Any, n_blocks: Any, n_full: Any, cta_blocks: Any) -> Any:
+            """The consumer's loop with ping-pong alone: per block, Q K^T, softmax, P V."""
+            acc, m_i, l_i = carry
 
             @pl.when(n_blocks > 0)
             def _() -> None:
@@ -190,13 +199,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 s = pl.run_scoped(qk_gemm, plgpu.ACC((bq, bkv), jnp.float32))
                 plgpu.barrier_arrive(k_free.at[slot])
                 if masked:
-                    rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA)
-                    cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA)
-                    keys = cols + j * bkv
-                    keep = keys < s_len
-                    if causal:
-                        keep = keep & (keys <= rows + (row0 + offset))
-                    s = jnp.where(keep, s, _MASKED)
+                    s = mask(s, j, row0)
                 # The scale rides in the exp2's FMA: m is kept scaled, on the log2 scale.
                 m_new = jnp.maximum(m_i, s.max(axis=1) * qk_scale)
                 alpha = jnp.exp2(m_i - m_new)
@@ -248,7 +251,114 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             lax.fori_loop(n_blocks, cta_blocks, drain, None)
 
             pl.when(wg == 0)(sched_sync)
+            return acc, m_i, l_i
 
+        def softmax(s: Any, j: Any, m_i: Any, l_i: Any, row0: Any, masked: bool) -> Any:
+            """Block ``j``'s scores ``s`` into ``(p, m, l, alpha)``: online softmax on the log2
+            scale, the scale riding in the exp2's FMA (m is kept scaled)."""
+            if masked:
+                s = mask(s, j, row0)
+            m_new = jnp.maximum(m_i, s.max(axis=1) * qk_scale)
+            alpha = jnp.exp2(m_i - m_new)
+            p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(m_new, s.shape, [0]))
+            return p.astype(dtype), m_new, l_i * alpha + p.sum(axis=1), alpha
+
+        def overlapped(q_smem: Any, carry: Any, *, row0: Any, n_blocks: Any, n_full: Any, cta_blocks: Any) -> Any:
+            """The consumer's loop with intra-warpgroup overlap (``Config.overlap``)."""
+            acc, m_i, l_i = carry
+            (turn,) = extra
+            # Rows that see no key (causal, T > S) run block 0 anyway, fully masked (the wrapper
+            # replaces their output and LSE): the loop then always has a first and a last block.
+            n_run = jnp.maximum(n_blocks, 1)
+
+            def take_turn() -> None:
+                if cfg.pingpong:
+                    plgpu.barrier_wait(turn.at[wg])
+
+            def pass_turn() -> None:
+                if cfg.pingpong:
+                    plgpu.barrier_arrive(turn.at[1 - wg])
+
+            # Consumer 0 issues first.
+            pl.when(wg == 1)(pass_turn)
+
+            def next_k(j: Any) -> None:
+                @pl.when(j < n_run)
+                def _() -> None:
+                    plgpu.barrier_wait(k_ready.at[lax.rem(j, jnp.int32(stages))])
+
+            def k_t(slot: Any) -> Any:
+                return plgpu.transpose_ref(k_smem.at[slot], (1, 0))
+
+            # Block 0: Q K^T alone.
+            def first_qk(s_ref: Any) -> Any:
+                take_turn()
+                plgpu.wgmma(s_ref, q_smem, k_t(0))
+                pass_turn()
+                return s_ref[...]
+
+            s = pl.run_scoped(first_qk, plgpu.ACC((bq, bkv), jnp.float32))
+            plgpu.barrier_arrive(k_free.at[0])
+            p, m_i, l_i, alpha = softmax(s, 0, m_i, l_i, row0, masked=True)
+            next_k(1)
+
+            def step(j: Any, carry: Any, masked: bool) -> Any:
+                acc, m_i, l_i, p, alpha = carry
+                slot, prev = lax.rem(j, jnp.int32(stages)), lax.rem(j - 1, jnp.int32(stages))
+                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+                def gemms(refs: Any) -> None:
+                    o_ref, p_ref, m_ref, l_ref, alpha_ref = refs
+
+                    def with_s(s_ref: Any) -> None:
+                        take_turn()
+                        plgpu.wgmma(s_ref, q_smem, k_t(slot))
+                        plgpu.barrier_wait(v_ready.at[prev])
+                        plgpu.wgmma(o_ref, p, v_smem.at[prev])
+                        pass_turn()
+                        # Q K^T done (P V, issued after it, may still run): its softmax overlaps P V.
+                        s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
+                        plgpu.barrier_arrive(k_free.at[slot])
+                        p_ref[...], m_ref[...], l_ref[...], alpha_ref[...] = softmax(
+                            s, j, m_ref[...], l_ref[...], row0, masked)
+
+                    pl.run_scoped(with_s, plgpu.ACC((bq, bkv), jnp.float32))
+
+                acc, p, m_i, l_i, alpha = pl.run_state(gemms)((plgpu.ACC.init(acc), p, m_i, l_i, alpha))
+                plgpu.barrier_arrive(v_free.at[prev])
+                next_k(j + 1)
+                return acc, m_i, l_i, p, alpha
+
+            carry = (acc, m_i, l_i, p, alpha)
+            unmasked_end = jnp.clip(n_full, 1, n_run)
+            carry = lax.fori_loop(1, unmasked_end, functools.partial(step, masked=False), carry)
+            acc, m_i, l_i, p, alpha = lax.fori_loop(unmasked_end, n_run, functools.partial(step, masked=True), carry)
+
+            # The last block's P V alone.
+            last = lax.rem(n_run - 1, jnp.int32(stages))
+            acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+            def last_pv(o_ref: Any) -> None:
+                take_turn()
+                plgpu.barrier_wait(v_ready.at[last])
+                plgpu.wgmma(o_ref, p, v_smem.at[last])
+                pass_turn()
+
+            acc = pl.run_state(last_pv)(plgpu.ACC.init(acc))
+            plgpu.barrier_arrive(v_free.at[last])
+
+            def drain(j: Any, _: Any) -> None:
+                # Blocks only the other consumer needs: release them, and keep passing turns.
+                slot = lax.rem(j, jnp.int32(stages))
+                plgpu.barrier_arrive(k_free.at[slot])
+                plgpu.barrier_arrive(v_free.at[slot])
+                take_turn()
+                pass_turn()
+
+            lax.fori_loop(n_run, cta_blocks, drain, None)
+            return acc, m_i, l_i
+
+        def finish(q_smem: Any, acc: Any, m_i: Any, l_i: Any, row0: Any) -> None:
             l_safe = jnp.where(l_i == 0.0, 1.0, l_i)
             acc = acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [0])
             q_smem[...] = acc.astype(dtype)
@@ -259,6 +369,29 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             # 64x192 tiles missed the shared memory by).
             lse_ref[b, head, pl.ds(row0, bq)] = m_i + jnp.log2(l_safe)
             plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg < 2)
+        def _consumer() -> None:
+            plgpu.set_max_registers(232, action="increase")
+            q_smem = q_smem2.at[wg]
+            row0 = tile_start + wg * bq
+            n_blocks = blocks.seen_before(row0 + bq)
+            n_full = jnp.minimum(blocks.whole_from(row0), n_blocks)
+
+            plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, bq), head], q_smem, q_ready.at[wg])
+            plgpu.barrier_wait(q_ready.at[wg])
+
+            m_i = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+            l_i = plgpu.layout_cast(jnp.full((bq,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+            acc = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+
+            if cfg.overlap:
+                acc, m_i, l_i = overlapped(q_smem, (acc, m_i, l_i), row0=row0, n_blocks=n_blocks,
+                                           n_full=n_full, cta_blocks=cta_blocks)
+            else:
+                acc, m_i, l_i = in_turns(q_smem, (acc, m_i, l_i), row0=row0, n_blocks=n_blocks,
+                                         n_full=n_full, cta_blocks=cta_blocks)
+            finish(q_smem, acc, m_i, l_i, row0)
 
         @pl.when(wg == 2)
         def _producer() -> None:
@@ -279,6 +412,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
              plgpu.Barrier(num_barriers=2)),
             (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2,
             plgpu.Barrier(num_arrivals=2),
+            # With overlap: turn[c] is consumer c's right to issue (the other passes it).
+            *((plgpu.Barrier(num_arrivals=1, num_barriers=2),) if cfg.overlap else ()),
             collective_axes="wg",
         )
 
