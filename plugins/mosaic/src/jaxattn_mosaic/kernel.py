@@ -291,6 +291,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 return plgpu.transpose_ref(k_smem.at[slot], (1, 0))
 
             # Block 0: Q K^T alone.
+            plgpu.barrier_wait(k_ready.at[0])
+
             def first_qk(s_ref: Any) -> Any:
                 take_turn()
                 plgpu.wgmma(s_ref, q_smem, k_t(0))
