@@ -176,6 +176,24 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 keep = keep & (keys <= rows + (row0 + offset))
             return jnp.where(keep, s, _MASKED)
 
+        def release(j: Any) -> None:
+            """Free block ``j``'s K and V slots, which this consumer does not read.
+
+            Each slot's "free" barrier completes a phase on two arrivals, one per consumer. With
+            ping-pong (a rendezvous or a turn per block) the other consumer has released the
+            slot's previous block before this arrival; without it this consumer can run ahead,
+            and its arrival would complete the previous block's phase in the other's place, so
+            the producer would overwrite a block still being read. It first waits for block
+            ``j`` to land, which the producer loads only once that previous block is free.
+            """
+            slot = lax.rem(j, jnp.int32(stages))
+            if not cfg.pingpong:
+                plgpu.barrier_wait(k_ready.at[slot])
+            plgpu.barrier_arrive(k_free.at[slot])
+            if not cfg.pingpong:
+                plgpu.barrier_wait(v_ready.at[slot])
+            plgpu.barrier_arrive(v_free.at[slot])
+
         def in_turns(q_smem: Any, carry: Any, *, row0: Any, n_blocks: Any, n_full: Any, cta_blocks: Any) -> Any:
             """The consumer's loop with ping-pong alone: per block, Q K^T, softmax, P V."""
             acc, m_i, l_i = carry
@@ -242,9 +260,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             def drain(j: Any, _: Any) -> None:
                 # The other consumer needs more blocks: release our share of them and keep
                 # the ping-pong in step.
-                slot = lax.rem(j, jnp.int32(stages))
-                plgpu.barrier_arrive(k_free.at[slot])
-                plgpu.barrier_arrive(v_free.at[slot])
+                release(j)
                 sched_sync()
                 sched_sync()
 
@@ -351,9 +367,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
             def drain(j: Any, _: Any) -> None:
                 # Blocks only the other consumer needs: release them, and keep passing turns.
-                slot = lax.rem(j, jnp.int32(stages))
-                plgpu.barrier_arrive(k_free.at[slot])
-                plgpu.barrier_arrive(v_free.at[slot])
+                release(j)
                 take_turn()
                 pass_turn()
 
