@@ -43,7 +43,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxattn_mosaic.blocks import TRANSFORMS, KeyBlocks, cdiv, check_inputs, stream_kv
+from jaxattn_mosaic.blocks import TRANSFORMS, KeyBlocks, cdiv, check_inputs, release_unread, stream_kv
 
 __all__ = ["BackwardConfig", "default_backward_config", "mosaic_attention_backward"]
 
@@ -250,10 +250,9 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
 
             @pl.loop(n_blocks, cta_blocks)
             def _drain(j: Any) -> None:
-                # The other consumer needs more blocks: release our share of them.
-                slot = lax.rem(j, jnp.int32(stages))
-                plgpu.barrier_arrive(k_free.at[slot])
-                plgpu.barrier_arrive(v_free.at[slot])
+                # The other consumer needs more blocks: release our share of them, once each
+                # has landed (no barrier keeps the two consumers in step here).
+                release_unread(j, (k_ready, v_ready), (k_free, v_free), stages=stages)
 
             q_smem[...] = (dq * sh.scale).astype(dtype)
             plgpu.commit_smem()

@@ -16,7 +16,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-__all__ = ["TRANSFORMS", "KeyBlocks", "cdiv", "check_inputs", "stream_kv"]
+__all__ = ["TRANSFORMS", "KeyBlocks", "cdiv", "check_inputs", "release_unread", "stream_kv"]
 
 #: Shared-memory tiles of 64 columns (128 bytes of 16-bit values), as wgmma reads them.
 TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -95,3 +95,22 @@ def stream_kv(k_ref: Any, v_ref: Any, smem: tuple[Any, Any], ready: tuple[Any, A
         plgpu.copy_gmem_to_smem(k_ref.at[idx], k_smem.at[slot], k_ready.at[slot])
         plgpu.barrier_wait(v_free.at[slot])
         plgpu.copy_gmem_to_smem(v_ref.at[idx], v_smem.at[slot], v_ready.at[slot])
+
+
+def release_unread(j: Any, ready: tuple[Any, Any], free: tuple[Any, Any], *, stages: int, wait: bool = True) -> None:
+    """Free key block ``j``'s K and V slots for a consumer that does not read the block (the
+    other consumer of its CTA sees more keys).
+
+    A slot's ``free`` barrier completes a phase on two arrivals, one per consumer. A consumer
+    that runs ahead of the other would, by arriving for block ``j``, complete the phase of the
+    slot's previous block ``j - stages`` in the other's place, and the producer would overwrite
+    a block the other consumer still reads. Waiting for block ``j`` to land first orders the
+    arrival: the producer loads ``j`` only once ``j - stages`` is free. ``wait=False`` is for
+    schedules that already keep the consumers within a block of each other (the forward's
+    ping-pong), where the wait would cost a barrier and change nothing.
+    """
+    slot = lax.rem(j, jnp.int32(stages))
+    for ready_bar, free_bar in zip(ready, free, strict=True):
+        if wait:
+            plgpu.barrier_wait(ready_bar.at[slot])
+        plgpu.barrier_arrive(free_bar.at[slot])

@@ -39,7 +39,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxattn_mosaic.blocks import TRANSFORMS, KeyBlocks, cdiv, check_inputs, stream_kv
+from jaxattn_mosaic.blocks import TRANSFORMS, KeyBlocks, cdiv, check_inputs, release_unread, stream_kv
 
 __all__ = ["Config", "default_config", "mosaic_attention_forward"]
 
@@ -177,22 +177,9 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             return jnp.where(keep, s, _MASKED)
 
         def release(j: Any) -> None:
-            """Free block ``j``'s K and V slots, which this consumer does not read.
-
-            Each slot's "free" barrier completes a phase on two arrivals, one per consumer. With
-            ping-pong (a rendezvous or a turn per block) the other consumer has released the
-            slot's previous block before this arrival; without it this consumer can run ahead,
-            and its arrival would complete the previous block's phase in the other's place, so
-            the producer would overwrite a block still being read. It first waits for block
-            ``j`` to land, which the producer loads only once that previous block is free.
-            """
-            slot = lax.rem(j, jnp.int32(stages))
-            if not cfg.pingpong:
-                plgpu.barrier_wait(k_ready.at[slot])
-            plgpu.barrier_arrive(k_free.at[slot])
-            if not cfg.pingpong:
-                plgpu.barrier_wait(v_ready.at[slot])
-            plgpu.barrier_arrive(v_free.at[slot])
+            # Ping-pong (a rendezvous or a turn per block) keeps the other consumer within a
+            # block: no wait is needed before releasing (see ``release_unread``).
+            release_unread(j, (k_ready, v_ready), (k_free, v_free), stages=stages, wait=not cfg.pingpong)
 
         def in_turns(q_smem: Any, carry: Any, *, row0: Any, n_blocks: Any, n_full: Any, cta_blocks: Any) -> Any:
             """The consumer's loop with ping-pong alone: per block, Q K^T, softmax, P V."""
