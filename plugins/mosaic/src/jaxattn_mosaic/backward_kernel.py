@@ -182,7 +182,7 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
     n_q_tiles = t_pad // (2 * bq)
     stages = max(2, min(stages, s_pad // bkv))
     blocks = KeyBlocks(s_len=sh.s_len, block=bkv, causal=sh.causal, offset=sh.offset)
-    causal, offset, s_len = sh.causal, sh.offset, sh.s_len
+    causal = sh.causal
 
     def body(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dq_ref: Any,
              scoped: Any) -> None:
@@ -229,13 +229,7 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
                 plgpu.barrier_arrive(v_free.at[slot])
                 p = jnp.exp2(s * sh.qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
                 if masked:
-                    r = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA)
-                    c = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA)
-                    keys = c + j * bkv
-                    keep = keys < s_len
-                    if causal:
-                        keep = keep & (keys <= r + (row0 + offset))
-                    p = jnp.where(keep, p, 0.0)
+                    p = jnp.where(blocks.keep(j, row0, (bq, bkv)), p, 0.0)
                 ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
 
                 def dq_gemm(acc_ref: Any) -> None:

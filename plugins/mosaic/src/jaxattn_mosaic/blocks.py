@@ -62,6 +62,17 @@ class KeyBlocks:
         last = jnp.minimum(row_end + self.offset, self.s_len)  # keys < last
         return jnp.clip(lax.div(last + (self.block - 1), jnp.int32(self.block)), 0, self.count)
 
+    def keep(self, j: Any, row0: Any, shape: tuple[int, int]) -> Any:
+        """Which keys of block ``j`` the ``shape[0]`` rows from ``row0`` see: a bool tile in
+        wgmma's register layout (false past ``S`` and, causal, right of the diagonal)."""
+        rows = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+        cols = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+        keys = cols + j * self.block
+        keep = keys < self.s_len
+        if self.causal:
+            keep = keep & (keys <= rows + (row0 + self.offset))
+        return keep
+
     def whole_from(self, row_start: Any) -> Any:
         """Blocks every row >= ``row_start`` (traced) sees whole: no causal mask, no key tail."""
         full = self.s_len // self.block

@@ -145,7 +145,6 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     n_q_tiles = t_pad // (2 * bq)
     stages = max(2, min(cfg.stages, s_pad // bkv))
     blocks = KeyBlocks(s_len=s_len, block=bkv, causal=causal, offset=s_len - t_len)
-    offset = blocks.offset
     qk_scale = scale * _LOG2E
 
     def body(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scoped: Any) -> None:
@@ -168,13 +167,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
         def mask(s: Any, j: Any, row0: Any) -> Any:
             """Scores of block ``j`` with keys past ``S`` (and, causal, right of the diagonal) masked."""
-            rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA)
-            cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA)
-            keys = cols + j * bkv
-            keep = keys < s_len
-            if causal:
-                keep = keep & (keys <= rows + (row0 + offset))
-            return jnp.where(keep, s, _MASKED)
+            return jnp.where(blocks.keep(j, row0, (bq, bkv)), s, _MASKED)
 
         def release(j: Any) -> None:
             # Ping-pong (a rendezvous or a turn per block) keeps the other consumer within a
