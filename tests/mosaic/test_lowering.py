@@ -1,0 +1,104 @@
+"""The Mosaic GPU kernels lowered for an NVIDIA GPU, on any host (a CPU in CI).
+
+Mosaic GPU kernels run only on a Hopper GPU, but jax lowers them for another platform than
+the host's (``lower(lowering_platforms=("cuda",))``): the kernel body becomes Mosaic GPU IR,
+through the layouts of every register tile and Mosaic GPU's shared-memory budget, everything
+short of ptxas. So CI catches a kernel that would not build (a wrong layout, an op the
+dialect lacks, tiles past the 227 KiB of shared memory) for every head dim, mask, length and
+configuration, where the GPU tests run only now and then. Numerics stay with tests/mosaic's
+GPU tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxattn_mosaic import backward_kernel as KB
+from jaxattn_mosaic import kernel as K
+
+#: (T, S, Hq, Hkv): odd lengths with GQA, T > S (rows that see no key), one query over a key
+#: shorter than a block.
+SHAPES = [(333, 517, 4, 2), (640, 384, 4, 1), (1, 77, 2, 2)]
+
+
+def _spec(t: int, h: int, d: int, dtype: Any = jnp.bfloat16) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct((1, t, h, d), dtype)
+
+
+def _lowered(fn: Any, *args: jax.ShapeDtypeStruct) -> str:
+    text: str = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    return text
+
+
+def _forward(causal: bool, config: K.Config | None = None) -> Any:
+    def run(q: Any, k: Any, v: Any) -> Any:
+        return K.mosaic_attention_forward(q, k, v, causal=causal, softmax_scale=0.125, config=config)
+
+    return run
+
+
+def _backward(causal: bool, config: KB.BackwardConfig | None = None) -> Any:
+    def run(q: Any, k: Any, v: Any, lse: Any) -> Any:
+        return KB.mosaic_attention_backward(q, k, v, q, lse, q, lse, causal=causal, softmax_scale=0.125,
+                                            config=config)
+
+    return run
+
+
+def _is_mosaic_gpu(text: str) -> bool:
+    # The kernel is a custom call carrying a Mosaic GPU module.
+    return "custom_call" in text and "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", sorted(K.HEAD_DIMS))
+@pytest.mark.parametrize(("t", "s", "hq", "hkv"), SHAPES)
+def test_forward_lowers_at_its_default_tiles(t: int, s: int, hq: int, hkv: int, d: int, causal: bool) -> None:
+    assert _is_mosaic_gpu(_lowered(_forward(causal), _spec(t, hq, d), _spec(s, hkv, d), _spec(s, hkv, d)))
+
+
+def test_forward_lowers_in_float16_and_over_16k_keys() -> None:
+    # float16, and the 64x192 tiles a full forward takes from 16k keys.
+    q, kv = _spec(128, 2, 128, jnp.float16), _spec(K.WIDE_KV_FROM, 2, 128, jnp.float16)
+    assert K.default_config(128, causal=False, kv_len=K.WIDE_KV_FROM).block_kv == 192
+    assert _is_mosaic_gpu(_lowered(_forward(False), q, kv, kv))
+
+
+#: The configurations the benchmark's ablations time (tests/mosaic/test_gpu.py runs them).
+CONFIGS = [K.Config(pingpong=False), K.Config(overlap=True), K.Config(overlap=True, stages=3),
+           K.Config(overlap=True, pingpong=False), K.Config(block_kv=192), K.Config(stages=3),
+           K.Config(block_kv=64, stages=4)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_forward_configurations_lower(config: K.Config, causal: bool) -> None:
+    t, s, hq, hkv = SHAPES[0]
+    assert _is_mosaic_gpu(_lowered(_forward(causal, config), _spec(t, hq, 128), _spec(s, hkv, 128),
+                                   _spec(s, hkv, 128)))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", sorted(KB.HEAD_DIMS))
+@pytest.mark.parametrize(("t", "s", "hq", "hkv"), SHAPES)
+def test_backward_lowers(t: int, s: int, hq: int, hkv: int, d: int, causal: bool) -> None:
+    lse = jax.ShapeDtypeStruct((1, hq, t), jnp.float32)
+    text = _lowered(_backward(causal), _spec(t, hq, d), _spec(s, hkv, d), _spec(s, hkv, d), lse)
+    assert _is_mosaic_gpu(text)
+
+
+def test_tiles_past_the_shared_memory_are_refused_when_lowering() -> None:
+    # What the GPU refused before (docs/bench.md): 64x256 tiles with 3 stages at D = 128, and
+    # the dQ kernel's 64x128 tiles with 3 stages. Lowering alone refuses them too.
+    t, s, hq, hkv = SHAPES[0]
+    q, kv = _spec(t, hq, 128), _spec(s, hkv, 128)
+    with pytest.raises(ValueError, match="shared memory"):
+        _lowered(_forward(True, K.Config(block_kv=256, stages=3)), q, kv, kv)
+    lse = jax.ShapeDtypeStruct((1, hq, t), jnp.float32)
+    big_dq = KB.BackwardConfig(KB.Tiles(64, 128, 3), KB.Tiles(64, 64, 3))
+    with pytest.raises(ValueError, match="shared memory"):
+        _lowered(_backward(True, big_dq), q, kv, kv, lse)
