@@ -9,10 +9,17 @@
 #             SERVING_IMPLS backends
 #   info      jaxattn info and jaxattn list (what is installed and usable on this machine)
 #   dense     jaxattn bench on the D=128 flash targets (regression check of the dense kernels)
+#   mosaic    the GPU tests of mosaic_flash (tests/mosaic), one line per test as it ends, so a
+#             time limit still shows what failed; MOSAIC_S budget
+#   mosaic-bench  benchmarks/mosaic_bench.py --check --bench --bwd at D 128 and 64, beside cuDNN
+#             and tokamax (when gpu_wheels.sh ran with TOKAMAX=1)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+if [ -d .whl/peers ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/peers/*.whl || exit 1
+fi
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 JAXATTN_CACHE_DIR=/tmp/jaxattn-cache
 # Triton keeps compiled kernels under $HOME, which the GPU machine may not set: give it a place.
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
@@ -47,6 +54,16 @@ for stage in "$@"; do
     info)
       { python3 -m jaxattn info; python3 -m jaxattn list; } > "$OUT/info.txt" 2>&1
       cut -c1-200 "$OUT/info.txt" ;;
+    mosaic)
+      # 8 processes: compiling the kernels is most of the time, and it runs on the CPU.
+      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${MOSAIC_S:-400}" python3 -m pytest -v -n 8 -p no:cacheprovider \
+        -m "gpu or not tpu" --tb=short tests/mosaic > "$OUT/mosaic-tests.log" 2>&1
+      grep -E "FAILED|^E " "$OUT/mosaic-tests.log" | cut -c1-300 | head -n 40
+      tail -n 3 "$OUT/mosaic-tests.log" ;;
+    mosaic-bench)
+      timeout "${MOSAIC_BENCH_S:-450}" python3 benchmarks/mosaic_bench.py --check --bench --bwd --head-dims 128,64 \
+        > "$OUT/mosaic-bench.txt" 2>&1
+      grep -v WARNING "$OUT/mosaic-bench.txt" | grep -E "^\||FAIL|unavailable" | cut -c1-220 ;;
     *) echo "unknown stage $stage" ;;
   esac
   echo "stage $stage took $(( $(date +%s) - start )) s"
