@@ -47,11 +47,12 @@ KB = importlib.util.module_from_spec(_bspec)
 sys.modules["mosaic_backward_kernel"] = KB
 _bspec.loader.exec_module(KB)
 
-#: (block_q, block_kv, stages, pingpong[, overlap]) timed beside the default with --sweep (an
-#: ablation).
+#: (block_q, block_kv, stages, pingpong[, overlap[, exp2_fma_cols]]) timed beside the default
+#: with --sweep (an ablation).
 SWEEP: dict[int, tuple[tuple[int, ...], ...]] = {
     128: ((64, 128, 2, False), (64, 64, 4, True), (128, 64, 2, True), (64, 128, 3, True), (64, 128, 2, True),
-          (64, 192, 2, True), (64, 128, 2, True, True), (64, 128, 3, True, True)),
+          (64, 192, 2, True), (64, 128, 2, True, True), (64, 128, 3, True, True), (64, 128, 2, True, False, 64),
+          (64, 192, 2, True, False, 64)),
     64: ((64, 128, 2, True), (64, 256, 2, False), (64, 128, 2, True, True)),
     256: ((64, 64, 2, False),),
 }
@@ -340,7 +341,8 @@ def main() -> int:
     ap.add_argument("--bwd-sweep", action="store_true", help="with --bwd: time BWD_SWEEP's backward tiles too")
     ap.add_argument("--head-dims", default="", help="only these head dims, e.g. 64,256")
     ap.add_argument("--config", action="append", default=[],
-                    help="BQ,BKV,STAGES,PINGPONG(0/1)[,OVERLAP(0/1)] timed with --sweep instead of SWEEP, and checked "
+                    help="BQ,BKV,STAGES,PINGPONG(0/1)[,OVERLAP(0/1)[,EXP2_FMA_COLS]] timed with --sweep "
+                         "instead of SWEEP, and checked "
                          "at head dim 128 with --check (repeatable)")
     a = ap.parse_args()
     mine = tuple(tuple(int(x) for x in c.split(",")) for c in a.config)

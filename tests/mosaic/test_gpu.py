@@ -109,6 +109,8 @@ CONFIGS = {
     "overlap": {"overlap": True},
     "overlap-3-stages": {"overlap": True, "stages": 3},
     "kv192": {"block_kv": 192},
+    "exp2-fma": {"exp2_fma_cols": 64},
+    "kv192-exp2-fma": {"block_kv": 192, "exp2_fma_cols": 128},
 }
 
 

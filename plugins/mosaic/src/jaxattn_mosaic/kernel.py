@@ -17,7 +17,10 @@ Design (one CTA = three warpgroups):
   the other's two GEMMs hold the tensor cores;
 * with ``Config.overlap``, each consumer also overlaps itself: block ``j``'s Q K^T and block
   ``j - 1``'s P V are issued together, and the softmax of block ``j`` runs while that P V is
-  still in flight; two "turn" barriers pass the right to issue from one consumer to the other.
+  still in flight; two "turn" barriers pass the right to issue from one consumer to the other;
+* with ``Config.exp2_fma_cols``, the exp2 of a block's last key columns runs as a polynomial on
+  the FMA units (``exp2_fma``) while the special-function unit does the rest: the softmax's
+  exponentials, not its FMAs, may bound the consumer that is not on the tensor cores.
 
 Masks: causal is bottom-right aligned (query ``i`` sees key ``j`` iff ``j <= i + S - T``),
 and a key tail past ``S`` (the key length padded up to a block) is masked too. Blocks that
@@ -41,7 +44,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jaxattn_mosaic.blocks import TRANSFORMS, KeyBlocks, cdiv, check_inputs, release_unread, stream_kv
 
-__all__ = ["Config", "default_config", "mosaic_attention_forward"]
+__all__ = ["Config", "default_config", "exp2_fma", "mosaic_attention_forward"]
 
 _LOG2E = math.log2(math.e)
 #: Head dims the forward takes: tiles of 64 columns (128-byte swizzle), up to what shared memory holds.
@@ -67,12 +70,20 @@ class Config:
     #: P V and runs the next softmax while P V is in flight (two S tiles' worth of registers
     #: live); the consumers pass the tensor cores by turns instead of meeting at a barrier.
     overlap: bool = False
+    #: Key columns per block (a multiple of 64, the last ones) whose exp2 runs as an FMA
+    #: polynomial (``exp2_fma``) instead of on the special-function unit, which does all of
+    #: them otherwise: the two units then share the softmax's exponentials. 0: none.
+    exp2_fma_cols: int = 0
 
     def __post_init__(self) -> None:
         if self.block_q % 64 or self.block_kv % 64:
             raise ValueError(f"blocks must be multiples of 64, got {self}")
         if self.stages < 2:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
+        if self.exp2_fma_cols % 64 or not 0 <= self.exp2_fma_cols < self.block_kv:
+            raise ValueError(f"exp2_fma_cols must be a multiple of 64 below block_kv, got {self}")
+        if self.exp2_fma_cols and self.overlap:
+            raise ValueError(f"exp2_fma_cols is built for the ping-pong loop only, not with overlap: {self}")
 
 
 #: Keys from which a full (non-causal) D = 128 forward takes 64x192 tiles (measured on an H100:
@@ -93,6 +104,35 @@ def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0) -> C
             return Config(block_q=64, block_kv=192, stages=2)
         return Config(block_q=64, block_kv=128, stages=2)
     return Config(block_q=64, block_kv=64, stages=2)
+
+
+#: 2**f on [-1/2, 1/2]: the Taylor terms (ln 2)**k / k!; relative error below 4e-6 there.
+_EXP2_TERMS = (1.0, 0.6931472, 0.2402265, 0.05550411, 0.009618129, 0.001333356)
+#: 1.5 * 2**23: adding it to a float32 of magnitude below 2**22 rounds it to an integer,
+#: which the sum's low mantissa bits then hold.
+_ROUND = 12582912.0
+
+
+def exp2_fma(x: Any) -> Any:
+    """``2**x`` for float32 ``x <= 0`` with adds, multiplies and integer ops only: no exp2
+    instruction, and no float/int conversion (on sm_90 both run at the special-function
+    unit's rate, which this is meant to relieve).
+
+    ``x = n + f`` with ``n`` the nearest integer and ``|f| <= 1/2``, both read off
+    ``x + 1.5 * 2**23``; ``2**f`` is a degree-5 polynomial (relative error below 4e-6), and
+    ``n`` is added to its exponent bits. An optimisation barrier keeps ``(x + c) - c`` from
+    being folded to ``x`` (XLA on a CPU did, under jit). Inputs below -125 give ``2**-125``
+    or so instead of less (masked keys: a weight of 1e-38 beside a row sum of at least 1).
+    Plain jax: it runs in the kernel and, for its tests, on any array.
+    """
+    x = jnp.maximum(x, -125.0)
+    big = lax.optimization_barrier(x + _ROUND)
+    f = x - (big - _ROUND)
+    poly = jnp.full_like(f, _EXP2_TERMS[-1])
+    for c in reversed(_EXP2_TERMS[:-1]):
+        poly = poly * f + c
+    n = lax.bitcast_convert_type(big, jnp.int32) - lax.bitcast_convert_type(jnp.float32(_ROUND), jnp.int32)
+    return lax.bitcast_convert_type(lax.bitcast_convert_type(poly, jnp.int32) + lax.shift_left(n, 23), jnp.float32)
 
 
 def mosaic_attention_forward(
@@ -174,6 +214,28 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             # block: no wait is needed before releasing (see ``release_unread``).
             release_unread(j, (k_ready, v_ready), (k_free, v_free), stages=stages, wait=not cfg.pingpong)
 
+        fma_cols = cfg.exp2_fma_cols
+        cut = bkv - fma_cols
+
+        def exp2_parts(x: Any) -> list[Any]:
+            """exp2 of a block's scaled scores, by column parts: the special-function unit's
+            for the first ``cut`` keys, ``exp2_fma`` for the rest (``Config.exp2_fma_cols``)."""
+            if not fma_cols:
+                return [jnp.exp2(x)]
+            return [jnp.exp2(x[:, :cut]), exp2_fma(x[:, cut:])]
+
+        def row_sum(parts: list[Any]) -> Any:
+            total = parts[0].sum(axis=1)
+            for part in parts[1:]:
+                total = total + part.sum(axis=1)
+            return total
+
+        def v_parts(slot: Any) -> list[Any]:
+            """The V rows each part of P multiplies (the keys of ``exp2_parts``' columns)."""
+            if not fma_cols:
+                return [v_smem.at[slot]]
+            return [v_smem.at[slot, pl.ds(0, cut)], v_smem.at[slot, pl.ds(cut, fma_cols)]]
+
         def in_turns(q_smem: Any, carry: Any, *, row0: Any, n_blocks: Any, n_full: Any, cta_blocks: Any) -> Any:
             """The consumer's loop with ping-pong alone: per block, Q K^T, softmax, P V."""
             acc, m_i, l_i = carry
@@ -201,10 +263,10 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 # The scale rides in the exp2's FMA: m is kept scaled, on the log2 scale.
                 m_new = jnp.maximum(m_i, s.max(axis=1) * qk_scale)
                 alpha = jnp.exp2(m_i - m_new)
-                p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(m_new, s.shape, [0]))
+                parts = exp2_parts(s * qk_scale - lax.broadcast_in_dim(m_new, s.shape, [0]))
                 acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
                 l_i = l_i * alpha
-                p_lo = p.astype(dtype)
+                p_lo = [p.astype(dtype) for p in parts]
 
                 def release_tensor_cores() -> None:
                     if cfg.pingpong:
@@ -214,15 +276,16 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                         plgpu.barrier_wait(sched)
 
                 if head_dim <= 128:
-                    l_i = l_i + p.sum(axis=1)
+                    l_i = l_i + row_sum(parts)
                     acc, l_i, m_new, p_lo = lax.optimization_barrier((acc, l_i, m_new, p_lo))
                     release_tensor_cores()
                 else:
                     release_tensor_cores()
-                    l_i = l_i + p.sum(axis=1)
+                    l_i = l_i + row_sum(parts)
 
                 def pv_gemm(acc_ref: Any) -> None:
-                    plgpu.wgmma(acc_ref, p_lo, v_smem.at[slot])
+                    for p_part, v_part in zip(p_lo, v_parts(slot), strict=True):
+                        plgpu.wgmma(acc_ref, p_part, v_part)
                     nxt = j + 1
 
                     @pl.when(nxt < n_blocks)
