@@ -11,7 +11,7 @@
 #   dense     jaxattn bench on the D=128 flash targets (regression check of the dense kernels)
 #   mosaic    the GPU tests of mosaic_flash (tests/mosaic), one line per test as it ends, so a
 #             time limit still shows what failed; MOSAIC_S budget
-#   mosaic-bench  benchmarks/mosaic_bench.py --check --bench --bwd at D 128 and 64, beside cuDNN
+#   mosaic-bench  benchmarks/mosaic_bench.py --check --bench --bwd at D 128, 64 and 256 (MOSAIC_HEAD_DIMS), beside cuDNN
 #             and tokamax (when gpu_wheels.sh ran with TOKAMAX=1)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -61,7 +61,7 @@ for stage in "$@"; do
       grep -E "FAILED|^E " "$OUT/mosaic-tests.log" | cut -c1-300 | head -n 40
       tail -n 3 "$OUT/mosaic-tests.log" ;;
     mosaic-bench)
-      timeout "${MOSAIC_BENCH_S:-450}" python3 benchmarks/mosaic_bench.py --check --bench --bwd --head-dims 128,64 \
+      timeout "${MOSAIC_BENCH_S:-540}" python3 benchmarks/mosaic_bench.py --check --bench --bwd --head-dims "${MOSAIC_HEAD_DIMS:-128,64,256}" \
         > "$OUT/mosaic-bench.txt" 2>&1
       grep -v WARNING "$OUT/mosaic-bench.txt" | grep -E "^\||FAIL|unavailable" | cut -c1-220 ;;
     *) echo "unknown stage $stage" ;;
