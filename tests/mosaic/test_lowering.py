@@ -5,8 +5,8 @@ the host's (``lower(lowering_platforms=("cuda",))``): the kernel body becomes Mo
 through the layouts of every register tile and Mosaic GPU's shared-memory budget, everything
 short of ptxas. So CI catches a kernel that would not build (a wrong layout, an op the
 dialect lacks, tiles past the 227 KiB of shared memory) for every head dim, mask, length and
-configuration, where the GPU tests run only now and then. Numerics stay with tests/mosaic's
-GPU tests.
+configuration, and the plugin's impl as a GPU user calls it, differentiated too, where the GPU
+tests run only now and then. Numerics stay with tests/mosaic's GPU tests.
 """
 
 from __future__ import annotations
@@ -17,8 +17,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from jaxattn.device import DeviceInfo
+from jaxattn.metadata import AttentionMetadata
 from jaxattn_mosaic import backward_kernel as KB
 from jaxattn_mosaic import kernel as K
+from jaxattn_mosaic.impl import MosaicFlashAttention
 
 #: (T, S, Hq, Hkv): odd lengths with GQA, T > S (rows that see no key), one query over a key
 #: shorter than a block.
@@ -49,9 +52,13 @@ def _backward(causal: bool, config: KB.BackwardConfig | None = None) -> Any:
     return run
 
 
+def _kernels(text: str) -> int:
+    """Mosaic GPU kernels in a lowered program: custom calls carrying a Mosaic GPU module."""
+    return text.count("custom_call @mosaic_gpu")
+
+
 def _is_mosaic_gpu(text: str) -> bool:
-    # The kernel is a custom call carrying a Mosaic GPU module.
-    return "custom_call" in text and "mosaic_gpu" in text
+    return _kernels(text) == 1
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -88,7 +95,7 @@ def test_forward_configurations_lower(config: K.Config, causal: bool) -> None:
 def test_backward_lowers(t: int, s: int, hq: int, hkv: int, d: int, causal: bool) -> None:
     lse = jax.ShapeDtypeStruct((1, hq, t), jnp.float32)
     text = _lowered(_backward(causal), _spec(t, hq, d), _spec(s, hkv, d), _spec(s, hkv, d), lse)
-    assert _is_mosaic_gpu(text)
+    assert _kernels(text) == 2  # dQ, then dK/dV
 
 
 def test_tiles_past_the_shared_memory_are_refused_when_lowering() -> None:
@@ -102,3 +109,29 @@ def test_tiles_past_the_shared_memory_are_refused_when_lowering() -> None:
     big_dq = KB.BackwardConfig(KB.Tiles(64, 128, 3), KB.Tiles(64, 64, 3))
     with pytest.raises(ValueError, match="shared memory"):
         _lowered(_backward(True, big_dq), q, kv, kv, lse)
+
+
+H100 = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0")
+
+
+@pytest.mark.parametrize("backward", ["auto", "own"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("t", "s", "hq", "hkv", "d"), [(333, 517, 4, 2, 128), (256, 256, 4, 4, 64)])
+def test_the_impl_differentiated_lowers(t: int, s: int, hq: int, hkv: int, d: int, causal: bool, backward: str) -> None:
+    # The plugin's own path, as a GPU user calls it: the impl for an H100 (its routing to the
+    # forward, the custom gradient and the backward chosen per call), under jax.grad and jit,
+    # a loss through the output and the lse. Its three kernels: forward, dQ, dK/dV.
+    impl = MosaicFlashAttention(AttentionMetadata(extra={"mosaic_backward": backward}), H100)
+
+    def loss(q: Any, k: Any, v: Any) -> Any:
+        res = impl(q, k, v, causal=causal)
+        return res.attention_outputs.astype(jnp.float32).sum() + res.softmax_lse.sum()
+
+    text = _lowered(jax.grad(loss, argnums=(0, 1, 2)), _spec(t, hq, d), _spec(s, hkv, d), _spec(s, hkv, d))
+    assert _kernels(text) == 3  # the forward once, dQ, dK/dV
+
+
+def test_the_impl_lowers_with_tiles_from_metadata() -> None:
+    impl = MosaicFlashAttention(AttentionMetadata(block_q=64, block_k=64, num_stages=3), H100)
+    q, kv = _spec(333, 4, 128), _spec(517, 2, 128)
+    assert _is_mosaic_gpu(_lowered(lambda q, k, v: impl(q, k, v, causal=True).attention_outputs, q, kv, kv))
