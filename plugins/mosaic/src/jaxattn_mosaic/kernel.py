@@ -214,6 +214,17 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             # block: no wait is needed before releasing (see ``release_unread``).
             release_unread(j, (k_ready, v_ready), (k_free, v_free), stages=stages, wait=not cfg.pingpong)
 
+        def exponents(s: Any, j: Any, m_i: Any, row0: Any, masked: bool) -> tuple[Any, Any, Any]:
+            """Online softmax on the log2 scale for block ``j``'s scores ``s`` (masked if
+            ``masked``): the new running max ``m``, the factor ``alpha`` for what came before,
+            and the exponents whose exp2 is ``p``. The scale rides in the exp2's FMA: ``m`` is
+            kept scaled."""
+            if masked:
+                s = mask(s, j, row0)
+            m_new = jnp.maximum(m_i, s.max(axis=1) * qk_scale)
+            alpha = jnp.exp2(m_i - m_new)
+            return m_new, alpha, s * qk_scale - lax.broadcast_in_dim(m_new, s.shape, [0])
+
         fma_cols = cfg.exp2_fma_cols
         cut = bkv - fma_cols
 
@@ -258,12 +269,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
                 s = pl.run_scoped(qk_gemm, plgpu.ACC((bq, bkv), jnp.float32))
                 plgpu.barrier_arrive(k_free.at[slot])
-                if masked:
-                    s = mask(s, j, row0)
-                # The scale rides in the exp2's FMA: m is kept scaled, on the log2 scale.
-                m_new = jnp.maximum(m_i, s.max(axis=1) * qk_scale)
-                alpha = jnp.exp2(m_i - m_new)
-                parts = exp2_parts(s * qk_scale - lax.broadcast_in_dim(m_new, s.shape, [0]))
+                m_new, alpha, x = exponents(s, j, m_i, row0, masked)
+                parts = exp2_parts(x)
                 acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
                 l_i = l_i * alpha
                 p_lo = [p.astype(dtype) for p in parts]
@@ -313,13 +320,9 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             return acc, m_i, l_i
 
         def softmax(s: Any, j: Any, m_i: Any, l_i: Any, row0: Any, masked: bool) -> Any:
-            """Block ``j``'s scores ``s`` into ``(p, m, l, alpha)``: online softmax on the log2
-            scale, the scale riding in the exp2's FMA (m is kept scaled)."""
-            if masked:
-                s = mask(s, j, row0)
-            m_new = jnp.maximum(m_i, s.max(axis=1) * qk_scale)
-            alpha = jnp.exp2(m_i - m_new)
-            p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(m_new, s.shape, [0]))
+            """Block ``j``'s scores ``s`` into ``(p, m, l, alpha)``, ``p`` in the inputs' dtype."""
+            m_new, alpha, x = exponents(s, j, m_i, row0, masked)
+            p = jnp.exp2(x)
             return p.astype(dtype), m_new, l_i * alpha + p.sum(axis=1), alpha
 
         def overlapped(q_smem: Any, carry: Any, *, row0: Any, n_blocks: Any, n_full: Any, cta_blocks: Any) -> Any:
