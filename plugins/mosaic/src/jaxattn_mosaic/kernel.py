@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import struct
 from typing import Any
 
 import jax
@@ -111,6 +112,9 @@ _EXP2_TERMS = (1.0, 0.6931472, 0.2402265, 0.05550411, 0.009618129, 0.001333356)
 #: 1.5 * 2**23: adding it to a float32 of magnitude below 2**22 rounds it to an integer,
 #: which the sum's low mantissa bits then hold.
 _ROUND = 12582912.0
+#: _ROUND's float32 bits, as a Python int: a bitcast of a scalar does not lower in
+#: jax 0.11's Mosaic GPU (a vector<i32> where a scalar belongs).
+_ROUND_BITS: int = struct.unpack("<i", struct.pack("<f", _ROUND))[0]
 
 
 def exp2_fma(x: Any) -> Any:
@@ -131,7 +135,7 @@ def exp2_fma(x: Any) -> Any:
     poly = jnp.full_like(f, _EXP2_TERMS[-1])
     for c in reversed(_EXP2_TERMS[:-1]):
         poly = poly * f + c
-    n = lax.bitcast_convert_type(big, jnp.int32) - lax.bitcast_convert_type(jnp.float32(_ROUND), jnp.int32)
+    n = lax.bitcast_convert_type(big, jnp.int32) - _ROUND_BITS
     return lax.bitcast_convert_type(lax.bitcast_convert_type(poly, jnp.int32) + lax.shift_left(n, 23), jnp.float32)
 
 
