@@ -329,6 +329,59 @@ def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None
             print(row, flush=True)
 
 
+#: --resources: forward configurations compiled with ptxas's report (name, Config fields).
+RESOURCE_CONFIGS: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("64x128 (default below 16k keys)", (64, 128, 2, True)),
+    ("64x192 (default, full, >= 16k keys)", (64, 192, 2, True)),
+    ("64x128, 3 stages", (64, 128, 3, True)),
+    ("64x128, ping-pong off", (64, 128, 2, False)),
+    ("64x128, overlap", (64, 128, 2, True, True)),
+    ("64x128, exp2 of 64 columns on the FMA units", (64, 128, 2, True, False, 64)),
+)
+#: SASS opcodes counted per kernel (the tensor-core, special-function and FMA work).
+SASS_OPS = ("HGMMA", "MUFU.EX2", "FFMA", "FMUL", "FADD", "FMNMX", "F2FP", "SHFL", "SYNCS", "BAR", "LDL", "STL")
+
+
+def resources(dump: pathlib.Path) -> None:
+    """Compile each of RESOURCE_CONFIGS (and the backward kernels) at B1 S4k H32/8 D128 with
+    Mosaic GPU's ptxas and SASS dumps into ``dump``, and print each kernel's registers, spills,
+    ptxas warnings and SASS opcode counts (the compiler's resource report)."""
+    import os
+    import re
+
+    dump.mkdir(parents=True, exist_ok=True)
+    os.environ.update(MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_SASS="1", MOSAIC_GPU_DUMP_PTX="1",
+                      MOSAIC_GPU_DUMP_TO=str(dump))
+    q, k, v, _, _ = _inputs(1, 4096, 4096, 32, 8, 128, jnp.bfloat16)
+    jobs: list[tuple[str, Callable[[], Any]]] = [
+        (f"{name}, {'causal' if causal else 'full'}", functools.partial(
+            jax.jit(functools.partial(K.mosaic_attention_forward, causal=causal, softmax_scale=0.088,
+                                      config=K.Config(*cfg))), q, k, v))
+        for name, cfg in RESOURCE_CONFIGS for causal in (False, True)]
+    out, lse = K.mosaic_attention_forward(q, k, v, causal=True, softmax_scale=0.088)
+    jobs.append(("backward (dQ and dK/dV), causal", functools.partial(
+        jax.jit(functools.partial(KB.mosaic_attention_backward, causal=True, softmax_scale=0.088)),
+        q, k, v, out, lse, q, lse)))
+    print("\nresources: B1 S4096 H32/8 D128 bf16; per kernel: registers (ptxas), spills, SASS op counts")
+    for name, run in jobs:
+        before = set(dump.iterdir())
+        try:
+            jax.block_until_ready(run())
+        except Exception as e:
+            print(f"   {name}: {type(e).__name__} {str(e)[:300]}")
+            continue
+        new = sorted(set(dump.iterdir()) - before)
+        text = {f.name: f.read_text(errors="replace") for f in new if f.is_file()}
+        print(f"== {name}: {', '.join(sorted(text)) or 'no dump files (cached compile?)'}")
+        for fname, body in sorted(text.items()):
+            for line in body.splitlines():
+                if re.search(r"registers|spill|[Ww]arning|serializ|bytes stack", line):
+                    print(f"   {fname}: {line.strip()[:200]}")
+            if "sass" in fname.lower():
+                counts = {op: len(re.findall(rf"\b{re.escape(op)}\b", body)) for op in SASS_OPS}
+                print(f"   {fname}: " + " ".join(f"{op}={n}" for op, n in counts.items()))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
@@ -339,6 +392,9 @@ def main() -> int:
     ap.add_argument("--bwd", action="store_true")
     ap.add_argument("--bwd-check", action="store_true", help="check the backward kernel against jax's gradient")
     ap.add_argument("--bwd-sweep", action="store_true", help="with --bwd: time BWD_SWEEP's backward tiles too")
+    ap.add_argument("--resources", type=pathlib.Path, default=None, metavar="DIR",
+                    help="compile the forward configurations and the backward with ptxas/SASS dumps into DIR "
+                         "and print registers, spills and SASS opcode counts")
     ap.add_argument("--head-dims", default="", help="only these head dims, e.g. 64,256")
     ap.add_argument("--config", action="append", default=[],
                     help="BQ,BKV,STAGES,PINGPONG(0/1)[,OVERLAP(0/1)[,EXP2_FMA_COLS]] timed with --sweep "
@@ -350,6 +406,8 @@ def main() -> int:
         for d in SWEEP:
             SWEEP[d] = mine
     print(jax.__version__, jax.devices(), flush=True)
+    if a.resources:
+        resources(a.resources)
     bad = check(a.quick, mine) if a.check else 0
     bad += bwd_check(a.quick, tuple(BWD_SWEEP) if a.bwd_sweep else ()) if a.bwd_check else 0
     if a.bench:

@@ -1104,6 +1104,82 @@ def quant_sweep() -> None:
     RESULTS["quant_sweep"] = rows
 
 
+#: --quant-combine: (page size, sequences, context) of decode calls split over keys (16 sequences).
+QUANT_COMBINE_SHAPES = [(16, 16, 8192), (16, 16, 32768), (16, 16, 65536)]
+
+
+def _split_launches(spec: LP.PagedSpec, tiles: LP.PagedTiles) -> tuple[Callable[..., Any], ...]:
+    """A decode call over a quantized cache as ``(whole, attention launch, combine launch)``,
+    each taking the arrays it reads: the whole call and the attention launch ``(q, k, v, table,
+    lens, k_scale, v_scale)``, the combine ``(acc, m, l)`` (the attention launch's partials)."""
+    from jaxattn_triton.ops import _execute
+
+    dummy, sinks = jnp.zeros((1,), jnp.int32), jnp.zeros((1,), jnp.float32)
+
+    def whole(q: Array, k: Array, v: Array, table: Array, lens: Array, ks: Array, vs: Array) -> Array:
+        return paged_decode(q, k, v, table, lens, k_scale=ks, v_scale=vs, tiles=tiles, interpret=SMOKE)
+
+    def partials(q: Array, k: Array, v: Array, table: Array, lens: Array, ks: Array, vs: Array) -> list[Array]:
+        inputs = [q.reshape(spec.num_tokens, spec.heads_q, spec.head_dim), k, v, table, lens, dummy, dummy, sinks,
+                  ks.reshape(-1), vs.reshape(-1)]  # fmt: skip
+        return _execute(LP.attention(spec, tiles), inputs, SMOKE)
+
+    def combined(acc: Array, m: Array, l_sum: Array) -> list[Array]:
+        return _execute(LP.combine(spec, tiles), [acc, m, l_sum, sinks], SMOKE)
+
+    return whole, partials, combined
+
+
+def quant_combine() -> None:
+    """The split combine's share of a split decode call over a quantized cache (per-head
+    scales): the whole call, its attention launch alone (the partials), and the combine
+    launch alone, each timed back to back beside cuDNN's bf16 dense decode."""
+    rows: list[dict[str, Any]] = []
+    dt = dtype_under_test()
+    shapes = [(8, 2, 64)] if SMOKE else QUANT_COMBINE_SHAPES
+    for ps, batch, ctx in shapes:
+        tag = f"ps={ps} B={batch} ctx={ctx}"
+        q = jnp.asarray(np.random.default_rng(0).standard_normal((batch, 1, HQ, D)), dt)
+        lens = jnp.full((batch,), ctx, jnp.int32)
+        k, v, table = paged_cache(batch, ctx, ps, dt, 21)
+        bar = None
+        if not SMOKE:
+            kd, vd = filled((batch, ctx, HKV, D), dt, 6), filled((batch, ctx, HKV, D), dt, 7)
+            bar = time_fn(jax.jit(cudnn_decode), q, kd, vd, lens)
+            free(kd, vd)
+        for fmt in QUANT_FORMATS:
+            label = f"{tag} {fmt} per head"
+            if (late := out_of_time("quant_combine", label)) is not None:
+                rows.append(late)
+                continue
+            try:
+                kq, vq, ks, vs = quantized_cache(k, v, fmt, "head")
+                spec = LP.PagedSpec(
+                    num_tokens=batch, max_seqs=batch, q_len=1, heads_q=HQ, heads_kv=HKV, head_dim=D,
+                    head_dim_v=D, dtype=jnp.dtype(dt).name, num_pages=int(k.shape[0]), page_size=ps,
+                    pages_per_seq=ctx // ps, cache_dtype=fmt,
+                    k_scale=LP.scale_strides(ks.shape, k.shape[:3]), v_scale=LP.scale_strides(vs.shape, k.shape[:3]),
+                )  # fmt: skip
+                tiles = LP.default_tiles(spec, _num_sms())
+                whole, partials, combined = _split_launches(spec, tiles)
+                args = (q, kq, vq, table, lens, ks, vs)
+                parts = jax.jit(partials)(*args)
+                times = {"whole": time_fn(jax.jit(whole), *args), "attention": time_fn(jax.jit(partials), *args)}
+                if tiles.num_splits > 1:
+                    times["combine"] = time_fn(jax.jit(combined), *parts[:3])
+                row = {"name": label, "splits": tiles.num_splits, "cudnn_us": bar * 1e6 if bar else None,
+                       **{f"{key}_us": sec * 1e6 for key, sec in times.items()}}  # fmt: skip
+                log(f"quant_combine {label} splits={tiles.num_splits}: "
+                    + ", ".join(f"{key} {sec * 1e6:.1f} us" for key, sec in times.items())
+                    + (f", cudnn bf16 {bar * 1e6:.1f} us" if bar else ""))  # fmt: skip
+                free(kq, vq)
+            except Exception as err:
+                row = record_error("quant_combine", label, err)
+            rows.append(row)
+        free(k, v)
+    RESULTS["quant_combine"] = rows
+
+
 #: --quant-mixed: (page size, decode rows, context, prefill chunks, chunk length), the serving
 #: benchmark's mixed shapes.
 QUANT_MIXED_SHAPES = [(16, 64, 4096, 4, 512), (64, 32, 16384, 2, 2048)]
@@ -1340,6 +1416,8 @@ def main() -> None:
     ap.add_argument("--quant-sweep", action="store_true", help="int8/fp8 caches: tiles, vs cuDNN bf16 dense decode")
     ap.add_argument("--quant-fast", action="store_true", help="with --quant-sweep: per-token scales, no ablations")
     ap.add_argument("--quant-mixed", action="store_true", help="a mixed ragged batch over int8/e4m3 caches")
+    ap.add_argument("--quant-combine", action="store_true",
+                    help="split quantized decode: attention and combine launches timed apart")  # fmt: skip
     ap.add_argument("--quant-mixed-all", action="store_true", help="with --quant-mixed: every variant")
     ap.add_argument("--quant-mixed-prefill", action="store_true",
                     help="with --quant-mixed: prefill blocks of twice the query tokens too")  # fmt: skip
@@ -1387,7 +1465,8 @@ def main() -> None:
     SWEEP_SHAPES.extend(parse_shapes(args.sweep_shapes))
     global DEADLINE
     DEADLINE = time.monotonic() + args.deadline_s if args.deadline_s > 0 else math.inf
-    sections = (args.check, args.bench, args.ragged, args.sweep, args.compile, args.quant_sweep, args.quant_mixed)
+    sections = (args.check, args.bench, args.ragged, args.sweep, args.compile, args.quant_sweep, args.quant_mixed,
+                args.quant_combine)
     if not any(sections):
         args.check = args.bench = args.ragged = args.sweep = True
     RESULTS["device"] = str(jax.devices()[0])
@@ -1402,7 +1481,8 @@ def main() -> None:
     log(f"device {RESULTS['device_kind']} ({RESULTS['device']}), versions {RESULTS['versions']}, smoke={SMOKE}")
     t0 = time.perf_counter()
     for flag, fn in (("compile", compile_check), ("check", check), ("bench", bench), ("ragged", ragged),
-                     ("sweep", sweep), ("quant_sweep", quant_sweep), ("quant_mixed", quant_mixed)):  # fmt: skip
+                     ("sweep", sweep), ("quant_sweep", quant_sweep), ("quant_mixed", quant_mixed),
+                     ("quant_combine", quant_combine)):  # fmt: skip
         if getattr(args, flag):
             try:
                 fn()
