@@ -1,7 +1,7 @@
 """mosaic_flash's kernel beside cuDNN and tokamax's Mosaic GPU kernel, in one process (H100).
 
     PYTHONUNBUFFERED=1 python3 benchmarks/mosaic_bench.py [--check] [--bwd-check] [--bench] [--quick]
-        [--fp16] [--sweep] [--bwd] [--bwd-sweep] [--head-dims 64,128]
+        [--fp16] [--sweep] [--bwd] [--bwd-sweep] [--head-dims 64,128] [--resources DIR]
 
 It loads plugins/mosaic/src/jaxattn_mosaic/kernel.py and backward_kernel.py by path (tokamax
 where installed); ``--bwd`` also needs jaxattn-mosaic and jaxattn-sdpa installed. ``--check``
@@ -11,7 +11,9 @@ shapes; ``--bwd-check`` the backward kernels' dq, dk, dv with jax's gradient of 
 table of forward times (ms, TFLOP/s; causal counts half the FLOPs) and ratios; ``--bwd`` adds
 forward+backward columns: mosaic's forward with cuDNN's backward ("mosaic"), with this
 package's own backward ("own"), cuDNN's and tokamax's; ``--sweep`` also times other forward
-tiles, ``--bwd-sweep`` other backward tiles (ablations).
+tiles, ``--bwd-sweep`` other backward tiles (ablations); ``--resources DIR`` compiles the
+forward configurations and the backward with Mosaic GPU's dumps and prints ptxas's report
+(registers, spills, injected waits).
 
 Timing: each function is jitted, warmed up, then run ``iters`` times back to back and blocked
 on the last; the best of ``reps`` such runs is kept (milliseconds per call).
@@ -338,20 +340,19 @@ RESOURCE_CONFIGS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("64x128, overlap", (64, 128, 2, True, True)),
     ("64x128, exp2 of 64 columns on the FMA units", (64, 128, 2, True, False, 64)),
 )
-#: SASS opcodes counted per kernel (the tensor-core, special-function and FMA work).
-SASS_OPS = ("HGMMA", "MUFU.EX2", "FFMA", "FMUL", "FADD", "FMNMX", "F2FP", "SHFL", "SYNCS", "BAR", "LDL", "STL")
 
 
 def resources(dump: pathlib.Path) -> None:
-    """Compile each of RESOURCE_CONFIGS (and the backward kernels) at B1 S4k H32/8 D128 with
-    Mosaic GPU's ptxas and SASS dumps into ``dump``, and print each kernel's registers, spills,
-    ptxas warnings and SASS opcode counts (the compiler's resource report)."""
+    """Compile each of RESOURCE_CONFIGS (full and causal) and the causal backward at B1 S4k
+    H32/8 D128 with Mosaic GPU's dumps into ``dump``, and print ptxas's report of each kernel:
+    registers, spills, and its notes (such as a ``warpgroup.arrive`` it had to inject, which
+    makes a wgmma wait for registers in use). ``MOSAIC_GPU_DUMP_TO`` turns on every dump (the
+    MLIR passes run to a gigabyte); only the ``.ptxas`` files are kept. The SASS dump needs
+    ``nvdisasm``, which the GPU machine lacks."""
     import os
-    import re
 
     dump.mkdir(parents=True, exist_ok=True)
-    os.environ.update(MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_SASS="1", MOSAIC_GPU_DUMP_PTX="1",
-                      MOSAIC_GPU_DUMP_TO=str(dump))
+    os.environ["MOSAIC_GPU_DUMP_TO"] = str(dump)
     q, k, v, _, _ = _inputs(1, 4096, 4096, 32, 8, 128, jnp.bfloat16)
     jobs: list[tuple[str, Callable[[], Any]]] = [
         (f"{name}, {'causal' if causal else 'full'}", functools.partial(
@@ -359,27 +360,25 @@ def resources(dump: pathlib.Path) -> None:
                                       config=K.Config(*cfg))), q, k, v))
         for name, cfg in RESOURCE_CONFIGS for causal in (False, True)]
     out, lse = K.mosaic_attention_forward(q, k, v, causal=True, softmax_scale=0.088)
-    jobs.append(("backward (dQ and dK/dV), causal", functools.partial(
+    jobs.append(("backward, causal (kernels in the order traced: dQ, then dK/dV)", functools.partial(
         jax.jit(functools.partial(KB.mosaic_attention_backward, causal=True, softmax_scale=0.088)),
         q, k, v, out, lse, q, lse)))
-    print("\nresources: B1 S4096 H32/8 D128 bf16; per kernel: registers (ptxas), spills, SASS op counts")
+    print("\nresources: B1 S4096 H32/8 D128 bf16; ptxas's report per kernel")
     for name, run in jobs:
-        before = set(dump.iterdir())
         try:
             jax.block_until_ready(run())
         except Exception as e:
             print(f"   {name}: {type(e).__name__} {str(e)[:300]}")
             continue
-        new = sorted(set(dump.iterdir()) - before)
-        text = {f.name: f.read_text(errors="replace") for f in new if f.is_file()}
-        print(f"== {name}: {', '.join(sorted(text)) or 'no dump files (cached compile?)'}")
-        for fname, body in sorted(text.items()):
-            for line in body.splitlines():
-                if re.search(r"registers|spill|[Ww]arning|serializ|bytes stack", line):
-                    print(f"   {fname}: {line.strip()[:200]}")
-            if "sass" in fname.lower():
-                counts = {op: len(re.findall(rf"\b{re.escape(op)}\b", body)) for op in SASS_OPS}
-                print(f"   {fname}: " + " ".join(f"{op}={n}" for op, n in counts.items()))
+        print(f"== {name}")
+        for f in sorted(dump.iterdir()):
+            if f.suffix != ".ptxas":
+                f.unlink()
+            elif not f.name.startswith("seen-"):
+                for line in f.read_text(errors="replace").splitlines():
+                    if "ptxas" in line or "spill" in line:
+                        print(f"   {line.strip()[:200]}")
+                f.rename(f.with_name("seen-" + f.name))
 
 
 def main() -> int:

@@ -73,7 +73,8 @@ class Config:
     overlap: bool = False
     #: Key columns per block (a multiple of 64, the last ones) whose exp2 runs as an FMA
     #: polynomial (``exp2_fma``) instead of on the special-function unit, which does all of
-    #: them otherwise: the two units then share the softmax's exponentials. 0: none.
+    #: them otherwise: the two units then share the softmax's exponentials. 0: none. An
+    #: ablation: 9-20% slower on an H100 (the softmax is not exp2-bound; docs/bench.md).
     exp2_fma_cols: int = 0
 
     def __post_init__(self) -> None:
