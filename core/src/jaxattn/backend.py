@@ -26,7 +26,6 @@ from .capabilities import Feature, describe_features, head_dim_reason, platform_
 from .declaration import DeclarationError, ImplRef
 from .device import DeviceInfo, detect_device
 from .errors import PluginError, UnsupportedError
-from .locations import leave_dispatch_out_of_locations
 from .metadata import DEFAULT_METADATA, AttentionMetadata
 from .problem import Problem
 
@@ -372,7 +371,6 @@ class Backend(Generic[P]):
 
         An output of the wrong shape is the backend's fault: ``PluginError``.
         """
-        leave_dispatch_out_of_locations()
         plan = self._plans.get(call.problem)
         if plan is None:
             plan = self._plans[call.problem] = self.plan(call.problem)

@@ -22,7 +22,6 @@ from .capabilities import ALL_FEATURES
 from .device import detect_device
 from .errors import InvalidInputError, JaxattnError, PluginError, UnsupportedError
 from .impl import AttentionImpl, resolve_platform
-from .locations import leave_dispatch_out_of_locations
 from .lookup import available_here, impl_for, provider_here
 from .metadata import DEFAULT_METADATA, AttentionMetadata, as_metadata
 from .names import AttentionMechanisms, normalize_name
@@ -254,7 +253,6 @@ Combine = Callable[[AttentionImpl, AttentionImpl | None, Sequence[str]], Attenti
 def _auto_run(auto: Backend[Any], call: AttentionCall | PagedCall) -> AttentionOutput:
     """Run ``call`` on auto's plan for its problem (memoised in ``_choices``); a chosen backend
     that breaks its contract (``PluginError``) is declined for such calls and the next one runs."""
-    leave_dispatch_out_of_locations()
     while True:  # each pass declines one more faulty backend: it ends
         key = (auto, call.problem)
         try:
