@@ -66,12 +66,22 @@ class Program:
 
 
 _METADATA = re.compile(r",? ?metadata=\{[^{}]*\}")
+#: Mosaic GPU names each kernel it lowers after a per-process counter (``entry_0``,
+#: ``entry_1``, ...: the name of its dump files) inside the serialised module, and hashes the
+#: module with that name in it. The same kernel lowered twice in one process (by name and
+#: through auto) differs in both; the name is replaced and the hash, a function of the module
+#: kept beside it, dropped.
+_MOSAIC_NAME = re.compile(r"(dump_basename\\00)entry_\d+")
+_KERNEL_HASH = re.compile(r'kernel_hash = "(?:[^"\\]|\\.)*",? ?')
+#: XLA's fingerprint of the module before scheduling: a function of the text kept, names included.
+_FINGERPRINT = re.compile(r'fingerprint_before_lhs="[0-9a-f]*"')
 _STACK_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 _TABLE_ROW = re.compile(r"^\d+ ")
 
 
 def program_key(compiled: Any) -> str | None:
-    """A hash of the optimised program, source locations and the module's name left out.
+    """A hash of the optimised program, source locations, the module's name and Mosaic GPU's
+    per-process kernel names left out.
 
     Two programs with the same key run the same kernels with the same configurations (the
     text holds every instruction, fusion, custom call and its backend config, autotuned
@@ -97,7 +107,9 @@ def program_key(compiled: Any) -> str | None:
             continue
         in_table = False
         kept.append(line)
-    return hashlib.sha256(_METADATA.sub("", "\n".join(kept)).encode()).hexdigest()
+    text = _METADATA.sub("", "\n".join(kept))
+    text = _FINGERPRINT.sub("", _KERNEL_HASH.sub("", _MOSAIC_NAME.sub(r"\1entry", text)))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def input_structs(shapes: tuple[Any, Any, Any]) -> tuple[Any, Any, Any, Any]:
