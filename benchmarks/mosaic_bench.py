@@ -396,8 +396,8 @@ def main() -> int:
                          "and print registers, spills and SASS opcode counts")
     ap.add_argument("--head-dims", default="", help="only these head dims, e.g. 64,256")
     ap.add_argument("--config", action="append", default=[],
-                    help="BQ,BKV,STAGES,PINGPONG(0/1)[,OVERLAP(0/1)[,EXP2_FMA_COLS]] timed with --sweep "
-                         "instead of SWEEP, and checked "
+                    help="BQ,BKV,STAGES,PINGPONG(0/1)[,OVERLAP(0/1)[,EXP2_FMA_COLS[,LEAN_BARRIERS(0/1)]]] "
+                         "timed with --sweep instead of SWEEP, and checked "
                          "at head dim 128 with --check (repeatable)")
     a = ap.parse_args()
     mine = tuple(tuple(int(x) for x in c.split(",")) for c in a.config)

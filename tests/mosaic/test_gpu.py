@@ -111,6 +111,8 @@ CONFIGS = {
     "kv192": {"block_kv": 192},
     "exp2-fma": {"exp2_fma_cols": 64},
     "kv192-exp2-fma": {"block_kv": 192, "exp2_fma_cols": 128},
+    "lean-barriers": {"lean_barriers": True},
+    "kv192-lean-barriers": {"block_kv": 192, "lean_barriers": True},
 }
 
 

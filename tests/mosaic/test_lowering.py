@@ -78,7 +78,8 @@ def test_forward_lowers_in_float16_and_over_16k_keys() -> None:
 #: The configurations the benchmark's ablations time (tests/mosaic/test_gpu.py runs them).
 CONFIGS = [K.Config(pingpong=False), K.Config(overlap=True), K.Config(overlap=True, stages=3),
            K.Config(overlap=True, pingpong=False), K.Config(block_kv=192), K.Config(stages=3),
-           K.Config(block_kv=64, stages=4), K.Config(exp2_fma_cols=64), K.Config(block_kv=192, exp2_fma_cols=128)]
+           K.Config(block_kv=64, stages=4), K.Config(exp2_fma_cols=64), K.Config(block_kv=192, exp2_fma_cols=128),
+           K.Config(lean_barriers=True), K.Config(block_kv=192, lean_barriers=True)]
 
 
 @pytest.mark.parametrize("causal", [False, True])
