@@ -492,6 +492,9 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             collective_axes="wg",
         )
 
+    params = plgpu.CompilerParams(approx_math=True)
+    if cfg.lean_barriers:
+        params = dataclasses.replace(params, unsafe_no_auto_barriers=True, reduction_scratch_bytes=0)
     out, lse = plgpu.kernel(
         entry,
         out_type=(
@@ -502,9 +505,6 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         grid_names=("h", "q", "b"),
         num_threads=3,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(
-            approx_math=True,
-            **({"unsafe_no_auto_barriers": True, "reduction_scratch_bytes": 0} if cfg.lean_barriers else {}),
-        ),
+        compiler_params=params,
     )(q, k, v)
     return out, lse
