@@ -394,8 +394,8 @@ def main() -> int:
     ap.add_argument("--bwd-check", action="store_true", help="check the backward kernel against jax's gradient")
     ap.add_argument("--bwd-sweep", action="store_true", help="with --bwd: time BWD_SWEEP's backward tiles too")
     ap.add_argument("--resources", type=pathlib.Path, default=None, metavar="DIR",
-                    help="compile the forward configurations and the backward with ptxas/SASS dumps into DIR "
-                         "and print registers, spills and SASS opcode counts")
+                    help="compile the forward configurations and the backward with Mosaic GPU's dumps into DIR "
+                         "and print ptxas's report (registers, spills, injected waits)")
     ap.add_argument("--head-dims", default="", help="only these head dims, e.g. 64,256")
     ap.add_argument("--config", action="append", default=[],
                     help="BQ,BKV,STAGES,PINGPONG(0/1)[,OVERLAP(0/1)[,EXP2_FMA_COLS[,LEAN_BARRIERS(0/1)]]] "

@@ -589,6 +589,24 @@ def paged_cache(batch: int, ctx: int, page_size: int, dt: Any, seed: int) -> tup
     return k, v, table
 
 
+def decode_spec(batch: int, ctx: int, dt: Any, cache_lead: tuple[int, ...], fmt: str | None = None,
+                scale_shapes: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())) -> LP.PagedSpec:
+    """One decode step (a query per sequence) of ``batch`` sequences of ``ctx`` tokens over a
+    paged cache whose shape without its last axis is ``cache_lead`` ``(num_pages, page_size,
+    Hkv)``; with ``fmt``, a cache of that dtype whose K and V scales have ``scale_shapes``. The
+    spec ``paged_decode`` builds for such a call (its default softmax scale included), so that
+    launches made from it compute the same call."""
+    num_pages, page_size = int(cache_lead[0]), int(cache_lead[1])
+    quantized: dict[str, Any] = {} if fmt is None else {
+        "cache_dtype": fmt, "k_scale": LP.scale_strides(scale_shapes[0], cache_lead),
+        "v_scale": LP.scale_strides(scale_shapes[1], cache_lead)}
+    return LP.PagedSpec(
+        num_tokens=batch, max_seqs=batch, q_len=1, heads_q=HQ, heads_kv=HKV, head_dim=D, head_dim_v=D,
+        dtype=jnp.dtype(dt).name, num_pages=num_pages, page_size=page_size, pages_per_seq=ctx // page_size,
+        softmax_scale=D**-0.5, **quantized,
+    )  # fmt: skip
+
+
 def pallas_paged(q: Array, k_hpages: Array, v_hpages: Array, table: Array, lens: Array, *, ks: int, ppcb: int) -> Array:
     from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
 
@@ -677,14 +695,7 @@ def bench() -> None:
         # Ours, paged (one cache at a time on the device: the largest is 16 GiB).
         try:
             k, v, table = paged_cache(batch, ctx, page_size, dt, 1)
-            spec_tiles = LP.default_tiles(
-                LP.PagedSpec(
-                    num_tokens=batch, max_seqs=batch, q_len=1, heads_q=HQ, heads_kv=HKV, head_dim=D, head_dim_v=D,
-                    dtype=jnp.dtype(dt).name, num_pages=int(k.shape[0]), page_size=page_size,
-                    pages_per_seq=ctx // page_size,
-                ),
-                _num_sms(),
-            )  # fmt: skip
+            spec_tiles = LP.default_tiles(decode_spec(batch, ctx, dt, k.shape[:3]), _num_sms())
             res["tiles"] = dataclasses.asdict(spec_tiles)
             measure("paged", lambda q, k, v, t, n: paged_decode(q, k, v, t, n, interpret=SMOKE), q, k, v, table, lens)
             # The same call through jaxattn's dispatch and the registered page_attention backend.
@@ -905,10 +916,7 @@ def sweep() -> None:
                 )
                 log(f"sweep ps={ps} B={batch} ctx={ctx} cudnn dense: {sec * 1e6:.1f} us {nbytes / sec / 1e9:.0f} GB/s")
             k, v, table = paged_cache(batch, ctx, ps, dt, 21)
-            spec = LP.PagedSpec(
-                num_tokens=batch, max_seqs=batch, q_len=1, heads_q=HQ, heads_kv=HKV, head_dim=D, head_dim_v=D,
-                dtype=jnp.dtype(dt).name, num_pages=int(k.shape[0]), page_size=ps, pages_per_seq=ctx // ps,
-            )  # fmt: skip
+            spec = decode_spec(batch, ctx, dt, k.shape[:3])
             base = LP.default_tiles(spec, _num_sms())
         except Exception as err:
             rows.append(record_error("sweep", f"setup ps={ps} B={batch} ctx={ctx}", err))
@@ -1047,13 +1055,7 @@ def quant_sweep() -> None:
                 try:
                     kq, vq, ks, vs = quantized_cache(k, v, fmt, gran)
                     nbytes = kv_bytes(batch, ctx, 1) + 2 * 4 * (int(ks.size) if gran == "token" else HKV)
-                    spec = LP.PagedSpec(
-                        num_tokens=batch, max_seqs=batch, q_len=1, heads_q=HQ, heads_kv=HKV, head_dim=D,
-                        head_dim_v=D, dtype=jnp.dtype(dt).name, num_pages=int(k.shape[0]), page_size=ps,
-                        pages_per_seq=ctx // ps, cache_dtype=fmt,
-                        k_scale=LP.scale_strides(ks.shape, k.shape[:3]),
-                        v_scale=LP.scale_strides(vs.shape, k.shape[:3]),
-                    )  # fmt: skip
+                    spec = decode_spec(batch, ctx, dt, k.shape[:3], fmt, (ks.shape, vs.shape))
                     base = LP.default_tiles(spec, _num_sms())
                 except Exception as err:
                     rows.append(record_error("quant", f"setup {tag} {fmt} {gran}", err))
@@ -1154,19 +1156,13 @@ def quant_combine() -> None:
                 continue
             try:
                 kq, vq, ks, vs = quantized_cache(k, v, fmt, "head")
-                spec = LP.PagedSpec(
-                    num_tokens=batch, max_seqs=batch, q_len=1, heads_q=HQ, heads_kv=HKV, head_dim=D,
-                    head_dim_v=D, dtype=jnp.dtype(dt).name, num_pages=int(k.shape[0]), page_size=ps,
-                    pages_per_seq=ctx // ps, cache_dtype=fmt,
-                    k_scale=LP.scale_strides(ks.shape, k.shape[:3]), v_scale=LP.scale_strides(vs.shape, k.shape[:3]),
-                )  # fmt: skip
+                spec = decode_spec(batch, ctx, dt, k.shape[:3], fmt, (ks.shape, vs.shape))
                 tiles = LP.default_tiles(spec, _num_sms())
-                whole, partials, combined = _split_launches(spec, tiles)
+                whole, partials, combined = (jax.jit(f) for f in _split_launches(spec, tiles))
                 args = (q, kq, vq, table, lens, ks, vs)
-                parts = jax.jit(partials)(*args)
-                times = {"whole": time_fn(jax.jit(whole), *args), "attention": time_fn(jax.jit(partials), *args)}
+                times = {"whole": time_fn(whole, *args), "attention": time_fn(partials, *args)}
                 if tiles.num_splits > 1:
-                    times["combine"] = time_fn(jax.jit(combined), *parts[:3])
+                    times["combine"] = time_fn(combined, *partials(*args)[:3])
                 row = {"name": label, "splits": tiles.num_splits, "cudnn_us": bar * 1e6 if bar else None,
                        **{f"{key}_us": sec * 1e6 for key, sec in times.items()}}  # fmt: skip
                 log(f"quant_combine {label} splits={tiles.num_splits}: "
