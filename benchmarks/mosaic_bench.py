@@ -316,7 +316,7 @@ def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None
 
             for key in ms:
                 if key.startswith("mosaic("):
-                    print(f"   ablation {key} (block_q, block_kv, stages, pingpong): {ms[key]:.3f} ms, "
+                    print(f"   ablation {key} (Config fields in order): {ms[key]:.3f} ms, "
                           f"cuDNN/it {ms['cudnn'] / ms[key]:.3f}")
                 if key.startswith("own("):
                     print(f"   ablation {key} (dQ, dK/dV: block_q, block_kv, stages): fwd+bwd {ms[key]:.3f} ms, "
@@ -398,7 +398,8 @@ def main() -> int:
                          "and print ptxas's report (registers, spills, injected waits)")
     ap.add_argument("--head-dims", default="", help="only these head dims, e.g. 64,256")
     ap.add_argument("--config", action="append", default=[],
-                    help="BQ,BKV,STAGES,PINGPONG(0/1)[,OVERLAP(0/1)[,EXP2_FMA_COLS[,LEAN_BARRIERS(0/1)]]] "
+                    help="BQ,BKV,STAGES,PINGPONG(0/1)[,OVERLAP(0/1)[,EXP2_FMA_COLS[,LEAN_BARRIERS(0/1)"
+                         "[,PASS_TURNS(0/1)[,NAMED_BARRIERS(0/1)]]]]] (kernel.Config's fields in order) "
                          "timed with --sweep instead of SWEEP, and checked "
                          "at head dim 128 with --check (repeatable)")
     a = ap.parse_args()

@@ -59,25 +59,31 @@ def test_key_blocks_arithmetic_is_traceable() -> None:
 
 # The ring's barrier protocol, as a model: a producer fills ``stages`` slots with key blocks; two
 # consumers read blocks 0 .. n_c - 1 and release the rest (``release_unread``). Each slot's
-# "free" barrier completes a phase on two arrivals, "ready" on the producer's load. Every
-# interleaving of these steps must leave a block in its slot for as long as a consumer reads it.
+# "free" barrier completes a phase on two arrivals (an mbarrier), or, as a hardware named
+# barrier (``NamedBarriers``), on three: the producer's wait counts too. "ready" completes on
+# the producer's load. Every interleaving of these steps must leave a block in its slot for as
+# long as a consumer reads it.
 
 
-def _ring_run(n_blocks: tuple[int, int], stages: int, wait_before_release: bool, rng: np.random.Generator) -> str:
+def _ring_run(n_blocks: tuple[int, int], stages: int, wait_before_release: bool, rng: np.random.Generator,
+              named: bool = False) -> str:
     """One random interleaving; returns "" or what went wrong."""
     n_cta = max(n_blocks)
     content = [-1] * stages
     ready = [0] * stages  # completed phases
     free_done, free_count = [0] * stages, [0] * stages
+    arrivals = 3 if named else 2
 
     def arrive_free(slot: int) -> None:
         free_count[slot] += 1
-        if free_count[slot] == 2:
+        if free_count[slot] == arrivals:
             free_count[slot], free_done[slot] = 0, free_done[slot] + 1
 
     def producer() -> Iterator[None]:
         for j in range(n_cta):
             slot = j % stages
+            if named and j >= stages:
+                arrive_free(slot)  # bar.sync: the producer's own arrival, then its wait
             while free_done[slot] < j // stages:  # the slot's previous block released by both
                 yield
             content[slot] = j
@@ -115,11 +121,89 @@ def _ring_run(n_blocks: tuple[int, int], stages: int, wait_before_release: bool,
     return "" if seen[0] == 3 * sum(n_blocks) else "a block was overwritten while being read"
 
 
+@pytest.mark.parametrize("named", [False, True], ids=["mbarriers", "named-barriers"])
 @pytest.mark.parametrize("n_blocks", [(3, 4), (0, 6), (5, 7), (6, 6)])
-def test_releasing_unread_blocks_waits_for_them(n_blocks: tuple[int, int]) -> None:
+def test_releasing_unread_blocks_waits_for_them(n_blocks: tuple[int, int], named: bool) -> None:
     rng = np.random.default_rng(0)
-    assert all(_ring_run(n_blocks, 2, True, rng) == "" for _ in range(300))
+    assert all(_ring_run(n_blocks, 2, True, rng, named) == "" for _ in range(300))
     if n_blocks[0] < n_blocks[1]:
         # Releasing without the wait (the race fixed in both kernels) goes wrong in some
         # interleavings: the model can tell the two apart.
-        assert any(_ring_run(n_blocks, 2, False, rng) for _ in range(300))
+        assert any(_ring_run(n_blocks, 2, False, rng, named) for _ in range(300))
+
+
+# The forward's ping-pong by turns (``Config.pass_turns``), as a model: consumer w issues block
+# j's Q K^T, passes the turn (arrives on the other's turn barrier), and waits for its own turn
+# before block j's P V; consumer 1 first waits for a turn, consumer 0 passes one more at the
+# end, and a consumer with fewer blocks drains (pass, then take) through the other's. A turn
+# barrier is an mbarrier of one arrival, or a named barrier that also counts its waiter.
+
+
+def _turns_run(n_blocks: tuple[int, int], named: bool, rng: np.random.Generator) -> tuple[str, list[tuple[str, int, int]]]:
+    """One random interleaving: ``("", issues)`` or what went wrong; ``issues``: (gemm, consumer, block)."""
+    done, count = [0, 0], [0, 0]  # completed phases, arrivals in the open phase
+    waited = [0, 0]  # phases each turn barrier's waiter has passed
+    issues: list[tuple[str, int, int]] = []
+
+    def arrive(bar: int) -> None:
+        count[bar] += 1
+        if count[bar] == (2 if named else 1):
+            count[bar], done[bar] = 0, done[bar] + 1
+
+    def take(w: int) -> Iterator[None]:
+        if named:
+            arrive(w)
+        while done[w] <= waited[w]:
+            yield
+        waited[w] += 1
+
+    def consumer(w: int) -> Iterator[None]:
+        n, n_cta = n_blocks[w], max(n_blocks)
+        if w == 1:
+            yield from take(1)
+        for j in range(n_cta):
+            if j < n:
+                issues.append(("qk", w, j))
+            yield
+            arrive(1 - w)  # pass
+            yield
+            yield from take(w)
+            if j < n:
+                issues.append(("pv", w, j))
+            yield
+        if w == 0:
+            arrive(1)
+
+    procs = [consumer(0), consumer(1)]
+    alive = [0, 1]
+    for _ in range(100_000):
+        if not alive:
+            return "", issues
+        p = alive[int(rng.integers(len(alive)))]
+        try:
+            next(procs[p])
+        except StopIteration:
+            alive.remove(p)
+    return "deadlock", issues
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["mbarriers", "named-barriers"])
+@pytest.mark.parametrize("n_blocks", [(4, 4), (3, 5), (0, 3), (0, 0), (1, 1)])
+def test_turns_keep_the_ping_pong_order(n_blocks: tuple[int, int], named: bool) -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        why, issues = _turns_run(n_blocks, named, rng)
+        assert why == ""
+        at = {e: i for i, e in enumerate(issues)}
+        assert len(at) == 2 * sum(n_blocks)
+        for j in range(n_blocks[0]):
+            # Consumer 0's P V waits for consumer 1's Q K^T of the same block (if it has one)...
+            if j < n_blocks[1]:
+                assert at[("qk", 1, j)] < at[("pv", 0, j)]
+        for j in range(n_blocks[1]):
+            # ... and consumer 1's P V for consumer 0's next Q K^T: one's softmax under the
+            # other's GEMMs.
+            if j + 1 < n_blocks[0]:
+                assert at[("qk", 0, j + 1)] < at[("pv", 1, j)]
+            if j < n_blocks[0]:
+                assert at[("qk", 0, j)] < at[("qk", 1, j)]

@@ -113,6 +113,12 @@ CONFIGS = {
     "kv192-exp2-fma": {"block_kv": 192, "exp2_fma_cols": 128},
     "lean-barriers": {"lean_barriers": True},
     "kv192-lean-barriers": {"block_kv": 192, "lean_barriers": True},
+    "turns": {"pass_turns": True},
+    "named": {"named_barriers": True},
+    "turns-named": {"pass_turns": True, "named_barriers": True},
+    "kv192-turns-named-lean": {"block_kv": 192, "pass_turns": True, "named_barriers": True, "lean_barriers": True},
+    "overlap-named": {"overlap": True, "named_barriers": True},
+    "no-pingpong-named": {"pingpong": False, "named_barriers": True},
 }
 
 

@@ -79,7 +79,11 @@ def test_forward_lowers_in_float16_and_over_16k_keys() -> None:
 CONFIGS = [K.Config(pingpong=False), K.Config(overlap=True), K.Config(overlap=True, stages=3),
            K.Config(overlap=True, pingpong=False), K.Config(block_kv=192), K.Config(stages=3),
            K.Config(block_kv=64, stages=4), K.Config(exp2_fma_cols=64), K.Config(block_kv=192, exp2_fma_cols=128),
-           K.Config(lean_barriers=True), K.Config(block_kv=192, lean_barriers=True)]
+           K.Config(lean_barriers=True), K.Config(block_kv=192, lean_barriers=True), K.Config(pass_turns=True),
+           K.Config(named_barriers=True), K.Config(pass_turns=True, named_barriers=True),
+           K.Config(block_kv=192, pass_turns=True, named_barriers=True, lean_barriers=True),
+           K.Config(overlap=True, named_barriers=True), K.Config(pingpong=False, named_barriers=True),
+           K.Config(block_kv=64, stages=5, pass_turns=True, named_barriers=True)]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -97,6 +101,26 @@ def test_backward_lowers(t: int, s: int, hq: int, hkv: int, d: int, causal: bool
     lse = jax.ShapeDtypeStruct((1, hq, t), jnp.float32)
     text = _lowered(_backward(causal), _spec(t, hq, d), _spec(s, hkv, d), _spec(s, hkv, d), lse)
     assert _kernels(text) == 2  # dQ, then dK/dV
+
+
+def test_schedules_that_cannot_run_are_refused() -> None:
+    for bad, why in (({"pass_turns": True, "overlap": True}, "pass_turns"),
+                     ({"pass_turns": True, "pingpong": False}, "pass_turns"),
+                     ({"named_barriers": True, "stages": 6}, "at most 5")):
+        with pytest.raises(ValueError, match=why):
+            K.Config(**bad)  # type: ignore[arg-type]
+
+
+def test_named_barriers_are_the_ptx_of_a_named_barrier() -> None:
+    # The consumed slots (384 threads: two consumers and the producer) and the turns (256: one
+    # consumer passes, the other waits), as inline PTX with the barrier id in a register.
+    t, s, hq, hkv = SHAPES[0]
+    text = _lowered(_forward(True, K.Config(pass_turns=True, named_barriers=True)), _spec(t, hq, 128),
+                    _spec(s, hkv, 128), _spec(s, hkv, 128))
+    for ptx in ("bar.arrive $0, 384;", "bar.sync $0, 384;", "bar.arrive $0, 256;", "bar.sync $0, 256;"):
+        assert ptx in text
+    assert "bar.sync $0, 384;" not in _lowered(_forward(True), _spec(t, hq, 128), _spec(s, hkv, 128),
+                                               _spec(s, hkv, 128))
 
 
 def test_tiles_past_the_shared_memory_are_refused_when_lowering() -> None:

@@ -15,8 +15,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import llvm
 
-__all__ = ["TRANSFORMS", "KeyBlocks", "cdiv", "check_inputs", "release_unread", "stream_kv"]
+__all__ = ["FIRST_NAMED_BARRIER", "TRANSFORMS", "KeyBlocks", "NamedBarriers", "await_signal", "cdiv",
+           "check_inputs", "named_barrier", "release_unread", "signal", "stream_kv"]
 
 #: Shared-memory tiles of 64 columns (128 bytes of 16-bit values), as wgmma reads them.
 TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -82,11 +85,81 @@ class KeyBlocks:
         return jnp.clip(lax.div(jnp.maximum(first, 0), jnp.int32(self.block)), 0, full)
 
 
+#: The first hardware named barrier free for a kernel's own use: Mosaic GPU takes 0 (a CTA-wide
+#: barrier) and 1 + i for warpgroup i's own barrier (three warpgroups here); an SM has 16.
+FIRST_NAMED_BARRIER = 4
+_NAMED_BARRIERS = 16
+
+
+def _void() -> Any:
+    return ir.Type.parse("!llvm.void")  # in the kernel's MLIR context, so only while lowering
+
+
+def named_barrier(op: str, barrier: Any, threads: int) -> None:
+    """``bar.<op> barrier, threads`` (``op``: ``sync`` waits, ``arrive`` does not) for every
+    thread of the warpgroup that runs it. ``barrier`` is a Python int or a traced int32."""
+    if isinstance(barrier, int):
+
+        @plgpu.inline_mgpu()
+        def emit(_ctx: Any) -> None:
+            llvm.inline_asm(_void(), [], f"bar.{op} {barrier}, {threads};", "", has_side_effects=True)
+
+        emit()
+        return
+
+    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WG_SPLAT,))
+    def emit_traced(_ctx: Any, barrier_id: Any) -> None:
+        llvm.inline_asm(_void(), [barrier_id.registers[()]], f"bar.{op} $0, {threads};", "r",
+                        has_side_effects=True)
+
+    emit_traced(barrier)
+
+
+@dataclasses.dataclass(frozen=True)
+class NamedBarriers:
+    """``count`` hardware named barriers from id ``first``, each completing once ``threads``
+    threads reached it: ``arrive`` counts the calling warpgroup's 128 and goes on, ``wait``
+    counts them and waits. Unlike an mbarrier, a phase counts its waiters' threads too, so one
+    side must not arrive twice before the other's wait; no shared memory, no phase bits."""
+
+    first: int
+    count: int
+    threads: int
+
+    def __post_init__(self) -> None:
+        if self.first < FIRST_NAMED_BARRIER or self.first + self.count > _NAMED_BARRIERS:
+            raise ValueError(f"named barriers {self.first}..{self.first + self.count - 1} are outside "
+                             f"{FIRST_NAMED_BARRIER}..{_NAMED_BARRIERS - 1}")
+
+    def arrive(self, i: Any) -> None:
+        named_barrier("arrive", self.first + i, self.threads)
+
+    def wait(self, i: Any) -> None:
+        named_barrier("sync", self.first + i, self.threads)
+
+
+def signal(free: Any, slot: Any) -> None:
+    """A consumer is done with ``slot``: ``free`` is an mbarrier array or ``NamedBarriers``."""
+    if isinstance(free, NamedBarriers):
+        free.arrive(slot)
+    else:
+        plgpu.barrier_arrive(free.at[slot])
+
+
+def await_signal(free: Any, slot: Any) -> None:
+    """The producer waits until ``slot`` is free (see ``signal``)."""
+    if isinstance(free, NamedBarriers):
+        free.wait(slot)
+    else:
+        plgpu.barrier_wait(free.at[slot])
+
+
 def stream_kv(k_ref: Any, v_ref: Any, smem: tuple[Any, Any], ready: tuple[Any, Any], free: tuple[Any, Any], *,
               b: Any, kv_head: Any, n_blocks: Any, block: int, stages: int) -> None:
     """The producer: key blocks ``0 .. n_blocks - 1`` of batch ``b``, head ``kv_head`` into slot
     ``j % stages`` of the K and V rings, each copy arriving on its slot's ``ready`` barrier and
-    waiting, from the ring's second round, for its slot's ``free`` barrier."""
+    waiting, from the ring's second round, for its slot's ``free`` signal (an mbarrier array
+    or ``NamedBarriers``, see ``signal``)."""
     (k_smem, v_smem), (k_ready, v_ready), (k_free, v_free) = smem, ready, free
 
     def load(j: Any, slot: Any) -> None:
@@ -102,9 +175,9 @@ def stream_kv(k_ref: Any, v_ref: Any, smem: tuple[Any, Any], ready: tuple[Any, A
     def _refill(j: Any) -> None:
         slot = lax.rem(j, jnp.int32(stages))
         idx = (b, pl.ds((j + stages) * block, block), kv_head)
-        plgpu.barrier_wait(k_free.at[slot])
+        await_signal(k_free, slot)
         plgpu.copy_gmem_to_smem(k_ref.at[idx], k_smem.at[slot], k_ready.at[slot])
-        plgpu.barrier_wait(v_free.at[slot])
+        await_signal(v_free, slot)
         plgpu.copy_gmem_to_smem(v_ref.at[idx], v_smem.at[slot], v_ready.at[slot])
 
 
@@ -118,10 +191,13 @@ def release_unread(j: Any, ready: tuple[Any, Any], free: tuple[Any, Any], *, sta
     a block the other consumer still reads. Waiting for block ``j`` to land first orders the
     arrival: the producer loads ``j`` only once ``j - stages`` is free. ``wait=False`` is for
     schedules that already keep the consumers within a block of each other (the forward's
-    ping-pong), where the wait would cost a barrier and change nothing.
+    ping-pong), where the wait would cost a barrier and change nothing, with mbarriers: named
+    barriers (``NamedBarriers``) count the producer's threads too, so an early arrival for
+    block ``j`` could complete ``j - stages``'s phase before the producer reached it: they
+    always wait.
     """
     slot = lax.rem(j, jnp.int32(stages))
-    for ready_bar, free_bar in zip(ready, free, strict=True):
-        if wait:
+    for ready_bar, free_sig in zip(ready, free, strict=True):
+        if wait or isinstance(free_sig, NamedBarriers):
             plgpu.barrier_wait(ready_bar.at[slot])
-        plgpu.barrier_arrive(free_bar.at[slot])
+        signal(free_sig, slot)

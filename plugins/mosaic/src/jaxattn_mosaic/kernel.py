@@ -14,7 +14,10 @@ Design (one CTA = three warpgroups):
   by TMA), runs S = Q K^T and O += P V as asynchronous wgmma into register accumulators, and
   the online softmax in float32 on the log2 scale (the softmax scale folded into one FMA);
 * a shared "schedule" barrier makes the two consumers ping-pong: one's softmax runs while
-  the other's two GEMMs hold the tensor cores;
+  the other's two GEMMs hold the tensor cores (with ``Config.pass_turns`` they pass turns
+  instead of meeting: a consumer waits only before its P V, for the other's Q K^T);
+* with ``Config.named_barriers``, "consumed" slots (and the turns) are signalled with the
+  SM's hardware named barriers instead of mbarriers in shared memory;
 * with ``Config.overlap``, each consumer also overlaps itself: block ``j``'s Q K^T and block
   ``j - 1``'s P V are issued together, and the softmax of block ``j`` runs while that P V is
   still in flight; two "turn" barriers pass the right to issue from one consumer to the other;
@@ -43,7 +46,17 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxattn_mosaic.blocks import TRANSFORMS, KeyBlocks, cdiv, check_inputs, release_unread, stream_kv
+from jaxattn_mosaic.blocks import (
+    FIRST_NAMED_BARRIER,
+    TRANSFORMS,
+    KeyBlocks,
+    NamedBarriers,
+    cdiv,
+    check_inputs,
+    release_unread,
+    signal,
+    stream_kv,
+)
 
 __all__ = ["Config", "default_config", "exp2_fma", "mosaic_attention_forward"]
 
@@ -56,6 +69,16 @@ _LN2 = math.log(2.0)
 #: one in their first block (causal keys are a prefix), so the mask value never wins a max
 #: there; rows that see none are zeroed after the kernel.
 _MASKED = -1e30
+
+
+#: Named barrier ids: the two consumers' turns, then the K slots' and the V slots' "consumed".
+_NAMED_TURNS = FIRST_NAMED_BARRIER
+_NAMED_SLOTS = _NAMED_TURNS + 2
+_NAMED_LIMIT = 16
+#: Threads at a turn (one consumer passes, the other waits) and at a slot (both consumers
+#: arrive, the producer waits): a warpgroup is 128.
+_TURN_THREADS = 256
+_SLOT_THREADS = 384
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +107,14 @@ class Config:
     #: TMA store. The ping-pong loop stores nothing to shared memory, so only the producer's
     #: loads and the epilogue change. An ablation: within 2.4% either way on an H100 (docs/bench.md).
     lean_barriers: bool = False
+    #: Ping-pong by turns: after issuing its Q K^T a consumer passes the tensor cores to the
+    #: other and waits for them back only before its P V, so its softmax may start as soon as
+    #: its scores land. Off: the two meet at a shared barrier twice per block, which also keeps
+    #: one's softmax from starting before the other's ends.
+    pass_turns: bool = False
+    #: Signal consumed K/V slots (and, with ``pass_turns``, the turns) with the SM's hardware
+    #: named barriers (``bar.arrive`` / ``bar.sync``) instead of mbarriers in shared memory.
+    named_barriers: bool = False
 
     def __post_init__(self) -> None:
         if self.block_q % 64 or self.block_kv % 64:
@@ -94,6 +125,13 @@ class Config:
             raise ValueError(f"exp2_fma_cols must be a multiple of 64 below block_kv, got {self}")
         if self.exp2_fma_cols and self.overlap:
             raise ValueError(f"exp2_fma_cols is built for the ping-pong loop only, not with overlap: {self}")
+        if self.pass_turns and (self.overlap or not self.pingpong):
+            raise ValueError(f"pass_turns is a ping-pong schedule without overlap (which passes turns "
+                             f"of its own): set pingpong=True and overlap=False, got {self}")
+        if self.named_barriers and _NAMED_SLOTS + 2 * self.stages > _NAMED_LIMIT:
+            raise ValueError(f"named_barriers signal each K and V slot with a barrier of its own; "
+                             f"{self.stages} stages need more than the SM's 16: use at most "
+                             f"{(_NAMED_LIMIT - _NAMED_SLOTS) // 2}, got {self}")
 
 
 #: Keys from which a full (non-causal) D = 128 forward takes 64x192 tiles (measured on an H100:
@@ -202,6 +240,10 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
     def body(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scoped: Any) -> None:
         (q_smem2, k_smem, v_smem), (k_ready, v_ready, q_ready), (k_free, v_free), sched, *extra = scoped
+        turns: Any = NamedBarriers(_NAMED_TURNS, 2, _TURN_THREADS) if cfg.named_barriers else (extra[0] if extra else None)
+        if cfg.named_barriers:
+            k_free = NamedBarriers(_NAMED_SLOTS, stages, _SLOT_THREADS)
+            v_free = NamedBarriers(_NAMED_SLOTS + stages, stages, _SLOT_THREADS)
         b = lax.axis_index("b")
         head = lax.axis_index("h")
         # Heavy (late) causal tiles first: the tail of the grid is then the short ones.
@@ -217,6 +259,21 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             if cfg.pingpong:
                 plgpu.barrier_arrive(sched)
                 plgpu.barrier_wait(sched)
+
+        def take_turn() -> None:
+            """Wait until the other consumer passes this one the tensor cores."""
+            if cfg.pingpong:
+                if isinstance(turns, NamedBarriers):
+                    turns.wait(wg)
+                else:
+                    plgpu.barrier_wait(turns.at[wg])
+
+        def pass_turn() -> None:
+            if cfg.pingpong:
+                if isinstance(turns, NamedBarriers):
+                    turns.arrive(1 - wg)
+                else:
+                    plgpu.barrier_arrive(turns.at[1 - wg])
 
         def mask(s: Any, j: Any, row0: Any) -> Any:
             """Scores of block ``j`` with keys past ``S`` (and, causal, right of the diagonal) masked."""
@@ -268,8 +325,13 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             def _() -> None:
                 plgpu.barrier_wait(k_ready.at[0])
 
-            # Consumer 1 starts half a step behind consumer 0: the ping-pong.
-            pl.when(wg == 1)(sched_sync)
+            # Consumer 1 starts half a step behind consumer 0: the ping-pong. By meeting (the
+            # default): both reach the schedule barrier after each Q K^T issue and before each
+            # P V. By turns: Q K^T issues pass the turn, and only P V waits for it; the issue
+            # order is the same (0's Q K^T, 1's Q K^T, 0's P V, 0's next Q K^T, 1's P V, ...).
+            after_qk, start, finish_turns = ((pass_turn, take_turn, pass_turn) if cfg.pass_turns
+                                             else (sched_sync, sched_sync, sched_sync))
+            pl.when(wg == 1)(start)
 
             def step(j: Any, carry: Any, masked: bool) -> Any:
                 acc, m_i, l_i = carry
@@ -277,11 +339,11 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
                 def qk_gemm(s_ref: Any) -> Any:
                     plgpu.wgmma(s_ref, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
-                    sched_sync()
+                    after_qk()
                     return s_ref[...]
 
                 s = pl.run_scoped(qk_gemm, plgpu.ACC((bq, bkv), jnp.float32))
-                plgpu.barrier_arrive(k_free.at[slot])
+                signal(k_free, slot)
                 m_new, alpha, x = exponents(s, j, m_i, row0, masked)
                 parts = exp2_parts(x)
                 acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
@@ -289,6 +351,10 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 p_lo = [p.astype(dtype) for p in parts]
 
                 def release_tensor_cores() -> None:
+                    if cfg.pass_turns:
+                        plgpu.barrier_wait(v_ready.at[slot])
+                        take_turn()
+                        return
                     if cfg.pingpong:
                         plgpu.barrier_arrive(sched)
                     plgpu.barrier_wait(v_ready.at[slot])
@@ -313,7 +379,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                         plgpu.barrier_wait(k_ready.at[lax.rem(nxt, jnp.int32(stages))])
 
                 acc = pl.run_state(pv_gemm)(plgpu.ACC.init(acc))
-                plgpu.barrier_arrive(v_free.at[slot])
+                signal(v_free, slot)
                 return acc, m_new, l_i
 
             carry = (acc, m_i, l_i)
@@ -322,14 +388,18 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
             def drain(j: Any, _: Any) -> None:
                 # The other consumer needs more blocks: release our share of them and keep
-                # the ping-pong in step.
+                # the ping-pong in step (as if this one issued Q K^T, then took its P V turn).
                 release(j)
-                sched_sync()
-                sched_sync()
+                if cfg.pass_turns:
+                    pass_turn()
+                    take_turn()
+                else:
+                    sched_sync()
+                    sched_sync()
 
             lax.fori_loop(n_blocks, cta_blocks, drain, None)
 
-            pl.when(wg == 0)(sched_sync)
+            pl.when(wg == 0)(finish_turns)
             return acc, m_i, l_i
 
         def softmax(s: Any, j: Any, m_i: Any, l_i: Any, row0: Any, masked: bool) -> Any:
@@ -341,18 +411,9 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         def overlapped(q_smem: Any, carry: Any, *, row0: Any, n_blocks: Any, n_full: Any, cta_blocks: Any) -> Any:
             """The consumer's loop with intra-warpgroup overlap (``Config.overlap``)."""
             acc, m_i, l_i = carry
-            (turn,) = extra
             # Rows that see no key (causal, T > S) run block 0 anyway, fully masked (the wrapper
             # replaces their output and LSE): the loop then always has a first and a last block.
             n_run = jnp.maximum(n_blocks, 1)
-
-            def take_turn() -> None:
-                if cfg.pingpong:
-                    plgpu.barrier_wait(turn.at[wg])
-
-            def pass_turn() -> None:
-                if cfg.pingpong:
-                    plgpu.barrier_arrive(turn.at[1 - wg])
 
             # Consumer 0 issues first.
             pl.when(wg == 1)(pass_turn)
@@ -375,7 +436,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 return s_ref[...]
 
             s = pl.run_scoped(first_qk, plgpu.ACC((bq, bkv), jnp.float32))
-            plgpu.barrier_arrive(k_free.at[0])
+            signal(k_free, 0)
             p, m_i, l_i, alpha = softmax(s, 0, m_i, l_i, row0, masked=True)
             next_k(1)
 
@@ -395,14 +456,14 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                         pass_turn()
                         # Q K^T done (P V, issued after it, may still run): its softmax overlaps P V.
                         s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
-                        plgpu.barrier_arrive(k_free.at[slot])
+                        signal(k_free, slot)
                         p_ref[...], m_ref[...], l_ref[...], alpha_ref[...] = softmax(
                             s, j, m_ref[...], l_ref[...], row0, masked)
 
                     pl.run_scoped(with_s, plgpu.ACC((bq, bkv), jnp.float32))
 
                 acc, p, m_i, l_i, alpha = pl.run_state(gemms)((plgpu.ACC.init(acc), p, m_i, l_i, alpha))
-                plgpu.barrier_arrive(v_free.at[prev])
+                signal(v_free, prev)
                 next_k(j + 1)
                 return acc, m_i, l_i, p, alpha
 
@@ -422,7 +483,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 pass_turn()
 
             acc = pl.run_state(last_pv)(plgpu.ACC.init(acc))
-            plgpu.barrier_arrive(v_free.at[last])
+            signal(v_free, last)
 
             def drain(j: Any, _: Any) -> None:
                 # Blocks only the other consumer needs: release them, and keep passing turns.
@@ -487,8 +548,10 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
              plgpu.Barrier(num_barriers=2)),
             (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2,
             plgpu.Barrier(num_arrivals=2),
-            # With overlap: turn[c] is consumer c's right to issue (the other passes it).
-            *((plgpu.Barrier(num_arrivals=1, num_barriers=2),) if cfg.overlap else ()),
+            # By turns (overlap, pass_turns): turn[c] is consumer c's right to issue (the other
+            # passes it); named barriers stand in for these with ``named_barriers``.
+            *((plgpu.Barrier(num_arrivals=1, num_barriers=2),)
+              if (cfg.overlap or cfg.pass_turns) and not cfg.named_barriers else ()),
             collective_axes="wg",
         )
 
