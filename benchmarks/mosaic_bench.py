@@ -245,6 +245,15 @@ def _fwd_fns(causal: bool, scale: float, tk: Any, sweep: bool, d: int) -> dict[s
                                                    implementation="mosaic"))
     for cfg in SWEEP.get(d, ()) if sweep else ():
         fns[f"mosaic{cfg}"] = jax.jit(functools.partial(mosaic, config=K.Config(*cfg)))
+    if tk is not None and sweep:
+        # tokamax's kernel with its persistence switched (its heuristic: persistent for full
+        # attention only), at its default tiles: what its own persistence is worth.
+        from tokamax._src.ops.attention import pallas_mosaic_gpu as tkm
+
+        op = tkm.PallasMosaicGpuFlashAttention(config=tkm.ConfigSM90(block_q=64, block_kv=128, num_stages=2,
+                                                                     persistent=causal))
+        fns["tokamax(persistent)" if causal else "tokamax(not persistent)"] = jax.jit(
+            functools.partial(op, is_causal=causal, logits_scale=scale))
     return fns
 
 
@@ -315,6 +324,8 @@ def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None
                 return f"{t:.3f} ({mult * flops / t / 1e9:.0f})"
 
             for key in ms:
+                if key.startswith("tokamax("):
+                    print(f"   ablation {key}: {ms[key]:.3f} ms, tokamax's default/it {ms['tokamax'] / ms[key]:.3f}")
                 if key.startswith("mosaic("):
                     print(f"   ablation {key} (Config fields in order): {ms[key]:.3f} ms, "
                           f"cuDNN/it {ms['cudnn'] / ms[key]:.3f}")
@@ -399,7 +410,8 @@ def main() -> int:
     ap.add_argument("--head-dims", default="", help="only these head dims, e.g. 64,256")
     ap.add_argument("--config", action="append", default=[],
                     help="BQ,BKV,STAGES,PINGPONG(0/1)[,OVERLAP(0/1)[,EXP2_FMA_COLS[,LEAN_BARRIERS(0/1)"
-                         "[,PASS_TURNS(0/1)[,NAMED_BARRIERS(0/1)]]]]] (kernel.Config's fields in order) "
+                         "[,PASS_TURNS(0/1)[,NAMED_BARRIERS(0/1)[,STORE_READ_WAIT(0/1)[,PERSISTENT(0/1)[,CTAS]]]]]]]] "
+                         "(kernel.Config's fields in order) "
                          "timed with --sweep instead of SWEEP, and checked "
                          "at head dim 128 with --check (repeatable)")
     a = ap.parse_args()

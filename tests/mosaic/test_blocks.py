@@ -58,17 +58,18 @@ def test_key_blocks_arithmetic_is_traceable() -> None:
 
 
 # The ring's barrier protocol, as a model: a producer fills ``stages`` slots with key blocks; two
-# consumers read blocks 0 .. n_c - 1 and release the rest (``release_unread``). Each slot's
-# "free" barrier completes a phase on two arrivals (an mbarrier), or, as a hardware named
-# barrier (``NamedBarriers``), on three: the producer's wait counts too. "ready" completes on
-# the producer's load. Every interleaving of these steps must leave a block in its slot for as
-# long as a consumer reads it.
+# consumers read blocks 0 .. n_c - 1 and release the rest (``release_unread``), tile after tile
+# (a persistent kernel's; the ring's count runs on across tiles). Each slot's "free" barrier
+# completes a phase on two arrivals (an mbarrier), or, as a hardware named barrier
+# (``NamedBarriers``), on three: the producer's wait counts too. "ready" completes on the
+# producer's load, and a consumer waits on it as on an mbarrier: for the phase after the one its
+# own last wait saw (a parity bit), so a skipped wait leaves it a phase behind. Every
+# interleaving of these steps must leave a block in its slot for as long as a consumer reads it.
 
 
-def _ring_run(n_blocks: tuple[int, int], stages: int, wait_before_release: bool, rng: np.random.Generator,
+def _ring_run(tiles: list[tuple[int, int]], stages: int, wait_before_release: bool, rng: np.random.Generator,
               named: bool = False) -> str:
     """One random interleaving; returns "" or what went wrong."""
-    n_cta = max(n_blocks)
     content = [-1] * stages
     ready = [0] * stages  # completed phases
     free_done, free_count = [0] * stages, [0] * stages
@@ -80,33 +81,41 @@ def _ring_run(n_blocks: tuple[int, int], stages: int, wait_before_release: bool,
             free_count[slot], free_done[slot] = 0, free_done[slot] + 1
 
     def producer() -> Iterator[None]:
-        for j in range(n_cta):
-            slot = j % stages
-            if named and j >= stages:
-                arrive_free(slot)  # bar.sync: the producer's own arrival, then its wait
-            while free_done[slot] < j // stages:  # the slot's previous block released by both
+        g = 0
+        for tile in tiles:
+            for _ in range(max(tile)):
+                slot = g % stages
+                if named and g >= stages:
+                    arrive_free(slot)  # bar.sync: the producer's own arrival, then its wait
+                while free_done[slot] < g // stages:  # the slot's previous block released by both
+                    yield
+                content[slot] = g
+                ready[slot] += 1
+                g += 1
                 yield
-            content[slot] = j
-            ready[slot] += 1
-            yield
 
-    def consumer(n: int) -> Iterator[None]:
-        for j in range(n_cta):
-            slot = j % stages
-            if j < n or wait_before_release:
-                while ready[slot] < j // stages + 1:
-                    yield
-            if j < n:
-                for _ in range(3):  # a read spans several steps
-                    if content[slot] != j:
-                        return  # the failure is reported by the caller through ``seen``
-                    seen[0] += 1
-                    yield
-            arrive_free(slot)
-            yield
+    def consumer(c: int) -> Iterator[None]:
+        g, parity = 0, [0] * stages
+        for tile in tiles:
+            n = tile[c]
+            for j in range(max(tile)):
+                slot = g % stages
+                if j < n or wait_before_release:
+                    while ready[slot] % 2 == parity[slot]:  # the phase after the last one seen
+                        yield
+                    parity[slot] ^= 1
+                if j < n:
+                    for _ in range(3):  # a read spans several steps
+                        if content[slot] != g:
+                            return  # the failure is reported by the caller through ``seen``
+                        seen[0] += 1
+                        yield
+                arrive_free(slot)
+                g += 1
+                yield
 
     seen = [0]
-    procs = [producer(), consumer(n_blocks[0]), consumer(n_blocks[1])]
+    procs = [producer(), consumer(0), consumer(1)]
     alive = list(range(3))
     for _ in range(100_000):
         if not alive:
@@ -118,18 +127,30 @@ def _ring_run(n_blocks: tuple[int, int], stages: int, wait_before_release: bool,
             alive.remove(p)
     else:
         return "deadlock"
-    return "" if seen[0] == 3 * sum(n_blocks) else "a block was overwritten while being read"
+    return "" if seen[0] == 3 * sum(map(sum, tiles)) else "a block was overwritten while being read"
 
 
 @pytest.mark.parametrize("named", [False, True], ids=["mbarriers", "named-barriers"])
 @pytest.mark.parametrize("n_blocks", [(3, 4), (0, 6), (5, 7), (6, 6)])
 def test_releasing_unread_blocks_waits_for_them(n_blocks: tuple[int, int], named: bool) -> None:
     rng = np.random.default_rng(0)
-    assert all(_ring_run(n_blocks, 2, True, rng, named) == "" for _ in range(300))
+    assert all(_ring_run([n_blocks], 2, True, rng, named) == "" for _ in range(300))
     if n_blocks[0] < n_blocks[1]:
         # Releasing without the wait (the race fixed in both kernels) goes wrong in some
         # interleavings: the model can tell the two apart.
-        assert any(_ring_run(n_blocks, 2, False, rng, named) for _ in range(300))
+        assert any(_ring_run([n_blocks], 2, False, rng, named) for _ in range(300))
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["mbarriers", "named-barriers"])
+@pytest.mark.parametrize("stages", [2, 3])
+def test_a_persistent_ring_runs_on_across_tiles(stages: int, named: bool) -> None:
+    # Causal tiles of a persistent CTA: the consumers see different counts in some, none in one.
+    tiles = [(3, 4), (0, 2), (5, 5), (1, 3), (2, 2)]
+    rng = np.random.default_rng(2)
+    assert all(_ring_run(tiles, stages, True, rng, named) == "" for _ in range(200))
+    # Without the waits on released blocks a consumer's phase bits fall behind, and a later
+    # tile reads a slot before its block lands: the persistent kernel always waits.
+    assert any(_ring_run(tiles, stages, False, rng, named) for _ in range(200))
 
 
 # The forward's ping-pong by turns (``Config.pass_turns``), as a model: consumer w issues block
@@ -139,11 +160,14 @@ def test_releasing_unread_blocks_waits_for_them(n_blocks: tuple[int, int], named
 # barrier is an mbarrier of one arrival, or a named barrier that also counts its waiter.
 
 
-def _turns_run(n_blocks: tuple[int, int], named: bool, rng: np.random.Generator) -> tuple[str, list[tuple[str, int, int]]]:
+Issues = list[tuple[str, int, int]]
+
+
+def _turns_run(n_blocks: tuple[int, int], named: bool, rng: np.random.Generator) -> tuple[str, Issues]:
     """One random interleaving: ``("", issues)`` or what went wrong; ``issues``: (gemm, consumer, block)."""
     done, count = [0, 0], [0, 0]  # completed phases, arrivals in the open phase
     waited = [0, 0]  # phases each turn barrier's waiter has passed
-    issues: list[tuple[str, int, int]] = []
+    issues: Issues = []
 
     def arrive(bar: int) -> None:
         count[bar] += 1

@@ -119,13 +119,18 @@ CONFIGS = {
     "kv192-turns-named-lean": {"block_kv": 192, "pass_turns": True, "named_barriers": True, "lean_barriers": True},
     "overlap-named": {"overlap": True, "named_barriers": True},
     "no-pingpong-named": {"pingpong": False, "named_barriers": True},
+    "store-read-wait": {"store_read_wait": True},
+    "persistent": {"persistent": True},
+    # Three CTAs: many rounds each, both directions of the snake, a partial last round.
+    "persistent-3-ctas-turns-named": {"persistent": True, "ctas": 3, "pass_turns": True, "named_barriers": True},
+    "kv192-persistent": {"block_kv": 192, "persistent": True},
 }
 
 
 @pytest.mark.parametrize("jit", [False, True])
 @pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize(("b", "t", "s", "hq", "hkv", "d", "causal", "dtype"),
-                         [CASES[1], CASES[2], CASES[3], CASES[5], CASES[9]])
+                         [CASES[1], CASES[2], CASES[3], CASES[4], CASES[5], CASES[9], CASES[10]])
 def test_kernel_configurations_against_the_oracle(b: int, t: int, s: int, hq: int, hkv: int, d: int, causal: bool,
                                                   dtype: str, config: str, jit: bool) -> None:
     from jaxattn_mosaic.kernel import Config, mosaic_attention_forward

@@ -83,7 +83,9 @@ CONFIGS = [K.Config(pingpong=False), K.Config(overlap=True), K.Config(overlap=Tr
            K.Config(named_barriers=True), K.Config(pass_turns=True, named_barriers=True),
            K.Config(block_kv=192, pass_turns=True, named_barriers=True, lean_barriers=True),
            K.Config(overlap=True, named_barriers=True), K.Config(pingpong=False, named_barriers=True),
-           K.Config(block_kv=64, stages=5, pass_turns=True, named_barriers=True)]
+           K.Config(block_kv=64, stages=5, pass_turns=True, named_barriers=True), K.Config(store_read_wait=True),
+           K.Config(persistent=True), K.Config(persistent=True, ctas=3, pass_turns=True, named_barriers=True),
+           K.Config(block_kv=192, persistent=True)]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -106,7 +108,8 @@ def test_backward_lowers(t: int, s: int, hq: int, hkv: int, d: int, causal: bool
 def test_schedules_that_cannot_run_are_refused() -> None:
     for bad, why in (({"pass_turns": True, "overlap": True}, "pass_turns"),
                      ({"pass_turns": True, "pingpong": False}, "pass_turns"),
-                     ({"named_barriers": True, "stages": 6}, "at most 5")):
+                     ({"named_barriers": True, "stages": 6}, "at most 5"),
+                     ({"persistent": True, "overlap": True}, "persistent"), ({"ctas": -1}, "ctas")):
         with pytest.raises(ValueError, match=why):
             K.Config(**bad)  # type: ignore[arg-type]
 

@@ -110,8 +110,8 @@ def mosaic_attention_backward(
     _, t_len, hq, head_dim = q.shape
     _, s_len, hkv, _ = k.shape
     cfg = config or default_backward_config(head_dim)
-    # dQ tiles hold 2 x its block_q rows, dK/dV tiles 2 x its block_kv keys; the dQ producer
-    # fills its ring with static slices.
+    # dQ tiles hold 2 x its block_q rows, dK/dV tiles 2 x its block_kv keys; the keys span at
+    # least the dQ ring's stages.
     rows = math.lcm(2 * cfg.dq.block_q, cfg.dkv.block_q)
     cols = math.lcm(2 * cfg.dkv.block_kv, cfg.dq.block_kv)
     t_pad = cdiv(t_len, rows) * rows

@@ -8,7 +8,6 @@ Like the kernel modules, it imports jax's Mosaic GPU dialect at its top: only th
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax.numpy as jnp
@@ -155,29 +154,22 @@ def await_signal(free: Any, slot: Any) -> None:
 
 
 def stream_kv(k_ref: Any, v_ref: Any, smem: tuple[Any, Any], ready: tuple[Any, Any], free: tuple[Any, Any], *,
-              b: Any, kv_head: Any, n_blocks: Any, block: int, stages: int) -> None:
-    """The producer: key blocks ``0 .. n_blocks - 1`` of batch ``b``, head ``kv_head`` into slot
-    ``j % stages`` of the K and V rings, each copy arriving on its slot's ``ready`` barrier and
-    waiting, from the ring's second round, for its slot's ``free`` signal (an mbarrier array
-    or ``NamedBarriers``, see ``signal``)."""
+              b: Any, kv_head: Any, n_blocks: Any, block: int, stages: int, base: Any = 0) -> None:
+    """The producer: key blocks ``0 .. n_blocks - 1`` of batch ``b``, head ``kv_head`` into the K
+    and V rings, block ``j`` into slot ``(base + j) % stages`` (``base``: blocks streamed
+    before, by a persistent kernel's earlier tiles), each copy arriving on its slot's ``ready``
+    barrier and waiting, from the ring's second round, for its slot's ``free`` signal (an
+    mbarrier array or ``NamedBarriers``, see ``signal``)."""
     (k_smem, v_smem), (k_ready, v_ready), (k_free, v_free) = smem, ready, free
 
-    def load(j: Any, slot: Any) -> None:
+    @pl.loop(0, n_blocks)
+    def _load(j: Any) -> None:
+        ring = base + j
+        slot = lax.rem(ring, jnp.int32(stages))
         idx = (b, pl.ds(j * block, block), kv_head)
+        pl.when(ring >= stages)(lambda: await_signal(k_free, slot))
         plgpu.copy_gmem_to_smem(k_ref.at[idx], k_smem.at[slot], k_ready.at[slot])
-        plgpu.copy_gmem_to_smem(v_ref.at[idx], v_smem.at[slot], v_ready.at[slot])
-
-    # Static slices: the caller pads the keys to at least ``stages`` blocks.
-    for i in range(stages):
-        pl.when(i < n_blocks)(functools.partial(load, i, i))
-
-    @pl.loop(0, jnp.maximum(n_blocks - stages, 0))
-    def _refill(j: Any) -> None:
-        slot = lax.rem(j, jnp.int32(stages))
-        idx = (b, pl.ds((j + stages) * block, block), kv_head)
-        await_signal(k_free, slot)
-        plgpu.copy_gmem_to_smem(k_ref.at[idx], k_smem.at[slot], k_ready.at[slot])
-        await_signal(v_free, slot)
+        pl.when(ring >= stages)(lambda: await_signal(v_free, slot))
         plgpu.copy_gmem_to_smem(v_ref.at[idx], v_smem.at[slot], v_ready.at[slot])
 
 

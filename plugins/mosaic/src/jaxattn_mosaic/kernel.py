@@ -115,6 +115,16 @@ class Config:
     #: Signal consumed K/V slots (and, with ``pass_turns``, the turns) with the SM's hardware
     #: named barriers (``bar.arrive`` / ``bar.sync``) instead of mbarriers in shared memory.
     named_barriers: bool = False
+    #: The epilogue waits only until the TMA store of its output tile has read shared memory,
+    #: not until the write lands (the kernel's end covers that), so the CTA exits and the next
+    #: one starts sooner.
+    store_read_wait: bool = False
+    #: One CTA per SM (``ctas`` of them; 0: the device's SM count) loops over tiles in a
+    #: snake order of the launch order (heavy causal tiles still first, balanced across CTAs):
+    #: the producer streams the next tile's K/V while the consumers finish a tile, and each
+    #: consumer loads its next Q under its epilogue, which stores from registers.
+    persistent: bool = False
+    ctas: int = 0
 
     def __post_init__(self) -> None:
         if self.block_q % 64 or self.block_kv % 64:
@@ -128,6 +138,10 @@ class Config:
         if self.pass_turns and (self.overlap or not self.pingpong):
             raise ValueError(f"pass_turns is a ping-pong schedule without overlap (which passes turns "
                              f"of its own): set pingpong=True and overlap=False, got {self}")
+        if self.persistent and self.overlap:
+            raise ValueError(f"persistent is built for the ping-pong loop only, not with overlap: {self}")
+        if self.ctas < 0:
+            raise ValueError(f"ctas must be >= 0 (0: one per SM), got {self.ctas}")
         if self.named_barriers and _NAMED_SLOTS + 2 * self.stages > _NAMED_LIMIT:
             raise ValueError(f"named_barriers signal each K and V slot with a barrier of its own; "
                              f"{self.stages} stages need more than the SM's 16: use at most "
@@ -186,6 +200,17 @@ def exp2_fma(x: Any) -> Any:
     return lax.bitcast_convert_type(lax.bitcast_convert_type(poly, jnp.int32) + lax.shift_left(n, 23), jnp.float32)
 
 
+#: SMs of an H100 SXM: persistent kernels lowered on a host without a GPU (CI) launch this many CTAs.
+_H100_SMS = 132
+
+
+def _sm_count() -> int:
+    try:
+        return int(jax.devices("gpu")[0].core_count)
+    except RuntimeError:  # no GPU backend: lowering on a CPU host
+        return _H100_SMS
+
+
 def mosaic_attention_forward(
     q: jax.Array,
     k: jax.Array,
@@ -206,8 +231,8 @@ def mosaic_attention_forward(
     cfg = config or default_config(head_dim, causal=causal, kv_len=s_len)
     bq, bkv = cfg.block_q, cfg.block_kv
     t_pad = cdiv(t_len, 2 * bq) * 2 * bq
-    # At least two key blocks: the producer's ring is filled by an unrolled loop of static
-    # slices (a one-block key is padded; the padding block is never loaded nor computed).
+    # At least two key blocks, so the ring has its two slots (``stages`` is clamped to the
+    # blocks there are); a one-block key is padded, and the padding block is never loaded.
     s_pad = max(cdiv(s_len, bkv), 2) * bkv
     if t_pad != t_len:
         q = jnp.pad(q, ((0, 0), (0, t_pad - t_len), (0, 0), (0, 0)))
@@ -237,23 +262,60 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     stages = max(2, min(cfg.stages, s_pad // bkv))
     blocks = KeyBlocks(s_len=s_len, block=bkv, causal=causal, offset=s_len - t_len)
     qk_scale = scale * _LOG2E
+    n_tiles = batch * n_q_tiles * hq
+    n_ctas = min(n_tiles, cfg.ctas or _sm_count())
+    n_rounds = cdiv(n_tiles, n_ctas)
 
     def body(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scoped: Any) -> None:
         (q_smem2, k_smem, v_smem), (k_ready, v_ready, q_ready), (k_free, v_free), sched, *extra = scoped
-        turns: Any = NamedBarriers(_NAMED_TURNS, 2, _TURN_THREADS) if cfg.named_barriers else (extra[0] if extra else None)
+        turns: Any = extra[0] if extra else None
+        if cfg.named_barriers:
+            turns = NamedBarriers(_NAMED_TURNS, 2, _TURN_THREADS)
         if cfg.named_barriers:
             k_free = NamedBarriers(_NAMED_SLOTS, stages, _SLOT_THREADS)
             v_free = NamedBarriers(_NAMED_SLOTS + stages, stages, _SLOT_THREADS)
-        b = lax.axis_index("b")
-        head = lax.axis_index("h")
-        # Heavy (late) causal tiles first: the tail of the grid is then the short ones.
-        q_tile = (n_q_tiles - 1) - lax.axis_index("q") if causal else lax.axis_index("q")
         wg = lax.axis_index("wg")
-        tile_start = q_tile * (2 * bq)
-        cta_blocks = blocks.seen_before(tile_start + 2 * bq)
-        if cfg.overlap:
-            # Every consumer of the overlapped loop runs at least block 0 (see ``overlapped``).
-            cta_blocks = jnp.maximum(cta_blocks, 1)
+
+        def tile(t: Any) -> tuple[Any, Any, Any, Any]:
+            """Tile ``t`` of the launch order (query heads fastest, then query tiles, then the
+            batch): its batch, head, first query row, and the key blocks its CTA streams."""
+            head = lax.rem(t, jnp.int32(hq))
+            rest = lax.div(t, jnp.int32(hq))
+            q_idx = lax.rem(rest, jnp.int32(n_q_tiles))
+            # Heavy (late) causal tiles first: the tail of the launch is then the short ones.
+            q_tile = (n_q_tiles - 1) - q_idx if causal else q_idx
+            tile_start = q_tile * (2 * bq)
+            cta_blocks = blocks.seen_before(tile_start + 2 * bq)
+            if cfg.overlap:
+                # Every consumer of the overlapped loop runs at least block 0 (see ``overlapped``).
+                cta_blocks = jnp.maximum(cta_blocks, 1)
+            return lax.div(rest, jnp.int32(n_q_tiles)), head, tile_start, cta_blocks
+
+        if cfg.persistent:
+            cta = lax.axis_index("cta")
+
+            def tile_of(r: Any) -> Any:
+                # A snake: CTA c takes the c-th tile of even rounds and the c-th from the end of
+                # odd ones, so a CTA given a round's heaviest causal tile gets the next round's
+                # lightest.
+                return r * n_ctas + jnp.where(lax.rem(r, 2) == 0, cta, (n_ctas - 1) - cta)
+
+            rounds = (n_rounds - 1) + (tile_of(jnp.int32(n_rounds - 1)) < n_tiles).astype(jnp.int32)
+        else:
+
+            def tile_of(r: Any) -> Any:
+                del r
+                return lax.axis_index("h") + hq * (lax.axis_index("q") + n_q_tiles * lax.axis_index("b"))
+
+            rounds = 1
+
+        def per_tile(run: Any) -> None:
+            """``run(r, base)`` for each of this CTA's rounds, ``base`` the K/V ring's count of
+            blocks before the round's tile (returns ``base`` plus its blocks)."""
+            if cfg.persistent:
+                lax.fori_loop(0, rounds, run, jnp.int32(0))
+            else:
+                run(jnp.int32(0), jnp.int32(0))
 
         def sched_sync() -> None:
             if cfg.pingpong:
@@ -281,8 +343,10 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
         def release(j: Any) -> None:
             # Ping-pong (a rendezvous or a turn per block) keeps the other consumer within a
-            # block: no wait is needed before releasing (see ``release_unread``).
-            release_unread(j, (k_ready, v_ready), (k_free, v_free), stages=stages, wait=not cfg.pingpong)
+            # block: no wait is needed before releasing (see ``release_unread``), unless a next
+            # tile follows: then each wait on a "ready" barrier keeps its phase bit in step.
+            release_unread(j, (k_ready, v_ready), (k_free, v_free), stages=stages,
+                           wait=not cfg.pingpong or cfg.persistent)
 
         def exponents(s: Any, j: Any, m_i: Any, row0: Any, masked: bool) -> tuple[Any, Any, Any]:
             """Online softmax on the log2 scale for block ``j``'s scores ``s`` (masked if
@@ -317,13 +381,18 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 return [v_smem.at[slot]]
             return [v_smem.at[slot, pl.ds(0, cut)], v_smem.at[slot, pl.ds(cut, fma_cols)]]
 
-        def in_turns(q_smem: Any, carry: Any, *, row0: Any, n_blocks: Any, n_full: Any, cta_blocks: Any) -> Any:
-            """The consumer's loop with ping-pong alone: per block, Q K^T, softmax, P V."""
+        def in_turns(q_smem: Any, carry: Any, *, row0: Any, n_blocks: Any, n_full: Any, cta_blocks: Any,
+                     base: Any) -> Any:
+            """The consumer's loop with ping-pong alone: per block, Q K^T, softmax, P V. Block
+            ``j`` sits in the ring's slot ``(base + j) % stages``."""
             acc, m_i, l_i = carry
+
+            def slot_of(j: Any) -> Any:
+                return lax.rem(base + j, jnp.int32(stages))
 
             @pl.when(n_blocks > 0)
             def _() -> None:
-                plgpu.barrier_wait(k_ready.at[0])
+                plgpu.barrier_wait(k_ready.at[slot_of(0)])
 
             # Consumer 1 starts half a step behind consumer 0: the ping-pong. By meeting (the
             # default): both reach the schedule barrier after each Q K^T issue and before each
@@ -335,7 +404,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
             def step(j: Any, carry: Any, masked: bool) -> Any:
                 acc, m_i, l_i = carry
-                slot = lax.rem(j, jnp.int32(stages))
+                slot = slot_of(j)
 
                 def qk_gemm(s_ref: Any) -> Any:
                     plgpu.wgmma(s_ref, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
@@ -376,7 +445,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
                     @pl.when(nxt < n_blocks)
                     def _() -> None:
-                        plgpu.barrier_wait(k_ready.at[lax.rem(nxt, jnp.int32(stages))])
+                        plgpu.barrier_wait(k_ready.at[slot_of(nxt)])
 
                 acc = pl.run_state(pv_gemm)(plgpu.ACC.init(acc))
                 signal(v_free, slot)
@@ -389,7 +458,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             def drain(j: Any, _: Any) -> None:
                 # The other consumer needs more blocks: release our share of them and keep
                 # the ping-pong in step (as if this one issued Q K^T, then took its P V turn).
-                release(j)
+                release(base + j)
                 if cfg.pass_turns:
                     pass_turn()
                     take_turn()
@@ -494,46 +563,70 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             lax.fori_loop(n_run, cta_blocks, drain, None)
             return acc, m_i, l_i
 
-        def finish(q_smem: Any, acc: Any, m_i: Any, l_i: Any, row0: Any) -> None:
+        def finish(q_smem: Any, acc: Any, m_i: Any, l_i: Any, b: Any, head: Any, row0: Any) -> None:
             l_safe = jnp.where(l_i == 0.0, 1.0, l_i)
             acc = acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [0])
-            q_smem[...] = acc.astype(dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(q_smem, out_ref.at[b, pl.ds(row0, bq), head])
             # The LSE goes from registers straight to global memory (64 floats a consumer):
             # no shared staging buffer (its 512 bytes were more than a third K/V stage or
             # 64x192 tiles missed the shared memory by).
             lse_ref[b, head, pl.ds(row0, bq)] = m_i + jnp.log2(l_safe)
-            plgpu.wait_smem_to_gmem(0)
+            if cfg.persistent:
+                # q_smem is loading the next tile's Q: the output goes from registers too.
+                out_ref[b, pl.ds(row0, bq), head] = acc.astype(dtype)
+                return
+            q_smem[...] = acc.astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(q_smem, out_ref.at[b, pl.ds(row0, bq), head])
+            plgpu.wait_smem_to_gmem(0, wait_read_only=cfg.store_read_wait)
 
         @pl.when(wg < 2)
         def _consumer() -> None:
             plgpu.set_max_registers(232, action="increase")
             q_smem = q_smem2.at[wg]
-            row0 = tile_start + wg * bq
-            n_blocks = blocks.seen_before(row0 + bq)
-            n_full = jnp.minimum(blocks.whole_from(row0), n_blocks)
 
-            plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, bq), head], q_smem, q_ready.at[wg])
-            plgpu.barrier_wait(q_ready.at[wg])
+            def load_q(t: Any) -> None:
+                b, head, tile_start, _ = tile(t)
+                plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(tile_start + wg * bq, bq), head], q_smem, q_ready.at[wg])
 
-            m_i = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-            l_i = plgpu.layout_cast(jnp.full((bq,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-            acc = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+            load_q(tile_of(jnp.int32(0)))
 
-            if cfg.overlap:
-                acc, m_i, l_i = overlapped(q_smem, (acc, m_i, l_i), row0=row0, n_blocks=n_blocks,
-                                           n_full=n_full, cta_blocks=cta_blocks)
-            else:
-                acc, m_i, l_i = in_turns(q_smem, (acc, m_i, l_i), row0=row0, n_blocks=n_blocks,
-                                         n_full=n_full, cta_blocks=cta_blocks)
-            finish(q_smem, acc, m_i, l_i, row0)
+            def run(r: Any, base: Any) -> Any:
+                b, head, tile_start, cta_blocks = tile(tile_of(r))
+                row0 = tile_start + wg * bq
+                n_blocks = blocks.seen_before(row0 + bq)
+                n_full = jnp.minimum(blocks.whole_from(row0), n_blocks)
+                plgpu.barrier_wait(q_ready.at[wg])
+
+                m_i = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+                l_i = plgpu.layout_cast(jnp.full((bq,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+                acc = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+
+                if cfg.overlap:
+                    acc, m_i, l_i = overlapped(q_smem, (acc, m_i, l_i), row0=row0, n_blocks=n_blocks,
+                                               n_full=n_full, cta_blocks=cta_blocks)
+                else:
+                    acc, m_i, l_i = in_turns(q_smem, (acc, m_i, l_i), row0=row0, n_blocks=n_blocks,
+                                             n_full=n_full, cta_blocks=cta_blocks, base=base)
+                if cfg.persistent:
+                    # Every wgmma reading this Q has completed: load the next one under the epilogue.
+                    pl.when(r + 1 < rounds)(lambda: load_q(tile_of(r + 1)))
+                finish(q_smem, acc, m_i, l_i, b, head, row0)
+                return base + cta_blocks
+
+            per_tile(run)
 
         @pl.when(wg == 2)
         def _producer() -> None:
             plgpu.set_max_registers(40, action="decrease")
-            stream_kv(k_ref, v_ref, (k_smem, v_smem), (k_ready, v_ready), (k_free, v_free), b=b,
-                      kv_head=lax.div(head, jnp.int32(group)), n_blocks=cta_blocks, block=bkv, stages=stages)
+
+            def run(r: Any, base: Any) -> Any:
+                b, head, _, cta_blocks = tile(tile_of(r))
+                stream_kv(k_ref, v_ref, (k_smem, v_smem), (k_ready, v_ready), (k_free, v_free), b=b,
+                          kv_head=lax.div(head, jnp.int32(group)), n_blocks=cta_blocks, block=bkv, stages=stages,
+                          base=base)
+                return base + cta_blocks
+
+            per_tile(run)
 
     def entry(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any) -> None:
         smem = [
@@ -564,8 +657,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             jax.ShapeDtypeStruct(q.shape, dtype),
             jax.ShapeDtypeStruct((batch, hq, t_pad), jnp.float32),
         ),
-        grid=(hq, n_q_tiles, batch),
-        grid_names=("h", "q", "b"),
+        grid=(n_ctas,) if cfg.persistent else (hq, n_q_tiles, batch),
+        grid_names=("cta",) if cfg.persistent else ("h", "q", "b"),
         num_threads=3,
         thread_name="wg",
         compiler_params=params,
