@@ -297,10 +297,13 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             def tile_of(r: Any) -> Any:
                 # A snake: CTA c takes the c-th tile of even rounds and the c-th from the end of
                 # odd ones, so a CTA given a round's heaviest causal tile gets the next round's
-                # lightest.
+                # lightest. (A Python int round stays Python arithmetic: a concrete array
+                # does not lower in jax 0.11's Mosaic GPU.)
+                if isinstance(r, int):
+                    return r * n_ctas + (cta if r % 2 == 0 else (n_ctas - 1) - cta)
                 return r * n_ctas + jnp.where(lax.rem(r, 2) == 0, cta, (n_ctas - 1) - cta)
 
-            rounds = (n_rounds - 1) + (tile_of(jnp.int32(n_rounds - 1)) < n_tiles).astype(jnp.int32)
+            rounds = (n_rounds - 1) + (tile_of(n_rounds - 1) < n_tiles).astype(jnp.int32)
         else:
 
             def tile_of(r: Any) -> Any:
@@ -315,7 +318,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             if cfg.persistent:
                 lax.fori_loop(0, rounds, run, jnp.int32(0))
             else:
-                run(jnp.int32(0), jnp.int32(0))
+                run(0, 0)  # Python ints: a concrete array does not lower in jax 0.11's Mosaic GPU
 
         def sched_sync() -> None:
             if cfg.pingpong:
@@ -388,7 +391,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             acc, m_i, l_i = carry
 
             def slot_of(j: Any) -> Any:
-                return lax.rem(base + j, jnp.int32(stages))
+                ring = base + j
+                return ring % stages if isinstance(ring, int) else lax.rem(ring, jnp.int32(stages))
 
             @pl.when(n_blocks > 0)
             def _() -> None:
@@ -588,7 +592,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 b, head, tile_start, _ = tile(t)
                 plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(tile_start + wg * bq, bq), head], q_smem, q_ready.at[wg])
 
-            load_q(tile_of(jnp.int32(0)))
+            load_q(tile_of(0))
 
             def run(r: Any, base: Any) -> Any:
                 b, head, tile_start, cta_blocks = tile(tile_of(r))
