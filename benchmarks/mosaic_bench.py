@@ -282,7 +282,7 @@ def _grad_of(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None = None,
-          bwd_sweep: bool = False) -> None:
+          bwd_sweep: bool = False, seqs: set[int] | None = None) -> None:
     tk = import_tokamax()
     name = jnp.dtype(dtype).name
     print(f"\n{name}, BTHD, ms per call (TFLOP/s; causal counts half the FLOPs)")
@@ -293,7 +293,7 @@ def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None
     print(head)
     print("|---" * (head.count("|") - 1) + "|")
     for b, s, hq, hkv, d in SHAPES[:2] if quick else SHAPES:
-        if only and d not in only:
+        if (only and d not in only) or (seqs and s not in seqs):
             continue
         for causal in (False, True):
             ks = jax.random.split(jax.random.PRNGKey(0), 3)
@@ -408,6 +408,7 @@ def main() -> int:
                     help="compile the forward configurations and the backward with Mosaic GPU's dumps into DIR "
                          "and print ptxas's report (registers, spills, injected waits)")
     ap.add_argument("--head-dims", default="", help="only these head dims, e.g. 64,256")
+    ap.add_argument("--seqs", default="", help="only these sequence lengths, e.g. 4096,16384")
     ap.add_argument("--config", action="append", default=[],
                     help="BQ,BKV,STAGES,PINGPONG(0/1)[,OVERLAP(0/1)[,EXP2_FMA_COLS[,LEAN_BARRIERS(0/1)"
                          "[,PASS_TURNS(0/1)[,NAMED_BARRIERS(0/1)[,STORE_READ_WAIT(0/1)[,PERSISTENT(0/1)[,CTAS]]]]]]]] "
@@ -426,9 +427,10 @@ def main() -> int:
     bad += bwd_check(a.quick, tuple(BWD_SWEEP) if a.bwd_sweep else ()) if a.bwd_check else 0
     if a.bench:
         only = {int(d) for d in a.head_dims.split(",") if d}
-        bench(a.quick, jnp.bfloat16, a.sweep, a.bwd, only, a.bwd_sweep)
+        seqs = {int(x) for x in a.seqs.split(",") if x}
+        bench(a.quick, jnp.bfloat16, a.sweep, a.bwd, only, a.bwd_sweep, seqs)
         if a.fp16:
-            bench(a.quick, jnp.float16, a.sweep, a.bwd, only, a.bwd_sweep)
+            bench(a.quick, jnp.float16, a.sweep, a.bwd, only, a.bwd_sweep, seqs)
     return 1 if bad else 0
 
 

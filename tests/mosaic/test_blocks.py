@@ -156,17 +156,21 @@ def test_a_persistent_ring_runs_on_across_tiles(stages: int, named: bool) -> Non
 # The forward's ping-pong by turns (``Config.pass_turns``), as a model: consumer w issues block
 # j's Q K^T, passes the turn (arrives on the other's turn barrier), and waits for its own turn
 # before block j's P V; consumer 1 first waits for a turn, consumer 0 passes one more at the
-# end, and a consumer with fewer blocks drains (pass, then take) through the other's. A turn
-# barrier is an mbarrier of one arrival, or a named barrier that also counts its waiter.
+# end, and a consumer with fewer blocks drains (pass, then take) through the other's. Over a
+# persistent CTA's tiles the turns run on: the first take and the last pass are the CTA's, not
+# each tile's. A turn barrier is an mbarrier of one arrival, its waiter holding a parity bit,
+# or a named barrier whose phase counts its waiter's arrival too.
 
 
-Issues = list[tuple[str, int, int]]
+Issues = list[tuple[str, int, int, int]]
 
 
-def _turns_run(n_blocks: tuple[int, int], named: bool, rng: np.random.Generator) -> tuple[str, Issues]:
-    """One random interleaving: ``("", issues)`` or what went wrong; ``issues``: (gemm, consumer, block)."""
+def _turns_run(tiles: list[tuple[int, int]], named: bool, rng: np.random.Generator,
+               per_tile: bool = False) -> tuple[str, Issues]:
+    """One random interleaving: ``("", issues)`` or what went wrong; ``issues``: (gemm, consumer,
+    tile, block). ``per_tile``: the first take and the last pass at every tile (the bug)."""
     done, count = [0, 0], [0, 0]  # completed phases, arrivals in the open phase
-    waited = [0, 0]  # phases each turn barrier's waiter has passed
+    parity = [0, 0]  # mbarriers: the phase bit each waiter expects to flip next
     issues: Issues = []
 
     def arrive(bar: int) -> None:
@@ -176,27 +180,33 @@ def _turns_run(n_blocks: tuple[int, int], named: bool, rng: np.random.Generator)
 
     def take(w: int) -> Iterator[None]:
         if named:
+            joined = done[w]
             arrive(w)
-        while done[w] <= waited[w]:
-            yield
-        waited[w] += 1
+            while done[w] <= joined:
+                yield
+        else:
+            while done[w] % 2 == parity[w]:
+                yield
+            parity[w] ^= 1
 
     def consumer(w: int) -> Iterator[None]:
-        n, n_cta = n_blocks[w], max(n_blocks)
-        if w == 1:
-            yield from take(1)
-        for j in range(n_cta):
-            if j < n:
-                issues.append(("qk", w, j))
-            yield
-            arrive(1 - w)  # pass
-            yield
-            yield from take(w)
-            if j < n:
-                issues.append(("pv", w, j))
-            yield
-        if w == 0:
-            arrive(1)
+        for i, tile in enumerate(tiles):
+            if w == 1 and (i == 0 or per_tile):
+                yield from take(1)
+            for j in range(max(tile)):
+                if j < tile[w]:
+                    issues.append(("qk", w, i, j))
+                yield
+                arrive(1 - w)  # pass
+                yield
+                yield from take(w)
+                if j < tile[w]:
+                    issues.append(("pv", w, i, j))
+                yield
+            if w == 0 and (i == len(tiles) - 1 or per_tile):
+                arrive(1)
+            for _ in range(int(rng.integers(4))):  # the epilogue and the next tile's Q
+                yield
 
     procs = [consumer(0), consumer(1)]
     alive = [0, 1]
@@ -211,23 +221,39 @@ def _turns_run(n_blocks: tuple[int, int], named: bool, rng: np.random.Generator)
     return "deadlock", issues
 
 
+def _check_turns(tiles: list[tuple[int, int]], issues: Issues) -> None:
+    at = {e: i for i, e in enumerate(issues)}
+    assert len(at) == 2 * sum(map(sum, tiles))
+    for i, (n0, n1) in enumerate(tiles):
+        for j in range(min(n0, n1)):
+            # Consumer 0's P V waits for consumer 1's Q K^T of the same block, which follows
+            # consumer 0's...
+            assert at[("qk", 0, i, j)] < at[("qk", 1, i, j)] < at[("pv", 0, i, j)]
+        for j in range(n1):
+            # ... and consumer 1's P V for consumer 0's next Q K^T: one's softmax under the
+            # other's GEMMs.
+            if j + 1 < n0:
+                assert at[("qk", 0, i, j + 1)] < at[("pv", 1, i, j)]
+
+
 @pytest.mark.parametrize("named", [False, True], ids=["mbarriers", "named-barriers"])
 @pytest.mark.parametrize("n_blocks", [(4, 4), (3, 5), (0, 3), (0, 0), (1, 1)])
 def test_turns_keep_the_ping_pong_order(n_blocks: tuple[int, int], named: bool) -> None:
     rng = np.random.default_rng(1)
     for _ in range(200):
-        why, issues = _turns_run(n_blocks, named, rng)
+        why, issues = _turns_run([n_blocks], named, rng)
         assert why == ""
-        at = {e: i for i, e in enumerate(issues)}
-        assert len(at) == 2 * sum(n_blocks)
-        for j in range(n_blocks[0]):
-            # Consumer 0's P V waits for consumer 1's Q K^T of the same block (if it has one)...
-            if j < n_blocks[1]:
-                assert at[("qk", 1, j)] < at[("pv", 0, j)]
-        for j in range(n_blocks[1]):
-            # ... and consumer 1's P V for consumer 0's next Q K^T: one's softmax under the
-            # other's GEMMs.
-            if j + 1 < n_blocks[0]:
-                assert at[("qk", 0, j + 1)] < at[("pv", 1, j)]
-            if j < n_blocks[0]:
-                assert at[("qk", 0, j)] < at[("qk", 1, j)]
+        _check_turns([n_blocks], issues)
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["mbarriers", "named-barriers"])
+def test_turns_run_on_across_a_persistent_ctas_tiles(named: bool) -> None:
+    tiles = [(4, 4), (3, 5), (0, 2), (1, 1), (2, 3)]
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        why, issues = _turns_run(tiles, named, rng)
+        assert why == ""
+        _check_turns(tiles, issues)
+    # A first take and a last pass at every tile (what hung on the GPU): consumer 0 can pass
+    # twice before consumer 1 takes, and some interleaving deadlocks.
+    assert any(_turns_run(tiles, named, rng, per_tile=True)[0] for _ in range(200))

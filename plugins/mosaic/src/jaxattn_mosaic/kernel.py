@@ -385,9 +385,10 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             return [v_smem.at[slot, pl.ds(0, cut)], v_smem.at[slot, pl.ds(cut, fma_cols)]]
 
         def in_turns(q_smem: Any, carry: Any, *, row0: Any, n_blocks: Any, n_full: Any, cta_blocks: Any,
-                     base: Any) -> Any:
+                     base: Any, first: Any, last: Any) -> Any:
             """The consumer's loop with ping-pong alone: per block, Q K^T, softmax, P V. Block
-            ``j`` sits in the ring's slot ``(base + j) % stages``."""
+            ``j`` sits in the ring's slot ``(base + j) % stages``; ``first`` and ``last``: whether
+            the tile is the CTA's first and last."""
             acc, m_i, l_i = carry
 
             def slot_of(j: Any) -> Any:
@@ -404,7 +405,15 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             # order is the same (0's Q K^T, 1's Q K^T, 0's P V, 0's next Q K^T, 1's P V, ...).
             after_qk, start, finish_turns = ((pass_turn, take_turn, pass_turn) if cfg.pass_turns
                                              else (sched_sync, sched_sync, sched_sync))
-            pl.when(wg == 1)(start)
+            if cfg.pass_turns:
+                # Turns run on from tile to tile of a persistent CTA: consumer 1's last P V
+                # waits for consumer 0's next Q K^T, as within a tile. Passing one more turn at
+                # each tile's end would let consumer 0 pass twice before consumer 1 took the
+                # first (a named barrier then completes without its waiter; an mbarrier's
+                # phase bit comes back where it was).
+                pl.when((wg == 1) & first)(start)
+            else:
+                pl.when(wg == 1)(start)
 
             def step(j: Any, carry: Any, masked: bool) -> Any:
                 acc, m_i, l_i = carry
@@ -472,7 +481,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
             lax.fori_loop(n_blocks, cta_blocks, drain, None)
 
-            pl.when(wg == 0)(finish_turns)
+            pl.when((wg == 0) & last if cfg.pass_turns else wg == 0)(finish_turns)
             return acc, m_i, l_i
 
         def softmax(s: Any, j: Any, m_i: Any, l_i: Any, row0: Any, masked: bool) -> Any:
@@ -610,7 +619,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                                                n_full=n_full, cta_blocks=cta_blocks)
                 else:
                     acc, m_i, l_i = in_turns(q_smem, (acc, m_i, l_i), row0=row0, n_blocks=n_blocks,
-                                             n_full=n_full, cta_blocks=cta_blocks, base=base)
+                                             n_full=n_full, cta_blocks=cta_blocks, base=base,
+                                             first=r == 0, last=r + 1 == rounds)
                 if cfg.persistent:
                     # Every wgmma reading this Q has completed: load the next one under the epilogue.
                     pl.when(r + 1 < rounds)(lambda: load_q(tile_of(r + 1)))
