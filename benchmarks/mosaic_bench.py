@@ -353,9 +353,10 @@ RESOURCE_CONFIGS: tuple[tuple[str, tuple[int, ...]], ...] = (
 )
 
 
-def resources(dump: pathlib.Path) -> None:
-    """Compile each of RESOURCE_CONFIGS (full and causal) and the causal backward at B1 S4k
-    H32/8 D128 with Mosaic GPU's dumps into ``dump``, and print ptxas's report of each kernel:
+def resources(dump: pathlib.Path, configs: tuple[tuple[int, ...], ...] = ()) -> None:
+    """Compile each of RESOURCE_CONFIGS (or the default and ``configs``; full and causal) and the
+    causal backward at B1 S4k H32/8 D128 with Mosaic GPU's dumps into ``dump``, and print
+    ptxas's report of each kernel:
     registers, spills, and its notes (such as a ``warpgroup.arrive`` it had to inject, which
     makes a wgmma wait for registers in use). ``MOSAIC_GPU_DUMP_TO`` turns on every dump (the
     MLIR passes run to a gigabyte); only the ``.ptxas`` files are kept. The SASS dump needs
@@ -369,7 +370,9 @@ def resources(dump: pathlib.Path) -> None:
         (f"{name}, {'causal' if causal else 'full'}", functools.partial(
             jax.jit(functools.partial(K.mosaic_attention_forward, causal=causal, softmax_scale=0.088,
                                       config=K.Config(*cfg))), q, k, v))
-        for name, cfg in RESOURCE_CONFIGS for causal in (False, True)]
+        for name, cfg in (RESOURCE_CONFIGS[:1] + tuple((str(c), c) for c in configs) if configs
+                          else RESOURCE_CONFIGS)
+        for causal in (False, True)]
     out, lse = jax.block_until_ready(K.mosaic_attention_forward(q, k, v, causal=True, softmax_scale=0.088))
     for f in dump.iterdir():  # that forward feeds the backward's job: its report is the causal default's
         f.unlink()
@@ -422,7 +425,7 @@ def main() -> int:
             SWEEP[d] = mine
     print(jax.__version__, jax.devices(), flush=True)
     if a.resources:
-        resources(a.resources)
+        resources(a.resources, mine)
     bad = check(a.quick, mine) if a.check else 0
     bad += bwd_check(a.quick, tuple(BWD_SWEEP) if a.bwd_sweep else ()) if a.bwd_check else 0
     if a.bench:
