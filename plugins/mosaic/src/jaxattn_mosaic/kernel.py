@@ -122,7 +122,8 @@ class Config:
     #: One CTA per SM (``ctas`` of them; 0: the device's SM count) loops over tiles in a
     #: snake order of the launch order (heavy causal tiles still first, balanced across CTAs):
     #: the producer streams the next tile's K/V while the consumers finish a tile, and each
-    #: consumer loads its next Q under its epilogue, which stores from registers.
+    #: consumer loads its next Q under its epilogue, which stages the output in a shared tile
+    #: of its own where that fits (64x128 at D = 128) and stores from registers otherwise.
     persistent: bool = False
     ctas: int = 0
 
@@ -200,6 +201,8 @@ def exp2_fma(x: Any) -> Any:
     return lax.bitcast_convert_type(lax.bitcast_convert_type(poly, jnp.int32) + lax.shift_left(n, 23), jnp.float32)
 
 
+#: Shared memory a CTA may take on sm_90 (227 KiB).
+_SMEM_BYTES = 227 * 1024
 #: SMs of an H100 SXM: persistent kernels lowered on a host without a GPU (CI) launch this many CTAs.
 _H100_SMS = 132
 
@@ -265,9 +268,14 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     n_tiles = batch * n_q_tiles * hq
     n_ctas = min(n_tiles, cfg.ctas or _sm_count())
     n_rounds = cdiv(n_tiles, n_ctas)
+    # A persistent kernel's own output tiles (one per consumer), if they fit beside Q's and the
+    # K/V ring (1 KiB left for the barriers and Mosaic's scratch).
+    row_bytes = head_dim * q.dtype.itemsize
+    smem_bytes = (2 * bq + 2 * stages * bkv + 2 * bq) * row_bytes
+    o_staged = cfg.persistent and smem_bytes <= _SMEM_BYTES - 1024
 
     def body(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scoped: Any) -> None:
-        (q_smem2, k_smem, v_smem), (k_ready, v_ready, q_ready), (k_free, v_free), sched, *extra = scoped
+        (q_smem2, k_smem, v_smem, *o_smem2), (k_ready, v_ready, q_ready), (k_free, v_free), sched, *extra = scoped
         turns: Any = extra[0] if extra else None
         if cfg.named_barriers:
             turns = NamedBarriers(_NAMED_TURNS, 2, _TURN_THREADS)
@@ -583,8 +591,15 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             # no shared staging buffer (its 512 bytes were more than a third K/V stage or
             # 64x192 tiles missed the shared memory by).
             lse_ref[b, head, pl.ds(row0, bq)] = m_i + jnp.log2(l_safe)
+            if o_staged:
+                o_smem = o_smem2[0].at[wg]
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's store has read it
+                o_smem[...] = acc.astype(dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(o_smem, out_ref.at[b, pl.ds(row0, bq), head])
+                return
             if cfg.persistent:
-                # q_smem is loading the next tile's Q: the output goes from registers too.
+                # q_smem is loading the next tile's Q: the output goes from registers.
                 out_ref[b, pl.ds(row0, bq), head] = acc.astype(dtype)
                 return
             q_smem[...] = acc.astype(dtype)
@@ -628,6 +643,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 return base + cta_blocks
 
             per_tile(run)
+            if o_staged:
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # before the CTA's shared memory goes
 
         @pl.when(wg == 2)
         def _producer() -> None:
@@ -647,6 +664,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             plgpu.SMEM((2, bq, head_dim), dtype, transforms=TRANSFORMS),
             plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=TRANSFORMS),
             plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=TRANSFORMS),
+            *([plgpu.SMEM((2, bq, head_dim), dtype, transforms=TRANSFORMS)] if o_staged else []),
         ]
         pl.run_scoped(
             lambda *scoped: body(q_ref, k_ref, v_ref, out_ref, lse_ref, scoped),
