@@ -279,7 +279,6 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         turns: Any = extra[0] if extra else None
         if cfg.named_barriers:
             turns = NamedBarriers(_NAMED_TURNS, 2, _TURN_THREADS)
-        if cfg.named_barriers:
             k_free = NamedBarriers(_NAMED_SLOTS, stages, _SLOT_THREADS)
             v_free = NamedBarriers(_NAMED_SLOTS + stages, stages, _SLOT_THREADS)
         wg = lax.axis_index("wg")
@@ -489,7 +488,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
             lax.fori_loop(n_blocks, cta_blocks, drain, None)
 
-            pl.when((wg == 0) & last if cfg.pass_turns else wg == 0)(finish_turns)
+            pl.when(((wg == 0) & last) if cfg.pass_turns else (wg == 0))(finish_turns)
             return acc, m_i, l_i
 
         def softmax(s: Any, j: Any, m_i: Any, l_i: Any, row0: Any, masked: bool) -> Any:
