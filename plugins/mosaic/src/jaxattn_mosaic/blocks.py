@@ -137,20 +137,22 @@ class NamedBarriers:
         named_barrier("sync", self.first + i, self.threads)
 
 
-def signal(free: Any, slot: Any) -> None:
-    """A consumer is done with ``slot``: ``free`` is an mbarrier array or ``NamedBarriers``."""
-    if isinstance(free, NamedBarriers):
-        free.arrive(slot)
+def signal(barriers: Any, i: Any) -> None:
+    """Arrive on barrier ``i`` of ``barriers``, an mbarrier array or ``NamedBarriers`` (a
+    consumer done with a ring slot, or passing a turn)."""
+    if isinstance(barriers, NamedBarriers):
+        barriers.arrive(i)
     else:
-        plgpu.barrier_arrive(free.at[slot])
+        plgpu.barrier_arrive(barriers.at[i])
 
 
-def await_signal(free: Any, slot: Any) -> None:
-    """The producer waits until ``slot`` is free (see ``signal``)."""
-    if isinstance(free, NamedBarriers):
-        free.wait(slot)
+def await_signal(barriers: Any, i: Any) -> None:
+    """Wait on barrier ``i`` of ``barriers`` (see ``signal``): the producer for a free slot, a
+    consumer for its turn."""
+    if isinstance(barriers, NamedBarriers):
+        barriers.wait(i)
     else:
-        plgpu.barrier_wait(free.at[slot])
+        plgpu.barrier_wait(barriers.at[i])
 
 
 def stream_kv(k_ref: Any, v_ref: Any, smem: tuple[Any, Any], ready: tuple[Any, Any], free: tuple[Any, Any], *,

@@ -51,6 +51,7 @@ from jaxattn_mosaic.blocks import (
     TRANSFORMS,
     KeyBlocks,
     NamedBarriers,
+    await_signal,
     cdiv,
     check_inputs,
     release_unread,
@@ -335,17 +336,11 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         def take_turn() -> None:
             """Wait until the other consumer passes this one the tensor cores."""
             if cfg.pingpong:
-                if isinstance(turns, NamedBarriers):
-                    turns.wait(wg)
-                else:
-                    plgpu.barrier_wait(turns.at[wg])
+                await_signal(turns, wg)
 
         def pass_turn() -> None:
             if cfg.pingpong:
-                if isinstance(turns, NamedBarriers):
-                    turns.arrive(1 - wg)
-                else:
-                    plgpu.barrier_arrive(turns.at[1 - wg])
+                signal(turns, 1 - wg)
 
         def mask(s: Any, j: Any, row0: Any) -> Any:
             """Scores of block ``j`` with keys past ``S`` (and, causal, right of the diagonal) masked."""
@@ -590,21 +585,19 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             # no shared staging buffer (its 512 bytes were more than a third K/V stage or
             # 64x192 tiles missed the shared memory by).
             lse_ref[b, head, pl.ds(row0, bq)] = m_i + jnp.log2(l_safe)
-            if o_staged:
-                o_smem = o_smem2[0].at[wg]
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's store has read it
-                o_smem[...] = acc.astype(dtype)
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(o_smem, out_ref.at[b, pl.ds(row0, bq), head])
-                return
-            if cfg.persistent:
+            if cfg.persistent and not o_staged:
                 # q_smem is loading the next tile's Q: the output goes from registers.
                 out_ref[b, pl.ds(row0, bq), head] = acc.astype(dtype)
                 return
-            q_smem[...] = acc.astype(dtype)
+            # Staged in the output's own tile (persistent) or in Q's, done with.
+            o_smem = o_smem2[0].at[wg] if o_staged else q_smem
+            if o_staged:
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's store has read it
+            o_smem[...] = acc.astype(dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(q_smem, out_ref.at[b, pl.ds(row0, bq), head])
-            plgpu.wait_smem_to_gmem(0, wait_read_only=cfg.store_read_wait)
+            plgpu.copy_smem_to_gmem(o_smem, out_ref.at[b, pl.ds(row0, bq), head])
+            if not o_staged:
+                plgpu.wait_smem_to_gmem(0, wait_read_only=cfg.store_read_wait)
 
         @pl.when(wg < 2)
         def _consumer() -> None:
