@@ -124,6 +124,11 @@ CONFIGS = {
     # Three CTAs: many rounds each, both directions of the snake, a partial last round.
     "persistent-3-ctas-turns-named": {"persistent": True, "ctas": 3, "pass_turns": True, "named_barriers": True},
     "kv192-persistent": {"block_kv": 192, "persistent": True},
+    "rows-first": {"rows_first": True},
+    "persistent-rows-first-prefetch": {"persistent": True, "rows_first": True, "prefetch_q": True},
+    "persistent-3-ctas-rows-first-prefetch": {"persistent": True, "ctas": 3, "rows_first": True, "prefetch_q": True},
+    "persistent-q-double": {"persistent": True, "q_double": True},
+    "persistent-3-ctas-q-double-turns": {"persistent": True, "ctas": 3, "q_double": True, "pass_turns": True},
 }
 
 

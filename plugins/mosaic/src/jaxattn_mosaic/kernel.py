@@ -127,6 +127,17 @@ class Config:
     #: of its own where that fits (64x128 at D = 128) and stores from registers otherwise.
     persistent: bool = False
     ctas: int = 0
+    #: The launch order takes a head's query tiles one after another (then heads, then the
+    #: batch), so the CTAs running at once stream the K/V of a few heads and share it in L2.
+    #: Off: query heads fastest (a GQA group's heads, which share K/V, side by side).
+    rows_first: bool = False
+    #: (persistent) Two Q slots per consumer, where they fit beside the K/V ring and the
+    #: output's own tile (D <= 128 at 64x128 tiles; one slot otherwise): each tile's first step
+    #: loads the next tile's Q into the slot the last tile used, so no tile waits for its Q.
+    q_double: bool = False
+    #: (persistent) The producer prefetches the CTA's next Q tile into L2 as it starts a tile's
+    #: K/V, so the consumers' load of it under their epilogue reads L2, not HBM.
+    prefetch_q: bool = False
 
     def __post_init__(self) -> None:
         if self.block_q % 64 or self.block_kv % 64:
@@ -142,6 +153,9 @@ class Config:
                              f"of its own): set pingpong=True and overlap=False, got {self}")
         if self.persistent and self.overlap:
             raise ValueError(f"persistent is built for the ping-pong loop only, not with overlap: {self}")
+        if (self.prefetch_q or self.q_double) and not self.persistent:
+            raise ValueError(f"prefetch_q and q_double serve a persistent CTA's next tile: set persistent=True, "
+                             f"got {self}")
         if self.ctas < 0:
             raise ValueError(f"ctas must be >= 0 (0: one per SM), got {self.ctas}")
         if self.named_barriers and _NAMED_SLOTS + 2 * self.stages > _NAMED_LIMIT:
@@ -271,9 +285,14 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     n_rounds = cdiv(n_tiles, n_ctas)
     # A persistent kernel's own output tiles (one per consumer), if they fit beside Q's and the
     # K/V ring (1 KiB left for the barriers and Mosaic's scratch).
+    # With ``q_double``, two Q slots per consumer where they fit with the output's tile.
     row_bytes = head_dim * q.dtype.itemsize
-    smem_bytes = (2 * bq + 2 * stages * bkv + 2 * bq) * row_bytes
-    o_staged = cfg.persistent and smem_bytes <= _SMEM_BYTES - 1024
+
+    def fits(q_slots: int) -> bool:
+        return (2 * q_slots * bq + 2 * stages * bkv + 2 * bq) * row_bytes <= _SMEM_BYTES - 1024
+
+    q_slots = 2 if cfg.q_double and fits(2) else 1
+    o_staged = cfg.persistent and fits(q_slots)
 
     def body(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scoped: Any) -> None:
         (q_smem2, k_smem, v_smem, *o_smem2), (k_ready, v_ready, q_ready), (k_free, v_free), sched, *extra = scoped
@@ -286,10 +305,12 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
         def tile(t: Any) -> tuple[Any, Any, Any, Any]:
             """Tile ``t`` of the launch order (query heads fastest, then query tiles, then the
-            batch): its batch, head, first query row, and the key blocks its CTA streams."""
-            head = lax.rem(t, jnp.int32(hq))
-            rest = lax.div(t, jnp.int32(hq))
-            q_idx = lax.rem(rest, jnp.int32(n_q_tiles))
+            batch; ``Config.rows_first``: query tiles, heads, batch): its batch, head, first
+            query row, and the key blocks its CTA streams."""
+            inner, outer = (n_q_tiles, hq) if cfg.rows_first else (hq, n_q_tiles)
+            first_axis, rest = lax.rem(t, jnp.int32(inner)), lax.div(t, jnp.int32(inner))
+            second_axis = lax.rem(rest, jnp.int32(outer))
+            head, q_idx = (second_axis, first_axis) if cfg.rows_first else (first_axis, second_axis)
             # Heavy (late) causal tiles first: the tail of the launch is then the short ones.
             q_tile = (n_q_tiles - 1) - q_idx if causal else q_idx
             tile_start = q_tile * (2 * bq)
@@ -297,7 +318,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             if cfg.overlap:
                 # Every consumer of the overlapped loop runs at least block 0 (see ``overlapped``).
                 cta_blocks = jnp.maximum(cta_blocks, 1)
-            return lax.div(rest, jnp.int32(n_q_tiles)), head, tile_start, cta_blocks
+            return lax.div(rest, jnp.int32(outer)), head, tile_start, cta_blocks
 
         if cfg.persistent:
             cta = lax.axis_index("cta")
@@ -316,6 +337,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
             def tile_of(r: Any) -> Any:
                 del r
+                if cfg.rows_first:
+                    return lax.axis_index("q") + n_q_tiles * (lax.axis_index("h") + hq * lax.axis_index("b"))
                 return lax.axis_index("h") + hq * (lax.axis_index("q") + n_q_tiles * lax.axis_index("b"))
 
             rounds = 1
@@ -602,20 +625,31 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         @pl.when(wg < 2)
         def _consumer() -> None:
             plgpu.set_max_registers(232, action="increase")
-            q_smem = q_smem2.at[wg]
 
-            def load_q(t: Any) -> None:
-                b, head, tile_start, _ = tile(t)
-                plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(tile_start + wg * bq, bq), head], q_smem, q_ready.at[wg])
+            def q_slot(r: Any) -> tuple[Any, Any]:
+                """Round ``r``'s Q tile in shared memory and its barrier."""
+                if q_slots == 1:
+                    return q_smem2.at[wg], q_ready.at[wg]
+                slot = r % 2 if isinstance(r, int) else lax.rem(r, jnp.int32(2))
+                return q_smem2.at[2 * wg + slot], q_ready.at[2 * wg + slot]
 
-            load_q(tile_of(0))
+            def load_q(r: Any) -> None:
+                b, head, tile_start, _ = tile(tile_of(r))
+                q_smem, ready = q_slot(r)
+                plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(tile_start + wg * bq, bq), head], q_smem, ready)
+
+            load_q(0)
 
             def run(r: Any, base: Any) -> Any:
                 b, head, tile_start, cta_blocks = tile(tile_of(r))
                 row0 = tile_start + wg * bq
                 n_blocks = blocks.seen_before(row0 + bq)
                 n_full = jnp.minimum(blocks.whole_from(row0), n_blocks)
-                plgpu.barrier_wait(q_ready.at[wg])
+                if q_slots == 2:
+                    # The other slot held the last tile's Q, whose wgmmas have all completed.
+                    pl.when(r + 1 < rounds)(lambda: load_q(r + 1))
+                q_smem, ready = q_slot(r)
+                plgpu.barrier_wait(ready)
 
                 m_i = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
                 l_i = plgpu.layout_cast(jnp.full((bq,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
@@ -628,9 +662,9 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                     acc, m_i, l_i = in_turns(q_smem, (acc, m_i, l_i), row0=row0, n_blocks=n_blocks,
                                              n_full=n_full, cta_blocks=cta_blocks, base=base,
                                              first=r == 0, last=r + 1 == rounds)
-                if cfg.persistent:
+                if cfg.persistent and q_slots == 1:
                     # Every wgmma reading this Q has completed: load the next one under the epilogue.
-                    pl.when(r + 1 < rounds)(lambda: load_q(tile_of(r + 1)))
+                    pl.when(r + 1 < rounds)(lambda: load_q(r + 1))
                 finish(q_smem, acc, m_i, l_i, b, head, row0)
                 return base + cta_blocks
 
@@ -644,6 +678,13 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
             def run(r: Any, base: Any) -> Any:
                 b, head, _, cta_blocks = tile(tile_of(r))
+                if cfg.prefetch_q:
+
+                    @pl.when(r + 1 < rounds)
+                    def _() -> None:
+                        b_next, head_next, start_next, _ = tile(tile_of(r + 1))
+                        plgpu.async_prefetch(q_ref.at[b_next, pl.ds(start_next, 2 * bq), head_next])
+
                 stream_kv(k_ref, v_ref, (k_smem, v_smem), (k_ready, v_ready), (k_free, v_free), b=b,
                           kv_head=lax.div(head, jnp.int32(group)), n_blocks=cta_blocks, block=bkv, stages=stages,
                           base=base)
@@ -653,7 +694,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
     def entry(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any) -> None:
         smem = [
-            plgpu.SMEM((2, bq, head_dim), dtype, transforms=TRANSFORMS),
+            plgpu.SMEM((2 * q_slots, bq, head_dim), dtype, transforms=TRANSFORMS),
             plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=TRANSFORMS),
             plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=TRANSFORMS),
             *([plgpu.SMEM((2, bq, head_dim), dtype, transforms=TRANSFORMS)] if o_staged else []),
@@ -662,7 +703,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             lambda *scoped: body(q_ref, k_ref, v_ref, out_ref, lse_ref, scoped),
             smem,
             (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
-             plgpu.Barrier(num_barriers=2)),
+             plgpu.Barrier(num_barriers=2 * q_slots)),
             (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2,
             plgpu.Barrier(num_arrivals=2),
             # By turns (overlap, pass_turns): turn[c] is consumer c's right to issue (the other
@@ -681,8 +722,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             jax.ShapeDtypeStruct(q.shape, dtype),
             jax.ShapeDtypeStruct((batch, hq, t_pad), jnp.float32),
         ),
-        grid=(n_ctas,) if cfg.persistent else (hq, n_q_tiles, batch),
-        grid_names=("cta",) if cfg.persistent else ("h", "q", "b"),
+        grid=(n_ctas,) if cfg.persistent else (n_q_tiles, hq, batch) if cfg.rows_first else (hq, n_q_tiles, batch),
+        grid_names=("cta",) if cfg.persistent else ("q", "h", "b") if cfg.rows_first else ("h", "q", "b"),
         num_threads=3,
         thread_name="wg",
         compiler_params=params,
