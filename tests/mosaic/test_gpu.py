@@ -124,11 +124,11 @@ CONFIGS = {
     # Three CTAs: many rounds each, both directions of the snake, a partial last round.
     "persistent-3-ctas-turns-named": {"persistent": True, "ctas": 3, "pass_turns": True, "named_barriers": True},
     "kv192-persistent": {"block_kv": 192, "persistent": True},
-    "rows-first": {"rows_first": True},
-    "persistent-rows-first-prefetch": {"persistent": True, "rows_first": True, "prefetch_q": True},
-    "persistent-3-ctas-rows-first-prefetch": {"persistent": True, "ctas": 3, "rows_first": True, "prefetch_q": True},
+    "persistent-q-group-1": {"persistent": True, "q_group": 1},
     "persistent-q-double": {"persistent": True, "q_double": True},
     "persistent-3-ctas-q-double-turns": {"persistent": True, "ctas": 3, "q_double": True, "pass_turns": True},
+    # Chunks of 2 query tiles where their count is even (CASES[1], [10]), of 1 where it is odd.
+    "persistent-3-ctas-q-group-2-q-double": {"persistent": True, "ctas": 3, "q_group": 2, "q_double": True},
 }
 
 

@@ -85,10 +85,9 @@ CONFIGS = [K.Config(pingpong=False), K.Config(overlap=True), K.Config(overlap=Tr
            K.Config(overlap=True, named_barriers=True), K.Config(pingpong=False, named_barriers=True),
            K.Config(block_kv=64, stages=5, pass_turns=True, named_barriers=True), K.Config(store_read_wait=True),
            K.Config(persistent=True), K.Config(persistent=True, ctas=3, pass_turns=True, named_barriers=True),
-           K.Config(block_kv=192, persistent=True), K.Config(rows_first=True),
-           K.Config(persistent=True, rows_first=True, prefetch_q=True),
-           K.Config(persistent=True, ctas=3, rows_first=True, prefetch_q=True),
-           K.Config(persistent=True, q_double=True), K.Config(persistent=True, ctas=3, q_double=True, pass_turns=True)]
+           K.Config(block_kv=192, persistent=True), K.Config(persistent=True, q_group=1),
+           K.Config(persistent=True, q_double=True), K.Config(persistent=True, ctas=3, q_double=True, pass_turns=True),
+           K.Config(persistent=True, ctas=3, q_group=2, q_double=True)]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -113,7 +112,7 @@ def test_schedules_that_cannot_run_are_refused() -> None:
                      ({"pass_turns": True, "pingpong": False}, "pass_turns"),
                      ({"named_barriers": True, "stages": 6}, "at most 5"),
                      ({"persistent": True, "overlap": True}, "persistent"), ({"ctas": -1}, "ctas"),
-                     ({"prefetch_q": True}, "prefetch_q"), ({"q_double": True}, "q_double")):
+                     ({"q_double": True}, "q_double"), ({"q_group": -1}, "q_group")):
         with pytest.raises(ValueError, match=why):
             K.Config(**bad)  # type: ignore[arg-type]
 

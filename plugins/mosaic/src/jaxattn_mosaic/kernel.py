@@ -121,23 +121,24 @@ class Config:
     #: one starts sooner.
     store_read_wait: bool = False
     #: One CTA per SM (``ctas`` of them; 0: the device's SM count) loops over tiles in a
-    #: snake order of the launch order (heavy causal tiles still first, balanced across CTAs):
-    #: the producer streams the next tile's K/V while the consumers finish a tile, and each
-    #: consumer loads its next Q under its epilogue, which stages the output in a shared tile
-    #: of its own where that fits (64x128 at D = 128) and stores from registers otherwise.
+    #: snake of the order ``q_group`` sets (a CTA given a round's heaviest causal tile gets the
+    #: next round's lightest): the producer streams the next tile's K/V while the consumers
+    #: finish a tile, and each consumer loads its next Q under its epilogue, which stages the
+    #: output in a shared tile of its own where that fits (64x128 at D = 128) and stores from
+    #: registers otherwise.
     persistent: bool = False
     ctas: int = 0
-    #: The launch order takes a head's query tiles one after another (then heads, then the
-    #: batch), so the CTAs running at once stream the K/V of a few heads and share it in L2.
-    #: Off: query heads fastest (a GQA group's heads, which share K/V, side by side).
-    rows_first: bool = False
+    #: (persistent) The tiles' order: query tiles in chunks of ``q_group`` (0: all of a
+    #: head's), each chunk's tiles for every (batch, head) in turn, the heads of a batch
+    #: side by side, and the chunks heavy (late) first when causal. The CTAs running at once
+    #: share K/V in L2 the more, the larger the chunk; heavy causal tiles come first, for
+    #: balance, the more strictly, the smaller it is. (A non-persistent grid's order is Mosaic
+    #: GPU's: the batch fastest, then query tiles, then heads.)
+    q_group: int = 0
     #: (persistent) Two Q slots per consumer, where they fit beside the K/V ring and the
     #: output's own tile (D <= 128 at 64x128 tiles; one slot otherwise): each tile's first step
     #: loads the next tile's Q into the slot the last tile used, so no tile waits for its Q.
     q_double: bool = False
-    #: (persistent) The producer prefetches the CTA's next Q tile into L2 as it starts a tile's
-    #: K/V, so the consumers' load of it under their epilogue reads L2, not HBM.
-    prefetch_q: bool = False
 
     def __post_init__(self) -> None:
         if self.block_q % 64 or self.block_kv % 64:
@@ -153,9 +154,10 @@ class Config:
                              f"of its own): set pingpong=True and overlap=False, got {self}")
         if self.persistent and self.overlap:
             raise ValueError(f"persistent is built for the ping-pong loop only, not with overlap: {self}")
-        if (self.prefetch_q or self.q_double) and not self.persistent:
-            raise ValueError(f"prefetch_q and q_double serve a persistent CTA's next tile: set persistent=True, "
-                             f"got {self}")
+        if self.q_double and not self.persistent:
+            raise ValueError(f"q_double serves a persistent CTA's next tile: set persistent=True, got {self}")
+        if self.q_group < 0:
+            raise ValueError(f"q_group must be >= 0 (0: all of a head's query tiles), got {self.q_group}")
         if self.ctas < 0:
             raise ValueError(f"ctas must be >= 0 (0: one per SM), got {self.ctas}")
         if self.named_barriers and _NAMED_SLOTS + 2 * self.stages > _NAMED_LIMIT:
@@ -229,6 +231,18 @@ def _sm_count() -> int:
         return _H100_SMS
 
 
+def persistent_order(t: Any, *, batch: int, heads: int, chunk: int) -> tuple[Any, Any, Any]:
+    """The ``t``-th tile of a persistent kernel's order (``Config.q_group``), as its batch,
+    head and query-tile index (before a causal kernel reverses it): chunks of ``chunk`` query
+    tiles, each chunk's tiles for every (batch, head) in turn, heads fastest within a batch.
+    ``chunk`` divides the query tiles' count. Plain jax: it runs in the kernel and, for its
+    tests, on any array."""
+    level, rest = lax.rem(t, jnp.int32(chunk)), lax.div(t, jnp.int32(chunk))
+    pair = lax.rem(rest, jnp.int32(batch * heads))
+    q_idx = lax.div(rest, jnp.int32(batch * heads)) * chunk + level
+    return lax.div(pair, jnp.int32(heads)), lax.rem(pair, jnp.int32(heads)), q_idx
+
+
 def mosaic_attention_forward(
     q: jax.Array,
     k: jax.Array,
@@ -283,6 +297,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     n_tiles = batch * n_q_tiles * hq
     n_ctas = min(n_tiles, cfg.ctas or _sm_count())
     n_rounds = cdiv(n_tiles, n_ctas)
+    # Query tiles per chunk of the persistent order: the largest divisor of their count up to q_group.
+    chunk = max(g for g in range(1, n_q_tiles + 1) if n_q_tiles % g == 0 and g <= (cfg.q_group or n_q_tiles))
     # A persistent kernel's own output tiles (one per consumer), if they fit beside Q's and the
     # K/V ring (1 KiB left for the barriers and Mosaic's scratch).
     # With ``q_double``, two Q slots per consumer where they fit with the output's tile.
@@ -304,13 +320,14 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         wg = lax.axis_index("wg")
 
         def tile(t: Any) -> tuple[Any, Any, Any, Any]:
-            """Tile ``t`` of the launch order (query heads fastest, then query tiles, then the
-            batch; ``Config.rows_first``: query tiles, heads, batch): its batch, head, first
-            query row, and the key blocks its CTA streams."""
-            inner, outer = (n_q_tiles, hq) if cfg.rows_first else (hq, n_q_tiles)
-            first_axis, rest = lax.rem(t, jnp.int32(inner)), lax.div(t, jnp.int32(inner))
-            second_axis = lax.rem(rest, jnp.int32(outer))
-            head, q_idx = (second_axis, first_axis) if cfg.rows_first else (first_axis, second_axis)
+            """Tile ``t``: its batch, head, first query row, and the key blocks its CTA streams.
+            Persistent: ``t`` counts in ``Config.q_group``'s order. Otherwise ``t`` is
+            ``h + Hq * (q + n_q * b)`` of the grid's axes."""
+            if cfg.persistent:
+                b, head, q_idx = persistent_order(t, batch=batch, heads=hq, chunk=chunk)
+            else:
+                head, rest = lax.rem(t, jnp.int32(hq)), lax.div(t, jnp.int32(hq))
+                q_idx = lax.rem(rest, jnp.int32(n_q_tiles))
             # Heavy (late) causal tiles first: the tail of the launch is then the short ones.
             q_tile = (n_q_tiles - 1) - q_idx if causal else q_idx
             tile_start = q_tile * (2 * bq)
@@ -318,7 +335,9 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             if cfg.overlap:
                 # Every consumer of the overlapped loop runs at least block 0 (see ``overlapped``).
                 cta_blocks = jnp.maximum(cta_blocks, 1)
-            return lax.div(rest, jnp.int32(outer)), head, tile_start, cta_blocks
+            if not cfg.persistent:
+                b = lax.div(rest, jnp.int32(n_q_tiles))
+            return b, head, tile_start, cta_blocks
 
         if cfg.persistent:
             cta = lax.axis_index("cta")
@@ -337,8 +356,6 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
             def tile_of(r: Any) -> Any:
                 del r
-                if cfg.rows_first:
-                    return lax.axis_index("q") + n_q_tiles * (lax.axis_index("h") + hq * lax.axis_index("b"))
                 return lax.axis_index("h") + hq * (lax.axis_index("q") + n_q_tiles * lax.axis_index("b"))
 
             rounds = 1
@@ -678,13 +695,6 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
             def run(r: Any, base: Any) -> Any:
                 b, head, _, cta_blocks = tile(tile_of(r))
-                if cfg.prefetch_q:
-
-                    @pl.when(r + 1 < rounds)
-                    def _() -> None:
-                        b_next, head_next, start_next, _ = tile(tile_of(r + 1))
-                        plgpu.async_prefetch(q_ref.at[b_next, pl.ds(start_next, 2 * bq), head_next])
-
                 stream_kv(k_ref, v_ref, (k_smem, v_smem), (k_ready, v_ready), (k_free, v_free), b=b,
                           kv_head=lax.div(head, jnp.int32(group)), n_blocks=cta_blocks, block=bkv, stages=stages,
                           base=base)
@@ -722,8 +732,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             jax.ShapeDtypeStruct(q.shape, dtype),
             jax.ShapeDtypeStruct((batch, hq, t_pad), jnp.float32),
         ),
-        grid=(n_ctas,) if cfg.persistent else (n_q_tiles, hq, batch) if cfg.rows_first else (hq, n_q_tiles, batch),
-        grid_names=("cta",) if cfg.persistent else ("q", "h", "b") if cfg.rows_first else ("h", "q", "b"),
+        grid=(n_ctas,) if cfg.persistent else (hq, n_q_tiles, batch),
+        grid_names=("cta",) if cfg.persistent else ("h", "q", "b"),
         num_threads=3,
         thread_name="wg",
         compiler_params=params,
