@@ -68,6 +68,19 @@ def test_forward_lowers_at_its_default_tiles(t: int, s: int, hq: int, hkv: int, 
     assert _is_mosaic_gpu(_lowered(_forward(causal), _spec(t, hq, d), _spec(s, hkv, d), _spec(s, hkv, d)))
 
 
+def test_the_default_schedule_is_persistent_where_its_tiles_fit() -> None:
+    # Two Q slots and an output tile per consumer beside the K/V ring: D <= 128 below 16k keys.
+    for d, causal, kv_len in ((64, False, 4096), (128, False, 1024), (128, True, 8192), (64, True, 0)):
+        cfg = K.default_config(d, causal=causal, kv_len=kv_len)
+        assert cfg.persistent and cfg.q_double, (d, causal, kv_len)
+    for d, causal, kv_len in ((256, False, 4096), (256, True, 1024), (128, False, K.WIDE_KV_FROM),
+                              (128, True, K.WIDE_KV_FROM), (64, False, 32768)):
+        assert not K.default_config(d, causal=causal, kv_len=kv_len).persistent, (d, causal, kv_len)
+    # Tiles given (AttentionMetadata's block sizes) keep the schedule only where it still fits.
+    assert not K.default_config(128, kv_len=4096, block_kv=192).persistent
+    assert K.default_config(128, kv_len=4096, block_kv=64, stages=3).persistent
+
+
 def test_forward_lowers_in_float16_and_over_16k_keys() -> None:
     # float16, and the 64x192 tiles a full forward takes from 16k keys.
     q, kv = _spec(128, 2, 128, jnp.float16), _spec(K.WIDE_KV_FROM, 2, 128, jnp.float16)

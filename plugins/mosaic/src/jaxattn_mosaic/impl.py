@@ -180,16 +180,12 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
         return []
 
     def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
-        from jaxattn_mosaic.kernel import Config, default_config, mosaic_attention_forward
+        from jaxattn_mosaic.kernel import default_config, mosaic_attention_forward
 
-        cfg = default_config(int(call.q.shape[-1]), causal=call.causal, kv_len=int(call.k.shape[1]))
-        overrides = self._overrides()
-        if overrides:
-            cfg = Config(
-                block_q=overrides.get("block_q", cfg.block_q),
-                block_kv=overrides.get("block_k", cfg.block_kv),
-                stages=overrides.get("num_stages", cfg.stages),
-            )
+        tiles = self._overrides()
+        cfg = default_config(int(call.q.shape[-1]), causal=call.causal, kv_len=int(call.k.shape[1]),
+                             block_q=tiles.get("block_q"), block_kv=tiles.get("block_k"),
+                             stages=tiles.get("num_stages"))
         def forward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
             return mosaic_attention_forward(q, k, v, causal=call.causal, softmax_scale=call.softmax_scale, config=cfg)
 

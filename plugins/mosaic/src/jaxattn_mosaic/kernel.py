@@ -16,6 +16,9 @@ Design (one CTA = three warpgroups):
 * a shared "schedule" barrier makes the two consumers ping-pong: one's softmax runs while
   the other's two GEMMs hold the tensor cores (with ``Config.pass_turns`` they pass turns
   instead of meeting: a consumer waits only before its P V, for the other's Q K^T);
+* with ``Config.persistent`` (the default at D <= 128 below 16k keys) one CTA per SM loops
+  over the tiles in ``Config.q_group``'s order: the K/V ring runs on across tiles, and with
+  ``Config.q_double`` each consumer loads its next tile's Q into a second slot while it runs;
 * with ``Config.named_barriers``, "consumed" slots (and the turns) are signalled with the
   SM's hardware named barriers instead of mbarriers in shared memory;
 * with ``Config.overlap``, each consumer also overlaps itself: block ``j``'s Q K^T and block
@@ -168,22 +171,40 @@ class Config:
 
 #: Keys from which a full (non-causal) D = 128 forward takes 64x192 tiles (measured on an H100:
 #: 1.4-4.9% faster than 64x128 at 16k and 32k keys, a tie or slower below; slower causal, where
-#: 192-key blocks cut the diagonal band of 128-row tiles worse). docs/bench.md has the runs.
+#: 192-key blocks cut the diagonal band of 128-row tiles worse), and from which the default
+#: kernel is not persistent (persistent was measured a tie causal at 16k keys, and the 64x192
+#: tiles leave no room for its second Q slot). docs/bench.md has the runs.
 WIDE_KV_FROM = 16384
 
 
-def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0) -> Config:
-    """Tiles that fit the 227 KiB of shared memory and the consumers' 232 registers.
+def _fits(head_dim: int, block_q: int, block_kv: int, stages: int, *, q_slots: int, o_tile: bool,
+          itemsize: int = 2) -> bool:
+    """Whether a CTA's tiles fit its shared memory: ``q_slots`` Q tiles per consumer, the K/V
+    ring, and (``o_tile``) an output tile per consumer, 1 KiB left for the barriers and
+    Mosaic's scratch."""
+    rows = 2 * q_slots * block_q + 2 * stages * block_kv + (2 * block_q if o_tile else 0)
+    return rows * head_dim * itemsize <= _SMEM_BYTES - 1024
 
-    ``causal`` and ``kv_len`` (the key length) choose between measured tiles at D = 128.
+
+def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, block_q: int | None = None,
+                   block_kv: int | None = None, stages: int | None = None) -> Config:
+    """Tiles that fit the 227 KiB of shared memory and the consumers' 232 registers (or those
+    given), and the schedule measured fastest with them.
+
+    ``causal`` and ``kv_len`` (the key length) choose between measured tiles at D = 128. Below
+    ``WIDE_KV_FROM`` keys the kernel is persistent with two Q slots per consumer wherever those
+    and the output's own tile fit (D <= 128 at the default tiles): measured on an H100 1-3%
+    faster at 4k-8k keys and 8-20% at 1k-2k, with tokamax's order of tiles (docs/bench.md).
     """
     if head_dim <= 64:
-        return Config(block_q=64, block_kv=256, stages=2)
-    if head_dim <= 128:
-        if not causal and kv_len >= WIDE_KV_FROM:
-            return Config(block_q=64, block_kv=192, stages=2)
-        return Config(block_q=64, block_kv=128, stages=2)
-    return Config(block_q=64, block_kv=64, stages=2)
+        tiles = (64, 256)
+    elif head_dim <= 128:
+        tiles = (64, 192) if not causal and kv_len >= WIDE_KV_FROM else (64, 128)
+    else:
+        tiles = (64, 64)
+    bq, bkv, n_stages = block_q or tiles[0], block_kv or tiles[1], stages or 2
+    persistent = kv_len < WIDE_KV_FROM and _fits(head_dim, bq, bkv, n_stages, q_slots=2, o_tile=True)
+    return Config(block_q=bq, block_kv=bkv, stages=n_stages, persistent=persistent, q_double=persistent)
 
 
 #: 2**f on [-1/2, 1/2]: the Taylor terms (ln 2)**k / k!; relative error below 4e-6 there.
@@ -299,13 +320,10 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     n_rounds = cdiv(n_tiles, n_ctas)
     # Query tiles per chunk of the persistent order: the largest divisor of their count up to q_group.
     chunk = max(g for g in range(1, n_q_tiles + 1) if n_q_tiles % g == 0 and g <= (cfg.q_group or n_q_tiles))
-    # A persistent kernel's own output tiles (one per consumer), if they fit beside Q's and the
-    # K/V ring (1 KiB left for the barriers and Mosaic's scratch).
-    # With ``q_double``, two Q slots per consumer where they fit with the output's tile.
-    row_bytes = head_dim * q.dtype.itemsize
-
+    # A persistent kernel's own output tiles (one per consumer) if they fit beside Q's and the
+    # K/V ring; with ``q_double``, two Q slots per consumer where they fit with those.
     def fits(q_slots: int) -> bool:
-        return (2 * q_slots * bq + 2 * stages * bkv + 2 * bq) * row_bytes <= _SMEM_BYTES - 1024
+        return _fits(head_dim, bq, bkv, stages, q_slots=q_slots, o_tile=True, itemsize=q.dtype.itemsize)
 
     q_slots = 2 if cfg.q_double and fits(2) else 1
     o_staged = cfg.persistent and fits(q_slots)
