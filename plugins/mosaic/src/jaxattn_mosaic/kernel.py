@@ -172,8 +172,8 @@ class Config:
 #: Keys from which a full (non-causal) D = 128 forward takes 64x192 tiles (measured on an H100:
 #: 1.4-4.9% faster than 64x128 at 16k and 32k keys, a tie or slower below; slower causal, where
 #: 192-key blocks cut the diagonal band of 128-row tiles worse), and from which the default
-#: kernel is persistent for causal D = 128 only (the 64x192 tiles leave no room for a second
-#: Q slot), in chunks of 4 query tiles. docs/bench.md has the runs.
+#: kernel is not persistent (the 64x192 tiles leave no room for a second Q slot; causal, see
+#: ``default_config``). docs/bench.md has the runs.
 WIDE_KV_FROM = 16384
 
 
@@ -195,7 +195,6 @@ def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, bloc
     ``WIDE_KV_FROM`` keys the kernel is persistent with two Q slots per consumer wherever those
     and the output's own tile fit (D <= 128 at the default tiles): measured on an H100 1-3%
     faster at 4k-8k keys and 8-20% at 1k-2k, with tokamax's order of tiles (docs/bench.md).
-    From ``WIDE_KV_FROM`` keys, causal D = 128 only.
     """
     if head_dim <= 64:
         tiles = (64, 256)
@@ -204,14 +203,11 @@ def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, bloc
     else:
         tiles = (64, 64)
     bq, bkv, n_stages = block_q or tiles[0], block_kv or tiles[1], stages or 2
-    long = kv_len >= WIDE_KV_FROM
-    # From 16k keys only causal D = 128 stays persistent, its tiles in chunks of 4 query tiles:
-    # heavy tiles first across heads balances the CTAs' work, which all of a head's in turn did
-    # not (measured 0.8-2.1% faster than the non-persistent kernel at S = 16k, GQA 32/8).
-    persistent = ((not long or (causal and 64 < head_dim <= 128))
-                  and _fits(head_dim, bq, bkv, n_stages, q_slots=2, o_tile=True))
-    return Config(block_q=bq, block_kv=bkv, stages=n_stages, persistent=persistent, q_double=persistent,
-                  q_group=4 if long else 0)
+    # From 16k keys, causal D = 128 in chunks of 4 query tiles (heavy ones first across heads)
+    # measured 0.8-2.1% faster than the non-persistent kernel in four runs and 4.8% slower in a
+    # fifth (S = 16k, GQA 32/8; docs/bench.md): not persistent there until that is understood.
+    persistent = kv_len < WIDE_KV_FROM and _fits(head_dim, bq, bkv, n_stages, q_slots=2, o_tile=True)
+    return Config(block_q=bq, block_kv=bkv, stages=n_stages, persistent=persistent, q_double=persistent)
 
 
 #: 2**f on [-1/2, 1/2]: the Taylor terms (ln 2)**k / k!; relative error below 4e-6 there.
