@@ -193,8 +193,8 @@ def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, bloc
 
     ``causal`` and ``kv_len`` (the key length) choose between measured tiles at D = 128. Below
     ``WIDE_KV_FROM`` keys the kernel is persistent with two Q slots per consumer wherever those
-    and the output's own tile fit (D <= 128 at the default tiles): measured on an H100 1-3%
-    faster at 4k-8k keys and 8-20% at 1k-2k, with tokamax's order of tiles (docs/bench.md).
+    and the output's own tile fit (D <= 128 at the default tiles): measured on an H100 up to 4%
+    faster at 4k-8k keys and 6-30% at 1k-2k, a head's tiles taken together (docs/bench.md).
     """
     if head_dim <= 64:
         tiles = (64, 256)
