@@ -152,10 +152,23 @@ def test_backward_choice(monkeypatch: pytest.MonkeyPatch, kw: dict[str, object],
     impl = MosaicFlashAttention(AttentionMetadata(extra={"mosaic_backward": requested}), H100)
     assert impl.not_supported_reasons(problem) == reasons
     said = " ".join(impl.notes(problem))
+    assert "forward: " in said and " tiles (" in said, said
     if chosen == "own":
         assert "backward: this package's Mosaic GPU kernels" in said, said
     elif chosen == "cudnn":
         assert "backward: cuDNN's" in said, said
+
+
+@pytest.mark.parametrize(("kw", "summary"), [
+    ({"seq_q": 4096, "seq_k": 4096}, "128x128 tiles (64 query rows per consumer), 2 K/V stages, persistent "
+                                     "(one CTA per SM looping over the tiles, a head's query tiles together, "
+                                     "two Q slots per consumer)"),
+    ({"seq_q": 16384, "seq_k": 16384}, "128x192 tiles (64 query rows per consumer), 2 K/V stages, one CTA per tile"),
+    ({"head_dim": 256, "head_dim_v": 256}, "128x64 tiles (64 query rows per consumer), 2 K/V stages, one CTA per tile"),
+])  # fmt: skip
+def test_explain_says_the_forwards_tiles_and_schedule(kw: dict[str, object], summary: str) -> None:
+    impl = MosaicFlashAttention(AttentionMetadata(), H100)
+    assert impl.notes(_problem(**kw))[0] == f"forward: {summary}"
 
 
 def test_the_declared_head_dims_are_the_kernels() -> None:

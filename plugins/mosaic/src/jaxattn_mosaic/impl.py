@@ -168,24 +168,34 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
         return reasons
 
     def notes(self, problem: AttentionProblem) -> list[str]:
+        # Only an impl that runs the call is asked (on a Hopper GPU, where its forward imports
+        # the kernel module anyway).
+        said = [f"forward: {self._config(problem).summary()}"]
         try:
             chosen, _ = self._backward(problem)
         except InvalidInputError:
-            return []
+            return said
         if chosen == "own":
-            return ["backward: this package's Mosaic GPU kernels (dQ, then dK/dV; deterministic), fed this "
-                    "forward's output and lse"]
+            said.append("backward: this package's Mosaic GPU kernels (dQ, then dK/dV; deterministic), fed this "
+                        "forward's output and lse")
         if chosen == "cudnn":
-            return ["backward: cuDNN's, fed this forward's output and lse (no forward of cuDNN's runs)"]
-        return []
+            said.append("backward: cuDNN's, fed this forward's output and lse (no forward of cuDNN's runs)")
+        return said
 
-    def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
-        from jaxattn_mosaic.kernel import default_config, mosaic_attention_forward
+    def _config(self, problem: AttentionProblem) -> Any:
+        """The forward kernel's ``Config`` for ``problem``: its measured default, with the tiles
+        ``AttentionMetadata`` gives."""
+        from jaxattn_mosaic.kernel import default_config
 
         tiles = self._overrides()
-        cfg = default_config(int(call.q.shape[-1]), causal=call.causal, kv_len=int(call.k.shape[1]),
-                             block_q=tiles.get("block_q"), block_kv=tiles.get("block_k"),
-                             stages=tiles.get("num_stages"))
+        return default_config(problem.head_dim, causal=problem.causal, kv_len=problem.seq_k,
+                              block_q=tiles.get("block_q"), block_kv=tiles.get("block_k"),
+                              stages=tiles.get("num_stages"))
+
+    def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
+        from jaxattn_mosaic.kernel import mosaic_attention_forward
+
+        cfg = self._config(call.problem)
         def forward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
             return mosaic_attention_forward(q, k, v, causal=call.causal, softmax_scale=call.softmax_scale, config=cfg)
 

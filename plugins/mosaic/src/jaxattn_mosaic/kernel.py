@@ -143,6 +143,16 @@ class Config:
     #: loads the next tile's Q into the slot the last tile used, so no tile waits for its Q.
     q_double: bool = False
 
+    def summary(self) -> str:
+        """The tiles and the schedule in one line (``jaxattn explain`` shows it)."""
+        tiles = (f"{2 * self.block_q}x{self.block_kv} tiles ({self.block_q} query rows per consumer), "
+                 f"{self.stages} K/V stages")
+        if not self.persistent:
+            return f"{tiles}, one CTA per tile"
+        order = f"query tiles in chunks of {self.q_group}" if self.q_group else "a head's query tiles together"
+        slots = ", two Q slots per consumer" if self.q_double else ""
+        return f"{tiles}, persistent (one CTA per SM looping over the tiles, {order}{slots})"
+
     def __post_init__(self) -> None:
         if self.block_q % 64 or self.block_kv % 64:
             raise ValueError(f"blocks must be multiples of 64, got {self}")
