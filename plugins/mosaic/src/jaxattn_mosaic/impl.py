@@ -3,14 +3,15 @@ this package: its forward, differentiated by its own backward kernel or by cuDNN
 its output and lse (``backward``; which one: :func:`backward_choice`).
 
 This module imports no jax: ``kernel`` (and through it ``jax.experimental.pallas.mosaic_gpu``)
-is imported when the first call runs, so listing, ``explain`` and ``supports`` stay cheap.
+is imported when the first call runs, or when ``explain`` describes a call this backend would
+run (on a Hopper GPU), so listing, choosing and ``supports`` stay cheap.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from jaxattn.call import AttentionCall
 from jaxattn.capabilities import Feature
@@ -21,6 +22,9 @@ from jaxattn.metadata import AttentionMetadata
 from jaxattn.output import AttentionOutput
 from jaxattn.problem import AttentionProblem
 from jaxattn_mosaic.plugin import MOSAIC_FLASH
+
+if TYPE_CHECKING:
+    from jaxattn_mosaic.kernel import Config
 
 __all__ = [
     "OWN_BACKWARD_BELOW_KEYS",
@@ -182,7 +186,7 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
             said.append("backward: cuDNN's, fed this forward's output and lse (no forward of cuDNN's runs)")
         return said
 
-    def _config(self, problem: AttentionProblem) -> Any:
+    def _config(self, problem: AttentionProblem) -> Config:
         """The forward kernel's ``Config`` for ``problem``: its measured default, with the tiles
         ``AttentionMetadata`` gives."""
         from jaxattn_mosaic.kernel import default_config

@@ -367,6 +367,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 # Every consumer of the overlapped loop runs at least block 0 (see ``overlapped``).
                 cta_blocks = jnp.maximum(cta_blocks, 1)
             if not cfg.persistent:
+                # Here, not above: the non-persistent module stays the one the GPU runs measured.
                 b = lax.div(rest, jnp.int32(n_q_tiles))
             return b, head, tile_start, cta_blocks
 
