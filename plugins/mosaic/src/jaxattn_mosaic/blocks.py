@@ -18,7 +18,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import llvm
 
 __all__ = ["FIRST_NAMED_BARRIER", "TRANSFORMS", "KeyBlocks", "NamedBarriers", "await_signal", "cdiv",
-           "check_inputs", "named_barrier", "release_unread", "signal", "stream_kv"]
+           "check_inputs", "named_barrier", "release_unread", "ring_slot", "signal", "stream_kv"]
 
 #: Shared-memory tiles of 64 columns (128 bytes of 16-bit values), as wgmma reads them.
 TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -26,6 +26,12 @@ TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def ring_slot(i: Any, slots: int) -> Any:
+    """``i % slots``: Python arithmetic for a Python int (a concrete array does not lower in
+    jax 0.11's Mosaic GPU), ``lax.rem`` for a traced index."""
+    return i % slots if isinstance(i, int) else lax.rem(i, jnp.int32(slots))
 
 
 def check_inputs(q: Any, k: Any, v: Any, head_dims: tuple[int, ...], who: str) -> None:

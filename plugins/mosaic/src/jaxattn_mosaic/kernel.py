@@ -58,6 +58,7 @@ from jaxattn_mosaic.blocks import (
     cdiv,
     check_inputs,
     release_unread,
+    ring_slot,
     signal,
     stream_kv,
 )
@@ -466,8 +467,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             acc, m_i, l_i = carry
 
             def slot_of(j: Any) -> Any:
-                ring = base + j
-                return ring % stages if isinstance(ring, int) else lax.rem(ring, jnp.int32(stages))
+                return ring_slot(base + j, stages)
 
             @pl.when(n_blocks > 0)
             def _() -> None:
@@ -679,7 +679,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 """Round ``r``'s Q tile in shared memory and its barrier."""
                 if q_slots == 1:
                     return q_smem2.at[wg], q_ready.at[wg]
-                slot = r % 2 if isinstance(r, int) else lax.rem(r, jnp.int32(2))
+                slot = ring_slot(r, 2)
                 return q_smem2.at[2 * wg + slot], q_ready.at[2 * wg + slot]
 
             def load_q(r: Any) -> None:
