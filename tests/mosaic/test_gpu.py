@@ -132,6 +132,10 @@ CONFIGS = {
     "persistent-3-ctas-q-double-turns": {"persistent": True, "ctas": 3, "q_double": True, "pass_turns": True},
     # Chunks of 2 query tiles where their count is even (CASES[1], [10]), of 1 where it is odd.
     "persistent-3-ctas-q-group-2-q-double": {"persistent": True, "ctas": 3, "q_group": 2, "q_double": True},
+    # A short last round cut by keys: CASES[4]'s 12 tiles on 5 CTAs leave 2, each in pieces of
+    # 3 and 2 blocks (the second with the key tail); CASES[10]'s 128 on 7 leave 2, in pieces of 2.
+    "persistent-5-ctas-split-tail": {"persistent": True, "ctas": 5, "q_double": True, "split_tail": True},
+    "persistent-7-ctas-split-tail-turns": {"persistent": True, "ctas": 7, "split_tail": True, "pass_turns": True},
 }
 
 

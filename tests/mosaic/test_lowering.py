@@ -82,6 +82,19 @@ def test_the_default_schedule_is_persistent_where_its_tiles_fit() -> None:
     assert K.default_config(128, kv_len=4096, block_kv=64, stages=3).persistent
 
 
+def test_a_short_last_round_is_split_by_keys_and_merged_for_full_attention_only() -> None:
+    # 12 tiles on 132 SMs, 5 key blocks: each tile in 2 pieces, whose float32 outputs and LSEs
+    # the kernel returns beside its own (4 results) and a scatter merges. Causal: never cut.
+    t, s, hq, hkv = SHAPES[0]
+    args = (_spec(t, hq, 128), _spec(s, hkv, 128), _spec(s, hkv, 128))
+    assert K.default_config(128, kv_len=s).split_tail
+    full, causal = _lowered(_forward(False), *args), _lowered(_forward(True), *args)
+    assert "tensor<24x128x128xf32>" in full and "scatter" in full
+    assert "x128x128xf32>" not in causal and "scatter" not in causal
+    off = _lowered(_forward(False, K.Config(persistent=True, q_double=True)), *args)
+    assert "scatter" not in off
+
+
 def test_forward_lowers_in_float16_and_over_16k_keys() -> None:
     # float16, and the 64x192 tiles a full forward takes from 16k keys.
     q, kv = _spec(128, 2, 128, jnp.float16), _spec(K.WIDE_KV_FROM, 2, 128, jnp.float16)
@@ -101,7 +114,9 @@ CONFIGS = [K.Config(pingpong=False), K.Config(overlap=True), K.Config(overlap=Tr
            K.Config(persistent=True), K.Config(persistent=True, ctas=3, pass_turns=True, named_barriers=True),
            K.Config(block_kv=192, persistent=True), K.Config(persistent=True, q_group=1),
            K.Config(persistent=True, q_double=True), K.Config(persistent=True, ctas=3, q_double=True, pass_turns=True),
-           K.Config(persistent=True, ctas=3, q_group=2, q_double=True)]
+           K.Config(persistent=True, ctas=3, q_group=2, q_double=True),
+           K.Config(persistent=True, q_double=True, split_tail=True),
+           K.Config(persistent=True, ctas=5, split_tail=True)]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -126,7 +141,8 @@ def test_schedules_that_cannot_run_are_refused() -> None:
                      ({"pass_turns": True, "pingpong": False}, "pass_turns"),
                      ({"named_barriers": True, "stages": 6}, "at most 5"),
                      ({"persistent": True, "overlap": True}, "persistent"), ({"ctas": -1}, "ctas"),
-                     ({"q_double": True}, "q_double"), ({"q_group": -1}, "q_group")):
+                     ({"q_double": True}, "q_double"), ({"q_group": -1}, "q_group"),
+                     ({"split_tail": True}, "split_tail")):
         with pytest.raises(ValueError, match=why):
             K.Config(**bad)  # type: ignore[arg-type]
 

@@ -1,13 +1,17 @@
-"""The persistent kernel's tile order (``Config.q_group``), on a CPU: each tile once, chunks of
-query tiles in turn, and every (batch, head) of a chunk before the next chunk."""
+"""The persistent kernel's schedule, on a CPU: its tile order (``Config.q_group``: each tile
+once, chunks of query tiles in turn, and every (batch, head) of a chunk before the next chunk),
+and the last round's split (``Config.split_tail``: how many pieces, and the merge of a tile's
+pieces against the float64 oracle over all keys)."""
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxattn_mosaic.kernel import persistent_order
+from jaxattn.testing import oracle
+from jaxattn_mosaic.kernel import merge_pieces, persistent_order, tail_split
 
 
 @pytest.mark.parametrize("jit", [False, True])
@@ -26,3 +30,61 @@ def test_the_order_visits_each_tile_once_chunk_by_chunk(batch: int, heads: int, 
     assert np.array_equal(q // chunk, t // (chunk * batch * heads))
     assert np.array_equal(q % chunk, t % chunk)
     assert np.array_equal(b * heads + h, (t // chunk) % (batch * heads))
+
+
+@pytest.mark.parametrize(("n_tiles", "n_ctas", "n_blocks", "pieces"), [
+    (4096, 132, 32, 16),  # B4 S4k MHA, D = 128: 4 tiles left for a 32nd round, 2 blocks a piece
+    (4096, 132, 16, 8),  # the same at D = 64 (256-key blocks)
+    (2048, 132, 64, 1),  # 68 tiles left: no CTA would take two pieces' worth
+    (32, 132, 64, 4),  # fewer tiles than CTAs: each cut 4 ways
+    (12, 5, 5, 2),  # pieces of 3 and 2 blocks
+    (1, 132, 9, 3),  # 4 pieces of 3 blocks would leave one empty: 3
+    (264, 132, 32, 1),  # whole rounds: nothing to cut
+    (1, 132, 1, 1),  # one key block: nothing to cut
+])
+def test_the_tail_split_fills_the_idle_ctas_with_pieces_of_at_least_two_blocks(
+        n_tiles: int, n_ctas: int, n_blocks: int, pieces: int) -> None:
+    assert tail_split(n_tiles, n_ctas, n_blocks) == pieces
+
+
+def test_the_tail_split_never_leaves_a_piece_empty_nor_a_ctas_round_short() -> None:
+    for n_tiles in range(1, 40):
+        for n_ctas in range(1, 20):
+            for n_blocks in range(1, 24):
+                pieces = tail_split(n_tiles, n_ctas, n_blocks)
+                per = -(-n_blocks // pieces)
+                assert (pieces - 1) * per < n_blocks  # the last piece has a block
+                if pieces > 1:
+                    assert per >= 2 and (n_tiles % n_ctas) * pieces <= n_ctas
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_merged_pieces_are_the_attention_over_all_keys(jit: bool) -> None:
+    # 2 batches x 3 heads x 4 query tiles of 8 rows over 40 keys; the order's last 5 tiles
+    # come in 3 pieces of the keys (16, 16 and 8), each an attention of its own (the float64
+    # oracle's, as the kernel would write it: float32, log2). Their rows start as NaN.
+    batch, heads, n_q, rows, d, s_len, n_whole, pieces = 2, 3, 4, 8, 16, 40, 19, 3
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(batch, n, heads, d)) for n in (n_q * rows, s_len, s_len))
+    ref = oracle.attention(q, k, v)
+    b, h, qi = (np.asarray(x) for x in persistent_order(
+        np.arange(n_whole, batch * heads * n_q, dtype=np.int32), batch=batch, heads=heads, chunk=n_q))
+    out = np.asarray(ref.output, np.float32).copy()
+    lse = (np.asarray(ref.lse) / np.log(2)).astype(np.float32)
+    part_out, part_lse = [], []
+    for bi, hi, ti in zip(b, h, qi, strict=True):
+        sl = slice(ti * rows, (ti + 1) * rows)
+        out[bi, sl, hi] = np.nan
+        lse[bi, hi, sl] = np.nan
+        for lo, end in ((0, 16), (16, 32), (32, 40)):
+            part = oracle.attention(q[bi:bi + 1, sl], k[bi:bi + 1, lo:end], v[bi:bi + 1, lo:end])
+            part_out.append(np.asarray(part.output)[0, :, hi])
+            part_lse.append(np.asarray(part.lse)[0, hi] / np.log(2))
+
+    def merge(*args: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return merge_pieces(*args, tiles=(b, h, qi), pieces=pieces)
+
+    got_out, got_lse = (jax.jit(merge) if jit else merge)(
+        *(jnp.asarray(x, jnp.float32) for x in (out, lse, part_out, part_lse)))
+    np.testing.assert_allclose(np.asarray(got_out), ref.output, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got_lse) * np.log(2), ref.lse, rtol=0, atol=1e-5)

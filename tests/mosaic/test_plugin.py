@@ -162,7 +162,7 @@ def test_backward_choice(monkeypatch: pytest.MonkeyPatch, kw: dict[str, object],
 @pytest.mark.parametrize(("kw", "summary"), [
     ({"seq_q": 4096, "seq_k": 4096}, "128x128 tiles (64 query rows per consumer), 2 K/V stages, persistent "
                                      "(one CTA per SM looping over the tiles, a head's query tiles together, "
-                                     "two Q slots per consumer)"),
+                                     "two Q slots per consumer, a short last round of full attention split by keys)"),
     ({"seq_q": 16384, "seq_k": 16384}, "128x192 tiles (64 query rows per consumer), 2 K/V stages, one CTA per tile"),
     ({"head_dim": 256, "head_dim_v": 256}, "128x64 tiles (64 query rows per consumer), 2 K/V stages, one CTA per tile"),
 ])  # fmt: skip

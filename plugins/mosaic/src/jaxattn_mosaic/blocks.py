@@ -18,7 +18,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import llvm
 
 __all__ = ["FIRST_NAMED_BARRIER", "TRANSFORMS", "KeyBlocks", "NamedBarriers", "await_signal", "cdiv",
-           "check_inputs", "named_barrier", "release_unread", "ring_slot", "signal", "stream_kv"]
+           "check_inputs", "named_barrier", "plus", "release_unread", "ring_slot", "signal", "stream_kv"]
 
 #: Shared-memory tiles of 64 columns (128 bytes of 16-bit values), as wgmma reads them.
 TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -32,6 +32,12 @@ def ring_slot(i: Any, slots: int) -> Any:
     """``i % slots``: Python arithmetic for a Python int (a concrete array does not lower in
     jax 0.11's Mosaic GPU), ``lax.rem`` for a traced index."""
     return i % slots if isinstance(i, int) else lax.rem(i, jnp.int32(slots))
+
+
+def plus(i: Any, k: Any) -> Any:
+    """``i + k``, and ``i`` itself for a Python 0 ``k``: a kernel that never offsets an index
+    lowers exactly as one written without the offset."""
+    return i if isinstance(k, int) and k == 0 else i + k
 
 
 def check_inputs(q: Any, k: Any, v: Any, head_dims: tuple[int, ...], who: str) -> None:
@@ -162,9 +168,9 @@ def await_signal(barriers: Any, i: Any) -> None:
 
 
 def stream_kv(k_ref: Any, v_ref: Any, smem: tuple[Any, Any], ready: tuple[Any, Any], free: tuple[Any, Any], *,
-              b: Any, kv_head: Any, n_blocks: Any, block: int, stages: int, base: Any = 0) -> None:
-    """The producer: key blocks ``0 .. n_blocks - 1`` of batch ``b``, head ``kv_head`` into the K
-    and V rings, block ``j`` into slot ``(base + j) % stages`` (``base``: blocks streamed
+              b: Any, kv_head: Any, n_blocks: Any, block: int, stages: int, base: Any = 0, first: Any = 0) -> None:
+    """The producer: key blocks ``first .. first + n_blocks - 1`` of batch ``b``, head ``kv_head``
+    into the K and V rings, the ``j``-th into slot ``(base + j) % stages`` (``base``: blocks streamed
     before, by a persistent kernel's earlier tiles), each copy arriving on its slot's ``ready``
     barrier and waiting, from the ring's second round, for its slot's ``free`` signal (an
     mbarrier array or ``NamedBarriers``, see ``signal``)."""
@@ -174,7 +180,7 @@ def stream_kv(k_ref: Any, v_ref: Any, smem: tuple[Any, Any], ready: tuple[Any, A
     def _load(j: Any) -> None:
         ring = base + j
         slot = lax.rem(ring, jnp.int32(stages))
-        idx = (b, pl.ds(j * block, block), kv_head)
+        idx = (b, pl.ds(plus(j, first) * block, block), kv_head)
         pl.when(ring >= stages)(lambda: await_signal(k_free, slot))
         plgpu.copy_gmem_to_smem(k_ref.at[idx], k_smem.at[slot], k_ready.at[slot])
         pl.when(ring >= stages)(lambda: await_signal(v_free, slot))

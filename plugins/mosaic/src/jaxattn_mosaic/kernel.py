@@ -57,6 +57,7 @@ from jaxattn_mosaic.blocks import (
     await_signal,
     cdiv,
     check_inputs,
+    plus,
     release_unread,
     ring_slot,
     signal,
@@ -143,6 +144,11 @@ class Config:
     #: output's own tile (D <= 128 at 64x128 tiles; one slot otherwise): each tile's first step
     #: loads the next tile's Q into the slot the last tile used, so no tile waits for its Q.
     q_double: bool = False
+    #: (persistent, full attention) Where the last round would hold a few whole tiles and
+    #: leave most CTAs idle (``tail_split``), those tiles are cut by key blocks into pieces
+    #: the idle CTAs take; each piece is an attention over its keys (output and LSE in
+    #: float32), and the pieces of a tile are merged after the kernel by their LSEs.
+    split_tail: bool = False
 
     def summary(self) -> str:
         """The tiles and the schedule in one line (``jaxattn explain`` shows it)."""
@@ -152,7 +158,8 @@ class Config:
             return f"{tiles}, one CTA per tile"
         order = f"query tiles in chunks of {self.q_group}" if self.q_group else "a head's query tiles together"
         slots = ", two Q slots per consumer" if self.q_double else ""
-        return f"{tiles}, persistent (one CTA per SM looping over the tiles, {order}{slots})"
+        tail = ", a short last round of full attention split by keys" if self.split_tail else ""
+        return f"{tiles}, persistent (one CTA per SM looping over the tiles, {order}{slots}{tail})"
 
     def __post_init__(self) -> None:
         if self.block_q % 64 or self.block_kv % 64:
@@ -170,6 +177,8 @@ class Config:
             raise ValueError(f"persistent is built for the ping-pong loop only, not with overlap: {self}")
         if self.q_double and not self.persistent:
             raise ValueError(f"q_double serves a persistent CTA's next tile: set persistent=True, got {self}")
+        if self.split_tail and not self.persistent:
+            raise ValueError(f"split_tail cuts a persistent kernel's last round: set persistent=True, got {self}")
         if self.q_group < 0:
             raise ValueError(f"q_group must be >= 0 (0: all of a head's query tiles), got {self.q_group}")
         if self.ctas < 0:
@@ -218,7 +227,22 @@ def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, bloc
     # measured 0.8-2.1% faster than the non-persistent kernel in four runs and 4.8% slower in a
     # fifth (S = 16k, GQA 32/8; docs/bench.md): not persistent there until that is understood.
     persistent = kv_len < WIDE_KV_FROM and _fits(head_dim, bq, bkv, n_stages, q_slots=2, o_tile=True)
-    return Config(block_q=bq, block_kv=bkv, stages=n_stages, persistent=persistent, q_double=persistent)
+    return Config(block_q=bq, block_kv=bkv, stages=n_stages, persistent=persistent, q_double=persistent,
+                  split_tail=persistent)
+
+
+def tail_split(n_tiles: int, n_ctas: int, n_blocks: int) -> int:
+    """Pieces per tile of a persistent kernel's short last round (``Config.split_tail``) on
+    ``n_ctas`` CTAs; 1: not split. The ``n_tiles % n_ctas`` tiles left after the whole rounds
+    (all of them, if fewer than the CTAs) are cut into as many pieces as the idle CTAs can
+    take, each piece at least two of the ``n_blocks`` key blocks. B4 S4k MHA at D = 128: 4096
+    tiles on 132 CTAs leave 4 for a 32nd round that would take a whole tile's time; cut 16
+    ways, it takes 2 blocks' time. B1 T128 S8k, 32 heads: 32 tiles, each cut 4 ways."""
+    rest = n_tiles % n_ctas
+    if not rest:
+        return 1
+    pieces = max(1, min(n_ctas // rest, n_blocks // 2))
+    return cdiv(n_blocks, cdiv(n_blocks, pieces))  # no empty piece
 
 
 #: 2**f on [-1/2, 1/2]: the Taylor terms (ln 2)**k / k!; relative error below 4e-6 there.
@@ -330,8 +354,16 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     blocks = KeyBlocks(s_len=s_len, block=bkv, causal=causal, offset=s_len - t_len)
     qk_scale = scale * _LOG2E
     n_tiles = batch * n_q_tiles * hq
-    n_ctas = min(n_tiles, cfg.ctas or _sm_count())
-    n_rounds = cdiv(n_tiles, n_ctas)
+    sms = cfg.ctas or _sm_count()
+    # The last round's few whole tiles cut by key blocks (Config.split_tail): the first
+    # ``n_whole`` of the order stay whole, each later one is ``pieces`` pieces of ``per_piece``
+    # blocks, and the order's items are the whole tiles, then the pieces.
+    pieces = tail_split(n_tiles, sms, blocks.count) if cfg.split_tail and not causal else 1
+    n_whole = n_tiles - (n_tiles % sms if pieces > 1 else 0)
+    per_piece = cdiv(blocks.count, pieces)
+    n_items = n_whole + (n_tiles - n_whole) * pieces
+    n_ctas = min(n_items, sms)
+    n_rounds = cdiv(n_items, n_ctas)
     # Query tiles per chunk of the persistent order: the largest divisor of their count up to q_group.
     chunk = max(g for g in range(1, n_q_tiles + 1) if n_q_tiles % g == 0 and g <= (cfg.q_group or n_q_tiles))
     # A persistent kernel's own output tiles (one per consumer) if they fit beside Q's and the
@@ -342,7 +374,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     q_slots = 2 if cfg.q_double and fits(2) else 1
     o_staged = cfg.persistent and fits(q_slots)
 
-    def body(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, scoped: Any) -> None:
+    def body(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, parts: Any, scoped: Any) -> None:
         (q_smem2, k_smem, v_smem, *o_smem2), (k_ready, v_ready, q_ready), (k_free, v_free), sched, *extra = scoped
         turns: Any = extra[0] if extra else None
         if cfg.named_barriers:
@@ -351,11 +383,20 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             v_free = NamedBarriers(_NAMED_SLOTS + stages, stages, _SLOT_THREADS)
         wg = lax.axis_index("wg")
 
-        def tile(t: Any) -> tuple[Any, Any, Any, Any]:
-            """Tile ``t``: its batch, head, first query row, and the key blocks its CTA streams.
-            Persistent: ``t`` counts in ``Config.q_group``'s order. Otherwise ``t`` is
-            ``h + Hq * (q + n_q * b)`` of the grid's axes."""
+        def tile(t: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
+            """Item ``t``: its tile's batch, head and first query row, the key blocks its CTA
+            streams (``lo`` to the end), and the piece it is (``None`` where no tile is cut;
+            negative for a whole tile). Persistent: ``t`` counts in ``Config.q_group``'s
+            order. Otherwise ``t`` is ``h + Hq * (q + n_q * b)`` of the grid's axes."""
+            lo: Any = 0
+            piece: Any = None
             if cfg.persistent:
+                if pieces > 1:
+                    piece = t - n_whole
+                    cut = piece >= 0
+                    part = jnp.maximum(piece, 0)
+                    t = jnp.where(cut, n_whole + lax.div(part, jnp.int32(pieces)), t)
+                    lo = jnp.where(cut, lax.rem(part, jnp.int32(pieces)) * per_piece, 0)
                 b, head, q_idx = persistent_order(t, batch=batch, heads=hq, chunk=chunk)
             else:
                 head, rest = lax.rem(t, jnp.int32(hq)), lax.div(t, jnp.int32(hq))
@@ -370,7 +411,9 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             if not cfg.persistent:
                 # Here, not above: the non-persistent module stays the one the GPU runs measured.
                 b = lax.div(rest, jnp.int32(n_q_tiles))
-            return b, head, tile_start, cta_blocks
+            if piece is not None:  # full attention: a piece ends ``per_piece`` blocks on
+                cta_blocks = jnp.where(piece >= 0, jnp.minimum(cta_blocks, lo + per_piece), cta_blocks)
+            return b, head, tile_start, cta_blocks, lo, piece
 
         if cfg.persistent:
             cta = lax.axis_index("cta")
@@ -384,7 +427,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                     return r * n_ctas + (cta if r % 2 == 0 else (n_ctas - 1) - cta)
                 return r * n_ctas + jnp.where(lax.rem(r, 2) == 0, cta, (n_ctas - 1) - cta)
 
-            rounds = (n_rounds - 1) + (tile_of(n_rounds - 1) < n_tiles).astype(jnp.int32)
+            rounds = (n_rounds - 1) + (tile_of(n_rounds - 1) < n_items).astype(jnp.int32)
         else:
 
             def tile_of(r: Any) -> Any:
@@ -460,18 +503,19 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             return [v_smem.at[slot, pl.ds(0, cut)], v_smem.at[slot, pl.ds(cut, fma_cols)]]
 
         def in_turns(q_smem: Any, carry: Any, *, row0: Any, n_blocks: Any, n_full: Any, cta_blocks: Any,
-                     base: Any, first: Any, last: Any) -> Any:
-            """The consumer's loop with ping-pong alone: per block, Q K^T, softmax, P V. Block
-            ``j`` sits in the ring's slot ``(base + j) % stages``; ``first`` and ``last``: whether
-            the tile is the CTA's first and last."""
+                     base: Any, first: Any, last: Any, lo: Any) -> Any:
+            """The consumer's loop with ping-pong alone: per block, Q K^T, softmax, P V, over
+            blocks ``lo`` (0 but for a piece of a tile) to ``n_blocks``. Block ``j`` sits in the
+            ring's slot ``(base + j - lo) % stages``; ``first`` and ``last``: whether the tile is
+            the CTA's first and last."""
             acc, m_i, l_i = carry
 
             def slot_of(j: Any) -> Any:
-                return ring_slot(base + j, stages)
+                return ring_slot(base + plus(j, -lo), stages)
 
-            @pl.when(n_blocks > 0)
+            @pl.when(n_blocks > lo)
             def _() -> None:
-                plgpu.barrier_wait(k_ready.at[slot_of(0)])
+                plgpu.barrier_wait(k_ready.at[slot_of(lo)])
 
             # Consumer 1 starts half a step behind consumer 0: the ping-pong. By meeting (the
             # default): both reach the schedule barrier after each Q K^T issue and before each
@@ -539,13 +583,13 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 return acc, m_new, l_i
 
             carry = (acc, m_i, l_i)
-            carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), carry)
+            carry = lax.fori_loop(lo, n_full, functools.partial(step, masked=False), carry)
             acc, m_i, l_i = lax.fori_loop(n_full, n_blocks, functools.partial(step, masked=True), carry)
 
             def drain(j: Any, _: Any) -> None:
                 # The other consumer needs more blocks: release our share of them and keep
                 # the ping-pong in step (as if this one issued Q K^T, then took its P V turn).
-                release(base + j)
+                release(base + plus(j, -lo))
                 if cfg.pass_turns:
                     pass_turn()
                     take_turn()
@@ -650,13 +694,29 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             lax.fori_loop(n_run, cta_blocks, drain, None)
             return acc, m_i, l_i
 
-        def finish(q_smem: Any, acc: Any, m_i: Any, l_i: Any, b: Any, head: Any, row0: Any) -> None:
+        def finish(q_smem: Any, acc: Any, m_i: Any, l_i: Any, b: Any, head: Any, row0: Any, piece: Any) -> None:
             l_safe = jnp.where(l_i == 0.0, 1.0, l_i)
             acc = acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [0])
+            lse = m_i + jnp.log2(l_safe)
+            if piece is None:
+                store(q_smem, acc, lse, b, head, row0)
+                return
+            pl.when(piece < 0)(lambda: store(q_smem, acc, lse, b, head, row0))
+
+            @pl.when(piece >= 0)
+            def _() -> None:
+                # A piece's output stays float32 for the merge (from registers: a float32 tile
+                # would not fit beside the ring), its LSE beside it.
+                part_out, part_lse = parts
+                part_lse[piece, pl.ds(wg * bq, bq)] = lse
+                part_out[piece, pl.ds(wg * bq, bq)] = acc
+
+        def store(q_smem: Any, acc: Any, lse: Any, b: Any, head: Any, row0: Any) -> None:
+            """A whole tile's output and LSE."""
             # The LSE goes from registers straight to global memory (64 floats a consumer):
             # no shared staging buffer (its 512 bytes were more than a third K/V stage or
             # 64x192 tiles missed the shared memory by).
-            lse_ref[b, head, pl.ds(row0, bq)] = m_i + jnp.log2(l_safe)
+            lse_ref[b, head, pl.ds(row0, bq)] = lse
             if cfg.persistent and not o_staged:
                 # q_smem is loading the next tile's Q: the output goes from registers.
                 out_ref[b, pl.ds(row0, bq), head] = acc.astype(dtype)
@@ -683,16 +743,18 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 return q_smem2.at[2 * wg + slot], q_ready.at[2 * wg + slot]
 
             def load_q(r: Any) -> None:
-                b, head, tile_start, _ = tile(tile_of(r))
+                b, head, tile_start, *_ = tile(tile_of(r))
                 q_smem, ready = q_slot(r)
                 plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(tile_start + wg * bq, bq), head], q_smem, ready)
 
             load_q(0)
 
             def run(r: Any, base: Any) -> Any:
-                b, head, tile_start, cta_blocks = tile(tile_of(r))
+                b, head, tile_start, cta_blocks, lo, piece = tile(tile_of(r))
                 row0 = tile_start + wg * bq
                 n_blocks = blocks.seen_before(row0 + bq)
+                if piece is not None:  # full attention, a piece: its blocks alone
+                    n_blocks = cta_blocks
                 n_full = jnp.minimum(blocks.whole_from(row0), n_blocks)
                 if q_slots == 2:
                     # The other slot held the last tile's Q, whose wgmmas have all completed.
@@ -710,12 +772,12 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 else:
                     acc, m_i, l_i = in_turns(q_smem, (acc, m_i, l_i), row0=row0, n_blocks=n_blocks,
                                              n_full=n_full, cta_blocks=cta_blocks, base=base,
-                                             first=r == 0, last=r + 1 == rounds)
+                                             first=r == 0, last=r + 1 == rounds, lo=lo)
                 if cfg.persistent and q_slots == 1:
                     # Every wgmma reading this Q has completed: load the next one under the epilogue.
                     pl.when(r + 1 < rounds)(lambda: load_q(r + 1))
-                finish(q_smem, acc, m_i, l_i, b, head, row0)
-                return base + cta_blocks
+                finish(q_smem, acc, m_i, l_i, b, head, row0, piece)
+                return base + plus(cta_blocks, -lo)
 
             per_tile(run)
             if o_staged:
@@ -726,15 +788,15 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             plgpu.set_max_registers(40, action="decrease")
 
             def run(r: Any, base: Any) -> Any:
-                b, head, _, cta_blocks = tile(tile_of(r))
+                b, head, _, cta_blocks, lo, _ = tile(tile_of(r))
                 stream_kv(k_ref, v_ref, (k_smem, v_smem), (k_ready, v_ready), (k_free, v_free), b=b,
-                          kv_head=lax.div(head, jnp.int32(group)), n_blocks=cta_blocks, block=bkv, stages=stages,
-                          base=base)
-                return base + cta_blocks
+                          kv_head=lax.div(head, jnp.int32(group)), n_blocks=plus(cta_blocks, -lo), block=bkv,
+                          stages=stages, base=base, first=lo)
+                return base + plus(cta_blocks, -lo)
 
             per_tile(run)
 
-    def entry(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any) -> None:
+    def entry(q_ref: Any, k_ref: Any, v_ref: Any, out_ref: Any, lse_ref: Any, *parts: Any) -> None:
         smem = [
             plgpu.SMEM((2 * q_slots, bq, head_dim), dtype, transforms=TRANSFORMS),
             plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=TRANSFORMS),
@@ -742,7 +804,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             *([plgpu.SMEM((2, bq, head_dim), dtype, transforms=TRANSFORMS)] if o_staged else []),
         ]
         pl.run_scoped(
-            lambda *scoped: body(q_ref, k_ref, v_ref, out_ref, lse_ref, scoped),
+            lambda *scoped: body(q_ref, k_ref, v_ref, out_ref, lse_ref, parts, scoped),
             smem,
             (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
              plgpu.Barrier(num_barriers=2 * q_slots)),
@@ -758,11 +820,15 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     params = plgpu.CompilerParams(approx_math=True)
     if cfg.lean_barriers:
         params = dataclasses.replace(params, unsafe_no_auto_barriers=True, reduction_scratch_bytes=0)
-    out, lse = plgpu.kernel(
+    n_parts = (n_tiles - n_whole) * pieces
+    out, lse, *parts = plgpu.kernel(
         entry,
         out_type=(
             jax.ShapeDtypeStruct(q.shape, dtype),
             jax.ShapeDtypeStruct((batch, hq, t_pad), jnp.float32),
+            # A piece's output and LSE (Config.split_tail), merged below.
+            *((jax.ShapeDtypeStruct((n_parts, 2 * bq, head_dim), jnp.float32),
+               jax.ShapeDtypeStruct((n_parts, 2 * bq), jnp.float32)) if n_parts else ()),
         ),
         grid=(n_ctas,) if cfg.persistent else (hq, n_q_tiles, batch),
         grid_names=("cta",) if cfg.persistent else ("h", "q", "b"),
@@ -770,4 +836,31 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         thread_name="wg",
         compiler_params=params,
     )(q, k, v)
+    if n_parts:
+        tail = persistent_order(jnp.arange(n_whole, n_tiles, dtype=jnp.int32), batch=batch, heads=hq, chunk=chunk)
+        out, lse = merge_pieces(out, lse, *parts, tiles=tail, pieces=pieces)
+    return out, lse
+
+
+def merge_pieces(out: Any, lse: Any, part_out: Any, part_lse: Any, *, tiles: tuple[Any, Any, Any],
+                 pieces: int) -> tuple[Any, Any]:
+    """``out`` ``(B, T, Hq, D)`` and ``lse`` ``(B, Hq, T)`` (log2) with the tiles ``tiles``
+    (their batch, head and query-tile index, ``(n,)`` each) set from their ``pieces`` pieces:
+    ``part_out`` ``(n * pieces, rows, D)`` float32, the attention of a tile's rows over a piece
+    of the keys, and ``part_lse`` ``(n * pieces, rows)`` its log2-sum-exp. The tile is their
+    sum weighted by ``2**(lse_piece - lse)``, ``lse`` the log2 of the pieces' summed
+    ``2**lse_piece``. Plain jax (CPU-testable)."""
+    n = tiles[0].shape[0]
+    rows = part_out.shape[1]
+    part_out = part_out.reshape(n, pieces, rows, -1)
+    part_lse = part_lse.reshape(n, pieces, rows)
+    top = part_lse.max(axis=1)
+    weight = jnp.exp2(part_lse - top[:, None])
+    total = weight.sum(axis=1)
+    # Elementwise, not a dot: a float32 dot may run in TF32 on a GPU.
+    merged = (weight[..., None] * part_out).sum(axis=1) / total[..., None]
+    b, head, q_idx = (x[:, None] for x in tiles)
+    row = q_idx * rows + jnp.arange(rows, dtype=jnp.int32)[None]
+    out = out.at[b, row, head].set(merged.astype(out.dtype))
+    lse = lse.at[b, head, row].set(top + jnp.log2(total))
     return out, lse
