@@ -34,6 +34,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _KERNEL = pathlib.Path(__file__).resolve().parents[1] / "plugins/mosaic/src/jaxattn_mosaic/kernel.py"
 _spec = importlib.util.spec_from_file_location("mosaic_kernel", _KERNEL)
@@ -282,6 +283,37 @@ def _grad_of(fn: Callable[..., Any]) -> Callable[..., Any]:
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
+def ab(rounds: int, only: set[int] | None, seqs: set[int] | None) -> None:
+    """The default forward, each ``--config`` (SWEEP's), cuDNN and tokamax timed in turn,
+    ``rounds`` times over, in one process: medians and minima of 20-call means. Where the
+    default cuts a short last round (``Config.split_tail``), "no merge" is its kernel without
+    the merge after it (its tail tiles wrong): what the merge costs."""
+    tk = import_tokamax()
+    print(f"\nbfloat16, ms per call, {rounds} rounds in turn: median (min); ratio: the default's median over it")
+    for b, s, hq, hkv, d in SHAPES:
+        if (only and d not in only) or (seqs and s not in seqs):
+            continue
+        for causal in (False, True):
+            ks = jax.random.split(jax.random.PRNGKey(0), 3)
+            q = jax.random.normal(ks[0], (b, s, hq, d), jnp.bfloat16)
+            k, v = (jax.random.normal(kk, (b, s, hkv, d), jnp.bfloat16) for kk in ks[1:])
+            fns = _fwd_fns(causal, 1.0 / math.sqrt(d), tk, True, d)
+            merge = K.merge_pieces
+            K.merge_pieces = lambda out, lse, *_, **__: (out, lse)
+            try:
+                fns["mosaic(no merge)"] = jax.jit(fns["mosaic"]).lower(q, k, v).compile()
+            finally:
+                K.merge_pieces = merge
+            times: dict[str, list[float]] = {key: [] for key in fns}
+            for _ in range(rounds):
+                for key, fn in fns.items():
+                    times[key].append(timeit(fn, (q, k, v), reps=1))
+            mid = {key: float(np.median(t)) for key, t in times.items()}
+            print(f"{b}, {s}, {hq}/{hkv}, {d} {'causal' if causal else 'full'}:")
+            for key, t in times.items():
+                print(f"   {key:70s} {mid[key]:.4f} ({min(t):.4f})  {mid['mosaic'] / mid[key]:.3f}")
+
+
 def bench(quick: bool, dtype: Any, sweep: bool, bwd: bool, only: set[int] | None = None,
           bwd_sweep: bool = False, seqs: set[int] | None = None) -> None:
     tk = import_tokamax()
@@ -405,6 +437,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--fp16", action="store_true")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--ab", type=int, default=0, metavar="ROUNDS",
+                    help="time the default, each --config, cuDNN and tokamax in turn, ROUNDS times (medians)")
     ap.add_argument("--bwd", action="store_true")
     ap.add_argument("--bwd-check", action="store_true", help="check the backward kernel against jax's gradient")
     ap.add_argument("--bwd-sweep", action="store_true", help="with --bwd: time BWD_SWEEP's backward tiles too")
@@ -413,6 +447,8 @@ def main() -> int:
                          "and print ptxas's report (registers, spills, injected waits)")
     ap.add_argument("--head-dims", default="", help="only these head dims, e.g. 64,256")
     ap.add_argument("--seqs", default="", help="only these sequence lengths, e.g. 4096,16384")
+    ap.add_argument("--shape", action="append", default=[], metavar="B,S,HQ,HKV,D",
+                    help="time these shapes (T = S) instead of SHAPES (repeatable)")
     ap.add_argument("--config", action="append", default=[],
                     help="BQ,BKV,STAGES,PINGPONG(0/1)[,OVERLAP(0/1)[,EXP2_FMA_COLS[,LEAN_BARRIERS(0/1)"
                          "[,PASS_TURNS(0/1)[,NAMED_BARRIERS(0/1)[,STORE_READ_WAIT(0/1)[,PERSISTENT(0/1)[,CTAS"
@@ -422,6 +458,8 @@ def main() -> int:
                          "at head dim 128 with --check (repeatable)")
     a = ap.parse_args()
     mine = tuple(tuple(int(x) for x in c.split(",")) for c in a.config)
+    if a.shape:
+        SHAPES[:] = [tuple(int(x) for x in c.split(",")) for c in a.shape]
     if mine:
         for d in SWEEP:
             SWEEP[d] = mine
@@ -430,9 +468,11 @@ def main() -> int:
         resources(a.resources, mine)
     bad = check(a.quick, mine) if a.check else 0
     bad += bwd_check(a.quick, tuple(BWD_SWEEP) if a.bwd_sweep else ()) if a.bwd_check else 0
+    only = {int(d) for d in a.head_dims.split(",") if d}
+    seqs = {int(x) for x in a.seqs.split(",") if x}
+    if a.ab:
+        ab(a.ab, only, seqs)
     if a.bench:
-        only = {int(d) for d in a.head_dims.split(",") if d}
-        seqs = {int(x) for x in a.seqs.split(",") if x}
         bench(a.quick, jnp.bfloat16, a.sweep, a.bwd, only, a.bwd_sweep, seqs)
         if a.fp16:
             bench(a.quick, jnp.float16, a.sweep, a.bwd, only, a.bwd_sweep, seqs)

@@ -162,6 +162,30 @@ def test_kernel_configurations_against_the_oracle(b: int, t: int, s: int, hq: in
     assert np.max(np.abs(np.where(finite, lse - ref.lse, 0.0))) < 1e-2
 
 
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize(("b", "t", "s", "hq", "hkv", "d", "ctas", "pieces"), [
+    (1, 1664, 4096, 1, 1, 128, 8, 3),  # 13 tiles on 8 CTAs: 5 left, 15 pieces in two rounds
+    (1, 256, 384, 2, 1, 256, 3, 3),  # D = 256: outputs stored from registers; 1 tile left, 3 pieces
+])
+def test_pieces_of_a_short_last_round_over_several_rounds(b: int, t: int, s: int, hq: int, hkv: int, d: int,
+                                                          ctas: int, pieces: int, jit: bool) -> None:
+    from jaxattn_mosaic.kernel import Config, default_config, mosaic_attention_forward, tail_split
+
+    blocks = -(-s // default_config(d).block_kv)
+    assert tail_split(b * hq * t // 128, ctas, blocks) == pieces
+    x = _make(b, t, s, hq, hkv, d, "bfloat16", seed=5)
+    q, k, v = (jnp.asarray(x[n], jnp.bfloat16) for n in ("q", "k", "v"))
+    cfg = Config(block_q=64, block_kv=default_config(d).block_kv, persistent=True, ctas=ctas, split_tail=True)
+
+    def run(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+        return mosaic_attention_forward(q, k, v, causal=False, softmax_scale=d**-0.5, config=cfg)
+
+    out, lse = (jax.jit(run) if jit else run)(q, k, v)
+    ref = oracle.attention(x["q"], x["k"], x["v"])
+    assert_close("output", out, ref.output, DEFAULT_TOLERANCES["bfloat16"].forward)
+    assert np.max(np.abs(np.asarray(lse, np.float64) - ref.lse)) < 1e-2
+
+
 def test_auto_split_gradient() -> None:
     """The gradient split: mosaic_flash's forward, cuDNN's forward+backward under jax.grad."""
     from jaxattn.split import SplitGradImpl

@@ -35,7 +35,9 @@ def test_the_order_visits_each_tile_once_chunk_by_chunk(batch: int, heads: int, 
 @pytest.mark.parametrize(("n_tiles", "n_ctas", "n_blocks", "pieces"), [
     (4096, 132, 32, 16),  # B4 S4k MHA, D = 128: 4 tiles left for a 32nd round, 2 blocks a piece
     (4096, 132, 16, 8),  # the same at D = 64 (256-key blocks)
-    (2048, 132, 64, 1),  # 68 tiles left: no CTA would take two pieces' worth
+    (2048, 132, 64, 5),  # B2 S8k: 68 tiles left, 340 pieces of 13 blocks in 3 rounds
+    (2048, 132, 16, 3),  # B4 S2k: 68 left, 204 pieces of 6 blocks in 2 rounds
+    (1024, 132, 8, 1),  # B8 S1k: 100 left of 8 blocks; pieces would not pay for themselves
     (32, 132, 64, 4),  # fewer tiles than CTAs: each cut 4 ways
     (12, 5, 5, 2),  # pieces of 3 and 2 blocks
     (1, 132, 9, 3),  # 4 pieces of 3 blocks would leave one empty: 3
@@ -47,15 +49,16 @@ def test_the_tail_split_fills_the_idle_ctas_with_pieces_of_at_least_two_blocks(
     assert tail_split(n_tiles, n_ctas, n_blocks) == pieces
 
 
-def test_the_tail_split_never_leaves_a_piece_empty_nor_a_ctas_round_short() -> None:
+def test_the_tail_split_leaves_no_piece_empty_and_pays_for_itself() -> None:
     for n_tiles in range(1, 40):
         for n_ctas in range(1, 20):
             for n_blocks in range(1, 24):
                 pieces = tail_split(n_tiles, n_ctas, n_blocks)
                 per = -(-n_blocks // pieces)
                 assert (pieces - 1) * per < n_blocks  # the last piece has a block
-                if pieces > 1:
-                    assert per >= 2 and (n_tiles % n_ctas) * pieces <= n_ctas
+                if pieces > 1:  # the rounds of pieces, a block more each, beat one whole tile
+                    rounds = -(-(n_tiles % n_ctas) * pieces // n_ctas)
+                    assert per >= 2 and rounds * (per + 1) <= n_blocks
 
 
 @pytest.mark.parametrize("jit", [False, True])

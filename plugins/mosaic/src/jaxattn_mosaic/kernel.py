@@ -234,15 +234,25 @@ def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, bloc
 def tail_split(n_tiles: int, n_ctas: int, n_blocks: int) -> int:
     """Pieces per tile of a persistent kernel's short last round (``Config.split_tail``) on
     ``n_ctas`` CTAs; 1: not split. The ``n_tiles % n_ctas`` tiles left after the whole rounds
-    (all of them, if fewer than the CTAs) are cut into as many pieces as the idle CTAs can
-    take, each piece at least two of the ``n_blocks`` key blocks. B4 S4k MHA at D = 128: 4096
-    tiles on 132 CTAs leave 4 for a 32nd round that would take a whole tile's time; cut 16
-    ways, it takes 2 blocks' time. B1 T128 S8k, 32 heads: 32 tiles, each cut 4 ways."""
+    (all of them, if fewer than the CTAs) are cut into equal pieces of at least two of the
+    ``n_blocks`` key blocks, as many as make the tail shortest, counting the rounds of pieces
+    the CTAs take and one block's time per piece for what a piece costs beside its blocks (its
+    epilogue, its float32 output, the merge). No piece is empty.
+
+    B4 S4k MHA at D = 128: 4096 tiles on 132 CTAs leave 4 for a 32nd round that would take a
+    whole tile's 32 blocks; cut 16 ways, it takes 2 (and 1 for the piece). B2 S8k: 68 tiles
+    left, 64 blocks each; cut 5 ways, 340 pieces take 3 rounds of 13 blocks (and 3), 42 in all
+    against 64. B1 T128 S8k, 32 heads: 32 tiles, each cut 4 ways."""
     rest = n_tiles % n_ctas
     if not rest:
         return 1
-    pieces = max(1, min(n_ctas // rest, n_blocks // 2))
-    return cdiv(n_blocks, cdiv(n_blocks, pieces))  # no empty piece
+
+    def tail(pieces: int) -> tuple[int, int]:
+        per = cdiv(n_blocks, pieces)
+        real = cdiv(n_blocks, per)
+        return cdiv(rest * real, n_ctas) * (per + (real > 1)), real
+
+    return min((tail(p) for p in range(1, max(1, n_blocks // 2) + 1)), key=lambda c: c[0])[1]
 
 
 #: 2**f on [-1/2, 1/2]: the Taylor terms (ln 2)**k / k!; relative error below 4e-6 there.
