@@ -171,6 +171,19 @@ def test_explain_says_the_forwards_tiles_and_schedule(kw: dict[str, object], sum
     assert impl.notes(_problem(**kw))[0] == f"forward: {summary}"
 
 
+@pytest.mark.parametrize(("kw", "note"), [
+    # B4 S4k MHA: 4096 tiles on 132 SMs leave 4, each cut 16 ways (2 of 32 key blocks a piece).
+    ({"batch": 4, "heads_kv": 32}, "forward's last round: 4 tiles, each cut by keys into 16 pieces for the idle "
+                                   "SMs and merged by their log-sum-exps"),
+    ({"batch": 4, "heads_kv": 32, "causal": True}, None),  # causal: heavy tiles first, nothing cut
+    ({"batch": 8, "seq_q": 1024, "seq_k": 1024, "heads_q": 16, "heads_kv": 16}, None),  # not worth it
+])  # fmt: skip
+def test_explain_says_where_the_last_round_is_cut(kw: dict[str, object], note: str | None) -> None:
+    impl = MosaicFlashAttention(AttentionMetadata(), H100)
+    said = impl.notes(_problem(**kw))
+    assert [n for n in said if n.startswith("forward's last round")] == ([note] if note else [])
+
+
 def test_the_declared_head_dims_are_the_kernels() -> None:
     # impl declares them so that choosing imports no kernel; the kernel module is the truth.
     from jaxattn_mosaic import backward_kernel

@@ -174,7 +174,15 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
     def notes(self, problem: AttentionProblem) -> list[str]:
         # Only an impl that runs the call is asked (on a Hopper GPU, where its forward imports
         # the kernel module anyway).
-        said = [f"forward: {self._config(problem).summary()}"]
+        from jaxattn_mosaic.kernel import sm_count, tail_pieces
+
+        cfg = self._config(problem)
+        said = [f"forward: {cfg.summary()}"]
+        cut, pieces = tail_pieces(cfg, batch=problem.batch, heads=problem.heads_q, t_len=problem.seq_q,
+                                  s_len=problem.seq_k, causal=problem.causal, sms=sm_count())
+        if cut:
+            said.append(f"forward's last round: {cut} tiles, each cut by keys into {pieces} pieces for "
+                        "the idle SMs and merged by their log-sum-exps")
         try:
             chosen, _ = self._backward(problem)
         except InvalidInputError:

@@ -255,6 +255,19 @@ def tail_split(n_tiles: int, n_ctas: int, n_blocks: int) -> int:
     return min((tail(p) for p in range(1, max(1, n_blocks // 2) + 1)), key=lambda c: c[0])[1]
 
 
+def tail_pieces(cfg: Config, *, batch: int, heads: int, t_len: int, s_len: int, causal: bool,
+                sms: int) -> tuple[int, int]:
+    """How ``Config.split_tail`` cuts a call's last round on ``sms`` SMs: the tiles cut and the
+    pieces each is cut into; ``(0, 1)`` where none is (causal attention, a kernel that is not
+    persistent, a last round not worth cutting)."""
+    if not (cfg.persistent and cfg.split_tail) or causal:
+        return 0, 1
+    n_tiles = batch * heads * cdiv(t_len, 2 * cfg.block_q)
+    ctas = cfg.ctas or sms
+    pieces = tail_split(n_tiles, ctas, cdiv(s_len, cfg.block_kv))
+    return (n_tiles % ctas, pieces) if pieces > 1 else (0, 1)
+
+
 #: 2**f on [-1/2, 1/2]: the Taylor terms (ln 2)**k / k!; relative error below 4e-6 there.
 _EXP2_TERMS = (1.0, 0.6931472, 0.2402265, 0.05550411, 0.009618129, 0.001333356)
 #: 1.5 * 2**23: adding it to a float32 of magnitude below 2**22 rounds it to an integer,
@@ -293,7 +306,8 @@ _SMEM_BYTES = 227 * 1024
 _H100_SMS = 132
 
 
-def _sm_count() -> int:
+def sm_count() -> int:
+    """The GPU's SMs: a persistent kernel's CTAs (an H100's 132 on a host without a GPU)."""
     try:
         return int(jax.devices("gpu")[0].core_count)
     except RuntimeError:  # no GPU backend: lowering on a CPU host
@@ -364,12 +378,12 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     blocks = KeyBlocks(s_len=s_len, block=bkv, causal=causal, offset=s_len - t_len)
     qk_scale = scale * _LOG2E
     n_tiles = batch * n_q_tiles * hq
-    sms = cfg.ctas or _sm_count()
+    sms = cfg.ctas or sm_count()
     # The last round's few whole tiles cut by key blocks (Config.split_tail): the first
     # ``n_whole`` of the order stay whole, each later one is ``pieces`` pieces of ``per_piece``
     # blocks, and the order's items are the whole tiles, then the pieces.
-    pieces = tail_split(n_tiles, sms, blocks.count) if cfg.split_tail and not causal else 1
-    n_whole = n_tiles - (n_tiles % sms if pieces > 1 else 0)
+    cut, pieces = tail_pieces(cfg, batch=batch, heads=hq, t_len=t_len, s_len=s_len, causal=causal, sms=sms)
+    n_whole = n_tiles - cut
     per_piece = cdiv(blocks.count, pieces)
     n_items = n_whole + (n_tiles - n_whole) * pieces
     n_ctas = min(n_items, sms)
