@@ -136,6 +136,9 @@ CONFIGS = {
     # 3 and 2 blocks (the second with the key tail); CASES[10]'s 128 on 7 leave 2, in pieces of 2.
     "persistent-5-ctas-split-tail": {"persistent": True, "ctas": 5, "q_double": True, "split_tail": True},
     "persistent-7-ctas-split-tail-turns": {"persistent": True, "ctas": 7, "split_tail": True, "pass_turns": True},
+    # One CTA per tile with its last wave cut: a 1-D grid (CASES[4]: 12 tiles, 2 pieces each).
+    "split-tail": {"split_tail": True},
+    "kv192-split-tail": {"block_kv": 192, "split_tail": True},
 }
 
 
@@ -166,16 +169,17 @@ def test_kernel_configurations_against_the_oracle(b: int, t: int, s: int, hq: in
 @pytest.mark.parametrize(("b", "t", "s", "hq", "hkv", "d", "ctas", "pieces"), [
     (1, 1664, 4096, 1, 1, 128, 8, 3),  # 13 tiles on 8 CTAs: 5 left, 15 pieces in two rounds
     (1, 256, 384, 2, 1, 256, 3, 3),  # D = 256: outputs stored from registers; 1 tile left, 3 pieces
+    (1, 1664, 4096, 1, 1, 128, 0, 8),  # one CTA per tile (ctas 0): 13 tiles, 104 pieces in a 1-D grid
 ])
 def test_pieces_of_a_short_last_round_over_several_rounds(b: int, t: int, s: int, hq: int, hkv: int, d: int,
                                                           ctas: int, pieces: int, jit: bool) -> None:
-    from jaxattn_mosaic.kernel import Config, default_config, mosaic_attention_forward, tail_split
+    from jaxattn_mosaic.kernel import Config, default_config, mosaic_attention_forward, sm_count, tail_split
 
     blocks = -(-s // default_config(d).block_kv)
-    assert tail_split(b * hq * t // 128, ctas, blocks) == pieces
+    assert tail_split(b * hq * t // 128, ctas or sm_count(), blocks) == pieces
     x = _make(b, t, s, hq, hkv, d, "bfloat16", seed=5)
     q, k, v = (jnp.asarray(x[n], jnp.bfloat16) for n in ("q", "k", "v"))
-    cfg = Config(block_q=64, block_kv=default_config(d).block_kv, persistent=True, ctas=ctas, split_tail=True)
+    cfg = Config(block_q=64, block_kv=default_config(d).block_kv, persistent=ctas > 0, ctas=ctas, split_tail=True)
 
     def run(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
         return mosaic_attention_forward(q, k, v, causal=False, softmax_scale=d**-0.5, config=cfg)

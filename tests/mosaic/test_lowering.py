@@ -93,6 +93,9 @@ def test_a_short_last_round_is_split_by_keys_and_merged_for_full_attention_only(
     assert "x128x128xf32>" not in causal and "scatter" not in causal
     off = _lowered(_forward(False, K.Config(persistent=True, q_double=True)), *args)
     assert "scatter" not in off
+    # One CTA per tile: a 1-D grid of 12 tiles in 2 pieces each (24 CTAs), merged the same way.
+    flat = _lowered(_forward(False, K.Config(split_tail=True)), *args)
+    assert "tensor<24x128x128xf32>" in flat and "scatter" in flat
 
 
 def test_forward_lowers_in_float16_and_over_16k_keys() -> None:
@@ -116,7 +119,8 @@ CONFIGS = [K.Config(pingpong=False), K.Config(overlap=True), K.Config(overlap=Tr
            K.Config(persistent=True, q_double=True), K.Config(persistent=True, ctas=3, q_double=True, pass_turns=True),
            K.Config(persistent=True, ctas=3, q_group=2, q_double=True),
            K.Config(persistent=True, q_double=True, split_tail=True),
-           K.Config(persistent=True, ctas=5, split_tail=True)]
+           K.Config(persistent=True, ctas=5, split_tail=True), K.Config(split_tail=True),
+           K.Config(block_kv=192, split_tail=True)]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -141,8 +145,7 @@ def test_schedules_that_cannot_run_are_refused() -> None:
                      ({"pass_turns": True, "pingpong": False}, "pass_turns"),
                      ({"named_barriers": True, "stages": 6}, "at most 5"),
                      ({"persistent": True, "overlap": True}, "persistent"), ({"ctas": -1}, "ctas"),
-                     ({"q_double": True}, "q_double"), ({"q_group": -1}, "q_group"),
-                     ({"split_tail": True}, "split_tail")):
+                     ({"q_double": True}, "q_double"), ({"q_group": -1}, "q_group")):
         with pytest.raises(ValueError, match=why):
             K.Config(**bad)  # type: ignore[arg-type]
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxattn.testing import oracle
-from jaxattn_mosaic.kernel import merge_pieces, persistent_order, tail_split
+from jaxattn_mosaic.kernel import launch_order, merge_pieces, persistent_order, tail_split
 
 
 @pytest.mark.parametrize("jit", [False, True])
@@ -30,6 +30,21 @@ def test_the_order_visits_each_tile_once_chunk_by_chunk(batch: int, heads: int, 
     assert np.array_equal(q // chunk, t // (chunk * batch * heads))
     assert np.array_equal(q % chunk, t % chunk)
     assert np.array_equal(b * heads + h, (t // chunk) % (batch * heads))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_the_launch_order_runs_the_batch_fastest_then_a_heads_query_tiles(jit: bool) -> None:
+    # A non-persistent launch's grid (heads, query tiles, batch), last axis fastest, as the
+    # 1-D grid of a launch that cuts its last wave takes it.
+    batch, heads, n_q = 3, 4, 5
+
+    def order(t: jax.Array) -> tuple[jax.Array, ...]:
+        return launch_order(t, batch=batch, heads=heads, n_q=n_q)
+
+    t = np.arange(batch * heads * n_q, dtype=np.int32)
+    b, h, q = (np.asarray(x) for x in (jax.jit(order) if jit else order)(t))
+    want = [(bi, hi, qi) for hi in range(heads) for qi in range(n_q) for bi in range(batch)]
+    assert list(zip(b.tolist(), h.tolist(), q.tolist(), strict=True)) == want
 
 
 @pytest.mark.parametrize(("n_tiles", "n_ctas", "n_blocks", "pieces"), [

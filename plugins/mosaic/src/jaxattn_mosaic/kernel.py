@@ -144,21 +144,22 @@ class Config:
     #: output's own tile (D <= 128 at 64x128 tiles; one slot otherwise): each tile's first step
     #: loads the next tile's Q into the slot the last tile used, so no tile waits for its Q.
     q_double: bool = False
-    #: (persistent, full attention) Where the last round would hold a few whole tiles and
-    #: leave most CTAs idle (``tail_split``), those tiles are cut by key blocks into pieces
-    #: the idle CTAs take; each piece is an attention over its keys (output and LSE in
-    #: float32), and the pieces of a tile are merged after the kernel by their LSEs.
+    #: (full attention) Where the last round of a persistent kernel, or the last wave of one
+    #: CTA per tile, would hold a few whole tiles and leave most SMs idle (``tail_split``),
+    #: those tiles are cut by key blocks into pieces for the idle CTAs; each piece is an
+    #: attention over its keys (output and LSE in float32), and a tile's pieces are merged
+    #: after the kernel by their LSEs. One CTA per tile then takes a 1-D grid (``launch_order``).
     split_tail: bool = False
 
     def summary(self) -> str:
         """The tiles and the schedule in one line (``jaxattn explain`` shows it)."""
         tiles = (f"{2 * self.block_q}x{self.block_kv} tiles ({self.block_q} query rows per consumer), "
                  f"{self.stages} K/V stages")
+        tail = ", a short last round of full attention split by keys" if self.split_tail else ""
         if not self.persistent:
-            return f"{tiles}, one CTA per tile"
+            return f"{tiles}, one CTA per tile{tail}"
         order = f"query tiles in chunks of {self.q_group}" if self.q_group else "a head's query tiles together"
         slots = ", two Q slots per consumer" if self.q_double else ""
-        tail = ", a short last round of full attention split by keys" if self.split_tail else ""
         return f"{tiles}, persistent (one CTA per SM looping over the tiles, {order}{slots}{tail})"
 
     def __post_init__(self) -> None:
@@ -177,8 +178,6 @@ class Config:
             raise ValueError(f"persistent is built for the ping-pong loop only, not with overlap: {self}")
         if self.q_double and not self.persistent:
             raise ValueError(f"q_double serves a persistent CTA's next tile: set persistent=True, got {self}")
-        if self.split_tail and not self.persistent:
-            raise ValueError(f"split_tail cuts a persistent kernel's last round: set persistent=True, got {self}")
         if self.q_group < 0:
             raise ValueError(f"q_group must be >= 0 (0: all of a head's query tiles), got {self.q_group}")
         if self.ctas < 0:
@@ -228,7 +227,7 @@ def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, bloc
     # fifth (S = 16k, GQA 32/8; docs/bench.md): not persistent there until that is understood.
     persistent = kv_len < WIDE_KV_FROM and _fits(head_dim, bq, bkv, n_stages, q_slots=2, o_tile=True)
     return Config(block_q=bq, block_kv=bkv, stages=n_stages, persistent=persistent, q_double=persistent,
-                  split_tail=persistent)
+                  split_tail=True)
 
 
 def tail_split(n_tiles: int, n_ctas: int, n_blocks: int) -> int:
@@ -257,13 +256,15 @@ def tail_split(n_tiles: int, n_ctas: int, n_blocks: int) -> int:
 
 def tail_pieces(cfg: Config, *, batch: int, heads: int, t_len: int, s_len: int, causal: bool,
                 sms: int) -> tuple[int, int]:
-    """How ``Config.split_tail`` cuts a call's last round on ``sms`` SMs: the tiles cut and the
-    pieces each is cut into; ``(0, 1)`` where none is (causal attention, a kernel that is not
-    persistent, a last round not worth cutting)."""
-    if not (cfg.persistent and cfg.split_tail) or causal:
+    """How ``Config.split_tail`` cuts a call's last round (a persistent kernel's) or wave (one
+    CTA per tile) on ``sms`` SMs: the tiles cut and the pieces each is cut into; ``(0, 1)``
+    where none is (causal attention, a last round not worth cutting)."""
+    if not cfg.split_tail or causal:
         return 0, 1
     n_tiles = batch * heads * cdiv(t_len, 2 * cfg.block_q)
-    ctas = cfg.ctas or sms
+    # A non-persistent launch runs in waves of one CTA per SM (its tiles take more than half
+    # of an SM's shared memory).
+    ctas = (cfg.ctas if cfg.persistent else 0) or sms
     pieces = tail_split(n_tiles, ctas, cdiv(s_len, cfg.block_kv))
     return (n_tiles % ctas, pieces) if pieces > 1 else (0, 1)
 
@@ -324,6 +325,15 @@ def persistent_order(t: Any, *, batch: int, heads: int, chunk: int) -> tuple[Any
     pair = lax.rem(rest, jnp.int32(batch * heads))
     q_idx = lax.div(rest, jnp.int32(batch * heads)) * chunk + level
     return lax.div(pair, jnp.int32(heads)), lax.rem(pair, jnp.int32(heads)), q_idx
+
+
+def launch_order(t: Any, *, batch: int, heads: int, n_q: int) -> tuple[Any, Any, Any]:
+    """The ``t``-th CTA of a non-persistent launch as its batch, head and query-tile index, in
+    the order Mosaic GPU runs the grid ``(heads, query tiles, batch)``: the batch fastest, then
+    a head's query tiles (so CTAs running at once share K/V in L2). A launch that cuts its last
+    wave (``Config.split_tail``) takes a 1-D grid in this order. Plain jax."""
+    b, rest = lax.rem(t, jnp.int32(batch)), lax.div(t, jnp.int32(batch))
+    return b, lax.div(rest, jnp.int32(n_q)), lax.rem(rest, jnp.int32(n_q))
 
 
 def mosaic_attention_forward(
@@ -414,14 +424,16 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             order. Otherwise ``t`` is ``h + Hq * (q + n_q * b)`` of the grid's axes."""
             lo: Any = 0
             piece: Any = None
+            if pieces > 1:
+                piece = t - n_whole
+                cut = piece >= 0
+                part = jnp.maximum(piece, 0)
+                t = jnp.where(cut, n_whole + lax.div(part, jnp.int32(pieces)), t)
+                lo = jnp.where(cut, lax.rem(part, jnp.int32(pieces)) * per_piece, 0)
             if cfg.persistent:
-                if pieces > 1:
-                    piece = t - n_whole
-                    cut = piece >= 0
-                    part = jnp.maximum(piece, 0)
-                    t = jnp.where(cut, n_whole + lax.div(part, jnp.int32(pieces)), t)
-                    lo = jnp.where(cut, lax.rem(part, jnp.int32(pieces)) * per_piece, 0)
                 b, head, q_idx = persistent_order(t, batch=batch, heads=hq, chunk=chunk)
+            elif pieces > 1:
+                b, head, q_idx = launch_order(t, batch=batch, heads=hq, n_q=n_q_tiles)
             else:
                 head, rest = lax.rem(t, jnp.int32(hq)), lax.div(t, jnp.int32(hq))
                 q_idx = lax.rem(rest, jnp.int32(n_q_tiles))
@@ -432,7 +444,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             if cfg.overlap:
                 # Every consumer of the overlapped loop runs at least block 0 (see ``overlapped``).
                 cta_blocks = jnp.maximum(cta_blocks, 1)
-            if not cfg.persistent:
+            if not cfg.persistent and pieces == 1:
                 # Here, not above: the non-persistent module stays the one the GPU runs measured.
                 b = lax.div(rest, jnp.int32(n_q_tiles))
             if piece is not None:  # full attention: a piece ends ``per_piece`` blocks on
@@ -456,6 +468,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
             def tile_of(r: Any) -> Any:
                 del r
+                if pieces > 1:  # a 1-D grid: whole tiles in launch_order, then the pieces
+                    return lax.axis_index("t")
                 return lax.axis_index("h") + hq * (lax.axis_index("q") + n_q_tiles * lax.axis_index("b"))
 
             rounds = 1
@@ -854,14 +868,16 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             *((jax.ShapeDtypeStruct((n_parts, 2 * bq, head_dim), jnp.float32),
                jax.ShapeDtypeStruct((n_parts, 2 * bq), jnp.float32)) if n_parts else ()),
         ),
-        grid=(n_ctas,) if cfg.persistent else (hq, n_q_tiles, batch),
-        grid_names=("cta",) if cfg.persistent else ("h", "q", "b"),
+        grid=(n_ctas,) if cfg.persistent else (n_items,) if pieces > 1 else (hq, n_q_tiles, batch),
+        grid_names=("cta",) if cfg.persistent else ("t",) if pieces > 1 else ("h", "q", "b"),
         num_threads=3,
         thread_name="wg",
         compiler_params=params,
     )(q, k, v)
     if n_parts:
-        tail = persistent_order(jnp.arange(n_whole, n_tiles, dtype=jnp.int32), batch=batch, heads=hq, chunk=chunk)
+        last = jnp.arange(n_whole, n_tiles, dtype=jnp.int32)
+        tail = (persistent_order(last, batch=batch, heads=hq, chunk=chunk) if cfg.persistent
+                else launch_order(last, batch=batch, heads=hq, n_q=n_q_tiles))
         out, lse = merge_pieces(out, lse, *parts, tiles=tail, pieces=pieces)
     return out, lse
 
