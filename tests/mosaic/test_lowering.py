@@ -88,6 +88,7 @@ def test_a_short_last_round_is_split_by_keys_and_merged_for_full_attention_only(
     t, s, hq, hkv = SHAPES[0]
     args = (_spec(t, hq, 128), _spec(s, hkv, 128), _spec(s, hkv, 128))
     assert K.default_config(128, kv_len=s).split_tail
+    assert not K.default_config(128, kv_len=K.WIDE_KV_FROM).split_tail  # one CTA per tile: measured slower
     full, causal = _lowered(_forward(False), *args), _lowered(_forward(True), *args)
     assert "tensor<24x128x128xf32>" in full and "scatter" in full
     assert "x128x128xf32>" not in causal and "scatter" not in causal

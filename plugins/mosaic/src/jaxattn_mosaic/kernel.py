@@ -226,8 +226,11 @@ def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, bloc
     # measured 0.8-2.1% faster than the non-persistent kernel in four runs and 4.8% slower in a
     # fifth (S = 16k, GQA 32/8; docs/bench.md): not persistent there until that is understood.
     persistent = kv_len < WIDE_KV_FROM and _fits(head_dim, bq, bkv, n_stages, q_slots=2, o_tile=True)
+    # The last round cut by keys where persistent: measured 0.1-1.6% faster at 2k-8k keys, 2-5%
+    # with few tiles. One CTA per tile, at 16k keys, it measured 0.2-0.8% slower (its last wave
+    # starts staggered, as CTAs before it end): not there.
     return Config(block_q=bq, block_kv=bkv, stages=n_stages, persistent=persistent, q_double=persistent,
-                  split_tail=True)
+                  split_tail=persistent)
 
 
 def tail_split(n_tiles: int, n_ctas: int, n_blocks: int) -> int:
