@@ -234,8 +234,8 @@ def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, bloc
 
 
 def tail_split(n_tiles: int, n_ctas: int, n_blocks: int) -> int:
-    """Pieces per tile of a persistent kernel's short last round (``Config.split_tail``) on
-    ``n_ctas`` CTAs; 1: not split. The ``n_tiles % n_ctas`` tiles left after the whole rounds
+    """Pieces per tile of a short last round (``Config.split_tail``) on ``n_ctas`` CTAs at
+    once; 1: not split. The ``n_tiles % n_ctas`` tiles left after the whole rounds
     (all of them, if fewer than the CTAs) are cut into equal pieces of at least two of the
     ``n_blocks`` key blocks, as many as make the tail shortest, counting the rounds of pieces
     the CTAs take and one block's time per piece for what a piece costs beside its blocks (its
@@ -391,7 +391,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     blocks = KeyBlocks(s_len=s_len, block=bkv, causal=causal, offset=s_len - t_len)
     qk_scale = scale * _LOG2E
     n_tiles = batch * n_q_tiles * hq
-    sms = cfg.ctas or sm_count()
+    sms = sm_count()
     # The last round's few whole tiles cut by key blocks (Config.split_tail): the first
     # ``n_whole`` of the order stay whole, each later one is ``pieces`` pieces of ``per_piece``
     # blocks, and the order's items are the whole tiles, then the pieces.
@@ -399,7 +399,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     n_whole = n_tiles - cut
     per_piece = cdiv(blocks.count, pieces)
     n_items = n_whole + (n_tiles - n_whole) * pieces
-    n_ctas = min(n_items, sms)
+    n_ctas = min(n_items, cfg.ctas or sms)
     n_rounds = cdiv(n_items, n_ctas)
     # Query tiles per chunk of the persistent order: the largest divisor of their count up to q_group.
     chunk = max(g for g in range(1, n_q_tiles + 1) if n_q_tiles % g == 0 and g <= (cfg.q_group or n_q_tiles))
@@ -424,7 +424,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             """Item ``t``: its tile's batch, head and first query row, the key blocks its CTA
             streams (``lo`` to the end), and the piece it is (``None`` where no tile is cut;
             negative for a whole tile). Persistent: ``t`` counts in ``Config.q_group``'s
-            order. Otherwise ``t`` is ``h + Hq * (q + n_q * b)`` of the grid's axes."""
+            order; one CTA per tile with a cut wave: in ``launch_order``; otherwise ``t`` is
+            ``h + Hq * (q + n_q * b)`` of the grid's axes."""
             lo: Any = 0
             piece: Any = None
             if pieces > 1:
