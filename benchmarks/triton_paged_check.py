@@ -960,7 +960,7 @@ QUANT_FAST = "--quant-fast" in sys.argv
 QUANT_GRANS: tuple[str, ...] = ()
 #: Switches of ``launch_paged`` (read when a launch is built): V tiles as int32 words, K widened
 #: by ``kernels/widen.py``; unset, each follows its default for the format.
-WIDEN_SWITCHES = ("JAXATTN_TRITON_V_WORDS", "JAXATTN_TRITON_K_WIDEN")
+WIDEN_SWITCHES = ("JAXATTN_TRITON_V_WORDS", "JAXATTN_TRITON_K_WIDEN", "JAXATTN_TRITON_PV_F16")
 
 
 def clear_widen_switches() -> None:
@@ -970,11 +970,13 @@ def clear_widen_switches() -> None:
 
 
 def quant_ablations(spec: LP.PagedSpec) -> list[dict[str, str]]:
-    """The switch settings timed beside the default: K widened the other way than the format's
-    default (``kernels/widen.py`` or Triton's cast); V read byte-wise; both."""
+    """The switch settings timed beside the default: P V in bf16 where the default takes fp16;
+    K widened the other way than the format's default (``kernels/widen.py`` or Triton's cast);
+    V read byte-wise; both."""
+    pv_off = [{"JAXATTN_TRITON_PV_F16": "0"}] if LP.pv_f16(spec) else []
     k_flip = {"JAXATTN_TRITON_K_WIDEN": "0" if LP.k_widen(spec) else "1"}
     v_off = {"JAXATTN_TRITON_V_WORDS": "0"}
-    return [k_flip, v_off, {**v_off, **k_flip}]
+    return [*pv_off, k_flip, v_off, {**v_off, **k_flip}]
 
 
 def quantized_cache(k: Array, v: Array, fmt: str, granularity: str) -> tuple[Array, Array, Array, Array]:
@@ -1062,10 +1064,12 @@ def quant_sweep() -> None:
                     continue
                 variants: list[tuple[LP.PagedTiles, dict[str, str]]] = [(base, {})]
                 if not SMOKE and not QUANT_FAST:
-                    # Ablations of kernels/widen.py on the default tiles: K widened the other
-                    # way than the format's default; with --quant-all-ablations also V read
-                    # byte-wise, alone and with K flipped.
-                    variants += [(base, env) for env in quant_ablations(spec)[: 3 if QUANT_ALL_ABLATIONS else 1]]
+                    # Ablations on the default tiles: P V in bf16, K widened the other way than
+                    # the format's default; with --quant-all-ablations also V read byte-wise,
+                    # alone and with K flipped.
+                    ablations = quant_ablations(spec)
+                    first = 2 if LP.pv_f16(spec) else 1  # P V in bf16 (where fp16 is the default), K flipped
+                    variants += [(base, env) for env in (ablations if QUANT_ALL_ABLATIONS else ablations[:first])]
                 if (gran in QUANT_GRANS or (gran == "token" and not QUANT_GRANS)) and not SMOKE:
                     variants += [(t, {}) for t in quant_variants(base)[1:]]
 

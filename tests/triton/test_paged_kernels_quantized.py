@@ -323,6 +323,27 @@ def test_default_tiles_of_a_quantized_cache() -> None:
     assert LP.default_tiles(prefill).decode_q == 0
 
 
+def test_p_v_runs_in_fp16_for_a_bf16_q_over_a_narrow_v_with_row_scales(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every format's values are exact in fp16, and P in [0, 1] fits it; per-token V scales ride
+    # in P (P diag(vs)), which fp16's range may not hold; a 16-bit cache is not widened at all.
+    spec = LP.PagedSpec(
+        num_tokens=16, max_seqs=16, q_len=1, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
+        dtype="bfloat16", num_pages=16 * 64, page_size=16, pages_per_seq=64,
+    )  # fmt: skip
+    per_tensor, per_head, per_token = (0, 0, 0), (0, 0, 1), (128, 8, 1)
+    monkeypatch.delenv("JAXATTN_TRITON_PV_F16", raising=False)
+    for fmt in ("int8", "float8_e4m3fn", "float8_e5m2"):
+        for scale, want in ((None, True), (per_tensor, True), (per_head, True), (per_token, False)):
+            quantized = dataclasses.replace(spec, cache_dtype=fmt, v_scale=scale)
+            assert LP.pv_f16(quantized) is want, (fmt, scale)
+            assert LP.attention(quantized, LP.default_tiles(quantized)).constexprs["PV_F16"] is want
+            assert not LP.pv_f16(dataclasses.replace(quantized, dtype="float16"))
+            assert not LP.pv_f16(dataclasses.replace(quantized, dtype="float32"))
+    assert not LP.pv_f16(spec)
+    monkeypatch.setenv("JAXATTN_TRITON_PV_F16", "0")
+    assert not LP.pv_f16(dataclasses.replace(spec, cache_dtype="float8_e4m3fn", v_scale=per_head))
+
+
 def test_k_widening_follows_the_format_and_the_scales(monkeypatch: pytest.MonkeyPatch) -> None:
     # widen.py's bit tricks for K where they measured faster (int8, e5m2, and e4m3 with per-token
     # scales); Triton's own cast for an e4m3 K with one scale per row; never for 16-bit caches or

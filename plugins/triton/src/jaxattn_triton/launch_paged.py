@@ -418,6 +418,18 @@ def k_widen(spec: PagedSpec) -> int:
     return _WORD_FORMATS[spec.cache_dtype]
 
 
+def pv_f16(spec: PagedSpec) -> bool:
+    """The kernel's ``PV_F16``: ``P @ V`` in fp16 for a bf16 q over a quantized V with one
+    scale per row or none (applied after the sum), its narrow values widened to fp16 (exact for
+    every format, and cheaper: e4m3 takes the hardware's e4m3x2 -> f16x2, e5m2 is an fp16's
+    high byte) instead of bf16 (bit tricks and a multiply). P lies in [0, 1], where fp16 holds
+    more bits than bf16 and flushes only terms below 2^-24. Per-token V scales ride in P
+    (``P diag(vs)``), which fp16's range may not hold: those stay bf16.
+    ``JAXATTN_TRITON_PV_F16=0`` turns it off (for ablations)."""
+    return (spec.cache_dtype is not None and spec.dtype == "bfloat16" and scale_mode(spec.v_scale) != 2
+            and os.environ.get("JAXATTN_TRITON_PV_F16", "1") != "0")
+
+
 def _interpreted() -> bool:
     # Inline PTX has no interpreter path: the kernels widen narrow values with tl casts there.
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -476,6 +488,7 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         **_scale_constexprs("v", spec.v_scale),
         "V_WORDS": v_words(spec),
         "K_WIDEN": k_widen(spec),
+        "PV_F16": pv_f16(spec),
         "ASM": not _interpreted(),
         "stride_pt": 0 if identity else spec.pages_per_seq,
         "NUM_TOKENS": n,

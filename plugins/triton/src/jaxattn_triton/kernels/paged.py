@@ -101,6 +101,7 @@ def _paged_sweep(
     V_WORDS: tl.constexpr,
     K_WIDEN: tl.constexpr,
     ASM: tl.constexpr,
+    PV_F16: tl.constexpr,
     SM_SCALE: tl.constexpr,
     SOFTCAP: tl.constexpr,
     LEFT: tl.constexpr,
@@ -221,7 +222,10 @@ def _paged_sweep(
             if V_QUANT == 2:
                 vs = tl.load(vs_base + vs_rows)
         if V_WORDS:
-            v = widen_words(v, V_WORDS, q.dtype, ASM, BLOCK_N * KV_HEADS, BLOCK_DV // 4)
+            if PV_F16:
+                v = widen_words(v, V_WORDS, tl.float16, ASM, BLOCK_N * KV_HEADS, BLOCK_DV // 4)
+            else:
+                v = widen_words(v, V_WORDS, q.dtype, ASM, BLOCK_N * KV_HEADS, BLOCK_DV // 4)
         # A quantized cache is converted to q's dtype here, in registers (a no-op otherwise).
         if K_WIDEN:
             k = widen(k, K_WIDEN, q.dtype, ASM)
@@ -257,6 +261,10 @@ def _paged_sweep(
         if V_QUANT == 2:
             # P @ (diag(vs) V) == (P diag(vs)) @ V: the scale joins the probabilities' columns.
             acc = tl.dot((p * vs[None, :]).to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
+        elif PV_F16:
+            # A narrow V is exact in fp16, whose conversions cost less than bf16's (e4m3: one
+            # hardware cvt per pair), and probabilities in [0, 1] lose nothing to fp16's range.
+            acc = tl.dot(p.to(tl.float16), v.to(tl.float16), acc * alpha[:, None])
         else:
             acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
         m_i = m_new
@@ -351,6 +359,7 @@ def _paged_block(
     V_WORDS: tl.constexpr,
     K_WIDEN: tl.constexpr,
     ASM: tl.constexpr,
+    PV_F16: tl.constexpr,
     stride_pt: tl.constexpr,
     NUM_TOKENS: tl.constexpr,
     CAPACITY: tl.constexpr,
@@ -459,7 +468,7 @@ def _paged_block(
         acc, l_i, m_i, q, pos, hrow, a, f0, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
-        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
@@ -467,7 +476,7 @@ def _paged_block(
         acc, l_i, m_i, q, pos, hrow, f0, f1, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
-        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
@@ -475,7 +484,7 @@ def _paged_block(
         acc, l_i, m_i, q, pos, hrow, f1, b, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
-        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
@@ -546,6 +555,7 @@ def paged_attn_kernel(
     V_WORDS: tl.constexpr,
     K_WIDEN: tl.constexpr,
     ASM: tl.constexpr,
+    PV_F16: tl.constexpr,
     stride_pt: tl.constexpr,
     NUM_TOKENS: tl.constexpr,
     MAX_SEQS: tl.constexpr,
@@ -601,7 +611,7 @@ def paged_attn_kernel(
                 d_seq, d_tok0, d_q_len, d_n_tok, d_tok_start, d_kv_len, hkv, chunk, sid, Q, K, V, PageTable, Sink,
                 KScale, VScale, Out, Stat, Sum, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
                 stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
-                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
+                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
                 HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, DECODE_PAGE_PER_TILE, SM_SCALE,
                 SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, DECODE_Q, DECODE_M,
                 DECODE_N, BLOCK_D, BLOCK_DV,
@@ -614,7 +624,7 @@ def paged_attn_kernel(
                 seq, tok0, q_len, n_tok, tok_start, kv_len, hkv, chunk, sid, Q, K, V, PageTable, Sink, KScale,
                 VScale, Out, Stat, Sum, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
                 stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
-                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
+                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
                 HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, SM_SCALE,
                 SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, BLOCK_Q, BLOCK_M,
                 BLOCK_N, BLOCK_D, BLOCK_DV,
@@ -636,7 +646,7 @@ def paged_attn_kernel(
             seq, tok0, q_len, n_tok, tok_start, kv_len, hkv, chunk, sid, Q, K, V, PageTable, Sink, KScale,
             VScale, Out, Stat, Sum, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
             stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
-            stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
+            stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
             HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, SM_SCALE,
             SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, BLOCK_Q, BLOCK_M,
             BLOCK_N, BLOCK_D, BLOCK_DV,
