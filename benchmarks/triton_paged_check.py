@@ -963,10 +963,17 @@ QUANT_GRANS: tuple[str, ...] = ()
 WIDEN_SWITCHES = ("JAXATTN_TRITON_V_WORDS", "JAXATTN_TRITON_K_WIDEN", "JAXATTN_TRITON_PV_F16")
 
 
+#: --quant-base-env NAME=VALUE,...: switches of WIDEN_SWITCHES set under every timing of the
+#: quantized sweep (its default and its ablations), so that one run times them on another base.
+QUANT_BASE_ENV: dict[str, str] = {}
+
+
 def clear_widen_switches() -> None:
-    """Unset :data:`WIDEN_SWITCHES`: launches built next follow each format's defaults."""
+    """Unset :data:`WIDEN_SWITCHES` but :data:`QUANT_BASE_ENV`'s: launches built next follow
+    each format's defaults."""
     for name in WIDEN_SWITCHES:
         os.environ.pop(name, None)
+    os.environ.update(QUANT_BASE_ENV)
 
 
 def quant_ablations(spec: LP.PagedSpec) -> list[dict[str, str]]:
@@ -1083,7 +1090,8 @@ def quant_sweep() -> None:
                 for t, env in variants:
                     label = (f"{tag} {fmt} per {gran} kvh={t.kv_heads} bn={t.block_n} w={t.num_warps} "
                              f"st={t.num_stages} splits={t.num_splits}"
-                             + "".join(f" {n.removeprefix('JAXATTN_TRITON_')}={x}" for n, x in env.items()))
+                             + "".join(f" {n.removeprefix('JAXATTN_TRITON_')}={x}"
+                                       for n, x in {**QUANT_BASE_ENV, **env}.items()))
                     clear_widen_switches()
                     os.environ.update(env)
                     late = out_of_time("quant", label)
@@ -1428,6 +1436,8 @@ def main() -> None:
     ap.add_argument("--quant-formats", default="", metavar="int8,float8_e4m3fn",
                     help="--quant-sweep/--quant-mixed: these cache dtypes (default int8,float8_e4m3fn)")  # fmt: skip
     ap.add_argument("--quant-shapes", default="", metavar="PS,B,CTX;...", help="shapes for --quant-sweep")
+    ap.add_argument("--quant-base-env", default="", metavar="NAME=VALUE,...",
+                    help="--quant-sweep: switches set under every timing, e.g. JAXATTN_TRITON_K_WIDEN=1")  # fmt: skip
     ap.add_argument("--quant-grans", default="", metavar="token,head",
                     help="--quant-sweep: these scale granularities, each with the tile variants")  # fmt: skip
     ap.add_argument("--warm-workers", type=int, default=1,
@@ -1450,6 +1460,12 @@ def main() -> None:
     global WARM_WORKERS, QUANT_GRANS, QUANT_FORMATS
     if args.quant_formats:
         QUANT_FORMATS = tuple(args.quant_formats.split(","))
+    for item in filter(None, args.quant_base_env.split(",")):
+        name, _, value = item.partition("=")
+        if name not in WIDEN_SWITCHES:
+            raise SystemExit(f"--quant-base-env: {name!r} is not one of {', '.join(WIDEN_SWITCHES)}")
+        QUANT_BASE_ENV[name] = value
+    clear_widen_switches()
     WARM_WORKERS = args.warm_workers
     QUANT_GRANS = tuple(filter(None, args.quant_grans.split(",")))
     for part in filter(None, args.quant_variants.split(";")):

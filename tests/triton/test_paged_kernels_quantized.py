@@ -356,13 +356,17 @@ def test_k_widening_follows_the_format_and_the_scales(monkeypatch: pytest.Monkey
     monkeypatch.delenv("JAXATTN_TRITON_K_WIDEN", raising=False)
     want = {("int8", per_head): 1, ("int8", per_token): 1, ("float8_e4m3fn", per_head): 0,
             ("float8_e4m3fn", per_token): 2, ("float8_e5m2", per_head): 3, ("float8_e5m2", per_token): 3}  # fmt: skip
+    # (V's scales per token keep P V in bf16, where an e4m3 K with row scales takes Triton's
+    # cast; with P V in fp16, ``pv_f16``, every K takes widen.py: below.)
     for (fmt, scale), code in want.items():
-        quantized = dataclasses.replace(spec, cache_dtype=fmt, k_scale=scale)
+        quantized = dataclasses.replace(spec, cache_dtype=fmt, k_scale=scale, v_scale=per_token)
         assert LP.k_widen(quantized) == code, (fmt, scale)
         assert LP.attention(quantized, LP.default_tiles(quantized)).constexprs["K_WIDEN"] == code
         assert LP.k_widen(dataclasses.replace(quantized, dtype="float32")) == 0
     assert LP.k_widen(spec) == 0
-    e4m3 = dataclasses.replace(spec, cache_dtype="float8_e4m3fn", k_scale=per_head)
+    pv16 = dataclasses.replace(spec, cache_dtype="float8_e4m3fn", k_scale=per_head, v_scale=per_head)
+    assert LP.pv_f16(pv16) and LP.k_widen(pv16) == 2
+    e4m3 = dataclasses.replace(pv16, v_scale=per_token)
     monkeypatch.setenv("JAXATTN_TRITON_K_WIDEN", "1")
     assert LP.k_widen(e4m3) == 2
     monkeypatch.setenv("JAXATTN_TRITON_K_WIDEN", "0")

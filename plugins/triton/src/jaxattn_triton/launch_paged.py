@@ -394,8 +394,9 @@ def v_words(spec: PagedSpec) -> int:
 
 
 #: Cache dtypes whose K is widened by ``kernels/widen.py`` whatever its scales. An e4m3 K with
-#: one scale per row (per tensor or per KV head) takes Triton's own cast instead, which ran
-#: faster there beside the word-read V; with per-token scales widen.py stays ahead. Measured
+#: one scale per row (per tensor or per KV head) takes Triton's own cast instead where V goes
+#: to bf16, which ran faster there beside the word-read V; with per-token scales widen.py stays
+#: ahead, and where V goes to fp16 (``pv_f16``) so does widen.py (docs/bench.md). Measured
 #: on an H100 (GQA 32/8, D=128, pages of 16; benchmarks/triton_paged_check.py --quant-sweep,
 #: the K_WIDEN ablation, two runs), us per call, Triton's cast vs widen.py, per-head scales:
 #: 16 sequences x 32k tokens 441.8 vs 461.3 and 444.7 vs 456.7, 64 x 8k 436.8 vs 446.3, 64 x
@@ -406,14 +407,17 @@ K_WIDEN_FORMATS = frozenset({"int8", "float8_e5m2"})
 
 def k_widen(spec: PagedSpec) -> int:
     """The kernel's ``K_WIDEN``: the format code when a quantized K is widened by
-    ``kernels/widen.py`` (the formats of ``K_WIDEN_FORMATS``, and any with per-token K
-    scales), else 0 (Triton's casts). ``JAXATTN_TRITON_K_WIDEN=0`` / ``=1`` forces either,
+    ``kernels/widen.py`` (the formats of ``K_WIDEN_FORMATS``, any with per-token K scales, and
+    any whose V goes to fp16, ``pv_f16``), else 0 (Triton's casts). ``JAXATTN_TRITON_K_WIDEN=0`` / ``=1`` forces either,
     for ablations."""
     if spec.cache_dtype is None or spec.dtype == "float32":
         return 0
     forced = os.environ.get("JAXATTN_TRITON_K_WIDEN", "")
     per_token = scale_mode(spec.k_scale) == 2
-    if forced == "0" or (forced != "1" and not per_token and spec.cache_dtype not in K_WIDEN_FORMATS):
+    # With P V in fp16, V's e4m3 takes the conversion unit (e4m3x2 -> f16x2), and a K through
+    # Triton's cast would queue there behind it: K takes widen.py's integer ops.
+    cast = not per_token and spec.cache_dtype not in K_WIDEN_FORMATS and not pv_f16(spec)
+    if forced == "0" or (forced != "1" and cast):
         return 0
     return _WORD_FORMATS[spec.cache_dtype]
 
