@@ -13,21 +13,18 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "triton" / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from triton_compile_check import compile_sm90
 
 from jaxattn_triton import launch_paged as LP
 
-CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 OPCODES = ("F2FP", "F2F", "HMUL2", "HADD2", "PRMT", "LOP3", "SHF", "IMAD", "HMMA", "LDS", "LDSM", "LDGSTS")
 CACHE_TYPES = {"int8": "*i8", "float8_e4m3fn": "*fp8e4nv", "float8_e5m2": "*fp8e5"}
 
@@ -53,23 +50,8 @@ def main() -> None:
     lz = LP.attention(spec, tiles)
     cache = CACHE_TYPES[a.fmt]
     outs = ["*fp32"] * 3 if tiles.num_splits > 1 else ["*bf16", "*fp32", "*fp32"]
-    types = iter(["*bf16", cache, cache, "*i32", "*i32", "*i32", "*i32", "*fp32", "*fp32", "*fp32", *outs])
-    signature, attrs = {}, {}
-    for i, name in enumerate(lz.kernel.arg_names):
-        if name in lz.constexprs:
-            signature[name] = "constexpr"
-        else:
-            signature[name] = next(types)
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(lz.kernel, signature, constexprs=dict(lz.constexprs), attrs=attrs)
-    compiled = triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": lz.num_warps, "num_stages": lz.num_stages}
-    )
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-        sass = subprocess.run([CUOBJDUMP, "--dump-sass", f.name], capture_output=True, text=True).stdout
+    types = ["*bf16", cache, cache, "*i32", "*i32", "*i32", "*i32", "*fp32", "*fp32", "*fp32", *outs]
+    compiled, usage, sass = compile_sm90(lz, types)
     lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
     ops = [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0].split(".")[0] for line in lines]
     count = Counter(ops)

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "triton" / "src"))
 
@@ -42,10 +43,13 @@ def _pointer_types(kind: str, dtype: str) -> list[str]:
     return ins + ([dt, dt, "*fp32", "*fp32"] if kind == "dkdv" else [dt])
 
 
-def resources(lz: L.Launch, kind: str, dtype: str) -> dict[str, object]:
-    """Compile one launch for sm_90 (as jax_triton does: 16-byte aligned pointers)."""
+def compile_sm90(lz: Any, pointer_types: list[str]) -> tuple[Any, str, str]:
+    """Compile one launch for sm_90 as jax_triton does (16-byte aligned pointers, typed in the
+    order of its non-constexpr arguments); return the compiled kernel, cuobjdump's resource
+    usage and its SASS. Any launch with ``kernel``, ``constexprs``, ``num_warps`` and
+    ``num_stages`` (the paged kernels' too)."""
     fn = lz.kernel
-    types = iter(_pointer_types(kind, dtype))
+    types = iter(pointer_types)
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in lz.constexprs:
@@ -62,6 +66,12 @@ def resources(lz: L.Launch, kind: str, dtype: str) -> dict[str, object]:
         f.flush()
         usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
         sass = subprocess.run([CUOBJDUMP, "--dump-sass", f.name], capture_output=True, text=True).stdout
+    return compiled, usage, sass
+
+
+def resources(lz: L.Launch, kind: str, dtype: str) -> dict[str, object]:
+    """Compile one launch for sm_90 (as jax_triton does: 16-byte aligned pointers)."""
+    compiled, usage, sass = compile_sm90(lz, _pointer_types(kind, dtype))
     m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     smem = compiled.metadata.shared
     return {

@@ -1345,34 +1345,13 @@ def quant_mixed() -> None:
 
 def compile_check() -> None:
     """Compile the decode and ragged launches for sm_90 as jax_triton would; report resources."""
-    import subprocess
-    import tempfile
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from triton_compile_check import compile_sm90
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     rows = []
 
     def compile_one(lz: Any, types: list[str]) -> dict[str, Any]:
-        fn = lz.kernel
-        it = iter(types)
-        signature, attrs = {}, {}
-        for i, name in enumerate(fn.arg_names):
-            if name in lz.constexprs:
-                signature[name] = "constexpr"
-            else:
-                signature[name] = next(it)
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        src = ASTSource(fn, signature, constexprs=dict(lz.constexprs), attrs=attrs)
-        compiled = triton.compile(
-            src, target=GPUTarget("cuda", 90, 32), options={"num_warps": lz.num_warps, "num_stages": lz.num_stages}
-        )
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(compiled.asm["cubin"])
-            f.flush()
-            usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        compiled, usage, _ = compile_sm90(lz, types)
         m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
         buffers = sorted(set(re.findall(r"memdesc<(\d+)x\d+x\d+x(?:bf16|f16|f32)", compiled.asm["ttgir"])))
         return {
