@@ -979,7 +979,8 @@ def clear_widen_switches() -> None:
 def quant_ablations(spec: LP.PagedSpec) -> list[dict[str, str]]:
     """The switch settings timed beside the default: P V in bf16 where the default takes fp16;
     K widened the other way than the format's default (``kernels/widen.py`` or Triton's cast);
-    V read byte-wise; both."""
+    then (the last two, with ``--quant-all-ablations`` only) V read byte-wise, and that with K
+    flipped."""
     pv_off = [{"JAXATTN_TRITON_PV_F16": "0"}] if LP.pv_f16(spec) else []
     k_flip = {"JAXATTN_TRITON_K_WIDEN": "0" if LP.k_widen(spec) else "1"}
     v_off = {"JAXATTN_TRITON_V_WORDS": "0"}
@@ -1075,8 +1076,7 @@ def quant_sweep() -> None:
                     # the format's default; with --quant-all-ablations also V read byte-wise,
                     # alone and with K flipped.
                     ablations = quant_ablations(spec)
-                    first = 2 if LP.pv_f16(spec) else 1  # P V in bf16 (where fp16 is the default), K flipped
-                    variants += [(base, env) for env in (ablations if QUANT_ALL_ABLATIONS else ablations[:first])]
+                    variants += [(base, env) for env in (ablations if QUANT_ALL_ABLATIONS else ablations[:-2])]
                 if (gran in QUANT_GRANS or (gran == "token" and not QUANT_GRANS)) and not SMOKE:
                     variants += [(t, {}) for t in quant_variants(base)[1:]]
 

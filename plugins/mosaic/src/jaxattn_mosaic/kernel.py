@@ -398,7 +398,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     cut, pieces = tail_pieces(cfg, batch=batch, heads=hq, t_len=t_len, s_len=s_len, causal=causal, sms=sms)
     n_whole = n_tiles - cut
     per_piece = cdiv(blocks.count, pieces)
-    n_items = n_whole + (n_tiles - n_whole) * pieces
+    n_parts = cut * pieces
+    n_items = n_whole + n_parts
     n_ctas = min(n_items, cfg.ctas or sms)
     n_rounds = cdiv(n_items, n_ctas)
     # Query tiles per chunk of the persistent order: the largest divisor of their count up to q_group.
@@ -862,7 +863,6 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     params = plgpu.CompilerParams(approx_math=True)
     if cfg.lean_barriers:
         params = dataclasses.replace(params, unsafe_no_auto_barriers=True, reduction_scratch_bytes=0)
-    n_parts = (n_tiles - n_whole) * pieces
     out, lse, *parts = plgpu.kernel(
         entry,
         out_type=(

@@ -408,8 +408,8 @@ K_WIDEN_FORMATS = frozenset({"int8", "float8_e5m2"})
 def k_widen(spec: PagedSpec) -> int:
     """The kernel's ``K_WIDEN``: the format code when a quantized K is widened by
     ``kernels/widen.py`` (the formats of ``K_WIDEN_FORMATS``, any with per-token K scales, and
-    any whose V goes to fp16, ``pv_f16``), else 0 (Triton's casts). ``JAXATTN_TRITON_K_WIDEN=0`` / ``=1`` forces either,
-    for ablations."""
+    any whose V goes to fp16, ``pv_f16``), else 0 (Triton's casts).
+    ``JAXATTN_TRITON_K_WIDEN=0`` / ``=1`` forces either, for ablations."""
     if spec.cache_dtype is None or spec.dtype == "float32":
         return 0
     forced = os.environ.get("JAXATTN_TRITON_K_WIDEN", "")

@@ -138,6 +138,13 @@ def _paged_sweep(
     else:
         v_head = hcol * stride_vh
     TOKEN_SCALES: tl.constexpr = (K_QUANT == 2) or (V_QUANT == 2)
+    # P @ V's operands: q's dtype, or fp16 (PV_F16, never with per-token V scales), where a
+    # narrow V is exact and widens cheaper (e4m3: one hardware cvt per pair) and P in [0, 1]
+    # loses nothing to fp16's range.
+    if PV_F16:
+        pv_dtype = tl.float16
+    else:
+        pv_dtype = q.dtype
     if KV_HEADS > 1:
         own_head = hrow[:, None] == hcol[None, :]
     # Page-table entries are read one tile ahead (carried through the loop): K/V addresses
@@ -222,10 +229,7 @@ def _paged_sweep(
             if V_QUANT == 2:
                 vs = tl.load(vs_base + vs_rows)
         if V_WORDS:
-            if PV_F16:
-                v = widen_words(v, V_WORDS, tl.float16, ASM, BLOCK_N * KV_HEADS, BLOCK_DV // 4)
-            else:
-                v = widen_words(v, V_WORDS, q.dtype, ASM, BLOCK_N * KV_HEADS, BLOCK_DV // 4)
+            v = widen_words(v, V_WORDS, pv_dtype, ASM, BLOCK_N * KV_HEADS, BLOCK_DV // 4)
         # A quantized cache is converted to q's dtype here, in registers (a no-op otherwise).
         if K_WIDEN:
             k = widen(k, K_WIDEN, q.dtype, ASM)
@@ -260,13 +264,9 @@ def _paged_sweep(
         l_i = l_i * alpha + tl.sum(p, 1)
         if V_QUANT == 2:
             # P @ (diag(vs) V) == (P diag(vs)) @ V: the scale joins the probabilities' columns.
-            acc = tl.dot((p * vs[None, :]).to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
-        elif PV_F16:
-            # A narrow V is exact in fp16, whose conversions cost less than bf16's (e4m3: one
-            # hardware cvt per pair), and probabilities in [0, 1] lose nothing to fp16's range.
-            acc = tl.dot(p.to(tl.float16), v.to(tl.float16), acc * alpha[:, None])
+            acc = tl.dot((p * vs[None, :]).to(pv_dtype), v.to(pv_dtype), acc * alpha[:, None])
         else:
-            acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
+            acc = tl.dot(p.to(pv_dtype), v.to(pv_dtype), acc * alpha[:, None])
         m_i = m_new
     return acc, l_i, m_i
 
