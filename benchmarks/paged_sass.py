@@ -12,6 +12,7 @@ kernel's three key sweeps is one copy); the triton release matters (the GPU mach
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 from collections import Counter
@@ -26,7 +27,18 @@ from triton_compile_check import compile_sm90
 from jaxattn_triton import launch_paged as LP
 
 OPCODES = ("F2FP", "F2F", "HMUL2", "HADD2", "PRMT", "LOP3", "SHF", "IMAD", "HMMA", "LDS", "LDSM", "LDGSTS")
+SMS = 132  # an H100 SXM's SMs
+SMEM_PER_SM = 228 * 1024
 CACHE_TYPES = {"int8": "*i8", "float8_e4m3fn": "*fp8e4nv", "float8_e5m2": "*fp8e5"}
+
+
+def programs_per_sm(regs: int, warps: int, shared: int) -> int:
+    """Resident programs per sm_90 SM: 64K registers allotted per warp in units of 256 (a
+    thread's count rounded up to 8), 228 KiB of shared memory less 1 KiB reserved per block."""
+    per_warp = -(-regs // 8) * 8 * 32
+    by_regs = 65536 // (per_warp * warps)
+    by_smem = SMEM_PER_SM // (shared + 1024) if shared else by_regs
+    return max(0, min(by_regs, by_smem, 64 // warps))
 
 
 def main() -> None:
@@ -35,6 +47,8 @@ def main() -> None:
     ap.add_argument("granularity", choices=("tensor", "head", "token"))
     ap.add_argument("--seqs", type=int, default=16)
     ap.add_argument("--context", type=int, default=32768)
+    ap.add_argument("--tiles", default="", metavar="BN,W,ST,SPLITS,KVH",
+                    help="these tiles instead of the default (an empty field keeps the default's)")
     a = ap.parse_args()
     page, hkv = 16, 8
     pool = a.seqs * a.context // page
@@ -47,6 +61,11 @@ def main() -> None:
         v_scale=LP.scale_strides(shape, lead),
     )  # fmt: skip
     tiles = LP.default_tiles(spec)
+    if a.tiles:
+        bn, w, st, sp, kvh = (int(x) if x else None for x in a.tiles.split(","))
+        tiles = dataclasses.replace(tiles, block_n=bn or tiles.block_n, num_warps=w or tiles.num_warps,
+                                    num_stages=st or tiles.num_stages, num_splits=sp or tiles.num_splits,
+                                    kv_heads=kvh or tiles.kv_heads)  # fmt: skip
     lz = LP.attention(spec, tiles)
     cache = CACHE_TYPES[a.fmt]
     outs = ["*fp32"] * 3 if tiles.num_splits > 1 else ["*bf16", "*fp32", "*fp32"]
@@ -62,6 +81,11 @@ def main() -> None:
           f"stages={tiles.num_stages} splits={tiles.num_splits} kv_heads={tiles.kv_heads}")
     print(f"registers {regs.group(1) if regs else '?'}, stack {regs.group(2) if regs else '?'}, "
           f"shared {compiled.metadata.shared} B, {len(ops)} instructions")
+    if regs:
+        per_sm = programs_per_sm(int(regs.group(1)), tiles.num_warps, compiled.metadata.shared)
+        programs = a.seqs * (hkv // tiles.kv_heads) * tiles.num_splits
+        print(f"{per_sm} programs per SM (registers and shared memory); {programs} programs: "
+              f"{programs / (per_sm * SMS):.2f} waves on {SMS} SMs")
     print("  " + ", ".join(f"{op} {count[op]}" for op in OPCODES))
 
 

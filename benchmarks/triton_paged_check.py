@@ -1002,8 +1002,7 @@ def quantized_cache(k: Array, v: Array, fmt: str, granularity: str) -> tuple[Arr
     return narrow(k), narrow(v), ks, ks + 0.0
 
 
-#: --quant-variants: (block_n, warps, stages, splits, kv_heads) timed instead of the built-in list,
-#: on calls whose default has one KV head a program.
+#: --quant-variants: (block_n, warps, stages, splits, kv_heads) timed instead of the built-in list.
 QUANT_VARIANTS: list[tuple[int, int, int, int | None, int | None]] = []
 #: --quant-all-ablations: V read byte-wise, alone and with K widened the other way, too.
 QUANT_ALL_ABLATIONS = "--quant-all-ablations" in sys.argv
@@ -1016,7 +1015,7 @@ def quant_variants(base: LP.PagedTiles) -> list[LP.PagedTiles]:
     # shared memory allow (4 warps), each with its own barriers.
     options: Any
     if QUANT_VARIANTS:
-        options = QUANT_VARIANTS if base.kv_heads == 1 else ()
+        options = QUANT_VARIANTS
     elif base.kv_heads > 1:
         options = ((64, 4, 3, None, None), (32, 4, 4, None, None), (64, 8, 3, None, None),
                    (64, 4, 3, None, 2), (128, 4, 3, None, 1), (64, 4, 3, 2, None))  # fmt: skip
@@ -1409,7 +1408,7 @@ def main() -> None:
     ap.add_argument("--quant-mixed-prefill", action="store_true",
                     help="with --quant-mixed: prefill blocks of twice the query tokens too")  # fmt: skip
     ap.add_argument("--quant-variants", default="", metavar="BN,W,ST,SPLITS,KVH;...",
-                    help="--quant-sweep: these tiles beside the default (one-KV-head defaults only)")  # fmt: skip
+                    help="--quant-sweep: these tiles beside the default")  # fmt: skip
     ap.add_argument("--quant-all-ablations", action="store_true",
                     help="--quant-sweep: V read byte-wise, alone and with K's widening flipped, too")  # fmt: skip
     ap.add_argument("--quant-formats", default="", metavar="int8,float8_e4m3fn",
