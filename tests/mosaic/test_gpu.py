@@ -136,6 +136,10 @@ CONFIGS = {
     # 3 and 2 blocks (the second with the key tail); CASES[10]'s 128 on 7 leave 2, in pieces of 2.
     "persistent-5-ctas-split-tail": {"persistent": True, "ctas": 5, "q_double": True, "split_tail": True},
     "persistent-7-ctas-split-tail-turns": {"persistent": True, "ctas": 7, "split_tail": True, "pass_turns": True},
+    # Causal tiles as planned (full attention: the snake), with both Q slots; on 3 CTAs, many
+    # tiles each and CTAs of unequal counts.
+    "persistent-planned": {"persistent": True, "q_double": True, "planned": True},
+    "persistent-3-ctas-planned-turns": {"persistent": True, "ctas": 3, "planned": True, "pass_turns": True},
     # One CTA per tile with its last wave cut: a 1-D grid (CASES[4]: 12 tiles, 2 pieces each).
     "split-tail": {"split_tail": True},
     "kv192-split-tail": {"block_kv": 192, "split_tail": True},

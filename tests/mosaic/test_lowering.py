@@ -121,7 +121,8 @@ CONFIGS = [K.Config(pingpong=False), K.Config(overlap=True), K.Config(overlap=Tr
            K.Config(persistent=True, ctas=3, q_group=2, q_double=True),
            K.Config(persistent=True, q_double=True, split_tail=True),
            K.Config(persistent=True, ctas=5, split_tail=True), K.Config(split_tail=True),
-           K.Config(block_kv=192, split_tail=True)]
+           K.Config(block_kv=192, split_tail=True), K.Config(persistent=True, q_double=True, planned=True),
+           K.Config(persistent=True, ctas=3, planned=True, pass_turns=True)]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -146,7 +147,8 @@ def test_schedules_that_cannot_run_are_refused() -> None:
                      ({"pass_turns": True, "pingpong": False}, "pass_turns"),
                      ({"named_barriers": True, "stages": 6}, "at most 5"),
                      ({"persistent": True, "overlap": True}, "persistent"), ({"ctas": -1}, "ctas"),
-                     ({"q_double": True}, "q_double"), ({"q_group": -1}, "q_group")):
+                     ({"q_double": True}, "q_double"), ({"q_group": -1}, "q_group"),
+                     ({"planned": True}, "planned")):
         with pytest.raises(ValueError, match=why):
             K.Config(**bad)  # type: ignore[arg-type]
 

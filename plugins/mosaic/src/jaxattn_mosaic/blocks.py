@@ -70,7 +70,12 @@ class KeyBlocks:
         return cdiv(self.s_len, self.block)
 
     def seen_before(self, row_end: Any) -> Any:
-        """Blocks holding any key that rows < ``row_end`` (traced) may see."""
+        """Blocks holding any key that rows < ``row_end`` may see: traced in a kernel, or a
+        Python int on the host (a persistent kernel's plan, ``kernel.plan_tiles``)."""
+        if isinstance(row_end, int):
+            if not self.causal:
+                return self.count
+            return min(max(cdiv(min(row_end + self.offset, self.s_len), self.block), 0), self.count)
         if not self.causal:
             return row_end * 0 + self.count  # traced: a concrete array cannot enter the kernel
         last = jnp.minimum(row_end + self.offset, self.s_len)  # keys < last
