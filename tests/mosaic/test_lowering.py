@@ -72,11 +72,12 @@ def test_the_default_schedule_is_persistent_where_its_tiles_fit() -> None:
     # Two Q slots and an output tile per consumer beside the K/V ring: D <= 128 below 16k keys.
     for d, causal, kv_len in ((64, False, 4096), (128, False, 1024), (128, True, 8192), (64, True, 0)):
         cfg = K.default_config(d, causal=causal, kv_len=kv_len)
-        assert cfg.persistent and cfg.q_double, (d, causal, kv_len)
+        assert cfg.persistent and cfg.q_double and cfg.planned, (d, causal, kv_len)
         assert cfg.q_group == 0  # all of a head's query tiles in turn
     for d, causal, kv_len in ((256, False, 4096), (256, True, 1024), (128, False, K.WIDE_KV_FROM),
                               (128, True, K.WIDE_KV_FROM), (64, True, K.WIDE_KV_FROM), (64, False, 32768)):
-        assert not K.default_config(d, causal=causal, kv_len=kv_len).persistent, (d, causal, kv_len)
+        cfg = K.default_config(d, causal=causal, kv_len=kv_len)
+        assert not cfg.persistent and not cfg.planned, (d, causal, kv_len)
     # Tiles given (AttentionMetadata's block sizes) keep the schedule only where it still fits.
     assert not K.default_config(128, kv_len=4096, block_kv=192).persistent
     assert K.default_config(128, kv_len=4096, block_kv=64, stages=3).persistent

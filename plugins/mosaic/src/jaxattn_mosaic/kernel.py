@@ -17,7 +17,8 @@ Design (one CTA = three warpgroups):
   the other's two GEMMs hold the tensor cores (with ``Config.pass_turns`` they pass turns
   instead of meeting: a consumer waits only before its P V, for the other's Q K^T);
 * with ``Config.persistent`` (the default at D <= 128 below 16k keys) one CTA per SM loops
-  over the tiles in ``Config.q_group``'s order: the K/V ring runs on across tiles, and with
+  over the tiles in ``Config.q_group``'s order (causal, with ``Config.planned``: the tiles a
+  plan made when the call is traced gives it): the K/V ring runs on across tiles, and with
   ``Config.q_double`` each consumer loads its next tile's Q into a second slot while it runs;
 * with ``Config.named_barriers``, "consumed" slots (and the turns) are signalled with the
   SM's hardware named barriers instead of mbarriers in shared memory;
@@ -167,8 +168,6 @@ class Config:
         if not self.persistent:
             return f"{tiles}, one CTA per tile{tail}"
         order = f"query tiles in chunks of {self.q_group}" if self.q_group else "a head's query tiles together"
-        if self.planned:
-            order += "; causal tiles as planned for balance"
         slots = ", two Q slots per consumer" if self.q_double else ""
         return f"{tiles}, persistent (one CTA per SM looping over the tiles, {order}{slots}{tail})"
 
@@ -225,7 +224,8 @@ def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, bloc
     ``causal`` and ``kv_len`` (the key length) choose between measured tiles at D = 128. Below
     ``WIDE_KV_FROM`` keys the kernel is persistent with two Q slots per consumer wherever those
     and the output's own tile fit (D <= 128 at the default tiles): measured on an H100 up to 4%
-    faster at 4k-8k keys and 6-30% at 1k-2k, a head's tiles taken together (docs/bench.md).
+    faster at 4k-8k keys and 6-30% at 1k-2k, a head's tiles taken together (docs/bench.md);
+    causal, with its tiles planned (``Config.planned``), 2-4% faster again at 4k-8k keys.
     """
     if head_dim <= 64:
         tiles = (64, 256)
@@ -241,8 +241,12 @@ def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, bloc
     # The last round cut by keys where persistent: measured 0.1-1.6% faster at 2k-8k keys, 2-5%
     # with few tiles. One CTA per tile, at 16k keys, it measured 0.2-0.8% slower (its last wave
     # starts staggered, as CTAs before it end): not there.
+    # Causal tiles planned where persistent: by medians (minima) of nine interleaved rounds on
+    # an H100, D = 128, 4.4% (1.2%) faster at B4 S4k, 3.7% (2.0%) at B2 S8k, 2.8% (2.8%) at
+    # S8k GQA 4, a tie at 1k-2k; D = 64 0.5% (0.2%) at S4k, 1.8% (2.7%) at S8k. At 16k keys,
+    # persistent and planned, 1.3% slower than one CTA per tile: not there.
     return Config(block_q=bq, block_kv=bkv, stages=n_stages, persistent=persistent, q_double=persistent,
-                  split_tail=persistent)
+                  split_tail=persistent, planned=persistent)
 
 
 def tail_split(n_tiles: int, n_ctas: int, n_blocks: int) -> int:
@@ -321,6 +325,20 @@ def plan_tiles(costs: list[int], *, pairs: int, n_ctas: int) -> np.ndarray:
         plan[cta, 0] = len(tiles)
         plan[cta, 1 : 1 + len(tiles)] = tiles
     return plan
+
+
+def tile_plan(cfg: Config, *, batch: int, heads: int, t_len: int, s_len: int, causal: bool,
+              sms: int) -> tuple[np.ndarray, list[int]] | None:
+    """A call's ``Config.planned`` plan (``plan_tiles``) on ``sms`` SMs and the key blocks of
+    its query tiles, heaviest first: the one account the kernel runs and ``jaxattn explain``
+    tells; ``None`` where the tiles are not planned (not persistent, or full attention)."""
+    if not (cfg.persistent and cfg.planned and causal):
+        return None
+    n_q = cdiv(t_len, 2 * cfg.block_q)
+    blocks = KeyBlocks(s_len=s_len, block=cfg.block_kv, causal=True, offset=s_len - t_len)
+    costs = [blocks.seen_before((n_q - i) * 2 * cfg.block_q) for i in range(n_q)]
+    n_ctas = min(batch * heads * n_q, cfg.ctas or sms)
+    return plan_tiles(costs, pairs=batch * heads, n_ctas=n_ctas), costs
 
 
 def exp2_fma(x: Any) -> Any:
@@ -443,14 +461,12 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     n_items = n_whole + n_parts
     n_ctas = min(n_items, cfg.ctas or sms)
     n_rounds = cdiv(n_items, n_ctas)
+    planned = tile_plan(cfg, batch=batch, heads=hq, t_len=t_len, s_len=s_len, causal=causal, sms=sms)
+    plan = None if planned is None else planned[0]
     # Query tiles per chunk of the persistent order: the largest divisor of their count up to
     # q_group; a head's tiles together where the CTAs' tiles are planned (Config.planned).
-    planned = cfg.persistent and cfg.planned and causal
     chunk = max(g for g in range(1, n_q_tiles + 1)
-                if n_q_tiles % g == 0 and g <= (cfg.q_group if cfg.q_group and not planned else n_q_tiles))
-    # Query tile i of the order (heaviest first) sees the key blocks before its end.
-    plan = (plan_tiles([blocks.seen_before((n_q_tiles - i) * 2 * bq) for i in range(n_q_tiles)],
-                       pairs=batch * hq, n_ctas=n_ctas) if planned else None)  # fmt: skip
+                if n_q_tiles % g == 0 and g <= (cfg.q_group if cfg.q_group and plan is None else n_q_tiles))
     # A persistent kernel's own output tiles (one per consumer) if they fit beside Q's and the
     # K/V ring; with ``q_double``, two Q slots per consumer where they fit with those.
     def fits(q_slots: int) -> bool:
@@ -895,7 +911,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             per_tile(run)
 
     def entry(q_ref: Any, k_ref: Any, v_ref: Any, *refs: Any) -> None:
-        plan_ref, (out_ref, lse_ref, *parts) = (refs[0], refs[1:]) if planned else (None, refs)
+        plan_ref, (out_ref, lse_ref, *parts) = (refs[0], refs[1:]) if plan is not None else (None, refs)
         smem = [
             plgpu.SMEM((2 * q_slots, bq, head_dim), dtype, transforms=TRANSFORMS),
             plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=TRANSFORMS),
