@@ -49,14 +49,14 @@ def test_the_launch_order_runs_the_batch_fastest_then_a_heads_query_tiles(jit: b
     assert list(zip(b.tolist(), h.tolist(), q.tolist(), strict=True)) == want
 
 
-def _causal_costs(seq: int, rows: int = 128, block: int = 128) -> list[int]:
+def _causal_costs(seq: int, rows: int = 128, block: int = 128) -> tuple[int, ...]:
     """Key blocks of a causal launch's query tiles (T = S = ``seq``), heaviest first."""
     n_q = seq // rows
     blocks = KeyBlocks(s_len=seq, block=block, causal=True, offset=0)
-    return [blocks.seen_before((n_q - i) * rows) for i in range(n_q)]
+    return tuple(blocks.seen_before((n_q - i) * rows) for i in range(n_q))
 
 
-def _snake_work(costs: list[int], pairs: int, n_ctas: int) -> np.ndarray:
+def _snake_work(costs: tuple[int, ...], pairs: int, n_ctas: int) -> np.ndarray:
     """Each CTA's work (blocks, plus one a tile) under the snake of a head's tiles together."""
     n_q = len(costs)
     work = np.zeros(n_ctas)

@@ -298,7 +298,8 @@ _ROUND = 12582912.0
 _ROUND_BITS: int = struct.unpack("<i", struct.pack("<f", _ROUND))[0]
 
 
-def plan_tiles(costs: list[int], *, pairs: int, n_ctas: int) -> np.ndarray:
+@functools.lru_cache(maxsize=64)
+def plan_tiles(costs: tuple[int, ...], *, pairs: int, n_ctas: int) -> np.ndarray:
     """``Config.planned``: which tiles each of ``n_ctas`` persistent CTAs runs, in order, as
     an int32 array ``(n_ctas, 1 + rounds)``: a CTA's count of tiles, then the tiles (the
     rest zeros). A tile is ``t = pair * n_q + i`` (``persistent_order`` with a head's tiles
@@ -308,7 +309,7 @@ def plan_tiles(costs: list[int], *, pairs: int, n_ctas: int) -> np.ndarray:
     once share about that many heads' K/V in L2; a group's tiles go heaviest first, across
     its pairs, each to the CTA whose work so far (its tiles' blocks, plus one per tile for
     what a tile costs beside its blocks) is least: list scheduling, longest first. Plain
-    numpy, on the host."""
+    numpy, on the host; cached (tens of ms at tens of thousands of tiles), so read-only."""
     n_q = len(costs)
     size = max(1, round(n_ctas / n_q))
     clock = [(0, c) for c in range(n_ctas)]  # a heap: (work so far, CTA)
@@ -324,11 +325,12 @@ def plan_tiles(costs: list[int], *, pairs: int, n_ctas: int) -> np.ndarray:
     for cta, tiles in enumerate(lists):
         plan[cta, 0] = len(tiles)
         plan[cta, 1 : 1 + len(tiles)] = tiles
+    plan.flags.writeable = False
     return plan
 
 
 def tile_plan(cfg: Config, *, batch: int, heads: int, t_len: int, s_len: int, causal: bool,
-              sms: int) -> tuple[np.ndarray, list[int]] | None:
+              sms: int) -> tuple[np.ndarray, tuple[int, ...]] | None:
     """A call's ``Config.planned`` plan (``plan_tiles``) on ``sms`` SMs and the key blocks of
     its query tiles, heaviest first: the one account the kernel runs and ``jaxattn explain``
     tells; ``None`` where the tiles are not planned (not persistent, or full attention)."""
@@ -336,7 +338,7 @@ def tile_plan(cfg: Config, *, batch: int, heads: int, t_len: int, s_len: int, ca
         return None
     n_q = cdiv(t_len, 2 * cfg.block_q)
     blocks = KeyBlocks(s_len=s_len, block=cfg.block_kv, causal=True, offset=s_len - t_len)
-    costs = [blocks.seen_before((n_q - i) * 2 * cfg.block_q) for i in range(n_q)]
+    costs = tuple(blocks.seen_before((n_q - i) * 2 * cfg.block_q) for i in range(n_q))
     n_ctas = min(batch * heads * n_q, cfg.ctas or sms)
     return plan_tiles(costs, pairs=batch * heads, n_ctas=n_ctas), costs
 
