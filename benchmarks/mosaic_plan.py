@@ -1,0 +1,68 @@
+"""How evenly a causal persistent launch spreads its work over the SMs: the snake of a head's
+tiles against ``Config.planned``'s plan, on any host (no GPU; the kernel module only lowers).
+
+    python3 benchmarks/mosaic_plan.py [--sms 132]
+
+For each causal shape of the matrix below 16k keys (the default tiles), the busiest CTA's key
+blocks over the mean (each tile costing its blocks plus one), under the snake the persistent
+kernel used before and under the plan (``kernel.tile_plan``, what the kernel runs). Then the
+plan, made with that cost model, counted under others: no cost per tile, three blocks per tile,
+and the diagonal block at twice the cost. A launch ends with its busiest CTA, so the spread
+is what balance costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "mosaic" / "src"))
+
+from jaxattn_mosaic.kernel import default_config, tile_plan
+
+#: (B, S, Hq, D): the causal rows of mosaic_bench.py and of the tuned matrix below 16k keys.
+SHAPES = [(4, 4096, 32, 128), (2, 8192, 16, 128), (1, 8192, 32, 128), (4, 2048, 32, 128), (8, 1024, 32, 128),
+          (16, 1024, 32, 128), (4, 4096, 32, 64), (2, 8192, 16, 64), (16, 1024, 32, 64)]  # fmt: skip
+
+
+def spread(work: list[float]) -> float:
+    """The busiest CTA's work over the mean, less 1."""
+    return max(work) / (sum(work) / len(work)) - 1
+
+
+def snake_work(costs: tuple[int, ...], pairs: int, n_ctas: int, per_tile: float, diagonal: float) -> list[float]:
+    """Each CTA's work under the snake of a head's tiles together: CTA ``c`` takes the ``c``-th
+    tile of even rounds and the ``c``-th from the end of odd ones (heaviest tile of a head first)."""
+    n_q = len(costs)
+    work = [0.0] * n_ctas
+    for t in range(pairs * n_q):
+        r, c = divmod(t, n_ctas)
+        work[c if r % 2 == 0 else n_ctas - 1 - c] += costs[t % n_q] + per_tile + diagonal
+    return work
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sms", type=int, default=132, help="CTAs of the persistent launch (an H100 SXM's SMs)")
+    a = ap.parse_args()
+    models = {"model": (1.0, 0.0), "no cost a tile": (0.0, 0.0), "3 a tile": (3.0, 0.0), "diagonal x2": (1.0, 1.0)}
+    print(f"causal, {a.sms} CTAs: the busiest CTA's key blocks over the mean (a tile: its blocks + 1)")
+    print("| B, S, Hq, D | tiles a head | heads a group | snake | plan | " + " | ".join(list(models)[1:]) + " |")
+    print("|---" * (4 + len(models)) + "|")
+    for b, s, hq, d in SHAPES:
+        cfg = default_config(d, causal=True, kv_len=s)
+        planned = tile_plan(cfg, batch=b, heads=hq, t_len=s, s_len=s, causal=True, sms=a.sms)
+        if planned is None:
+            continue
+        plan, costs = planned
+        n_q = len(costs)
+        cells = [f"{100 * spread(snake_work(costs, b * hq, plan.shape[0], 1.0, 0.0)):.1f}%"]
+        for per_tile, diagonal in models.values():
+            work = [sum(costs[t % n_q] + per_tile + diagonal for t in row[1 : 1 + row[0]]) for row in plan.tolist()]
+            cells.append(f"{100 * spread(work):.2f}%")
+        print(f"| {b}, {s}, {hq}, {d} | {n_q} | {max(1, round(plan.shape[0] / n_q))} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
