@@ -43,7 +43,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxattn_mosaic.blocks import TRANSFORMS, KeyBlocks, cdiv, check_inputs, release_unread, stream_kv
+from jaxattn_mosaic.blocks import TRANSFORMS, KeyBlocks, cdiv, check_inputs, release_unread, ring_slot, stream_kv
 
 __all__ = ["BackwardConfig", "default_backward_config", "mosaic_attention_backward"]
 
@@ -216,7 +216,7 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
             delta = _load(delta_smem2.at[wg], plgpu.Layout.WGMMA.reduce(1))
 
             def step(j: Any, dq: Any, masked: bool) -> Any:
-                slot = lax.rem(j, jnp.int32(stages))
+                slot = ring_slot(j, stages)
                 plgpu.barrier_wait(k_ready.at[slot])
                 plgpu.barrier_wait(v_ready.at[slot])
 
@@ -332,7 +332,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
             def step(qb: Any, carry: Any, first: Any, masked: bool) -> Any:
                 dk, dv = carry
                 i = first + qb  # the producer's step: head h's blocks from h * per_head
-                slot = lax.rem(i, jnp.int32(stages))
+                slot = ring_slot(i, stages)
                 plgpu.barrier_wait(q_ready.at[slot])
                 plgpu.barrier_wait(lse_ready.at[slot])
 
@@ -401,7 +401,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
 
             @pl.loop(0, jnp.maximum(n_steps - stages, 0))
             def _refill(j: Any) -> None:
-                slot = lax.rem(j, jnp.int32(stages))
+                slot = ring_slot(j, stages)
                 plgpu.barrier_wait(free.at[slot])
                 load(j + stages, slot)
 

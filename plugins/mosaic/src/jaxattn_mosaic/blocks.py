@@ -184,7 +184,7 @@ def stream_kv(k_ref: Any, v_ref: Any, smem: tuple[Any, Any], ready: tuple[Any, A
     @pl.loop(0, n_blocks)
     def _load(j: Any) -> None:
         ring = base + j
-        slot = lax.rem(ring, jnp.int32(stages))
+        slot = ring_slot(ring, stages)
         idx = (b, pl.ds(plus(j, first) * block, block), kv_head)
         pl.when(ring >= stages)(lambda: await_signal(k_free, slot))
         plgpu.copy_gmem_to_smem(k_ref.at[idx], k_smem.at[slot], k_ready.at[slot])
@@ -207,7 +207,7 @@ def release_unread(j: Any, ready: tuple[Any, Any], free: tuple[Any, Any], *, sta
     block ``j`` could complete ``j - stages``'s phase before the producer reached it: they
     always wait.
     """
-    slot = lax.rem(j, jnp.int32(stages))
+    slot = ring_slot(j, stages)
     for ready_bar, free_sig in zip(ready, free, strict=True):
         if wait or isinstance(free_sig, NamedBarriers):
             plgpu.barrier_wait(ready_bar.at[slot])

@@ -737,6 +737,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             def next_k(j: Any) -> None:
                 @pl.when(j < n_run)
                 def _() -> None:
+                    # lax.rem even for next_k(1): the module the GPU runs measured and tested.
                     plgpu.barrier_wait(k_ready.at[lax.rem(j, jnp.int32(stages))])
 
             def k_t(slot: Any) -> Any:
@@ -758,7 +759,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
             def step(j: Any, carry: Any, masked: bool) -> Any:
                 acc, m_i, l_i, p, alpha = carry
-                slot, prev = lax.rem(j, jnp.int32(stages)), lax.rem(j - 1, jnp.int32(stages))
+                slot, prev = ring_slot(j, stages), ring_slot(j - 1, stages)
                 acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
 
                 def gemms(refs: Any) -> None:
@@ -789,7 +790,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             acc, m_i, l_i, p, alpha = lax.fori_loop(unmasked_end, n_run, functools.partial(step, masked=True), carry)
 
             # The last block's P V alone.
-            last = lax.rem(n_run - 1, jnp.int32(stages))
+            last = ring_slot(n_run - 1, stages)
             acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
 
             def last_pv(o_ref: Any) -> None:
