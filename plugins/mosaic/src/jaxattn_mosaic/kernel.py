@@ -156,8 +156,9 @@ class Config:
     #: (persistent, causal) Each CTA takes the tiles a plan made when the call is traced gives
     #: it (``plan_tiles``), not the snake: the (batch, head) pairs in groups of as many as
     #: make about one round of CTAs, each group's tiles heaviest first, each tile to the CTA
-    #: the plan's clock frees first. A snake of a head's tiles leaves the CTAs up to 3% apart
-    #: in work at 4k-8k keys; the plan, under 0.5%, with as many heads at once.
+    #: the plan's clock frees first. A snake of a head's tiles leaves the busiest CTA 3.1% over
+    #: the mean in work at 1k-8k keys; the plan, under 1% at 4k-8k keys (0.05-0.2% at D = 128),
+    #: with few heads at once (``benchmarks/mosaic_plan.py``).
     planned: bool = False
 
     def summary(self) -> str:
