@@ -86,6 +86,25 @@ def test_the_plan_runs_each_tile_once_and_evens_the_ctas_work(batch: int, heads:
         assert work.max() / work.mean() < 1.005
 
 
+def test_the_plan_keeps_list_schedulings_bound_at_any_shape() -> None:
+    # Handing each tile to the least loaded CTA leaves no CTA more than one tile over the
+    # mean: the busiest's last tile started when it was the least loaded (Graham's bound).
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        batch, heads, n_ctas = (int(x) for x in rng.integers(1, [4, 9, 140]))
+        seq, rows = int(rng.integers(1, 40)) * 64, int(rng.choice([64, 128]))
+        n_q = -(-seq // rows)
+        blocks = KeyBlocks(s_len=seq, block=int(rng.choice([64, 128, 256])), causal=True,
+                           offset=int(rng.integers(-seq // 2, seq // 2)))
+        costs = tuple(blocks.seen_before((n_q - i) * rows) for i in range(n_q))
+        n_ctas = min(n_ctas, batch * heads * n_q)
+        plan = plan_tiles(costs, pairs=batch * heads, n_ctas=n_ctas)
+        counts = plan[:, 0]
+        assert (counts >= 1).all() and counts.sum() == batch * heads * n_q
+        work = [sum(costs[t % n_q] + 1 for t in plan[c, 1 : 1 + counts[c]]) for c in range(n_ctas)]
+        assert max(work) <= sum(work) / n_ctas + max(costs) + 1
+
+
 def test_the_plan_runs_a_ctas_tiles_heaviest_first_a_few_heads_at_a_time() -> None:
     costs = _causal_costs(4096)  # 32 query tiles: groups of round(132 / 32) = 4 heads
     n_q = len(costs)
