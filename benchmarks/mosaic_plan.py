@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "mosaic" / "src"))
 
-from jaxattn_mosaic.kernel import default_config, tile_plan
+from jaxattn_mosaic.kernel import PLAN_TILE_COST, default_config, plan_work, tile_plan
 
 #: (B, S, Hq, D): the causal rows of mosaic_bench.py and of the tuned matrix below 16k keys.
 SHAPES = [(4, 4096, 32, 128), (2, 8192, 16, 128), (1, 8192, 32, 128), (4, 2048, 32, 128), (8, 1024, 32, 128),
@@ -31,14 +31,14 @@ def spread(work: list[float]) -> float:
     return max(work) / (sum(work) / len(work)) - 1
 
 
-def snake_work(costs: tuple[int, ...], pairs: int, n_ctas: int, per_tile: float, diagonal: float) -> list[float]:
+def snake_work(costs: tuple[int, ...], pairs: int, n_ctas: int, per_tile: float) -> list[float]:
     """Each CTA's work under the snake of a head's tiles together: CTA ``c`` takes the ``c``-th
     tile of even rounds and the ``c``-th from the end of odd ones (heaviest tile of a head first)."""
     n_q = len(costs)
     work = [0.0] * n_ctas
     for t in range(pairs * n_q):
         r, c = divmod(t, n_ctas)
-        work[c if r % 2 == 0 else n_ctas - 1 - c] += costs[t % n_q] + per_tile + diagonal
+        work[c if r % 2 == 0 else n_ctas - 1 - c] += costs[t % n_q] + per_tile
     return work
 
 
@@ -46,7 +46,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sms", type=int, default=132, help="CTAs of the persistent launch (an H100 SXM's SMs)")
     a = ap.parse_args()
-    models = {"model": (1.0, 0.0), "no cost a tile": (0.0, 0.0), "3 a tile": (3.0, 0.0), "diagonal x2": (1.0, 1.0)}
+    # The cost of a tile beside its blocks: the plan's own (PLAN_TILE_COST), then others.
+    models = {"model": PLAN_TILE_COST, "no cost a tile": 0, "3 a tile": 3, "diagonal x2": PLAN_TILE_COST + 1}
     print(f"causal, {a.sms} CTAs: the busiest CTA's key blocks over the mean (a tile: its blocks + 1)")
     print("| B, S, Hq, D | tiles a head | heads a group | snake | plan | " + " | ".join(list(models)[1:]) + " |")
     print("|---" * (4 + len(models)) + "|")
@@ -57,10 +58,9 @@ def main() -> None:
             continue
         plan, costs = planned
         n_q = len(costs)
-        cells = [f"{100 * spread(snake_work(costs, b * hq, plan.shape[0], 1.0, 0.0)):.1f}%"]
-        for per_tile, diagonal in models.values():
-            work = [sum(costs[t % n_q] + per_tile + diagonal for t in row[1 : 1 + row[0]]) for row in plan.tolist()]
-            cells.append(f"{100 * spread(work):.2f}%")
+        cells = [f"{100 * spread(snake_work(costs, b * hq, plan.shape[0], PLAN_TILE_COST)):.1f}%"]
+        # A diagonal block at twice the cost is one more block a tile (every tile has one).
+        cells += [f"{100 * spread(plan_work(plan, costs, per_tile)):.2f}%" for per_tile in models.values()]
         print(f"| {b}, {s}, {hq}, {d} | {n_q} | {max(1, round(plan.shape[0] / n_q))} | " + " | ".join(cells) + " |")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 import sys
 from collections import Counter
@@ -83,7 +84,7 @@ def main() -> None:
           f"shared {compiled.metadata.shared} B, {len(ops)} instructions")
     if regs:
         per_sm = programs_per_sm(int(regs.group(1)), tiles.num_warps, compiled.metadata.shared)
-        programs = a.seqs * (hkv // tiles.kv_heads) * tiles.num_splits
+        programs = math.prod(lz.grid)
         print(f"{per_sm} programs per SM (registers and shared memory); {programs} programs: "
               f"{programs / (per_sm * SMS):.2f} waves on {SMS} SMs")
     print("  " + ", ".join(f"{op} {count[op]}" for op in OPCODES))

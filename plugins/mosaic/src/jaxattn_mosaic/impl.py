@@ -174,7 +174,7 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
     def notes(self, problem: AttentionProblem) -> list[str]:
         # Only an impl that runs the call is asked (on a Hopper GPU, where its forward imports
         # the kernel module anyway).
-        from jaxattn_mosaic.kernel import sm_count, tail_pieces, tile_plan
+        from jaxattn_mosaic.kernel import plan_work, sm_count, tail_pieces, tile_plan
 
         cfg = self._config(problem)
         said = [f"forward: {cfg.summary()}"]
@@ -186,8 +186,7 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
         planned = tile_plan(cfg, batch=problem.batch, heads=problem.heads_q, t_len=problem.seq_q,
                             s_len=problem.seq_k, causal=problem.causal, sms=sm_count())
         if planned is not None:
-            plan, costs = planned
-            work = [sum(costs[t % len(costs)] + 1 for t in row[1 : 1 + row[0]]) for row in plan.tolist()]
+            work = plan_work(*planned)
             over = max(work) / (sum(work) / len(work)) - 1
             said.append(f"forward's causal tiles: planned over {len(work)} SMs, heaviest first, a few heads at "
                         f"a time; the busiest SM has {100 * over:.1f}% more key blocks than the mean")

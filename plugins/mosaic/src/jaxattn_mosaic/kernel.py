@@ -299,6 +299,10 @@ _ROUND = 12582912.0
 _ROUND_BITS: int = struct.unpack("<i", struct.pack("<f", _ROUND))[0]
 
 
+#: What a planned tile costs beside its key blocks (its epilogue, its next Q), in blocks.
+PLAN_TILE_COST = 1
+
+
 @functools.lru_cache(maxsize=64)
 def plan_tiles(costs: tuple[int, ...], *, pairs: int, n_ctas: int) -> np.ndarray:
     """``Config.planned``: which tiles each of ``n_ctas`` persistent CTAs runs, in order, as
@@ -321,13 +325,20 @@ def plan_tiles(costs: tuple[int, ...], *, pairs: int, n_ctas: int) -> np.ndarray
             for pair in group:
                 work, cta = heapq.heappop(clock)
                 lists[cta].append(pair * n_q + i)
-                heapq.heappush(clock, (work + costs[i] + 1, cta))
+                heapq.heappush(clock, (work + costs[i] + PLAN_TILE_COST, cta))
     plan = np.zeros((n_ctas, 1 + max(map(len, lists))), np.int32)
     for cta, tiles in enumerate(lists):
         plan[cta, 0] = len(tiles)
         plan[cta, 1 : 1 + len(tiles)] = tiles
     plan.flags.writeable = False
     return plan
+
+
+def plan_work(plan: np.ndarray, costs: tuple[int, ...], per_tile: float = PLAN_TILE_COST) -> list[float]:
+    """Each CTA's work under ``plan`` (``plan_tiles``): its tiles' key blocks, plus ``per_tile``
+    a tile (the plan's own cost model by default; another, to see how the plan holds up)."""
+    n_q = len(costs)
+    return [sum(costs[t % n_q] + per_tile for t in row[1 : 1 + row[0]]) for row in plan.tolist()]
 
 
 def tile_plan(cfg: Config, *, batch: int, heads: int, t_len: int, s_len: int, causal: bool,
