@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import triton
-from triton_compile_check import compile_sm90
+from triton_compile_check import compile_sm90, output_types
 
 from jaxattn_triton import launch_paged as LP
 
@@ -69,8 +69,7 @@ def main() -> None:
                                     kv_heads=kvh or tiles.kv_heads)  # fmt: skip
     lz = LP.attention(spec, tiles)
     cache = CACHE_TYPES[a.fmt]
-    outs = ["*fp32"] * 3 if tiles.num_splits > 1 else ["*bf16", "*fp32", "*fp32"]
-    types = ["*bf16", cache, cache, "*i32", "*i32", "*i32", "*i32", "*fp32", "*fp32", "*fp32", *outs]
+    types = ["*bf16", cache, cache, "*i32", "*i32", "*i32", "*i32", "*fp32", "*fp32", "*fp32", *output_types(lz)]
     compiled, usage, sass = compile_sm90(lz, types)
     lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
     ops = [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0].split(".")[0] for line in lines]

@@ -43,6 +43,15 @@ def _pointer_types(kind: str, dtype: str) -> list[str]:
     return ins + ([dt, dt, "*fp32", "*fp32"] if kind == "dkdv" else [dt])
 
 
+#: Triton's pointer type of each dtype name a launch's outputs use.
+POINTERS = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32", "int32": "*i32"}
+
+
+def output_types(lz: Any) -> list[str]:
+    """The pointer types of a launch's outputs, in order."""
+    return [POINTERS[dtype] for _, dtype in lz.outputs]
+
+
 def compile_sm90(lz: Any, pointer_types: list[str]) -> tuple[Any, str, str]:
     """Compile one launch for sm_90 as jax_triton does (16-byte aligned pointers, typed in the
     order of its non-constexpr arguments); return the compiled kernel, cuobjdump's resource

@@ -960,31 +960,33 @@ QUANT_FAST = "--quant-fast" in sys.argv
 QUANT_GRANS: tuple[str, ...] = ()
 #: Switches of ``launch_paged`` (read when a launch is built): V tiles as int32 words, K widened
 #: by ``kernels/widen.py``; unset, each follows its default for the format.
-WIDEN_SWITCHES = ("JAXATTN_TRITON_V_WORDS", "JAXATTN_TRITON_K_WIDEN", "JAXATTN_TRITON_PV_F16")
+KERNEL_SWITCHES = ("JAXATTN_TRITON_V_WORDS", "JAXATTN_TRITON_K_WIDEN", "JAXATTN_TRITON_PV_F16", "JAXATTN_TRITON_FUSE")
 
 
-#: --quant-base-env NAME=VALUE,...: switches of WIDEN_SWITCHES set under every timing of the
+#: --quant-base-env NAME=VALUE,...: switches of KERNEL_SWITCHES set under every timing of the
 #: quantized sweep (its default and its ablations), so that one run times them on another base.
 QUANT_BASE_ENV: dict[str, str] = {}
 
 
-def clear_widen_switches() -> None:
-    """Unset :data:`WIDEN_SWITCHES` but :data:`QUANT_BASE_ENV`'s: launches built next follow
+def clear_kernel_switches() -> None:
+    """Unset :data:`KERNEL_SWITCHES` but :data:`QUANT_BASE_ENV`'s: launches built next follow
     each format's defaults."""
-    for name in WIDEN_SWITCHES:
+    for name in KERNEL_SWITCHES:
         os.environ.pop(name, None)
     os.environ.update(QUANT_BASE_ENV)
 
 
-def quant_ablations(spec: LP.PagedSpec) -> list[dict[str, str]]:
-    """The switch settings timed beside the default: P V in bf16 where the default takes fp16;
+def quant_ablations(spec: LP.PagedSpec, tiles: LP.PagedTiles) -> list[dict[str, str]]:
+    """The switch settings timed beside the default: the splits merged in a second launch where
+    the default merges them in the attention launch; P V in bf16 where the default takes fp16;
     K widened the other way than the format's default (``kernels/widen.py`` or Triton's cast);
     then (the last two, with ``--quant-all-ablations`` only) V read byte-wise, and that with K
     flipped."""
+    fuse_off = [{"JAXATTN_TRITON_FUSE": "0"}] if LP.fused(tiles) else []
     pv_off = [{"JAXATTN_TRITON_PV_F16": "0"}] if LP.pv_f16(spec) else []
     k_flip = {"JAXATTN_TRITON_K_WIDEN": "0" if LP.k_widen(spec) else "1"}
     v_off = {"JAXATTN_TRITON_V_WORDS": "0"}
-    return [*pv_off, k_flip, v_off, {**v_off, **k_flip}]
+    return [*fuse_off, *pv_off, k_flip, v_off, {**v_off, **k_flip}]
 
 
 def quantized_cache(k: Array, v: Array, fmt: str, granularity: str) -> tuple[Array, Array, Array, Array]:
@@ -1074,7 +1076,7 @@ def quant_sweep() -> None:
                     # Ablations on the default tiles: P V in bf16, K widened the other way than
                     # the format's default; with --quant-all-ablations also V read byte-wise,
                     # alone and with K flipped.
-                    ablations = quant_ablations(spec)
+                    ablations = quant_ablations(spec, base)
                     variants += [(base, env) for env in (ablations if QUANT_ALL_ABLATIONS else ablations[:-2])]
                 if (gran in QUANT_GRANS or (gran == "token" and not QUANT_GRANS)) and not SMOKE:
                     variants += [(t, {}) for t in quant_variants(base)[1:]]
@@ -1084,14 +1086,14 @@ def quant_sweep() -> None:
                                                            interpret=SMOKE))  # fmt: skip
 
                 fns = {t: decode_fn(t) for t, env in variants if not env}
-                clear_widen_switches()
+                clear_kernel_switches()
                 warm_parallel([(f, (q, kq, vq, table, lens, ks, vs)) for f in fns.values()])
                 for t, env in variants:
                     label = (f"{tag} {fmt} per {gran} kvh={t.kv_heads} bn={t.block_n} w={t.num_warps} "
                              f"st={t.num_stages} splits={t.num_splits}"
                              + "".join(f" {n.removeprefix('JAXATTN_TRITON_')}={x}"
                                        for n, x in {**QUANT_BASE_ENV, **env}.items()))
-                    clear_widen_switches()
+                    clear_kernel_switches()
                     os.environ.update(env)
                     late = out_of_time("quant", label)
                     if late:
@@ -1111,7 +1113,7 @@ def quant_sweep() -> None:
                     except Exception as err:
                         row = record_error("quant", label, err)
                     rows.append(row)
-                clear_widen_switches()
+                clear_kernel_switches()
                 free(kq, vq)
         free(k, v)
     RESULTS["quant_sweep"] = rows
@@ -1345,7 +1347,7 @@ def quant_mixed() -> None:
 def compile_check() -> None:
     """Compile the decode and ragged launches for sm_90 as jax_triton would; report resources."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from triton_compile_check import compile_sm90
+    from triton_compile_check import compile_sm90, output_types
 
     rows = []
 
@@ -1372,9 +1374,9 @@ def compile_check() -> None:
             t = dataclasses.replace(
                 LP.default_tiles(spec, num_splits=splits), block_n=bn, num_warps=warps, num_stages=stages
             )
-            outs = ["*bf16", "*fp32", "*fp32"] if splits == 1 else ["*fp32"] * 3
             types = ["*bf16"] * 3 + ["*i32"] * 4 + ["*fp32"] * 3  # ..., sinks, k_scale, v_scale
-            row = {"name": label, **compile_one(LP.attention(spec, t), types + outs)}
+            lz = LP.attention(spec, t)
+            row = {"name": label, **compile_one(lz, types + output_types(lz))}
             if splits > 1:
                 row["combine"] = compile_one(LP.combine(spec, t), ["*fp32"] * 4 + ["*bf16", "*fp32"])
             log(f"compile {label}: {row}")
@@ -1440,10 +1442,10 @@ def main() -> None:
         QUANT_FORMATS = tuple(args.quant_formats.split(","))
     for item in filter(None, args.quant_base_env.split(",")):
         name, _, value = item.partition("=")
-        if name not in WIDEN_SWITCHES:
-            raise SystemExit(f"--quant-base-env: {name!r} is not one of {', '.join(WIDEN_SWITCHES)}")
+        if name not in KERNEL_SWITCHES:
+            raise SystemExit(f"--quant-base-env: {name!r} is not one of {', '.join(KERNEL_SWITCHES)}")
         QUANT_BASE_ENV[name] = value
-    clear_widen_switches()
+    clear_kernel_switches()
     WARM_WORKERS = args.warm_workers
     QUANT_GRANS = tuple(filter(None, args.quant_grans.split(",")))
     for part in filter(None, args.quant_variants.split(";")):

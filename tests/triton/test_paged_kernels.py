@@ -258,14 +258,19 @@ def _close(name: str, got: np.ndarray, want: np.ndarray, tol: float) -> None:
     assert err <= tol * scale, f"{name}: max error {err:.3g} > {tol:g} x {scale:.3g}"
 
 
-def check(p: Paged) -> tuple[np.ndarray, np.ndarray]:
-    x = make(p)
-    got_out, got_lse = run_kernels(p, x)
-    want_out, want_lse = reference(
+def expected(p: Paged, x: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 reference of case ``p`` on its inputs ``x``."""
+    return reference(
         x["q"], x["k_pages"], x["v_pages"], x["page_table"], x["kv_lengths"], x["cu_q_lens"], p.num_seqs,
         scale=p.scale if p.scale is not None else p.d**-0.5, softcap=p.softcap, left=p.left, right=p.right,
         sinks=x["sinks"],
     )  # fmt: skip
+
+
+def check(p: Paged) -> tuple[np.ndarray, np.ndarray]:
+    x = make(p)
+    got_out, got_lse = run_kernels(p, x)
+    want_out, want_lse = expected(p, x)
     _close("out", got_out, want_out, TOL[p.dtype])
     _close("lse", got_lse, want_lse, TOL[p.dtype])
     return got_out, got_lse
@@ -366,6 +371,55 @@ def test_splits_agree(splits: int) -> None:
     check(p)
 
 
+def _run_poisoned(lz: Any, inputs: list[Any]) -> list[Any]:
+    """``run_launch`` with every output not zeroed by the launch filled with NaN (-1 for
+    integers) first: a row the kernels leave unwritten shows."""
+    import torch
+
+    outs = []
+    for i, (shape, dtype) in enumerate(lz.outputs):
+        dt = getattr(torch, dtype)
+        fill = 0 if i in lz.zeroed else (float("nan") if dt.is_floating_point else -1)
+        outs.append(torch.full(shape, fill, dtype=dt, device=inputs[0].device))
+    lz.kernel[lz.grid](*inputs, *outs, **lz.constexprs, num_warps=lz.num_warps, num_stages=lz.num_stages)
+    return outs
+
+
+@pytest.mark.parametrize("name", ["decode_gqa8_splits3", "ragged_splits3", "ragged_decode_rows", "everything"])
+def test_merge_in_the_launch(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # With splits the last split of each program group merges in the attention launch (FUSE):
+    # every group draws exactly one ticket per split, every row (padding rows, empty sequences)
+    # is written over NaN-filled outputs, and the result is bit for bit the two-launch merge's.
+    from jaxattn_triton import torch_launch
+
+    p = CASES[name]
+    x = make(p)
+    spec, tiles = spec_of(p, x), tiles_of(p, spec_of(p, x))
+    assert tiles.num_splits > 1 and LP.fused(tiles)
+    launches: list[Any] = []
+
+    def execute(lz: Any, inputs: list[Any]) -> list[Any]:
+        outs = _run_poisoned(lz, inputs)
+        launches.append((lz, outs))
+        return outs
+
+    monkeypatch.setattr(torch_launch, "run_launch", execute)
+    fused_out, fused_lse = run_kernels(p, x)
+    assert len(launches) == 1 and launches[0][0].constexprs["FUSE"]
+    tickets = launches[0][1][5]
+    assert tickets.shape == (launches[0][0].grid[0] * launches[0][0].grid[1],)
+    assert bool((tickets == tiles.num_splits).all()), tickets
+    monkeypatch.setenv("JAXATTN_TRITON_FUSE", "0")
+    launches.clear()
+    two_out, two_lse = run_kernels(p, x)
+    assert len(launches) == 2 and not launches[0][0].constexprs["FUSE"]
+    np.testing.assert_array_equal(fused_out, two_out)
+    np.testing.assert_array_equal(fused_lse, two_lse)
+    want_out, want_lse = expected(p, x)
+    _close("out", fused_out, want_out, TOL[p.dtype])
+    _close("lse", fused_lse, want_lse, TOL[p.dtype])
+
+
 def test_window_and_soft_cap_change_the_result() -> None:
     # Guards the cases above against kernels that ignore a feature.
     base = Paged(q_len=2, kv_lens=(60, 40, 33))
@@ -437,10 +491,6 @@ def test_unread_pages_may_hold_nan(name: str) -> None:
     for key in ("k_pages", "v_pages"):
         x[key][~live] = np.nan
     got_out, got_lse = run_kernels(p, x)
-    want_out, want_lse = reference(
-        x["q"], x["k_pages"], x["v_pages"], x["page_table"], x["kv_lengths"], x["cu_q_lens"], p.num_seqs,
-        scale=p.scale if p.scale is not None else p.d**-0.5, softcap=p.softcap, left=p.left, right=p.right,
-        sinks=x["sinks"],
-    )  # fmt: skip
+    want_out, want_lse = expected(p, x)
     _close("out", got_out, want_out, TOL[p.dtype])
     _close("lse", got_lse, want_lse, TOL[p.dtype])

@@ -434,6 +434,14 @@ def pv_f16(spec: PagedSpec) -> bool:
             and os.environ.get("JAXATTN_TRITON_PV_F16", "1") != "0")
 
 
+def fused(tiles: PagedTiles) -> bool:
+    """The kernel's ``FUSE``: the splits' merge runs in the attention launch (the split that
+    finishes last merges its rows, behind a ticket counter zeroed before the launch) instead of
+    in ``combine``'s second launch; whenever there are splits. Measured in docs/bench.md
+    ("The splits merged in the launch"). ``JAXATTN_TRITON_FUSE=0`` turns it off (for ablations)."""
+    return tiles.num_splits > 1 and os.environ.get("JAXATTN_TRITON_FUSE", "1") != "0"
+
+
 def _interpreted() -> bool:
     # Inline PTX has no interpreter path: the kernels widen narrow values with tl casts there.
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -454,7 +462,9 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
     Outputs with one split: ``out (N, Hq, Dv)`` in q's dtype, ``lse (N, Hq)`` float32
     (natural log, sinks excluded, -inf for rows without keys), and a one-element dummy.
     With several: float32 partials ``acc (splits, N, Hq, Dv)``, ``m (splits, N, Hq)`` (base-2
-    running max) and ``l (splits, N, Hq)`` for :func:`combine`.
+    running max) and ``l (splits, N, Hq)``, merged by :func:`combine`. Then three more: with
+    :func:`fused` the merged ``out`` and ``lse`` and the ticket counters (int32, zeroed), else
+    one-element dummies.
     """
     from jaxattn_triton.kernels.paged import paged_attn_kernel
 
@@ -520,6 +530,7 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         "HAS_SOFTCAP": bool(spec.softcap),
         "HAS_SINK": spec.sinks,
         "NUM_SPLITS": splits,
+        "FUSE": fused(tiles),
         "BLOCK_Q": tiles.block_q,
         "BLOCK_M": tiles.block_m,
         "BLOCK_N": tiles.block_n,
@@ -542,13 +553,19 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
             ((splits, n, hq), "float32"),
             ((splits, n, hq), "float32"),
         )
+    grid = (query_blocks(spec, tiles.block_q, tiles.decode_q), spec.heads_kv // tiles.kv_heads * chunks, splits)
+    if fused(tiles):
+        outputs += (((n, hq, dv), spec.dtype), ((n, hq), "float32"), ((grid[0] * grid[1],), "int32"))
+    else:
+        outputs += (((1,), spec.dtype), ((1,), "float32"), ((1,), "int32"))
     return Launch(
         kernel=paged_attn_kernel,
-        grid=(query_blocks(spec, tiles.block_q, tiles.decode_q), spec.heads_kv // tiles.kv_heads * chunks, splits),
+        grid=grid,
         outputs=outputs,
         constexprs=constexprs,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
+        zeroed=(5,) if fused(tiles) else (),
     )
 
 
@@ -602,5 +619,7 @@ def run(
     first = execute(attention(spec, tiles), inputs)
     if tiles.num_splits == 1:
         return first[0], first[1]
+    if fused(tiles):
+        return first[3], first[4]
     out, lse = execute(combine(spec, tiles), [first[0], first[1], first[2], inputs[7]])
     return out, lse

@@ -55,7 +55,11 @@ rows that saw no key select zeros rather than multiplying by an unread V scale.
 
 With ``NUM_SPLITS == 1`` the program normalises and writes the output and log-sum-exp
 itself; otherwise it writes a float32 partial (unnormalised accumulator, running max in
-base 2, running sum) that ``paged_combine_kernel`` merges, adding the sinks.
+base 2, running sum) that the splits' merge (``_merge_splits``) combines, adding the sinks:
+in the same launch with ``FUSE`` (each split takes a ticket from its program group's counter,
+zeroed before the launch, once its partial is written; the split that draws the last ticket
+merges every split's partial of those rows), else in ``paged_combine_kernel``, a second
+launch.
 """
 
 import triton
@@ -339,6 +343,10 @@ def _paged_block(
     Out,
     Stat,
     Sum,
+    Merged,
+    MergedLse,
+    Tickets,
+    ticket,
     stride_qt: tl.constexpr,
     stride_qh: tl.constexpr,
     stride_kp: tl.constexpr,
@@ -382,6 +390,7 @@ def _paged_block(
     HAS_SOFTCAP: tl.constexpr,
     HAS_SINK: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    FUSE: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -513,11 +522,22 @@ def _paged_block(
         tl.store(Out + rows[:, None] * DV + o_cols, out.to(Out.dtype.element_ty), mask=o_mask)
         tl.store(Stat + rows, lse, mask=row_ok)
     else:
-        # Every split writes its rows, empty or not, so the combine never reads garbage.
+        # Every split writes its rows, empty or not, so the merge never reads garbage.
         part = sid.to(tl.int64) * NUM_TOKENS * HQ + rows
         tl.store(Out + part[:, None] * DV + o_cols, acc, mask=o_mask)
         tl.store(Stat + part, m_i, mask=row_ok)
         tl.store(Sum + part, l_i, mask=row_ok)
+        if FUSE:
+            # Every thread's stores precede the ticket (the barrier), and the ticket's release
+            # makes them visible GPU-wide; the split that draws the last ticket acquires every
+            # other split's partial with it, and merges the rows in place of a second launch.
+            tl.debug_barrier()
+            drawn = tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
+            if drawn == NUM_SPLITS - 1:
+                out, lse = _merge_splits(Out, Stat, Sum, Sink, rows, head, row_ok, offs_dv, NUM_TOKENS * HQ, DV,
+                                         NUM_SPLITS, HAS_SINK)  # fmt: skip
+                tl.store(Merged + rows[:, None] * DV + o_cols, out.to(Merged.dtype.element_ty), mask=o_mask)
+                tl.store(MergedLse + rows, lse, mask=row_ok)
 
 
 @triton.jit
@@ -535,6 +555,9 @@ def paged_attn_kernel(
     Out,
     Stat,
     Sum,
+    Merged,
+    MergedLse,
+    Tickets,
     stride_qt: tl.constexpr,
     stride_qh: tl.constexpr,
     stride_kp: tl.constexpr,
@@ -582,6 +605,7 @@ def paged_attn_kernel(
     HAS_SOFTCAP: tl.constexpr,
     HAS_SINK: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    FUSE: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -597,6 +621,8 @@ def paged_attn_kernel(
     hkv = tl.program_id(1) // NUM_CHUNKS * KV_HEADS
     chunk = tl.program_id(1) % NUM_CHUNKS
     sid = tl.program_id(2)
+    # The splits of one query block and head chunk share a ticket counter (FUSE).
+    ticket = Tickets + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
 
     if DECODE_Q > 0:
         # A ragged batch with decode programs: the first MAX_SEQS programs take one sequence
@@ -609,11 +635,12 @@ def paged_attn_kernel(
             )
             _paged_block(
                 d_seq, d_tok0, d_q_len, d_n_tok, d_tok_start, d_kv_len, hkv, chunk, sid, Q, K, V, PageTable, Sink,
-                KScale, VScale, Out, Stat, Sum, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
+                KScale, VScale, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
+                stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
                 stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
                 stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
                 HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, DECODE_PAGE_PER_TILE, SM_SCALE,
-                SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, DECODE_Q, DECODE_M,
+                SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, FUSE, DECODE_Q, DECODE_M,
                 DECODE_N, BLOCK_D, BLOCK_DV,
             )  # fmt: skip
         else:
@@ -622,11 +649,12 @@ def paged_attn_kernel(
             )
             _paged_block(
                 seq, tok0, q_len, n_tok, tok_start, kv_len, hkv, chunk, sid, Q, K, V, PageTable, Sink, KScale,
-                VScale, Out, Stat, Sum, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
+                VScale, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
+                stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
                 stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
                 stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
                 HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, SM_SCALE,
-                SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, BLOCK_Q, BLOCK_M,
+                SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, FUSE, BLOCK_Q, BLOCK_M,
                 BLOCK_N, BLOCK_D, BLOCK_DV,
             )  # fmt: skip
     else:
@@ -644,13 +672,49 @@ def paged_attn_kernel(
             kv_len = tl.load(KvLens + seq)
         _paged_block(
             seq, tok0, q_len, n_tok, tok_start, kv_len, hkv, chunk, sid, Q, K, V, PageTable, Sink, KScale,
-            VScale, Out, Stat, Sum, stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
+            VScale, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
+            stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
             stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
             stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
             HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, SM_SCALE,
-            SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, BLOCK_Q, BLOCK_M,
+            SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, FUSE, BLOCK_Q, BLOCK_M,
             BLOCK_N, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
+
+
+@triton.jit
+def _merge_splits(OPart, MPart, LPart, Sink, rows, heads, ok, offs_dv, SPLIT: tl.constexpr, DV: tl.constexpr,
+                  NUM_SPLITS: tl.constexpr, HAS_SINK: tl.constexpr):  # fmt: skip
+    """``(out, lse)`` of ``rows`` (flat ``token * HQ + head`` indices; ``heads`` their heads, ``ok``
+    the real ones) from the splits' float32 partials, ``SPLIT`` rows apart; adds the sinks.
+    The partials are read through L2 (``.cg``): in the fused launch other SMs wrote them."""
+    m_all = tl.full(rows.shape, float("-inf"), dtype=tl.float32)
+    for s in range(NUM_SPLITS):
+        m_s = tl.load(MPart + s * SPLIT + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        m_all = tl.maximum(m_all, m_s)
+    m_fin = m_all
+    if HAS_SINK:
+        sink = tl.load(Sink + heads, mask=ok, other=0.0).to(tl.float32) * LOG2E
+        m_fin = tl.maximum(m_fin, sink)
+    m_ref = tl.where(m_fin == float("-inf"), 0.0, m_fin)
+
+    l_sum = tl.zeros(rows.shape, dtype=tl.float32)
+    acc = tl.zeros([rows.shape[0], offs_dv.shape[0]], dtype=tl.float32)
+    o_mask = ok[:, None] & (offs_dv[None, :] < DV)
+    for s in range(NUM_SPLITS):
+        m_s = tl.load(MPart + s * SPLIT + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        l_s = tl.load(LPart + s * SPLIT + rows, mask=ok, other=0.0, cache_modifier=".cg")
+        w = tl.exp2(m_s - m_ref)
+        l_sum += l_s * w
+        o_s = tl.load(OPart + (s * SPLIT + rows)[:, None] * DV + offs_dv[None, :], mask=o_mask, other=0.0,
+                      cache_modifier=".cg")  # fmt: skip
+        acc += o_s * w[:, None]
+    lse = (m_ref + tl.log2(l_sum)) * LN2
+    denom = l_sum
+    if HAS_SINK:
+        denom += tl.exp2(sink - m_ref)
+    denom = tl.where(denom == 0.0, 1.0, denom)
+    return acc / denom[:, None], lse
 
 
 @triton.jit
@@ -675,33 +739,8 @@ def paged_combine_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     h_ok = heads < HQ
     rows = token * HQ + heads
-    SPLIT: tl.constexpr = NUM_TOKENS * HQ
-
-    m_all = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        m_s = tl.load(MPart + s * SPLIT + rows, mask=h_ok, other=float("-inf"))
-        m_all = tl.maximum(m_all, m_s)
-    m_fin = m_all
-    if HAS_SINK:
-        sink = tl.load(Sink + heads, mask=h_ok, other=0.0).to(tl.float32) * LOG2E
-        m_fin = tl.maximum(m_fin, sink)
-    m_ref = tl.where(m_fin == float("-inf"), 0.0, m_fin)
-
-    l_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    out, lse = _merge_splits(OPart, MPart, LPart, Sink, rows, heads, h_ok, offs_dv, NUM_TOKENS * HQ, DV, NUM_SPLITS,
+                             HAS_SINK)  # fmt: skip
     o_mask = h_ok[:, None] & (offs_dv[None, :] < DV)
-    for s in tl.static_range(NUM_SPLITS):
-        m_s = tl.load(MPart + s * SPLIT + rows, mask=h_ok, other=float("-inf"))
-        l_s = tl.load(LPart + s * SPLIT + rows, mask=h_ok, other=0.0)
-        w = tl.exp2(m_s - m_ref)
-        l_sum += l_s * w
-        o_s = tl.load(OPart + (s * SPLIT + rows)[:, None] * DV + offs_dv[None, :], mask=o_mask, other=0.0)
-        acc += o_s * w[:, None]
-    lse = (m_ref + tl.log2(l_sum)) * LN2
-    denom = l_sum
-    if HAS_SINK:
-        denom += tl.exp2(sink - m_ref)
-    denom = tl.where(denom == 0.0, 1.0, denom)
-    out = acc / denom[:, None]
     tl.store(Out + rows[:, None] * DV + offs_dv[None, :], out.to(Out.dtype.element_ty), mask=o_mask)
     tl.store(Lse + rows, lse, mask=h_ok)
