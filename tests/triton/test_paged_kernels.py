@@ -394,7 +394,7 @@ def test_merge_in_the_launch(name: str, monkeypatch: pytest.MonkeyPatch) -> None
 
     p = CASES[name]
     x = make(p)
-    spec, tiles = spec_of(p, x), tiles_of(p, spec_of(p, x))
+    tiles = tiles_of(p, spec_of(p, x))
     assert tiles.num_splits > 1 and LP.fused(tiles)
     launches: list[Any] = []
 
