@@ -13,7 +13,8 @@ one process. Patterns:
 Modes: ``--patterns`` (the reads above), ``--tables`` (paged decode on a permuted vs an
 in-order page table, same tiles), ``--kv-heads`` (``PagedTiles.kv_heads`` configurations on
 a permuted table), ``--sorted`` (each row's pages read in address order), ``--runs`` (pools
-fragmented in runs of consecutive pages), ``--occupancy`` (two programs per SM at 16 sequences).
+fragmented in runs of consecutive pages), ``--occupancy`` (two programs per SM at 16 sequences),
+``--quant-floor`` (pure reads of an int8 cache beside the int8 decode).
 On the GPU machine: ``python3 benchmarks/paged_probe.py --kv-heads [--json OUT]``.
 """
 
@@ -90,8 +91,11 @@ def read_contig_kernel(K, V, Out, ROWS: tl.constexpr, D: tl.constexpr, BR: tl.co
 
 @triton.jit
 def read_pages_kernel(K, V, Table, Out, PPS: tl.constexpr, PS: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                      HEADS: tl.constexpr, BN: tl.constexpr, SPLITS: tl.constexpr):  # fmt: skip
-    """Reads a paged cache through the table: ``HEADS`` adjacent KV heads x ``BN`` tokens a tile."""
+                      HEADS: tl.constexpr, BN: tl.constexpr, SPLITS: tl.constexpr, AHEAD: tl.constexpr):  # fmt: skip
+    """Reads a paged cache through the table: ``HEADS`` adjacent KV heads x ``BN`` tokens a tile.
+    With ``AHEAD`` the table entries are read a tile ahead, as the paged kernel reads them: the
+    K/V addresses then depend on no load of their own iteration, and Triton's pipeliner keeps
+    ``num_stages - 1`` tiles in flight (without, the index load takes a stage: one K/V buffer)."""
     b = tl.program_id(0)
     h0 = tl.program_id(1) * HEADS
     sp = tl.program_id(2)
@@ -99,17 +103,25 @@ def read_pages_kernel(K, V, Table, Out, PPS: tl.constexpr, PS: tl.constexpr, HKV
     offs_c = tl.arange(0, BN * HEADS)
     offs_d = tl.arange(0, D)
     ones = tl.full([16, BN * HEADS], 1.0, tl.float32).to(K.dtype.element_ty)
-    acc = tl.zeros([16, D], tl.float32)
+    # An int8 cache (--quant-floor) takes the integer MMA: int32 sums, no conversion.
+    acc = tl.zeros([16, D], tl.int32 if K.dtype.element_ty == tl.int8 else tl.float32)
+    if AHEAD:
+        page_next = tl.load(Table + b * PPS + (sp * PER + offs_c // HEADS) // PS)
     for s0 in range(sp * PER, sp * PER + PER, BN):
         tok = s0 + offs_c // HEADS
-        page = tl.load(Table + b * PPS + tok // PS).to(tl.int64)
+        if AHEAD:
+            page = page_next.to(tl.int64)
+            nxt = tok + BN
+            page_next = tl.load(Table + b * PPS + nxt // PS, mask=nxt < sp * PER + PER, other=0)
+        else:
+            page = tl.load(Table + b * PPS + tok // PS).to(tl.int64)
         rows = (page * PS + tok % PS) * (HKV * D) + (h0 + offs_c % HEADS) * D
         k = tl.load(K + rows[:, None] + offs_d[None, :])
         v = tl.load(V + rows[:, None] + offs_d[None, :])
         acc = tl.dot(ones, k, acc)
         acc = tl.dot(ones, v, acc)
     row = (b * (HKV // HEADS) + tl.program_id(1)) * SPLITS + sp
-    tl.store(Out + row * D + offs_d, tl.sum(acc, 0))
+    tl.store(Out + row * D + offs_d, tl.sum(acc.to(tl.float32), 0))
 
 
 @triton.jit
@@ -136,15 +148,16 @@ def triton_sorted(table: jax.Array, lengths: jax.Array, q_len: int, page_size: i
                           QL=q_len)  # fmt: skip
 
 
-def pages_read(b: int, pps: int, ps: int, heads: int, bn: int, splits: int, warps: int, stages: int) -> Any:
+def pages_read(b: int, pps: int, ps: int, heads: int, bn: int, splits: int, warps: int, stages: int,
+               d: int = D, ahead: bool = False) -> Any:  # fmt: skip
     import jax_triton as jt
 
-    out = jax.ShapeDtypeStruct((b * HKV // heads * splits, D), jnp.float32)
+    out = jax.ShapeDtypeStruct((b * HKV // heads * splits, d), jnp.float32)
 
     def fn(k: jax.Array, v: jax.Array, table: jax.Array) -> jax.Array:
         return jt.triton_call(k, v, table, kernel=read_pages_kernel, out_shape=out, grid=(b, HKV // heads, splits),
-                              num_warps=warps, num_stages=stages, PPS=pps, PS=ps, HKV=HKV, D=D, HEADS=heads, BN=bn,
-                              SPLITS=splits)  # fmt: skip
+                              num_warps=warps, num_stages=stages, PPS=pps, PS=ps, HKV=HKV, D=d, HEADS=heads, BN=bn,
+                              SPLITS=splits, AHEAD=ahead)  # fmt: skip
 
     return fn
 
@@ -412,7 +425,47 @@ def occupancy(case: Case) -> list[Candidate]:
     return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
 
 
+def quant_floor(case: Case) -> list[Candidate]:
+    """What an int8 cache's decode could reach: pure reads of the same int8 pages (permuted),
+    in the quantized decode's own structure (one KV head x 128 tokens, 4 warps, 3 stages, 2
+    splits at 16 sequences) and others, beside cuDNN's bf16 dense decode, our int8 decode
+    (per-head scales) and the reduction over the int8 bytes (``jaxattn bench``'s memory-read bar)."""
+    from jaxattn_triton.paged_ops import paged_decode
+
+    kp8, vp8 = (case.kp * 40).astype(jnp.int8), (case.vp * 40).astype(jnp.int8)
+    scale = jnp.full((HKV,), 1 / 40, jnp.float32)
+
+    def decode(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array) -> jax.Array:
+        return paged_decode(q, k, v, tb, n, k_scale=scale, v_scale=scale)
+
+    def reduction(k: jax.Array, v: jax.Array) -> jax.Array:
+        return jnp.sum(k, dtype=jnp.int32) + jnp.sum(v, dtype=jnp.int32)
+
+    kv, pps = (kp8, vp8), case.s // case.ps
+    case.nbytes //= 2  # the int8 bytes: every GB/s below is over what the int8 rows read
+    cands = [case.cudnn(), ("int8 paged decode (default)", decode, (case.q, *kv, case.permuted, case.lens)),
+             ("memory read of the int8 bytes (jnp.sum)", reduction, kv)]  # fmt: skip
+    # The same bytes as fp16 pairs (D/2 "values" a row): read through the 16-bit dot, whose
+    # operands Triton stages with cp.async in every pipeline stage (the int8 dot's B operand it
+    # cannot: one shared buffer).
+    pairs = tuple(jax.lax.bitcast_convert_type(x.reshape(*x.shape[:3], D // 2, 2), jnp.float16) for x in kv)
+    few = case.b <= 16
+    for heads, bn, w, st, sp in ((1, 128, 4, 3, 2 if few else 1), (1, 128, 4, 4, 2 if few else 1),
+                                 (1, 256, 8, 3, 1), (1, 128, 8, 4, 1), (2, 64, 4, 3, 4 if few else 1),
+                                 (8, 16, 4, 3, 16 if few else 2), (8, 32, 8, 3, 8 if few else 1)):  # fmt: skip
+        label = f"heads={heads} bn={bn} w={w} st={st} splits={sp}"
+        fn = pages_read(case.b, pps, case.ps, heads, bn, sp, w, st, D // 2, ahead=True)
+        cands.append((f"read int8 pages as fp16 pairs {label}", fn, (*pairs, case.permuted)))
+        if heads == 1 and bn == 128:
+            fn = pages_read(case.b, pps, case.ps, heads, bn, sp, w, st, D // 2)
+            cands.append((f"read int8 pages as fp16 pairs, table in the tile {label}", fn, (*pairs, case.permuted)))
+            fn = pages_read(case.b, pps, case.ps, heads, bn, sp, w, st, ahead=True)
+            cands.append((f"read int8 pages, int8 dot {label}", fn, (*kv, case.permuted)))
+    return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
+
+
 MODES = {
+    "--quant-floor": (quant_floor, ((16, 8192, 16), (16, 32768, 16), (64, 8192, 16))),
     "--occupancy": (occupancy, ((16, 8192, 16), (16, 32768, 16))),
     "--runs": (runs, ((16, 32768, 16), (16, 65536, 16))),
     "--sorted": (

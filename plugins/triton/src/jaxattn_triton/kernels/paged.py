@@ -687,32 +687,38 @@ def _merge_splits(OPart, MPart, LPart, Sink, rows, heads, ok, offs_dv, SPLIT: tl
                   NUM_SPLITS: tl.constexpr, HAS_SINK: tl.constexpr):  # fmt: skip
     """``(out, lse)`` of ``rows`` (flat ``token * HQ + head`` indices; ``heads`` their heads, ``ok``
     the real ones) from the splits' float32 partials, ``SPLIT`` rows apart; adds the sinks.
-    The partials are read through L2 (``.cg``): in the fused launch other SMs wrote them."""
-    m_all = tl.full(rows.shape, float("-inf"), dtype=tl.float32)
-    for s in range(NUM_SPLITS):
-        m_s = tl.load(MPart + s * SPLIT + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        m_all = tl.maximum(m_all, m_s)
-    m_fin = m_all
-    if HAS_SINK:
-        sink = tl.load(Sink + heads, mask=ok, other=0.0).to(tl.float32) * LOG2E
-        m_fin = tl.maximum(m_fin, sink)
-    m_ref = tl.where(m_fin == float("-inf"), 0.0, m_fin)
 
-    l_sum = tl.zeros(rows.shape, dtype=tl.float32)
+    One pass, rescaling as it goes, over an unrolled loop: no load depends on another, so every
+    split's partial is in flight at once (the merge is the launch's tail when fused). The
+    partials are read through L2 (``.cg``): in the fused launch other SMs wrote them."""
+    m_run = tl.full(rows.shape, float("-inf"), dtype=tl.float32)
+    l_run = tl.zeros(rows.shape, dtype=tl.float32)
     acc = tl.zeros([rows.shape[0], offs_dv.shape[0]], dtype=tl.float32)
     o_mask = ok[:, None] & (offs_dv[None, :] < DV)
-    for s in range(NUM_SPLITS):
+    for s in tl.static_range(NUM_SPLITS):
         m_s = tl.load(MPart + s * SPLIT + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
         l_s = tl.load(LPart + s * SPLIT + rows, mask=ok, other=0.0, cache_modifier=".cg")
-        w = tl.exp2(m_s - m_ref)
-        l_sum += l_s * w
         o_s = tl.load(OPart + (s * SPLIT + rows)[:, None] * DV + offs_dv[None, :], mask=o_mask, other=0.0,
                       cache_modifier=".cg")  # fmt: skip
-        acc += o_s * w[:, None]
-    lse = (m_ref + tl.log2(l_sum)) * LN2
-    denom = l_sum
+        m_new = tl.maximum(m_run, m_s)
+        # Rows no split has seen yet keep -inf: exp2(-inf - -inf) must not make NaN.
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a, w = tl.exp2(m_run - m_ref), tl.exp2(m_s - m_ref)
+        l_run = l_run * a + l_s * w
+        acc = acc * a[:, None] + o_s * w[:, None]
+        m_run = m_new
     if HAS_SINK:
-        denom += tl.exp2(sink - m_ref)
+        sink = tl.load(Sink + heads, mask=ok, other=0.0).to(tl.float32) * LOG2E
+        m_fin = tl.maximum(m_run, sink)
+        m_ref = tl.where(m_fin == float("-inf"), 0.0, m_fin)
+        a = tl.exp2(m_run - m_ref)
+        acc = acc * a[:, None]
+        denom = l_run * a + tl.exp2(sink - m_ref)
+    else:
+        m_ref = tl.where(m_run == float("-inf"), 0.0, m_run)
+        denom = l_run
+    # Log-sum-exp over keys only (sinks excluded): log(l_run) + m_run, in natural units.
+    lse = (m_run + tl.log2(l_run)) * LN2
     denom = tl.where(denom == 0.0, 1.0, denom)
     return acc / denom[:, None], lse
 
