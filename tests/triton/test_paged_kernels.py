@@ -113,6 +113,7 @@ class Paged:
     head_chunk: int | None = None
     kv_heads: int = 1  # KV heads per program (their tiles' columns are token x head)
     block_n: int = 16
+    warps: int | None = None  # the default tiles' unless given
     q_gain: float = 1.0
     seed: int = 0
 
@@ -214,6 +215,7 @@ def tiles_of(p: Paged, spec: LP.PagedSpec) -> LP.PagedTiles:
         head_chunk=p.head_chunk or base.head_chunk,
         kv_heads=p.kv_heads,
         block_n=p.block_n,
+        num_warps=p.warps or base.num_warps,
         num_stages=1,
     )
 

@@ -208,6 +208,17 @@ CASES = {
         k_gran="head",
     ),
     "float16_q": Quant(base.rep(DECODE, dtype="float16"), k_fmt="int8", k_gran="token"),
+    # The decode default's shape of program: 2 warps, 64-token tiles, 4 splits of several tiles.
+    "two_warps_four_splits": Quant(
+        base.rep(DECODE, dtype="float16", warps=2, block_n=64, splits=4, pages_per_seq=20, kv_lens=(300, 5, 0, 260)),
+        k_fmt="int8",
+        k_gran="head",
+    ),
+    "two_warps_four_splits_fp8_token": Quant(
+        base.rep(DECODE, dtype="float16", warps=2, block_n=64, splits=4, pages_per_seq=20, kv_lens=(300, 70, 0, 129)),
+        k_fmt="float8_e4m3fn",
+        k_gran="token",
+    ),
 }
 
 
@@ -295,12 +306,12 @@ def test_spec_declines_bad_quantized_specs() -> None:
 
 
 def test_default_tiles_of_a_quantized_cache() -> None:
-    # One byte per value: decode takes 128-token tiles (64 per KV head with 2 heads), 4 warps and
-    # about two programs per SM (264 on 132 SMs): 2 splits of 16 sequences' 128 programs, 2 KV
-    # heads per program for 64 sequences' 512; the bf16 tiles of the same calls are unchanged,
-    # and prefill blocks over a quantized cache take the bf16 tiles.
-    cases = ((16, (128, 8, 1, 1), (128, 4, 1, 2)), (64, (32, 4, 4, 1), (64, 4, 2, 1)), (32, None, (128, 4, 1, 1)),
-             (4, None, (128, 4, 1, 8)), (128, None, (32, 4, 4, 1)))  # fmt: skip
+    # One byte per value: decode takes one KV head x 64 tokens, 2 warps and about four programs
+    # per SM (528 on 132 SMs): 4 splits of 16 sequences' 128 programs, 2 of 32's 256, 16 of 4's
+    # 32, 64 sequences' 512 unsplit (and 128's 1024: two waves); the bf16 tiles of the same calls
+    # are unchanged, and prefill blocks over a quantized cache take the bf16 tiles.
+    cases = ((16, (128, 8, 1, 1), (64, 2, 1, 4)), (64, (32, 4, 4, 1), (64, 2, 1, 1)), (32, None, (64, 2, 1, 2)),
+             (4, None, (64, 2, 1, 16)), (128, None, (64, 2, 1, 1)))  # fmt: skip
     for batch, bf16, quantized in cases:
         spec = LP.PagedSpec(
             num_tokens=batch, max_seqs=batch, q_len=1, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,

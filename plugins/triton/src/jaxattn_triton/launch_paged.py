@@ -233,9 +233,9 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
     twice as many programs as SMs, with each split keeping >= 4 key tiles of the cache's
     capacity; decode whose unsplit programs fill at least 7/8 of the SMs runs unsplit, and
     decode with enough sequences for several waves puts several KV heads in one program when
-    that makes one nearly full wave. Decode over a quantized cache aims at about two programs
-    per SM instead (4 warps, 128-token tiles; splits or KV heads per program to get there);
-    prefill blocks over one take the 16-bit tiles, and a ragged batch's short sequences decode
+    that makes one nearly full wave. Decode over a quantized cache aims at about four programs
+    per SM instead (one KV head x 64 tokens, 2 warps; splits to get there when the sequences
+    are few); prefill blocks over one take the 16-bit tiles, and a ragged batch's short sequences decode
     programs of their own (``PagedTiles.decode_q``).
     """
     chunks = _cdiv(spec.group, MAX_HEAD_CHUNK)
@@ -301,23 +301,24 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
         # With fewer sequences (splits > 1) 64 tokens and 3 stages stay ahead.
         block_n, num_stages = 32, 4
     if spec.quantized and decode_like and split_free:
-        # One byte per value: 128-token tiles (the bytes of a bf16 64-token tile per stage), 4
-        # warps, and about two programs per SM (registers and shared memory hold two such
-        # programs: ~96 KB each with V's widened staging tile), so one program's barriers and
-        # softmax hide behind the other's loads: splits when the sequences make about one wave,
-        # 2 or 4 KV heads per program when they make several. Measured on an H100 (GQA 32/8,
-        # D=128, 32k tokens, pages of 16 in a random order, per-token scales; benchmarks/
-        # triton_paged_check.py --quant-sweep --quant-fast, cuDNN's bf16 dense decode 723.9 /
-        # 2941.9 us in the same run), us per call against the one-program-per-SM tiles before
-        # (256 tokens x 8 warps unsplit / 4 KV heads x 64 tokens x 8 warps): 16 sequences int8
-        # 451.4 vs 533.6, e4m3 466.3 vs 551.3 (2 splits; 3 splits of 64 tokens 578.8); 64
-        # sequences int8 1715.3 vs 2056.6, e4m3 1829.0 vs 2193.6 (2 KV heads x 64 tokens; one
-        # head x 128 tokens, 512 programs, 1893.8 / 1874.0).
+        # One byte per value: one KV head x 64 tokens, 2 warps, 3 stages, and about four
+        # programs per SM (184 registers, 54 KB of shared memory each: triton 3.9's sm_90
+        # build), with splits when the sequences make fewer. Two warps, not four: a tile's row
+        # max, row sum and P's layout change cross half as many warps per barrier, and four
+        # programs keep an SM's loads going through any one's barriers. Measured on an H100
+        # (GQA 32/8, D=128, pages of 16 in a random order, per-head scales; benchmarks/
+        # triton_paged_check.py --quant-sweep --quant-fast --quant-variants, cuDNN's bf16 dense
+        # decode in the same run), us per call, these tiles vs the two-per-SM tiles before (one
+        # head x 128 tokens, 4 warps, 2 splits at 16 sequences; 2 KV heads x 64 tokens, 4
+        # warps at 64), int8 / e4m3: 16 x 8k 114.7 / 115.0 vs 118.3 / 116.7 (cuDNN 190.7),
+        # 16 x 32k 404.2 / 412.9 vs 427.7 / 437.2 (733.9), 64 x 8k 408.7 / 405.6 vs 425.6 /
+        # 423.1 (740.2). The same reads with no attention at all (benchmarks/paged_probe.py
+        # --quant-floor) take 97.5-101 us at 16 x 8k: what is left above that is the kernel's
+        # work, not its memory traffic.
         unsplit = max(1, query_blocks(spec, block_q) * spec.heads_kv * chunks)
-        kv_heads = _quantized_kv_heads(spec.heads_kv, block_q * head_chunk, unsplit, num_sms)
-        programs = unsplit // kv_heads
-        num_splits = 1 if kv_heads > 1 else max(1, min((2 * num_sms) // programs, spec.capacity // 512, 64))
-        block_n, num_warps, num_stages = 128 // kv_heads, 4, 3
+        kv_heads = 1
+        num_splits = max(1, min((4 * num_sms) // unsplit, spec.capacity // 256, 64))
+        block_n, num_warps, num_stages = 64, 2, 3
     decode_q = decode_block_n = 0
     if spec.quantized and spec.ragged and block_q > 1 and chunks == 1 and not wide and head_chunk <= 16:
         # A ragged batch with prefill over a quantized cache: its decode rows (sequences of
@@ -333,17 +334,6 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
     return PagedTiles(
         block_q, head_chunk, block_n, num_warps, num_stages, int(num_splits), kv_heads, decode_q, decode_block_n
     )
-
-
-def _quantized_kv_heads(heads_kv: int, rows_per_head: int, programs: int, num_sms: int) -> int:
-    """KV heads per program (4 or 2, dividing Hkv, rows <= 16) that turn ``programs`` one-head
-    programs into about two per SM (at least 7/8 of that); 1 if none does (few sequences:
-    splits make the programs instead)."""
-    for kv_heads in (4, 2):
-        fewer = programs // kv_heads
-        if heads_kv % kv_heads == 0 and rows_per_head * kv_heads <= 16 and 7 * num_sms <= 4 * fewer:
-            return kv_heads
-    return 1
 
 
 def _one_wave_kv_heads(heads_kv: int, rows_per_head: int, programs: int, num_sms: int) -> int:
