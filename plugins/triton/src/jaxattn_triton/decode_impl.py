@@ -4,7 +4,8 @@ The seed's decode mechanism: a few queries per sequence (T <= 16: a decode step,
 decoding) over a dense ``(B, S, Hkv, D)`` cache, optionally holding ``kv_lengths[b]`` valid
 tokens per sequence. It runs ``paged_ops.dense_decode``'s kernel (the paged kernel with the
 cache seen as one page per sequence, no copy): the whole GQA group of a sequence's queries in
-one program, the keys cut into enough splits to fill the GPU, merged by a second kernel.
+one program, the keys cut into enough splits to fill the GPU, merged in the same launch by
+the split that finishes last.
 
 A quantized cache (int8, float8_e4m3fn, float8_e5m2 with float32 ``k_scale``/``v_scale`` per
 tensor, head or token; ``Feature.QUANTIZED_KV``) is read narrow and dequantized in registers,
