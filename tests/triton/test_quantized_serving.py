@@ -53,6 +53,22 @@ def test_accepted_on_an_h100_and_explained(fmt: str) -> None:
 
 
 @pytest.mark.usefixtures("kernels_installed")
+def test_explain_says_how_the_kernel_tiles_the_call() -> None:
+    # The tiles paged_ops picks for the call (launch_paged.default_tiles), said by explain: over
+    # an int8 cache 16 decode sequences take 2-warp programs, 4 key splits merged in the launch.
+    impl = TritonPagedDecode(MD, H100)
+    quantized = [n for n in impl.notes(paged_problem(kv_dtype="int8")) if n.startswith("tiles:")]
+    assert quantized == ["tiles: 1 query token(s) x 1 KV head a program, 64 keys a step, 2 warps; 4 key splits "
+                         "merged in the launch; 512 programs on 132 SMs"], quantized
+    wide = [n for n in impl.notes(paged_problem()) if n.startswith("tiles:")]
+    assert wide == ["tiles: 1 query token(s) x 1 KV head a program, 128 keys a step, 8 warps; unsplit; "
+                    "128 programs on 132 SMs"], wide
+    mixed = paged_problem(num_tokens=2112, queries_per_seq=None, num_seqs=68, kv_dtype="int8", pages_per_seq=60)
+    (note,) = [n for n in TritonRaggedPagedAttention(MD, H100).notes(mixed) if n.startswith("tiles:")]
+    assert "decode programs of their own (16 rows, 128 keys a step)" in note, note
+
+
+@pytest.mark.usefixtures("kernels_installed")
 def test_gradients_over_a_quantized_cache_are_declined() -> None:
     reasons = TritonDecodeAttention(MD, H100).not_supported_reasons(_dense(kv_dtype="int8", needs_grad=True))
     assert any("quantized (int8) cache" in r and "dequantize_kv" in r for r in reasons), reasons

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..quantize import GRANULARITIES, KV_DTYPE_FLAGS, scale_shape
 from ._args import mesh_axes, nonneg_window, positive_float, positive_int, probability
 from ._output import Printer, Table, dump_json
 from ._plugins import is_plugin_row
@@ -54,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     features.add_argument("--grad", action="store_true", help="the call is differentiated")
     features.add_argument("--kv-lengths", action="store_true",
                           help="per-sequence key lengths: k and v are a dense KV cache of capacity S")
+    features.add_argument("--kv-dtype", choices=tuple(KV_DTYPE_FLAGS),
+                          help="a quantized KV cache (fp8 = float8_e4m3fn) with float32 k_scale/v_scale; "
+                               "with --kv-lengths, --paged or --ragged")
+    features.add_argument("--kv-granularity", choices=GRANULARITIES, default="token",
+                          help="with --kv-dtype: one scale per tensor, KV head, or token and head (default token)")
 
     paged = parser.add_argument_group(
         "paged KV cache (--paged: T queries per sequence, as paged_attention; --ragged: a ragged batch of "
@@ -156,8 +162,22 @@ def build_call(args: argparse.Namespace) -> tuple[tuple[Any, Any, Any], dict[str
     if args.dropout:
         kwargs["dropout_prob"] = args.dropout
         kwargs["dropout_rng"] = spec((2,), jnp.uint32)  # a raw PRNG key; only its presence counts
-    qkv = (spec((b, t, hq, d), dtype), spec((b, s, hkv, d), dtype), spec((b, s, hkv, dv), dtype))
+    cache = _dtype(KV_DTYPE_FLAGS[args.kv_dtype]) if args.kv_dtype else dtype
+    kwargs.update(_scales(args, (b, s, hkv)))
+    qkv = (spec((b, t, hq, d), dtype), spec((b, s, hkv, d), cache), spec((b, s, hkv, dv), cache))
     return qkv, kwargs
+
+
+def _scales(args: argparse.Namespace, lead: tuple[int, ...]) -> dict[str, Any]:
+    """``k_scale`` and ``v_scale`` of a --kv-dtype cache whose shape without its last axis is
+    ``lead``, at --kv-granularity; none without --kv-dtype."""
+    if not args.kv_dtype:
+        return {}
+    import jax
+    import jax.numpy as jnp
+
+    scale = jax.ShapeDtypeStruct(scale_shape(lead, args.kv_granularity), jnp.float32)
+    return {"k_scale": scale, "v_scale": scale}
 
 
 def build_paged_call(args: argparse.Namespace) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -173,13 +193,14 @@ def build_paged_call(args: argparse.Namespace) -> tuple[tuple[Any, ...], dict[st
     spec = jax.ShapeDtypeStruct
     dtype = _dtype(args.dtype)
     pool = (b * per_seq, args.page_size)
+    cache = _dtype(KV_DTYPE_FLAGS[args.kv_dtype]) if args.kv_dtype else dtype
     k_pages = v_pages = kv_pages = None
     if args.combined:
-        kv_pages = spec((*pool, 2 * hkv, d), dtype)
+        kv_pages = spec((*pool, 2 * hkv, d), cache)
     else:
-        k_pages, v_pages = spec((*pool, hkv, d), dtype), spec((*pool, hkv, dv), dtype)
+        k_pages, v_pages = spec((*pool, hkv, d), cache), spec((*pool, hkv, dv), cache)
     table, lengths = spec((b, per_seq), jnp.int32), spec((b,), jnp.int32)
-    kwargs: dict[str, Any] = {"kv_pages": kv_pages, "metadata": metadata(args)}
+    kwargs: dict[str, Any] = {"kv_pages": kv_pages, "metadata": metadata(args), **_scales(args, (*pool, hkv))}
     if args.impl is not None:
         kwargs["impl"] = args.impl
     if args.window is not None:
@@ -232,6 +253,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.impl is not None:
         _check_impl(args)
+    if args.kv_dtype and not (args.paged or args.ragged or args.kv_lengths):
+        raise jaxattn.InvalidInputError("--kv-dtype", "a quantized cache is a KV cache read by decode",
+                                        "add --kv-lengths (a dense cache), --paged or --ragged")
     if args.paged or args.ragged:
         unused = [flag for flag, on in (("--causal", args.causal), ("--mask", args.mask), ("--bias", args.bias),
                                         ("--segment-ids", args.segment_ids), ("--dropout", args.dropout),

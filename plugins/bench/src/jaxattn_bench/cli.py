@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jaxattn.cli._args import NumericArg, int_list, nonneg_float, nonneg_int, positive_float, positive_int
+from jaxattn.quantize import GRANULARITIES, KV_DTYPE_FLAGS
 
 from .timing import platform_of  # stdlib-only at import time, like this module
 
@@ -87,11 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--serving", action="store_true",
                         help="instead: decode and ragged calls over a paged KV cache (GB/s of K/V read), paged "
                              "backends beside dense decode (cuDNN...) and JAX's Pallas GPU paged_attention")
-    parser.add_argument("--kv-dtype", choices=("int8", "fp8", "fp8_e5m2"),
+    parser.add_argument("--kv-dtype", choices=tuple(KV_DTYPE_FLAGS),
                         help="with --serving: the paged backends read a quantized cache of the same tokens (fp8 = "
                              "float8_e4m3fn), beside the 16-bit paged kernel and dense decode; bytes read count "
                              "values + scales")
-    parser.add_argument("--kv-granularity", choices=("tensor", "head", "token"), default="token",
+    parser.add_argument("--kv-granularity", choices=GRANULARITIES, default="token",
                         help="with --kv-dtype: one scale per tensor, KV head, or token and head (default token)")
     # The shared --json flag (print JSON) gains an optional PATH: with one, the JSON goes to the file
     # and the table still goes to stdout. "resolve" lets this definition replace the shared one

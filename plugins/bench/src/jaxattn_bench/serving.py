@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxattn.metadata import AttentionMetadata
+from jaxattn.quantize import KV_DTYPE_FLAGS
 
 from .timing import Program, median, platform_defaults, platform_of, preroll, run_once, run_sample, size_samples
 
@@ -52,7 +53,7 @@ _POOL_LABELS = {"random": "", "in order": " pages in order", "address order": " 
 #: Consecutive pages an allocator hands out at once in the "runs of 16" pool.
 RUN = 16
 #: ``--kv-dtype``'s names for the quantized cache formats.
-KV_DTYPES = {"int8": "int8", "fp8": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+KV_DTYPES = KV_DTYPE_FLAGS
 #: Rows of a quantized shape that time a paged backend on the 16-bit cache of the same tokens.
 WIDE_SUFFIX = " (16-bit cache)"
 

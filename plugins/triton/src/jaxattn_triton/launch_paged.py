@@ -445,6 +445,12 @@ def _scale_constexprs(which: str, strides: ScaleStrides | None) -> dict[str, int
     }  # fmt: skip
 
 
+def launch_grid(spec: PagedSpec, tiles: PagedTiles) -> tuple[int, int, int]:
+    """The attention launch's grid: query blocks, KV head groups x head chunks, key splits."""
+    chunks = _cdiv(spec.group, tiles.head_chunk)
+    return query_blocks(spec, tiles.block_q, tiles.decode_q), spec.heads_kv // tiles.kv_heads * chunks, tiles.num_splits
+
+
 def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
     """Inputs: q, k, v, page_table, kv_lengths, cu_q_lens, num_seqs, sinks (f32), k_scale and
     v_scale (f32, contiguous, laid out as ``spec.k_scale``/``v_scale`` say; dummies if None).
@@ -474,7 +480,6 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
     splits = tiles.num_splits
     if splits < 1:
         raise ValueError(f"num_splits={splits} must be >= 1")
-    chunks = _cdiv(spec.group, tiles.head_chunk)
     identity = spec.layout == DENSE
     # Large windows cut nothing: treat them as unbounded (and keep the arithmetic in int32).
     # A query sits at pos in [-q_len, capacity - 1] and keys at j in [0, capacity - 1]: a left
@@ -543,7 +548,7 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
             ((splits, n, hq), "float32"),
             ((splits, n, hq), "float32"),
         )
-    grid = (query_blocks(spec, tiles.block_q, tiles.decode_q), spec.heads_kv // tiles.kv_heads * chunks, splits)
+    grid = launch_grid(spec, tiles)
     if fused(tiles):
         outputs += (((n, hq, dv), spec.dtype), ((n, hq), "float32"), ((grid[0] * grid[1],), "int32"))
     else:

@@ -27,6 +27,7 @@ first call.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, ClassVar
 
 from jaxattn.call import PagedCall
@@ -85,7 +86,7 @@ class _TritonPaged(PagedAttentionImpl):
         if problem.kv_dtype is not None:
             layout += (f" as {problem.kv_dtype}, dequantized in registers (k_scale, v_scale read in place; no "
                        "full-size copy)")
-        return [kernel, layout]
+        return [kernel, layout, *_tiles_note(problem)]
 
     def forward_cuda(self, call: PagedCall) -> AttentionOutput:
         """Runs the call (``jaxattn.paged_impl``) through paged_decode when every sequence has
@@ -123,6 +124,40 @@ class _TritonPaged(PagedAttentionImpl):
         out = ragged_paged(call.q, k, v, page_table, kv_lengths, call.cu_q_lens, num_seqs, **kw)
         assert not isinstance(out, tuple)
         return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 1))
+
+
+def _tiles_note(problem: PagedProblem) -> list[str]:
+    """How the kernel tiles the call on this GPU: ``launch_paged.default_tiles`` of the spec
+    ``paged_ops`` builds for it (none where the kernels cannot take the call)."""
+    from jaxattn_triton import launch_paged as LP
+    from jaxattn_triton.paged_ops import _num_sms
+
+    t = problem.queries_per_seq
+    try:
+        spec = LP.PagedSpec(
+            num_tokens=problem.num_seqs * t if t is not None else problem.num_tokens, max_seqs=problem.num_seqs,
+            q_len=t, heads_q=problem.heads_q, heads_kv=problem.heads_kv, head_dim=problem.head_dim,
+            head_dim_v=problem.head_dim_v, dtype=problem.dtype, num_pages=problem.num_pages,
+            page_size=problem.page_size, pages_per_seq=problem.pages_per_seq,
+            layout=LP.COMBINED if problem.kv_layout == "combined" else LP.SEPARATE, cache_dtype=problem.kv_dtype,
+        )  # fmt: skip
+    except ValueError:
+        return []
+    sms = _num_sms()
+    tiles = LP.default_tiles(spec, sms)
+    programs = math.prod(LP.launch_grid(spec, tiles))
+    heads = f"{tiles.kv_heads} KV heads" if tiles.kv_heads > 1 else "1 KV head"
+    if tiles.num_splits > 1:
+        merge = " merged in the launch" if LP.fused(tiles) else " merged by a second launch"
+        splits = f"{tiles.num_splits} key splits{merge}"
+    else:
+        splits = "unsplit"
+    note = (f"tiles: {tiles.block_q} query token(s) x {heads} a program, {tiles.block_n} keys a step, "
+            f"{tiles.num_warps} warps; {splits}; {programs} programs on {sms} SMs")
+    if tiles.decode_q:
+        note += (f"; sequences of at most {tiles.decode_q} queries in decode programs of their own "
+                 f"({tiles.decode_m} rows, {tiles.decode_block_n} keys a step)")
+    return [note]
 
 
 class TritonRaggedPagedAttention(_TritonPaged, declaration=RAGGED_PAGE_ATTENTION):
