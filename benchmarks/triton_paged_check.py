@@ -1147,8 +1147,10 @@ def _split_launches(spec: LP.PagedSpec, tiles: LP.PagedTiles) -> tuple[Callable[
 
 def quant_combine() -> None:
     """The split combine's share of a split decode call over a quantized cache (per-head
-    scales): the whole call, its attention launch alone (the partials), and the combine
-    launch alone, each timed back to back beside cuDNN's bf16 dense decode."""
+    scales), in the call's two-launch form (``JAXATTN_TRITON_FUSE=0``): the whole call, its
+    attention launch alone (the partials), and the combine launch alone; and the whole call
+    with the splits merged in the launch (the default, "merged"), each timed back to back
+    beside cuDNN's bf16 dense decode."""
     rows: list[dict[str, Any]] = []
     dt = dtype_under_test()
     shapes = [(8, 2, 64)] if SMOKE else QUANT_COMBINE_SHAPES
@@ -1171,11 +1173,19 @@ def quant_combine() -> None:
                 kq, vq, ks, vs = quantized_cache(k, v, fmt, "head")
                 spec = decode_spec(batch, ctx, dt, k.shape[:3], fmt, (ks.shape, vs.shape))
                 tiles = LP.default_tiles(spec, _num_sms())
-                whole, partials, combined = (jax.jit(f) for f in _split_launches(spec, tiles))
                 args = (q, kq, vq, table, lens, ks, vs)
-                times = {"whole": time_fn(whole, *args), "attention": time_fn(partials, *args)}
+                # The switch is read when a launch is built, i.e. when each jit traces.
+                os.environ["JAXATTN_TRITON_FUSE"] = "0"
+                try:
+                    whole, partials, combined = (jax.jit(f) for f in _split_launches(spec, tiles))
+                    times = {"whole": time_fn(whole, *args), "attention": time_fn(partials, *args)}
+                    if tiles.num_splits > 1:
+                        times["combine"] = time_fn(combined, *partials(*args)[:3])
+                finally:
+                    os.environ.pop("JAXATTN_TRITON_FUSE")
+                    os.environ.update(QUANT_BASE_ENV)
                 if tiles.num_splits > 1:
-                    times["combine"] = time_fn(combined, *partials(*args)[:3])
+                    times["merged"] = time_fn(jax.jit(_split_launches(spec, tiles)[0]), *args)
                 row = {"name": label, "splits": tiles.num_splits, "cudnn_us": bar * 1e6 if bar else None,
                        **{f"{key}_us": sec * 1e6 for key, sec in times.items()}}  # fmt: skip
                 log(f"quant_combine {label} splits={tiles.num_splits}: "
