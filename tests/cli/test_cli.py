@@ -158,11 +158,11 @@ def test_explain_paged_and_ragged_rank_only_paged_impls(capsys: pytest.CaptureFi
 
 
 def test_explain_a_quantized_cache(capsys: pytest.CaptureFixture[str]) -> None:
-    # --kv-dtype makes the cache narrow with float32 scales at --kv-granularity: paged and dense
-    # decode; the reference says it dequantizes into a full-size copy.
+    # --kv-dtype makes the cache narrow with float32 scales (one per token and head): paged and
+    # dense calls; the reference says it dequantizes into a full-size copy.
     _register_paged()
     decode = run_json(capsys, "explain", "--paged", "-b", "4", "-t", "1", "-s", "300", "--heads-q", "8",
-                      "--heads-kv", "2", "--kv-dtype", "int8", "--kv-granularity", "head")
+                      "--heads-kv", "2", "--kv-dtype", "int8")
     assert decode["problem"]["kv_dtype"] == "int8"
     assert decode["chosen"] == "decode_only"  # the higher priority; both read quantized caches
     reference = next(c for c in decode["candidates"] if c["name"] == "vanilla_paged")
@@ -170,11 +170,10 @@ def test_explain_a_quantized_cache(capsys: pytest.CaptureFixture[str]) -> None:
     ragged = run_json(capsys, "explain", "--ragged", "-b", "3", "-t", "40", "-s", "128", "--combined",
                       "--kv-dtype", "fp8_e5m2")
     assert ragged["problem"]["kv_dtype"] == "float8_e5m2" and ragged["problem"]["kv_layout"] == "combined"
-    code, out, _ = run_cli(capsys, "explain", "-t", "1", "-s", "64", "--causal", "--kv-lengths", "--kv-dtype", "fp8",
-                           "--kv-granularity", "tensor", "--json")
-    assert json.loads(out)["problem"]["kv_dtype"] == "float8_e4m3fn"
-    code, _, err = run_cli(capsys, "explain", "-t", "1", "-s", "64", "--kv-dtype", "int8")
-    assert code == 2 and "--kv-dtype" in err and "--kv-lengths" in err
+    _, out, _ = run_cli(capsys, "explain", "-t", "1", "-s", "64", "--causal", "--kv-lengths", "--kv-dtype", "fp8",
+                           "--json")
+    dense = json.loads(out)["problem"]
+    assert dense["kv_dtype"] == "float8_e4m3fn" and dense["kv_lengths"] is True
 
 
 def test_explain_kv_lengths_is_a_feature_of_the_call(capsys: pytest.CaptureFixture[str]) -> None:

@@ -35,7 +35,6 @@ __all__ = [
     "kv_format_max",
     "quantize_kv",
     "scale_rank3",
-    "scale_shape",
 ]
 
 #: The storage dtypes of a quantized cache, with the largest magnitude each represents: int8 is
@@ -49,20 +48,6 @@ GRANULARITIES: tuple[str, ...] = ("tensor", "head", "token")
 
 #: The command lines' short names of the formats (``--kv-dtype``): fp8 is float8_e4m3fn.
 KV_DTYPE_FLAGS: dict[str, str] = {"int8": "int8", "fp8": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
-
-
-def scale_shape(lead: tuple[int, ...], granularity: str) -> tuple[int, ...]:
-    """The shape of one scale array at ``granularity`` for a cache whose shape without its last
-    axis is ``lead`` (``(num_pages, page_size, Hkv)`` or ``(B, S, Hkv)``): ``()``, ``(Hkv,)``
-    or ``lead`` itself."""
-    _check_granularity(granularity)
-    return {"tensor": (), "head": lead[-1:], "token": tuple(lead)}[granularity]
-
-
-def _check_granularity(granularity: str) -> None:
-    if granularity not in GRANULARITIES:
-        raise InvalidInputError("granularity", f"must be one of {GRANULARITIES}, got {granularity!r}",
-                                "'token' suits caches written a token at a time")
 
 
 def _shape(x: Any, name: str) -> tuple[int, ...]:
@@ -99,7 +84,9 @@ def quantize_kv(x: Any, dtype: Any, granularity: str = "token") -> tuple[Any, An
     if len(shape) < 2:
         raise InvalidInputError("x", f"must have rank >= 2 (..., Hkv, D), got shape {shape}",
                                 "pass pages (num_pages, page_size, Hkv, D) or a cache (B, S, Hkv, D)")
-    _check_granularity(granularity)
+    if granularity not in GRANULARITIES:
+        raise InvalidInputError("granularity", f"must be one of {GRANULARITIES}, got {granularity!r}",
+                                "'token' suits caches written a token at a time")
     wide = jnp.asarray(x).astype(jnp.float32)
     mag = jnp.abs(wide)
     if granularity == "tensor":

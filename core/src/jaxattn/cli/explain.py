@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..quantize import GRANULARITIES, KV_DTYPE_FLAGS, scale_shape
+from ..quantize import KV_DTYPE_FLAGS
 from ._args import mesh_axes, nonneg_window, positive_float, positive_int, probability
 from ._output import Printer, Table, dump_json
 from ._plugins import is_plugin_row
@@ -56,10 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     features.add_argument("--kv-lengths", action="store_true",
                           help="per-sequence key lengths: k and v are a dense KV cache of capacity S")
     features.add_argument("--kv-dtype", choices=tuple(KV_DTYPE_FLAGS),
-                          help="a quantized KV cache (fp8 = float8_e4m3fn) with float32 k_scale/v_scale; "
-                               "with --kv-lengths, --paged or --ragged")
-    features.add_argument("--kv-granularity", choices=GRANULARITIES, default="token",
-                          help="with --kv-dtype: one scale per tensor, KV head, or token and head (default token)")
+                          help="a quantized KV cache (fp8 = float8_e4m3fn) with float32 k_scale, v_scale per token")
 
     paged = parser.add_argument_group(
         "paged KV cache (--paged: T queries per sequence, as paged_attention; --ragged: a ragged batch of "
@@ -143,11 +140,7 @@ def build_call(args: argparse.Namespace) -> tuple[tuple[Any, Any, Any], dict[str
     def broadcast(pattern: str, dt: Any) -> Any:
         return spec(tuple(full[c] if c != "1" else 1 for c in pattern), dt)
 
-    kwargs: dict[str, Any] = {"causal": args.causal, "needs_grad": args.grad, "metadata": metadata(args)}
-    if args.impl is not None:
-        kwargs["impl"] = args.impl
-    if args.window is not None:
-        kwargs["sliding_window"] = args.window
+    kwargs: dict[str, Any] = {"causal": args.causal, "needs_grad": args.grad, **_shared(args, (b, s, hkv))}
     if args.mask is not None:
         kwargs["mask"] = broadcast(args.mask, jnp.bool_)
     if args.bias is not None:
@@ -155,29 +148,34 @@ def build_call(args: argparse.Namespace) -> tuple[tuple[Any, Any, Any], dict[str
     if args.segment_ids:
         kwargs["q_segment_ids"] = spec((b, t), jnp.int32)
         kwargs["kv_segment_ids"] = spec((b, s), jnp.int32)
-    if args.soft_cap is not None:
-        kwargs["logits_soft_cap"] = args.soft_cap
-    if args.sinks:
-        kwargs["softmax_aux"] = spec((hq,), jnp.float32)
+    if args.kv_lengths:
+        kwargs["kv_lengths"] = spec((b,), jnp.int32)
     if args.dropout:
         kwargs["dropout_prob"] = args.dropout
         kwargs["dropout_rng"] = spec((2,), jnp.uint32)  # a raw PRNG key; only its presence counts
     cache = _dtype(KV_DTYPE_FLAGS[args.kv_dtype]) if args.kv_dtype else dtype
-    kwargs.update(_scales(args, (b, s, hkv)))
     qkv = (spec((b, t, hq, d), dtype), spec((b, s, hkv, d), cache), spec((b, s, hkv, dv), cache))
     return qkv, kwargs
 
 
-def _scales(args: argparse.Namespace, lead: tuple[int, ...]) -> dict[str, Any]:
-    """``k_scale`` and ``v_scale`` of a --kv-dtype cache whose shape without its last axis is
-    ``lead``, at --kv-granularity; none without --kv-dtype."""
-    if not args.kv_dtype:
-        return {}
+def _shared(args: argparse.Namespace, lead: tuple[int, ...]) -> dict[str, Any]:
+    """The keyword arguments dense and paged calls share: metadata, impl, window, soft cap, sinks,
+    and a --kv-dtype cache's scales (one per token and head: the granularity changes no choice)
+    for a cache whose shape without its last axis is ``lead``."""
     import jax
-    import jax.numpy as jnp
 
-    scale = jax.ShapeDtypeStruct(scale_shape(lead, args.kv_granularity), jnp.float32)
-    return {"k_scale": scale, "v_scale": scale}
+    out: dict[str, Any] = {"metadata": metadata(args)}
+    if args.impl is not None:
+        out["impl"] = args.impl
+    if args.window is not None:
+        out["sliding_window"] = args.window
+    if args.soft_cap is not None:
+        out["logits_soft_cap"] = args.soft_cap
+    if args.sinks:
+        out["softmax_aux"] = jax.ShapeDtypeStruct((args.heads_q,), "float32")
+    if args.kv_dtype:
+        out["k_scale"] = out["v_scale"] = jax.ShapeDtypeStruct(lead, "float32")
+    return out
 
 
 def build_paged_call(args: argparse.Namespace) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -200,15 +198,7 @@ def build_paged_call(args: argparse.Namespace) -> tuple[tuple[Any, ...], dict[st
     else:
         k_pages, v_pages = spec((*pool, hkv, d), cache), spec((*pool, hkv, dv), cache)
     table, lengths = spec((b, per_seq), jnp.int32), spec((b,), jnp.int32)
-    kwargs: dict[str, Any] = {"kv_pages": kv_pages, "metadata": metadata(args), **_scales(args, (*pool, hkv))}
-    if args.impl is not None:
-        kwargs["impl"] = args.impl
-    if args.window is not None:
-        kwargs["sliding_window"] = args.window
-    if args.soft_cap is not None:
-        kwargs["logits_soft_cap"] = args.soft_cap
-    if args.sinks:
-        kwargs["softmax_aux"] = spec((hq,), jnp.float32)
+    kwargs: dict[str, Any] = {"kv_pages": kv_pages, **_shared(args, (*pool, hkv))}
     if args.ragged:  # -t query rows in all, packed over the sequences
         q = spec((t, hq, d), dtype)
         kwargs.update(cu_q_lens=spec((b + 1,), jnp.int32), num_seqs=spec((1,), jnp.int32))
@@ -253,9 +243,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.impl is not None:
         _check_impl(args)
-    if args.kv_dtype and not (args.paged or args.ragged or args.kv_lengths):
-        raise jaxattn.InvalidInputError("--kv-dtype", "a quantized cache is a KV cache read by decode",
-                                        "add --kv-lengths (a dense cache), --paged or --ragged")
     if args.paged or args.ragged:
         unused = [flag for flag, on in (("--causal", args.causal), ("--mask", args.mask), ("--bias", args.bias),
                                         ("--segment-ids", args.segment_ids), ("--dropout", args.dropout),
@@ -267,8 +254,6 @@ def run(args: argparse.Namespace) -> int:
         explanation = jaxattn.explain_paged(*arrays, **kwargs)
     else:
         (q, k, v), kwargs = build_call(args)
-        if args.kv_lengths:
-            kwargs["kv_lengths"] = jax_struct((args.batch,), "int32")
         explanation = jaxattn.explain(q, k, v, **kwargs)
     if args.json:
         dump_json(explanation.to_dict())
@@ -276,12 +261,6 @@ def run(args: argparse.Namespace) -> int:
         render(explanation, Printer.from_args(args))
     # Scripts can test the exit status: 0 when something runs the call, 1 when nothing does.
     return 0 if explanation.chosen else 1
-
-
-def jax_struct(shape: tuple[int, ...], dtype: str) -> Any:
-    import jax
-
-    return jax.ShapeDtypeStruct(shape, dtype)
 
 
 def render(explanation: Any, out: Printer) -> None:

@@ -226,9 +226,8 @@ def _run_serving(args: argparse.Namespace, metadata: AttentionMetadata, platform
     from .serving import ServingResult, run_serving, serving_matrix, serving_not_run, serving_table
 
     dtype = args.dtype or ("float32" if platform == "cpu" else "bfloat16")
-    from .serving import KV_DTYPES
 
-    kv_dtype = KV_DTYPES[args.kv_dtype] if args.kv_dtype else None
+    kv_dtype = KV_DTYPE_FLAGS[args.kv_dtype] if args.kv_dtype else None
     shapes = serving_matrix(quick=args.quick or platform == "cpu", dtype=dtype, kv_dtype=kv_dtype,
                             granularity=args.kv_granularity)
     if args.impls:

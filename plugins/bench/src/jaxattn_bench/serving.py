@@ -52,8 +52,6 @@ _POOL_LABELS = {"random": "", "in order": " pages in order", "address order": " 
                 "runs of 16": " pages in runs of 16"}
 #: Consecutive pages an allocator hands out at once in the "runs of 16" pool.
 RUN = 16
-#: ``--kv-dtype``'s names for the quantized cache formats.
-KV_DTYPES = KV_DTYPE_FLAGS
 #: Rows of a quantized shape that time a paged backend on the 16-bit cache of the same tokens.
 WIDE_SUFFIX = " (16-bit cache)"
 
@@ -86,8 +84,8 @@ class ServingShape:
     def __post_init__(self) -> None:
         if self.pool not in POOLS:
             raise ValueError(f"pool={self.pool!r} must be one of {POOLS}")
-        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES.values():
-            raise ValueError(f"kv_dtype={self.kv_dtype!r} must be one of {sorted(KV_DTYPES.values())}")
+        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPE_FLAGS.values():
+            raise ValueError(f"kv_dtype={self.kv_dtype!r} must be one of {sorted(KV_DTYPE_FLAGS.values())}")
 
     @property
     def mixed(self) -> bool:
