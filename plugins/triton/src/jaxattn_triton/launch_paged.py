@@ -480,6 +480,7 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
     splits = tiles.num_splits
     if splits < 1:
         raise ValueError(f"num_splits={splits} must be >= 1")
+    fuse = fused(tiles)
     identity = spec.layout == DENSE
     # Large windows cut nothing: treat them as unbounded (and keep the arithmetic in int32).
     # A query sits at pos in [-q_len, capacity - 1] and keys at j in [0, capacity - 1]: a left
@@ -525,7 +526,7 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         "HAS_SOFTCAP": bool(spec.softcap),
         "HAS_SINK": spec.sinks,
         "NUM_SPLITS": splits,
-        "FUSE": fused(tiles),
+        "FUSE": fuse,
         "BLOCK_Q": tiles.block_q,
         "BLOCK_M": tiles.block_m,
         "BLOCK_N": tiles.block_n,
@@ -549,7 +550,7 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
             ((splits, n, hq), "float32"),
         )
     grid = launch_grid(spec, tiles)
-    if fused(tiles):
+    if fuse:
         outputs += (((n, hq, dv), spec.dtype), ((n, hq), "float32"), ((grid[0] * grid[1],), "int32"))
     else:
         outputs += (((1,), spec.dtype), ((1,), "float32"), ((1,), "int32"))
@@ -560,7 +561,7 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         constexprs=constexprs,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
-        zeroed=(5,) if fused(tiles) else (),
+        zeroed=(5,) if fuse else (),
     )
 
 
@@ -611,10 +612,11 @@ def run(
         if spec.k_scale is not None or spec.v_scale is not None:
             raise ValueError("the spec has k_scale/v_scale strides: pass the scales as inputs 9 and 10")
         inputs += [inputs[7], inputs[7]]
-    first = execute(attention(spec, tiles), inputs)
+    launch = attention(spec, tiles)
+    first = execute(launch, inputs)
     if tiles.num_splits == 1:
         return first[0], first[1]
-    if fused(tiles):
+    if launch.constexprs["FUSE"]:
         return first[3], first[4]
     out, lse = execute(combine(spec, tiles), [first[0], first[1], first[2], inputs[7]])
     return out, lse

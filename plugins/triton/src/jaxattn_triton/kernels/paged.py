@@ -508,17 +508,7 @@ def _paged_block(
     o_cols = offs_dv[None, :]
     o_mask = row_ok[:, None] & (o_cols < DV)
     if NUM_SPLITS == 1:
-        # Log-sum-exp over keys only (sinks excluded), natural units; -inf for empty rows.
-        lse = (m_i + tl.log2(l_i)) * LN2
-        if HAS_SINK:
-            sink = tl.load(Sink + head, mask=row_ok, other=0.0).to(tl.float32) * LOG2E
-            m_fin = tl.maximum(m_i, sink)
-            alpha = tl.exp2(m_i - m_fin)
-            acc = acc * alpha[:, None]
-            l_i = l_i * alpha + tl.exp2(sink - m_fin)
-        # Rows with no visible key have acc == 0: divide by 1 and they give zeros.
-        denom = tl.where(l_i == 0.0, 1.0, l_i)
-        out = acc / denom[:, None]
+        out, lse = _normalised(acc, l_i, m_i, Sink, head, row_ok, HAS_SINK)
         tl.store(Out + rows[:, None] * DV + o_cols, out.to(Out.dtype.element_ty), mask=o_mask)
         tl.store(Stat + rows, lse, mask=row_ok)
     else:
@@ -707,19 +697,25 @@ def _merge_splits(OPart, MPart, LPart, Sink, rows, heads, ok, offs_dv, SPLIT: tl
         l_run = l_run * a + l_s * w
         acc = acc * a[:, None] + o_s * w[:, None]
         m_run = m_new
+    return _normalised(acc, l_run, m_run, Sink, heads, ok, HAS_SINK)
+
+
+@triton.jit
+def _normalised(acc, l_i, m_i, Sink, heads, ok, HAS_SINK: tl.constexpr):
+    """``(out, lse)`` of rows from their unnormalised accumulator ``acc``, running sum ``l_i`` and
+    running max ``m_i`` (base 2), the sinks of ``heads`` joining the denominator; the
+    log-sum-exp is over keys only (sinks excluded), natural units, -inf for rows with no key."""
+    lse = (m_i + tl.log2(l_i)) * LN2
     if HAS_SINK:
         sink = tl.load(Sink + heads, mask=ok, other=0.0).to(tl.float32) * LOG2E
-        m_fin = tl.maximum(m_run, sink)
-        m_ref = tl.where(m_fin == float("-inf"), 0.0, m_fin)
-        a = tl.exp2(m_run - m_ref)
-        acc = acc * a[:, None]
-        denom = l_run * a + tl.exp2(sink - m_ref)
-    else:
-        m_ref = tl.where(m_run == float("-inf"), 0.0, m_run)
-        denom = l_run
-    # Log-sum-exp over keys only (sinks excluded): log(l_run) + m_run, in natural units.
-    lse = (m_run + tl.log2(l_run)) * LN2
-    denom = tl.where(denom == 0.0, 1.0, denom)
+        m_fin = tl.maximum(m_i, sink)
+        # A -inf sink on a row with no key: exp2(-inf - -inf) must not make NaN.
+        m_fin = tl.where(m_fin == float("-inf"), 0.0, m_fin)
+        alpha = tl.exp2(m_i - m_fin)
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha + tl.exp2(sink - m_fin)
+    # Rows with no visible key have acc == 0: divide by 1 and they give zeros.
+    denom = tl.where(l_i == 0.0, 1.0, l_i)
     return acc / denom[:, None], lse
 
 
