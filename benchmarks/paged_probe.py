@@ -14,7 +14,9 @@ Modes: ``--patterns`` (the reads above), ``--tables`` (paged decode on a permute
 in-order page table, same tiles), ``--kv-heads`` (``PagedTiles.kv_heads`` configurations on
 a permuted table), ``--sorted`` (each row's pages read in address order), ``--runs`` (pools
 fragmented in runs of consecutive pages), ``--occupancy`` (two programs per SM at 16 sequences),
-``--quant-floor`` (pure reads of an int8 cache beside the int8 decode).
+``--quant-floor`` (pure reads of an int8 cache beside the int8 decode), ``--ncu`` (the int8
+decode and a pure read in its program shape at 16 x 32k, three calls each, to run under Nsight
+Compute: ``ncu -k regex:paged_attn_kernel -c 1 --set full python3 benchmarks/paged_probe.py --ncu``).
 On the GPU machine: ``python3 benchmarks/paged_probe.py --kv-heads [--json OUT]``.
 """
 
@@ -462,7 +464,26 @@ def quant_floor(case: Case) -> list[Candidate]:
     return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
 
 
+def ncu(case: Case) -> list[Candidate]:
+    """The int8 decode (default tiles, per-head scales) and a pure read of its pages in the
+    decode's program shape (one KV head x 64 tokens, 2 warps, 3 stages, 4 splits), each called
+    three times: a profiler's target, not a timing (``main`` runs no ``measure``)."""
+    from jaxattn_triton.paged_ops import paged_decode
+
+    kp8, vp8 = (case.kp * 40).astype(jnp.int8), (case.vp * 40).astype(jnp.int8)
+    scale = jnp.full((HKV,), 1 / 40, jnp.float32)
+    decode = jax.jit(lambda q, k, v, tb, n: paged_decode(q, k, v, tb, n, k_scale=scale, v_scale=scale))
+    pairs = tuple(jax.lax.bitcast_convert_type(x.reshape(*x.shape[:3], D // 2, 2), jnp.float16) for x in (kp8, vp8))
+    read = jax.jit(pages_read(case.b, case.s // case.ps, case.ps, 1, 64, 4, 2, 3, D // 2, ahead=True))
+    for _ in range(3):
+        decode(case.q, kp8, vp8, case.permuted, case.lens).block_until_ready()
+    for _ in range(3):
+        read(*pairs, case.permuted).block_until_ready()
+    return []
+
+
 MODES = {
+    "--ncu": (ncu, ((16, 32768, 16),)),
     "--quant-floor": (quant_floor, ((16, 8192, 16), (16, 32768, 16), (64, 8192, 16))),
     "--occupancy": (occupancy, ((16, 8192, 16), (16, 32768, 16))),
     "--runs": (runs, ((16, 32768, 16), (16, 65536, 16))),
@@ -486,7 +507,9 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for b, s, ps in shapes:
         case = Case(b, s, ps)
-        measure(case, build(case), rows, deadline)
+        cands = build(case)
+        if cands:
+            measure(case, cands, rows, deadline)
         case.free()
 
 

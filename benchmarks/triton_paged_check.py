@@ -960,7 +960,8 @@ QUANT_FAST = "--quant-fast" in sys.argv
 QUANT_GRANS: tuple[str, ...] = ()
 #: Switches of ``launch_paged`` (read when a launch is built): V tiles as int32 words, K widened
 #: by ``kernels/widen.py``; unset, each follows its default for the format.
-KERNEL_SWITCHES = ("JAXATTN_TRITON_V_WORDS", "JAXATTN_TRITON_K_WIDEN", "JAXATTN_TRITON_PV_F16", "JAXATTN_TRITON_FUSE")
+KERNEL_SWITCHES = ("JAXATTN_TRITON_V_WORDS", "JAXATTN_TRITON_K_WIDEN", "JAXATTN_TRITON_PV_F16", "JAXATTN_TRITON_QK_F16",
+                   "JAXATTN_TRITON_FUSE")  # fmt: skip
 
 
 #: --quant-base-env NAME=VALUE,...: switches of KERNEL_SWITCHES set under every timing of the
@@ -976,17 +977,24 @@ def clear_kernel_switches() -> None:
     os.environ.update(QUANT_BASE_ENV)
 
 
+#: --quant-ablate NAME=VALUE[,NAME=VALUE];...: the switch settings timed beside the default
+#: instead of :func:`quant_ablations`' (with --quant-fast too).
+QUANT_ABLATE: list[dict[str, str]] = []
+
+
 def quant_ablations(spec: LP.PagedSpec, tiles: LP.PagedTiles) -> list[dict[str, str]]:
     """The switch settings timed beside the default: the splits merged in a second launch where
-    the default merges them in the attention launch; P V in bf16 where the default takes fp16;
+    the default merges them in the attention launch; Q K^T in bf16 where the default takes
+    fp16; P V in bf16 where the default takes fp16;
     K widened the other way than the format's default (``kernels/widen.py`` or Triton's cast);
     then (the last two, with ``--quant-all-ablations`` only) V read byte-wise, and that with K
     flipped."""
     fuse_off = [{"JAXATTN_TRITON_FUSE": "0"}] if LP.fused(tiles) else []
+    qk_off = [{"JAXATTN_TRITON_QK_F16": "0"}] if LP.qk_f16(spec) else []
     pv_off = [{"JAXATTN_TRITON_PV_F16": "0"}] if LP.pv_f16(spec) else []
     k_flip = {"JAXATTN_TRITON_K_WIDEN": "0" if LP.k_widen(spec) else "1"}
     v_off = {"JAXATTN_TRITON_V_WORDS": "0"}
-    return [*fuse_off, *pv_off, k_flip, v_off, {**v_off, **k_flip}]
+    return [*fuse_off, *qk_off, *pv_off, k_flip, v_off, {**v_off, **k_flip}]
 
 
 def quantized_cache(k: Array, v: Array, fmt: str, granularity: str) -> tuple[Array, Array, Array, Array]:
@@ -1072,7 +1080,9 @@ def quant_sweep() -> None:
                     rows.append(record_error("quant", f"setup {tag} {fmt} {gran}", err))
                     continue
                 variants: list[tuple[LP.PagedTiles, dict[str, str]]] = [(base, {})]
-                if not SMOKE and not QUANT_FAST:
+                if QUANT_ABLATE and not SMOKE:
+                    variants += [(base, env) for env in QUANT_ABLATE]
+                elif not SMOKE and not QUANT_FAST:
                     # Ablations on the default tiles: P V in bf16, K widened the other way than
                     # the format's default; with --quant-all-ablations also V read byte-wise,
                     # alone and with K flipped.
@@ -1428,6 +1438,8 @@ def main() -> None:
     ap.add_argument("--quant-shapes", default="", metavar="PS,B,CTX;...", help="shapes for --quant-sweep")
     ap.add_argument("--quant-base-env", default="", metavar="NAME=VALUE,...",
                     help="--quant-sweep: switches set under every timing, e.g. JAXATTN_TRITON_K_WIDEN=1")  # fmt: skip
+    ap.add_argument("--quant-ablate", default="", metavar="NAME=VALUE[,NAME=VALUE];...",
+                    help="switch settings of KERNEL_SWITCHES timed beside each default, instead of the usual ablations")
     ap.add_argument("--quant-grans", default="", metavar="token,head",
                     help="--quant-sweep: these scale granularities, each with the tile variants")  # fmt: skip
     ap.add_argument("--warm-workers", type=int, default=1,
@@ -1455,6 +1467,11 @@ def main() -> None:
         if name not in KERNEL_SWITCHES:
             raise SystemExit(f"--quant-base-env: {name!r} is not one of {', '.join(KERNEL_SWITCHES)}")
         QUANT_BASE_ENV[name] = value
+    for part in filter(None, args.quant_ablate.split(";")):
+        env = dict(item.partition("=")[::2] for item in part.split(","))
+        if not set(env) <= set(KERNEL_SWITCHES):
+            raise SystemExit(f"--quant-ablate: {part!r} names a switch not in {', '.join(KERNEL_SWITCHES)}")
+        QUANT_ABLATE.append(env)
     clear_kernel_switches()
     WARM_WORKERS = args.warm_workers
     QUANT_GRANS = tuple(filter(None, args.quant_grans.split(",")))

@@ -90,6 +90,11 @@ class Quant:
     nan_scales: bool = False  # every scale NaN (for calls that read no position)
     #: (decode_q, decode_block_n) of the tiles; None: the default tiles' (``base.tiles_of``).
     decode: tuple[int, int] | None = None
+    #: log2 of a gain per query head (cycled over the heads), and of one spread over the head
+    #: dim (a ramp from the first to the second, one head in two): powers of two, so q stays
+    #: exact in its dtype. Rows far apart in magnitude, and parts of a row far below its top.
+    q_log2_gains: tuple[int, ...] = ()
+    q_log2_spread: tuple[int, int] | None = None
 
     @property
     def fmt(self) -> str:
@@ -113,6 +118,12 @@ def run_quantized(c: Quant) -> tuple[np.ndarray, np.ndarray]:
 
     p = c.paged
     x = base.make(p)
+    if c.q_log2_gains:
+        gains = np.resize(np.exp2(np.asarray(c.q_log2_gains, np.float64)), p.hq)
+        x["q"] = x["q"] * gains[None, :, None]
+    if c.q_log2_spread is not None:
+        ramp = np.exp2(np.round(np.linspace(*c.q_log2_spread, p.d)))
+        x["q"][:, ::2, :] = x["q"][:, ::2, :] * ramp
     rng = np.random.default_rng(p.seed + 1)
     live = live_positions(p, x)
     kq, ks, kd = quantize(x["k_pages"], c.k_fmt, c.k_gran, live, rng)
@@ -253,6 +264,37 @@ def test_mixed_batch_decode_programs_window_sinks_fp8() -> None:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_bfloat16_q(fmt: str) -> None:
     run_quantized(Quant(base.rep(RAGGED, dtype="bfloat16", sinks=True), k_fmt=fmt, k_gran="token", v_gran="head"))
+
+
+@pytest.mark.skipif(not BF16_DOT_OK, reason="this triton's interpreter multiplies bf16 bits as ints")
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("gran", ["head", "token"])
+def test_q_k_in_fp16_keeps_rows_of_any_magnitude(fmt: str, gran: str) -> None:
+    # QK_F16 moves each bf16 q row into fp16 by a power of two of its own: rows 2^-100 .. 2^100
+    # apart (fp16 alone spans 2^-24 .. 2^16) and parts of a row 2^24 below its top must score as
+    # over the float64 oracle, through every format and K scale granularity. Scores near 2^100
+    # also hold the GPU's fused s * scale - m to exp2(0) (it made inf, then NaN, before).
+    p = base.rep(DECODE, dtype="bfloat16", hq=8)
+    run_quantized(Quant(p, k_fmt=fmt, k_gran=gran, q_log2_gains=(-100, 0, 60, -30, 100, 7, -7, 20),
+                        q_log2_spread=(-24, 0)))  # fmt: skip
+
+
+def test_q_k_runs_in_fp16_for_a_bf16_q_over_a_narrow_k(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = LP.PagedSpec(
+        num_tokens=16, max_seqs=16, q_len=1, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
+        dtype="bfloat16", num_pages=16 * 64, page_size=16, pages_per_seq=64,
+    )  # fmt: skip
+    monkeypatch.delenv("JAXATTN_TRITON_QK_F16", raising=False)
+    for fmt in FORMATS:
+        for scale in (None, (0, 0, 0), (0, 0, 1), (128, 8, 1)):
+            quantized = dataclasses.replace(spec, cache_dtype=fmt, k_scale=scale)
+            assert LP.qk_f16(quantized), (fmt, scale)
+            assert LP.attention(quantized, LP.default_tiles(quantized)).constexprs["QK_F16"]
+            assert not LP.qk_f16(dataclasses.replace(quantized, dtype="float16"))
+            assert not LP.qk_f16(dataclasses.replace(quantized, dtype="float32"))
+    assert not LP.qk_f16(spec)
+    monkeypatch.setenv("JAXATTN_TRITON_QK_F16", "0")
+    assert not LP.qk_f16(dataclasses.replace(spec, cache_dtype="int8"))
 
 
 @pytest.mark.parametrize("splits", [1, 2])

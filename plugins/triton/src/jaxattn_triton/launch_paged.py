@@ -424,6 +424,19 @@ def pv_f16(spec: PagedSpec) -> bool:
             and os.environ.get("JAXATTN_TRITON_PV_F16", "1") != "0")
 
 
+def qk_f16(spec: PagedSpec) -> bool:
+    """The kernel's ``QK_F16``: ``Q K^T`` in fp16 for a bf16 q over a quantized K (any scales:
+    K's are applied after the product, in float32). Each query row is multiplied by the power of
+    two that puts its largest magnitude in [2^14, 2^15) before it is rounded to fp16 (exact: a
+    bf16's 8 significant bits fit fp16's 11, and only parts 2^28 below the row's largest lose
+    bits), and its scores by the inverse power after the product, with the K scale. The narrow
+    K then widens to fp16, the cheap way (int8: 2.5 instructions a pair against about 4 for
+    bf16; e4m3: the hardware's e4m3x2 -> f16x2 against 6; e5m2: an fp16's high byte).
+    ``JAXATTN_TRITON_QK_F16=0`` turns it off (for ablations)."""
+    return (spec.cache_dtype is not None and spec.dtype == "bfloat16"
+            and os.environ.get("JAXATTN_TRITON_QK_F16", "1") != "0")
+
+
 def fused(tiles: PagedTiles) -> bool:
     """The kernel's ``FUSE``: the splits' merge runs in the attention launch (the split that
     finishes last merges its rows, behind a ticket counter zeroed before the launch) instead of
@@ -499,6 +512,7 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         "V_WORDS": v_words(spec),
         "K_WIDEN": k_widen(spec),
         "PV_F16": pv_f16(spec),
+        "QK_F16": qk_f16(spec),
         "ASM": not _interpreted(),
         "stride_pt": 0 if identity else spec.pages_per_seq,
         "NUM_TOKENS": n,

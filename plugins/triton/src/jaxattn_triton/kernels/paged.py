@@ -65,7 +65,7 @@ launch.
 import triton
 import triton.language as tl
 
-from jaxattn_triton.kernels.common import LN2, LOG2E, tanh_f32
+from jaxattn_triton.kernels.common import LN2, LOG2E, mul_rounded, tanh_f32
 from jaxattn_triton.kernels.widen import widen, widen_words
 
 
@@ -106,6 +106,7 @@ def _paged_sweep(
     K_WIDEN: tl.constexpr,
     ASM: tl.constexpr,
     PV_F16: tl.constexpr,
+    QK_F16: tl.constexpr,
     SM_SCALE: tl.constexpr,
     SOFTCAP: tl.constexpr,
     LEFT: tl.constexpr,
@@ -147,6 +148,8 @@ def _paged_sweep(
     # loses nothing to fp16's range.
     if PV_F16:
         pv_dtype = tl.float16
+    elif QK_F16:
+        pv_dtype = tl.bfloat16  # q's own dtype: q was moved to fp16 for Q K^T alone
     else:
         pv_dtype = q.dtype
     if KV_HEADS > 1:
@@ -238,9 +241,9 @@ def _paged_sweep(
         if K_WIDEN:
             k = widen(k, K_WIDEN, q.dtype, ASM)
         qk = tl.dot(q, tl.trans(k.to(q.dtype)))
-        if K_QUANT == 1:
+        if K_QUANT == 1 or QK_F16:
             qk = qk * k_row_scale[:, None]
-        elif K_QUANT == 2:
+        if K_QUANT == 2:
             qk = qk * ks[None, :]
         if HAS_SOFTCAP:
             s = tanh_f32(qk * (SM_SCALE / SOFTCAP)) * (SOFTCAP * LOG2E)
@@ -263,7 +266,8 @@ def _paged_sweep(
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_ref = m_new
-        p = tl.exp2(s * QK_SCALE - m_ref[:, None])
+        # The scores rounded as m was (max(s) * QK_SCALE): never fused into the subtraction.
+        p = tl.exp2(mul_rounded(s, QK_SCALE, ASM) - m_ref[:, None])
         alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
         if V_QUANT == 2:
@@ -368,6 +372,7 @@ def _paged_block(
     K_WIDEN: tl.constexpr,
     ASM: tl.constexpr,
     PV_F16: tl.constexpr,
+    QK_F16: tl.constexpr,
     stride_pt: tl.constexpr,
     NUM_TOKENS: tl.constexpr,
     CAPACITY: tl.constexpr,
@@ -469,6 +474,16 @@ def _paged_block(
         k_row_scale = tl.load(KScale + (hkv + hrow) * stride_ksh)
     else:
         k_row_scale = 1.0
+    if QK_F16:
+        # Each row times 2^e, its largest magnitude then in [2^14, 2^15) (e from the float32
+        # exponent field, clamped so that 2^e and 2^-e are normal floats), rounded to fp16:
+        # exact for a bf16 row but parts 2^28 below its largest. The scores take 2^-e back with
+        # the K scale. A zero row stays zero; inf and NaN pass through as they would in bf16.
+        q32 = q.to(tl.float32)
+        top = (tl.max(tl.abs(q32), 1).to(tl.int32, bitcast=True) >> 23) & 0xFF
+        e = tl.minimum(tl.maximum(141 - top, -126), 126)
+        q = (q32 * ((e + 127) << 23).to(tl.float32, bitcast=True)[:, None]).to(tl.float16)
+        k_row_scale = k_row_scale * ((127 - e) << 23).to(tl.float32, bitcast=True)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -477,7 +492,7 @@ def _paged_block(
         acc, l_i, m_i, q, pos, hrow, a, f0, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
-        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
@@ -485,7 +500,7 @@ def _paged_block(
         acc, l_i, m_i, q, pos, hrow, f0, f1, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
-        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
@@ -493,7 +508,7 @@ def _paged_block(
         acc, l_i, m_i, q, pos, hrow, f1, b, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
-        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
@@ -569,6 +584,7 @@ def paged_attn_kernel(
     K_WIDEN: tl.constexpr,
     ASM: tl.constexpr,
     PV_F16: tl.constexpr,
+    QK_F16: tl.constexpr,
     stride_pt: tl.constexpr,
     NUM_TOKENS: tl.constexpr,
     MAX_SEQS: tl.constexpr,
@@ -628,7 +644,8 @@ def paged_attn_kernel(
                 KScale, VScale, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
                 stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
                 stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
-                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
+                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt, NUM_TOKENS, CAPACITY,
+                HQ, GROUP,
                 HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, DECODE_PAGE_PER_TILE, SM_SCALE,
                 SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, FUSE, DECODE_Q, DECODE_M,
                 DECODE_N, BLOCK_D, BLOCK_DV,
@@ -642,7 +659,8 @@ def paged_attn_kernel(
                 VScale, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
                 stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
                 stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
-                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
+                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt, NUM_TOKENS, CAPACITY,
+                HQ, GROUP,
                 HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, SM_SCALE,
                 SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, FUSE, BLOCK_Q, BLOCK_M,
                 BLOCK_N, BLOCK_D, BLOCK_DV,
@@ -665,7 +683,8 @@ def paged_attn_kernel(
             VScale, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
             stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
             stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
-            stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
+            stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt, NUM_TOKENS, CAPACITY,
+                HQ, GROUP,
             HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, SM_SCALE,
             SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, FUSE, BLOCK_Q, BLOCK_M,
             BLOCK_N, BLOCK_D, BLOCK_DV,
