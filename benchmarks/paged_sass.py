@@ -78,7 +78,8 @@ def main() -> None:
     c = lz.constexprs
     print(f"triton {triton.__version__}, {a.fmt} per {a.granularity}, {a.seqs} x {a.context}: "
           f"PV_F16={c['PV_F16']} QK_F16={c['QK_F16']} K_WIDEN={c['K_WIDEN']} V_WORDS={c['V_WORDS']}; "
-          f"block_n={tiles.block_n} warps={tiles.num_warps} stages={tiles.num_stages} splits={tiles.num_splits} kv_heads={tiles.kv_heads}")
+          f"block_n={tiles.block_n} warps={tiles.num_warps} stages={tiles.num_stages} splits={tiles.num_splits} "
+          f"kv_heads={tiles.kv_heads}")
     print(f"registers {regs.group(1) if regs else '?'}, stack {regs.group(2) if regs else '?'}, "
           f"shared {compiled.metadata.shared} B, {len(ops)} instructions")
     if regs:
