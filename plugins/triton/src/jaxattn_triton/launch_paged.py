@@ -392,6 +392,8 @@ def v_words(spec: PagedSpec) -> int:
 #: 16 sequences x 32k tokens 441.8 vs 461.3 and 444.7 vs 456.7, 64 x 8k 436.8 vs 446.3, 64 x
 #: 32k 1710.9 vs 1743.7, 16 x 8k 122.7 vs 127.6 (the second run's 147.6 vs 126.3 the one
 #: reversal); per-token scales 64 x 8k 490.2 vs 479.4, 64 x 32k 1910.7 vs 1853.2.
+#: Since Q K^T runs in fp16 for a bf16 q (``qk_f16``), K widens to fp16, where Triton's cast of
+#: e4m3 is the hardware's e4m3x2 -> f16x2 as well: those timings were of K widened to bf16.
 K_WIDEN_FORMATS = frozenset({"int8", "float8_e5m2"})
 
 
