@@ -45,8 +45,10 @@ loop), masked tiles at the right edge (the causal diagonal and the length tail).
 Quantized caches (``K_QUANT``/``V_QUANT`` > 0, a compile-time specialisation: the 16-bit
 path compiles exactly as before): K and V hold int8 or fp8 values, loaded narrow and converted
 to q's dtype in registers (exact: int8 and both fp8 formats fit bf16 and fp16), the scales
-applied in float32 after the products. Mode 1 is one scale per row (per tensor or per KV head:
-the scores of a row times its head's K scale, the row's output times its head's V scale, once
+applied in float32 after the products. With a bf16 q (``QK_F16``) Q K^T runs in fp16 instead,
+each query row moved into fp16's range by a power of two of its own and the scores taking it
+back with the K scale: K then widens the cheap way. Mode 1 is one scale per row (per tensor or
+per KV head: the scores of a row times its head's K scale, the row's output times its head's V scale, once
 at the end); mode 2 one per token and head, loaded per tile beside the values through the
 scale's own ``(page, row, head)`` strides (0 along broadcast axes): each score column times its
 K scale, each probability column times its V scale before ``P @ V``. Scales past a length are
