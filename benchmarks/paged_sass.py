@@ -1,9 +1,10 @@
 """Compile the quantized paged decode kernel for sm_90 on a host without a GPU and count its
 SASS instructions by opcode: what a widening path costs, before any GPU time is spent.
 
-The switches of ``launch_paged`` (``JAXATTN_TRITON_PV_F16``, ``JAXATTN_TRITON_QK_F16``, ``JAXATTN_TRITON_K_WIDEN``,
-``JAXATTN_TRITON_V_WORDS``) apply as when a launch is built. Counts are static (each of the
-kernel's three key sweeps is one copy); the triton release matters (the GPU machine runs 3.6).
+The switches of ``launch_paged`` (``JAXATTN_TRITON_PV_F16``, ``JAXATTN_TRITON_QK_F16``,
+``JAXATTN_TRITON_V_LANES``, ``JAXATTN_TRITON_K_WIDEN``, ``JAXATTN_TRITON_V_WORDS``) apply as
+when a launch is built. Counts are static (each of the kernel's three key sweeps is one copy);
+the triton release matters (the GPU machine runs 3.6).
 
     python3 benchmarks/paged_sass.py float8_e4m3fn head
     JAXATTN_TRITON_PV_F16=0 python3 benchmarks/paged_sass.py float8_e4m3fn head --seqs 64
@@ -77,7 +78,8 @@ def main() -> None:
     regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     c = lz.constexprs
     print(f"triton {triton.__version__}, {a.fmt} per {a.granularity}, {a.seqs} x {a.context}: "
-          f"PV_F16={c['PV_F16']} QK_F16={c['QK_F16']} K_WIDEN={c['K_WIDEN']} V_WORDS={c['V_WORDS']}; "
+          f"PV_F16={c['PV_F16']} QK_F16={c['QK_F16']} K_WIDEN={c['K_WIDEN']} V_WORDS={c['V_WORDS']} "
+          f"V_LANES={c['V_LANES']}; "
           f"block_n={tiles.block_n} warps={tiles.num_warps} stages={tiles.num_stages} splits={tiles.num_splits} "
           f"kv_heads={tiles.kv_heads}")
     print(f"registers {regs.group(1) if regs else '?'}, stack {regs.group(2) if regs else '?'}, "

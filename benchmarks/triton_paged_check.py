@@ -960,8 +960,8 @@ QUANT_FAST = "--quant-fast" in sys.argv
 QUANT_GRANS: tuple[str, ...] = ()
 #: Switches of ``launch_paged`` (read when a launch is built): V tiles as int32 words, K widened
 #: by ``kernels/widen.py``; unset, each follows its default for the format.
-KERNEL_SWITCHES = ("JAXATTN_TRITON_V_WORDS", "JAXATTN_TRITON_K_WIDEN", "JAXATTN_TRITON_PV_F16", "JAXATTN_TRITON_QK_F16",
-                   "JAXATTN_TRITON_FUSE")  # fmt: skip
+KERNEL_SWITCHES = ("JAXATTN_TRITON_V_WORDS", "JAXATTN_TRITON_V_LANES", "JAXATTN_TRITON_K_WIDEN",
+                   "JAXATTN_TRITON_PV_F16", "JAXATTN_TRITON_QK_F16", "JAXATTN_TRITON_FUSE")  # fmt: skip
 
 
 #: --quant-base-env NAME=VALUE,...: switches of KERNEL_SWITCHES set under every timing of the

@@ -279,6 +279,25 @@ def test_q_k_in_fp16_keeps_rows_of_any_magnitude(fmt: str, gran: str) -> None:
                         q_log2_spread=(-24, 0)))  # fmt: skip
 
 
+@pytest.mark.skipif(not BF16_DOT_OK, reason="this triton's interpreter multiplies bf16 bits as ints")
+@pytest.mark.parametrize("lanes", ["0", "1"])
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("gran", ["head", "token"])
+def test_v_read_as_words_joined_or_by_lanes(lanes: str, fmt: str, gran: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # V read as int32 words (Dv a power of two >= 32, a 16-bit q): widened and joined into one
+    # tile for P @ V, or (V_LANES) four dots, one per byte lane, into an accumulator split and
+    # joined again around each sweep; decode with splits and an empty sequence, and a ragged
+    # batch with padding rows, against the float64 oracle.
+    monkeypatch.setenv("JAXATTN_TRITON_V_LANES", lanes)
+    for shape in (base.rep(DECODE, dtype="bfloat16", d=32), base.rep(RAGGED, dtype="bfloat16", d=32, sinks=True)):
+        c = Quant(shape, k_fmt=fmt, k_gran=gran)
+        lead = (1, shape.page_size, shape.hkv)
+        spec = dataclasses.replace(base.spec_of(shape, base.make(shape)), cache_dtype=fmt,
+                                   v_scale=LP.scale_strides((1, 1, shape.hkv), lead))  # fmt: skip
+        assert LP.v_words(spec) and LP.v_lanes(spec) is (lanes == "1")
+        run_quantized(c)
+
+
 def test_q_k_runs_in_fp16_for_a_bf16_q_over_a_narrow_k(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = LP.PagedSpec(
         num_tokens=16, max_seqs=16, q_len=1, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,

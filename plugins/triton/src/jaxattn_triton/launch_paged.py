@@ -383,6 +383,18 @@ def v_words(spec: PagedSpec) -> int:
     return _WORD_FORMATS[spec.cache_dtype]
 
 
+def v_lanes(spec: PagedSpec) -> bool:
+    """The kernel's ``V_LANES``: with V read as words (``v_words``), ``P @ V`` as four dots of
+    Dv / 4 columns, one per byte lane of the words, instead of one over the words widened and
+    joined into a tile. The join is a layout change through shared memory; without it the
+    words go from the load's buffer to the MMA. triton 3.9's sm_90 build of the int8 decode's
+    default tiles: 38.9 KB of shared memory a program instead of 55.3 (5 programs a SM, not
+    4), 4 shared stores a warp a tile instead of 20, and 876 instructions in the hot loop
+    instead of 807 (``benchmarks/paged_sass.py``). Not yet timed on a GPU: off unless
+    ``JAXATTN_TRITON_V_LANES=1``."""
+    return v_words(spec) != 0 and os.environ.get("JAXATTN_TRITON_V_LANES", "0") == "1"
+
+
 #: Cache dtypes whose K is widened by ``kernels/widen.py`` whatever its scales. An e4m3 K with
 #: one scale per row (per tensor or per KV head) takes Triton's own cast instead where V goes
 #: to bf16, which ran faster there beside the word-read V; with per-token scales widen.py stays
@@ -512,6 +524,7 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         **_scale_constexprs("k", spec.k_scale),
         **_scale_constexprs("v", spec.v_scale),
         "V_WORDS": v_words(spec),
+        "V_LANES": v_lanes(spec),
         "K_WIDEN": k_widen(spec),
         "PV_F16": pv_f16(spec),
         "QK_F16": qk_f16(spec),

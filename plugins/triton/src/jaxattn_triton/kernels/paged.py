@@ -68,7 +68,7 @@ import triton
 import triton.language as tl
 
 from jaxattn_triton.kernels.common import LN2, LOG2E, mul_rounded, tanh_f32
-from jaxattn_triton.kernels.widen import widen, widen_words
+from jaxattn_triton.kernels.widen import widen, widen_words, word_lanes
 
 
 @triton.jit
@@ -105,6 +105,7 @@ def _paged_sweep(
     K_QUANT: tl.constexpr,
     V_QUANT: tl.constexpr,
     V_WORDS: tl.constexpr,
+    V_LANES: tl.constexpr,
     K_WIDEN: tl.constexpr,
     ASM: tl.constexpr,
     PV_F16: tl.constexpr,
@@ -166,6 +167,12 @@ def _paged_sweep(
         else:
             offs_first = lo + col_tok
             page_next = tl.load(pt_row + offs_first // PAGE_SIZE, mask=offs_first < hi, other=0)
+    if V_LANES:
+        # The accumulator as four lanes: lane i holds columns 4 w + i (the split undoes
+        # widen_words' join), each summing P @ (byte i of V's words) in the loop below.
+        a02, a13 = tl.split(tl.reshape(acc, (acc.shape[0], BLOCK_DV // 4, 2, 2)))
+        a0, a2 = tl.split(a02)
+        a1, a3 = tl.split(a13)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + col_tok
@@ -237,7 +244,9 @@ def _paged_sweep(
                 ks = tl.load(ks_base + ks_rows)
             if V_QUANT == 2:
                 vs = tl.load(vs_base + vs_rows)
-        if V_WORDS:
+        if V_LANES:
+            e0, e1, e2, e3 = word_lanes(v, V_WORDS, pv_dtype, ASM)
+        elif V_WORDS:
             v = widen_words(v, V_WORDS, pv_dtype, ASM, BLOCK_N * KV_HEADS, BLOCK_DV // 4)
         # A quantized cache is converted to q's dtype here, in registers (a no-op otherwise).
         if K_WIDEN:
@@ -274,10 +283,22 @@ def _paged_sweep(
         l_i = l_i * alpha + tl.sum(p, 1)
         if V_QUANT == 2:
             # P @ (diag(vs) V) == (P diag(vs)) @ V: the scale joins the probabilities' columns.
-            acc = tl.dot((p * vs[None, :]).to(pv_dtype), v.to(pv_dtype), acc * alpha[:, None])
+            pv = (p * vs[None, :]).to(pv_dtype)
         else:
-            acc = tl.dot(p.to(pv_dtype), v.to(pv_dtype), acc * alpha[:, None])
+            pv = p.to(pv_dtype)
+        if V_LANES:
+            # Four dots of Dv / 4 columns, one per byte lane: each lane's tile reaches the MMA
+            # as it was widened, with no join into one tile (a layout change through shared
+            # memory) before it.
+            a0 = tl.dot(pv, e0, a0 * alpha[:, None])
+            a1 = tl.dot(pv, e1, a1 * alpha[:, None])
+            a2 = tl.dot(pv, e2, a2 * alpha[:, None])
+            a3 = tl.dot(pv, e3, a3 * alpha[:, None])
+        else:
+            acc = tl.dot(pv, v.to(pv_dtype), acc * alpha[:, None])
         m_i = m_new
+    if V_LANES:
+        acc = tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, a3)), (acc.shape[0], BLOCK_DV))
     return acc, l_i, m_i
 
 
@@ -371,6 +392,7 @@ def _paged_block(
     K_QUANT: tl.constexpr,
     V_QUANT: tl.constexpr,
     V_WORDS: tl.constexpr,
+    V_LANES: tl.constexpr,
     K_WIDEN: tl.constexpr,
     ASM: tl.constexpr,
     PV_F16: tl.constexpr,
@@ -494,7 +516,7 @@ def _paged_block(
         acc, l_i, m_i, q, pos, hrow, a, f0, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
-        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16,
+        K_QUANT, V_QUANT, V_WORDS, V_LANES, K_WIDEN, ASM, PV_F16, QK_F16,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
@@ -502,7 +524,7 @@ def _paged_block(
         acc, l_i, m_i, q, pos, hrow, f0, f1, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
-        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16,
+        K_QUANT, V_QUANT, V_WORDS, V_LANES, K_WIDEN, ASM, PV_F16, QK_F16,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
@@ -510,7 +532,7 @@ def _paged_block(
         acc, l_i, m_i, q, pos, hrow, f1, b, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
-        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16,
+        K_QUANT, V_QUANT, V_WORDS, V_LANES, K_WIDEN, ASM, PV_F16, QK_F16,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
@@ -583,6 +605,7 @@ def paged_attn_kernel(
     K_QUANT: tl.constexpr,
     V_QUANT: tl.constexpr,
     V_WORDS: tl.constexpr,
+    V_LANES: tl.constexpr,
     K_WIDEN: tl.constexpr,
     ASM: tl.constexpr,
     PV_F16: tl.constexpr,
@@ -646,8 +669,8 @@ def paged_attn_kernel(
                 KScale, VScale, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
                 stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
                 stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
-                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt, NUM_TOKENS, CAPACITY,
-                HQ, GROUP,
+                stride_vsh, K_QUANT, V_QUANT, V_WORDS, V_LANES, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt,
+                NUM_TOKENS, CAPACITY, HQ, GROUP,
                 HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, DECODE_PAGE_PER_TILE, SM_SCALE,
                 SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, FUSE, DECODE_Q, DECODE_M,
                 DECODE_N, BLOCK_D, BLOCK_DV,
@@ -661,8 +684,8 @@ def paged_attn_kernel(
                 VScale, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
                 stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
                 stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
-                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt, NUM_TOKENS, CAPACITY,
-                HQ, GROUP,
+                stride_vsh, K_QUANT, V_QUANT, V_WORDS, V_LANES, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt,
+                NUM_TOKENS, CAPACITY, HQ, GROUP,
                 HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, SM_SCALE,
                 SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, FUSE, BLOCK_Q, BLOCK_M,
                 BLOCK_N, BLOCK_D, BLOCK_DV,
@@ -685,8 +708,8 @@ def paged_attn_kernel(
             VScale, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
             stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
             stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
-            stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt, NUM_TOKENS, CAPACITY,
-                HQ, GROUP,
+            stride_vsh, K_QUANT, V_QUANT, V_WORDS, V_LANES, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt,
+            NUM_TOKENS, CAPACITY, HQ, GROUP,
             HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, SM_SCALE,
             SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, FUSE, BLOCK_Q, BLOCK_M,
             BLOCK_N, BLOCK_D, BLOCK_DV,

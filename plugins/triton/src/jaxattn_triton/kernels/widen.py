@@ -153,6 +153,20 @@ def widen(x, FMT: tl.constexpr, out_dtype: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def word_lanes(w, FMT: tl.constexpr, out_dtype: tl.constexpr, ASM: tl.constexpr):
+    """The four lanes of int32 words of 4 narrow values each (little-endian), each as
+    ``out_dtype`` in the words' shape: lane ``i`` holds value ``4 * word + i``."""
+    if ASM and (out_dtype == tl.bfloat16 or out_dtype == tl.float16):
+        e0, e1, e2, e3 = _word_lanes_asm(w, FMT, out_dtype)
+    else:
+        e0 = _word_lane(w, 0, FMT, out_dtype)
+        e1 = _word_lane(w, 1, FMT, out_dtype)
+        e2 = _word_lane(w, 2, FMT, out_dtype)
+        e3 = _word_lane(w, 3, FMT, out_dtype)
+    return e0, e1, e2, e3
+
+
+@triton.jit
 def widen_words(
     w, FMT: tl.constexpr, out_dtype: tl.constexpr, ASM: tl.constexpr, ROWS: tl.constexpr, WORDS: tl.constexpr
 ):
@@ -164,13 +178,7 @@ def widen_words(
     memory) and reaches ``P @ V`` through shared memory and a transposing ldmatrix, as a 16-bit
     cache's would, instead of each thread gathering its tokens' bytes one load at a time (the
     contraction runs over tokens, V's strided axis)."""
-    if ASM and (out_dtype == tl.bfloat16 or out_dtype == tl.float16):
-        e0, e1, e2, e3 = _word_lanes_asm(w, FMT, out_dtype)
-    else:
-        e0 = _word_lane(w, 0, FMT, out_dtype)
-        e1 = _word_lane(w, 1, FMT, out_dtype)
-        e2 = _word_lane(w, 2, FMT, out_dtype)
-        e3 = _word_lane(w, 3, FMT, out_dtype)
+    e0, e1, e2, e3 = word_lanes(w, FMT, out_dtype, ASM)
     # join stacks on a new last axis: (row, word, pair, lane in pair) -> column 4 word + 2 pair + lane.
     x = tl.join(tl.join(e0, e2), tl.join(e1, e3))
     return tl.reshape(x, (ROWS, 4 * WORDS))
