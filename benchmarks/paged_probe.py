@@ -426,31 +426,39 @@ def occupancy(case: Case) -> list[Candidate]:
     return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
 
 
+def int8_pages(case: Case) -> tuple[tuple[jax.Array, jax.Array], Any, tuple[jax.Array, jax.Array]]:
+    """``(int8 pages (K, V), their decode (q, k, v, table, lengths), the same bytes as fp16
+    pairs)`` of ``case``: the pages times 40 in int8, per-head scales of 1/40. The pairs are D/2
+    "values" a row, for the pure reads through the 16-bit dot, whose operands Triton stages
+    with cp.async in every pipeline stage. (An int8 dot of the bytes as they are did not compile
+    with triton 3.6 once the table was read ahead.)"""
+    from jaxattn_triton.paged_ops import paged_decode
+
+    kv = ((case.kp * 40).astype(jnp.int8), (case.vp * 40).astype(jnp.int8))
+    scale = jnp.full((HKV,), 1 / 40, jnp.float32)
+
+    def decode(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array) -> jax.Array:
+        return paged_decode(q, k, v, tb, n, k_scale=scale, v_scale=scale)
+
+    k2, v2 = (jax.lax.bitcast_convert_type(x.reshape(*x.shape[:3], D // 2, 2), jnp.float16) for x in kv)
+    return kv, decode, (k2, v2)
+
+
 def quant_floor(case: Case) -> list[Candidate]:
     """What an int8 cache's decode could reach: pure reads of the same int8 pages (permuted), in
     the shape of the quantized decode's programs (one KV head x 128 tokens, 4 warps, 3 stages, 2
     splits at 16 sequences: the default until the ninth session) and others, beside cuDNN's bf16
     dense decode, our int8 decode (per-head scales) and the reduction over the int8 bytes
     (``jaxattn bench``'s memory-read bar)."""
-    from jaxattn_triton.paged_ops import paged_decode
-
-    kp8, vp8 = (case.kp * 40).astype(jnp.int8), (case.vp * 40).astype(jnp.int8)
-    scale = jnp.full((HKV,), 1 / 40, jnp.float32)
-
-    def decode(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array) -> jax.Array:
-        return paged_decode(q, k, v, tb, n, k_scale=scale, v_scale=scale)
+    kv, decode, pairs = int8_pages(case)
 
     def reduction(k: jax.Array, v: jax.Array) -> jax.Array:
         return jnp.sum(k, dtype=jnp.int32) + jnp.sum(v, dtype=jnp.int32)
 
-    kv, pps = (kp8, vp8), case.s // case.ps
+    pps = case.s // case.ps
     case.nbytes //= 2  # the int8 bytes: every GB/s below is over what the int8 rows read
     cands = [case.cudnn(), ("int8 paged decode (default)", decode, (case.q, *kv, case.permuted, case.lens)),
              ("memory read of the int8 bytes (jnp.sum)", reduction, kv)]  # fmt: skip
-    # The same bytes as fp16 pairs (D/2 "values" a row), read through the 16-bit dot, whose
-    # operands Triton stages with cp.async in every pipeline stage. (An int8 dot of the bytes as
-    # they are did not compile with triton 3.6 once the table was read ahead.)
-    pairs = tuple(jax.lax.bitcast_convert_type(x.reshape(*x.shape[:3], D // 2, 2), jnp.float16) for x in kv)
     few = case.b <= 16
     for heads, bn, w, st, sp in ((1, 128, 4, 3, 2 if few else 1), (1, 128, 4, 4, 2 if few else 1),
                                  (1, 256, 8, 3, 1), (1, 128, 8, 4, 1), (2, 64, 4, 3, 4 if few else 1),
@@ -468,15 +476,11 @@ def ncu(case: Case) -> list[Candidate]:
     """The int8 decode (default tiles, per-head scales) and a pure read of its pages in the
     decode's program shape (one KV head x 64 tokens, 2 warps, 3 stages, 4 splits), each called
     three times: a profiler's target, not a timing (``main`` runs no ``measure``)."""
-    from jaxattn_triton.paged_ops import paged_decode
-
-    kp8, vp8 = (case.kp * 40).astype(jnp.int8), (case.vp * 40).astype(jnp.int8)
-    scale = jnp.full((HKV,), 1 / 40, jnp.float32)
-    decode = jax.jit(lambda q, k, v, tb, n: paged_decode(q, k, v, tb, n, k_scale=scale, v_scale=scale))
-    pairs = tuple(jax.lax.bitcast_convert_type(x.reshape(*x.shape[:3], D // 2, 2), jnp.float16) for x in (kp8, vp8))
+    kv, decode_fn, pairs = int8_pages(case)
+    decode = jax.jit(decode_fn)
     read = jax.jit(pages_read(case.b, case.s // case.ps, case.ps, 1, 64, 4, 2, 3, D // 2, ahead=True))
     for _ in range(3):
-        decode(case.q, kp8, vp8, case.permuted, case.lens).block_until_ready()
+        decode(case.q, *kv, case.permuted, case.lens).block_until_ready()
     for _ in range(3):
         read(*pairs, case.permuted).block_until_ready()
     return []

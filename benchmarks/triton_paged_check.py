@@ -969,6 +969,18 @@ KERNEL_SWITCHES = ("JAXATTN_TRITON_V_WORDS", "JAXATTN_TRITON_V_LANES", "JAXATTN_
 QUANT_BASE_ENV: dict[str, str] = {}
 
 
+def kernel_switches(text: str, flag: str) -> dict[str, str]:
+    """``NAME=VALUE,...`` as a dict, every name one of :data:`KERNEL_SWITCHES` (else ``flag``'s
+    error)."""
+    env: dict[str, str] = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if name not in KERNEL_SWITCHES:
+            raise SystemExit(f"{flag}: {name!r} is not one of {', '.join(KERNEL_SWITCHES)}")
+        env[name] = value
+    return env
+
+
 def clear_kernel_switches() -> None:
     """Unset :data:`KERNEL_SWITCHES` but :data:`QUANT_BASE_ENV`'s: launches built next follow
     each format's defaults."""
@@ -1462,16 +1474,8 @@ def main() -> None:
     global WARM_WORKERS, QUANT_GRANS, QUANT_FORMATS
     if args.quant_formats:
         QUANT_FORMATS = tuple(args.quant_formats.split(","))
-    for item in filter(None, args.quant_base_env.split(",")):
-        name, _, value = item.partition("=")
-        if name not in KERNEL_SWITCHES:
-            raise SystemExit(f"--quant-base-env: {name!r} is not one of {', '.join(KERNEL_SWITCHES)}")
-        QUANT_BASE_ENV[name] = value
-    for part in filter(None, args.quant_ablate.split(";")):
-        env = dict(item.partition("=")[::2] for item in part.split(","))
-        if not set(env) <= set(KERNEL_SWITCHES):
-            raise SystemExit(f"--quant-ablate: {part!r} names a switch not in {', '.join(KERNEL_SWITCHES)}")
-        QUANT_ABLATE.append(env)
+    QUANT_BASE_ENV.update(kernel_switches(args.quant_base_env, "--quant-base-env"))
+    QUANT_ABLATE.extend(kernel_switches(part, "--quant-ablate") for part in filter(None, args.quant_ablate.split(";")))
     clear_kernel_switches()
     WARM_WORKERS = args.warm_workers
     QUANT_GRANS = tuple(filter(None, args.quant_grans.split(",")))

@@ -290,12 +290,9 @@ def test_v_read_as_words_joined_or_by_lanes(lanes: str, fmt: str, gran: str, mon
     # batch with padding rows, against the float64 oracle.
     monkeypatch.setenv("JAXATTN_TRITON_V_LANES", lanes)
     for shape in (base.rep(DECODE, dtype="bfloat16", d=32), base.rep(RAGGED, dtype="bfloat16", d=32, sinks=True)):
-        c = Quant(shape, k_fmt=fmt, k_gran=gran)
-        lead = (1, shape.page_size, shape.hkv)
-        spec = dataclasses.replace(base.spec_of(shape, base.make(shape)), cache_dtype=fmt,
-                                   v_scale=LP.scale_strides((1, 1, shape.hkv), lead))  # fmt: skip
+        spec = dataclasses.replace(base.spec_of(shape, base.make(shape)), cache_dtype=fmt)
         assert LP.v_words(spec) and LP.v_lanes(spec) is (lanes == "1")
-        run_quantized(c)
+        run_quantized(Quant(shape, k_fmt=fmt, k_gran=gran))
 
 
 def test_q_k_runs_in_fp16_for_a_bf16_q_over_a_narrow_k(monkeypatch: pytest.MonkeyPatch) -> None:
