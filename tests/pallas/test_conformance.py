@@ -13,6 +13,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import ClassVar
 
+import pytest
+
 from jaxattn.metadata import AttentionMetadata
 from jaxattn.testing.cases import Case, Level
 from jaxattn.testing.conformance import ConformanceSuite
@@ -35,6 +37,10 @@ COMBINED = Case(
     segments=True,
 )
 
+#: docs/contract.md, "Logits of any finite size": the kernel is JAX's, so recorded here.
+JAX_KERNEL_FUSES = ("JAX's TPU flash kernel, interpreted by XLA:CPU, fuses s * scale - max into one "
+                    "multiply-add in the forward it differentiates: NaN out of finite inputs past ~2^32")
+
 BF16_CASES = {"causal_t_lt_s", "decode", "mqa_causal", "mask_per_head", "segment_ids", "empty_rows"}
 BF16_GRAD_CASES = {"causal_t_lt_s", "mask_per_head", "segment_ids"}
 
@@ -43,6 +49,10 @@ class TestPallasFlashConformance(ConformanceSuite):
     impl_name = "flash_attn2"
     metadata = INTERPRET
     dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+
+    @pytest.mark.xfail(strict=True, reason=JAX_KERNEL_FUSES)
+    def test_logits_of_any_magnitude(self, magnitude_case: Case, dtype: str) -> None:
+        super().test_logits_of_any_magnitude(magnitude_case, dtype)
 
     @classmethod
     def cases(cls, level: Level) -> Sequence[Case]:
@@ -53,6 +63,10 @@ class TestPallasFlashConformanceBfloat16(ConformanceSuite):
     impl_name = "flash_attn2"
     metadata = INTERPRET
     dtypes: ClassVar[tuple[str, ...]] = ("bfloat16",)
+
+    @pytest.mark.xfail(strict=True, reason=JAX_KERNEL_FUSES)
+    def test_logits_of_any_magnitude(self, magnitude_case: Case, dtype: str) -> None:
+        super().test_logits_of_any_magnitude(magnitude_case, dtype)
 
     @classmethod
     def cases(cls, level: Level) -> Sequence[Case]:

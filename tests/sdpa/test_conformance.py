@@ -20,6 +20,7 @@ import pytest
 from jaxattn.call import AttentionCall
 from jaxattn.metadata import AttentionMetadata
 from jaxattn.problem import AttentionProblem
+from jaxattn.testing.cases import Case
 from jaxattn.testing.conformance import ConformanceSuite
 from jaxattn_sdpa.cudnn import cudnn_reasons
 from jaxattn_sdpa.impl import CudnnAttention, _JaxNnAttention
@@ -27,6 +28,12 @@ from jaxattn_sdpa.impl import CudnnAttention, _JaxNnAttention
 from ._devices import H100, ON_CUDA
 
 _jax_nn_dpa = jax.nn.dot_product_attention
+#: docs/contract.md, "Logits of any finite size": not ours to fix, so recorded here.
+JAX_NN_FUSES = ("jax.nn's XLA path scales the logits inside the fusions that take their max and "
+                "their exp(), and XLA:CPU contracts logits * scale - max into one multiply-add: "
+                "NaN out of finite inputs past ~2^32")
+CUDNN_BACKWARD = ("cuDNN's flash backward (jax.nn's cuDNN path) returns non-finite gradients where the "
+                  "base-2 logits pass ~2^32 (H200, cuDNN 9); its forward holds")
 
 
 class TestSdpaConformance(ConformanceSuite):
@@ -34,12 +41,22 @@ class TestSdpaConformance(ConformanceSuite):
     # float16 only on a GPU: jax.nn's XLA path cannot compile it on a CPU (sdpa declines it).
     dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32") if ON_CUDA else ("float32", "bfloat16")
 
+    @pytest.mark.xfail(not ON_CUDA, strict=True, reason=JAX_NN_FUSES)
+    def test_logits_of_any_magnitude(self, magnitude_case: Case, dtype: str, request: pytest.FixtureRequest) -> None:
+        if ON_CUDA and dtype != "float32":  # the 16-bit dtypes take cuDNN there
+            request.node.add_marker(pytest.mark.xfail(strict=True, reason=CUDNN_BACKWARD))
+        super().test_logits_of_any_magnitude(magnitude_case, dtype)
+
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_CUDA, reason="needs an NVIDIA GPU with cuDNN")
 class TestCudnnConformance(ConformanceSuite):
     impl_name = "cudnn"
     dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16")
+
+    @pytest.mark.xfail(strict=True, reason=CUDNN_BACKWARD)
+    def test_logits_of_any_magnitude(self, magnitude_case: Case, dtype: str) -> None:
+        super().test_logits_of_any_magnitude(magnitude_case, dtype)
 
 
 def _checked_cudnn_call(query: Any, key: Any, value: Any, bias: Any = None, mask: Any = None, **kw: Any) -> Any:
@@ -88,3 +105,7 @@ class TestEmulatedCudnnConformance(ConformanceSuite):
     @pytest.fixture(autouse=True)
     def _cudnn_stand_in(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(jax.nn, "dot_product_attention", _checked_cudnn_call)
+
+    @pytest.mark.xfail(strict=True, reason=JAX_NN_FUSES)
+    def test_logits_of_any_magnitude(self, magnitude_case: Case, dtype: str) -> None:
+        super().test_logits_of_any_magnitude(magnitude_case, dtype)

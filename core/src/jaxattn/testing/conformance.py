@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from jaxattn.capabilities import Feature
@@ -57,6 +58,7 @@ from .cases import (
     cases_for,
     decode_sweep,
     make_inputs,
+    round_to_dtype,
     static_features,
 )
 from .compare import assert_close, to_float64
@@ -92,6 +94,14 @@ _FEATURE_CASES = {
 _X64_CASES = (
     Case("x64_gqa_causal", b=1, t=32, s=48, hq=4, hkv=2, d=16, causal=True),
     Case("x64_segments", b=2, t=24, s=24, hq=2, hkv=1, d=16, segments=True, causal=True),
+)
+
+# Logits of any finite size (``test_logits_of_any_magnitude``): no scaling by 1/sqrt(D), so
+# the tied heads' scores pass 2^32; D = 64 and 128 keys, sizes most kernels take.
+# One prefill and one decode shape (T = 8 queries over 128 keys).
+_MAGNITUDE_CASES = (
+    Case("logits_of_any_magnitude", b=1, t=128, s=128, hq=4, hkv=2, d=64, softmax_scale=0.7),
+    Case("logits_of_any_magnitude_decode", b=1, t=8, s=128, hq=4, hkv=2, d=64, softmax_scale=0.7),
 )
 
 _impl_cache: dict[type, AttentionImpl] = {}
@@ -218,6 +228,9 @@ class ConformanceSuite:
             metafunc.parametrize(("case", "dtype"), params)
         elif "lengths" in names:
             metafunc.parametrize("lengths", cls.backward_lengths, ids=[f"T{t}-S{s}" for t, s in cls.backward_lengths])
+        elif "magnitude_case" in names:
+            metafunc.parametrize(("magnitude_case", "dtype"), [pytest.param(c, dt, id=f"{c.name}-{dt}")
+                                                               for c in _MAGNITUDE_CASES for dt in cls.dtypes])
         elif "x64_case" in names:
             metafunc.parametrize("x64_case", _X64_CASES, ids=[c.name for c in _X64_CASES])
         elif "dtype" in names:
@@ -479,6 +492,67 @@ class ConformanceSuite:
         )
         assert all(np.isfinite(to_float64(g)).all() for g in grads.values()), "non-finite gradients"
         self._check_grads(grads, ref, dtype, case.describe())
+
+    @staticmethod
+    def _magnitude_problem(case: Case, dtype: str) -> tuple[dict[str, Any], npt.NDArray[np.int64]]:
+        """``case``'s inputs (float64, rounded to ``dtype``) and each query row's group.
+
+        Heads 0 and 1 scale their rows by powers of two: 2^-100 .. 2^100 where the dtype holds
+        them (float16: 2^-11 .. 2^11), so rows range from uniform to one-hot. Heads 2 and 3
+        read a KV head whose keys are all one vector; their queries' and keys' components are
+        2^11 times integers 8 .. 15, so every score is exact in float32 whatever the order of
+        its sum, and the scores of a row tie exactly near 2^35 (base-2 logits), where half an
+        ulp of the max overflows ``exp2``, in every dtype. The oracle's answer there is the
+        mean of V. ``d_output`` is zero on rows with gains above one and on the tied heads, whose
+        gradients of q and k are ill-conditioned (a score's rounding times a huge q): there the
+        backward must only stay finite. Groups: the gain's index, or len(gains) for tied rows.
+        """
+        arrays = make_inputs(case, dtype)
+        top = min(100, int(np.log2(float(jnp.finfo(dtype).max))) - 4)
+        gains = np.array([-top, 0, top * 3 // 5, -top * 3 // 10, top, 7, -7, top // 5])
+        rng = np.random.default_rng(7)
+        group = np.zeros((case.b, case.t, case.hq), dtype=np.int64)
+        group[:, :, :2] = (np.arange(case.t)[:, None] * 2 + np.arange(2)[None, :]) % len(gains)
+        group[:, :, 2:] = len(gains)
+        q = arrays["q"].copy()
+        q[:, :, :2] *= np.exp2(gains[group[:, :, :2]])[..., None]
+        q[:, :, 2:] = 2.0**11 * rng.integers(8, 16, q[:, :, 2:].shape)
+        k = arrays["k"].copy()
+        k[:, :, 1] = 2.0**11 * rng.integers(8, 16, case.d)
+        hot = np.append(gains > 1, True)[group]
+        arrays["q"], arrays["k"] = round_to_dtype(q, dtype), round_to_dtype(k, dtype)
+        arrays["d_output"] = np.where(hot[..., None], 0.0, arrays["d_output"])
+        return arrays, group
+
+    def test_logits_of_any_magnitude(self, magnitude_case: Case, dtype: str) -> None:
+        """Logits of any finite size (docs/contract.md): rows 2^-100 .. 2^100 in size, and exact
+        ties past 2^32, eagerly, under default ``jax.jit`` and with gradients, match the oracle;
+        each row's log-sum-exp to its own size."""
+        case = magnitude_case
+        np_arrays, group = self._magnitude_problem(case, dtype)
+        group = group.transpose(0, 2, 1)  # as the lse: (B, Hq, T)
+        arrays = _jax_arrays(np_arrays, dtype)
+        features = static_features(case)
+        self._skip_declined(arrays, features, self._supports(arrays, features))
+        kwargs = self._oracle_kwargs(np_arrays, case)
+        q, k, v = np_arrays["q"], np_arrays["k"], np_arrays["v"]
+        ref = oracle.attention(q, k, v, **kwargs)
+        runs = [(how, *self._evaluate(arrays, features, how=how)) for how in ("eager", "default_jit")]
+        grad_ok = not self._supports(arrays, features, grad=True)
+        if grad_ok:
+            runs.append(("with gradients", *self._evaluate(arrays, features, self._diff_names(arrays))))
+        for how, out, grads in runs:
+            label = f"{how}: {case.describe()}, logits of any magnitude"
+            self._check_forward_out(out, ref, dtype, label)
+            if out.softmax_lse is not None:
+                got = to_float64(out.softmax_lse)
+                for g in np.unique(group):
+                    assert_close(f"{label}: softmax_lse of row group {g}", got[group == g], ref.lse[group == g],
+                                 self.tolerance(dtype).forward)
+            if grads:
+                back = oracle.attention_backward(q, k, v, np_arrays["d_output"], **kwargs)
+                assert all(np.isfinite(to_float64(g)).all() for g in grads.values()), f"{label}: non-finite gradients"
+                self._check_grads(grads, back, dtype, label)
 
     def test_runs_something(self, dtype: str, request: pytest.FixtureRequest) -> None:
         """Guard against a vacuous pass: some case of the matrix must run in every dtype listed."""

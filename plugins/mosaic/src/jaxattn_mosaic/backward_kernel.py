@@ -227,7 +227,9 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
 
                 s, dp = pl.run_scoped(gemms, plgpu.ACC((bq, bkv), jnp.float32), plgpu.ACC((bq, bkv), jnp.float32))
                 plgpu.barrier_arrive(v_free.at[slot])
-                p = jnp.exp2(s * sh.qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
+                # No probability exceeds 1: the cap keeps the fused s * scale - lse, up to half
+                # an ulp of lse off past ~2^32, from overflowing exp2.
+                p = jnp.exp2(jnp.minimum(s * sh.qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]), 0.0))
                 if masked:
                     p = jnp.where(blocks.keep(j, row0, (bq, bkv)), p, 0.0)
                 ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
@@ -342,7 +344,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
 
                 s_t = pl.run_scoped(st_gemm, plgpu.ACC((bkv, bq), jnp.float32))
                 lse = _load(lse_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))
-                p_t = jnp.exp2(s_t * sh.qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]))
+                p_t = jnp.exp2(jnp.minimum(s_t * sh.qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]), 0.0))
                 if masked:
                     kr = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 0, layout=plgpu.Layout.WGMMA)
                     qc = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 1, layout=plgpu.Layout.WGMMA)

@@ -600,13 +600,15 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         def exponents(s: Any, j: Any, m_i: Any, row0: Any, masked: bool) -> tuple[Any, Any, Any]:
             """Online softmax on the log2 scale for block ``j``'s scores ``s`` (masked if
             ``masked``): the new running max ``m``, the factor ``alpha`` for what came before,
-            and the exponents whose exp2 is ``p``. The scale rides in the exp2's FMA: ``m`` is
-            kept scaled."""
+            and the exponents whose exp2 is ``p``. ``m`` is kept unscaled and the scale applied
+            after it is subtracted, ``(s - m) * scale``: the fused ``s * scale - m`` takes the
+            exact product, up to half an ulp of the rounded max away from it, and past ~2^32
+            that gap alone overflows exp2 (NaN out of finite inputs). One multiply more."""
             if masked:
                 s = mask(s, j, row0)
-            m_new = jnp.maximum(m_i, s.max(axis=1) * qk_scale)
-            alpha = jnp.exp2(m_i - m_new)
-            return m_new, alpha, s * qk_scale - lax.broadcast_in_dim(m_new, s.shape, [0])
+            m_new = jnp.maximum(m_i, s.max(axis=1))
+            alpha = jnp.exp2((m_i - m_new) * qk_scale)
+            return m_new, alpha, (s - lax.broadcast_in_dim(m_new, s.shape, [0])) * qk_scale
 
         fma_cols = cfg.exp2_fma_cols
         cut = bkv - fma_cols
@@ -826,7 +828,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         def finish(q_smem: Any, acc: Any, m_i: Any, l_i: Any, b: Any, head: Any, row0: Any, piece: Any) -> None:
             l_safe = jnp.where(l_i == 0.0, 1.0, l_i)
             acc = acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [0])
-            lse = m_i + jnp.log2(l_safe)
+            lse = m_i * qk_scale + jnp.log2(l_safe)  # m_i unscaled: see exponents
             if piece is None:
                 store(q_smem, acc, lse, b, head, row0)
                 return

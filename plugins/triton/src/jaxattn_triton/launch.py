@@ -15,6 +15,7 @@ strides let Triton prove the 16-byte alignment it needs for vectorised loads
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from jaxattn_triton.spec import AttnSpec, block_dim, contiguous_strides
@@ -63,6 +64,11 @@ class Launch:
     zeroed: tuple[int, ...] = ()
 
 
+def interpreted() -> bool:
+    """Whether kernels run in Triton's interpreter, which has no inline PTX (``ASM`` off)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -99,6 +105,7 @@ def _features(spec: AttnSpec) -> dict[str, Any]:
         "HAS_SOFTCAP": bool(spec.softcap),
         "BLOCK_D": block_dim(spec.head_dim),
         "BLOCK_DV": block_dim(spec.head_dim_v),
+        "ASM": not interpreted(),
     }
 
 

@@ -33,7 +33,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from jaxattn_triton.launch import Launch
+from jaxattn_triton.launch import Launch, interpreted
 from jaxattn_triton.spec import block_dim
 
 SEPARATE = "separate"
@@ -390,9 +390,10 @@ def v_lanes(spec: PagedSpec) -> bool:
     words go from the load's buffer to the MMA. triton 3.9's sm_90 build of the int8 decode's
     default tiles: 38.9 KB of shared memory a program instead of 55.3 (5 programs a SM, not
     4), 4 shared stores a warp a tile instead of 20, and 876 instructions in the hot loop
-    instead of 807 (``benchmarks/paged_sass.py``). Not yet timed on a GPU: off unless
-    ``JAXATTN_TRITON_V_LANES=1``."""
-    return v_words(spec) != 0 and os.environ.get("JAXATTN_TRITON_V_LANES", "0") == "1"
+    instead of 807 (``benchmarks/paged_sass.py``). On an H200 the quantized decode ran 1.31-1.34x
+    faster with it (int8 and e4m3, 16 x 32k and 64 x 8k tokens: 3.85-3.90 TB/s against
+    2.89-2.96; docs/bench.md): on by default, ``JAXATTN_TRITON_V_LANES=0`` turns it off."""
+    return v_words(spec) != 0 and os.environ.get("JAXATTN_TRITON_V_LANES", "1") != "0"
 
 
 #: Cache dtypes whose K is widened by ``kernels/widen.py`` whatever its scales. An e4m3 K with
@@ -459,11 +460,6 @@ def fused(tiles: PagedTiles) -> bool:
     return tiles.num_splits > 1 and os.environ.get("JAXATTN_TRITON_FUSE", "1") != "0"
 
 
-def _interpreted() -> bool:
-    # Inline PTX has no interpreter path: the kernels widen narrow values with tl casts there.
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _scale_constexprs(which: str, strides: ScaleStrides | None) -> dict[str, int]:
     sp, st, sh = strides if strides is not None else (0, 0, 0)
     return {
@@ -528,7 +524,7 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         "K_WIDEN": k_widen(spec),
         "PV_F16": pv_f16(spec),
         "QK_F16": qk_f16(spec),
-        "ASM": not _interpreted(),
+        "ASM": not interpreted(),
         "stride_pt": 0 if identity else spec.pages_per_seq,
         "NUM_TOKENS": n,
         "MAX_SEQS": spec.max_seqs,

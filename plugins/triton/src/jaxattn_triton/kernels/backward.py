@@ -31,6 +31,7 @@ import triton.language as tl
 from jaxattn_triton.kernels.common import (
     LOG2E,
     key_tile_query_range,
+    mul_rounded,
     query_tile_key_range,
     scores,
 )
@@ -146,6 +147,7 @@ def _dkdv_sweep(
     HAS_BIAS: tl.constexpr,
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    ASM: tl.constexpr,
     FUSE_DQ: tl.constexpr,
     PART: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -185,7 +187,9 @@ def _dkdv_sweep(
             SM_SCALE, SOFTCAP, T, S, DIAG, LEFT, RIGHT, EDGE,
             HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP,
         )  # fmt: skip
-        p_t = tl.exp2(s_t * QK_SCALE - lse[None, :])
+        # No probability exceeds 1: the cap keeps an lse that lost an ulp against the max (its
+        # trip through natural units; past ~2^32 an ulp alone overflows exp2) finite.
+        p_t = tl.exp2(tl.minimum(mul_rounded(s_t, QK_SCALE, ASM) - lse[None, :], 0.0))
         if DO_DV:
             dv = tl.dot(p_t.to(do.dtype), do, dv)
         if DO_DK:
@@ -270,6 +274,7 @@ def attn_bwd_dkdv_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    ASM: tl.constexpr,
     FUSE_DQ: tl.constexpr,
     PART: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -319,7 +324,7 @@ def attn_bwd_dkdv_kernel(
             mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, stride_qt, stride_dot,
             stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
             SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, FUSE_DQ, PART,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, FUSE_DQ, PART,
             BLOCK_M, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
         dk, dv = _dkdv_sweep(
@@ -327,7 +332,7 @@ def attn_bwd_dkdv_kernel(
             mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, stride_qt, stride_dot,
             stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
             SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, FUSE_DQ, PART,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, FUSE_DQ, PART,
             BLOCK_M, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
         dk, dv = _dkdv_sweep(
@@ -335,7 +340,7 @@ def attn_bwd_dkdv_kernel(
             mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, stride_qt, stride_dot,
             stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
             SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, FUSE_DQ, PART,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, FUSE_DQ, PART,
             BLOCK_M, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
 
@@ -394,6 +399,7 @@ def _dq_sweep(
     HAS_BIAS: tl.constexpr,
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    ASM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
@@ -423,7 +429,7 @@ def _dq_sweep(
             SM_SCALE, SOFTCAP, T, S, DIAG, LEFT, RIGHT, EDGE,
             HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP,
         )  # fmt: skip
-        p = tl.exp2(s * QK_SCALE - lse[:, None])
+        p = tl.exp2(tl.minimum(mul_rounded(s, QK_SCALE, ASM) - lse[:, None], 0.0))  # see _dkdv_sweep
         dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:
@@ -484,6 +490,7 @@ def attn_bwd_dq_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    ASM: tl.constexpr,
     REVERSE_M: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -531,19 +538,19 @@ def attn_bwd_dq_kernel(
         dq, q, do, lse, delta, rows, lo, full_lo, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr,
         kseg_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs, offs_d, offs_dv,
         SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, BLOCK_N, BLOCK_D, BLOCK_DV,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     dq = _dq_sweep(
         dq, q, do, lse, delta, rows, full_lo, full_hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr,
         kseg_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs, offs_d, offs_dv,
         SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, BLOCK_N, BLOCK_D, BLOCK_DV,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     dq = _dq_sweep(
         dq, q, do, lse, delta, rows, full_hi, hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr,
         kseg_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs, offs_d, offs_dv,
         SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, BLOCK_N, BLOCK_D, BLOCK_DV,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
 
     dq = dq * SM_SCALE

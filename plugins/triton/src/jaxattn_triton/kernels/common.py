@@ -32,13 +32,15 @@ def tanh_f32(x):
 
 
 @triton.jit
-def mul_rounded(x, c, ASM: tl.constexpr):
+def mul_rounded(x, c: tl.constexpr, ASM: tl.constexpr):
     """``x * c`` (float32) rounded once, as a product of its own: the compiler cannot fuse it
     into a later add (``mul.rn``), so ``exp2(mul_rounded(s, c) - m)`` with ``m`` the max of
     the same rounded products is exactly ``exp2(0)`` at the max, whatever their magnitude. A
     fused ``fma(s, c, -m)`` takes the exact product, up to half an ulp of ``m`` above it: past
     ``|m|`` ~ 2^32 that gap alone makes ``exp2`` overflow or vanish. The interpreter (``ASM``
-    off) fuses nothing."""
+    off) fuses nothing, and a product by one (scores already scaled) has nothing to fuse."""
+    if c == 1.0:
+        return x
     if ASM:
         return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f", [x, tl.full(x.shape, c, tl.float32)],
                                          dtype=tl.float32, is_pure=True, pack=1)  # fmt: skip

@@ -19,6 +19,7 @@ import triton.language as tl
 from jaxattn_triton.kernels.common import (
     LN2,
     LOG2E,
+    mul_rounded,
     query_tile_key_range,
     scores,
 )
@@ -63,6 +64,7 @@ def _fwd_sweep(
     HAS_BIAS: tl.constexpr,
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    ASM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
@@ -100,7 +102,8 @@ def _fwd_sweep(
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_ref = m_new
-        p = tl.exp2(s * QK_SCALE - m_ref[:, None])
+        # The scores rounded as m was: a fused s * QK_SCALE - m overflows exp2 at huge logits.
+        p = tl.exp2(mul_rounded(s, QK_SCALE, ASM) - m_ref[:, None])
         alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
@@ -157,6 +160,7 @@ def attn_fwd_kernel(
     HAS_SEG: tl.constexpr,
     HAS_SINK: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    ASM: tl.constexpr,
     REVERSE_M: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -205,19 +209,19 @@ def attn_fwd_kernel(
         acc, l_i, m_i, q, rows, lo, full_lo, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr, kseg_ptr,
         stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs, offs_d, offs_dv,
         SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, BLOCK_N, BLOCK_D, BLOCK_DV,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_sweep(
         acc, l_i, m_i, q, rows, full_lo, full_hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr,
         kseg_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs, offs_d, offs_dv,
         SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, BLOCK_N, BLOCK_D, BLOCK_DV,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_sweep(
         acc, l_i, m_i, q, rows, full_hi, hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr, kseg_ptr,
         stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs, offs_d, offs_dv,
         SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, BLOCK_N, BLOCK_D, BLOCK_DV,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
 
     # Log-sum-exp over real keys only (sinks excluded), natural units; -inf for rows

@@ -277,11 +277,8 @@ def _paged_sweep(
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_ref = m_new
-        if HAS_SOFTCAP:
-            p = tl.exp2(s - m_ref[:, None])  # already base 2 (QK_SCALE is 1): nothing to fuse
-        else:
-            # The scores rounded as m was (max(s) * QK_SCALE): never fused into the subtraction.
-            p = tl.exp2(mul_rounded(s, QK_SCALE, ASM) - m_ref[:, None])
+        # The scores rounded as m was (max(s) * QK_SCALE): never fused into the subtraction.
+        p = tl.exp2(mul_rounded(s, QK_SCALE, ASM) - m_ref[:, None])
         alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
         if V_QUANT == 2:

@@ -328,9 +328,11 @@ def _kv_tiles(plan: BlockPlan, pd: _Padded, c0: Array) -> tuple[Array, Array]:
 def _logits(st: _Static, plan: BlockPlan, pd: _Padded, qb: Array, kb: Array, r0: Array, c0: Array,
             sdtype: Any) -> tuple[Array, Array | None]:
     """Masked logits of one tile ``(B, Hkv, G, bq, bk)`` (-inf where hidden) and, with a soft
-    cap, ``tanh(x / cap)`` (for the cap's derivative ``1 - tanh**2``)."""
+    cap, ``tanh(x / cap)`` (for the cap's derivative ``1 - tanh**2``). Without a cap or a bias
+    they are not yet scaled (``_unscaled``): see ``_factor``."""
     x = jnp.einsum("bqkgd,bskd->bkgqs", qb, kb, precision=st.precision, preferred_element_type=sdtype)
-    x = x * jnp.asarray(st.scale, sdtype)
+    if not _unscaled(st, pd):
+        x = x * jnp.asarray(st.scale, sdtype)
     th = None
     if st.soft_cap is not None:
         cap = jnp.asarray(st.soft_cap, sdtype)
@@ -342,6 +344,18 @@ def _logits(st: _Static, plan: BlockPlan, pd: _Padded, qb: Array, kb: Array, r0:
     if keep is not None:
         x = jnp.where(keep, x, -jnp.inf)
     return x, th
+
+
+def _unscaled(st: _Static, pd: _Padded) -> bool:
+    return st.soft_cap is None and pd.bias is None
+
+
+def _factor(st: _Static, pd: _Padded, dtype: Any) -> Array:
+    """What ``_logits`` left to multiply by. Plain logits take the scale after the max is
+    subtracted, ``exp((x - m) * scale)``: XLA fuses ``x * scale - m`` into one multiply-add,
+    whose exact product sits up to half an ulp of the rounded max away from it, and past ~2^32
+    that gap alone overflows exp() (NaN out of finite inputs)."""
+    return jnp.asarray(st.scale if _unscaled(st, pd) else 1.0, dtype)
 
 
 def _dropout_keep(st: _Static, rng: Array, plan: BlockPlan, i: Array, j: Array, shape: tuple[int, ...]) -> Array:
@@ -422,6 +436,7 @@ def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux:
     plan = plan_blocks(t, s, *st.fwd_blocks, causal=st.causal, window=st.window, kv_lengths=kv_len is not None)
     pd = _pad_inputs(plan, q, k, v, bias, mask, q_seg, kv_seg, kv_len)
     bq, bk = plan.block_q, plan.block_k
+    factor = _factor(st, pd, sdtype)
     first = jnp.asarray(plan.k_first, jnp.int32)
     count = jnp.asarray(plan.k_count, jnp.int32)
     if kv_len is not None:
@@ -437,11 +452,11 @@ def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux:
             c0 = j * bk
             kb, vb = _kv_tiles(plan, pd, c0)
             x, _ = _logits(st, plan, pd, qb, kb, r0, c0, sdtype)
-            m_new = jnp.maximum(m, jnp.max(x, axis=-1))
+            m_new = jnp.maximum(m, jnp.max(x, axis=-1))  # in x's units (see _factor)
             # A row with nothing visible so far shifts by 0, not -inf: exp() then gives 0, not NaN.
             m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0)
-            p = jnp.exp(x - m_safe[..., None])
-            alpha = jnp.exp(m - m_safe)
+            p = jnp.exp((x - m_safe[..., None]) * factor)
+            alpha = jnp.exp((m - m_safe) * factor)
             total = alpha * total + jnp.sum(p, axis=-1, dtype=adtype)
             if rng is not None:
                 keep = _dropout_keep(st, rng, plan, i, j, p.shape)
@@ -459,16 +474,17 @@ def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux:
             m, total, acc = _run(first[i], count[i], step, init)
         else:
             m, total, acc = _loop(plan.dense, first, count, i, plan.num_k, step, init)
-        m_safe = jnp.where(jnp.isfinite(m), m, 0).astype(adtype)
+        m_safe = (jnp.where(jnp.isfinite(m), m, 0) * factor).astype(adtype)
         has = total > 0
         lse = jnp.where(has, m_safe + jnp.log(jnp.where(has, total, 1)), -jnp.inf)
         if aux is None:
             out = acc / jnp.where(has, total, 1)[..., None]
         else:
-            # The sink joins the denominator: out = acc * exp(m - logaddexp(lse, aux)). Guarded
-            # so that an empty row (acc = 0) stays 0 even when exp() would overflow.
-            big = jnp.logaddexp(lse, aux.astype(adtype).reshape(1, hkv, g, 1))
-            out = acc * jnp.where(has, jnp.exp(m_safe - big), 0)[..., None]
+            # The sink joins the denominator: out = acc / (total + exp(aux - m)), with no
+            # lse - m to lose to rounding at huge logits. Guarded so that an empty row (acc = 0)
+            # stays 0.
+            sink = jnp.exp(aux.astype(adtype).reshape(1, hkv, g, 1) - m_safe)
+            out = acc * jnp.where(has, 1 / (total + sink), 0)[..., None]
         return None, (out, lse)
 
     _, (out, lse) = lax.scan(q_block, None, jnp.arange(plan.num_q, dtype=jnp.int32))
@@ -495,6 +511,7 @@ def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux
     plan = plan_blocks(t, s, *st.bwd_blocks, causal=st.causal, window=st.window, kv_lengths=kv_len is not None)
     pd = _pad_inputs(plan, q, k, v, bias, mask, q_seg, kv_seg, kv_len)
     bq, bk = plan.block_q, plan.block_k
+    factor = _factor(st, pd, sdtype)
 
     lse_g = lse.reshape(b, hkv, g, t).astype(adtype)
     aux_g = None if aux is None else aux.astype(adtype).reshape(1, hkv, g, 1)
@@ -538,7 +555,9 @@ def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux
             big_b = lax.dynamic_slice_in_dim(big_p, r0, bq, axis=3)
             row_b = lax.dynamic_slice_in_dim(row_p, r0, bq, axis=3)
             x, th = _logits(st, plan, pd, qb, kb, r0, c0, sdtype)
-            p = jnp.exp(x.astype(adtype) - big_b[..., None])
+            # No probability exceeds 1. XLA may fuse x * factor - big into a multiply-add (see
+            # _factor): the cap keeps that gap, past ~2^32, from overflowing exp().
+            p = jnp.exp(jnp.minimum(x.astype(adtype) * factor - big_b[..., None], 0))
             dp = jnp.einsum("bqkgd,bskd->bkgqs", dob.astype(v.dtype), vb, precision=st.precision,
                             preferred_element_type=adtype)
             if rng is not None:

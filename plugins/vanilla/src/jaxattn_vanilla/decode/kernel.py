@@ -177,6 +177,11 @@ def decode_attention(
     adtype = jnp.promote_types(sdtype, jnp.float32)
     scale = float(d) ** -0.5 if softmax_scale is None else float(softmax_scale)
     plan = plan_decode(s, num_chunks, step)
+    # Without a soft cap the logits keep their scale out until the max is subtracted, and the
+    # running maxima are unscaled: XLA fuses ``x * scale - m`` into one multiply-add, whose
+    # exact product sits up to half an ulp of the rounded max away, and past ~2^32 that gap
+    # alone overflows exp(). ``(x - m) * scale`` has nothing to fuse.
+    factor = jnp.asarray(scale if logits_soft_cap is None else 1.0, adtype)
     nc, sc, keys = plan.num_chunks, plan.chunk, plan.step_keys
 
     lengths = None if kv_lengths is None else jnp.clip(jnp.asarray(kv_lengths).astype(jnp.int32), 0, s)
@@ -231,8 +236,9 @@ def decode_attention(
             live = live.reshape(b * nc, sc, 1, 1)
             kb = jnp.where(live, kb, jnp.zeros((), kb.dtype))
             vb = jnp.where(live, vb, jnp.zeros((), vb.dtype))
-        x = _logits(kb.astype(cdtype), qt, sdtype) * jnp.asarray(scale, sdtype)  # (B * nc, sc, Hkv, R)
+        x = _logits(kb.astype(cdtype), qt, sdtype)  # (B * nc, sc, Hkv, R)
         if logits_soft_cap is not None:
+            x = x * jnp.asarray(scale, sdtype)
             cap = jnp.asarray(logits_soft_cap, sdtype)
             x = cap * jnp.tanh(x / cap)
         keep = _keep(n, start)
@@ -241,7 +247,7 @@ def decode_attention(
             x = jnp.where(keep.reshape(b * nc, sc, 1, keep.shape[-1]), x, -jnp.inf)
         m = lax.stop_gradient(jnp.max(x, axis=1))  # (B * nc, Hkv, R); a shift: no gradient
         m_safe = jnp.where(jnp.isfinite(m), m, 0)
-        p = jnp.exp(x - m_safe[:, None])
+        p = jnp.exp((x - m_safe[:, None]) * factor)
         l_c = jnp.sum(p, axis=1, dtype=adtype)
         o_c = _weighted_values(p, vb, adtype)  # (B * nc, Hkv, R, Dv)
         return (m.astype(adtype).reshape(b, nc, hkv, r), l_c.reshape(b, nc, hkv, r),
@@ -252,11 +258,11 @@ def decode_attention(
         """The split-K combine: chunk partials (and the running ones) rescaled to one max."""
         m_new = jnp.max(m_c, axis=1) if run is None else jnp.maximum(run[0], jnp.max(m_c, axis=1))
         safe = jnp.where(jnp.isfinite(m_new), m_new, 0)
-        w_c = jnp.exp(m_c - safe[:, None])
+        w_c = jnp.exp((m_c - safe[:, None]) * factor)
         l_new = jnp.sum(w_c * l_c, axis=1)
         o_new = jnp.sum(w_c[..., None] * o_c, axis=1)
         if run is not None:
-            w_run = jnp.exp(run[0] - safe)
+            w_run = jnp.exp((run[0] - safe) * factor)
             l_new, o_new = w_run * run[1] + l_new, w_run[..., None] * run[2] + o_new
         return m_new, l_new, o_new
 
@@ -275,16 +281,15 @@ def decode_attention(
         (m_run, l_run, o_run), _ = lax.scan(scan_step, init, jnp.arange(plan.steps, dtype=jnp.int32))
 
     has = l_run > 0
-    m_safe = jnp.where(jnp.isfinite(m_run), m_run, 0)
+    m_safe = jnp.where(jnp.isfinite(m_run), m_run, 0) * factor
     lse = jnp.where(has, m_safe + jnp.log(jnp.where(has, l_run, 1)), -jnp.inf)
     if aux is None:
         out = o_run / jnp.where(has, l_run, 1)[..., None]
     else:
-        # The sink joins the denominator: out = o * e^(m - logaddexp(lse, sink)). An empty row
-        # (o = 0) stays 0.
+        # The sink joins the denominator: out = o / (l + e^(sink - m)), with no lse - m to lose
+        # to rounding at huge logits. An empty row (o = 0) stays 0.
         sink = jnp.broadcast_to(aux.reshape(1, hkv, 1, g), (1, hkv, t, g)).reshape(1, hkv, r)
-        big = jnp.logaddexp(lse, sink)
-        out = o_run * jnp.where(has, jnp.exp(m_safe - big), 0)[..., None]
+        out = o_run * jnp.where(has, 1 / (l_run + jnp.exp(sink - m_safe)), 0)[..., None]
     # (B, Hkv, T*G, Dv) -> (B, T, Hq, Dv); lse (B, Hkv, T, G) -> (B, Hq, T)
     out = out.reshape(b, hkv, t, g, dv).transpose(0, 2, 1, 3, 4).reshape(b, t, hq, dv)
     lse = lse.reshape(b, hkv, t, g).transpose(0, 1, 3, 2).reshape(b, hq, t)

@@ -147,7 +147,13 @@ def vanilla_attention(
 
     qg = q.reshape(b, t, hkv, groups, d)
     logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, precision=precision, preferred_element_type=sdtype)
-    logits = logits * jnp.asarray(scale, sdtype)
+    # Plain logits keep their scale out until after the max is subtracted: XLA fuses
+    # ``logits * scale - max`` into one multiply-add, whose exact product sits up to half an
+    # ulp of the (rounded) max away from it, and past ~2^32 that gap alone overflows exp().
+    # ``(logits - max) * scale`` has nothing to fuse; the max weighs exactly exp(0).
+    unscaled = logits_soft_cap is None and bias is None
+    if not unscaled:
+        logits = logits * jnp.asarray(scale, sdtype)
     if logits_soft_cap is not None:
         cap = jnp.asarray(logits_soft_cap, sdtype)
         logits = cap * jnp.tanh(logits / cap)
@@ -168,17 +174,19 @@ def vanilla_attention(
     if visible is not None:
         logits = jnp.where(visible, logits, -jnp.inf)
 
+    factor = jnp.asarray(scale if unscaled else 1.0, sdtype)
     row_max = jnp.max(logits, axis=-1)  # (B, Hkv, G, T); -inf on empty rows
     aux = None
     if softmax_aux is not None:
         aux = jnp.asarray(softmax_aux, sdtype).reshape(1, hkv, groups, 1)
-        row_max = jnp.maximum(row_max, aux)
+        row_max = jnp.maximum(row_max, aux / factor)
     # The softmax is invariant to the shift, so it needs no gradient; an empty row shifts by
     # 0 instead of -inf so that exp() yields 0 rather than exp(-inf + inf) = nan.
     shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0))
-    exp = jnp.exp(logits - shift[..., None])
+    exp = jnp.exp((logits - shift[..., None]) * factor)
     key_sum = jnp.sum(exp, axis=-1)
-    denom = key_sum if aux is None else key_sum + jnp.exp(aux - shift)
+    denom = key_sum if aux is None else key_sum + jnp.exp(aux - shift * factor)
+    shift = shift * factor
     probs = exp / jnp.where(denom > 0, denom, 1)[..., None]
     has_keys = key_sum > 0
     lse = jnp.where(has_keys, shift + jnp.log(jnp.where(has_keys, key_sum, 1)), -jnp.inf)
