@@ -39,7 +39,7 @@ from jaxattn.paged_impl import PagedAttentionImpl
 from jaxattn.paging import pages_in_address_order
 
 from . import oracle
-from .cases import DEFAULT_TOLERANCES, DtypeTolerance, Level
+from .cases import DEFAULT_TOLERANCES, DtypeTolerance, Level, round_to_dtype
 from .compare import assert_close, to_float64
 from .paged_cases import PagedCase, make_paged_inputs, paged_cases_for, paged_features, poison_unread
 from .quantized_cases import QUANTIZED_PAGED_CASES, QuantizedCase, quantize_paged_inputs, quantized_to_jax
@@ -59,6 +59,15 @@ _FEATURE_CASES = {
     Feature.MULTI_TOKEN: "speculative",
     Feature.RAGGED: "ragged_mixed",
 }
+
+# Logits of any finite size (``test_logits_of_any_magnitude``): a decode step and a ragged
+# batch, no scaling by 1/sqrt(D) (the tied heads' scores pass 2^32), pages of 16.
+_MAGNITUDE_CASES = (
+    PagedCase("logits_of_any_magnitude_decode", q_lens=(1, 1, 1, 1), kv_lens=(40, 64, 50, 33), uniform=True,
+              d=64, page_size=16, softmax_scale=0.7),
+    PagedCase("logits_of_any_magnitude_ragged", q_lens=(3, 1, 2, 1), kv_lens=(40, 64, 50, 33), d=64,
+              page_size=16, softmax_scale=0.7),
+)
 
 _ARRAYS = ("page_table", "kv_lengths", "cu_q_lens", "num_seqs")
 _impl_cache: dict[type, PagedAttentionImpl] = {}
@@ -129,6 +138,9 @@ class PagedConformanceSuite:
         if "quantized_case" in metafunc.fixturenames:
             metafunc.parametrize(("quantized_case", "dtype"), [pytest.param(c, dt, id=f"{c.name}-{dt}")
                                                                for c in QUANTIZED_PAGED_CASES for dt in cls.dtypes])
+        elif "magnitude_case" in metafunc.fixturenames:
+            metafunc.parametrize(("magnitude_case", "dtype"), [pytest.param(c, dt, id=f"{c.name}-{dt}")
+                                                               for c in _MAGNITUDE_CASES for dt in cls.dtypes])
         elif "paged_case" in metafunc.fixturenames:
             params = [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in cls.cases(cls.resolved_level())
                       for dt in cls.dtypes]
@@ -278,6 +290,35 @@ class PagedConformanceSuite:
             got = self._run(case, arrays)
         self._check(case, got, self._expected(case, ref_arrays), dtype,
                     f"{quantized_case.kv_dtype} per {quantized_case.granularity}: {case.describe()}")
+
+    def test_logits_of_any_magnitude(self, magnitude_case: PagedCase, dtype: str) -> None:
+        """Logits of any finite size (docs/contract.md), as the dense suite's test of that name:
+        query rows of heads 0 and 1 scaled by 2^-100 .. 2^100 (float16: 2^-11 .. 2^11); KV head
+        1 one key vector in every page, its queries and keys 2^11 times integers 8 .. 15, so
+        heads 2 and 3 tie exactly near 2^35 (base-2 logits). Eagerly, under default ``jax.jit``
+        and under the test options."""
+        case = magnitude_case
+        np_arrays = make_paged_inputs(case, dtype)
+        top = min(100, int(np.log2(float(jnp.finfo(dtype).max))) - 4)
+        gains = np.array([-top, 0, top * 3 // 5, -top * 3 // 10, top, 7, -7, top // 5])
+        rng = np.random.default_rng(7)
+        q = np_arrays["q"].copy()  # (tokens, Hq, D)
+        rows = (np.arange(q.shape[0])[:, None] * 2 + np.arange(2)[None, :]) % len(gains)
+        q[:, :2] *= np.exp2(gains[rows])[..., None]
+        q[:, 2:] = 2.0**11 * rng.integers(8, 16, q[:, 2:].shape)
+        k = np_arrays["k_pages"].copy()  # (pages, page_size, Hkv, D)
+        k[:, :, 1] = 2.0**11 * rng.integers(8, 16, case.d)
+        np_arrays.update(q=round_to_dtype(q, dtype), k_pages=round_to_dtype(k, dtype))
+        arrays = _to_jax(np_arrays, dtype)
+        reasons = self._supports(case, arrays)
+        if reasons:
+            self._assert_declines(case, arrays)
+            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+        want = self._expected(case, np_arrays)
+        for how in ("eager", "default_jit", "test_jit"):
+            with jax.default_matmul_precision("highest"):
+                got = self._run(case, arrays, how=how)
+            self._check(case, got, want, dtype, f"{how}: {case.describe()}, logits of any magnitude")
 
     def test_runs_something(self, dtype: str) -> None:
         """Guard against a vacuous pass: some case of the matrix must run in every dtype listed."""
