@@ -36,9 +36,15 @@ class ExampleAttention(AttentionImpl, declaration=EXAMPLE):
         # materialising K and V `groups` times.
         qg = q.reshape(b, t, hkv, groups, d)
         logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=softmax_dtype)
-        logits = logits.reshape(b, hq, t, s) * jnp.asarray(scale, softmax_dtype)
+        logits = logits.reshape(b, hq, t, s)
+        # The scale waits until the row's max is subtracted: XLA may fuse `logits * scale - max`
+        # into one multiply-add, whose exact product overflows exp() past ~2^32, NaN out of
+        # finite inputs (docs/contract.md, "Logits of any finite size"). A bias adds to scaled
+        # logits, so with one the scale comes first.
+        factor = jnp.asarray(scale, softmax_dtype)
         if bias is not None:
-            logits = logits + bias.astype(softmax_dtype)
+            logits = logits * factor + bias.astype(softmax_dtype)
+            factor = jnp.asarray(1.0, softmax_dtype)
 
         keep = jnp.ones((1, 1, t, s), dtype=bool)
         if mask is not None:
@@ -52,7 +58,7 @@ class ExampleAttention(AttentionImpl, declaration=EXAMPLE):
         # A row with nothing to attend to has max -inf; use 0 so exp() gives zeros, not NaN.
         row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
         row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-        weights = jnp.exp(logits - row_max)
+        weights = jnp.exp((logits - row_max) * factor)
         total = jnp.sum(weights, axis=-1, keepdims=True)
         probs = weights / jnp.where(total == 0.0, 1.0, total)
 
