@@ -157,7 +157,14 @@ def _tiles_note(problem: PagedProblem) -> list[str]:
     if tiles.decode_q:
         note += (f"; sequences of at most {tiles.decode_q} queries in decode programs of their own "
                  f"({tiles.decode_m} rows, {tiles.decode_block_n} keys a step)")
-    return [note]
+    how = []
+    if LP.qk_f16(spec):
+        how.append("Q K^T in fp16 (each query row moved there by a power of two of its own)")
+    if LP.v_lanes(spec):
+        how.append("V read as 32-bit words, P V one dot per byte lane")
+    elif LP.v_words(spec):
+        how.append("V read as 32-bit words, widened into one tile")
+    return [note] + ([f"{problem.kv_dtype} cache: " + "; ".join(how)] if how else [])
 
 
 class TritonRaggedPagedAttention(_TritonPaged, declaration=RAGGED_PAGE_ATTENTION):
