@@ -73,7 +73,7 @@ _LOG2E = math.log2(math.e)
 #: Head dims the forward takes: tiles of 64 columns (128-byte swizzle), up to what shared memory holds.
 HEAD_DIMS = (64, 128, 192, 256)
 _LN2 = math.log(2.0)
-#: The value a masked logit takes (scaled, log2 domain). Finite, so a block whose row max
+#: The value a masked score takes (unscaled, as the running max). Finite, so a block whose row max
 #: is still "nothing seen" never computes -inf - -inf; rows that see some key always see
 #: one in their first block (causal keys are a prefix), so the mask value never wins a max
 #: there; rows that see none are zeroed after the kernel.
