@@ -29,6 +29,7 @@ __all__ = [
     "Tolerance",
     "cases_for",
     "decode_sweep",
+    "magnitude_inputs",
     "make_inputs",
     "round_to_dtype",
     "static_features",
@@ -240,6 +241,39 @@ def round_to_dtype(x: npt.ArrayLike, dtype: str) -> npt.NDArray[np.float64]:
 
         return arr.astype(ml_dtypes.bfloat16).astype(np.float64)
     return arr.astype(np.dtype(dtype)).astype(np.float64)
+
+
+def magnitude_inputs(q: npt.NDArray[np.float64], k: npt.NDArray[np.float64], dtype: str) -> tuple[
+        npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """``q (..., Hq, D)`` and ``k (..., Hkv, D)`` made into logits of any finite size
+    (docs/contract.md; the conformance suites' ``test_logits_of_any_magnitude``), rounded to
+    ``dtype``; with each query row's group and whether it is "hot".
+
+    Heads 0 and 1 scale their rows by powers of two: 2^-100 .. 2^100 where the dtype holds
+    them (float16: 2^-11 .. 2^11), so rows range from uniform to one-hot; row ``r`` (the
+    leading axes flattened) of head ``h`` takes gain ``(2 r + h) % 8``. Heads 2 and up read KV
+    head 1, whose keys are all one vector; their queries' and keys' components are 2^11 times
+    integers 8 .. 15, so every score is exact in float32 whatever the order of its sum, and the
+    scores of a row tie exactly near 2^35 (base-2 logits at a scale near 1), where half an ulp
+    of the max overflows ``exp2``, in every dtype: the oracle's answer there is the mean of V.
+    Groups: the gain's index, or 8 for the tied rows. Hot rows (gains above one, and the tied
+    rows) have ill-conditioned gradients of q and k (a score's rounding times a huge q).
+    """
+    import ml_dtypes  # a dependency of jax; kept out of import time
+
+    top = min(100, int(np.log2(float(ml_dtypes.finfo(dtype).max))) - 4)
+    gains = np.array([-top, 0, top * 3 // 5, -top * 3 // 10, top, 7, -7, top // 5])
+    rng = np.random.default_rng(7)
+    lead = q.shape[:-2]
+    group = np.full(q.shape[:-1], len(gains), dtype=np.int64)
+    rows = np.arange(int(np.prod(lead))).reshape(lead)[..., None]
+    group[..., :2] = (rows * 2 + np.arange(2)) % len(gains)
+    q, k = q.copy(), k.copy()
+    q[..., :2, :] *= np.exp2(gains[group[..., :2]])[..., None]
+    q[..., 2:, :] = 2.0**11 * rng.integers(8, 16, q[..., 2:, :].shape)
+    k[..., 1, :] = 2.0**11 * rng.integers(8, 16, k.shape[-1])
+    hot = np.append(gains > 1, True)[group]
+    return round_to_dtype(q, dtype), round_to_dtype(k, dtype), group, hot
 
 
 def _resolve(spec: ShapeSpec, case: Case) -> tuple[int, ...]:

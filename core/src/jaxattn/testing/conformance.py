@@ -39,7 +39,6 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpy.typing as npt
 import pytest
 
 from jaxattn.capabilities import Feature
@@ -57,8 +56,8 @@ from .cases import (
     Level,
     cases_for,
     decode_sweep,
+    magnitude_inputs,
     make_inputs,
-    round_to_dtype,
     static_features,
 )
 from .compare import assert_close, to_float64
@@ -493,43 +492,15 @@ class ConformanceSuite:
         assert all(np.isfinite(to_float64(g)).all() for g in grads.values()), "non-finite gradients"
         self._check_grads(grads, ref, dtype, case.describe())
 
-    @staticmethod
-    def _magnitude_problem(case: Case, dtype: str) -> tuple[dict[str, Any], npt.NDArray[np.int64]]:
-        """``case``'s inputs (float64, rounded to ``dtype``) and each query row's group.
-
-        Heads 0 and 1 scale their rows by powers of two: 2^-100 .. 2^100 where the dtype holds
-        them (float16: 2^-11 .. 2^11), so rows range from uniform to one-hot. Heads 2 and 3
-        read a KV head whose keys are all one vector; their queries' and keys' components are
-        2^11 times integers 8 .. 15, so every score is exact in float32 whatever the order of
-        its sum, and the scores of a row tie exactly near 2^35 (base-2 logits), where half an
-        ulp of the max overflows ``exp2``, in every dtype. The oracle's answer there is the
-        mean of V. ``d_output`` is zero on rows with gains above one and on the tied heads, whose
-        gradients of q and k are ill-conditioned (a score's rounding times a huge q): there the
-        backward must only stay finite. Groups: the gain's index, or len(gains) for tied rows.
-        """
-        arrays = make_inputs(case, dtype)
-        top = min(100, int(np.log2(float(jnp.finfo(dtype).max))) - 4)
-        gains = np.array([-top, 0, top * 3 // 5, -top * 3 // 10, top, 7, -7, top // 5])
-        rng = np.random.default_rng(7)
-        group = np.zeros((case.b, case.t, case.hq), dtype=np.int64)
-        group[:, :, :2] = (np.arange(case.t)[:, None] * 2 + np.arange(2)[None, :]) % len(gains)
-        group[:, :, 2:] = len(gains)
-        q = arrays["q"].copy()
-        q[:, :, :2] *= np.exp2(gains[group[:, :, :2]])[..., None]
-        q[:, :, 2:] = 2.0**11 * rng.integers(8, 16, q[:, :, 2:].shape)
-        k = arrays["k"].copy()
-        k[:, :, 1] = 2.0**11 * rng.integers(8, 16, case.d)
-        hot = np.append(gains > 1, True)[group]
-        arrays["q"], arrays["k"] = round_to_dtype(q, dtype), round_to_dtype(k, dtype)
-        arrays["d_output"] = np.where(hot[..., None], 0.0, arrays["d_output"])
-        return arrays, group
-
     def test_logits_of_any_magnitude(self, magnitude_case: Case, dtype: str) -> None:
-        """Logits of any finite size (docs/contract.md): rows 2^-100 .. 2^100 in size, and exact
-        ties past 2^32, eagerly, under default ``jax.jit`` and with gradients, match the oracle;
-        each row's log-sum-exp to its own size."""
+        """Logits of any finite size (docs/contract.md; the inputs: ``cases.magnitude_inputs``):
+        rows 2^-100 .. 2^100 in size, and exact ties past 2^32, eagerly, under default
+        ``jax.jit`` and with gradients, match the oracle; each row's log-sum-exp to its own size."""
         case = magnitude_case
-        np_arrays, group = self._magnitude_problem(case, dtype)
+        np_arrays = make_inputs(case, dtype)
+        np_arrays["q"], np_arrays["k"], group, hot = magnitude_inputs(np_arrays["q"], np_arrays["k"], dtype)
+        # Hot rows only have to stay finite in the backward: no output gradient there.
+        np_arrays["d_output"] = np.where(hot[..., None], 0.0, np_arrays["d_output"])
         group = group.transpose(0, 2, 1)  # as the lse: (B, Hq, T)
         arrays = _jax_arrays(np_arrays, dtype)
         features = static_features(case)

@@ -39,7 +39,7 @@ from jaxattn.paged_impl import PagedAttentionImpl
 from jaxattn.paging import pages_in_address_order
 
 from . import oracle
-from .cases import DEFAULT_TOLERANCES, DtypeTolerance, Level, round_to_dtype
+from .cases import DEFAULT_TOLERANCES, DtypeTolerance, Level, magnitude_inputs
 from .compare import assert_close, to_float64
 from .paged_cases import PagedCase, make_paged_inputs, paged_cases_for, paged_features, poison_unread
 from .quantized_cases import QUANTIZED_PAGED_CASES, QuantizedCase, quantize_paged_inputs, quantized_to_jax
@@ -292,23 +292,12 @@ class PagedConformanceSuite:
                     f"{quantized_case.kv_dtype} per {quantized_case.granularity}: {case.describe()}")
 
     def test_logits_of_any_magnitude(self, magnitude_case: PagedCase, dtype: str) -> None:
-        """Logits of any finite size (docs/contract.md), as the dense suite's test of that name:
-        query rows of heads 0 and 1 scaled by 2^-100 .. 2^100 (float16: 2^-11 .. 2^11); KV head
-        1 one key vector in every page, its queries and keys 2^11 times integers 8 .. 15, so
-        heads 2 and 3 tie exactly near 2^35 (base-2 logits). Eagerly, under default ``jax.jit``
-        and under the test options."""
+        """Logits of any finite size (docs/contract.md), as the dense suite's test of that name
+        (the inputs: ``cases.magnitude_inputs``, every page's KV head 1 one key vector), eagerly,
+        under default ``jax.jit`` and under the test options."""
         case = magnitude_case
         np_arrays = make_paged_inputs(case, dtype)
-        top = min(100, int(np.log2(float(jnp.finfo(dtype).max))) - 4)
-        gains = np.array([-top, 0, top * 3 // 5, -top * 3 // 10, top, 7, -7, top // 5])
-        rng = np.random.default_rng(7)
-        q = np_arrays["q"].copy()  # (tokens, Hq, D)
-        rows = (np.arange(q.shape[0])[:, None] * 2 + np.arange(2)[None, :]) % len(gains)
-        q[:, :2] *= np.exp2(gains[rows])[..., None]
-        q[:, 2:] = 2.0**11 * rng.integers(8, 16, q[:, 2:].shape)
-        k = np_arrays["k_pages"].copy()  # (pages, page_size, Hkv, D)
-        k[:, :, 1] = 2.0**11 * rng.integers(8, 16, case.d)
-        np_arrays.update(q=round_to_dtype(q, dtype), k_pages=round_to_dtype(k, dtype))
+        np_arrays["q"], np_arrays["k_pages"], _, _ = magnitude_inputs(np_arrays["q"], np_arrays["k_pages"], dtype)
         arrays = _to_jax(np_arrays, dtype)
         reasons = self._supports(case, arrays)
         if reasons:

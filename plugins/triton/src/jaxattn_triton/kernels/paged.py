@@ -68,7 +68,7 @@ import triton
 import triton.language as tl
 
 from jaxattn_triton.kernels.common import LN2, LOG2E, mul_rounded, tanh_f32
-from jaxattn_triton.kernels.widen import widen, widen_words, word_lanes
+from jaxattn_triton.kernels.widen import join_lanes, split_lanes, widen, widen_words, word_lanes
 
 
 @triton.jit
@@ -168,11 +168,9 @@ def _paged_sweep(
             offs_first = lo + col_tok
             page_next = tl.load(pt_row + offs_first // PAGE_SIZE, mask=offs_first < hi, other=0)
     if V_LANES:
-        # The accumulator as four lanes: lane i holds columns 4 w + i (the split undoes
-        # widen_words' join), each summing P @ (byte i of V's words) in the loop below.
-        a02, a13 = tl.split(tl.reshape(acc, (acc.shape[0], BLOCK_DV // 4, 2, 2)))
-        a0, a2 = tl.split(a02)
-        a1, a3 = tl.split(a13)
+        # The accumulator as four lanes: lane i holds columns 4 w + i, each summing
+        # P @ (byte i of V's words) in the loop below.
+        a0, a1, a2, a3 = split_lanes(acc, acc.shape[0], BLOCK_DV)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + col_tok
@@ -298,7 +296,7 @@ def _paged_sweep(
             acc = tl.dot(pv, v.to(pv_dtype), acc * alpha[:, None])
         m_i = m_new
     if V_LANES:
-        acc = tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, a3)), (acc.shape[0], BLOCK_DV))
+        acc = join_lanes(a0, a1, a2, a3, acc.shape[0], BLOCK_DV)
     return acc, l_i, m_i
 
 

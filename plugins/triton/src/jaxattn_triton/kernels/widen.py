@@ -179,6 +179,22 @@ def widen_words(
     cache's would, instead of each thread gathering its tokens' bytes one load at a time (the
     contraction runs over tokens, V's strided axis)."""
     e0, e1, e2, e3 = word_lanes(w, FMT, out_dtype, ASM)
+    return join_lanes(e0, e1, e2, e3, ROWS, 4 * WORDS)
+
+
+@triton.jit
+def join_lanes(e0, e1, e2, e3, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """The ``(ROWS, COLS)`` tile whose column ``4 w + i`` is column ``w`` of lane ``i``
+    (``word_lanes``' order); ``split_lanes`` undoes it."""
     # join stacks on a new last axis: (row, word, pair, lane in pair) -> column 4 word + 2 pair + lane.
-    x = tl.join(tl.join(e0, e2), tl.join(e1, e3))
-    return tl.reshape(x, (ROWS, 4 * WORDS))
+    return tl.reshape(tl.join(tl.join(e0, e2), tl.join(e1, e3)), (ROWS, COLS))
+
+
+@triton.jit
+def split_lanes(x, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """``x (ROWS, COLS)`` as its four lanes, ``join_lanes`` undone: lane ``i`` holds columns
+    ``4 w + i``."""
+    a02, a13 = tl.split(tl.reshape(x, (ROWS, COLS // 4, 2, 2)))
+    a0, a2 = tl.split(a02)
+    a1, a3 = tl.split(a13)
+    return a0, a1, a2, a3
