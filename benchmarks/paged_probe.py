@@ -14,6 +14,8 @@ Modes: ``--patterns`` (the reads above), ``--tables`` (paged decode on a permute
 in-order page table, same tiles), ``--kv-heads`` (``PagedTiles.kv_heads`` configurations on
 a permuted table), ``--sorted`` (each row's pages read in address order), ``--runs`` (pools
 fragmented in runs of consecutive pages), ``--occupancy`` (two programs per SM at 16 sequences),
+``--power`` (power, clocks and time per call of decodes run for seconds on end),
+``--gap`` (a quantized cache made and decoded the sweep's way and the public API's way),
 ``--quant-floor`` (pure reads of an int8 cache beside the int8 decode), ``--ncu`` (the int8
 decode and a pure read in its program shape at 16 x 32k, three calls each, to run under Nsight
 Compute: ``ncu -k regex:paged_attn_kernel -c 1 --set full python3 benchmarks/paged_probe.py --ncu``).
@@ -472,6 +474,95 @@ def quant_floor(case: Case) -> list[Candidate]:
     return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
 
 
+def gap(case: Case) -> list[Candidate]:
+    """Why the public API's quantized decode measured slower than the kernel's own sweep: each
+    format's cache made two ways (the sweep's: the values times a gain, cast, one scale of
+    1/gain; ``jaxattn.quantize_kv`` per head, as ``jaxattn bench --serving`` makes it), each
+    decoded two ways (``paged_decode``, as the sweep calls it, and ``jaxattn.paged_attention``
+    with ``ragged_page_attention_v3``), beside cuDNN's bf16 dense decode."""
+    import jaxattn
+    from jaxattn_triton.paged_ops import paged_decode
+
+    def kernel(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array, ks: jax.Array,
+               vs: jax.Array) -> jax.Array:  # fmt: skip
+        return paged_decode(q, k, v, tb, n, k_scale=ks, v_scale=vs)
+
+    def api(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array, ks: jax.Array,
+            vs: jax.Array) -> jax.Array:  # fmt: skip
+        return jaxattn.paged_attention(q, k, v, tb, n, k_scale=ks, v_scale=vs, impl="ragged_page_attention_v3")
+
+    case.nbytes //= 2  # GB/s over the 8-bit bytes
+    cands = [case.cudnn()]
+    for fmt, gain in (("int8", 40.0), ("float8_e4m3fn", 1.0)):
+        dt = jnp.dtype(fmt)
+        scale = jnp.full((HKV,), 1 / gain, jnp.float32)
+        made = {  # (k, k_scale, v, v_scale)
+            "gain-cast": ((case.kp * gain).astype(dt), scale, (case.vp * gain).astype(dt), scale + 0.0),
+            "quantize_kv": (*jaxattn.quantize_kv(case.kp, fmt, "head"), *jaxattn.quantize_kv(case.vp, fmt, "head")),
+        }
+        for data, (k, ks, v, vs) in made.items():
+            for path, fn in (("paged_decode", kernel), ("paged_attention", api)):
+                cands.append((f"{fmt} {data} data, {path}", fn, (case.q, k, v, case.permuted, case.lens, ks, vs)))
+    return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
+
+
+#: nvidia-smi's fields sampled by --power, every 100 ms.
+POWER_FIELDS = "power.draw,clocks.sm,clocks.mem,temperature.gpu,clocks_event_reasons.active"
+
+
+def power(case: Case) -> list[Candidate]:
+    """Whether a decode slows as it keeps running: each of cuDNN's dense decode and the int8
+    and e4m3 decodes (``jaxattn.quantize_kv`` per head, the public API) runs back to back for
+    ``POWER_S`` seconds while ``nvidia-smi`` samples power, clocks and the reasons the clocks
+    are held down (a bit mask: 0x4 the power cap, 0x20/0x40 temperature, 0x80 the power brake).
+    Prints the time per call in the first and the last half second, and the samples' medians."""
+    import subprocess
+
+    import jaxattn
+
+    def api(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array, ks: jax.Array,
+            vs: jax.Array) -> jax.Array:  # fmt: skip
+        return jaxattn.paged_attention(q, k, v, tb, n, k_scale=ks, v_scale=vs, impl="ragged_page_attention_v3")
+
+    cands = [case.cudnn()]
+    for fmt in ("int8", "float8_e4m3fn"):
+        k, ks = jaxattn.quantize_kv(case.kp, fmt, "head")
+        v, vs = jaxattn.quantize_kv(case.vp, fmt, "head")
+        cands.append((f"{fmt} decode", api, (case.q, k, v, case.permuted, case.lens, ks, vs)))
+    cands.append(("cudnn dense decode (again)", *cands[0][1:]))
+    for name, fn, args in cands:
+        f = jax.jit(fn)
+        f(*args).block_until_ready()
+        time.sleep(POWER_REST_S)  # each candidate starts from a rested chip
+        smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={POWER_FIELDS}", "--format=csv,noheader,nounits",
+                                "-lms", "100"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+        chunks: list[tuple[float, float]] = []  # (seconds since the start, µs per call)
+        start = time.perf_counter()
+        while (now := time.perf_counter()) - start < POWER_S:
+            out = None
+            for _ in range(50):
+                out = f(*args)
+            jax.block_until_ready(out)
+            chunks.append((now - start, (time.perf_counter() - now) / 50 * 1e6))
+        smi.terminate()
+        lines = [ln.split(", ") for ln in smi.communicate()[0].splitlines() if ln.count(",") == 4]
+        first = statistics.median(t for s, t in chunks if s < 0.5)
+        last = statistics.median(t for s, t in chunks if s > POWER_S - 0.5)
+        watts = statistics.median(float(x[0]) for x in lines) if lines else float("nan")
+        sm = statistics.median(float(x[1]) for x in lines) if lines else float("nan")
+        low = min((float(x[1]) for x in lines), default=float("nan"))
+        temp = max((float(x[3]) for x in lines), default=float("nan"))
+        reasons = sorted({x[4] for x in lines})
+        print(f"B={case.b} S={case.s} ps={case.ps} {name}: first 0.5 s {first:.1f} us, last 0.5 s {last:.1f} us; "
+              f"{watts:.0f} W, SM {sm:.0f} MHz (lowest {low:.0f}), {temp:.0f} C, reasons {reasons}",
+              flush=True)  # fmt: skip
+    return []
+
+
+#: --power: seconds each decode runs, and the pause before it.
+POWER_S, POWER_REST_S = 4.0, 2.0
+
+
 def ncu(case: Case) -> list[Candidate]:
     """The int8 decode (default tiles, per-head scales) and a pure read of its pages in the
     decode's program shape (one KV head x 64 tokens, 2 warps, 3 stages, 4 splits), each called
@@ -487,6 +578,8 @@ def ncu(case: Case) -> list[Candidate]:
 
 
 MODES = {
+    "--power": (power, ((16, 32768, 16), (64, 8192, 16))),
+    "--gap": (gap, ((16, 32768, 16), (64, 8192, 16), (16, 8192, 16))),
     "--ncu": (ncu, ((16, 32768, 16),)),
     "--quant-floor": (quant_floor, ((16, 8192, 16), (16, 32768, 16), (64, 8192, 16))),
     "--occupancy": (occupancy, ((16, 8192, 16), (16, 32768, 16))),

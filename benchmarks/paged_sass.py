@@ -90,6 +90,30 @@ def main() -> None:
         print(f"{per_sm} programs per SM (registers and shared memory); {programs} programs: "
               f"{programs / (per_sm * SMS):.2f} waves on {SMS} SMs")
     print("  " + ", ".join(f"{op} {count[op]}" for op in OPCODES))
+    for start, end in loops(sass):
+        body = Counter(ops[start:end + 1])
+        print(f"loop of {end + 1 - start} instructions: " + ", ".join(f"{op} {body[op]}" for op in OPCODES))
+
+
+def loops(sass: str) -> list[tuple[int, int]]:
+    """``(first, last)`` instruction indices of each loop with a dot in it (a branch back to an
+    address above it): the key sweeps' loops."""
+    at: dict[int, int] = {}  # address -> instruction index
+    back: list[tuple[int, int]] = []  # (index of the branch, target address)
+    dots: list[int] = []
+    for line in sass.splitlines():
+        addr = re.match(r"\s+/\*([0-9a-f]{4,})\*/", line)
+        if not addr:
+            continue
+        index = len(at)
+        here = int(addr.group(1), 16)
+        at[here] = index
+        target = re.search(r"BRA\s+0x([0-9a-f]+)", line)
+        if target and int(target.group(1), 16) < here:
+            back.append((index, int(target.group(1), 16)))
+        if "HMMA" in line:
+            dots.append(index)
+    return [(at[t], i) for i, t in back if t in at and any(at[t] <= d <= i for d in dots)]
 
 
 if __name__ == "__main__":

@@ -295,6 +295,37 @@ def test_v_read_as_words_joined_or_by_lanes(lanes: str, fmt: str, gran: str, mon
         run_quantized(Quant(shape, k_fmt=fmt, k_gran=gran))
 
 
+@pytest.mark.skipif(not BF16_DOT_OK, reason="this triton's interpreter multiplies bf16 bits as ints")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("gran", GRANULARITIES)
+def test_int8_offset_is_taken_out(dtype: str, gran: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An int8 cache widened to fp16 as (v + 128) 2^-24 (INT8_OFFSET): the scores lose 128 sum(q)
+    # and the accumulator 128 sum(P). Against the float64 oracle (run_quantized), and against
+    # the exact widening of the same call to within float32's rounding of the offset's sums:
+    # the oracle's tolerance for a 16-bit q would let an offset taken out wrong by 1% pass.
+    out, lse = {}, {}
+    for offset in ("1", "0"):
+        monkeypatch.setenv("JAXATTN_TRITON_INT8_OFFSET", offset)
+        shapes = (base.rep(DECODE, dtype=dtype, d=32), base.rep(RAGGED, dtype=dtype, d=32, sinks=True))
+        for i, shape in enumerate(shapes):
+            v_scale = (0, 0, 0) if gran == "tensor" else (0, 0, 1)
+            spec = base.spec_of(shape, base.make(shape))
+            spec = dataclasses.replace(spec, cache_dtype="int8", k_scale=(0, 0, 1), v_scale=v_scale)
+            if gran == "token":
+                spec = dataclasses.replace(spec, k_scale=(64, 8, 1), v_scale=(64, 8, 1))
+            want = LP.INT8_OFFSET if offset == "1" else 1
+            assert LP.k_widen(spec) == want
+            assert LP.v_words(spec) == (1 if gran == "token" else want)  # per-token V scales ride in P
+            out[offset, i], lse[offset, i] = run_quantized(Quant(shape, k_gran=gran))
+    ulp = 2.0 ** (-8 if dtype == "bfloat16" else -11)
+    for i in (0, 1):
+        a, b = out["1", i], out["0", i]
+        assert np.all(np.abs(a - b) <= 2 * ulp * np.abs(b) + 2**-14 * np.abs(b).max()), i
+        live = np.isfinite(lse["0", i])
+        la, lb = lse["1", i][live], lse["0", i][live]
+        assert np.all(np.abs(la - lb) <= 1e-4 * (1 + np.abs(lb))), i
+
+
 def test_q_k_runs_in_fp16_for_a_bf16_q_over_a_narrow_k(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = LP.PagedSpec(
         num_tokens=16, max_seqs=16, q_len=1, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
@@ -423,7 +454,8 @@ def test_k_widening_follows_the_format_and_the_scales(monkeypatch: pytest.Monkey
     )  # fmt: skip
     per_head, per_token = (0, 0, 1), (128, 8, 1)
     monkeypatch.delenv("JAXATTN_TRITON_K_WIDEN", raising=False)
-    want = {("int8", per_head): 1, ("int8", per_token): 1, ("float8_e4m3fn", per_head): 0,
+    # int8 widens to fp16 (Q K^T in fp16 for a bf16 q) with its offset left in (INT8_OFFSET).
+    want = {("int8", per_head): LP.INT8_OFFSET, ("int8", per_token): LP.INT8_OFFSET, ("float8_e4m3fn", per_head): 0,
             ("float8_e4m3fn", per_token): 2, ("float8_e5m2", per_head): 3, ("float8_e5m2", per_token): 3}  # fmt: skip
     # (V's scales per token keep P V in bf16, where an e4m3 K with row scales takes Triton's
     # cast; with P V in fp16, ``pv_f16``, every K takes widen.py: below.)
@@ -440,6 +472,35 @@ def test_k_widening_follows_the_format_and_the_scales(monkeypatch: pytest.Monkey
     assert LP.k_widen(e4m3) == 2
     monkeypatch.setenv("JAXATTN_TRITON_K_WIDEN", "0")
     assert LP.k_widen(dataclasses.replace(e4m3, cache_dtype="int8")) == 0
+    monkeypatch.delenv("JAXATTN_TRITON_K_WIDEN")
+    int8 = dataclasses.replace(e4m3, cache_dtype="int8")
+    assert LP.k_widen(int8) == LP.INT8_OFFSET
+    assert LP.k_widen(dataclasses.replace(int8, dtype="float16")) == LP.INT8_OFFSET
+    monkeypatch.setenv("JAXATTN_TRITON_QK_F16", "0")  # K widens to bf16: the exact form
+    assert LP.k_widen(int8) == 1
+    monkeypatch.delenv("JAXATTN_TRITON_QK_F16")
+    monkeypatch.setenv("JAXATTN_TRITON_INT8_OFFSET", "0")
+    assert LP.k_widen(int8) == 1
+
+
+def test_int8_offset_widening_is_exact() -> None:
+    # Every int8 byte through widen.py's format 4 to fp16: (v + 128) 2^-24, a subnormal (or 0 for
+    # -128), elementwise and as words, bit for bit; on a GPU the PTX.
+    import torch
+
+    from ._widen_probe import probe
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    x = codes.view(torch.int8).reshape(16, 16)
+    want = ((x.to(torch.float64) + 128) * 2.0**-24).to(torch.float16)
+    assert torch.equal(want.to(torch.float64), (x.to(torch.float64) + 128) * 2.0**-24)  # exact in fp16
+    y = torch.empty(16, 16, dtype=torch.float16, device=TORCH_DEVICE)
+    z = torch.empty_like(y)
+    probe[(1,)](x.to(TORCH_DEVICE), codes.view(torch.int32).reshape(16, 4).to(TORCH_DEVICE), y, z,
+                FMT=LP.INT8_OFFSET, ASM=TORCH_DEVICE != "cpu")  # fmt: skip
+    for name, got in (("elementwise", y), ("words", z)):
+        bits, ref = got.cpu().view(torch.int16), want.view(torch.int16)
+        assert torch.equal(bits, ref), f"int8 offset ({name}): {int((bits != ref).sum())} codes differ"
 
 
 @pytest.mark.parametrize("out", ["bfloat16", "float16"])

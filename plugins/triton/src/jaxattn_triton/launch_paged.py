@@ -380,7 +380,28 @@ def v_words(spec: PagedSpec) -> int:
     dv = spec.head_dim_v
     if dv < 32 or dv != block_dim(dv) or any(x % 4 for x in offsets):
         return 0
-    return _WORD_FORMATS[spec.cache_dtype]
+    # The offset's sum is P's own only when no per-token scale rides in P.
+    to_fp16 = (pv_f16(spec) or spec.dtype == "float16") and scale_mode(spec.v_scale) != 2
+    return INT8_OFFSET if to_fp16 and int8_offset(spec) else _WORD_FORMATS[spec.cache_dtype]
+
+
+#: widen.py's format code of an int8 cache widened to fp16 with its offset left in.
+INT8_OFFSET = 4
+
+
+def int8_offset(spec: PagedSpec) -> bool:
+    """Whether an int8 K or V that widens to fp16 widens as ``(v + 128) * 2^-24`` (format code
+    ``INT8_OFFSET`` in ``K_WIDEN``/``V_WORDS``): the sign flipped and the byte as an fp16
+    subnormal, three instructions for four values where the exact form takes five. The kernel
+    takes the offset out of the sums: ``128 * 2^-24`` times the row's sum of q from its scores,
+    and 128 times its sum of P (P rounded to fp16, as the product saw it) from its accumulator,
+    once a sweep. The decode is bound by the chip's power cap on an H200, where fewer
+    instructions a byte run at higher clocks (docs/bench.md). The cost is in the sums'
+    rounding: float32's, relative to sums up to 128 / |v| times larger than the exact form's;
+    the outputs stay within 2 ulp of the exact form's in bf16 and fp16 at every scale
+    granularity (``tests/triton/test_paged_kernels_quantized.py``).
+    ``JAXATTN_TRITON_INT8_OFFSET=0`` turns it off."""
+    return spec.cache_dtype == "int8" and os.environ.get("JAXATTN_TRITON_INT8_OFFSET", "1") != "0"
 
 
 def v_lanes(spec: PagedSpec) -> bool:
@@ -424,7 +445,8 @@ def k_widen(spec: PagedSpec) -> int:
     cast = not per_token and spec.cache_dtype not in K_WIDEN_FORMATS and not pv_f16(spec)
     if forced == "0" or (forced != "1" and cast):
         return 0
-    return _WORD_FORMATS[spec.cache_dtype]
+    to_fp16 = qk_f16(spec) or spec.dtype == "float16"
+    return INT8_OFFSET if to_fp16 and int8_offset(spec) else _WORD_FORMATS[spec.cache_dtype]
 
 
 def pv_f16(spec: PagedSpec) -> bool:

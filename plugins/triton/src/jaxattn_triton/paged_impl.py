@@ -160,6 +160,8 @@ def _tiles_note(problem: PagedProblem) -> list[str]:
     how = []
     if LP.qk_f16(spec):
         how.append("Q K^T in fp16 (each query row moved there by a power of two of its own)")
+    if LP.INT8_OFFSET in (LP.k_widen(spec), LP.v_words(spec)):
+        how.append("int8 widened to fp16 as (v + 128) 2^-24, the offset taken out of the sums")
     if LP.v_lanes(spec):
         how.append("V read as 32-bit words, P V one dot per byte lane")
     elif LP.v_words(spec):

@@ -47,7 +47,10 @@ path compiles exactly as before): K and V hold int8 or fp8 values, loaded narrow
 to q's dtype in registers (exact: int8 and both fp8 formats fit bf16 and fp16), the scales
 applied in float32 after the products. With a bf16 q (``QK_F16``) Q K^T runs in fp16 instead,
 each query row moved into fp16's range by a power of two of its own and the scores taking it
-back with the K scale: K then widens the cheap way. Mode 1 is one scale per row (per tensor or
+back with the K scale: K then widens the cheap way. An int8 K or V widened to fp16 comes
+as ``(v + 128) * 2^-24`` (``widen.py``'s format 4, ``launch_paged.int8_offset``): the scores
+lose ``128 sum(q)`` a row with the K scale, and the accumulator ``128 l`` once after the
+sweeps, ``l`` summing P as the product saw it (rounded to fp16). Mode 1 is one scale per row (per tensor or
 per KV head: the scores of a row times its head's K scale, the row's output times its head's V scale, once
 at the end); mode 2 one per token and head, loaded per tile beside the values through the
 scale's own ``(page, row, head)`` strides (0 along broadcast axes): each score column times its
@@ -86,6 +89,7 @@ def _paged_sweep(
     ks_base,
     vs_base,
     k_row_scale,
+    k_offset,
     pt_row,
     seq64,
     stride_kp,
@@ -250,7 +254,11 @@ def _paged_sweep(
         if K_WIDEN:
             k = widen(k, K_WIDEN, q.dtype, ASM)
         qk = tl.dot(q, tl.trans(k.to(q.dtype)))
-        if K_QUANT == 1 or QK_F16:
+        if K_WIDEN == 4:
+            # K came as (v + 128) 2^-24: k_row_scale holds the 2^24, and each score, scaled,
+            # carries the row's k_offset (128 sum(q) times its scale). One multiply-add a score.
+            qk = qk * k_row_scale[:, None] - k_offset[:, None]
+        elif K_QUANT == 1 or QK_F16:
             qk = qk * k_row_scale[:, None]
         if K_QUANT == 2:
             qk = qk * ks[None, :]
@@ -278,12 +286,17 @@ def _paged_sweep(
         # The scores rounded as m was (max(s) * QK_SCALE): never fused into the subtraction.
         p = tl.exp2(mul_rounded(s, QK_SCALE, ASM) - m_ref[:, None])
         alpha = tl.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.sum(p, 1)
         if V_QUANT == 2:
             # P @ (diag(vs) V) == (P diag(vs)) @ V: the scale joins the probabilities' columns.
             pv = (p * vs[None, :]).to(pv_dtype)
         else:
             pv = p.to(pv_dtype)
+        if V_WORDS == 4:
+            # An int8 V widened with its offset (widen.py): l sums P as the product sees it
+            # (rounded to fp16), the offset's weight, taken out after the sweeps.
+            l_i = l_i * alpha + tl.sum(pv.to(tl.float32), 1)
+        else:
+            l_i = l_i * alpha + tl.sum(p, 1)
         if V_LANES:
             # Four dots of Dv / 4 columns, one per byte lane: each lane's tile reaches the MMA
             # as it was widened, with no join into one tile (a layout change through shared
@@ -506,12 +519,19 @@ def _paged_block(
         e = tl.minimum(tl.maximum(141 - top, -126), 126)
         q = (q32 * ((e + 127) << 23).to(tl.float32, bitcast=True)[:, None]).to(tl.float16)
         k_row_scale = k_row_scale * ((127 - e) << 23).to(tl.float32, bitcast=True)
+    if K_WIDEN == 4:
+        # K widens to (v + 128) 2^-24 (widen.py): the scores times 2^24 carry 128 sum(q) a row,
+        # taken out with the scale (q is fp16 here: QK_F16's, or the caller's).
+        k_offset = tl.sum(q.to(tl.float32), 1) * 128.0 * k_row_scale
+        k_row_scale = k_row_scale * tl.full([BLOCK_M], 16777216.0, dtype=tl.float32)
+    else:
+        k_offset = 0.0
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     acc, l_i, m_i = _paged_sweep(
-        acc, l_i, m_i, q, pos, hrow, a, f0, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
+        acc, l_i, m_i, q, pos, hrow, a, f0, k_base, v_base, ks_base, vs_base, k_row_scale, k_offset, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
         K_QUANT, V_QUANT, V_WORDS, V_LANES, K_WIDEN, ASM, PV_F16, QK_F16,
@@ -519,7 +539,7 @@ def _paged_block(
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _paged_sweep(
-        acc, l_i, m_i, q, pos, hrow, f0, f1, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
+        acc, l_i, m_i, q, pos, hrow, f0, f1, k_base, v_base, ks_base, vs_base, k_row_scale, k_offset, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
         K_QUANT, V_QUANT, V_WORDS, V_LANES, K_WIDEN, ASM, PV_F16, QK_F16,
@@ -527,7 +547,7 @@ def _paged_block(
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _paged_sweep(
-        acc, l_i, m_i, q, pos, hrow, f1, b, k_base, v_base, ks_base, vs_base, k_row_scale, pt_row, seq64,
+        acc, l_i, m_i, q, pos, hrow, f1, b, k_base, v_base, ks_base, vs_base, k_row_scale, k_offset, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
         K_QUANT, V_QUANT, V_WORDS, V_LANES, K_WIDEN, ASM, PV_F16, QK_F16,
@@ -535,6 +555,10 @@ def _paged_block(
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
 
+    if V_WORDS == 4:
+        # V came as (v + 128) 2^-24 (widen.py): the accumulator holds 2^-24 (P V + 128 l), l the
+        # sum of P as the products saw it (rounded to fp16). A row that saw nothing keeps 0.
+        acc = acc * 16777216.0 - (l_i * 128.0)[:, None]
     if V_QUANT == 1:
         # One V scale per row, applied once; a row that saw no key (l_i == 0, acc == 0) selects
         # zeros, so an unread NaN scale cannot reach it.

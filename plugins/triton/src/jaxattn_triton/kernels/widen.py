@@ -4,7 +4,7 @@
 # be an annotated constexpr local, once per branch: mypy reads those as redefinitions.)
 """Narrow cache values (int8, float8_e4m3fn, float8_e5m2) widened to bf16 or fp16 in registers.
 
-Formats are codes (``FMT``): 1 int8, 2 float8_e4m3fn, 3 float8_e5m2. On a GPU (``ASM``) four
+Formats are codes (``FMT``): 1 int8, 2 float8_e4m3fn, 3 float8_e5m2, 4 int8 offset (below). On a GPU (``ASM``) four
 values at a time go through bit tricks in inline PTX, every instruction a full-rate integer or
 packed 16-bit one, where Triton's own casts take e4m3 through f16 -> f32 -> bf16 (F2F, a
 quarter-rate conversion unit):
@@ -16,6 +16,10 @@ quarter-rate conversion unit):
   value times 2^-120 (subnormals included: both formats' subnormals scale the same way), and
   one packed multiply by 2^120 restores it; e4m3 -> fp16: the hardware's e4m3x2 -> f16x2.
 * e5m2 -> fp16: the byte is the high byte of an fp16; e5m2 -> bf16: shifted as e4m3, 2^112.
+* int8 offset -> fp16 (``FMT`` 4): ``(v + 128) * 2^-24``, the sign flipped and the byte under
+  0x00 (an fp16 subnormal, which the tensor cores multiply exactly), without the subtraction:
+  three instructions for four values instead of five. A product's sum then carries 128 times
+  the other operand's sum, which the kernel takes out once (``kernels/paged.py``).
 
 Every result is exact. Bytes holding NaN or inf come out finite: values inside a length are
 numbers, and those past it are masked to zero before they are widened. The interpreter has
@@ -76,6 +80,10 @@ _BODIES = {
     (3, "fp16"): """
         prmt.b32 r0, IN, 0, 0x1404;
         prmt.b32 r1, IN, 0, 0x3424;""",
+    (4, "fp16"): """
+        xor.b32 a0, IN, 0x80808080;
+        prmt.b32 r1, a0, 0, 0x4342;
+        prmt.b32 r0, a0, 0, 0x4140;""",
 }
 _REGS = ".reg .b32 c, a0, a1, s0, s1, r0, r1; .reg .b16 l, h;"
 
@@ -91,6 +99,7 @@ def _asm(fmt: int, out: str, words: bool) -> tl.constexpr:
 _W1B, _W1H, _P1B, _P1H = _asm(1, "bf16", True), _asm(1, "fp16", True), _asm(1, "bf16", False), _asm(1, "fp16", False)
 _W2B, _W2H, _P2B, _P2H = _asm(2, "bf16", True), _asm(2, "fp16", True), _asm(2, "bf16", False), _asm(2, "fp16", False)
 _W3B, _W3H, _P3B, _P3H = _asm(3, "bf16", True), _asm(3, "fp16", True), _asm(3, "bf16", False), _asm(3, "fp16", False)
+_W4H, _P4H = _asm(4, "fp16", True), _asm(4, "fp16", False)  # fp16 only: the kernel's sums take the offset out
 
 
 @triton.jit
@@ -108,8 +117,10 @@ def _word_lanes_asm(w, FMT: tl.constexpr, out_dtype: tl.constexpr):
             asm: tl.constexpr = _W1H
         elif FMT == 2:
             asm: tl.constexpr = _W2H
-        else:
+        elif FMT == 3:
             asm: tl.constexpr = _W3H
+        else:
+            asm: tl.constexpr = _W4H
         lanes = tl.inline_asm_elementwise(asm, "=h,=h,=h,=h,r", [w], dtype=(tl.float16,) * 4, is_pure=True, pack=1)
     return lanes
 
@@ -140,15 +151,20 @@ def widen(x, FMT: tl.constexpr, out_dtype: tl.constexpr, ASM: tl.constexpr):
                 asm: tl.constexpr = _P1H
             elif FMT == 2:
                 asm: tl.constexpr = _P2H
-            else:
+            elif FMT == 3:
                 asm: tl.constexpr = _P3H
+            else:
+                asm: tl.constexpr = _P4H
             y = tl.inline_asm_elementwise(asm, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
     elif FMT == 1:
         y = x.to(tl.int8, bitcast=True).to(out_dtype)
     elif FMT == 2:
         y = x.to(tl.float8e4nv, bitcast=True).to(out_dtype)
-    else:
+    elif FMT == 3:
         y = x.to(tl.float8e5, bitcast=True).to(out_dtype)
+    else:
+        # (v + 128) * 2^-24: exact in fp16 (a subnormal) and in float32.
+        y = ((x.to(tl.int8, bitcast=True).to(tl.int32) + 128).to(tl.float32) * 5.9604644775390625e-08).to(out_dtype)
     return y
 
 
