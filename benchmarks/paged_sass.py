@@ -35,10 +35,12 @@ CACHE_TYPES = {"int8": "*i8", "float8_e4m3fn": "*fp8e4nv", "float8_e5m2": "*fp8e
 
 
 def programs_per_sm(regs: int, warps: int, shared: int) -> int:
-    """Resident programs per sm_90 SM: 64K registers allotted per warp in units of 256 (a
-    thread's count rounded up to 8), 228 KiB of shared memory less 1 KiB reserved per block."""
+    """Resident programs per sm_90 SM. The register file is allotted per quarter: each of the
+    4 schedulers holds 16K registers, a warp takes a thread's count rounded up to 8, times 32
+    (as CUDA's occupancy calculator counts): 2-warp programs fit 6 a SM at 168 registers a
+    thread, 4 at 169-255. Shared memory: 228 KiB less 1 KiB reserved per block."""
     per_warp = -(-regs // 8) * 8 * 32
-    by_regs = 65536 // (per_warp * warps)
+    by_regs = (16384 // per_warp) * 4 // warps
     by_smem = SMEM_PER_SM // (shared + 1024) if shared else by_regs
     return max(0, min(by_regs, by_smem, 64 // warps))
 
@@ -49,10 +51,11 @@ def main() -> None:
     ap.add_argument("granularity", choices=("tensor", "head", "token"))
     ap.add_argument("--seqs", type=int, default=16)
     ap.add_argument("--context", type=int, default=32768)
+    ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--tiles", default="", metavar="BN,W,ST,SPLITS,KVH",
                     help="these tiles instead of the default (an empty field keeps the default's)")
     a = ap.parse_args()
-    page, hkv = 16, 8
+    page, hkv = a.page_size, 8
     pool = a.seqs * a.context // page
     lead = (pool, page, hkv)
     shape = {"head": (hkv,), "token": lead, "tensor": ()}[a.granularity]

@@ -409,8 +409,9 @@ def v_lanes(spec: PagedSpec) -> bool:
     Dv / 4 columns, one per byte lane of the words, instead of one over the words widened and
     joined into a tile. The join is a layout change through shared memory; without it the
     words go from the load's buffer to the MMA. triton 3.9's sm_90 build of the int8 decode's
-    default tiles: 38.9 KB of shared memory a program instead of 55.3 (5 programs a SM, not
-    4), 4 shared stores a warp a tile instead of 20, and 876 instructions in the hot loop
+    default tiles: 38.9 KB of shared memory a program instead of 55.3 (the registers, over 168
+    a thread, still hold it to 4 programs a SM), 4 shared stores a warp a tile instead of 20,
+    and 876 instructions in the hot loop
     instead of 807 (``benchmarks/paged_sass.py``). On an H200 the quantized decode ran 1.31-1.34x
     faster with it (int8 and e4m3, 16 x 32k and 64 x 8k tokens: 3.85-3.90 TB/s against
     2.89-2.96; docs/bench.md): on by default, ``JAXATTN_TRITON_V_LANES=0`` turns it off."""
