@@ -7,6 +7,7 @@ when a launch is built. Counts are static (each of the kernel's three key sweeps
 the triton release matters (the GPU machine runs 3.6).
 
     python3 benchmarks/paged_sass.py float8_e4m3fn head
+    python3 benchmarks/paged_sass.py int8 head --driver     # on a GPU: the driver's count too
     JAXATTN_TRITON_PV_F16=0 python3 benchmarks/paged_sass.py float8_e4m3fn head --seqs 64
 """
 
@@ -52,6 +53,8 @@ def main() -> None:
     ap.add_argument("--seqs", type=int, default=16)
     ap.add_argument("--context", type=int, default=32768)
     ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--driver", action="store_true",
+                    help="on a machine with a GPU, also ask the CUDA driver how many programs fit a SM")
     ap.add_argument("--tiles", default="", metavar="BN,W,ST,SPLITS,KVH",
                     help="these tiles instead of the default (an empty field keeps the default's)")
     a = ap.parse_args()
@@ -92,10 +95,41 @@ def main() -> None:
         programs = math.prod(lz.grid)
         print(f"{per_sm} programs per SM (registers and shared memory); {programs} programs: "
               f"{programs / (per_sm * SMS):.2f} waves on {SMS} SMs")
+    if a.driver:
+        md = compiled.metadata
+        print("the driver: " + driver_occupancy(compiled.asm["cubin"], md.name, 32 * tiles.num_warps, md.shared))
     print("  " + ", ".join(f"{op} {count[op]}" for op in OPCODES))
     for start, end in loops(sass):
         body = Counter(ops[start:end + 1])
         print(f"loop of {end + 1 - start} instructions: " + ", ".join(f"{op} {body[op]}" for op in OPCODES))
+
+
+def driver_occupancy(cubin: bytes, name: str, threads: int, shared: int) -> str:
+    """Registers and resident programs per SM of the kernel in ``cubin`` as the CUDA driver
+    counts them (``cuFuncGetAttribute``, ``cuOccupancyMaxActiveBlocksPerMultiprocessor``):
+    the check of ``programs_per_sm`` on a machine with a GPU."""
+    import ctypes
+
+    cu = ctypes.CDLL("libcuda.so.1")
+
+    def check(status: int, what: str) -> None:
+        if status:
+            raise RuntimeError(f"{what}: CUDA error {status}")
+
+    dev, ctx, mod, fn = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    check(cu.cuInit(0), "cuInit")
+    check(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    check(cu.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(cubin)), "cuModuleLoadData")
+    check(cu.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()), "cuModuleGetFunction")
+    if shared > 48 * 1024:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, as a launch sets it
+        check(cu.cuFuncSetAttribute(fn, 8, ctypes.c_int(shared)), "cuFuncSetAttribute")
+    regs, per_sm = ctypes.c_int(), ctypes.c_int()
+    check(cu.cuFuncGetAttribute(ctypes.byref(regs), 4, fn), "cuFuncGetAttribute")  # NUM_REGS
+    check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(per_sm), fn, threads, ctypes.c_size_t(shared)),
+          "cuOccupancyMaxActiveBlocksPerMultiprocessor")  # fmt: skip
+    return f"{regs.value} registers, {per_sm.value} programs per SM"
 
 
 def loops(sass: str) -> list[tuple[int, int]]:
