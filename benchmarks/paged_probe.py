@@ -474,6 +474,14 @@ def quant_floor(case: Case) -> list[Candidate]:
     return [*cands, ("cudnn dense decode (again)", *cands[0][1:])]
 
 
+def api(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array, ks: jax.Array,
+        vs: jax.Array) -> jax.Array:  # fmt: skip
+    """A quantized paged decode through the public API, as ``jaxattn bench --serving`` calls it."""
+    import jaxattn
+
+    return jaxattn.paged_attention(q, k, v, tb, n, k_scale=ks, v_scale=vs, impl="ragged_page_attention_v3")
+
+
 def gap(case: Case) -> list[Candidate]:
     """Why the public API's quantized decode measured slower than the kernel's own sweep: each
     format's cache made two ways (the sweep's: the values times a gain, cast, one scale of
@@ -486,10 +494,6 @@ def gap(case: Case) -> list[Candidate]:
     def kernel(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array, ks: jax.Array,
                vs: jax.Array) -> jax.Array:  # fmt: skip
         return paged_decode(q, k, v, tb, n, k_scale=ks, v_scale=vs)
-
-    def api(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array, ks: jax.Array,
-            vs: jax.Array) -> jax.Array:  # fmt: skip
-        return jaxattn.paged_attention(q, k, v, tb, n, k_scale=ks, v_scale=vs, impl="ragged_page_attention_v3")
 
     case.nbytes //= 2  # GB/s over the 8-bit bytes
     cands = [case.cudnn()]
@@ -519,10 +523,6 @@ def power(case: Case) -> list[Candidate]:
     import subprocess
 
     import jaxattn
-
-    def api(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array, ks: jax.Array,
-            vs: jax.Array) -> jax.Array:  # fmt: skip
-        return jaxattn.paged_attention(q, k, v, tb, n, k_scale=ks, v_scale=vs, impl="ragged_page_attention_v3")
 
     cands = [case.cudnn()]
     for fmt in ("int8", "float8_e4m3fn"):
