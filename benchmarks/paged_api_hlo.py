@@ -13,11 +13,12 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from paged_probe import HKV, HQ, D, api  # the public API's call, as paged_probe --gap makes it
 
 import jaxattn
 from jaxattn_triton.paged_ops import paged_decode
 
-B, S, PS, HQ, HKV, D = 16, 8192, 16, 32, 8, 128
+B, S, PS = 16, 8192, 16
 
 
 def kernel(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array, ks: jax.Array,
@@ -25,11 +26,6 @@ def kernel(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array
     out = paged_decode(q[:, None], k, v, tb, n, k_scale=ks, v_scale=vs)
     assert not isinstance(out, tuple)
     return out[:, 0]
-
-
-def api(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array, ks: jax.Array,
-        vs: jax.Array) -> jax.Array:  # fmt: skip
-    return jaxattn.paged_attention(q, k, v, tb, n, k_scale=ks, v_scale=vs, impl="ragged_page_attention_v3")
 
 
 def main() -> None:
