@@ -199,6 +199,42 @@ def test_explain_by_name_shows_the_provider_that_serves_the_name_here() -> None:
         assert tpu.chosen == "page_attention"
 
 
+class Recording(PagedReference):
+    """The reference, keeping every call its forward receives."""
+
+    calls: ClassVar[list[Any]] = []
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "page_recording"
+
+    def forward_native(self, call: Any) -> Any:
+        Recording.calls.append(call)
+        return super().forward_native(call)
+
+
+def test_a_known_num_seqs_stays_known_where_the_arrays_are_traced() -> None:
+    # paged_attention's count is every row of the table; a kernel may then skip masking rows
+    # past num_seqs (a launch of its own on a GPU). A traced count must never claim that.
+    jaxattn.register_impl(Recording)
+    Recording.calls.clear()
+    a = ragged_args()
+    k, v, table, lengths = a["k_pages"], a["v_pages"], a["page_table"], a["kv_lengths"]
+    q = jnp.ones((2, 4, 8), jnp.float32)
+    eager = jaxattn.paged_attention(q, k, v, table, lengths, impl="page_recording")
+    jitted = jax.jit(lambda q: jaxattn.paged_attention(q, k, v, table, lengths, impl="page_recording"))(q)
+    np.testing.assert_array_equal(np.asarray(jitted), np.asarray(eager))
+    first, second = Recording.calls
+    assert isinstance(second.q, jax.core.Tracer)  # under jit and the custom VJP that refuses gradients
+    assert [(c.static_num_seqs, c.every_seq_live) for c in (first, second)] == [(2, True), (2, True)]
+
+    Recording.calls.clear()
+    cu, one = jnp.asarray([0, 1, 2], jnp.int32), jnp.asarray([1], jnp.int32)
+    jaxattn.ragged_paged_attention(q, k, v, table, lengths, cu, one, impl="page_recording")
+    jax.jit(lambda n: jaxattn.ragged_paged_attention(q, k, v, table, lengths, cu, n, impl="page_recording"))(one)
+    assert [(c.static_num_seqs, c.every_seq_live) for c in Recording.calls] == [(1, False), (None, False)]
+
+
 def test_paged_calls_are_forward_only_and_refuse_gradients_with_a_reason() -> None:
     a = ragged_args()
 

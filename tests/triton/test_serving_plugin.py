@@ -337,6 +337,31 @@ def test_the_dispatch_path_by_name_under_jit() -> None:
 @needs_interpreter
 @pytest.mark.filterwarnings(LOG2_WARNING)
 @pytest.mark.usefixtures("interpreted_registered")
+def test_paged_attention_hands_the_kernel_its_lengths_unmasked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every row of paged_attention's table is a sequence: masking rows past num_seqs would be a
+    # launch before the kernel (docs/bench.md), so the caller's lengths go in as they are. A
+    # count of fewer rows is still masked (test_uniform_calls_run_paged_decode_and_rows_...).
+    lengths_seen: list[Any] = []
+    original = paged_ops.paged_decode
+
+    def spy(q: Any, k: Any, v: Any, table: Any, lengths: Any, **kw: Any) -> Any:
+        lengths_seen.append(lengths)
+        return original(q, k, v, table, lengths, **kw)
+
+    monkeypatch.setattr(paged_ops, "paged_decode", spy)
+    rng = np.random.default_rng(4)
+    c = _cache(rng, 3, (9, 14, 1), hq=8, hkv=2)
+    q = rng.standard_normal((3, 8, 16))
+    k, v, table, lens = _f32(c["k"]), _f32(c["v"]), jnp.asarray(c["table"]), jnp.asarray(c["lens"])
+    out = jaxattn.paged_attention(_f32(q), k, v, table, lens, impl="page_attention")
+    assert len(lengths_seen) == 1 and lengths_seen[0] is lens
+    want = oracle.paged_attention(q, c["k"], c["v"], c["table"], c["lens"], np.arange(4), np.asarray([3]))
+    np.testing.assert_allclose(np.asarray(out), want, atol=2e-5, rtol=2e-5)
+
+
+@needs_interpreter
+@pytest.mark.filterwarnings(LOG2_WARNING)
+@pytest.mark.usefixtures("interpreted_registered")
 def test_dense_decode_by_name_with_kv_lengths_and_gradients_under_x64() -> None:
     rng = np.random.default_rng(3)
     b, t, s, hq, hkv, d = 3, 2, 21, 4, 1, 16

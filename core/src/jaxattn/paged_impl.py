@@ -15,10 +15,10 @@ with ``kv_layout="combined"`` ``k_pages`` is JAX's TPU layout ``(num_pages, page
 (K head h at 2h, V head h at 2h + 1) and ``v_pages`` is None. A quantized cache (int8/float8,
 ``Feature.QUANTIZED_KV``) arrives as it is, with ``k_scale`` and ``v_scale`` float32 of rank 3
 broadcastable against ``(num_pages, page_size, Hkv)`` (``jaxattn.quantize``); other calls have no
-scales. ``num_seqs`` is an int32 array of
-shape (1,); ``queries_per_seq`` is T when every sequence has T queries (cu_q_lens = arange * T),
-None for a ragged batch. The output is ``(num_tokens, Hq, Dv)``; rows past
-``cu_q_lens[num_seqs]`` and rows that see no key are zeros. Semantics: docs/contract.md.
+scales. ``num_seqs`` is an int32 array of shape (1,), its value also ``static_num_seqs``
+when known before tracing; ``queries_per_seq`` is T when every sequence has T queries
+(cu_q_lens = arange * T), None for a ragged batch. The output is ``(num_tokens, Hq, Dv)``;
+rows past ``cu_q_lens[num_seqs]`` and rows that see no key are zeros. Semantics: docs/contract.md.
 """
 
 from __future__ import annotations

@@ -80,13 +80,20 @@ def _window(sliding_window: Any, longest: int | None = None) -> int | None:
     return size if longest is None else min(size, longest)
 
 
-def _check_values(spec: PagedProblem, page_table: Any, kv_lengths: Any, cu_q_lens: Any, num_seqs: Any) -> None:
-    """Value checks of concrete arrays (see the module docstring for traced ones)."""
+def _count(num_seqs: Any) -> int | None:
+    """``num_seqs``'s value when it is concrete, None when traced."""
+    import numpy as np
+
+    return int(np.asarray(num_seqs).reshape(-1)[0]) if is_concrete(num_seqs) else None
+
+
+def _check_values(spec: PagedProblem, page_table: Any, kv_lengths: Any, cu_q_lens: Any, count: int | None) -> None:
+    """Value checks of concrete arrays (see the module docstring for traced ones); ``count`` is
+    num_seqs's value, None when traced."""
     import numpy as np
 
     n = spec.num_seqs
-    if is_concrete(num_seqs):
-        count = int(np.asarray(num_seqs).reshape(-1)[0])
+    if count is not None:
         if not 0 <= count <= n:
             raise InvalidInputError("num_seqs", f"is {count}, but the page table has {n} rows",
                                     f"num_seqs must be in 0..{n}")
@@ -153,7 +160,8 @@ def resolve_paged_call(
     ``PagedCall`` it runs as. Arrays may be ``jax.ShapeDtypeStruct``s unless ``prepare`` is set,
     which also normalises them as a forward receives them: q and a float cache in
     ``metadata.runtime_dtype``, ``num_seqs`` int32 of shape (1,), the scales float32 at rank 3,
-    NumPy arrays as JAX arrays."""
+    NumPy arrays as JAX arrays. ``num_seqs``'s value, when known here, stays on the call as
+    ``static_num_seqs``."""
     md = as_metadata(metadata)
     qs = shape_of(q, "q")
     if len(qs) != 3:
@@ -204,7 +212,8 @@ def resolve_paged_call(
         pages_per_seq=pages_per_seq, kv_layout=layout, sliding_window=window, logits_soft_cap=cap,
         sinks=softmax_aux is not None, kv_dtype=kv_dtype,
     )
-    _check_values(problem, page_table, kv_lengths, cu_q_lens, num_seqs)
+    count = _count(num_seqs)
+    _check_values(problem, page_table, kv_lengths, cu_q_lens, count)
     if layout == "combined":
         k_pages, v_pages = kv_pages, None
     if prepare:
@@ -231,4 +240,5 @@ def resolve_paged_call(
         kv_lengths=kv_lengths, cu_q_lens=cu_q_lens, num_seqs=num_seqs, kv_layout=layout,
         queries_per_seq=queries_per_seq, softmax_scale=scale if scale is not None else float(d) ** -0.5,
         logits_soft_cap=cap, sliding_window=window, softmax_aux=softmax_aux, k_scale=k_scale, v_scale=v_scale,
+        static_num_seqs=count,
     )
