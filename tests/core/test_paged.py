@@ -226,13 +226,13 @@ def test_a_known_num_seqs_stays_known_where_the_arrays_are_traced() -> None:
     np.testing.assert_array_equal(np.asarray(jitted), np.asarray(eager))
     first, second = Recording.calls
     assert isinstance(second.q, jax.core.Tracer)  # under jit and the custom VJP that refuses gradients
-    assert [(c.static_num_seqs, c.every_seq_live) for c in (first, second)] == [(2, True), (2, True)]
+    assert [(c.static_num_seqs, c.problem.num_seqs) for c in (first, second)] == [(2, 2), (2, 2)]  # every row
 
     Recording.calls.clear()
     cu, one = jnp.asarray([0, 1, 2], jnp.int32), jnp.asarray([1], jnp.int32)
     jaxattn.ragged_paged_attention(q, k, v, table, lengths, cu, one, impl="page_recording")
     jax.jit(lambda n: jaxattn.ragged_paged_attention(q, k, v, table, lengths, cu, n, impl="page_recording"))(one)
-    assert [(c.static_num_seqs, c.every_seq_live) for c in Recording.calls] == [(1, False), (None, False)]
+    assert [(c.static_num_seqs, c.problem.num_seqs) for c in Recording.calls] == [(1, 2), (None, 2)]
 
 
 def test_paged_calls_are_forward_only_and_refuse_gradients_with_a_reason() -> None:

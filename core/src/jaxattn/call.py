@@ -117,7 +117,8 @@ class PagedCall:
     v_scale: Any = None
     #: num_seqs's value when the caller gave it concretely (``paged_attention`` always does),
     #: None when traced. A plain int, so it stays known where the arrays become tracers (the
-    #: custom VJP that refuses gradients, shard_map, the caller's jit).
+    #: custom VJP that refuses gradients, shard_map, the caller's jit). When it equals the table's
+    #: rows (``problem.num_seqs``), no kernel needs to mask rows past num_seqs.
     static_num_seqs: int | None = None
 
     ARRAYS: ClassVar[tuple[str, ...]] = ("q", "k_pages", "v_pages", "page_table", "kv_lengths", "cu_q_lens",
@@ -126,12 +127,6 @@ class PagedCall:
     @property
     def kv_dtype(self) -> str | None:
         return self.problem.kv_dtype
-
-    @property
-    def every_seq_live(self) -> bool:
-        """Known before tracing: every page-table row is a real sequence (num_seqs equals the
-        table's rows), so no kernel needs to mask rows past num_seqs."""
-        return self.static_num_seqs == self.problem.num_seqs
 
     def arrays(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.ARRAYS if getattr(self, name) is not None}

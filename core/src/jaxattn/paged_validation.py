@@ -80,13 +80,6 @@ def _window(sliding_window: Any, longest: int | None = None) -> int | None:
     return size if longest is None else min(size, longest)
 
 
-def _count(num_seqs: Any) -> int | None:
-    """``num_seqs``'s value when it is concrete, None when traced."""
-    import numpy as np
-
-    return int(np.asarray(num_seqs).reshape(-1)[0]) if is_concrete(num_seqs) else None
-
-
 def _check_values(spec: PagedProblem, page_table: Any, kv_lengths: Any, cu_q_lens: Any, count: int | None) -> None:
     """Value checks of concrete arrays (see the module docstring for traced ones); ``count`` is
     num_seqs's value, None when traced."""
@@ -162,6 +155,8 @@ def resolve_paged_call(
     ``metadata.runtime_dtype``, ``num_seqs`` int32 of shape (1,), the scales float32 at rank 3,
     NumPy arrays as JAX arrays. ``num_seqs``'s value, when known here, stays on the call as
     ``static_num_seqs``."""
+    import numpy as np
+
     md = as_metadata(metadata)
     qs = shape_of(q, "q")
     if len(qs) != 3:
@@ -212,13 +207,12 @@ def resolve_paged_call(
         pages_per_seq=pages_per_seq, kv_layout=layout, sliding_window=window, logits_soft_cap=cap,
         sinks=softmax_aux is not None, kv_dtype=kv_dtype,
     )
-    count = _count(num_seqs)
+    count = int(np.asarray(num_seqs).reshape(-1)[0]) if is_concrete(num_seqs) else None
     _check_values(problem, page_table, kv_lengths, cu_q_lens, count)
     if layout == "combined":
         k_pages, v_pages = kv_pages, None
     if prepare:
         import jax.numpy as jnp
-        import numpy as np
 
         q, k_pages, v_pages, page_table, kv_lengths, cu_q_lens, num_seqs, softmax_aux = [
             jnp.asarray(x) if isinstance(x, np.ndarray) else x

@@ -118,7 +118,7 @@ class _TritonPaged(PagedAttentionImpl):
             n, t = int(page_table.shape[0]), int(queries_per_seq)
             _, hq, d = call.q.shape
             lengths = kv_lengths
-            if not call.every_seq_live:
+            if call.static_num_seqs != n:
                 lengths = jnp.where(jnp.arange(n) < jnp.reshape(num_seqs, (-1,))[0], kv_lengths, 0)
             out = paged_decode(call.q.reshape(n, t, hq, d), k, v, page_table, lengths, **kw)
             assert not isinstance(out, tuple)
