@@ -223,7 +223,10 @@ def test_a_known_num_seqs_stays_known_where_the_arrays_are_traced() -> None:
     q = jnp.ones((2, 4, 8), jnp.float32)
     eager = jaxattn.paged_attention(q, k, v, table, lengths, impl="page_recording")
     jitted = jax.jit(lambda q: jaxattn.paged_attention(q, k, v, table, lengths, impl="page_recording"))(q)
-    np.testing.assert_array_equal(np.asarray(jitted), np.asarray(eager))
+    want = oracle.paged_attention(np.asarray(q), np.asarray(k), np.asarray(v), np.asarray(table),
+                                  np.asarray(lengths), np.arange(3), np.asarray([2]))
+    for out in (eager, jitted):  # jit may round differently from eager (a GPU's fusions): the oracle's tolerance
+        np.testing.assert_allclose(np.asarray(out), want, atol=2e-5)
     first, second = Recording.calls
     assert isinstance(second.q, jax.core.Tracer)  # under jit and the custom VJP that refuses gradients
     assert [(c.static_num_seqs, c.problem.num_seqs) for c in (first, second)] == [(2, 2), (2, 2)]  # every row
