@@ -165,13 +165,23 @@ class PagedConformanceSuite:
         args, kwargs = self._split(case, arrays)
         return self.make_impl().supports(*args, **kwargs)
 
+    @staticmethod
+    def _hows(case: PagedCase, how: str) -> tuple[str, ...]:
+        """``how``, and for a uniform case also "eager" and "static_count_jit": there num_seqs is
+        known before tracing (``paged_attention`` passes it so), and a backend may skip masking
+        rows past it (``PagedCall.static_num_seqs``), a path of its own to check."""
+        return (how, "eager", "static_count_jit") if case.uniform else (how,)
+
     def _run(self, case: PagedCase, arrays: Mapping[str, Any], how: str = "test_jit") -> Any:
         """The ragged form's output. ``how``: "test_jit" (``jax.jit`` with the fast test options;
-        eager where ``jit`` is False), "default_jit" (XLA's default options) or "eager"."""
+        eager where ``jit`` is False), "default_jit" (XLA's default options), "static_count_jit"
+        (that, with num_seqs a NumPy constant rather than traced) or "eager"."""
         impl = self.make_impl()
         args, kwargs = self._split(case, arrays)
         static = {n: v for n, v in kwargs.items() if not hasattr(v, "shape")}
         traced = {n: v for n, v in kwargs.items() if hasattr(v, "shape")}
+        if how == "static_count_jit":
+            static["num_seqs"], how = np.asarray(traced.pop("num_seqs")), "default_jit"
 
         def call(args: tuple[Any, Any, Any, Any, Any], traced: dict[str, Any]) -> Any:
             q, k_pages, v_pages, page_table, kv_lengths = args
@@ -224,16 +234,19 @@ class PagedConformanceSuite:
 
     def test_unread_positions(self, paged_case: PagedCase, dtype: str) -> None:
         """NaN, then +Inf, wherever the contract says nothing is read (``poison_unread``), under
-        ``jax.jit`` with XLA's default options: the output matches the oracle on the clean cache."""
+        ``jax.jit`` with XLA's default options (a uniform case also eagerly and with num_seqs a
+        constant: ``_hows``): the output matches the oracle on the clean cache."""
         np_arrays = make_paged_inputs(paged_case, dtype)
         if self._supports(paged_case, _to_jax(np_arrays, dtype)):
             pytest.skip("declined (checked by test_forward)")
         want = self._expected(paged_case, np_arrays)
         for value in (np.nan, np.inf):
             arrays = _to_jax(poison_unread(paged_case, np_arrays, value), dtype)
-            with jax.default_matmul_precision("highest"):
-                got = self._run(paged_case, arrays, how="default_jit")
-            self._check(paged_case, got, want, dtype, f"unread positions = {value}: {paged_case.describe()}")
+            for how in self._hows(paged_case, "default_jit"):
+                with jax.default_matmul_precision("highest"):
+                    got = self._run(paged_case, arrays, how=how)
+                self._check(paged_case, got, want, dtype, f"{how}, unread positions = {value}: "
+                            f"{paged_case.describe()}")
 
     def test_pages_in_address_order(self, paged_case: PagedCase, dtype: str) -> None:
         """The table from ``jaxattn.pages_in_address_order`` (what an engine may pass to read its
@@ -286,10 +299,12 @@ class PagedConformanceSuite:
         if reasons:
             self._assert_declines(case, arrays)
             pytest.skip(f"declined as it should: {'; '.join(reasons)}")
-        with jax.default_matmul_precision("highest"):
-            got = self._run(case, arrays)
-        self._check(case, got, self._expected(case, ref_arrays), dtype,
-                    f"{quantized_case.kv_dtype} per {quantized_case.granularity}: {case.describe()}")
+        want = self._expected(case, ref_arrays)
+        for how in self._hows(case, "test_jit"):
+            with jax.default_matmul_precision("highest"):
+                got = self._run(case, arrays, how=how)
+            self._check(case, got, want, dtype,
+                        f"{how}, {quantized_case.kv_dtype} per {quantized_case.granularity}: {case.describe()}")
 
     def test_logits_of_any_magnitude(self, magnitude_case: PagedCase, dtype: str) -> None:
         """Logits of any finite size (docs/contract.md), as the dense suite's test of that name
