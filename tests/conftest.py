@@ -20,12 +20,23 @@ longest single tests (``LONG_TESTS``), so none is left running alone at the end.
 the tests run in changes; nothing a test checks does. (Grouping the tests of one conformance
 case, which share a compiled program through the suites' per-process cache, measured no
 faster: 160 Triton-interpreter conformance tests took 84-90 s grouped, 79-80 s not.)
+
+Compiling, not running, is most of the suite's time on a CPU (about 65 ms an XLA:CPU compile
+even of one small op, and an eager call compiles each op it meets). The workers, and the
+subprocesses the tests start, share one XLA persistent compilation cache for the session
+(``pytest_configure`` below), so that a program compiled once, by any of them, is not
+compiled again: the same op at the same shapes reached by several backends' eager runs, the
+same forward under two tests. A hit loads the executable that XLA built for the identical
+program and options, so what a test checks does not change.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +46,14 @@ import pytest
 jax.config.update("jax_default_matmul_precision", "highest")
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The session's XLA cache: every program, however fast it compiled. Set in jax's config and
+#: in the environment, which the workers and subprocesses inherit (jax reads it at start).
+XLA_CACHE_SETTINGS: dict[str, float | int] = {
+    "jax_persistent_cache_min_compile_time_secs": 0.0,
+    "jax_persistent_cache_min_entry_size_bytes": 0,
+}
+#: Set to 0 to compile everything afresh (no cache).
+XLA_CACHE_SWITCH = "JAXATTN_TEST_XLA_CACHE"
 # Ids of the values a poisoned-cache test tries; the rest of its id fixes the shapes.
 _POISON_IDS = frozenset({"nan", "inf", "-inf"})
 _MODULE_GROUP = re.compile(r"^pytestmark\s*=.*xdist_group\(\s*[\"']([^\"']+)[\"']", re.M)
@@ -88,6 +107,28 @@ LONG_TESTS = (
     "tests/packaging/test_example_plugin.py::test_passes_the_conformance_suite_as_a_third_party",
     "tests/property/test_random_calls.py::",
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get(XLA_CACHE_SWITCH) == "0":
+        return
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # the controller (or a lone process) makes it
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxattn-xla-cache-")
+        config.stash[_OWN_CACHE] = os.environ["JAX_COMPILATION_CACHE_DIR"]
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    for name, value in XLA_CACHE_SETTINGS.items():
+        os.environ[name.upper()] = str(value)
+        jax.config.update(name, value)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    own = config.stash.get(_OWN_CACHE, None)
+    if own is not None:
+        shutil.rmtree(own, ignore_errors=True)
+        os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+
+
+_OWN_CACHE = pytest.StashKey[str]()
 
 
 def starts_early(scope: str) -> bool:
