@@ -52,8 +52,11 @@ XLA_CACHE_SETTINGS: dict[str, float | int] = {
     "jax_persistent_cache_min_compile_time_secs": 0.0,
     "jax_persistent_cache_min_entry_size_bytes": 0,
 }
+#: Names the cache's directory; made (and removed at the end) by the first process without it.
+XLA_CACHE_DIR = "JAX_COMPILATION_CACHE_DIR"
 #: Set to 0 to compile everything afresh (no cache).
 XLA_CACHE_SWITCH = "JAXATTN_TEST_XLA_CACHE"
+_OWN_CACHE = pytest.StashKey[str]()
 # Ids of the values a poisoned-cache test tries; the rest of its id fixes the shapes.
 _POISON_IDS = frozenset({"nan", "inf", "-inf"})
 _MODULE_GROUP = re.compile(r"^pytestmark\s*=.*xdist_group\(\s*[\"']([^\"']+)[\"']", re.M)
@@ -112,10 +115,9 @@ LONG_TESTS = (
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get(XLA_CACHE_SWITCH) == "0":
         return
-    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # the controller (or a lone process) makes it
-        os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxattn-xla-cache-")
-        config.stash[_OWN_CACHE] = os.environ["JAX_COMPILATION_CACHE_DIR"]
-    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    if not os.environ.get(XLA_CACHE_DIR):  # the controller (or a lone process) makes it
+        os.environ[XLA_CACHE_DIR] = config.stash[_OWN_CACHE] = tempfile.mkdtemp(prefix="jaxattn-xla-cache-")
+    jax.config.update(XLA_CACHE_DIR.lower(), os.environ[XLA_CACHE_DIR])
     for name, value in XLA_CACHE_SETTINGS.items():
         os.environ[name.upper()] = str(value)
         jax.config.update(name, value)
@@ -125,10 +127,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     own = config.stash.get(_OWN_CACHE, None)
     if own is not None:
         shutil.rmtree(own, ignore_errors=True)
-        os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
-
-
-_OWN_CACHE = pytest.StashKey[str]()
+        os.environ.pop(XLA_CACHE_DIR, None)
 
 
 def starts_early(scope: str) -> bool:
