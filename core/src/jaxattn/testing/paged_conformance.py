@@ -189,8 +189,13 @@ class PagedConformanceSuite:
 
         if how == "eager" or (how == "test_jit" and not self.jit):
             return call(args, traced)
-        options = compiler_options_for_tests() if how == "test_jit" else None
-        return jax.jit(call, compiler_options=options)(args, traced)
+        # One jitted function per program within a test (an instance is one test): a second
+        # run on other data (the poisons) reuses the traced and compiled program.
+        key = (case, how, repr(sorted(static.items())))
+        programs = self.__dict__.setdefault("_programs", {})
+        if key not in programs:
+            programs[key] = jax.jit(call, compiler_options=compiler_options_for_tests() if how == "test_jit" else None)
+        return programs[key](args, traced)
 
     def _assert_declines(self, case: PagedCase, arrays: Mapping[str, Any]) -> None:
         args, kwargs = self._split(case, arrays)
