@@ -306,3 +306,11 @@ def test_interpret_tiles_are_small_powers_of_two() -> None:
     for t in (tiles.fwd, tiles.dkdv, tiles.dq):
         assert t.block_m == 16 and t.block_n == 16
     assert np.log2(tuning.INTERPRET_TILES.block_m).is_integer()
+
+
+def test_interpret_tiles_grow_with_long_sequences_and_stay_many() -> None:
+    # 333 keys: 11 tiles of 32; 1001 queries: 16 tiles of 64 (the last one partial), not 32 of 32.
+    tiles = tuning.tiles_for(_spec(seq_q=1001, seq_k=333), interpret=True)
+    for t in (tiles.fwd, tiles.dkdv, tiles.dq):
+        assert (t.block_m, t.block_n) == (64, 32)
+    assert -(-1001 // 64) == tuning.INTERPRET_MAX_TILES and 1001 % 64

@@ -100,8 +100,18 @@ def default_tiles(spec: AttnSpec, compute_capability: str | None) -> Tiles:
     )
 
 
-# The interpreter's cost is per tile operation, so larger tiles are faster there.
+# The interpreter's cost is per tile operation, so larger tiles are faster there; a long
+# sequence gets tiles as large as keep it within INTERPRET_MAX_TILES of them (still many
+# tiles and a partial last one: every boundary the kernels handle).
 INTERPRET_TILES = KernelTiles(32, 32, 4, 1)
+INTERPRET_MAX_TILES = 16
+
+
+def _interpret_tile(n: int) -> int:
+    tile = INTERPRET_TILES.block_m
+    while -(-n // tile) > INTERPRET_MAX_TILES:
+        tile *= 2
+    return tile
 
 
 def shape_class(spec: AttnSpec) -> str:
@@ -197,11 +207,9 @@ def tiles_for(
 ) -> Tiles:
     """The tiles to launch ``spec`` with (see the module docstring for the order)."""
     if interpret:
-        base = Tiles(
-            _fit(INTERPRET_TILES, spec.seq_q, spec.seq_k),
-            _fit(INTERPRET_TILES, spec.seq_q, spec.seq_k),
-            _fit(INTERPRET_TILES, spec.seq_q, spec.seq_k),
-        )
+        tiles = dataclasses.replace(INTERPRET_TILES, block_m=_interpret_tile(spec.seq_q),
+                                    block_n=_interpret_tile(spec.seq_k))
+        base = Tiles(*(_fit(tiles, spec.seq_q, spec.seq_k),) * 3)
     else:
         kind, cc = device if device is not None else _device()
         base = load_cached(kind, spec) or default_tiles(spec, cc)
