@@ -12,8 +12,9 @@ Its integer-to-bfloat16 casts (``int8 -> bf16``, how the paged kernels widen an 
 a bf16 q) keep the integer's bits as the uint16 storage; :func:`_patch_interpreter_int_to_bf16`
 routes them through float32, as a GPU converts. Its float8 widening turns NaN and Inf into
 finite numbers (e4m3fn NaN reads as 480), so a poisoned quantized cache would pass unseen:
-:func:`_patch_interpreter_fp8_widening` widens float8 exactly (ml_dtypes). Only the test process
-is patched; kernels and GPUs are untouched.
+:func:`_patch_interpreter_fp8_widening` widens float8 exactly (ml_dtypes). One patch is for speed
+alone: :func:`_patch_interpreter_device_calls`. Only the test process is patched; kernels and
+GPUs are untouched.
 """
 
 from __future__ import annotations
