@@ -291,3 +291,39 @@ def test_differentiating_what_neither_backward_can_names_why(t: int, s: int, sai
     with pytest.raises(jaxattn.UnsupportedError, match=said) as err:
         jax.grad(lambda q: jaxattn.attention(q, k, v, causal=True, impl="mosaic_flash").astype(jnp.float32).sum())(q)
     assert "own backward takes head dims 64 and 128" in str(err.value)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize(("b", "t", "s", "hq", "hkv", "d", "causal", "dtype", "cap"), [
+    (1, 333, 517, 4, 2, 128, True, "bfloat16", 50.0),  # odd lengths, bottom-right causal, GQA
+    (1, 640, 384, 4, 1, 64, True, "float16", 5.0),  # T > S: rows that see no key
+    (1, 4096, 4096, 2, 1, 128, False, "bfloat16", 30.0),  # where auto differentiates uncapped calls by cuDNN
+    (2, 256, 256, 2, 2, 256, False, "float16", 20.0),  # head dim 256: forward only (no own backward)
+])  # fmt: skip
+def test_a_soft_cap_against_the_oracle(b: int, t: int, s: int, hq: int, hkv: int, d: int, causal: bool, dtype: str,
+                                       cap: float, jit: bool) -> None:
+    # Logits far past the cap (q scaled up): a tanh off by tanh.approx's 2^-11 would move a
+    # capped logit of 50 by 0.02, past bf16's tolerance on the output.
+    x = _make(b, t, s, hq, hkv, d, dtype, seed=5)
+    x["q"] = np.asarray(jnp.asarray(x["q"] * 8.0, dtype).astype(jnp.float32), np.float64)
+    q, k, v = (jnp.asarray(x[n], dtype) for n in ("q", "k", "v"))
+    do = jnp.asarray(x["do"], jnp.float32)
+    tol = DEFAULT_TOLERANCES[dtype]
+    ref = oracle.attention(x["q"], x["k"], x["v"], causal=causal, logits_soft_cap=cap)
+
+    def forward(q: Any, k: Any, v: Any) -> Any:
+        return jaxattn.attention(q, k, v, causal=causal, logits_soft_cap=cap, impl="mosaic_flash")
+
+    out = (jax.jit(forward) if jit else forward)(q, k, v)
+    assert_close("output", out, ref.output, tol.forward)
+    if d == 256:
+        return
+
+    def loss(q: Any, k: Any, v: Any) -> Any:
+        return jnp.sum(forward(q, k, v).astype(jnp.float32) * do)
+
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    got = (jax.jit(grad) if jit else grad)(q, k, v)
+    back = oracle.attention_backward(x["q"], x["k"], x["v"], x["do"], causal=causal, logits_soft_cap=cap)
+    for name, g, r in zip(("dq", "dk", "dv"), got, (back.dq, back.dk, back.dv), strict=True):
+        assert_close(name, g, r, tol.grad)

@@ -203,3 +203,35 @@ def test_the_impl_lowers_with_tiles_from_metadata() -> None:
     impl = MosaicFlashAttention(AttentionMetadata(block_q=64, block_k=64, num_stages=3), H100)
     q, kv = _spec(333, 4, 128), _spec(517, 2, 128)
     assert _is_mosaic_gpu(_lowered(lambda q, k, v: impl(q, k, v, causal=True).attention_outputs, q, kv, kv))
+
+
+@pytest.mark.parametrize("config", [None, K.Config(overlap=True), K.Config(block_kv=192), K.Config(persistent=True,
+                                                                                                  q_double=True)],
+                         ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_soft_cap_lowers_forward_and_backward(config: K.Config | None, causal: bool) -> None:
+    # The capped scores (tanh from exp2: no tanh.approx) in both kernels' loops; the impl
+    # differentiated with a cap takes the own backward (cuDNN's has no cap) at any length.
+    t, s, hq, hkv = SHAPES[0]
+    q, kv = _spec(t, hq, 128), _spec(s, hkv, 128)
+
+    def capped(q: Any, k: Any, v: Any) -> Any:
+        return K.mosaic_attention_forward(q, k, v, causal=causal, softmax_scale=0.125, soft_cap=30.0, config=config)
+
+    text = _lowered(capped, q, kv, kv)
+    assert _is_mosaic_gpu(text) and "tanh" not in text
+    plain = _lowered(_forward(causal, config), q, kv, kv)
+    assert text != plain
+
+    def backward(q: Any, k: Any, v: Any, lse: Any) -> Any:
+        return KB.mosaic_attention_backward(q, k, v, q, lse, q, lse, causal=causal, softmax_scale=0.125, soft_cap=30.0)
+
+    lse = jax.ShapeDtypeStruct((1, hq, t), jnp.float32)
+    assert _kernels(_lowered(backward, q, kv, kv, lse)) == 2
+    impl = MosaicFlashAttention(AttentionMetadata(), H100)
+
+    def loss(q: Any, k: Any, v: Any) -> Any:
+        return impl(q, k, v, causal=causal, logits_soft_cap=30.0).attention_outputs.astype(jnp.float32).sum()
+
+    long_kv = _spec(8192, hkv, 128)
+    assert _kernels(_lowered(jax.grad(loss, argnums=(0, 1, 2)), _spec(256, hq, 128), long_kv, long_kv)) == 3

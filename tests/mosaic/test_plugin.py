@@ -90,9 +90,18 @@ def test_declines_every_missing_feature_with_all_reasons() -> None:
     )  # fmt: skip
     reasons = MosaicFlashAttention(AttentionMetadata(softmax_dtype="bfloat16"), H100).not_supported_reasons(problem)
     text = "\n".join(reasons)
-    for word in ("mask", "bias", "sliding window", "segment ids", "soft cap", "sinks", "dropout",
+    for word in ("mask", "bias", "sliding window", "segment ids", "sinks", "dropout",
                  "head dim", "float32", "softmax_dtype"):
         assert word in text, (word, reasons)
+    assert "soft cap" not in text  # a feature of both kernels
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_soft_cap_runs_forward_and_backward_on_an_h100(causal: bool) -> None:
+    impl = MosaicFlashAttention(AttentionMetadata(), H100)
+    for d in (64, 128, 256):
+        assert impl.not_supported_reasons(_problem(causal=causal, logits_soft_cap=30.0, head_dim=d, head_dim_v=d)) == []
+    assert impl.not_supported_reasons(_problem(causal=causal, logits_soft_cap=30.0, needs_grad=True)) == []
 
 
 @pytest.mark.parametrize(("problem", "metadata", "expected"), [
@@ -110,6 +119,11 @@ def test_declines_every_missing_feature_with_all_reasons() -> None:
     (_problem(needs_grad=True, seq_q=333, seq_k=517), AttentionMetadata(extra={"mosaic_backward": "cudnn"}),
      "even T and S"),
     (_problem(needs_grad=True), AttentionMetadata(extra={"mosaic_backward": "own"}), ""),
+    # A soft cap at head dim 256: the own backward's head dims and cuDNN's missing cap, both.
+    (_problem(needs_grad=True, logits_soft_cap=30.0, head_dim=256, head_dim_v=256), AttentionMetadata(),
+     "cuDNN's backward takes no logits soft cap"),
+    (_problem(needs_grad=True, logits_soft_cap=30.0, head_dim=256, head_dim_v=256), AttentionMetadata(),
+     "own backward takes head dims 64 and 128, got 256"),
     (_problem(needs_grad=True), AttentionMetadata(extra={"mosaic_backward": "fast"}),
      "'fast' is not one of ['auto', 'own', 'cudnn']"),
 ])  # fmt: skip
@@ -137,6 +151,11 @@ def test_declines_with_a_reason(problem: AttentionProblem, metadata: AttentionMe
     ({}, "own", True, "own"),
     ({"head_dim": 256, "head_dim_v": 256}, "own", True, None),
     ({"seq_q": 333, "seq_k": 517}, "cudnn", True, None),
+    # A soft cap: cuDNN's backward has none, so the own one at any length, or no backward.
+    ({"logits_soft_cap": 30.0}, "auto", True, "own"),
+    ({"logits_soft_cap": 30.0, "seq_q": 16384, "seq_k": 16384}, "auto", True, "own"),
+    ({"logits_soft_cap": 30.0}, "cudnn", True, None),
+    ({"logits_soft_cap": 30.0, "head_dim": 256, "head_dim_v": 256}, "auto", True, None),
 ])  # fmt: skip
 def test_backward_choice(monkeypatch: pytest.MonkeyPatch, kw: dict[str, object], requested: str, has_cudnn: bool,
                          chosen: str | None) -> None:

@@ -23,6 +23,9 @@ asynchronous wgmma, one TMA producer streaming blocks into a ring of ``stages`` 
 ``delta_i = sum_d dO_id O_id - d_lse_i``: the lse's own cotangent enters exactly there
 (``d lse_i / d logit_ij = P_ij``), so a loss through the lse costs nothing extra.
 
+A logits soft cap recomputes the capped scores ``S_c = c tanh(S / c)`` (``blocks.soft_capped``;
+``c`` the cap over the scale), takes ``P`` from them and multiplies ``dS`` by ``1 - tanh^2``.
+
 Masks: causal is bottom-right (query ``i`` sees key ``j`` iff ``j <= i + S - T``), as the
 forward. Probabilities of masked pairs and of keys past ``S`` are zeroed; query rows past
 ``T`` and rows that see no key (lse ``-inf``) get an lse of ``+inf``, so their ``P`` is 0 and
@@ -43,7 +46,17 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jaxattn_mosaic.blocks import TRANSFORMS, KeyBlocks, cdiv, check_inputs, release_unread, ring_slot, stream_kv
+from jaxattn_mosaic.blocks import (
+    TRANSFORMS,
+    KeyBlocks,
+    cdiv,
+    check_inputs,
+    release_unread,
+    ring_slot,
+    soft_cap_slope,
+    soft_capped,
+    stream_kv,
+)
 
 __all__ = ["BackwardConfig", "default_backward_config", "mosaic_attention_backward"]
 
@@ -98,9 +111,11 @@ def mosaic_attention_backward(
     *,
     causal: bool,
     softmax_scale: float,
+    soft_cap: float | None = None,
     config: BackwardConfig | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``(dq, dk, dv)`` of attention of q ``(B, T, Hq, D)`` over k, v ``(B, S, Hkv, D)``.
+    """``(dq, dk, dv)`` of attention of q ``(B, T, Hq, D)`` over k, v ``(B, S, Hkv, D)``, the
+    logits capped at ``soft_cap`` as the forward's.
 
     ``out`` and ``lse`` ``(B, Hq, T)``, natural log, are the forward's; ``d_out`` and ``d_lse``
     their cotangents (``d_lse`` None: the loss does not use the lse). Gradients in the
@@ -132,7 +147,8 @@ def mosaic_attention_backward(
     if s_pad != s_len:
         pad = ((0, 0), (0, s_pad - s_len), (0, 0), (0, 0))
         k, v = jnp.pad(k, pad), jnp.pad(v, pad)
-    shape = _Shape(t_len=t_len, s_len=s_len, hq=hq, hkv=hkv, causal=causal, scale=float(softmax_scale), cfg=cfg)
+    shape = _Shape(t_len=t_len, s_len=s_len, hq=hq, hkv=hkv, causal=causal, scale=float(softmax_scale), cfg=cfg,
+                   cap=None if soft_cap is None else float(soft_cap) / float(softmax_scale))
     dq = _dq_call(q, k, v, d_out, lse2, delta, shape)
     dk, dv = _dkv_call(q, k, v, d_out, lse2, delta, shape)
     return dq[:, :t_len], dk[:, :s_len], dv[:, :s_len]
@@ -149,6 +165,8 @@ class _Shape:
     causal: bool
     scale: float
     cfg: BackwardConfig
+    #: The soft cap in the unscaled scores' units (cap / scale), or None.
+    cap: float | None = None
 
     @property
     def offset(self) -> int:
@@ -229,10 +247,13 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
                 plgpu.barrier_arrive(v_free.at[slot])
                 # No probability exceeds 1: the cap keeps the fused s * scale - lse, up to half
                 # an ulp of lse off past ~2^32, from overflowing exp2.
+                s = soft_capped(s, sh.cap)
                 p = jnp.exp2(jnp.minimum(s * sh.qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]), 0.0))
                 if masked:
                     p = jnp.where(blocks.keep(j, row0, (bq, bkv)), p, 0.0)
                 ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+                if sh.cap is not None:
+                    ds = ds * soft_cap_slope(s, sh.cap)
 
                 def dq_gemm(acc_ref: Any) -> None:
                     plgpu.wgmma(acc_ref, ds.astype(dtype), k_smem.at[slot])
@@ -344,6 +365,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
 
                 s_t = pl.run_scoped(st_gemm, plgpu.ACC((bkv, bq), jnp.float32))
                 lse = _load(lse_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))
+                s_t = soft_capped(s_t, sh.cap)
                 p_t = jnp.exp2(jnp.minimum(s_t * sh.qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]), 0.0))
                 if masked:
                     kr = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 0, layout=plgpu.Layout.WGMMA)
@@ -361,6 +383,8 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
                 dv, dp_t = pl.run_state(dv_dp)((plgpu.ACC.init(dv), plgpu.ACC.init(_zeros((bkv, bq)))))
                 delta = _load(delta_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))
                 ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))
+                if sh.cap is not None:
+                    ds_t = ds_t * soft_cap_slope(s_t, sh.cap)
 
                 def dk_gemm(acc_ref: Any) -> None:
                     plgpu.wgmma(acc_ref, ds_t.astype(dtype), q_smem.at[slot])

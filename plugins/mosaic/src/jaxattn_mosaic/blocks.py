@@ -8,6 +8,7 @@ Like the kernel modules, it imports jax's Mosaic GPU dialect at its top: only th
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax.numpy as jnp
@@ -18,7 +19,8 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import llvm
 
 __all__ = ["FIRST_NAMED_BARRIER", "TRANSFORMS", "KeyBlocks", "NamedBarriers", "await_signal", "cdiv",
-           "check_inputs", "named_barrier", "plus", "release_unread", "ring_slot", "signal", "stream_kv"]
+           "check_inputs", "named_barrier", "plus", "release_unread", "ring_slot", "signal", "soft_cap_slope",
+           "soft_capped", "stream_kv"]
 
 #: Shared-memory tiles of 64 columns (128 bytes of 16-bit values), as wgmma reads them.
 TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -38,6 +40,30 @@ def plus(i: Any, k: Any) -> Any:
     """``i + k``, and ``i`` itself for a Python 0 ``k``: a kernel that never offsets an index
     lowers exactly as one written without the offset."""
     return i if isinstance(k, int) and k == 0 else i + k
+
+
+_TWO_LOG2E = 2.0 * math.log2(math.e)
+
+
+def soft_capped(s: Any, cap: float | None) -> Any:
+    """Scores ``s`` soft-capped at ``cap`` in their own units: ``cap * tanh(s / cap)`` (the
+    kernels' scores are unscaled, so ``cap`` is the logits' cap over the softmax scale).
+
+    tanh from exp2, ``(1 - e) / (1 + e)`` with ``e = 2^(-2 |x| log2 e)``: the kernels compile with
+    approximate math, where ``tanh`` is ``tanh.approx.f32`` (about 2^-11 relative, so a cap of
+    50 would move a logit by 0.02); ``ex2.approx`` is within a few ulp. ``None``: ``s``."""
+    if cap is None:
+        return s
+    x = s * (1.0 / cap)
+    e = jnp.exp2(jnp.abs(x) * -_TWO_LOG2E)
+    t = (1.0 - e) / (1.0 + e)
+    return jnp.where(x < 0.0, -t, t) * cap
+
+
+def soft_cap_slope(capped: Any, cap: float) -> Any:
+    """``d soft_capped(s) / d s`` from the capped scores: ``1 - tanh^2``."""
+    t = capped * (1.0 / cap)
+    return 1.0 - t * t
 
 
 def check_inputs(q: Any, k: Any, v: Any, head_dims: tuple[int, ...], who: str) -> None:

@@ -43,7 +43,6 @@ WHY_NOT: dict[Feature, str] = {
     Feature.BIAS: "mosaic_flash adds no bias to the logits",
     Feature.SLIDING_WINDOW: "mosaic_flash has no sliding window yet (causal or full only)",
     Feature.SEGMENT_IDS: "mosaic_flash has no segment ids (no packed sequences)",
-    Feature.SOFT_CAP: "mosaic_flash has no logits soft cap",
     Feature.SINKS: "mosaic_flash has no attention sinks",
     Feature.DROPOUT: "mosaic_flash has no dropout (no in-kernel random generator)",
     Feature.WEIGHTS: "flash attention never forms the (B, Hq, T, S) probabilities",
@@ -77,6 +76,8 @@ def cudnn_grad_reasons(problem: AttentionProblem, device: DeviceInfo) -> list[st
                 'pip install "jaxattn[gpu]"']
     reasons = [f"cuDNN's backward cannot be fed mosaic_flash's residuals: {why}"] if (why := unavailable()) else []
     reasons += [r for r in cudnn_reasons(problem, device, cudnn_version()) if r not in reasons]
+    if problem.logits_soft_cap is not None:
+        reasons.append("cuDNN's backward takes no logits soft cap")
     if problem.causal and problem.seq_q != problem.seq_k:
         reasons.append(f"cuDNN's backward aligns a causal mask top-left: it needs T == S, got T={problem.seq_q}, "
                        f"S={problem.seq_k}")
@@ -216,15 +217,19 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
 
         cfg = self._config(call.problem)
         def forward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
-            return mosaic_attention_forward(q, k, v, causal=call.causal, softmax_scale=call.softmax_scale, config=cfg)
+            return mosaic_attention_forward(q, k, v, causal=call.causal, softmax_scale=call.softmax_scale,
+                                            soft_cap=call.logits_soft_cap, config=cfg)
 
         attend: Callable[[Any, Any, Any], tuple[Any, Any]] = forward
         chosen, _ = self._backward(call.problem)
         if chosen is not None:
             from jaxattn_mosaic import backward
 
-            wrap = backward.with_own_backward if chosen == "own" else backward.with_cudnn_backward
-            attend = wrap(forward, causal=call.causal, softmax_scale=call.softmax_scale)
+            if chosen == "own":
+                attend = backward.with_own_backward(forward, causal=call.causal, softmax_scale=call.softmax_scale,
+                                                    soft_cap=call.logits_soft_cap)
+            else:
+                attend = backward.with_cudnn_backward(forward, causal=call.causal, softmax_scale=call.softmax_scale)
         out, lse = attend(call.q, call.k, call.v)
         return AttentionOutput(attention_outputs=out, softmax_lse=lse)
 

@@ -33,7 +33,8 @@ Masks: causal is bottom-right aligned (query ``i`` sees key ``j`` iff ``j <= i +
 and a key tail past ``S`` (the key length padded up to a block) is masked too. Blocks that
 need no mask run a loop without the iota/compare; only the diagonal band and the tail block
 pay for it. Rows that see no key at all (causal with T > S) come out as zeros with an LSE of
-``-inf``, as jaxattn's contract asks.
+``-inf``, as jaxattn's contract asks. A logits soft cap (``soft_cap``) caps each block's
+scores before the mask and the online softmax: ``cap * tanh(logit / cap)`` (``blocks.soft_capped``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from jaxattn_mosaic.blocks import (
     release_unread,
     ring_slot,
     signal,
+    soft_capped,
     stream_kv,
 )
 
@@ -419,9 +421,11 @@ def mosaic_attention_forward(
     *,
     causal: bool,
     softmax_scale: float,
+    soft_cap: float | None = None,
     config: Config | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Attention of q ``(B, T, Hq, D)`` over k, v ``(B, S, Hkv, D)``.
+    """Attention of q ``(B, T, Hq, D)`` over k, v ``(B, S, Hkv, D)``, the logits
+    ``softmax_scale * q k`` capped at ``soft_cap`` (``cap * tanh(logit / cap)``) if given.
 
     Returns the output ``(B, T, Hq, D)`` in q's dtype and the log-sum-exp of the scaled
     logits ``(B, Hq, T)`` in float32 (natural log).
@@ -441,7 +445,8 @@ def mosaic_attention_forward(
         pad = ((0, 0), (0, s_pad - s_len), (0, 0), (0, 0))
         k, v = jnp.pad(k, pad), jnp.pad(v, pad)
     out, lse2 = _forward_call(q, k, v, causal=causal, scale=float(softmax_scale), s_len=s_len,
-                              t_len=t_len, cfg=cfg)
+                              t_len=t_len, cfg=cfg,
+                              cap=None if soft_cap is None else float(soft_cap) / float(softmax_scale))
     out = out[:, :t_len]
     lse = lse2[:, :, :t_len] * _LN2
     if causal and t_len > s_len:
@@ -453,7 +458,8 @@ def mosaic_attention_forward(
 
 
 def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: int, t_len: int,
-                  cfg: Config) -> tuple[Any, Any]:
+                  cfg: Config, cap: float | None = None) -> tuple[Any, Any]:
+    """The kernel's launch; ``cap``: the soft cap in the unscaled scores' units (cap / scale)."""
     batch, t_pad, hq, head_dim = q.shape
     _, s_pad, hkv, _ = k.shape
     dtype = q.dtype
@@ -604,6 +610,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             after it is subtracted, ``(s - m) * scale``: the fused ``s * scale - m`` takes the
             exact product, up to half an ulp of the rounded max away from it, and past ~2^32
             that gap alone overflows exp2 (NaN out of finite inputs). One multiply more."""
+            s = soft_capped(s, cap)
             if masked:
                 s = mask(s, j, row0)
             m_new = jnp.maximum(m_i, s.max(axis=1))
