@@ -245,9 +245,9 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
 
                 s, dp = pl.run_scoped(gemms, plgpu.ACC((bq, bkv), jnp.float32), plgpu.ACC((bq, bkv), jnp.float32))
                 plgpu.barrier_arrive(v_free.at[slot])
+                s = soft_capped(s, sh.cap)
                 # No probability exceeds 1: the cap keeps the fused s * scale - lse, up to half
                 # an ulp of lse off past ~2^32, from overflowing exp2.
-                s = soft_capped(s, sh.cap)
                 p = jnp.exp2(jnp.minimum(s * sh.qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]), 0.0))
                 if masked:
                     p = jnp.where(blocks.keep(j, row0, (bq, bkv)), p, 0.0)
