@@ -10,7 +10,8 @@
 #   info      jaxattn info and jaxattn list (what is installed and usable on this machine)
 #   dense     jaxattn bench on the D=128 flash targets (regression check of the dense kernels)
 #   mosaic    the GPU tests of mosaic_flash (tests/mosaic), one line per test as it ends, so a
-#             time limit still shows what failed; MOSAIC_S budget
+#             time limit still shows what failed; MOSAIC_S budget, MOSAIC_K a pytest -k filter
+#   feature   benchmarks/feature_bench.py --feature FEATURE (soft_cap or window, the default)
 #   mosaic-bench  benchmarks/mosaic_bench.py --check --bench --bwd at D 128, 64 and 256 (MOSAIC_HEAD_DIMS), beside cuDNN
 #             and tokamax (when gpu_wheels.sh ran with TOKAMAX=1)
 set -uo pipefail
@@ -57,13 +58,16 @@ for stage in "$@"; do
     mosaic)
       # 8 processes: compiling the kernels is most of the time, and it runs on the CPU.
       XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${MOSAIC_S:-400}" python3 -m pytest -v -n 8 -p no:cacheprovider \
-        -m "gpu or not tpu" --tb=short tests/mosaic > "$OUT/mosaic-tests.log" 2>&1
+        -m "gpu or not tpu" --tb=short ${MOSAIC_K:+-k "$MOSAIC_K"} tests/mosaic > "$OUT/mosaic-tests.log" 2>&1
       grep -E "FAILED|^E " "$OUT/mosaic-tests.log" | cut -c1-300 | head -n 40
       tail -n 3 "$OUT/mosaic-tests.log" ;;
     mosaic-bench)
       timeout "${MOSAIC_BENCH_S:-540}" python3 benchmarks/mosaic_bench.py --check --bench --bwd --head-dims "${MOSAIC_HEAD_DIMS:-128,64,256}" \
         > "$OUT/mosaic-bench.txt" 2>&1
       grep -v WARNING "$OUT/mosaic-bench.txt" | grep -E "^\||FAIL|unavailable" | cut -c1-220 ;;
+    feature)
+      timeout "${FEATURE_S:-400}" python3 benchmarks/feature_bench.py --feature "${FEATURE:-window}" > "$OUT/feature.txt" 2>&1
+      grep -v WARNING "$OUT/feature.txt" | tail -n 12 | cut -c1-300 ;;
     *) echo "unknown stage $stage" ;;
   esac
   echo "stage $stage took $(( $(date +%s) - start )) s"

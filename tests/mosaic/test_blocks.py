@@ -5,6 +5,7 @@ barrier protocol (``release_unread``), run over random interleavings."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import jax.numpy as jnp
@@ -16,17 +17,25 @@ from jaxattn_mosaic.blocks import KeyBlocks
 
 def _block_sight(kb: KeyBlocks, rows: int) -> tuple[np.ndarray, np.ndarray]:
     """``(any, all)`` of shape ``(rows, blocks)``: whether the row sees some / every key of the
-    block (keys past ``s_len`` are seen by none)."""
+    block (keys past ``s_len`` are seen by none), from jaxattn's definition of the mask."""
     blocks = -(-kb.s_len // kb.block) + 1
     key = np.arange(blocks * kb.block)[None, :]
-    row = np.arange(rows)[:, None]
-    sees = np.broadcast_to((key < kb.s_len) & ((row + kb.offset >= key) if kb.causal else True), (rows, key.size))
-    sees = sees.reshape(rows, blocks, kb.block)
+    pos = np.arange(rows)[:, None] + kb.offset
+    sees = key < kb.s_len
+    if kb.causal:
+        sees = sees & (key <= pos)
+    if kb.right is not None:
+        sees = sees & (key <= pos + kb.right)
+    if kb.left is not None:
+        sees = sees & (key >= pos - kb.left)
+    sees = np.broadcast_to(sees, (rows, key.size)).reshape(rows, blocks, kb.block)
     return sees.any(-1), sees.all(-1)
 
 
-@pytest.mark.parametrize(("t_len", "s_len", "block"), [(128, 128, 64), (333, 517, 64), (640, 384, 128),
-                                                       (1, 77, 64), (517, 129, 64), (256, 1000, 192)])
+SIGHTS = [(128, 128, 64), (333, 517, 64), (640, 384, 128), (1, 77, 64), (517, 129, 64), (256, 1000, 192)]
+
+
+@pytest.mark.parametrize(("t_len", "s_len", "block"), SIGHTS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_key_blocks_against_brute_force(t_len: int, s_len: int, block: int, causal: bool) -> None:
     kb = KeyBlocks(s_len=s_len, block=block, causal=causal, offset=s_len - t_len)
@@ -47,6 +56,70 @@ def test_key_blocks_against_brute_force(t_len: int, s_len: int, block: int, caus
         unmasked = every[start:].all(0)
         assert unmasked[:whole].all(), (start, whole)
         assert whole == full or not unmasked[whole], (start, whole)
+
+
+@pytest.mark.parametrize(("t_len", "s_len", "block"), SIGHTS)
+@pytest.mark.parametrize(("left", "right", "causal"), [(0, 0, False), (5, None, False), (70, 3, False),
+                                                       (200, 130, False), (None, 64, False), (64, None, True),
+                                                       (1, 500, True), (127, 0, True)])
+def test_a_windows_key_blocks_against_brute_force(t_len: int, s_len: int, block: int, left: int | None,
+                                                  right: int | None, causal: bool) -> None:
+    # A run of 64 rows visits blocks first_seen(row0) .. seen_before(row0 + 64) - 1: every block
+    # holding a key one of them sees, starting at the first such block where it sees any; the
+    # spans leave unmasked only blocks every row of the run sees whole. Host ints and traced
+    # int32 agree.
+    kb = KeyBlocks(s_len=s_len, block=block, causal=causal, offset=s_len - t_len, left=left, right=right)
+    t_pad = -(-t_len // 64) * 64 + 64
+    some, every = _block_sight(kb, t_pad)
+    for row0 in range(0, t_pad - 63, 7):
+        seen = np.flatnonzero(some[row0:row0 + 64].any(0))
+        lo, n = kb.first_seen(row0), kb.seen_before(row0 + 64)
+        assert (lo, n) == (int(kb.first_seen(jnp.int32(row0))), int(kb.seen_before(jnp.int32(row0 + 64))))
+        if seen.size:
+            assert (lo, n) == (seen[0], seen[-1] + 1), (row0, lo, n, seen)
+        assert kb.first_seen(row0 - 64 if row0 >= 64 else 0) <= lo  # a CTA's band holds its consumers'
+        start = jnp.minimum(jnp.int32(lo), n)
+        spans = [(int(a), int(b), masked) for a, b, masked in kb.spans(jnp.int32(row0), 64, start, jnp.int32(n))]
+        assert spans[0][0] == min(lo, n) and spans[-1][1] == n
+        assert all(a <= b for a, b, _ in spans) and all(x[1] == y[0] for x, y in itertools.pairwise(spans))
+        for a, b, masked in spans:
+            assert masked or every[row0:row0 + 64, a:b].all(), (row0, spans)
+
+
+@pytest.mark.parametrize(("t_len", "s_len", "block"), SIGHTS)
+@pytest.mark.parametrize(("left", "right", "causal"), [(None, None, False), (None, None, True), (0, 0, False),
+                                                       (70, 3, False), (None, 64, False), (64, None, True),
+                                                       (1, 500, True), (300, None, False)])
+def test_the_query_blocks_that_see_a_run_of_keys_against_brute_force(t_len: int, s_len: int, block: int,
+                                                                      left: int | None, right: int | None,
+                                                                      causal: bool) -> None:
+    # The dK/dV kernel's view: a tile of 128 keys visits query blocks first .. end - 1 of 64
+    # rows, exactly those holding a row that sees one of its keys (keys past S count as seen by
+    # the rows that would see them: their gradients are dropped); unmasked spans only where
+    # every row sees every key of the tile.
+    kb = KeyBlocks(s_len=s_len, block=block, causal=causal, offset=s_len - t_len, left=left, right=right)
+    n_q = -(-t_len // 64)
+    keys = np.arange(-(-s_len // 128) * 128)[None, :]
+    pos = np.arange(n_q * 64)[:, None] + kb.offset
+    sees = np.ones((n_q * 64, keys.size), bool)
+    if kb.ahead is not None:
+        sees &= keys <= pos + kb.ahead
+    if left is not None:
+        sees &= keys >= pos - left
+    for key0 in range(0, keys.size, 128):
+        tile = sees[:, key0:key0 + 128].reshape(n_q, 64, 128)
+        seen = np.flatnonzero(tile.any((1, 2)))
+        first, end, spans = kb.row_spans(jnp.int32(key0), 128, 64, n_q)
+        first, end = int(first), int(end)
+        if seen.size:
+            assert (first, end) == (seen[0], seen[-1] + 1), (key0, first, end, seen)
+        else:
+            assert first == end
+        runs = [(int(a), int(b), masked) for a, b, masked in spans]
+        assert runs[0][0] == first and runs[-1][1] == end
+        assert all(a <= b for a, b, _ in runs) and all(x[1] == y[0] for x, y in itertools.pairwise(runs))
+        for a, b, masked in runs:
+            assert masked or tile[a:b].all(), (key0, runs)
 
 
 def test_key_blocks_arithmetic_is_traceable() -> None:

@@ -37,9 +37,9 @@ def _lowered(fn: Any, *args: jax.ShapeDtypeStruct) -> str:
     return text
 
 
-def _forward(causal: bool, config: K.Config | None = None) -> Any:
+def _forward(causal: bool, config: K.Config | None = None, **kw: Any) -> Any:
     def run(q: Any, k: Any, v: Any) -> Any:
-        return K.mosaic_attention_forward(q, k, v, causal=causal, softmax_scale=0.125, config=config)
+        return K.mosaic_attention_forward(q, k, v, causal=causal, softmax_scale=0.125, config=config, **kw)
 
     return run
 
@@ -238,6 +238,51 @@ def test_a_soft_cap_lowers_in_the_backward_which_the_impl_takes_at_any_length(ca
 
     def loss(q: Any, k: Any, v: Any) -> Any:
         return impl(q, k, v, causal=causal, logits_soft_cap=30.0).attention_outputs.astype(jnp.float32).sum()
+
+    long_kv = _spec(8192, hkv, 128)
+    assert _kernels(_lowered(jax.grad(loss, argnums=(0, 1, 2)), _spec(256, hq, 128), long_kv, long_kv)) == 3
+
+
+@pytest.mark.parametrize("config", [None, K.Config(), K.Config(block_kv=192), K.Config(
+    persistent=True, ctas=3, q_double=True, planned=True, pass_turns=True, named_barriers=True)], ids=str)
+@pytest.mark.parametrize(("causal", "window"), [(True, (100, 0)), (False, (64, 200)), (False, (0, None))])
+def test_a_sliding_window_lowers_in_the_forward(config: K.Config | None, causal: bool,
+                                                 window: tuple[int, int | None]) -> None:
+    # A band of key blocks per tile (masked at both edges, consumer 1 releasing the blocks left of
+    # its rows), in each schedule; windows that hide nothing are no window.
+    t, s, hq, hkv = SHAPES[0]
+    q, kv = _spec(t, hq, 128), _spec(s, hkv, 128)
+    text = _lowered(_forward(causal, config, sliding_window=window), q, kv, kv)
+    assert _is_mosaic_gpu(text)
+    plain = _lowered(_forward(causal, config), q, kv, kv)
+    assert text != plain
+    assert _lowered(_forward(causal, config, sliding_window=(s, 10**12)), q, kv, kv) == plain
+
+
+def test_a_sliding_window_is_refused_by_the_overlapped_loop() -> None:
+    t, s, hq, hkv = SHAPES[0]
+    with pytest.raises(ValueError, match="takes no sliding window"):
+        _lowered(_forward(True, K.Config(overlap=True), sliding_window=(64, 0)), _spec(t, hq, 128), _spec(s, hkv, 128),
+                 _spec(s, hkv, 128))
+
+
+@pytest.mark.parametrize(("causal", "window"), [(True, (100, 0)), (False, (64, 200)), (False, (None, 3))])
+def test_a_sliding_window_lowers_in_the_backward_which_the_impl_takes_at_any_length(
+        causal: bool, window: tuple[int | None, int | None]) -> None:
+    t, s, hq, hkv = SHAPES[0]
+    q, kv = _spec(t, hq, 128), _spec(s, hkv, 128)
+
+    def backward(q: Any, k: Any, v: Any, lse: Any) -> Any:
+        return KB.mosaic_attention_backward(q, k, v, q, lse, q, lse, causal=causal, softmax_scale=0.125,
+                                            sliding_window=window)
+
+    lse = jax.ShapeDtypeStruct((1, hq, t), jnp.float32)
+    assert _kernels(_lowered(backward, q, kv, kv, lse)) == 2
+    impl = MosaicFlashAttention(AttentionMetadata(), H100)
+
+    def loss(q: Any, k: Any, v: Any) -> Any:
+        out = impl(q, k, v, causal=causal, sliding_window=(window[0] or 10**12, window[1] or 10**12))
+        return out.attention_outputs.astype(jnp.float32).sum()
 
     long_kv = _spec(8192, hkv, 128)
     assert _kernels(_lowered(jax.grad(loss, argnums=(0, 1, 2)), _spec(256, hq, 128), long_kv, long_kv)) == 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -90,18 +91,19 @@ def test_declines_every_missing_feature_with_all_reasons() -> None:
     )  # fmt: skip
     reasons = MosaicFlashAttention(AttentionMetadata(softmax_dtype="bfloat16"), H100).not_supported_reasons(problem)
     text = "\n".join(reasons)
-    for word in ("mask", "bias", "sliding window", "segment ids", "sinks", "dropout",
-                 "head dim", "float32", "softmax_dtype"):
+    for word in ("mask", "bias", "segment ids", "sinks", "dropout", "head dim", "float32", "softmax_dtype"):
         assert word in text, (word, reasons)
-    assert "soft cap" not in text  # a feature of both kernels
+    assert "soft cap" not in text and "window" not in text  # features of both kernels
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_a_soft_cap_runs_forward_and_backward_on_an_h100(causal: bool) -> None:
+@pytest.mark.parametrize("feature", [{"logits_soft_cap": 30.0}, {"sliding_window": (64, 0)},
+                                     {"sliding_window": (300, 17), "logits_soft_cap": 5.0}], ids=str)
+def test_a_soft_cap_and_a_window_run_forward_and_backward_on_an_h100(causal: bool, feature: dict[str, Any]) -> None:
     impl = MosaicFlashAttention(AttentionMetadata(), H100)
     for d in (64, 128, 256):
-        assert impl.not_supported_reasons(_problem(causal=causal, logits_soft_cap=30.0, head_dim=d, head_dim_v=d)) == []
-    assert impl.not_supported_reasons(_problem(causal=causal, logits_soft_cap=30.0, needs_grad=True)) == []
+        assert impl.not_supported_reasons(_problem(causal=causal, head_dim=d, head_dim_v=d, **feature)) == []
+    assert impl.not_supported_reasons(_problem(causal=causal, needs_grad=True, **feature)) == []
 
 
 @pytest.mark.parametrize(("problem", "metadata", "expected"), [
@@ -124,6 +126,8 @@ def test_a_soft_cap_runs_forward_and_backward_on_an_h100(causal: bool) -> None:
      "cuDNN's backward takes no logits soft cap"),
     (_problem(needs_grad=True, logits_soft_cap=30.0, head_dim=256, head_dim_v=256), AttentionMetadata(),
      "own backward takes head dims 64 and 128, got 256"),
+    (_problem(needs_grad=True, sliding_window=(64, 0), head_dim=256, head_dim_v=256), AttentionMetadata(),
+     "cuDNN's backward, fed mosaic_flash's residuals, takes no sliding window"),
     (_problem(needs_grad=True), AttentionMetadata(extra={"mosaic_backward": "fast"}),
      "'fast' is not one of ['auto', 'own', 'cudnn']"),
 ])  # fmt: skip
@@ -156,6 +160,10 @@ def test_declines_with_a_reason(problem: AttentionProblem, metadata: AttentionMe
     ({"logits_soft_cap": 30.0, "seq_q": 16384, "seq_k": 16384}, "auto", True, "own"),
     ({"logits_soft_cap": 30.0}, "cudnn", True, None),
     ({"logits_soft_cap": 30.0, "head_dim": 256, "head_dim_v": 256}, "auto", True, None),
+    # A sliding window: cuDNN's backward as this forward feeds it has none either.
+    ({"sliding_window": (128, 0), "causal": True, "seq_q": 16384, "seq_k": 16384}, "auto", True, "own"),
+    ({"sliding_window": (128, 0)}, "cudnn", True, None),
+    ({"sliding_window": (128, 128), "head_dim": 256, "head_dim_v": 256}, "auto", True, None),
 ])  # fmt: skip
 def test_backward_choice(monkeypatch: pytest.MonkeyPatch, kw: dict[str, object], requested: str, has_cudnn: bool,
                          chosen: str | None) -> None:

@@ -5,7 +5,7 @@ differentiated ``mosaic_flash`` call runs its forward once and one backward:
 
 * :func:`with_own_backward`: this package's Mosaic GPU backward (``backward_kernel``), which
   takes the lse's cotangent itself (it enters ``delta``), head dims 64 and 128, any T and S,
-  bottom-right causal, a logits soft cap;
+  bottom-right causal, a logits soft cap, a sliding window;
 * :func:`with_cudnn_backward`: cuDNN's (``jaxattn_sdpa.residual.cudnn_backward`` binds it
   with any forward's pair), for head dim 256.
 
@@ -57,15 +57,16 @@ def differentiable(forward: Forward, backward: Backward) -> Forward:
     return attend
 
 
-def with_own_backward(forward: Forward, *, causal: bool, softmax_scale: float,
-                      soft_cap: float | None = None) -> Forward:
+def with_own_backward(forward: Forward, *, causal: bool, softmax_scale: float, soft_cap: float | None = None,
+                      sliding_window: tuple[int, int] | None = None) -> Forward:
     """``forward`` made differentiable by this package's Mosaic GPU backward (head dims 64, 128)."""
     from jaxattn_mosaic.backward_kernel import mosaic_attention_backward
 
     def backward(q: Array, k: Array, v: Array, out: Array, lse: Array, d_out: Array,
                  d_lse: Array) -> tuple[Array, Array, Array]:
         return mosaic_attention_backward(q, k, v, out, lse, d_out, d_lse, causal=causal,
-                                         softmax_scale=softmax_scale, soft_cap=soft_cap)
+                                         softmax_scale=softmax_scale, soft_cap=soft_cap,
+                                         sliding_window=sliding_window)
 
     return differentiable(forward, backward)
 

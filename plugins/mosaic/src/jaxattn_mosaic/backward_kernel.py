@@ -47,15 +47,19 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jaxattn_mosaic.blocks import (
+    NO_WINDOW,
     TRANSFORMS,
     KeyBlocks,
+    Window,
     cdiv,
     check_inputs,
+    plus,
     release_unread,
     ring_slot,
     soft_cap_slope,
     soft_capped,
     stream_kv,
+    window_sides,
 )
 
 __all__ = ["BackwardConfig", "default_backward_config", "mosaic_attention_backward"]
@@ -112,10 +116,11 @@ def mosaic_attention_backward(
     causal: bool,
     softmax_scale: float,
     soft_cap: float | None = None,
+    sliding_window: tuple[int | None, int | None] | None = None,
     config: BackwardConfig | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(dq, dk, dv)`` of attention of q ``(B, T, Hq, D)`` over k, v ``(B, S, Hkv, D)``, the
-    logits capped at ``soft_cap`` as the forward's.
+    logits capped at ``soft_cap`` and the keys seen through ``sliding_window`` as the forward's.
 
     ``out`` and ``lse`` ``(B, Hq, T)``, natural log, are the forward's; ``d_out`` and ``d_lse``
     their cotangents (``d_lse`` None: the loss does not use the lse). Gradients in the
@@ -148,7 +153,8 @@ def mosaic_attention_backward(
         pad = ((0, 0), (0, s_pad - s_len), (0, 0), (0, 0))
         k, v = jnp.pad(k, pad), jnp.pad(v, pad)
     shape = _Shape(t_len=t_len, s_len=s_len, hq=hq, hkv=hkv, causal=causal, scale=float(softmax_scale), cfg=cfg,
-                   cap=None if soft_cap is None else float(soft_cap) / float(softmax_scale))
+                   cap=None if soft_cap is None else float(soft_cap) / float(softmax_scale),
+                   window=window_sides(sliding_window, t_len, s_len))
     dq = _dq_call(q, k, v, d_out, lse2, delta, shape)
     dk, dv = _dkv_call(q, k, v, d_out, lse2, delta, shape)
     return dq[:, :t_len], dk[:, :s_len], dv[:, :s_len]
@@ -167,6 +173,8 @@ class _Shape:
     cfg: BackwardConfig
     #: The soft cap in the unscaled scores' units (cap / scale), or None.
     cap: float | None = None
+    #: The sliding window's sides that cut (``blocks.window_sides``).
+    window: Window = NO_WINDOW
 
     @property
     def offset(self) -> int:
@@ -176,6 +184,10 @@ class _Shape:
     @property
     def qk_scale(self) -> float:
         return self.scale * _LOG2E
+
+    def key_blocks(self, block: int) -> KeyBlocks:
+        return KeyBlocks(s_len=self.s_len, block=block, causal=self.causal, offset=self.offset, left=self.window[0],
+                         right=self.window[1])
 
 
 def _load(ref: Any, layout: Any) -> Any:
@@ -199,7 +211,7 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
     bq, bkv, stages = sh.cfg.dq.block_q, sh.cfg.dq.block_kv, sh.cfg.dq.stages
     n_q_tiles = t_pad // (2 * bq)
     stages = max(2, min(stages, s_pad // bkv))
-    blocks = KeyBlocks(s_len=sh.s_len, block=bkv, causal=sh.causal, offset=sh.offset)
+    blocks = sh.key_blocks(bkv)
     causal = sh.causal
 
     def body(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dq_ref: Any,
@@ -214,6 +226,7 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
         wg = lax.axis_index("wg")
         tile_start = q_tile * (2 * bq)
         cta_blocks = blocks.seen_before(tile_start + 2 * bq)
+        lo = blocks.first_seen(tile_start)  # the CTA streams blocks lo .. cta_blocks - 1
 
         @pl.when(wg < 2)
         def _consumer() -> None:
@@ -221,7 +234,7 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
             q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
             row0 = tile_start + wg * bq
             n_blocks = blocks.seen_before(row0 + bq)
-            n_full = jnp.minimum(blocks.whole_from(row0), n_blocks)
+            start = lo if blocks.left is None else jnp.minimum(blocks.first_seen(row0), n_blocks)
             rows = (b, pl.ds(row0, bq), head)
             stats = (b, head, pl.ds(row0, bq))
             plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem, q_ready.at[wg])
@@ -234,7 +247,7 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
             delta = _load(delta_smem2.at[wg], plgpu.Layout.WGMMA.reduce(1))
 
             def step(j: Any, dq: Any, masked: bool) -> Any:
-                slot = ring_slot(j, stages)
+                slot = ring_slot(plus(j, -lo), stages)
                 plgpu.barrier_wait(k_ready.at[slot])
                 plgpu.barrier_wait(v_ready.at[slot])
 
@@ -262,14 +275,17 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
                 plgpu.barrier_arrive(k_free.at[slot])
                 return dq
 
-            dq = lax.fori_loop(0, n_full, functools.partial(step, masked=False), _zeros((bq, d)))
-            dq = lax.fori_loop(n_full, n_blocks, functools.partial(step, masked=True), dq)
-
-            @pl.loop(n_blocks, cta_blocks)
-            def _drain(j: Any) -> None:
+            def drain(j: Any) -> None:
                 # The other consumer needs more blocks: release our share of them, once each
                 # has landed (no barrier keeps the two consumers in step here).
-                release_unread(j, (k_ready, v_ready), (k_free, v_free), stages=stages)
+                release_unread(plus(j, -lo), (k_ready, v_ready), (k_free, v_free), stages=stages)
+
+            if blocks.left is not None:
+                pl.loop(lo, start)(drain)  # a window's blocks left of this consumer's rows
+            dq = _zeros((bq, d))
+            for begin, end, masked in blocks.spans(row0, bq, start, n_blocks):
+                dq = lax.fori_loop(begin, end, functools.partial(step, masked=masked), dq)
+            pl.loop(n_blocks, cta_blocks)(drain)
 
             q_smem[...] = (dq * sh.scale).astype(dtype)
             plgpu.commit_smem()
@@ -280,7 +296,8 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
         def _producer() -> None:
             plgpu.set_max_registers(40, action="decrease")
             stream_kv(k_ref, v_ref, (k_smem, v_smem), (k_ready, v_ready), (k_free, v_free), b=b,
-                      kv_head=lax.div(head, jnp.int32(group)), n_blocks=cta_blocks, block=bkv, stages=stages)
+                      kv_head=lax.div(head, jnp.int32(group)), n_blocks=plus(cta_blocks, -lo), block=bkv,
+                      stages=stages, first=lo)
 
     def entry(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dq_ref: Any) -> None:
         smem = [
@@ -318,7 +335,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
     bq, bkv, stages = sh.cfg.dkv.block_q, sh.cfg.dkv.block_kv, sh.cfg.dkv.stages
     n_kv_tiles = cdiv(sh.s_len, 2 * bkv)  # tiles holding any key (dK/dV rows past them are sliced off)
     n_q_blocks = cdiv(sh.t_len, bq)  # blocks holding any query row
-    causal, offset = sh.causal, sh.offset
+    blocks = sh.key_blocks(bkv)
 
     def body(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dk_ref: Any,
              dv_ref: Any, scoped: Any) -> None:
@@ -329,16 +346,9 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
         wg = lax.axis_index("wg")
         tile_start = lax.axis_index("k") * (2 * bkv)
         zero = tile_start * 0  # traced: a concrete array cannot enter the kernel
-        if causal:
-            # Rows >= key - offset see a key: the first block that sees any key of the tile,
-            # and the first that sees every one of them (no mask from there on).
-            q_first = jnp.minimum(lax.div(jnp.maximum(tile_start - offset, 0), jnp.int32(bq)), n_q_blocks)
-            last_key = tile_start + 2 * bkv - 1
-            q_full = lax.div(jnp.maximum(last_key - offset, 0) + (bq - 1), jnp.int32(bq))
-            q_full = jnp.clip(q_full, q_first, n_q_blocks)
-        else:
-            q_first = q_full = zero
-        per_head = n_q_blocks - q_first
+        # Query blocks q_first .. q_end - 1 see some key of the tile, in spans masked or not.
+        q_first, q_end, spans = blocks.row_spans(tile_start, 2 * bkv, bq, n_q_blocks)
+        per_head = q_end - q_first
         n_steps = group * per_head
 
         @pl.when(wg < 2)
@@ -370,7 +380,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
                 if masked:
                     kr = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 0, layout=plgpu.Layout.WGMMA)
                     qc = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 1, layout=plgpu.Layout.WGMMA)
-                    keep = (kr + k0) <= (qc + (qb * bq + offset))
+                    keep = blocks.sees(kr + k0, qc, qb * bq)
                     p_t = jnp.where(keep, p_t, 0.0)
                 plgpu.barrier_wait(do_ready.at[slot])
                 plgpu.barrier_wait(delta_ready.at[slot])
@@ -396,8 +406,9 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
             def head_steps(h: Any, carry: Any) -> Any:
                 # Step index of block qb of head h: h * per_head + (qb - q_first).
                 first = h * per_head - q_first
-                carry = lax.fori_loop(q_first, q_full, functools.partial(step, first=first, masked=True), carry)
-                return lax.fori_loop(q_full, n_q_blocks, functools.partial(step, first=first, masked=False), carry)
+                for begin, end, masked in spans:
+                    carry = lax.fori_loop(begin, end, functools.partial(step, first=first, masked=masked), carry)
+                return carry
 
             dk, dv = lax.fori_loop(0, group, head_steps, (_zeros((bkv, d)), _zeros((bkv, d))))
             k_smem[...] = (dk * sh.scale).astype(dtype)

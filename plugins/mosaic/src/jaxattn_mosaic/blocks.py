@@ -18,9 +18,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import llvm
 
-__all__ = ["FIRST_NAMED_BARRIER", "TRANSFORMS", "KeyBlocks", "NamedBarriers", "await_signal", "cdiv",
-           "check_inputs", "named_barrier", "plus", "release_unread", "ring_slot", "signal", "soft_cap_slope",
-           "soft_capped", "stream_kv"]
+__all__ = ["FIRST_NAMED_BARRIER", "NO_WINDOW", "TRANSFORMS", "KeyBlocks", "NamedBarriers", "Window", "await_signal",
+           "cdiv", "check_inputs", "named_barrier", "plus", "release_unread", "ring_slot", "signal", "soft_cap_slope",
+           "soft_capped", "stream_kv", "window_sides"]
 
 #: Shared-memory tiles of 64 columns (128 bytes of 16-bit values), as wgmma reads them.
 TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -65,6 +65,24 @@ def soft_cap_slope(capped: Any, cap: float) -> Any:
     return 1.0 - t * t
 
 
+#: A sliding window's ``(left, right)`` sides, each None where unbounded.
+Window = tuple[int | None, int | None]
+NO_WINDOW: Window = (None, None)
+
+
+def window_sides(window: tuple[int | None, int | None] | None, t_len: int, s_len: int) -> Window:
+    """``window`` (jaxattn's ``sliding_window``, sides >= 0) with each side that hides no key
+    (at least ``max(T, S)``) as None, so that kernels mask and skip only what a window cuts."""
+    if window is None:
+        return NO_WINDOW
+    longest = max(t_len, s_len)
+    left, right = window
+    if (left is not None and left < 0) or (right is not None and right < 0):
+        raise ValueError(f"window sides must be >= 0, got {window}")
+    return (None if left is None or left >= longest else int(left),
+            None if right is None or right >= longest else int(right))
+
+
 def check_inputs(q: Any, k: Any, v: Any, head_dims: tuple[int, ...], who: str) -> None:
     """q ``(B, T, Hq, D)``, k and v ``(B, S, Hkv, D)`` of one 16-bit dtype, D in ``head_dims``."""
     hq, head_dim = q.shape[2:]
@@ -81,13 +99,23 @@ def check_inputs(q: Any, k: Any, v: Any, head_dims: tuple[int, ...], who: str) -
 
 @dataclasses.dataclass(frozen=True)
 class KeyBlocks:
-    """``s_len`` keys in blocks of ``block``; with ``causal``, bottom-right: query row ``i``
-    sees key ``j`` iff ``j <= i + offset`` (``offset = S - T``)."""
+    """``s_len`` keys in blocks of ``block``. Query row ``i`` sits at key position ``i + offset``
+    (``offset = S - T``: bottom-right) and sees key ``j < s_len`` iff, where given,
+    ``j <= i + offset + right`` (``causal``: ``right`` is 0 or less) and ``j >= i + offset - left``
+    (a sliding window; sides >= 0, None: unbounded)."""
 
     s_len: int
     block: int
     causal: bool
     offset: int
+    left: int | None = None
+    right: int | None = None
+
+    @property
+    def ahead(self) -> int | None:
+        """Keys a row sees past its own position: 0 causal, the window's right side, None: all."""
+        sides = [side for side in (0 if self.causal else None, self.right) if side is not None]
+        return min(sides) if sides else None
 
     @property
     def count(self) -> int:
@@ -95,35 +123,101 @@ class KeyBlocks:
         return cdiv(self.s_len, self.block)
 
     def seen_before(self, row_end: Any) -> Any:
-        """Blocks holding any key that rows < ``row_end`` may see: traced in a kernel, or a
-        Python int on the host (a persistent kernel's plan, ``kernel.plan_tiles``)."""
+        """Blocks up to the last holding a key that rows < ``row_end`` may see: traced in a
+        kernel, or a Python int on the host (a persistent kernel's plan, ``kernel.plan_tiles``)."""
+        ahead = self.ahead
         if isinstance(row_end, int):
-            if not self.causal:
+            if ahead is None:
                 return self.count
-            return min(max(cdiv(min(row_end + self.offset, self.s_len), self.block), 0), self.count)
-        if not self.causal:
+            return min(max(cdiv(min(row_end + self.offset + ahead, self.s_len), self.block), 0), self.count)
+        if ahead is None:
             return row_end * 0 + self.count  # traced: a concrete array cannot enter the kernel
-        last = jnp.minimum(row_end + self.offset, self.s_len)  # keys < last
+        last = jnp.minimum(row_end + (self.offset + ahead), self.s_len)  # keys < last
         return jnp.clip(lax.div(last + (self.block - 1), jnp.int32(self.block)), 0, self.count)
+
+    def first_seen(self, row_start: Any) -> Any:
+        """The first block holding a key that rows >= ``row_start`` may see (0 without a left
+        side: a Python 0, so that a kernel without a window lowers as one written without it)."""
+        if self.left is None:
+            return 0
+        first = row_start + (self.offset - self.left)  # row row_start sees keys >= first
+        if isinstance(row_start, int):
+            return min(max(first, 0) // self.block, self.count)
+        return jnp.minimum(lax.div(jnp.maximum(first, 0), jnp.int32(self.block)), self.count)
 
     def keep(self, j: Any, row0: Any, shape: tuple[int, int]) -> Any:
         """Which keys of block ``j`` the ``shape[0]`` rows from ``row0`` see: a bool tile in
-        wgmma's register layout (false past ``S`` and, causal, right of the diagonal)."""
+        wgmma's register layout (false past ``S`` and outside each row's window)."""
         rows = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
         cols = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
         keys = cols + j * self.block
         keep = keys < self.s_len
-        if self.causal:
-            keep = keep & (keys <= rows + (row0 + self.offset))
-        return keep
+        seen = self.sees(keys, rows, row0)
+        return keep if seen is None else keep & seen
+
+    def sees(self, keys: Any, rows: Any, row0: Any) -> Any:
+        """Whether rows ``row0 + rows`` see ``keys`` (tiles) by the causal mask and the window,
+        not counting keys past ``S``; None where neither cuts."""
+        seen = None
+        if (ahead := self.ahead) is not None:
+            seen = keys <= rows + (row0 + (self.offset + ahead))
+        if self.left is not None:
+            after = keys >= rows + (row0 + (self.offset - self.left))
+            seen = after if seen is None else seen & after
+        return seen
 
     def whole_from(self, row_start: Any) -> Any:
-        """Blocks every row >= ``row_start`` (traced) sees whole: no causal mask, no key tail."""
+        """Blocks (from 0) that every row >= ``row_start`` (traced) sees up to their last key:
+        none is cut on the right nor by the key tail."""
         full = self.s_len // self.block
-        if not self.causal:
+        if (ahead := self.ahead) is None:
             return row_start * 0 + full
-        first = row_start + self.offset + 1  # keys < first are seen by row row_start
+        first = row_start + (self.offset + ahead) + 1  # keys < first are seen by row row_start
         return jnp.clip(lax.div(jnp.maximum(first, 0), jnp.int32(self.block)), 0, full)
+
+    def whole_after(self, row_end: Any) -> Any:
+        """The first block that every row < ``row_end`` (traced) sees from its first key: none
+        from there on is cut on the left by the window (0 without one)."""
+        if self.left is None:
+            return row_end * 0
+        first = row_end + (self.offset - self.left - 1)  # row row_end - 1 sees keys >= first
+        return lax.div(jnp.maximum(first, 0) + (self.block - 1), jnp.int32(self.block))
+
+    def row_spans(self, key0: Any, keys: int, block_q: int, n_q: int) -> tuple[Any, Any, tuple[Any, ...]]:
+        """The transposed view (the dK/dV kernel's): the query blocks of ``block_q`` rows, of
+        ``n_q`` in all, that see some of the ``keys`` keys from ``key0`` (traced), as ``(first,
+        end, spans)``, the spans ``(from, to, masked)`` runs over ``first .. end`` as
+        ``spans``'. Row ``i`` sees key ``k`` iff ``k - offset - ahead <= i <= k - offset +
+        left``; keys past ``S`` are not masked (their gradients are never kept)."""
+        zero = key0 * 0  # traced: a concrete array cannot enter the kernel
+        first = full = zero
+        last_key = key0 + keys - 1
+        if (ahead := self.ahead) is not None:
+            # The first block that sees any key of the run, and the first whose rows see every
+            # one of them on this side.
+            first = jnp.minimum(lax.div(jnp.maximum(key0 - (self.offset + ahead), 0), jnp.int32(block_q)), n_q)
+            full = lax.div(jnp.maximum(last_key - (self.offset + ahead), 0) + (block_q - 1), jnp.int32(block_q))
+            full = jnp.clip(full, first, n_q)
+        if self.left is None:
+            if ahead is None:
+                return first, n_q, ((first, n_q, False),)
+            return first, n_q, ((first, full, True), (full, n_q, False))
+        # The block after the last that sees any key of the run, and after the last whose rows
+        # see every one of them on this side.
+        end = lax.div(jnp.maximum(last_key - (self.offset - self.left) + 1, 0) + (block_q - 1), jnp.int32(block_q))
+        end = jnp.clip(end, first, n_q)
+        whole = jnp.clip(lax.div(jnp.maximum(key0 - (self.offset - self.left) + 1, 0), jnp.int32(block_q)), full, end)
+        return first, end, ((first, full, True), (full, whole, False), (whole, end, True))
+
+    def spans(self, row0: Any, rows: int, start: Any, end: Any) -> tuple[tuple[Any, Any, bool], ...]:
+        """Blocks ``start .. end`` that the ``rows`` rows from ``row0`` run, as ``(from, to,
+        masked)`` runs: the unmasked ones see every key of the block (no iota/compare)."""
+        whole = jnp.minimum(self.whole_from(row0), end)
+        if self.left is None:
+            return (start, whole, False), (whole, end, True)
+        a = jnp.clip(self.whole_after(row0 + rows), start, end)
+        b = jnp.clip(whole, a, end)
+        return (start, a, True), (a, b, False), (b, end, True)
 
 
 #: The first hardware named barrier free for a kernel's own use: Mosaic GPU takes 0 (a CTA-wide

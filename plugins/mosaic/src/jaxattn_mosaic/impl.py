@@ -41,7 +41,6 @@ __all__ = [
 WHY_NOT: dict[Feature, str] = {
     Feature.MASK: "mosaic_flash masks only causally (bottom-right) and past the key length; no dense mask",
     Feature.BIAS: "mosaic_flash adds no bias to the logits",
-    Feature.SLIDING_WINDOW: "mosaic_flash has no sliding window yet (causal or full only)",
     Feature.SEGMENT_IDS: "mosaic_flash has no segment ids (no packed sequences)",
     Feature.SINKS: "mosaic_flash has no attention sinks",
     Feature.DROPOUT: "mosaic_flash has no dropout (no in-kernel random generator)",
@@ -78,6 +77,8 @@ def cudnn_grad_reasons(problem: AttentionProblem, device: DeviceInfo) -> list[st
     reasons += [r for r in cudnn_reasons(problem, device, cudnn_version()) if r not in reasons]
     if problem.logits_soft_cap is not None:
         reasons.append("cuDNN's backward takes no logits soft cap")
+    if problem.sliding_window is not None:
+        reasons.append("cuDNN's backward, fed mosaic_flash's residuals, takes no sliding window")
     if problem.causal and problem.seq_q != problem.seq_k:
         reasons.append(f"cuDNN's backward aligns a causal mask top-left: it needs T == S, got T={problem.seq_q}, "
                        f"S={problem.seq_k}")
@@ -175,17 +176,22 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
     def notes(self, problem: AttentionProblem) -> list[str]:
         # Only an impl that runs the call is asked (on a Hopper GPU, where its forward imports
         # the kernel module anyway).
+        from jaxattn_mosaic.blocks import window_sides
         from jaxattn_mosaic.kernel import plan_work, sm_count, tail_pieces, tile_plan
 
         cfg = self._config(problem)
         said = [f"forward: {cfg.summary()}"]
-        cut, pieces = tail_pieces(cfg, batch=problem.batch, heads=problem.heads_q, t_len=problem.seq_q,
-                                  s_len=problem.seq_k, causal=problem.causal, sms=sm_count())
+        window = window_sides(problem.sliding_window, problem.seq_q, problem.seq_k)
+        shape: dict[str, Any] = {"batch": problem.batch, "heads": problem.heads_q, "t_len": problem.seq_q,
+                                 "s_len": problem.seq_k, "causal": problem.causal, "sms": sm_count(), "window": window}
+        if window != (None, None):
+            said.append(f"sliding window {window} (None: unbounded): each query tile streams only the band of key "
+                        "blocks its rows see, masked at its edges")
+        cut, pieces = tail_pieces(cfg, **shape)
         if cut:
             said.append(f"forward's last round: {cut} tiles, each cut by keys into {pieces} pieces for "
                         "the idle SMs and merged by their log-sum-exps")
-        planned = tile_plan(cfg, batch=problem.batch, heads=problem.heads_q, t_len=problem.seq_q,
-                            s_len=problem.seq_k, causal=problem.causal, sms=sm_count())
+        planned = tile_plan(cfg, **shape)
         if planned is not None:
             work = plan_work(*planned)
             over = max(work) / (sum(work) / len(work)) - 1
@@ -218,7 +224,8 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
         cfg = self._config(call.problem)
         def forward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
             return mosaic_attention_forward(q, k, v, causal=call.causal, softmax_scale=call.softmax_scale,
-                                            soft_cap=call.logits_soft_cap, config=cfg)
+                                            soft_cap=call.logits_soft_cap, sliding_window=call.sliding_window,
+                                            config=cfg)
 
         attend: Callable[[Any, Any, Any], tuple[Any, Any]] = forward
         chosen, _ = self._backward(call.problem)
@@ -227,7 +234,7 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
 
             if chosen == "own":
                 attend = backward.with_own_backward(forward, causal=call.causal, softmax_scale=call.softmax_scale,
-                                                    soft_cap=call.logits_soft_cap)
+                                                    soft_cap=call.logits_soft_cap, sliding_window=call.sliding_window)
             else:
                 attend = backward.with_cudnn_backward(forward, causal=call.causal, softmax_scale=call.softmax_scale)
         out, lse = attend(call.q, call.k, call.v)

@@ -55,9 +55,11 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jaxattn_mosaic.blocks import (
     FIRST_NAMED_BARRIER,
+    NO_WINDOW,
     TRANSFORMS,
     KeyBlocks,
     NamedBarriers,
+    Window,
     await_signal,
     cdiv,
     check_inputs,
@@ -67,6 +69,7 @@ from jaxattn_mosaic.blocks import (
     signal,
     soft_capped,
     stream_kv,
+    window_sides,
 )
 
 __all__ = ["Config", "default_config", "exp2_fma", "mosaic_attention_forward"]
@@ -277,11 +280,11 @@ def tail_split(n_tiles: int, n_ctas: int, n_blocks: int) -> int:
 
 
 def tail_pieces(cfg: Config, *, batch: int, heads: int, t_len: int, s_len: int, causal: bool,
-                sms: int) -> tuple[int, int]:
+                sms: int, window: Window = NO_WINDOW) -> tuple[int, int]:
     """How ``Config.split_tail`` cuts a call's last round (a persistent kernel's) or wave (one
     CTA per tile) on ``sms`` SMs: the tiles cut and the pieces each is cut into; ``(0, 1)``
-    where none is (causal attention, a last round not worth cutting)."""
-    if not cfg.split_tail or causal:
+    where none is (causal attention, a sliding window, a last round not worth cutting)."""
+    if not cfg.split_tail or causal or window != NO_WINDOW:
         return 0, 1
     n_tiles = batch * heads * cdiv(t_len, 2 * cfg.block_q)
     # A non-persistent launch runs in waves of one CTA per SM (its tiles take more than half
@@ -344,15 +347,17 @@ def plan_work(plan: np.ndarray, costs: tuple[int, ...], per_tile: float = PLAN_T
 
 
 def tile_plan(cfg: Config, *, batch: int, heads: int, t_len: int, s_len: int, causal: bool,
-              sms: int) -> tuple[np.ndarray, tuple[int, ...]] | None:
+              sms: int, window: Window = NO_WINDOW) -> tuple[np.ndarray, tuple[int, ...]] | None:
     """A call's ``Config.planned`` plan (``plan_tiles``) on ``sms`` SMs and the key blocks of
-    its query tiles, heaviest first: the one account the kernel runs and ``jaxattn explain``
-    tells; ``None`` where the tiles are not planned (not persistent, or full attention)."""
+    its query tiles, last (heaviest) first: the one account the kernel runs and ``jaxattn
+    explain`` tells; ``None`` where the tiles are not planned (not persistent, or not causal)."""
     if not (cfg.persistent and cfg.planned and causal):
         return None
     n_q = cdiv(t_len, 2 * cfg.block_q)
-    blocks = KeyBlocks(s_len=s_len, block=cfg.block_kv, causal=True, offset=s_len - t_len)
-    costs = tuple(blocks.seen_before((n_q - i) * 2 * cfg.block_q) for i in range(n_q))
+    blocks = KeyBlocks(s_len=s_len, block=cfg.block_kv, causal=True, offset=s_len - t_len, left=window[0],
+                       right=window[1])
+    rows = 2 * cfg.block_q
+    costs = tuple(blocks.seen_before((n_q - i) * rows) - blocks.first_seen((n_q - 1 - i) * rows) for i in range(n_q))
     n_ctas = min(batch * heads * n_q, cfg.ctas or sms)
     return plan_tiles(costs, pairs=batch * heads, n_ctas=n_ctas), costs
 
@@ -422,10 +427,13 @@ def mosaic_attention_forward(
     causal: bool,
     softmax_scale: float,
     soft_cap: float | None = None,
+    sliding_window: tuple[int | None, int | None] | None = None,
     config: Config | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Attention of q ``(B, T, Hq, D)`` over k, v ``(B, S, Hkv, D)``, the logits
-    ``softmax_scale * q k`` capped at ``soft_cap`` (``cap * tanh(logit / cap)``) if given.
+    ``softmax_scale * q k`` capped at ``soft_cap`` (``cap * tanh(logit / cap)``) if given;
+    with ``sliding_window=(left, right)`` (sides >= 0, None: unbounded) query ``i`` sees keys
+    ``i' - left .. i' + right``, ``i' = i + S - T``, as jaxattn's contract says.
 
     Returns the output ``(B, T, Hq, D)`` in q's dtype and the log-sum-exp of the scaled
     logits ``(B, Hq, T)`` in float32 (natural log).
@@ -444,22 +452,27 @@ def mosaic_attention_forward(
     if s_pad != s_len:
         pad = ((0, 0), (0, s_pad - s_len), (0, 0), (0, 0))
         k, v = jnp.pad(k, pad), jnp.pad(v, pad)
+    window = window_sides(sliding_window, t_len, s_len)
     out, lse2 = _forward_call(q, k, v, causal=causal, scale=float(softmax_scale), s_len=s_len,
-                              t_len=t_len, cfg=cfg,
+                              t_len=t_len, cfg=cfg, window=window,
                               cap=None if soft_cap is None else float(soft_cap) / float(softmax_scale))
     out = out[:, :t_len]
     lse = lse2[:, :, :t_len] * _LN2
-    if causal and t_len > s_len:
-        # Rows i < T - S see no key: zeros and -inf, whatever the kernel left there.
-        seen = (jnp.arange(t_len) + (s_len - t_len)) >= 0
+    ahead = KeyBlocks(s_len=s_len, block=bkv, causal=causal, offset=s_len - t_len, right=window[1]).ahead
+    if ahead is not None and t_len > s_len + ahead:
+        # Rows i < T - S - ahead see no key: zeros and -inf, whatever the kernel left there.
+        seen = (jnp.arange(t_len) + (s_len - t_len + ahead)) >= 0
         out = jnp.where(seen[None, :, None, None], out, jnp.zeros((), out.dtype))
         lse = jnp.where(seen[None, None, :], lse, -jnp.inf)
     return out, lse
 
 
 def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: int, t_len: int,
-                  cfg: Config, cap: float | None = None) -> tuple[Any, Any]:
-    """The kernel's launch; ``cap``: the soft cap in the unscaled scores' units (cap / scale)."""
+                  cfg: Config, cap: float | None = None, window: Window = NO_WINDOW) -> tuple[Any, Any]:
+    """The kernel's launch; ``cap``: the soft cap in the unscaled scores' units (cap / scale);
+    ``window``: the sliding window's sides that cut (``blocks.window_sides``)."""
+    if cfg.overlap and window != NO_WINDOW:
+        raise ValueError(f"overlap runs every tile from key block 0: it takes no sliding window, got {window}")
     batch, t_pad, hq, head_dim = q.shape
     _, s_pad, hkv, _ = k.shape
     dtype = q.dtype
@@ -467,21 +480,23 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     bq, bkv = cfg.block_q, cfg.block_kv
     n_q_tiles = t_pad // (2 * bq)
     stages = max(2, min(cfg.stages, s_pad // bkv))
-    blocks = KeyBlocks(s_len=s_len, block=bkv, causal=causal, offset=s_len - t_len)
+    blocks = KeyBlocks(s_len=s_len, block=bkv, causal=causal, offset=s_len - t_len, left=window[0], right=window[1])
     qk_scale = scale * _LOG2E
     n_tiles = batch * n_q_tiles * hq
     sms = sm_count()
     # The last round's few whole tiles cut by key blocks (Config.split_tail): the first
     # ``n_whole`` of the order stay whole, each later one is ``pieces`` pieces of ``per_piece``
     # blocks, and the order's items are the whole tiles, then the pieces.
-    cut, pieces = tail_pieces(cfg, batch=batch, heads=hq, t_len=t_len, s_len=s_len, causal=causal, sms=sms)
+    cut, pieces = tail_pieces(cfg, batch=batch, heads=hq, t_len=t_len, s_len=s_len, causal=causal, sms=sms,
+                              window=window)
     n_whole = n_tiles - cut
     per_piece = cdiv(blocks.count, pieces)
     n_parts = cut * pieces
     n_items = n_whole + n_parts
     n_ctas = min(n_items, cfg.ctas or sms)
     n_rounds = cdiv(n_items, n_ctas)
-    planned = tile_plan(cfg, batch=batch, heads=hq, t_len=t_len, s_len=s_len, causal=causal, sms=sms)
+    planned = tile_plan(cfg, batch=batch, heads=hq, t_len=t_len, s_len=s_len, causal=causal, sms=sms,
+                        window=window)
     plan = None if planned is None else planned[0]
     # Query tiles per chunk of the persistent order: the largest divisor of their count up to
     # q_group; a head's tiles together where the CTAs' tiles are planned (Config.planned).
@@ -530,6 +545,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             q_tile = (n_q_tiles - 1) - q_idx if causal else q_idx
             tile_start = q_tile * (2 * bq)
             cta_blocks = blocks.seen_before(tile_start + 2 * bq)
+            if blocks.left is not None:  # a window: the CTA streams its rows' band of blocks
+                lo = blocks.first_seen(tile_start)
             if cfg.overlap:
                 # Every consumer of the overlapped loop runs at least block 0 (see ``overlapped``).
                 cta_blocks = jnp.maximum(cta_blocks, 1)
@@ -596,12 +613,13 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
             """Scores of block ``j`` with keys past ``S`` (and, causal, right of the diagonal) masked."""
             return jnp.where(blocks.keep(j, row0, (bq, bkv)), s, _MASKED)
 
-        def release(j: Any) -> None:
+        def release(j: Any, later: bool = False) -> None:
             # Ping-pong (a rendezvous or a turn per block) keeps the other consumer within a
-            # block: no wait is needed before releasing (see ``release_unread``), unless a next
-            # tile follows: then each wait on a "ready" barrier keeps its phase bit in step.
+            # block: no wait is needed before releasing (see ``release_unread``), unless the
+            # consumer reads later blocks (``later``: a window's blocks left of its rows) or a
+            # next tile follows: then each wait on a "ready" barrier keeps its phase bit in step.
             release_unread(j, (k_ready, v_ready), (k_free, v_free), stages=stages,
-                           wait=not cfg.pingpong or cfg.persistent)
+                           wait=not cfg.pingpong or cfg.persistent or later)
 
         def exponents(s: Any, j: Any, m_i: Any, row0: Any, masked: bool) -> tuple[Any, Any, Any]:
             """Online softmax on the log2 scale for block ``j``'s scores ``s`` (masked if
@@ -639,36 +657,55 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 return [v_smem.at[slot]]
             return [v_smem.at[slot, pl.ds(0, cut)], v_smem.at[slot, pl.ds(cut, fma_cols)]]
 
-        def in_turns(q_smem: Any, carry: Any, *, row0: Any, n_blocks: Any, n_full: Any, cta_blocks: Any,
-                     base: Any, first: Any, last: Any, lo: Any) -> Any:
+        def in_turns(q_smem: Any, carry: Any, *, row0: Any, spans: Any, n_blocks: Any, cta_blocks: Any,
+                     base: Any, first: Any, last: Any, lo: Any, start: Any) -> Any:
             """The consumer's loop with ping-pong alone: per block, Q K^T, softmax, P V, over
-            blocks ``lo`` (0 but for a piece of a tile) to ``n_blocks``. Block ``j`` sits in the
-            ring's slot ``(base + j - lo) % stages``; ``first`` and ``last``: whether the tile is
-            the CTA's first and last."""
+            blocks ``start`` to ``n_blocks`` in ``spans`` (``KeyBlocks.spans``). The CTA streams
+            blocks ``lo`` (0 but for a piece of a tile or a window's band) to ``cta_blocks``;
+            block ``j`` sits in the ring's slot ``(base + j - lo) % stages``. ``first`` and
+            ``last``: whether the tile is the CTA's first and last."""
             acc, m_i, l_i = carry
 
             def slot_of(j: Any) -> Any:
                 return ring_slot(base + plus(j, -lo), stages)
 
-            @pl.when(n_blocks > lo)
-            def _() -> None:
-                plgpu.barrier_wait(k_ready.at[slot_of(lo)])
+            def first_wait() -> None:
+                pl.when(n_blocks > start)(lambda: plgpu.barrier_wait(k_ready.at[slot_of(start)]))
 
+            def drain(j: Any, _: Any, later: bool = False) -> None:
+                # The other consumer needs more blocks: release our share of them and keep
+                # the ping-pong in step (as if this one issued Q K^T, then took its P V turn).
+                release(base + plus(j, -lo), later)
+                if cfg.pass_turns:
+                    pass_turn()
+                    take_turn()
+                else:
+                    sched_sync()
+                    sched_sync()
+
+            if blocks.left is None:
+                first_wait()
             # Consumer 1 starts half a step behind consumer 0: the ping-pong. By meeting (the
             # default): both reach the schedule barrier after each Q K^T issue and before each
             # P V. By turns: Q K^T issues pass the turn, and only P V waits for it; the issue
             # order is the same (0's Q K^T, 1's Q K^T, 0's P V, 0's next Q K^T, 1's P V, ...).
-            after_qk, start, finish_turns = ((pass_turn, take_turn, pass_turn) if cfg.pass_turns
-                                             else (sched_sync, sched_sync, sched_sync))
+            after_qk, stagger, finish_turns = ((pass_turn, take_turn, pass_turn) if cfg.pass_turns
+                                               else (sched_sync, sched_sync, sched_sync))
             if cfg.pass_turns:
                 # Turns run on from tile to tile of a persistent CTA: consumer 1's last P V
                 # waits for consumer 0's next Q K^T, as within a tile. Passing one more turn at
                 # each tile's end would let consumer 0 pass twice before consumer 1 took the
                 # first (a named barrier then completes without its waiter; an mbarrier's
                 # phase bit comes back where it was).
-                pl.when((wg == 1) & first)(start)
+                pl.when((wg == 1) & first)(stagger)
             else:
-                pl.when(wg == 1)(start)
+                pl.when(wg == 1)(stagger)
+
+            if blocks.left is not None:
+                # A window's blocks left of this consumer's rows (consumer 1's start later),
+                # released as steps after the stagger, before its first block's wait.
+                lax.fori_loop(lo, start, functools.partial(drain, later=True), None)
+                first_wait()
 
             def step(j: Any, carry: Any, masked: bool) -> Any:
                 acc, m_i, l_i = carry
@@ -720,20 +757,9 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 return acc, m_new, l_i
 
             carry = (acc, m_i, l_i)
-            carry = lax.fori_loop(lo, n_full, functools.partial(step, masked=False), carry)
-            acc, m_i, l_i = lax.fori_loop(n_full, n_blocks, functools.partial(step, masked=True), carry)
-
-            def drain(j: Any, _: Any) -> None:
-                # The other consumer needs more blocks: release our share of them and keep
-                # the ping-pong in step (as if this one issued Q K^T, then took its P V turn).
-                release(base + plus(j, -lo))
-                if cfg.pass_turns:
-                    pass_turn()
-                    take_turn()
-                else:
-                    sched_sync()
-                    sched_sync()
-
+            for begin, end, masked in spans:
+                carry = lax.fori_loop(begin, end, functools.partial(step, masked=masked), carry)
+            acc, m_i, l_i = carry
             lax.fori_loop(n_blocks, cta_blocks, drain, None)
 
             pl.when(((wg == 0) & last) if cfg.pass_turns else (wg == 0))(finish_turns)
@@ -893,7 +919,9 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 n_blocks = blocks.seen_before(row0 + bq)
                 if piece is not None:  # full attention, a piece: its blocks alone
                     n_blocks = cta_blocks
-                n_full = jnp.minimum(blocks.whole_from(row0), n_blocks)
+                # A window: this consumer's first block (consumer 1's rows see later keys).
+                start = lo if blocks.left is None else jnp.minimum(blocks.first_seen(row0), n_blocks)
+                spans = blocks.spans(row0, bq, start, n_blocks)
                 if q_slots == 2:
                     # The other slot held the last tile's Q, whose wgmmas have all completed.
                     pl.when(r + 1 < rounds)(lambda: load_q(r + 1))
@@ -906,11 +934,11 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
                 if cfg.overlap:
                     acc, m_i, l_i = overlapped(q_smem, (acc, m_i, l_i), row0=row0, n_blocks=n_blocks,
-                                               n_full=n_full, cta_blocks=cta_blocks)
+                                               n_full=spans[0][1], cta_blocks=cta_blocks)
                 else:
-                    acc, m_i, l_i = in_turns(q_smem, (acc, m_i, l_i), row0=row0, n_blocks=n_blocks,
-                                             n_full=n_full, cta_blocks=cta_blocks, base=base,
-                                             first=r == 0, last=r + 1 == rounds, lo=lo)
+                    acc, m_i, l_i = in_turns(q_smem, (acc, m_i, l_i), row0=row0, spans=spans, n_blocks=n_blocks,
+                                             cta_blocks=cta_blocks, base=base, first=r == 0,
+                                             last=r + 1 == rounds, lo=lo, start=start)
                 if cfg.persistent and q_slots == 1:
                     # Every wgmma reading this Q has completed: load the next one under the epilogue.
                     pl.when(r + 1 < rounds)(lambda: load_q(r + 1))
