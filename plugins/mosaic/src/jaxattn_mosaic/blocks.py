@@ -19,8 +19,8 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import llvm
 
 __all__ = ["FIRST_NAMED_BARRIER", "NO_WINDOW", "TRANSFORMS", "KeyBlocks", "NamedBarriers", "Window", "await_signal",
-           "cdiv", "check_inputs", "named_barrier", "plus", "release_unread", "ring_slot", "signal", "soft_cap_slope",
-           "soft_capped", "stream_kv", "window_sides"]
+           "cdiv", "check_inputs", "keys_ahead", "named_barrier", "plus", "release_unread", "ring_slot", "signal",
+           "soft_cap_slope", "soft_capped", "stream_kv", "window_sides"]
 
 #: Shared-memory tiles of 64 columns (128 bytes of 16-bit values), as wgmma reads them.
 TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -83,6 +83,12 @@ def window_sides(window: tuple[int | None, int | None] | None, t_len: int, s_len
             None if right is None or right >= longest else int(right))
 
 
+def keys_ahead(causal: bool, right: int | None) -> int | None:
+    """Keys a row sees past its own position: 0 causal, a window's right side, None: all."""
+    sides = [side for side in (0 if causal else None, right) if side is not None]
+    return min(sides) if sides else None
+
+
 def check_inputs(q: Any, k: Any, v: Any, head_dims: tuple[int, ...], who: str) -> None:
     """q ``(B, T, Hq, D)``, k and v ``(B, S, Hkv, D)`` of one 16-bit dtype, D in ``head_dims``."""
     hq, head_dim = q.shape[2:]
@@ -113,9 +119,7 @@ class KeyBlocks:
 
     @property
     def ahead(self) -> int | None:
-        """Keys a row sees past its own position: 0 causal, the window's right side, None: all."""
-        sides = [side for side in (0 if self.causal else None, self.right) if side is not None]
-        return min(sides) if sides else None
+        return keys_ahead(self.causal, self.right)
 
     @property
     def count(self) -> int:

@@ -211,10 +211,12 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
     def _config(self, problem: AttentionProblem) -> Config:
         """The forward kernel's ``Config`` for ``problem``: its measured default, with the tiles
         ``AttentionMetadata`` gives."""
+        from jaxattn_mosaic.blocks import window_sides
         from jaxattn_mosaic.kernel import default_config
 
         tiles = self._overrides()
         return default_config(problem.head_dim, causal=problem.causal, kv_len=problem.seq_k,
+                              window=window_sides(problem.sliding_window, problem.seq_q, problem.seq_k),
                               block_q=tiles.get("block_q"), block_kv=tiles.get("block_k"),
                               stages=tiles.get("num_stages"))
 

@@ -63,6 +63,7 @@ from jaxattn_mosaic.blocks import (
     await_signal,
     cdiv,
     check_inputs,
+    keys_ahead,
     plus,
     release_unread,
     ring_slot,
@@ -223,7 +224,7 @@ def _fits(head_dim: int, block_q: int, block_kv: int, stages: int, *, q_slots: i
 
 
 def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, block_q: int | None = None,
-                   block_kv: int | None = None, stages: int | None = None) -> Config:
+                   block_kv: int | None = None, stages: int | None = None, window: Window = NO_WINDOW) -> Config:
     """Tiles that fit the 227 KiB of shared memory and the consumers' 232 registers (or those
     given), and the schedule measured fastest with them.
 
@@ -232,7 +233,13 @@ def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, bloc
     and the output's own tile fit (D <= 128 at the default tiles): measured on an H100 up to 4%
     faster at 4k-8k keys and 6-30% at 1k-2k, a head's tiles taken together (docs/bench.md);
     causal, with its tiles planned (``Config.planned``), 2-4% faster again at 4k-8k keys.
+
+    With a sliding window (``window``'s sides that cut, ``blocks.window_sides``) the keys a row
+    sees stand for the key length: a tile's CTA streams only their band.
     """
+    if window != NO_WINDOW:
+        left, ahead = window[0], keys_ahead(causal, window[1])
+        kv_len = min(kv_len, (kv_len if left is None else left) + (kv_len if ahead is None else ahead) + 1)
     if head_dim <= 64:
         tiles = (64, 256)
     elif head_dim <= 128:
@@ -441,7 +448,8 @@ def mosaic_attention_forward(
     check_inputs(q, k, v, HEAD_DIMS, "the forward")
     t_len, head_dim = q.shape[1], q.shape[3]
     s_len = k.shape[1]
-    cfg = config or default_config(head_dim, causal=causal, kv_len=s_len)
+    window = window_sides(sliding_window, t_len, s_len)
+    cfg = config or default_config(head_dim, causal=causal, kv_len=s_len, window=window)
     bq, bkv = cfg.block_q, cfg.block_kv
     t_pad = cdiv(t_len, 2 * bq) * 2 * bq
     # At least two key blocks, so the ring has its two slots (``stages`` is clamped to the
@@ -452,13 +460,12 @@ def mosaic_attention_forward(
     if s_pad != s_len:
         pad = ((0, 0), (0, s_pad - s_len), (0, 0), (0, 0))
         k, v = jnp.pad(k, pad), jnp.pad(v, pad)
-    window = window_sides(sliding_window, t_len, s_len)
     out, lse2 = _forward_call(q, k, v, causal=causal, scale=float(softmax_scale), s_len=s_len,
                               t_len=t_len, cfg=cfg, window=window,
                               cap=None if soft_cap is None else float(soft_cap) / float(softmax_scale))
     out = out[:, :t_len]
     lse = lse2[:, :, :t_len] * _LN2
-    ahead = KeyBlocks(s_len=s_len, block=bkv, causal=causal, offset=s_len - t_len, right=window[1]).ahead
+    ahead = keys_ahead(causal, window[1])
     if ahead is not None and t_len > s_len + ahead:
         # Rows i < T - S - ahead see no key: zeros and -inf, whatever the kernel left there.
         seen = (jnp.arange(t_len) + (s_len - t_len + ahead)) >= 0
