@@ -27,9 +27,11 @@ A logits soft cap recomputes the capped scores ``S_c = c tanh(S / c)`` (``blocks
 ``c`` the cap over the scale), takes ``P`` from them and multiplies ``dS`` by ``1 - tanh^2``.
 
 Masks: causal is bottom-right (query ``i`` sees key ``j`` iff ``j <= i + S - T``), as the
-forward. Probabilities of masked pairs and of keys past ``S`` are zeroed; query rows past
-``T`` and rows that see no key (lse ``-inf``) get an lse of ``+inf``, so their ``P`` is 0 and
-they add nothing. Blocks that need no mask run without the iota/compare.
+forward, and a sliding window narrows both kernels to bands (``blocks.KeyBlocks``: the key
+blocks a dQ tile's rows see, the query blocks that see a dK/dV tile's keys). Probabilities of
+masked pairs and of keys past ``S`` are zeroed; query rows past ``T`` and rows that see no key
+(lse ``-inf``) get an lse of ``+inf``, so their ``P`` is 0 and they add nothing. Blocks that
+need no mask run without the iota/compare.
 """
 
 from __future__ import annotations

@@ -32,8 +32,13 @@ Design (one CTA = three warpgroups):
 Masks: causal is bottom-right aligned (query ``i`` sees key ``j`` iff ``j <= i + S - T``),
 and a key tail past ``S`` (the key length padded up to a block) is masked too. Blocks that
 need no mask run a loop without the iota/compare; only the diagonal band and the tail block
-pay for it. Rows that see no key at all (causal with T > S) come out as zeros with an LSE of
-``-inf``, as jaxattn's contract asks. A logits soft cap (``soft_cap``) caps each block's
+pay for it. A sliding window (``sliding_window``) narrows each query tile to the band of key
+blocks its rows see: the producer streams the band alone, blocks cut by its left edge are
+masked too, and the second consumer, whose rows start later, releases the blocks left of its
+own. (A block wholly masked for some row before its first seen key is harmless: the finite
+mask value becomes that row's running max, and the first real key's rescale, ``2^(-1e30 ...)``,
+zeroes what it summed.) Rows that see no key at all (causal or a window with T > S) come out
+as zeros with an LSE of ``-inf``, as jaxattn's contract asks. A logits soft cap (``soft_cap``) caps each block's
 scores before the mask and the online softmax: ``cap * tanh(logit / cap)`` (``blocks.soft_capped``).
 """
 
@@ -80,9 +85,10 @@ _LOG2E = math.log2(math.e)
 HEAD_DIMS = (64, 128, 192, 256)
 _LN2 = math.log(2.0)
 #: The value a masked score takes (unscaled, as the running max). Finite, so a block whose row max
-#: is still "nothing seen" never computes -inf - -inf; rows that see some key always see
-#: one in their first block (causal keys are a prefix), so the mask value never wins a max
-#: there; rows that see none are zeroed after the kernel.
+#: is still "nothing seen" never computes -inf - -inf. Where it wins a row's max (a window's
+#: block left of the row's first key), that row's sum collects 1s until its first real key,
+#: whose rescale 2^((-1e30 - m) * scale) = 0 wipes them; rows that see no key are zeroed after
+#: the kernel.
 _MASKED = -1e30
 
 
