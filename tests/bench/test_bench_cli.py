@@ -84,6 +84,28 @@ def test_overhead_option(capsys: pytest.CaptureFixture[str]) -> None:
     assert "identical to the chosen impl's" in out
 
 
+def test_a_window_and_a_soft_cap_reach_every_call_and_the_tuning_key(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # bench and tune time the call with the features, FLOPs count the window's pairs, and the
+    # tuning cache keys them apart from plain calls.
+    assert main([*QUICK, "--impls", "vanilla", "--no-auto", "--modes", "fwd", "--seqs", "64", "--window", "8,0",
+                 "--soft-cap", "5", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {s["label"] for s in report["config"]["shapes"]} == {"B2 S64 H4 D32 causal window 8,0 cap 5",
+                                                                 "B2 S64 H4/1 D32 causal window 8,0 cap 5"}
+    for r in report["results"]:
+        assert r["status"] == "ok", r
+        pairs = sum(min(i, 63) - max(0, i - 8) + 1 for i in range(64))
+        assert r["tflops"] == pytest.approx(4 * 2 * 4 * pairs * 32 / (r["median_ms"] * 1e-3) / 1e12)
+    from jaxattn_bench.keys import problem_key
+    from jaxattn_bench.record import problem_of
+    from jaxattn_bench.shapes import BenchShape
+
+    key = problem_key(problem_of(BenchShape(2, 64, 64, 4, 4, 32, True, "float32", sliding_window=(8, 0),
+                                            soft_cap=5.0)))
+    assert "sliding_window" in key and "soft_cap" in key, key
+
+
 def test_bad_arguments_are_reported(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:  # refused while parsing, before anything runs
         main(["bench", "--shape", "1,2,3", "--plain"])

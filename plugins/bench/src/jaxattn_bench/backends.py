@@ -55,15 +55,15 @@ class ImplContender(Contender):
         q, k, v = shape.structs()
         try:
             impl = jaxattn.get_impl(self.name, self.metadata)
-            reasons = impl.supports(q, k, v, causal=shape.causal, needs_grad=mode == "fwdbwd")
+            reasons = impl.supports(q, k, v, needs_grad=mode == "fwdbwd", **shape.call_kwargs)
         except (JaxattnError, ImportError) as err:
             return Verdict(reasons=(str(err),))
         if reasons:
             return Verdict(reasons=tuple(reasons))
-        name, causal, md = self.name, shape.causal, self.metadata
+        name, kw, md = self.name, shape.call_kwargs, self.metadata
 
         def fn(q: Any, k: Any, v: Any) -> Any:
-            return jaxattn.attention(q, k, v, impl=name, causal=causal, metadata=md)
+            return jaxattn.attention(q, k, v, impl=name, metadata=md, **kw)
 
         return Verdict(note=self._note(impl, shape), fn=fn)
 
@@ -73,18 +73,18 @@ class ImplContender(Contender):
         q, k, v = shape.structs()
         if self.name == "auto":
             # What a plain forward call resolves to (attention() cannot know a gradient follows).
-            exp = jaxattn.explain(q, k, v, impl="auto", causal=shape.causal, metadata=self.metadata)
+            exp = jaxattn.explain(q, k, v, impl="auto", metadata=self.metadata, **shape.call_kwargs)
             grad = next((c.grad_impl for c in exp.candidates if c.chosen and c.grad_impl), None)
             return f"-> {exp.chosen}" + (f", grad {grad}" if grad else "")
-        problem = _spec(q, k, v, shape.causal, self.metadata).problem
+        problem = _spec(q, k, v, shape, self.metadata).problem
         fallback = impl.fallback_reasons(problem)
         return f"via {impl.fallback_impl}: {'; '.join(fallback)}" if fallback else ""
 
 
-def _spec(q: Any, k: Any, v: Any, causal: bool, metadata: AttentionMetadata) -> Any:
+def _spec(q: Any, k: Any, v: Any, shape: BenchShape, metadata: AttentionMetadata) -> Any:
     from jaxattn.validation import resolve_call
 
-    return resolve_call(q, k, v, causal=causal, metadata=metadata)
+    return resolve_call(q, k, v, metadata=metadata, **shape.call_kwargs)
 
 
 class PallasMhaContender(Contender):
@@ -104,6 +104,8 @@ class PallasMhaContender(Contender):
             reasons.append("no grouped-query attention (needs Hq == Hkv)")
         if shape.causal and shape.seq_q != shape.seq_k:
             reasons.append("causal with T != S is not bottom-right aligned in mha")
+        if shape.sliding_window is not None or shape.soft_cap is not None:
+            reasons.append("no sliding window and no logits soft cap in mha")
         for label, n in (("T", shape.seq_q), ("S", shape.seq_k)):
             if n % min(self.block, n):
                 reasons.append(f"{label}={n} is not a multiple of its block size {self.block}")

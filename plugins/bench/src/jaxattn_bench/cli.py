@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .shapes import BenchShape
 
 __all__ = ["HELP", "add_arguments", "add_matrix_arguments", "add_run_arguments", "max_temp_bytes", "platform_of", "run",
-           "run_options", "shape_spec", "shapes_from_args"]
+           "run_options", "shape_spec", "shapes_from_args", "window_spec"]
 
 def _shape(text: str) -> str:
     """The text itself once ``parse_shape`` (what ``bench`` and ``tune`` read it with) accepts it."""
@@ -40,6 +40,18 @@ shape_spec = NumericArg(
     "shape_spec", _shape,
     "B,S,H,D or B,S,H,D,Hkv or B,T,S,H,D,Hkv: integers >= 1, H a multiple of Hkv", "4,4096,32,128,8",
     accepts_zero=False)
+
+def _window(text: str) -> tuple[int, int]:
+    """``W`` (``(W, W)``) or ``L,R``: keys >= 0 a query sees before and after itself."""
+    sides = [int(x) for x in text.split(",")]
+    if len(sides) not in (1, 2) or min(sides) < 0:
+        raise ValueError(text)
+    return (sides[0], sides[-1])
+
+
+#: ``--window``: jaxattn's ``sliding_window``, as one int or a pair.
+window_spec = NumericArg("window_spec", _window, "W or L,R: keys >= 0 before and after each query", "1024,0",
+                         accepts_zero=True)
 
 HELP = "time every attention backend side by side (TFLOP/s, ratio to a reference, memory)"
 
@@ -70,6 +82,10 @@ def add_matrix_arguments(parser: argparse.ArgumentParser) -> None:
                        help="causal, full (no mask), or both (default)")
     group.add_argument("--shape", type=shape_spec, action="append", default=[], metavar="B,S,H,D[,Hkv]",
                        help="an explicit shape (repeatable; replaces the matrix); B,T,S,H,D,Hkv for T != S")
+    group.add_argument("--window", type=window_spec, metavar="W|L,R",
+                       help="every call with sliding_window=(L, R) (W: (W, W); with causal, (W, 0) is a causal "
+                            "window of W keys before each query); FLOPs count the pairs it leaves")
+    group.add_argument("--soft-cap", type=positive_float, metavar="CAP", help="every call with logits_soft_cap=CAP")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -148,6 +164,14 @@ def run_options(args: argparse.Namespace, metadata: AttentionMetadata) -> dict[s
 
 
 def shapes_from_args(args: argparse.Namespace, platform: str) -> list[BenchShape]:
+    """The shapes the options select, each with ``--window`` and ``--soft-cap``."""
+    import dataclasses
+
+    return [dataclasses.replace(s, sliding_window=args.window, soft_cap=args.soft_cap)
+            for s in _matrix_from_args(args, platform)]
+
+
+def _matrix_from_args(args: argparse.Namespace, platform: str) -> list[BenchShape]:
     from .shapes import default_matrix, parse_shape, quick_matrix
 
     masks = {"both": (False, True), "causal": (True,), "full": (False,)}[args.mask]

@@ -84,8 +84,8 @@ def measure_overhead(shape: BenchShape, metadata: AttentionMetadata | None = Non
 
     md = metadata or AttentionMetadata()
     q, k, v, _ = make_inputs(shape.structs())
-    causal = shape.causal
-    problem = AttentionProblem.from_inputs(q, k, v, causal=causal)
+    kw = shape.call_kwargs
+    problem = AttentionProblem.from_inputs(q, k, v, **kw)
     chosen, _ = choose(problem, md)
     if chosen is None:
         raise jaxattn.UnsupportedError("auto", [f"no impl accepts {shape.label} here"])
@@ -94,16 +94,16 @@ def measure_overhead(shape: BenchShape, metadata: AttentionMetadata | None = Non
     direct = auto.select(problem)  # what auto runs: the chosen impl, or its measured fwd/grad split
 
     def by_impl() -> Any:
-        return direct(q, k, v, causal=causal).attention_outputs
+        return direct(q, k, v, **kw).attention_outputs
 
     def by_name() -> Any:
-        return jaxattn.attention(q, k, v, impl=chosen, causal=causal, metadata=md)
+        return jaxattn.attention(q, k, v, impl=chosen, metadata=md, **kw)
 
     def by_auto() -> Any:
-        return jaxattn.attention(q, k, v, impl="auto", causal=causal, metadata=md)
+        return jaxattn.attention(q, k, v, impl="auto", metadata=md, **kw)
 
-    jit_direct = jax.jit(lambda q, k, v: direct(q, k, v, causal=causal).attention_outputs)
-    jit_auto = jax.jit(lambda q, k, v: jaxattn.attention(q, k, v, impl="auto", causal=causal, metadata=md))
+    jit_direct = jax.jit(lambda q, k, v: direct(q, k, v, **kw).attention_outputs)
+    jit_auto = jax.jit(lambda q, k, v: jaxattn.attention(q, k, v, impl="auto", metadata=md, **kw))
     rows = list(_per_call_us({
         AUTO_OWN: lambda: _choices.get((auto, problem)),  # what auto adds to a named impl's path
         "choose(): memo hit": lambda: choose(problem, md),

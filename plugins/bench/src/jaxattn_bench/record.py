@@ -19,7 +19,7 @@ __all__ = ["measurements_from", "problem_of", "record_results"]
 def problem_of(shape: BenchShape) -> AttentionProblem:
     """The call ``shape`` stands for, as "auto" sees it (a forward call: no ``needs_grad``)."""
     q, k, v = shape.structs()
-    return AttentionProblem.from_inputs(q, k, v, causal=shape.causal)
+    return AttentionProblem.from_inputs(q, k, v, **shape.call_kwargs)
 
 
 def measurements_from(shape: BenchShape, results: Sequence[BenchResult],

@@ -2,7 +2,7 @@
 
 FLOPs follow CONTRIBUTING.md ("Measuring"): 4*B*H*T*S*D for a forward pass, halved for causal, and
 forward+backward counted as 3.5x the forward (the backward does 2.5 forwards' worth of
-matrix products).
+matrix products). With a sliding window T*S becomes the query-key pairs the window leaves.
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ class BenchShape:
     head_dim: int
     causal: bool
     dtype: str
+    #: ``(left, right)`` keys a query sees around its position (jaxattn's ``sliding_window``).
+    sliding_window: tuple[int, int] | None = None
+    #: ``logits_soft_cap``.
+    soft_cap: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch", "seq_q", "seq_k", "heads_q", "heads_kv", "head_dim"):
@@ -47,11 +51,32 @@ class BenchShape:
         """``B4 S4096 H32 D128 causal`` (``H32/8`` for GQA, ``T1 S4096`` for cross/decode)."""
         seq = f"S{self.seq_k}" if self.seq_q == self.seq_k else f"T{self.seq_q} S{self.seq_k}"
         heads = f"H{self.heads_q}" + (f"/{self.heads_kv}" if self.group > 1 else "")
-        return f"B{self.batch} {seq} {heads} D{self.head_dim} {'causal' if self.causal else 'full'}"
+        extra = "" if self.sliding_window is None else " window {},{}".format(*self.sliding_window)
+        extra += "" if self.soft_cap is None else f" cap {self.soft_cap:g}"
+        return f"B{self.batch} {seq} {heads} D{self.head_dim} {'causal' if self.causal else 'full'}{extra}"
+
+    @property
+    def call_kwargs(self) -> dict[str, Any]:
+        """What ``jaxattn.attention`` takes for this call besides q, k and v."""
+        kw: dict[str, Any] = {"causal": self.causal}
+        if self.sliding_window is not None:
+            kw["sliding_window"] = self.sliding_window
+        if self.soft_cap is not None:
+            kw["logits_soft_cap"] = self.soft_cap
+        return kw
+
+    def pairs(self) -> float:
+        """Query-key pairs a head computes: T*S, halved for causal; a window's, counted."""
+        if self.sliding_window is None:
+            return self.seq_q * self.seq_k / (2 if self.causal else 1)
+        left, right = self.sliding_window
+        right = min(right, 0) if self.causal else right
+        offset = self.seq_k - self.seq_q
+        return float(sum(max(0, min(self.seq_k - 1, i + offset + right) - max(0, i + offset - left) + 1)
+                         for i in range(self.seq_q)))
 
     def flops(self, mode: str) -> float:
-        fwd = 4.0 * self.batch * self.heads_q * self.seq_q * self.seq_k * self.head_dim
-        fwd /= 2 if self.causal else 1
+        fwd = 4.0 * self.batch * self.heads_q * self.pairs() * self.head_dim
         return fwd * (FWDBWD_FACTOR if mode == "fwdbwd" else 1.0)
 
     def structs(self) -> tuple[Any, Any, Any]:

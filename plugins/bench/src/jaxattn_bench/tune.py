@@ -135,7 +135,7 @@ def _picks(shapes: list[BenchShape], metadata: AttentionMetadata) -> list[dict[s
     rows = []
     for shape in shapes:
         q, k, v = shape.structs()
-        exp = jaxattn.explain(q, k, v, impl="auto", causal=shape.causal, metadata=metadata)
+        exp = jaxattn.explain(q, k, v, impl="auto", metadata=metadata, **shape.call_kwargs)
         chosen = next((c for c in exp.candidates if c.chosen), None)
         rows.append({"shape": shape.label, "key": problem_key(problem_of(shape)), "auto": exp.chosen,
                      "grad": (chosen.grad_impl if chosen else None) or exp.chosen,
