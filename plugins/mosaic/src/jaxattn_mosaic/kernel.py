@@ -38,8 +38,9 @@ masked too, and the second consumer, whose rows start later, releases the blocks
 own. (A block wholly masked for some row before its first seen key is harmless: the finite
 mask value becomes that row's running max, and the first real key's rescale, ``2^(-1e30 ...)``,
 zeroes what it summed.) Rows that see no key at all (causal or a window with T > S) come out
-as zeros with an LSE of ``-inf``, as jaxattn's contract asks. A logits soft cap (``soft_cap``) caps each block's
-scores before the mask and the online softmax: ``cap * tanh(logit / cap)`` (``blocks.soft_capped``).
+as zeros with an LSE of ``-inf``, as jaxattn's contract asks. A logits soft cap (``soft_cap``)
+caps each block's scores before the mask and the online softmax: ``cap * tanh(logit / cap)``
+(``blocks.soft_capped``).
 """
 
 from __future__ import annotations
