@@ -302,3 +302,13 @@ def test_a_sliding_window_lowers_in_the_backward_which_the_impl_takes_at_any_len
 
     long_kv = _spec(8192, hkv, 128)
     assert _kernels(_lowered(jax.grad(loss, argnums=(0, 1, 2)), _spec(256, hq, 128), long_kv, long_kv)) == 3
+
+
+@pytest.mark.parametrize(("s", "copied"), [(1000, False), (16384, False), (517, True), (77, True)])
+def test_keys_are_copied_to_whole_blocks_only_off_the_tma_tiling(s: int, copied: bool) -> None:
+    # A key length off TMA's 8-row tiling is padded to whole blocks (a copy of K and V); any
+    # other length reads its last block's tail out of bounds (zeros, masked): no copy. The GPU
+    # tests check the numbers of both (odd lengths; 1000 keys, full and causal).
+    q, kv = _spec(1024, 2, 128), _spec(s, 2, 128)
+    text = _lowered(_forward(False), q, kv, kv)
+    assert _is_mosaic_gpu(text) and ("stablehlo.pad" in text) == copied

@@ -85,6 +85,8 @@ _LOG2E = math.log2(math.e)
 #: Head dims the forward takes: tiles of 64 columns (128-byte swizzle), up to what shared memory holds.
 HEAD_DIMS = (64, 128, 192, 256)
 _LN2 = math.log(2.0)
+#: Rows of the tiling Mosaic GPU's TMA copies need a global array's length to be a multiple of.
+_TMA_ROWS = 8
 #: The value a masked score takes (unscaled, as the running max). Finite, so a block whose row max
 #: is still "nothing seen" never computes -inf - -inf. Where it wins a row's max (a window's
 #: block left of the row's first key), that row's sum collects 1s until its first real key,
@@ -459,12 +461,14 @@ def mosaic_attention_forward(
     cfg = config or default_config(head_dim, causal=causal, kv_len=s_len, window=window)
     bq, bkv = cfg.block_q, cfg.block_kv
     t_pad = cdiv(t_len, 2 * bq) * 2 * bq
-    # At least two key blocks, so the ring has its two slots (``stages`` is clamped to the
-    # blocks there are); a one-block key is padded, and the padding block is never loaded.
-    s_pad = max(cdiv(s_len, bkv), 2) * bkv
+    s_pad = cdiv(s_len, bkv) * bkv
     if t_pad != t_len:
         q = jnp.pad(q, ((0, 0), (0, t_pad - t_len), (0, 0), (0, 0)))
-    if s_pad != s_len:
+    if s_pad != s_len and s_len % _TMA_ROWS:
+        # Keys are copied out to whole blocks only where Mosaic GPU's TMA needs it (a length
+        # off its 8-row tiling). Otherwise a last block past the keys' end loads zeros where
+        # it lies out of bounds (TMA fills them) and is masked anyway: no copy of K and V
+        # (258 MiB at B1 S16k H32 with the 192-key blocks of a full forward).
         pad = ((0, 0), (0, s_pad - s_len), (0, 0), (0, 0))
         k, v = jnp.pad(k, pad), jnp.pad(v, pad)
     out, lse2 = _forward_call(q, k, v, causal=causal, scale=float(softmax_scale), s_len=s_len,
@@ -488,13 +492,15 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     if cfg.overlap and window != NO_WINDOW:
         raise ValueError(f"overlap runs every tile from key block 0: it takes no sliding window, got {window}")
     batch, t_pad, hq, head_dim = q.shape
-    _, s_pad, hkv, _ = k.shape
+    hkv = k.shape[2]
     dtype = q.dtype
     group = hq // hkv
     bq, bkv = cfg.block_q, cfg.block_kv
     n_q_tiles = t_pad // (2 * bq)
-    stages = max(2, min(cfg.stages, s_pad // bkv))
     blocks = KeyBlocks(s_len=s_len, block=bkv, causal=causal, offset=s_len - t_len, left=window[0], right=window[1])
+    # At least two stages (the ring's two slots), at most one a block: a key shorter than a
+    # block still gets its two slots, the second never loaded.
+    stages = max(2, min(cfg.stages, blocks.count))
     qk_scale = scale * _LOG2E
     n_tiles = batch * n_q_tiles * hq
     sms = sm_count()
