@@ -236,7 +236,7 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
             q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
             row0 = tile_start + wg * bq
             n_blocks = blocks.seen_before(row0 + bq)
-            start = lo if blocks.left is None else jnp.minimum(blocks.first_seen(row0), n_blocks)
+            start = blocks.run_start(row0, lo, n_blocks)
             rows = (b, pl.ds(row0, bq), head)
             stats = (b, head, pl.ds(row0, bq))
             plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem, q_ready.at[wg])

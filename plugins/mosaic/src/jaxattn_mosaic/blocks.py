@@ -149,6 +149,12 @@ class KeyBlocks:
             return min(max(first, 0) // self.block, self.count)
         return jnp.minimum(lax.div(jnp.maximum(first, 0), jnp.int32(self.block)), self.count)
 
+    def run_start(self, row0: Any, lo: Any, end: Any) -> Any:
+        """The first block that the rows from ``row0`` run, in a CTA streaming blocks ``lo`` to
+        ``end``: ``lo`` without a left side, else their first seen block (at most ``end``; a
+        second consumer's rows start later than the CTA's)."""
+        return lo if self.left is None else jnp.minimum(self.first_seen(row0), end)
+
     def keep(self, j: Any, row0: Any, shape: tuple[int, int]) -> Any:
         """Which keys of block ``j`` the ``shape[0]`` rows from ``row0`` see: a bool tile in
         wgmma's register layout (false past ``S`` and outside each row's window)."""

@@ -133,6 +133,14 @@ def device_reasons(device: DeviceInfo) -> list[str]:
     return []
 
 
+def _window(problem: AttentionProblem) -> tuple[int | None, int | None]:
+    """The sides of ``problem``'s sliding window that cut (``blocks.window_sides``; imported on
+    use, as the kernels are)."""
+    from jaxattn_mosaic.blocks import window_sides
+
+    return window_sides(problem.sliding_window, problem.seq_q, problem.seq_k)
+
+
 class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
     """Warp-specialised flash attention forward in Pallas Mosaic GPU (a TMA producer warpgroup,
     two consumer warpgroups ping-ponging on asynchronous wgmma)."""
@@ -176,12 +184,11 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
     def notes(self, problem: AttentionProblem) -> list[str]:
         # Only an impl that runs the call is asked (on a Hopper GPU, where its forward imports
         # the kernel module anyway).
-        from jaxattn_mosaic.blocks import window_sides
         from jaxattn_mosaic.kernel import plan_work, sm_count, tail_pieces, tile_plan
 
         cfg = self._config(problem)
         said = [f"forward: {cfg.summary()}"]
-        window = window_sides(problem.sliding_window, problem.seq_q, problem.seq_k)
+        window = _window(problem)
         shape: dict[str, Any] = {"batch": problem.batch, "heads": problem.heads_q, "t_len": problem.seq_q,
                                  "s_len": problem.seq_k, "causal": problem.causal, "sms": sm_count(), "window": window}
         if window != (None, None):
@@ -211,12 +218,10 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
     def _config(self, problem: AttentionProblem) -> Config:
         """The forward kernel's ``Config`` for ``problem``: its measured default, with the tiles
         ``AttentionMetadata`` gives."""
-        from jaxattn_mosaic.blocks import window_sides
         from jaxattn_mosaic.kernel import default_config
 
         tiles = self._overrides()
-        return default_config(problem.head_dim, causal=problem.causal, kv_len=problem.seq_k,
-                              window=window_sides(problem.sliding_window, problem.seq_q, problem.seq_k),
+        return default_config(problem.head_dim, causal=problem.causal, kv_len=problem.seq_k, window=_window(problem),
                               block_q=tiles.get("block_q"), block_kv=tiles.get("block_k"),
                               stages=tiles.get("num_stages"))
 

@@ -939,8 +939,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
                 n_blocks = blocks.seen_before(row0 + bq)
                 if piece is not None:  # full attention, a piece: its blocks alone
                     n_blocks = cta_blocks
-                # A window: this consumer's first block (consumer 1's rows see later keys).
-                start = lo if blocks.left is None else jnp.minimum(blocks.first_seen(row0), n_blocks)
+                start = blocks.run_start(row0, lo, n_blocks)
                 spans = blocks.spans(row0, bq, start, n_blocks)
                 if q_slots == 2:
                     # The other slot held the last tile's Q, whose wgmmas have all completed.
