@@ -129,6 +129,24 @@ def _check_values(spec: PagedProblem, page_table: Any, kv_lengths: Any, cu_q_len
                 "are never read and may hold anything")
 
 
+def _active_offsets(cu_q_lens: Any, num_seqs: Any, count: int | None, rows: int) -> Any:
+    """``cu_q_lens`` with every entry past ``num_seqs`` set to ``cu_q_lens[num_seqs]``.
+
+    Entries past num_seqs are unread (docs/contract.md): JAX's ragged TPU kernel, vLLM-TPU and
+    ejkernel pass ``max_num_seqs + 1`` offsets zero-padded past the real ones. A kernel that finds
+    a row's sequence by searching the whole array (``searchsorted``) would place every row in a
+    padding "sequence" of zero length and return zeros; with the tail flattened to the last real
+    offset, rows past it belong to no sequence, in every backend, eager or traced.
+    """
+    import jax.numpy as jnp
+
+    if count == rows:  # every row real: nothing to flatten, and no op added
+        return cu_q_lens
+    live = jnp.arange(rows + 1, dtype=jnp.int32) <= num_seqs[0]
+    last = cu_q_lens[jnp.minimum(num_seqs[0], rows)]
+    return jnp.where(live, cu_q_lens, last)
+
+
 def resolve_paged_call(
     q: Any,
     k_pages: Any,
@@ -225,6 +243,7 @@ def resolve_paged_call(
                 k_pages = k_pages.astype(dtype)
                 v_pages = None if v_pages is None else v_pages.astype(dtype)
         num_seqs = jnp.reshape(num_seqs, (1,)).astype(jnp.int32)
+        cu_q_lens = _active_offsets(cu_q_lens, num_seqs, count, n)
         if kv_dtype is not None:
             from .quantize import scale_rank3
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .errors import InvalidInputError
+from .errors import InvalidInputError, InvalidTypeError
 from .paged_validation import _window
+from .validation import is_concrete as _concrete
 
 __all__ = ["pages_in_address_order"]
 
@@ -69,7 +70,14 @@ def pages_in_address_order(page_table: Any, kv_lengths: Any, page_size: int, *, 
         queries = xp.full((num_seqs,), queries)
     if tuple(queries.shape) != (num_seqs,):
         raise InvalidInputError("q_lens", f"must be an int or have shape ({num_seqs},), got {tuple(queries.shape)}",
-                                "a ragged batch passes np.diff(cu_q_lens)")
+                                "a ragged batch passes np.diff(cu_q_lens[:num_seqs + 1])")
+    for name, arr in (("kv_lengths", lengths), ("q_lens", queries)):
+        if not xp.issubdtype(arr.dtype, xp.integer):
+            raise InvalidTypeError(name, f"must be integers, got {arr.dtype}", "query and token counts are whole "
+                                   "numbers (int32)")
+        if _concrete(arr) and bool((arr < 0).any()):
+            raise InvalidInputError(name, f"must be >= 0, got {arr.tolist()}", "a ragged batch passes "
+                                    "np.diff(cu_q_lens[:num_seqs + 1]) (zeros for rows past num_seqs)")
     lengths = lengths.astype(xp.int32)
     queries = queries.astype(xp.int32)
     if window is not None:  # a window reaching past every position is unbounded (and stays in int32)

@@ -18,7 +18,7 @@ import numpy as np
 from .cases import Level, round_to_dtype
 
 __all__ = ["DEFAULT_PAGED_CASES", "FULL_PAGED_CASES", "PagedCase", "make_paged_inputs", "paged_cases_for",
-           "paged_features", "poison_unread", "read_slots"]
+           "paged_features", "poison_unread", "query_counts", "read_slots"]
 
 Allocation = Literal["sequential", "permuted", "shared_prefix"]
 
@@ -43,6 +43,9 @@ class PagedCase:
     layout: Literal["separate", "combined"] = "separate"
     active: int | None = None  # num_seqs: real sequences (None: every row)
     pad_tokens: int = 0  # query rows after the last real sequence's
+    # What cu_q_lens holds past num_seqs (unread): None, the last real offset (jaxattn's own
+    # form); 0, zero padding (JAX's ragged TPU test, vLLM-TPU, ejkernel: max_num_seqs + 1 offsets).
+    offsets_tail: int | None = None
     sliding_window: int | None = None
     logits_soft_cap: float | None = None
     sinks: bool = False
@@ -91,6 +94,9 @@ DEFAULT_PAGED_CASES: tuple[PagedCase, ...] = (
     PagedCase("ragged_mixed", q_lens=(5, 1, 1, 3), kv_lens=(5, 9, 1, 12)),
     PagedCase("ragged_empty_and_padding", q_lens=(2, 0, 1, 4), kv_lens=(7, 5, 0, 6), active=3, pad_tokens=3),
     PagedCase("shared_prefix", q_lens=(2, 1, 1), kv_lens=(10, 9, 13), allocation="shared_prefix"),
+    # 3 real sequences of 8 rows, cu_q_lens zero-padded past num_seqs (JAX's and vLLM-TPU's form).
+    PagedCase("ragged_zero_padded_offsets", q_lens=(3, 2, 1, 0, 0, 0, 0, 0), kv_lens=(7, 9, 4, 0, 0, 0, 0, 0),
+              active=3, pad_tokens=2, offsets_tail=0),
     PagedCase("window", q_lens=(4, 1), kv_lens=(11, 14), sliding_window=3),
     PagedCase("soft_cap", q_lens=(1, 3), kv_lens=(8, 6), logits_soft_cap=2.0, q_gain=4.0),
     PagedCase("sinks", q_lens=(2, 1, 1), kv_lens=(5, 1, 9), sinks=True, hq=4, hkv=2),
@@ -111,6 +117,8 @@ FULL_PAGED_CASES: tuple[PagedCase, ...] = (
     PagedCase("ragged_long_prefill", q_lens=(40, 1, 1, 17), kv_lens=(40, 90, 33, 57), hq=8, hkv=1, d=32,
               page_size=8, allocation="permuted", seed=2),
     PagedCase("page_size_1", q_lens=(1, 2), kv_lens=(5, 3), page_size=1),
+    # One real sequence; the offsets past it hold garbage, larger than q's rows (unread too).
+    PagedCase("ragged_garbage_offsets", q_lens=(4, 0, 0, 0), kv_lens=(6, 0, 0, 0), active=1, offsets_tail=999),
     PagedCase("mha_window_sinks_cap", q_lens=(2, 2), kv_lens=(12, 4), hq=2, hkv=2, sliding_window=0,
               logits_soft_cap=1.5, sinks=True, q_gain=3.0),
     PagedCase("shared_prefix_combined_decode", q_lens=(1, 1, 1), kv_lens=(12, 15, 9), uniform=True,
@@ -159,7 +167,7 @@ def make_paged_inputs(case: PagedCase, dtype: str) -> dict[str, Any]:
     cu[1:] = np.cumsum(case.q_lens)
     num_tokens = int(cu[case.num_seqs]) + case.pad_tokens
     if case.active is not None:  # rows of inactive sequences: their offsets stay where the real ones end
-        cu[case.num_seqs + 1:] = cu[case.num_seqs]
+        cu[case.num_seqs + 1:] = cu[case.num_seqs] if case.offsets_tail is None else case.offsets_tail
     out: dict[str, Any] = {
         "q": round_to_dtype(rng.normal(size=(num_tokens, case.hq, d)) * case.q_gain, dtype),
         "page_table": table,
@@ -177,6 +185,15 @@ def make_paged_inputs(case: PagedCase, dtype: str) -> dict[str, Any]:
     if case.sinks:
         out["softmax_aux"] = round_to_dtype(rng.normal(size=(case.hq,)), "float32")
     return out
+
+
+def query_counts(arrays: dict[str, Any]) -> np.ndarray:
+    """Queries per page-table row of a ragged call's arrays: ``np.diff`` of the real offsets
+    (``cu_q_lens[:num_seqs + 1]``), zeros for the rows past num_seqs (their offsets are unread)."""
+    n = int(np.asarray(arrays["num_seqs"]).reshape(-1)[0])
+    counts = np.zeros(len(arrays["kv_lengths"]), np.int32)
+    counts[:n] = np.diff(np.asarray(arrays["cu_q_lens"])[: n + 1])
+    return counts
 
 
 def read_slots(table: np.ndarray, kv_lens: tuple[int, ...], num_pages: int, page_size: int) -> np.ndarray:

@@ -41,7 +41,7 @@ from jaxattn.paging import pages_in_address_order
 from . import oracle
 from .cases import DEFAULT_TOLERANCES, DtypeTolerance, Level, magnitude_inputs
 from .compare import assert_close, to_float64
-from .paged_cases import PagedCase, make_paged_inputs, paged_cases_for, paged_features, poison_unread
+from .paged_cases import PagedCase, make_paged_inputs, paged_cases_for, paged_features, poison_unread, query_counts
 from .quantized_cases import QUANTIZED_PAGED_CASES, QuantizedCase, quantize_paged_inputs, quantized_to_jax
 from .quick_jit import compiler_options_for_tests
 
@@ -258,7 +258,7 @@ class PagedConformanceSuite:
         pool in address order) gives the output of the table in position order."""
         np_arrays = make_paged_inputs(paged_case, dtype)
         table = pages_in_address_order(np_arrays["page_table"], np_arrays["kv_lengths"], paged_case.page_size,
-                                       q_lens=np.diff(np_arrays["cu_q_lens"]), sliding_window=paged_case.sliding_window)
+                                       q_lens=query_counts(np_arrays), sliding_window=paged_case.sliding_window)
         if np.array_equal(table, np_arrays["page_table"]):
             pytest.skip("the case's pages are already in address order")
         arrays = _to_jax({**np_arrays, "page_table": table}, dtype)
