@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import math
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ._dtypes import dtype_name
@@ -13,8 +17,8 @@ from .errors import InvalidInputError, InvalidTypeError
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
-__all__ = ["DEFAULT_METADATA", "AttentionMetadata", "AxisName", "as_metadata", "axis_tuple", "describe_axes",
-           "is_bool", "positive", "probability"]
+__all__ = ["DEFAULT_METADATA", "EASYDEL_ALIASES", "AttentionMetadata", "AxisName", "as_metadata", "axis_tuple",
+           "describe_axes", "did_you_mean", "is_bool", "positive", "probability"]
 
 AxisName = str | tuple[str, ...] | None
 
@@ -27,7 +31,24 @@ class AttentionMetadata:
     """Configuration shared by every backend. ``AttentionMetadata()`` is always valid.
 
     A call's own arguments (``softmax_scale=``, ``logits_soft_cap=``, ``dropout_prob=``) win
-    over the fields of the same name here.
+    over the fields of the same name here. Every field is checked here, at construction:
+    ``InvalidTypeError`` for a value of the wrong type (a string for a bool, an int for an axis
+    name), ``InvalidInputError`` for a wrong value (``softmax_dtype="int8"``, ``block_q=0``),
+    each naming the field. ``extra`` maps option names (str) to hashable values that backends
+    read (``ring_comm``...).
+
+    EasyDeL's field names are accepted as aliases (``EASYDEL_ALIASES``):
+    ``runtime_softmax_dtype`` is ``softmax_dtype``, ``soft_cap`` ``logits_soft_cap``,
+    ``blocksize_q`` / ``blocksize_k`` ``block_q`` / ``block_k``, ``sequence_axis_name``
+    ``sequence_axis`` and ``backend`` (the device: ``"cpu"``, ``"gpu"``, ``"tpu"``)
+    ``platform``. Those jaxattn has no field for are recorded in ``easydel`` (a read-only
+    mapping, left out of equality and the hash) and change nothing: ``blocksize_b`` (jaxattn
+    never blocks the batch), ``partition_axis`` and ``partition_manager`` (jaxattn shards only
+    over ``mesh`` with ``batch_axis`` / ``head_axis`` / ``sequence_axis``: set those),
+    ``base_config`` (no model config is read) and ``scan_ring_attention`` (the ring backend
+    picks its own loop; ``extra={"ring_comm": ...}`` picks how K/V travel). An alias given
+    together with its jaxattn field, with another value, is an ``InvalidInputError``.
+    ``...`` (EasyDeL's "not given") and None given to an alias mean not given.
     """
 
     runtime_dtype: str | None = None
@@ -49,27 +70,28 @@ class AttentionMetadata:
     interpret: bool = False
     allow_fallback: bool = True
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: EasyDeL fields without a jaxattn meaning, as given (see the class docstring).
+    easydel: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Canonical dtype strings keep metadata hashable and jax-free.
         if self.runtime_dtype is not None:
-            object.__setattr__(self, "runtime_dtype", dtype_name(self.runtime_dtype))
-        object.__setattr__(self, "softmax_dtype", dtype_name(self.softmax_dtype))
-        if self.platform is not None:
-            object.__setattr__(self, "platform", str(self.platform).lower())
-        if self.platform not in _PLATFORMS:
-            raise ValueError(
-                f"AttentionMetadata.platform: {self.platform!r} is not one of cpu, gpu, tpu, cuda, rocm "
-                "(or None to detect the device)"
-            )
+            object.__setattr__(self, "runtime_dtype", _float_dtype("runtime_dtype", self.runtime_dtype))
+        object.__setattr__(self, "softmax_dtype", _float_dtype("softmax_dtype", self.softmax_dtype))
+        object.__setattr__(self, "platform", _platform(self.platform))
         probability("AttentionMetadata.dropout_prob", self.dropout_prob)
         positive("AttentionMetadata.softmax_scale", self.softmax_scale)
         positive("AttentionMetadata.logits_soft_cap", self.logits_soft_cap)
         for name in ("block_q", "block_k", "block_q_bwd", "block_k_bwd", "num_warps", "num_stages"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ValueError(f"AttentionMetadata.{name}: must be a positive int or None, got {value!r}")
-        object.__setattr__(self, "extra", dict(self.extra))
+            _positive_int(f"AttentionMetadata.{name}", getattr(self, name))
+        for name in ("interpret", "allow_fallback"):
+            if not is_bool(getattr(self, name)):
+                raise InvalidTypeError(f"AttentionMetadata.{name}", f"must be a bool, got "
+                                       f"{type(getattr(self, name)).__name__} {getattr(self, name)!r}",
+                                       "pass True or False")
+        object.__setattr__(self, "extra", _options("extra", self.extra))
+        object.__setattr__(self, "easydel", MappingProxyType(dict(self.easydel)))
+        _check_mesh(self.mesh)
         _check_axes(self)
 
         # Hashed on every dispatch (impl and choice caches): compute it once.
@@ -78,7 +100,7 @@ class AttentionMetadata:
     def _compute_hash(self) -> int:
         items = tuple(
             tuple(sorted(self.extra.items())) if f.name == "extra" else getattr(self, f.name)
-            for f in dataclasses.fields(self)
+            for f in dataclasses.fields(self) if f.compare
         )
         return hash(items)
 
@@ -87,22 +109,149 @@ class AttentionMetadata:
 
     def __getstate__(self) -> dict[str, Any]:
         # String hashes differ between processes: never carry one across a pickle.
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+        state = {k: v for k, v in self.__dict__.items() if k != "_hash"}
+        state["easydel"] = dict(self.easydel)  # a mappingproxy does not pickle
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
             object.__setattr__(self, key, value)
+        object.__setattr__(self, "easydel", MappingProxyType(dict(state.get("easydel", {}))))
         object.__setattr__(self, "_hash", self._compute_hash())
 
     def replace(self, **changes: Any) -> AttentionMetadata:
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
+        """A copy with some fields changed (EasyDeL's names too)."""
+        return dataclasses.replace(self, **_translate(changes, self))
 
     @property
     def block_sizes(self) -> dict[str, int]:
         """The tile sizes that were set explicitly."""
         names = ("block_q", "block_k", "block_q_bwd", "block_k_bwd")
         return {n: v for n in names if (v := getattr(self, n)) is not None}
+
+
+#: EasyDeL's ``AttentionMetadata`` field names -> jaxattn's field, or None for those recorded in
+#: ``AttentionMetadata.easydel`` without effect (the class docstring says why for each).
+EASYDEL_ALIASES: dict[str, str | None] = {
+    "runtime_softmax_dtype": "softmax_dtype", "soft_cap": "logits_soft_cap", "blocksize_q": "block_q",
+    "blocksize_k": "block_k", "sequence_axis_name": "sequence_axis", "backend": "platform",
+    "blocksize_b": None, "partition_axis": None, "partition_manager": None, "base_config": None,
+    "scan_ring_attention": None,
+}
+
+
+def _translate(kwargs: dict[str, Any], current: AttentionMetadata | None = None) -> dict[str, Any]:
+    """``kwargs`` with EasyDeL's names mapped onto jaxattn's (recorded ones into ``easydel``);
+    an unknown name is an ``InvalidInputError`` with the closest field names."""
+    fields = {f.name for f in dataclasses.fields(AttentionMetadata)}
+    out = {k: v for k, v in kwargs.items() if k in fields}
+    recorded = dict(out.get("easydel", current.easydel if current is not None else {}))
+    for name, value in kwargs.items():
+        if name in fields:
+            continue
+        if name not in EASYDEL_ALIASES:
+            raise InvalidInputError(f"AttentionMetadata({name}=...)", "is not a field"
+                                    + did_you_mean(name, sorted(fields | set(EASYDEL_ALIASES))),
+                                    "the fields are listed in help(jaxattn.AttentionMetadata)")
+        target = EASYDEL_ALIASES[name]
+        if value is ... or value is None:  # EasyDeL's "not given" and its defaults: jaxattn's too
+            continue
+        if target is None:
+            if name == "blocksize_b":
+                _positive_int("AttentionMetadata.blocksize_b", value)
+            if name == "scan_ring_attention" and not is_bool(value):
+                raise InvalidTypeError("AttentionMetadata.scan_ring_attention", f"must be a bool, got {value!r}")
+            recorded[name] = value
+            continue
+        if name == "backend":
+            value = str(getattr(value, "value", value))  # EasyDeLBackends members are str enums
+        if target in out and out[target] != value:
+            raise InvalidInputError(f"AttentionMetadata.{name}", f"is EasyDeL's name of {target}, given too "
+                                    f"with another value ({value!r} vs {out[target]!r})", "pass one of them")
+        out[target] = value
+    if recorded or "easydel" in out:
+        out["easydel"] = recorded
+    return out
+
+
+_dataclass_init = AttentionMetadata.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init(self: AttentionMetadata, *args: Any, **kwargs: Any) -> None:
+    _dataclass_init(self, *args, **_translate(kwargs))
+
+
+AttentionMetadata.__init__ = _init  # type: ignore[method-assign]  # EasyDeL's names and unknown ones, checked
+
+
+_FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
+
+
+def _float_dtype(field: str, value: Any) -> str:
+    """A floating dtype's canonical name, else an error naming ``AttentionMetadata.<field>``."""
+    argument = f"AttentionMetadata.{field}"
+    if value is None:  # numpy reads None as float64
+        raise InvalidTypeError(argument, "must be a dtype or dtype name, got None", "'float32' is the default")
+    try:
+        name = dtype_name(value)
+    except (TypeError, ValueError):
+        raise InvalidTypeError(argument, f"must be a dtype or dtype name, got {type(value).__name__} {value!r}",
+                               f"one of {', '.join(_FLOAT_DTYPES)}") from None
+    if name not in _FLOAT_DTYPES:
+        raise InvalidInputError(argument, f"must be a floating dtype, got {value!r}"
+                                + did_you_mean(name, _FLOAT_DTYPES), f"one of {', '.join(_FLOAT_DTYPES)}")
+    return name
+
+
+def _platform(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidTypeError("AttentionMetadata.platform", f"must be a str or None, got {type(value).__name__} "
+                               f"{value!r}", "one of cpu, gpu, tpu, cuda, rocm; None detects the device")
+    name = value.strip().lower()
+    if name not in _PLATFORMS:
+        raise InvalidInputError("AttentionMetadata.platform", f"{value!r} is not one of cpu, gpu, tpu, cuda, rocm"
+                                + did_you_mean(name, [p for p in _PLATFORMS if p]), "or None to detect the device")
+    return name
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if value is None:
+        return
+    if is_bool(value) or not isinstance(value, int):
+        raise InvalidTypeError(name, f"must be a positive int or None, got {type(value).__name__} {value!r}")
+    if value <= 0:
+        raise InvalidInputError(name, f"must be a positive int or None, got {value!r}", "None picks a default")
+
+
+def _options(field: str, value: Any) -> dict[str, Any]:
+    """``value`` as a dict of str keys and hashable values (metadata is hashed on every call)."""
+    if not isinstance(value, Mapping):
+        raise InvalidTypeError(f"AttentionMetadata.{field}", f"must be a mapping, got {type(value).__name__}",
+                               "e.g. extra={'ring_comm': 'all_gather'}")
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise InvalidTypeError(f"AttentionMetadata.{field}", f"keys must be str, got {key!r}")
+        try:
+            hash(item)
+        except TypeError:
+            raise InvalidTypeError(f"AttentionMetadata.{field}[{key!r}]", f"must be hashable, got "
+                                   f"{type(item).__name__}", "use a tuple for a list, a frozenset for a set") from None
+    return dict(value)
+
+
+def _check_mesh(mesh: Any) -> None:
+    """A ``jax.sharding.Mesh`` (or ``AbstractMesh``) or None. A mesh implies jax is imported, so
+    the check imports nothing."""
+    if mesh is None:
+        return
+    sharding = sys.modules.get("jax.sharding")
+    kinds = tuple(k for k in (getattr(sharding, "Mesh", None), getattr(sharding, "AbstractMesh", None)) if k)
+    if not kinds or not isinstance(mesh, kinds):
+        raise InvalidTypeError("AttentionMetadata.mesh", f"must be a jax.sharding.Mesh or None, got "
+                               f"{type(mesh).__name__}", "e.g. jax.make_mesh((4,), ('seq',))")
 
 
 _NUMBER_HINTS = {
@@ -153,6 +302,14 @@ def probability(name: str, value: Any) -> float:
     return out
 
 
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the choices closest to ``word``, or ``""`` when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
+    if not close:  # a prefix ("flash" for "flash_attn2") is close too
+        close = [c for c in choices if c.startswith(word) or word.startswith(c)][:3] if len(word) > 2 else []
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
 def axis_tuple(axis: str | Iterable[str] | None) -> tuple[str, ...]:
     """``None`` -> ``()``, ``"data"`` -> ``("data",)``, ``("data", "fsdp")`` unchanged."""
     if axis is None:
@@ -168,7 +325,8 @@ def describe_axes(axes: tuple[str, ...]) -> str:
 
 
 def _check_axes(metadata: AttentionMetadata) -> None:
-    """Raise ``ValueError`` naming the field when the axis names do not fit ``metadata.mesh``.
+    """Raise ``InvalidInputError`` naming the field when the axis names do not fit ``metadata.mesh``
+    (``InvalidTypeError`` for a value that is no axis name).
 
     Without a mesh the names are allowed: the call then runs inside the caller's own
     ``shard_map`` where those axes are bound (see docs/sharding.md).
@@ -178,15 +336,12 @@ def _check_axes(metadata: AttentionMetadata) -> None:
         value = getattr(metadata, field)
         if value is not None and not (isinstance(value, str) or (
                 isinstance(value, tuple) and value and all(isinstance(a, str) for a in value))):
-            raise ValueError(
-                f"AttentionMetadata.{field}: expected a mesh axis name or a non-empty tuple of names, got {value!r}"
-            )
+            raise InvalidTypeError(f"AttentionMetadata.{field}", "expected a mesh axis name or a non-empty tuple of "
+                                   f"names, got {type(value).__name__} {value!r}", "None leaves it unsharded")
         for name in axis_tuple(value):
             if name in seen:
-                raise ValueError(
-                    f"AttentionMetadata.{field}: mesh axis {name!r} is already used by {seen[name]}; "
-                    "each mesh axis can shard only one dimension"
-                )
+                raise InvalidInputError(f"AttentionMetadata.{field}", f"mesh axis {name!r} is already used by "
+                                        f"{seen[name]}; each mesh axis can shard only one dimension")
             seen[name] = field
     mesh = metadata.mesh
     if mesh is None:
@@ -194,10 +349,9 @@ def _check_axes(metadata: AttentionMetadata) -> None:
     names = tuple(getattr(mesh, "axis_names", ()))
     unknown = [n for n in seen if n not in names]
     if unknown:
-        raise ValueError(
-            f"AttentionMetadata: mesh axes {unknown} ({', '.join(seen[n] for n in unknown)}) are not axes of "
-            f"metadata.mesh, whose axes are {list(names)}"
-        )
+        raise InvalidInputError(f"AttentionMetadata.{seen[unknown[0]]}", f"mesh axes {unknown} "
+                                f"({', '.join(seen[n] for n in unknown)}) are not axes of metadata.mesh, whose axes "
+                                f"are {list(names)}{did_you_mean(unknown[0], names)}")
 
 
 #: The metadata of calls that pass none (shared, so a call does not build one).
