@@ -28,6 +28,13 @@ subprocesses the tests start, share one XLA persistent compilation cache for the
 compiled again: the same op at the same shapes reached by several backends' eager runs, the
 same forward under two tests. A hit loads the executable that XLA built for the identical
 program and options, so what a test checks does not change.
+
+Tests that can only skip on this machine (a ``skip`` mark, or a ``skipif`` whose condition is
+already true when the test is collected: the GPU-only suites on a host without a GPU) are
+deselected at collection (``pytest_collection_modifyitems``): on a CPU host 1,835 of the
+7,073 tests (2026-12-01), each otherwise set up only to be skipped. Where the condition is false (the GPU suites on a
+GPU) they are collected and run as before. ``JAXATTN_TEST_KEEP_SKIPPED=1`` collects them
+anyway (reported as skipped, with their reasons).
 """
 
 from __future__ import annotations
@@ -121,6 +128,50 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, value in XLA_CACHE_SETTINGS.items():
         os.environ[name.upper()] = str(value)
         jax.config.update(name, value)
+
+
+#: Set to 1 to collect the tests that can only skip here (they are then reported as skipped).
+KEEP_SKIPPED = "JAXATTN_TEST_KEEP_SKIPPED"
+_DESELECTED = pytest.StashKey[dict[str, int]]()
+
+
+def skip_reason_before_running(item: pytest.Item) -> str | None:
+    """Why ``item`` skips before it runs, known at collection: a ``skip`` mark or a ``skipif``
+    whose condition is already true; None if it may run. (String conditions, evaluated by
+    pytest when the test runs, are left to pytest.)"""
+    for mark in item.iter_markers(name="skipif"):
+        conditions = (mark.kwargs["condition"],) if "condition" in mark.kwargs else mark.args
+        reason = str(mark.kwargs.get("reason", ""))
+        if not conditions or any(not isinstance(c, str) and bool(c) for c in conditions):
+            return reason or "skipif"
+    for mark in item.iter_markers(name="skip"):
+        return str(mark.kwargs.get("reason", mark.args[0] if mark.args else "skip"))
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(KEEP_SKIPPED) == "1":
+        return
+    kept, deselected, reasons = [], [], {}
+    for item in items:
+        reason = skip_reason_before_running(item)
+        if reason is None:
+            kept.append(item)
+        else:
+            deselected.append(item)
+            reasons[reason] = reasons.get(reason, 0) + 1
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+        config.stash[_DESELECTED] = reasons
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    reasons = config.stash.get(_DESELECTED, None)
+    if reasons:
+        terminalreporter.write_line(f"not collected, as they can only skip here ({KEEP_SKIPPED}=1 collects them):")
+        for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"  {count:5d}  {reason}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
