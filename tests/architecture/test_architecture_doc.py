@@ -163,11 +163,8 @@ def test_every_cited_module_exists() -> None:
 def test_the_core_module_table_names_real_modules() -> None:
     rows = re.findall(r"^\| (?:contract|discovery|selection|composition|tools) \| (.*?) \|", text(), re.M)
     assert rows, "docs/architecture.md lost its table of core modules"
-    missing = []
-    for cell in rows:
-        for name in re.findall(r"`([^`]+)`", cell):
-            if module_file(["jaxattn", *name.rstrip("/").split(".")]) is None:
-                missing.append(name)
+    names = [name for cell in rows for name in re.findall(r"`([^`]+)`", cell)]
+    missing = [name for name in names if module_file(["jaxattn", *name.rstrip("/").split(".")]) is None]
     assert not missing, f"docs/architecture.md's module table names modules that do not exist: {missing}"
 
 
