@@ -7,7 +7,9 @@ core held 6,914 lines of code (10,046 by ``wc -l``) before bench, tune, demo, Fl
 tile rules left it for plugins, 4,667 (6,931) after, and about 4,450 once the tuning file went
 beside its writer in jaxattn-bench (the core keeps the tuning interface). Raised to 4,620 for
 ``AttentionMetadata``'s checks of every field and EasyDeL's field names (docs/contract.md,
-"Metadata"); the core held 4,515 before them.
+"Metadata"); the core held 4,515 before them; raised by 120 to 4,740 for
+the SDK's two public surfaces, ``jaxattn.backend``'s name table and ``jaxattn.cli``'s exports (what
+plugins import instead of the core's modules).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 4620
+BUDGET = 4740
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

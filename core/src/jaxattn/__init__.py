@@ -28,7 +28,7 @@ _EXPORTS: dict[str, str] = {
     "AttentionProblem": "problem",
     "AttentionMechanisms": "names",
     "Feature": "capabilities",
-    "ImplRef": "registry",
+    "ImplRef": "declaration",
     "ImplInfo": "registry",
     "DeviceInfo": "device",
     "detect_device": "device",
@@ -114,6 +114,7 @@ if TYPE_CHECKING:
     from .api import attention, explain_paged, get_impl, paged_attention, ragged_paged_attention
     from .call import AttentionCall, PagedCall
     from .capabilities import Feature
+    from .declaration import ImplRef
     from .device import DeviceInfo, detect_device, tpu_version_check
     from .dispatch import Explanation, explain, get_optimal_config, use_impl
     from .errors import (
@@ -135,4 +136,4 @@ if TYPE_CHECKING:
     from .plugins import PluginRecord, list_plugins, register_plugin
     from .problem import AttentionProblem, PagedProblem
     from .quantize import dequantize_kv, quantize_kv
-    from .registry import ImplInfo, ImplRef
+    from .registry import ImplInfo

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Backend
+from .backend.base import Backend
 from .compose import COMPOSED
 from .device import DeviceInfo, detect_device
 from .dispatch import AutoAttention, AutoPagedAttention, Explanation, accepting, call_impl_name, explain_problem

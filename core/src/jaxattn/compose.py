@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .backend import Backend, Composition, Forward
+from .backend.base import Backend, Composition, Forward
 from .errors import JaxattnError
 from .impl import AttentionImpl
 from .lookup import impl_for

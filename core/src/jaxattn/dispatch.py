@@ -15,7 +15,7 @@ import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, cast
 
-from .backend import Backend, Plan
+from .backend.base import Backend, Plan
 from .call import AttentionCall, PagedCall
 from .candidates import Candidate
 from .capabilities import ALL_FEATURES
@@ -43,6 +43,7 @@ __all__ = [
     "choose",
     "clear_choices",
     "current_impl_name",
+    "evaluate",
     "explain",
     "explain_problem",
     "get_optimal_config",
@@ -151,6 +152,12 @@ def _evaluate(problem: Problem, metadata: AttentionMetadata) -> list[Candidate]:
             here=here,
         ))
     return sorted(rows, key=lambda c: (not c.here, *_rank_key(c)))
+
+
+def evaluate(problem: Problem, metadata: AttentionMetadata) -> list[Candidate]:
+    """Every installed impl's answer for ``problem``, unmemoised: what ``choose`` asks once per
+    call signature (tools that measure auto's cost call it)."""
+    return _evaluate(problem, metadata)
 
 
 # choose()'s results per (problem, metadata, device, registry state), and auto's plans per
@@ -310,6 +317,11 @@ class _Auto(Backend[Any]):
 
     def run(self, call: AttentionCall | PagedCall) -> AttentionOutput:
         return _auto_run(self, call)
+
+    def memoised_plan(self, problem: Problem) -> Plan | None:
+        """The plan a call of ``problem`` runs on, if one has run: the one lookup auto adds to a
+        named impl's path once warm."""
+        return cast("Plan | None", _choices.get((self, problem)))
 
 
 class AutoAttention(_Auto, AttentionImpl):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .backend import Backend, resolve_platform
+from .backend.base import Backend, resolve_platform
 from .device import DeviceInfo, detect_device
 from .errors import ImplNotFoundError, PluginError
 from .metadata import DEFAULT_METADATA, AttentionMetadata

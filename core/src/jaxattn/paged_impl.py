@@ -27,7 +27,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
-from .backend import Backend
+from .backend.base import Backend
 from .call import PagedCall
 from .metadata import axis_tuple, describe_axes
 from .paged_validation import resolve_paged_call

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from .backend import Backend
+from .backend.base import Backend
 from .capabilities import platform_matches
 from .declaration import DeclarationError, ImplRef, check_declaration
 from .errors import ImplNotFoundError, PluginError

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .backend import Forward, Plan
+from .backend.base import Forward, Plan
 from .call import AttentionCall
 from .errors import UnsupportedError
 from .impl import AttentionImpl

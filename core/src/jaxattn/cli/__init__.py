@@ -19,12 +19,32 @@ import functools
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TextIO, cast
+from typing import TextIO, cast
 
-if TYPE_CHECKING:
-    from jaxattn.commands import Command
+# What a plugin that adds commands uses (public API, standard library only, so `jaxattn --help`
+# stays cheap): ``Command`` / ``Commands`` (what the ``jaxattn_register_commands`` hook fills),
+# the numeric argument types every option takes, and the tables and JSON every command prints.
+from jaxattn.commands import Command, Commands
 
-__all__ = ["CORE_COMMANDS", "build_parser", "commands", "main"]
+from ._args import (
+    NumericArg,
+    OneLineParser,
+    int_list,
+    mesh_axes,
+    nonneg_float,
+    nonneg_int,
+    nonneg_window,
+    positive_float,
+    positive_int,
+    probability,
+)
+from ._output import Printer, Table, dump_json, output_width, wrap
+
+__all__ = [
+    "CORE_COMMANDS", "Command", "Commands", "NumericArg", "OneLineParser", "Printer", "Table", "build_parser",
+    "commands", "dump_json", "int_list", "main", "mesh_axes", "nonneg_float", "nonneg_int", "nonneg_window",
+    "output_width", "positive_float", "positive_int", "probability", "wrap",
+]
 
 #: The core's commands: name -> module implementing it. Order is the order of ``jaxattn --help``;
 #: plugins' commands follow, by plugin name.
@@ -37,7 +57,6 @@ CORE_COMMANDS: dict[str, str] = {
 
 def _plugin_commands() -> list[tuple[str, Command]]:
     """(plugin, command) for every command the installed plugins add, each plugin isolated."""
-    from jaxattn.commands import Commands
     from jaxattn.plugins import call_each
 
     def collect(hook: Callable[..., None]) -> list[Command]:
@@ -56,7 +75,6 @@ def commands(plugins: bool = True) -> list[Command]:
     """Every command of the program: the core's, then the plugins' (a name already taken is refused
     with a ``PluginWarning``, the core's and the first plugin's keep it). ``plugins=False``: the
     core's only, without discovering plugins."""
-    from jaxattn.commands import Command
     from jaxattn.plugins import PluginWarning
 
     found = [Command.from_module(name, module) for name, module in CORE_COMMANDS.items()]
@@ -87,8 +105,6 @@ def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     """The program's parser, with every command (``plugins=False``: the core's only)."""
-    from ._args import OneLineParser  # subcommand parsers inherit its one-line errors
-
     parser = OneLineParser(
         prog="jaxattn",
         description="Attention backends for JAX: what is installed, what runs here, and why.",

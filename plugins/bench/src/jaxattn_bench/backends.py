@@ -12,8 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from jaxattn.errors import JaxattnError
-from jaxattn.metadata import AttentionMetadata
+from jaxattn.backend import AttentionMetadata, JaxattnError
 
 from .shapes import BenchShape
 
@@ -82,7 +81,7 @@ class ImplContender(Contender):
 
 
 def _spec(q: Any, k: Any, v: Any, shape: BenchShape, metadata: AttentionMetadata) -> Any:
-    from jaxattn.validation import resolve_call
+    from jaxattn.backend import resolve_call
 
     return resolve_call(q, k, v, metadata=metadata, **shape.call_kwargs)
 
@@ -94,7 +93,7 @@ class PallasMhaContender(Contender):
     block = 128  # mha's default block_q / block_k
 
     def verdict(self, shape: BenchShape, mode: str) -> Verdict:
-        from jaxattn.device import detect_device
+        from jaxattn.backend import detect_device
 
         device = detect_device()
         reasons = []
@@ -129,6 +128,6 @@ def make_backend(name: str, metadata: AttentionMetadata) -> Contender:
 
 def available_backends(metadata: AttentionMetadata) -> list[str]:
     """Every impl usable on this device (best provider per name), by declared priority."""
-    from jaxattn.lookup import available_here
+    from jaxattn.backend import available_here
 
     return [p.name for p in available_here(metadata, kind="dense")]

@@ -13,14 +13,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jaxattn.cli._args import NumericArg, int_list, nonneg_float, nonneg_int, positive_float, positive_int
-from jaxattn.quantize import GRANULARITIES, KV_DTYPE_FLAGS
+from jaxattn.backend import GRANULARITIES, KV_DTYPE_FLAGS
+from jaxattn.cli import NumericArg, int_list, nonneg_float, nonneg_int, positive_float, positive_int
 
 from .timing import platform_of  # stdlib-only at import time, like this module
 
 if TYPE_CHECKING:
-    from jaxattn.cli._output import Printer
-    from jaxattn.metadata import AttentionMetadata
+    from jaxattn.backend import AttentionMetadata
+    from jaxattn.cli import Printer
 
     from .shapes import BenchShape
 
@@ -223,7 +223,7 @@ def _reference(args: argparse.Namespace, backends: list[str]) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxattn.metadata import AttentionMetadata
+    from jaxattn.backend import AttentionMetadata
 
     if args.from_json is not None:
         return _plot_saved(args)
@@ -242,10 +242,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_serving(args: argparse.Namespace, metadata: AttentionMetadata, platform: str) -> int:
-    from jaxattn.cli._output import Printer, dump_json
-    from jaxattn.device import detect_device
-    from jaxattn.lookup import available_here
-    from jaxattn.plugins import registry
+    import jaxattn
+    from jaxattn.backend import available_here, detect_device
+    from jaxattn.cli import Printer, dump_json
 
     from .serving import ServingResult, run_serving, serving_matrix, serving_not_run, serving_table
 
@@ -257,7 +256,8 @@ def _run_serving(args: argparse.Namespace, metadata: AttentionMetadata, platform
     if args.impls:
         # Names as given, aliases included (on a CPU page_attention is vanilla_paged's alias),
         # each a row of its own; its op kind says which calls time it.
-        kinds = {n: {p.kind for p in registry().providers_of(n)} for n in args.impls if n != "auto"}
+        listed = [row for row in jaxattn.list_impls() if row.platforms and row.status != "conflict"]
+        kinds = {n: {row.kind for row in listed if n in (row.name, *row.aliases)} for n in args.impls if n != "auto"}
         unknown = sorted(n for n, k in kinds.items() if not k)
         if unknown:
             print(f"jaxattn bench: error: --impls: no impl named {', '.join(unknown)} is registered "
@@ -355,7 +355,7 @@ def _plot_saved(args: argparse.Namespace) -> int:
 
 
 def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: AttentionMetadata) -> int:
-    from jaxattn.cli._output import Printer, dump_json
+    from jaxattn.cli import Printer, dump_json
 
     from .progress import Progress
     from .report import not_run_lines, report_dict, summary_lines, tables, write_json
@@ -383,7 +383,7 @@ def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: Att
 
     def checkpoint(results: list[BenchResult]) -> None:
         if json_path is not None:
-            from jaxattn.device import detect_device
+            from jaxattn.backend import detect_device
 
             partial = BenchReport(config, list(results), detect_device().label, {}, 0.0, ["partial: run in progress"])
             write_json(partial, json_path)
@@ -408,7 +408,7 @@ def _run_bench(args: argparse.Namespace, shapes: list[BenchShape], metadata: Att
 
 
 def _run_overhead(args: argparse.Namespace, shapes: list[BenchShape], metadata: AttentionMetadata) -> int:
-    from jaxattn.cli._output import Printer, Table, dump_json
+    from jaxattn.cli import Printer, Table, dump_json
 
     from .overhead import measure_overhead
 

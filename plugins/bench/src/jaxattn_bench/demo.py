@@ -23,7 +23,7 @@ HELP = "compute attention through the registry: which backend ran, why, and its 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from jaxattn.cli._args import positive_int
+    from jaxattn.cli import positive_int
 
     parser.add_argument("--batch", type=positive_int, default=2)
     parser.add_argument("--seq", type=positive_int, default=256, help="T = S")
@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jaxattn.cli._args import OneLineParser
+    from jaxattn.cli import OneLineParser
 
     parser = OneLineParser(prog="python -m jaxattn_bench.demo", description=HELP)
     add_arguments(parser)
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     import jaxattn
-    from jaxattn.cli._output import Printer
+    from jaxattn.cli import Printer
     from jaxattn.testing import oracle
 
     # Plain text wrapped at spaces to the terminal's width ($COLUMNS; 80 when piped).

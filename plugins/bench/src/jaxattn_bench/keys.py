@@ -15,11 +15,10 @@ import functools
 import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
-from jaxattn.capabilities import Feature
+from jaxattn.backend import Feature
 
 if TYPE_CHECKING:
-    from jaxattn.device import DeviceInfo
-    from jaxattn.problem import AttentionProblem
+    from jaxattn.backend import AttentionProblem, DeviceInfo
 
 __all__ = ["Environment", "current_environment", "problem_key", "seq_bucket"]
 
@@ -85,7 +84,7 @@ def _versions() -> tuple[str, str]:
 
 def current_environment(device: DeviceInfo | None = None) -> Environment:
     """This process's environment (the detected device unless one is given)."""
-    from jaxattn.device import detect_device
+    from jaxattn.backend import detect_device
 
     info = device or detect_device()
     jax_version, jaxlib_version = _versions()

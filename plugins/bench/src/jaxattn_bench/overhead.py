@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jaxattn.metadata import AttentionMetadata
+from jaxattn.backend import AttentionMetadata
 
 from .shapes import BenchShape
 
@@ -77,8 +77,7 @@ def measure_overhead(shape: BenchShape, metadata: AttentionMetadata | None = Non
     import jax
 
     import jaxattn
-    from jaxattn.dispatch import AutoAttention, _choices, _evaluate, choose
-    from jaxattn.problem import AttentionProblem
+    from jaxattn.backend import AttentionProblem, AutoAttention, choose, evaluate
 
     from .timing import make_inputs
 
@@ -105,9 +104,9 @@ def measure_overhead(shape: BenchShape, metadata: AttentionMetadata | None = Non
     jit_direct = jax.jit(lambda q, k, v: direct(q, k, v, **kw).attention_outputs)
     jit_auto = jax.jit(lambda q, k, v: jaxattn.attention(q, k, v, impl="auto", metadata=md, **kw))
     rows = list(_per_call_us({
-        AUTO_OWN: lambda: _choices.get((auto, problem)),  # what auto adds to a named impl's path
+        AUTO_OWN: lambda: auto.memoised_plan(problem),  # what auto adds to a named impl's path
         "choose(): memo hit": lambda: choose(problem, md),
-        "choose(): every impl asked (what the memo saves)": lambda: _evaluate(problem, md),
+        "choose(): every impl asked (what the memo saves)": lambda: evaluate(problem, md),
     }, batch_s).items())
     rows += _per_call_us({
         f"eager: {chosen} impl object": by_impl,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from jaxattn.commands import Command, Commands
-from jaxattn.hookspecs import hookimpl
+from jaxattn.backend import hookimpl
+from jaxattn.cli import Command, Commands
 
 if TYPE_CHECKING:
-    from jaxattn.tuning import TuningRecords
+    from jaxattn.backend import TuningRecords
 
 __all__ = ["COMMANDS", "jaxattn_register_commands", "jaxattn_tuning_records"]
 

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jaxattn.lookup import available_here
-from jaxattn.metadata import AttentionMetadata
-from jaxattn.problem import AttentionProblem
-from jaxattn.tuning import Measurement
+from jaxattn.backend import AttentionMetadata, AttentionProblem, Measurement, available_here
 
 from .results import BenchResult
 from .shapes import BenchShape

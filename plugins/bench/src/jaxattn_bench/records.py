@@ -9,11 +9,11 @@ on macOS, ``%LOCALAPPDATA%\\jaxattn\\Cache`` on Windows).
 The file holds one section per :class:`~jaxattn_bench.keys.Environment`, so a home folder
 shared by machines with different GPUs keeps each one's results; only the section of this
 process's environment is ever used. A file that cannot be read, or that has results only for
-other jax versions of this device, is ignored with a ``jaxattn.tuning.TuningCacheWarning``,
+other jax versions of this device, is ignored with a ``jaxattn.backend.TuningCacheWarning``,
 never an error: a cache can make "auto" faster, never make a call fail.
 
 Each section also holds one object per plugin that tunes something of its own (kernel tiles,
-say), which the plugin reads through ``jaxattn.tuning.plugin_section``; its contents are the
+say), which the plugin reads through ``jaxattn.backend.plugin_section``; its contents are the
 plugin's to define and check.
 """
 
@@ -28,13 +28,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-import jaxattn.tuning
-from jaxattn.tuning import Measurement, warn_once
+from jaxattn.backend import Measurement, reload_tuning, warn_once
 
 from .keys import Environment, current_environment, problem_key
 
 if TYPE_CHECKING:
-    from jaxattn.problem import AttentionProblem
+    from jaxattn.backend import AttentionProblem
 
 __all__ = [
     "FORMAT",
@@ -238,7 +237,7 @@ def active_cache() -> TuningCache:
 
 
 class FileRecords:
-    """What the hook hands the core (``jaxattn.tuning.TuningRecords``): the active file's records."""
+    """What the hook hands the core (``jaxattn.backend.TuningRecords``): the active file's records."""
 
     def results(self, problem: AttentionProblem) -> tuple[str, Mapping[str, Measurement]] | None:
         entry = active_cache().lookup(problem)
@@ -252,4 +251,4 @@ def reload() -> None:
     """Forget what was read, so the next "auto" choice reads the file again (and forgets its choices)."""
     global _active
     _active = None
-    jaxattn.tuning.reload()
+    reload_tuning()

@@ -54,7 +54,7 @@ def _shapes(report: BenchReport) -> list[BenchShape]:
 def tables(report: BenchReport) -> list[Any]:
     """One table per mode: under each shape's heading a row per backend that ran it; backends
     that did not run a shape are in ``not_run_lines`` instead, once each."""
-    from jaxattn.cli._output import Table
+    from jaxattn.cli import Table
 
     ref = report.config.reference or "-"
     out = []

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from jaxattn.metadata import AttentionMetadata
+from jaxattn.backend import AttentionMetadata
 
 from .shapes import MODES, BenchShape
 

@@ -244,7 +244,7 @@ def _environment() -> dict[str, Any]:
     import importlib.metadata
 
     import jaxattn
-    from jaxattn.device import detect_device
+    from jaxattn.backend import detect_device
 
     versions = {}
     for dist in ("jax", "jaxlib", "jaxattn", "jaxattn-vanilla", "jaxattn-sdpa", "jaxattn-triton",
@@ -263,7 +263,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None,
     ``on_shape`` gets the results so far after each shape (the CLI writes its JSON there, so
     a run that is cut short still leaves every finished shape behind).
     """
-    from jaxattn.device import detect_device
+    from jaxattn.backend import detect_device
 
     progress = progress or Progress.none()
     start = time.perf_counter()

@@ -34,8 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxattn.metadata import AttentionMetadata
-from jaxattn.quantize import KV_DTYPE_FLAGS
+from jaxattn.backend import KV_DTYPE_FLAGS, AttentionMetadata
 
 from .timing import Program, median, platform_defaults, platform_of, preroll, run_once, run_sample, size_samples
 
@@ -244,7 +243,7 @@ def _inputs(shape: ServingShape, seed: int = 0) -> dict[str, Any]:
     v_pages = jax.random.normal(keys[1], pool, dtype)
     q_lens = [shape.queries] * shape.batch + [shape.chunk] * shape.prefill
     if shape.pool == "address order":
-        from jaxattn.paging import pages_in_address_order
+        from jaxattn.backend import pages_in_address_order
 
         table = pages_in_address_order(table, np.full(n, shape.context), shape.page_size, q_lens=np.asarray(q_lens))
     cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
@@ -253,7 +252,7 @@ def _inputs(shape: ServingShape, seed: int = 0) -> dict[str, Any]:
            "kv_lengths": jnp.full((n,), shape.context, jnp.int32), "cu_q_lens": jnp.asarray(cu),
            "num_seqs": jnp.asarray([n], jnp.int32)}
     if shape.kv_dtype is not None:
-        from jaxattn.quantize import quantize_kv
+        from jaxattn.backend import quantize_kv
 
         # The same tokens quantized (under jit: no full-size float32 temporaries).
         quantize = jax.jit(lambda x: quantize_kv(x, shape.kv_dtype, shape.granularity))
@@ -364,7 +363,7 @@ def _dense(name: str, md: AttentionMetadata, shape: ServingShape, dense: tuple[A
 
 
 def _pallas_gpu(shape: ServingShape, arrays: dict[str, Any]) -> Runnable:
-    from jaxattn.device import detect_device
+    from jaxattn.backend import detect_device
 
     device = detect_device()
     if device.platform != "gpu" or device.vendor != "cuda":
@@ -518,7 +517,7 @@ def _summarise(shape: ServingShape, rows: list[ServingResult], reference: str | 
 def serving_table(results: Sequence[ServingResult], device: str, reference: str | None = None) -> Any:
     """Under each shape's heading a row per backend that ran it; the others are in
     ``serving_not_run``, once per backend."""
-    from jaxattn.cli._output import Table
+    from jaxattn.cli import Table
 
     ref = reference or ", else ".join(REFERENCES)
     table = Table(f"Serving attention on {device}: time, K/V bytes read per second, and ratios (vs {ref}: "

@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
-from jaxattn.tuning import TIE_TOLERANCE
+from jaxattn.backend import TIE_TOLERANCE
 
 __all__ = ["MAX_SPREAD", "MIN_ROUNDS", "spread", "unstable_reasons"]
 

@@ -18,14 +18,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jaxattn.errors import JaxattnError
-from jaxattn.tuning import Measurement
+from jaxattn.backend import JaxattnError, Measurement
 
 from .keys import problem_key
 from .records import FORMAT, Entry, Section, TuningCache, reload
 
 if TYPE_CHECKING:
-    from jaxattn.problem import AttentionProblem
+    from jaxattn.backend import AttentionProblem
 
 __all__ = ["TuningCacheError", "TuningStore", "check_writable"]
 

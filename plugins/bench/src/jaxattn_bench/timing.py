@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from jaxattn.metadata import AttentionMetadata
+    from jaxattn.backend import AttentionMetadata
 
 __all__ = [
     "PLATFORM_DEFAULTS",
@@ -224,8 +224,7 @@ PLATFORM_DEFAULTS: dict[str, tuple[float, float]] = {"gpu": (10.0, 100.0), "tpu"
 
 def platform_of(metadata: AttentionMetadata) -> str:
     """The platform runs go to: the metadata's override, else the detected device."""
-    from jaxattn.backend import resolve_platform
-    from jaxattn.device import detect_device
+    from jaxattn.backend import detect_device, resolve_platform
 
     return resolve_platform(metadata, detect_device())[0]
 

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from .cli import add_matrix_arguments, add_run_arguments, platform_of, run_options, shapes_from_args
 
 if TYPE_CHECKING:
-    from jaxattn.cli._output import Printer
-    from jaxattn.metadata import AttentionMetadata
+    from jaxattn.backend import AttentionMetadata
+    from jaxattn.cli import Printer
 
     from .results import BenchConfig, BenchResult
     from .shapes import BenchShape
@@ -42,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxattn.cli._output import Printer
-    from jaxattn.metadata import AttentionMetadata
+    from jaxattn.backend import AttentionMetadata
+    from jaxattn.cli import Printer
 
     from .records import default_cache_path
     from .store import TuningStore, check_writable
@@ -97,7 +97,7 @@ def _tune(args: argparse.Namespace, shapes: list[BenchShape], metadata: Attentio
 
     report = run_bench(config, progress, on_shape=store)
     if args.json:
-        from jaxattn.cli._output import dump_json
+        from jaxattn.cli import dump_json
 
         dump_json([{**row, "stored": shape not in unstable, "unstable": unstable.get(shape, [])}
                    for shape, row in zip(shapes, _picks(shapes, metadata), strict=True)])
@@ -144,7 +144,7 @@ def _picks(shapes: list[BenchShape], metadata: AttentionMetadata) -> list[dict[s
 
 
 def _print_picks(printer: Printer, shapes: list[BenchShape], metadata: AttentionMetadata, title: str) -> None:
-    from jaxattn.cli._output import Table
+    from jaxattn.cli import Table
 
     table = Table(title, ["shape", "cache key", "auto", "differentiated", "why"])
     for row in _picks(shapes, metadata):
@@ -153,7 +153,7 @@ def _print_picks(printer: Printer, shapes: list[BenchShape], metadata: Attention
 
 
 def _show(args: argparse.Namespace, printer: Printer) -> int:
-    from jaxattn.cli._output import Table, dump_json
+    from jaxattn.cli import Table, dump_json
 
     from .store import TuningStore
 

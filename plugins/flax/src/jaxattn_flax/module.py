@@ -26,7 +26,7 @@ from flax import nnx
 
 import jaxattn
 from jaxattn import AttentionMetadata, AttentionOutput
-from jaxattn.validation import window_pair
+from jaxattn.backend import window_pair
 
 from .cache import KVCache, valid_mask
 

@@ -13,14 +13,16 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from jaxattn.call import AttentionCall
-from jaxattn.capabilities import Feature
-from jaxattn.device import DeviceInfo
-from jaxattn.errors import InvalidInputError
-from jaxattn.impl import AttentionImpl
-from jaxattn.metadata import AttentionMetadata
-from jaxattn.output import AttentionOutput
-from jaxattn.problem import AttentionProblem
+from jaxattn.backend import (
+    AttentionCall,
+    AttentionImpl,
+    AttentionMetadata,
+    AttentionOutput,
+    AttentionProblem,
+    DeviceInfo,
+    Feature,
+    InvalidInputError,
+)
 from jaxattn_mosaic.plugin import MOSAIC_FLASH
 
 if TYPE_CHECKING:

@@ -13,9 +13,7 @@ only where tuning records measured it faster.
 
 from __future__ import annotations
 
-from jaxattn.capabilities import Feature
-from jaxattn.hookspecs import hookimpl
-from jaxattn.registry import ImplRef
+from jaxattn.backend import Feature, ImplRef, hookimpl
 
 __all__ = ["MOSAIC_FLASH", "jaxattn_register_impls"]
 

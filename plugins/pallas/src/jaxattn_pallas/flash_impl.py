@@ -6,10 +6,7 @@ Imports no Pallas TPU module at import time: ``flash_kernel.py`` (which does) is
 
 from __future__ import annotations
 
-from jaxattn.call import AttentionCall
-from jaxattn.impl import AttentionImpl
-from jaxattn.output import AttentionOutput
-from jaxattn.problem import AttentionProblem
+from jaxattn.backend import AttentionCall, AttentionImpl, AttentionOutput, AttentionProblem
 
 from .flash_rules import plan_flash
 from .plugin import PALLAS_FLASH

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 
-from jaxattn.tracing import traced_under, x64_off
+from jaxattn.backend import traced_under, x64_off
 
 from .flash_rules import LANES, FlashPlan, plan_flash
 

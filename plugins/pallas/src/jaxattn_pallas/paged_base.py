@@ -14,8 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
-from jaxattn.paged_impl import PagedAttentionImpl
-from jaxattn.problem import PagedProblem
+from jaxattn.backend import PagedAttentionImpl, PagedProblem
 
 __all__ = ["PallasPagedBase"]
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from jaxattn.call import PagedCall
-from jaxattn.output import AttentionOutput
-from jaxattn.problem import PagedProblem
+from jaxattn.backend import AttentionOutput, PagedCall, PagedProblem
 
 from .paged_base import PallasPagedBase
 from .paged_decode_rules import plan_paged_kernel

@@ -35,8 +35,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel as pa_kernel
 
-from jaxattn.errors import InvalidInputError, UnsupportedError
-from jaxattn.tracing import traced_under, x64_off
+from jaxattn.backend import InvalidInputError, UnsupportedError, traced_under, x64_off
 
 from .paged_decode_rules import PagedKernelPlan, plan_paged_kernel
 from .ragged_kernel import cache_facts

@@ -7,9 +7,7 @@ only when a name is asked for on a TPU (or in interpret mode).
 
 from __future__ import annotations
 
-from jaxattn.capabilities import Feature
-from jaxattn.hookspecs import hookimpl
-from jaxattn.registry import ImplRef
+from jaxattn.backend import Feature, ImplRef, hookimpl
 
 from .ragged_rules import SUPPORTED_DTYPES
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxattn.errors import InvalidInputError
+from jaxattn.backend import InvalidInputError
 
 from . import ragged_rules
 from .ragged_kernel import cache_facts, run_ragged

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from jaxattn.call import PagedCall
-from jaxattn.output import AttentionOutput
-from jaxattn.problem import PagedProblem
+from jaxattn.backend import AttentionOutput, PagedCall, PagedProblem
 
 from . import ragged_rules
 from .paged_base import PallasPagedBase
@@ -66,7 +64,7 @@ class PallasRaggedPagedAttention(PallasPagedBase, declaration=PALLAS_RAGGED_PAGE
     def forward_tpu(self, call: PagedCall) -> AttentionOutput:
         import jax.numpy as jnp
 
-        from jaxattn.tracing import traced_under, x64_off
+        from jaxattn.backend import traced_under, x64_off
 
         from .ragged_kernel import ragged_paged_attention
 

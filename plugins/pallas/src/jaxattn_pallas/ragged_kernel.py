@@ -48,7 +48,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa_kernel
 
-from jaxattn.errors import InvalidInputError, UnsupportedError
+from jaxattn.backend import InvalidInputError, UnsupportedError
 
 from . import ragged_rules
 from .ragged_rules import Layout, RaggedPlan

@@ -20,13 +20,16 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
-from jaxattn.api import get_impl
-from jaxattn.capabilities import Feature
-from jaxattn.errors import JaxattnError, PluginError
-from jaxattn.impl import AttentionImpl
-from jaxattn.lookup import available_here
-from jaxattn.metadata import AttentionMetadata
-from jaxattn.problem import AttentionProblem
+from jaxattn.backend import (
+    AttentionImpl,
+    AttentionMetadata,
+    AttentionProblem,
+    Feature,
+    JaxattnError,
+    PluginError,
+    available_here,
+    get_impl,
+)
 
 from .comm import Comm
 from .layout import AxisName, Layout, key_columns, positions

@@ -15,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from jaxattn.device import DeviceInfo
-from jaxattn.problem import AttentionProblem
+from jaxattn.backend import AttentionProblem, DeviceInfo
 
 __all__ = [
     "COMMS",

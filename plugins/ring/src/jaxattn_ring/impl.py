@@ -16,18 +16,27 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxattn.call import AttentionCall
-from jaxattn.errors import InvalidInputError, UnsupportedError
-from jaxattn.impl import AttentionImpl
-from jaxattn.metadata import axis_tuple, describe_axes
-from jaxattn.output import AttentionOutput
-from jaxattn.problem import AttentionProblem
-from jaxattn.sharding.axes import MeshAxes, kv_head_repeat, mesh_axes
-from jaxattn.sharding.compat import axis_size, shard_map
-from jaxattn.sharding.specs import AttentionSpecs
-from jaxattn.sharding.wrap import check_batch_heads, local_metadata
-from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
-from jaxattn.validation import resolve_call
+from jaxattn.backend import (
+    AttentionCall,
+    AttentionImpl,
+    AttentionOutput,
+    AttentionProblem,
+    AttentionSpecs,
+    InvalidInputError,
+    MeshAxes,
+    UnsupportedError,
+    axis_size,
+    axis_tuple,
+    check_batch_heads,
+    describe_axes,
+    kv_head_repeat,
+    local_metadata,
+    mesh_axes,
+    resolve_call,
+    shard_map,
+    split_absorbing_sinks,
+    zero_absorbed_heads,
+)
 
 from .blocks import BlockChoice, BlockKernel, Mode, RingPlan, block_problems, choose_kernel
 from .comm import COMMS, Comm, choose_comm, describe, device_memory, gathered_bytes, requested_comm

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from jaxattn.capabilities import Feature
-from jaxattn.hookspecs import hookimpl
-from jaxattn.registry import ImplRef
+from jaxattn.backend import Feature, ImplRef, hookimpl
 
 __all__ = ["RING", "jaxattn_register_impls"]
 

@@ -20,8 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from jaxattn.device import DeviceInfo
-from jaxattn.problem import AttentionProblem
+from jaxattn.backend import AttentionProblem, DeviceInfo
 
 from .translate import Band, kv_band_restricts, structural_band
 

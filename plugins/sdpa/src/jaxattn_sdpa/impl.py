@@ -13,12 +13,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from jaxattn.call import AttentionCall
-from jaxattn.capabilities import Feature
-from jaxattn.errors import UnsupportedError
-from jaxattn.impl import AttentionImpl
-from jaxattn.output import AttentionOutput
-from jaxattn.problem import AttentionProblem
+from jaxattn.backend import AttentionCall, AttentionImpl, AttentionOutput, AttentionProblem, Feature, UnsupportedError
 
 from .cudnn import cudnn_reasons, cudnn_version
 from .kernel import Implementation, sdpa_attention

@@ -36,9 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxattn.errors import UnsupportedError
-from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
-from jaxattn.unread import zero_past_lengths
+from jaxattn.backend import UnsupportedError, split_absorbing_sinks, zero_absorbed_heads, zero_past_lengths
 
 from .cudnn import EMPTY_ROWS_GRAD, band_is_native, sink_columns
 from .translate import Band, band_row_valid, kv_band_restricts, padding_lengths, structural_band

@@ -7,9 +7,7 @@ never turn silently into XLA's O(T*S)-memory path, which is what ``sdpa`` may do
 
 from __future__ import annotations
 
-from jaxattn.capabilities import Feature
-from jaxattn.hookspecs import hookimpl
-from jaxattn.registry import ImplRef
+from jaxattn.backend import Feature, ImplRef, hookimpl
 
 __all__ = ["CUDNN", "JAX_NN_FEATURES", "SDPA", "jaxattn_register_impls"]
 

@@ -6,11 +6,7 @@ Imports no Pallas TPU module at import time: ``kernel.py`` (which does) is impor
 
 from __future__ import annotations
 
-from jaxattn.call import AttentionCall
-from jaxattn.device import DeviceInfo
-from jaxattn.impl import AttentionImpl
-from jaxattn.output import AttentionOutput
-from jaxattn.problem import AttentionProblem
+from jaxattn.backend import AttentionCall, AttentionImpl, AttentionOutput, AttentionProblem, DeviceInfo
 
 from .blocks import LANES, plan_splash
 from .plugin import SPLASH
@@ -54,7 +50,7 @@ class SplashAttention(AttentionImpl, declaration=SPLASH):
         return reasons
 
     def forward_tpu(self, call: AttentionCall) -> AttentionOutput:
-        from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
+        from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads
 
         from .kernel import splash_attention
 

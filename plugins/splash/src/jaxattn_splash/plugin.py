@@ -6,9 +6,7 @@ when ``splash`` is asked for on a TPU (or in interpret mode).
 
 from __future__ import annotations
 
-from jaxattn.capabilities import Feature
-from jaxattn.hookspecs import hookimpl
-from jaxattn.registry import ImplRef
+from jaxattn.backend import Feature, ImplRef, hookimpl
 
 __all__ = ["SPLASH", "jaxattn_register_impls"]
 

@@ -26,11 +26,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from jaxattn.call import AttentionCall
-from jaxattn.capabilities import Feature
-from jaxattn.impl import AttentionImpl
-from jaxattn.output import AttentionOutput
-from jaxattn.problem import AttentionProblem
+from jaxattn.backend import AttentionCall, AttentionImpl, AttentionOutput, AttentionProblem, Feature
 from jaxattn_triton import impl as flash_impl
 from jaxattn_triton.plugin import DECODE
 
@@ -101,7 +97,7 @@ class TritonDecodeAttention(AttentionImpl, declaration=DECODE):
         return [f"split-K decode kernel over {lengths}; gradients by the flash backward"]
 
     def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
-        from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
+        from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads
         from jaxattn_triton.paged_ops import decode_with_flash_grad, dense_decode
 
         q, k, v, causal = call.q, call.k, call.v, call.causal

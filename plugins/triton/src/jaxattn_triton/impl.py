@@ -10,12 +10,7 @@ import functools
 import importlib.util
 from typing import Any, ClassVar
 
-from jaxattn.call import AttentionCall
-from jaxattn.capabilities import Feature
-from jaxattn.device import DeviceInfo
-from jaxattn.impl import AttentionImpl
-from jaxattn.output import AttentionOutput
-from jaxattn.problem import AttentionProblem
+from jaxattn.backend import AttentionCall, AttentionImpl, AttentionOutput, AttentionProblem, DeviceInfo, Feature
 from jaxattn_triton.plugin import FLASH_ATTN2
 
 __all__ = ["TritonFlashAttention", "kernel_library_reasons", "kv_lengths_reasons"]
@@ -54,7 +49,7 @@ class TritonFlashAttention(AttentionImpl, declaration=FLASH_ATTN2):
         return reasons
 
     def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
-        from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
+        from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads
         from jaxattn_triton.ops import flash_attention, make_spec
         from jaxattn_triton.tuning import tiles_for
 

@@ -30,10 +30,7 @@ import dataclasses
 import math
 from typing import Any, ClassVar
 
-from jaxattn.call import PagedCall
-from jaxattn.output import AttentionOutput
-from jaxattn.paged_impl import PagedAttentionImpl
-from jaxattn.problem import PagedProblem
+from jaxattn.backend import AttentionOutput, PagedAttentionImpl, PagedCall, PagedProblem
 from jaxattn_triton import impl as flash_impl
 from jaxattn_triton.plugin import PAGE_ATTENTION, RAGGED_PAGE_ATTENTION
 
@@ -93,7 +90,7 @@ class _TritonPaged(PagedAttentionImpl):
         ``queries_per_seq`` queries, else through ragged_paged."""
         import jax.numpy as jnp
 
-        from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
+        from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads
         from jaxattn_triton.paged_ops import paged_decode, ragged_paged
 
         # A +inf sink: the kernel gets a finite one and the heads it absorbs are zeroed (jaxattn.sinks).

@@ -35,7 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxattn.unread import zero_past_lengths
+from jaxattn.backend import zero_past_lengths
 from jaxattn_triton import launch_paged as LP
 from jaxattn_triton.launch import Launch
 

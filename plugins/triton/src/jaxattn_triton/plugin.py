@@ -12,9 +12,7 @@ first use.
 
 from __future__ import annotations
 
-from jaxattn.capabilities import Feature
-from jaxattn.hookspecs import hookimpl
-from jaxattn.registry import ImplRef
+from jaxattn.backend import Feature, ImplRef, hookimpl
 
 from .launch_paged import MAX_HEAD_DIM
 

@@ -159,7 +159,7 @@ def _tiles_from_json(d: Any) -> Tiles:
 
 def load_cached(device_kind: str, spec: AttnSpec) -> Tiles | None:
     """The tiles ``tune`` stored for this device kind and shape class, or None."""
-    from jaxattn.tuning import plugin_section
+    from jaxattn.backend import plugin_section
 
     key = _key(device_kind, spec)
     with _lock:

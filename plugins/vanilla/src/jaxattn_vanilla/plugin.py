@@ -4,9 +4,7 @@
 
 from __future__ import annotations
 
-from jaxattn.capabilities import ALL_FEATURES, Feature
-from jaxattn.hookspecs import hookimpl
-from jaxattn.registry import ImplRef
+from jaxattn.backend import ALL_FEATURES, Feature, ImplRef, hookimpl
 
 __all__ = ["BLOCKWISE", "DECODE", "VANILLA", "VANILLA_PAGED", "jaxattn_register_impls"]
 

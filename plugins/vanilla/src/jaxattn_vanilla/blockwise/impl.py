@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxattn.call import AttentionCall
-from jaxattn.impl import AttentionImpl
-from jaxattn.output import AttentionOutput
-from jaxattn.problem import AttentionProblem
+from jaxattn.backend import AttentionCall, AttentionImpl, AttentionOutput, AttentionProblem
 
 from ..plugin import BLOCKWISE
 from .kernel import (

@@ -52,7 +52,7 @@ from jax import lax
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jax.typing import ArrayLike
 
-from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
+from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads
 
 __all__ = [
     "DEFAULT_BLOCK_K",

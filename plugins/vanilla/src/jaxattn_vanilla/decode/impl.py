@@ -27,12 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxattn.call import AttentionCall
-from jaxattn.capabilities import Feature
-from jaxattn.device import DeviceInfo
-from jaxattn.impl import AttentionImpl
-from jaxattn.output import AttentionOutput
-from jaxattn.problem import AttentionProblem
+from jaxattn.backend import AttentionCall, AttentionImpl, AttentionOutput, AttentionProblem, DeviceInfo, Feature
 
 from ..blockwise.kernel import DEFAULT_BLOCK_K, blockwise_attention
 from ..plugin import DECODE

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.typing import ArrayLike
 
-from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
+from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads
 
 __all__ = ["DecodePlan", "DecodeResult", "decode_attention", "plan_decode"]
 

@@ -10,10 +10,7 @@ sinks on a TPU, ...). Where no kernel is installed, the mechanism names resolve 
 
 from __future__ import annotations
 
-from jaxattn.call import PagedCall
-from jaxattn.output import AttentionOutput
-from jaxattn.paged_impl import PagedAttentionImpl
-from jaxattn.problem import PagedProblem
+from jaxattn.backend import AttentionOutput, PagedAttentionImpl, PagedCall, PagedProblem
 
 from ..plugin import VANILLA_PAGED
 

@@ -28,8 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from jaxattn.quantize import dequantize_visible
-from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
+from jaxattn.backend import dequantize_visible, split_absorbing_sinks, zero_absorbed_heads
 
 from ..vanilla.reference import vanilla_attention
 

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from jaxattn.call import AttentionCall
-from jaxattn.impl import AttentionImpl
-from jaxattn.output import AttentionOutput
-from jaxattn.problem import AttentionProblem
+from jaxattn.backend import AttentionCall, AttentionImpl, AttentionOutput, AttentionProblem
 
 from ..plugin import VANILLA
 from .reference import vanilla_attention
@@ -27,7 +24,7 @@ class VanillaAttention(AttentionImpl, declaration=VANILLA):
         if call.k_scale is not None:  # a quantized cache: attend over its dequantized copy
             import jax.numpy as jnp
 
-            from jaxattn.quantize import dequantize_visible
+            from jaxattn.backend import dequantize_visible
 
             wide = jnp.promote_types(q.dtype, jnp.float32)
             q = q.astype(wide)

@@ -21,8 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
-from jaxattn.unread import zero_past_lengths
+from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads, zero_past_lengths
 
 __all__ = ["VanillaResult", "vanilla_attention"]
 

@@ -22,15 +22,15 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from .capabilities import Feature, describe_features, head_dim_reason, platform_matches
-from .declaration import DeclarationError, ImplRef
-from .device import DeviceInfo, detect_device
-from .errors import PluginError, UnsupportedError
-from .metadata import DEFAULT_METADATA, AttentionMetadata
-from .problem import Problem
+from ..capabilities import Feature, describe_features, head_dim_reason, platform_matches
+from ..declaration import DeclarationError, ImplRef
+from ..device import DeviceInfo, detect_device
+from ..errors import PluginError, UnsupportedError
+from ..metadata import DEFAULT_METADATA, AttentionMetadata
+from ..problem import Problem
 
 if TYPE_CHECKING:
-    from .output import AttentionOutput
+    from ..output import AttentionOutput
 
 __all__ = ["Backend", "Composition", "Forward", "Plan", "refuse_gradients", "resolve_platform"]
 

@@ -1,0 +1,143 @@
+"""``jaxattn.backend``: the SDK, the one module a plugin imports from the core.
+
+Besides the user API of ``jaxattn`` itself, a plugin needs nothing else of the core:
+``tests/architecture/test_public_surface.py`` fails when any distribution imports another's
+private module or name. The names come in groups, each a step further from a basic backend:
+
+- **a backend** (docs/write-a-backend.md): ``ImplRef`` (the declaration), ``hookimpl`` (the
+  registration hook), ``AttentionImpl`` / ``PagedAttentionImpl`` (the class, with one
+  ``forward(call)``), ``AttentionCall`` / ``PagedCall`` (what the forward reads),
+  ``AttentionOutput`` (what it returns), ``Feature`` (what it declares it runs);
+- **the protocol around it**: ``Backend`` (what both kinds share), ``AttentionProblem`` /
+  ``PagedProblem`` (what reasons read), ``AttentionMetadata``, ``DeviceInfo`` /
+  ``detect_device`` / ``resolve_platform``, ``ALL_FEATURES``, the errors;
+- **helpers kernels share**: attention sinks (``split_absorbing_sinks``, ``zero_absorbed_heads``),
+  unread cache positions (``zero_past_lengths``), quantized reads (``dequantize_visible``,
+  ``quantize_kv``, ...), paging (``pages_in_address_order``), tracing (``traced_under``,
+  ``x64_off``), validation (``resolve_call``, ``window_pair``);
+- **composition**, for plugins that run other impls (ring): ``get_impl``, ``available_here``,
+  and the mesh helpers of ``jaxattn.sharding``;
+- **tuning**: what the ``jaxattn_tuning_records`` hook returns and how a plugin reads its
+  section of the tuning file;
+- **selection probes**, for tools that measure auto: ``choose``, ``evaluate``, ``AutoAttention``.
+
+``import jaxattn.backend`` imports no jax: every name loads on first use (module
+``__getattr__``), from the core module that defines it. The core's own modules import those
+modules directly, never this one (``tests/architecture/test_layers.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: Public name -> the core module (relative to ``jaxattn``) that defines it, by group.
+_EXPORTS: dict[str, str] = {name: module for module, names in (
+    # a backend
+    ("declaration", "ImplRef"),
+    ("hookspecs", "hookimpl"),
+    ("impl", "AttentionImpl"),
+    ("paged_impl", "PagedAttentionImpl"),
+    ("call", "AttentionCall PagedCall"),
+    ("output", "AttentionOutput"),
+    ("capabilities", "Feature"),
+    # the protocol around it
+    ("capabilities", "ALL_FEATURES"),
+    ("backend.base", "Backend Composition Forward Plan refuse_gradients resolve_platform"),
+    ("declaration", "DeclarationError"),
+    ("problem", "AttentionProblem PagedProblem"),
+    ("metadata", "AttentionMetadata axis_tuple describe_axes"),
+    ("device", "DeviceInfo detect_device"),
+    ("errors", "JaxattnError InvalidInputError InvalidTypeError UnsupportedError ImplNotFoundError PluginError"),
+    # helpers kernels share
+    ("sinks", "split_absorbing_sinks zero_absorbed_heads"),
+    ("unread", "zero_past_lengths"),
+    ("quantize", "GRANULARITIES KV_DTYPE_FLAGS dequantize_kv dequantize_visible quantize_kv"),
+    ("paging", "pages_in_address_order"),
+    ("tracing", "traced_under x64_off"),
+    ("validation", "resolve_call window_pair"),
+    # composition
+    ("api", "get_impl"),
+    ("lookup", "available_here"),
+    ("sharding.specs", "AttentionSpecs"),
+    ("sharding.axes", "MeshAxes kv_head_repeat mesh_axes"),
+    ("sharding.compat", "axis_size shard_map"),
+    ("sharding.wrap", "check_batch_heads local_metadata"),
+    # tuning
+    ("tuning", "Measurement TuningRecords TuningCacheWarning TIE_TOLERANCE plugin_section warn_once reload_tuning"),
+    # selection probes
+    ("dispatch", "AutoAttention choose evaluate"),
+) for name in names.split()}
+
+#: Names whose defining module spells them differently.
+_RENAMED = {"reload_tuning": "reload"}
+
+__all__ = [
+    "ALL_FEATURES", "GRANULARITIES", "KV_DTYPE_FLAGS", "TIE_TOLERANCE", "AttentionCall", "AttentionImpl",
+    "AttentionMetadata", "AttentionOutput", "AttentionProblem", "AttentionSpecs", "AutoAttention", "Backend",
+    "Composition", "DeclarationError", "DeviceInfo", "Feature", "Forward", "ImplNotFoundError", "ImplRef",
+    "InvalidInputError", "InvalidTypeError", "JaxattnError", "Measurement", "MeshAxes", "PagedAttentionImpl",
+    "PagedCall", "PagedProblem", "Plan", "PluginError", "TuningCacheWarning", "TuningRecords", "UnsupportedError",
+    "available_here", "axis_size", "axis_tuple", "check_batch_heads", "choose", "dequantize_kv",
+    "dequantize_visible", "describe_axes", "detect_device", "evaluate", "get_impl", "hookimpl", "kv_head_repeat",
+    "local_metadata", "mesh_axes", "pages_in_address_order", "plugin_section", "quantize_kv", "refuse_gradients",
+    "reload_tuning", "resolve_call", "resolve_platform", "shard_map", "split_absorbing_sinks", "traced_under",
+    "warn_once", "window_pair", "x64_off", "zero_absorbed_heads", "zero_past_lengths",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jaxattn.backend' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"jaxattn.{module}"), _RENAMED.get(name, name))
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:
+    from jaxattn.api import get_impl
+    from jaxattn.backend.base import Backend, Composition, Forward, Plan, refuse_gradients, resolve_platform
+    from jaxattn.call import AttentionCall, PagedCall
+    from jaxattn.capabilities import ALL_FEATURES, Feature
+    from jaxattn.declaration import DeclarationError, ImplRef
+    from jaxattn.device import DeviceInfo, detect_device
+    from jaxattn.dispatch import AutoAttention, choose, evaluate
+    from jaxattn.errors import (
+        ImplNotFoundError,
+        InvalidInputError,
+        InvalidTypeError,
+        JaxattnError,
+        PluginError,
+        UnsupportedError,
+    )
+    from jaxattn.hookspecs import hookimpl
+    from jaxattn.impl import AttentionImpl
+    from jaxattn.lookup import available_here
+    from jaxattn.metadata import AttentionMetadata, axis_tuple, describe_axes
+    from jaxattn.output import AttentionOutput
+    from jaxattn.paged_impl import PagedAttentionImpl
+    from jaxattn.paging import pages_in_address_order
+    from jaxattn.problem import AttentionProblem, PagedProblem
+    from jaxattn.quantize import GRANULARITIES, KV_DTYPE_FLAGS, dequantize_kv, dequantize_visible, quantize_kv
+    from jaxattn.sharding.axes import MeshAxes, kv_head_repeat, mesh_axes
+    from jaxattn.sharding.compat import axis_size, shard_map
+    from jaxattn.sharding.specs import AttentionSpecs
+    from jaxattn.sharding.wrap import check_batch_heads, local_metadata
+    from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
+    from jaxattn.tracing import traced_under, x64_off
+    from jaxattn.tuning import (
+        TIE_TOLERANCE,
+        Measurement,
+        TuningCacheWarning,
+        TuningRecords,
+        plugin_section,
+        warn_once,
+    )
+    from jaxattn.tuning import reload as reload_tuning
+    from jaxattn.unread import zero_past_lengths
+    from jaxattn.validation import resolve_call, window_pair
