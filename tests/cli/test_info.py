@@ -153,3 +153,71 @@ def test_info_check_passes_when_everything_imports(capsys: pytest.CaptureFixture
     jaxattn.register_impl(_Plain)  # registered in code: nothing to import
     code, out = _info(capsys, "--check", "--plain")
     assert code == 0 and "Imports (--check)" in out
+
+
+def _plain_info(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                collected: dict[str, Any] | None = None) -> str:
+    from jaxattn.cli import info as info_cli
+
+    monkeypatch.setenv("COLUMNS", "80")
+    if collected is not None:
+        monkeypatch.setattr(info_cli, "collect", lambda: collected)
+    assert main(["info", "--plain"]) == 0
+    return capsys.readouterr().out
+
+
+def test_info_fits_80_columns_even_with_long_paths(capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from jaxattn.cli import info as info_cli
+
+    out = _plain_info(capsys, monkeypatch)
+    assert all(len(line) <= 80 for line in out.splitlines()), [line for line in out.splitlines() if len(line) > 80]
+    # The same report from a deep install: every path is one word, so wrapping at spaces cannot
+    # help; the report shortens it, and the JSON keeps it whole.
+    deep = "/opt/" + "a_rather_long_folder_name/" * 6
+    collected = info_cli.collect()
+    collected["executable"] = deep + "bin/python"
+    for plugin in collected["plugins"]:
+        plugin["path"] = deep + f"src/{plugin['module'] or 'x'}/plugin.py"
+    out = _plain_info(capsys, monkeypatch, collected)
+    wide = [line for line in out.splitlines() if len(line) > 80]
+    assert not wide, wide
+    assert "..." in out and "plugin.py" in out  # elided in the middle, the file's name kept
+
+
+def test_short_path_is_relative_to_site_packages_or_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    import site
+
+    from jaxattn.cli.info import short_path
+
+    sites = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
+    sites.mkdir(parents=True)
+    monkeypatch.setattr(site, "getsitepackages", lambda: [str(sites)])
+    assert short_path(str(sites / "jaxattn_triton" / "plugin.py")) == "site-packages/jaxattn_triton/plugin.py"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert short_path(str(tmp_path / "home" / "src" / "plugin.py")) == "home/src/plugin.py"  # under the cwd first
+    monkeypatch.chdir(sites)
+    assert short_path(str(tmp_path / "home" / "src" / "plugin.py")) == "~/src/plugin.py"
+    long = "/" + "x" * 100 + "/plugin.py"
+    assert len(short_path(long, 40)) == 40 and short_path(long, 40).endswith("/plugin.py")
+
+
+def test_info_names_every_library_installed_or_not(capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from jaxattn.cli.info import LIBRARIES, NOT_INSTALLED
+
+    names = [name for name, _, _ in LIBRARIES]
+    for needed in ("jax", "jaxlib", "triton", "jax-triton", "libtpu", "cuDNN", "flax", "torch", "pluggy"):
+        assert needed in names, needed
+    out = _plain_info(capsys, monkeypatch)
+    table = out.split("\nLibraries\n", 1)[1].split("\n\n", 1)[0].splitlines()[2:]  # past the header and rule
+    shown = {line.split()[0]: line.split()[1:] for line in table if line and not line.startswith(" ")}
+    assert list(shown) == names
+    for name, dists, _ in LIBRARIES:
+        version = next((v for d in dists if _installed(d) and (v := metadata.version(d))), None)
+        want = version.split() if version else NOT_INSTALLED.split()
+        assert shown[name][: len(want)] == want, (name, shown[name])
+    assert main(["info", "--json"]) == 0
+    libraries = json.loads(capsys.readouterr().out)["libraries"]
+    assert set(libraries) == set(names)  # not installed: null, never left out

@@ -23,9 +23,25 @@ ENVIRONMENT = ("JAXATTN_IMPL", "JAXATTN_PLUGINS", "JAXATTN_DISABLE_PLUGINS",
                "JAXATTN_STRICT_PLUGINS", "JAX_PLATFORMS")
 
 
-#: Distributions whose versions matter to a report (read from their metadata: nothing is imported).
-LIBRARIES = ("jax", "jaxlib", "numpy", "pluggy", "flax", "triton", "jax-triton", "torch",
-             "jax-cuda12-plugin", "jax-cuda13-plugin", "libtpu", "libtpu-nightly")
+#: The libraries a report names, each with what needs it, installed or not: a CPU user sees why
+#: the GPU backends are missing. Versions come from the distributions' metadata (nothing is
+#: imported); a library that ships under several names is the first one installed.
+LIBRARIES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("jax", ("jax",), "everything"),
+    ("jaxlib", ("jaxlib",), "everything"),
+    ("numpy", ("numpy",), "everything"),
+    ("pluggy", ("pluggy",), "plugin discovery"),
+    ("flax", ("flax",), "jaxattn-flax (NNX modules)"),
+    ("torch", ("torch",), "the Triton interpreter (tests on a CPU)"),
+    ("triton", ("triton",), "jaxattn-triton: flash_attn2, the paged kernels"),
+    ("jax-triton", ("jax-triton",), "jaxattn-triton: flash_attn2, the paged kernels"),
+    ("jax-cuda-plugin", ("jax-cuda13-plugin", "jax-cuda12-plugin"), "NVIDIA GPUs (jax[cuda12])"),
+    ("cuDNN", ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12"), "cudnn, mosaic_flash's backward"),
+    ("libtpu", ("libtpu", "libtpu-nightly"), "TPUs: jaxattn-pallas, jaxattn-splash"),
+)
+
+#: What stands for a library that is not installed in the report (None in its JSON).
+NOT_INSTALLED = "not installed"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +61,42 @@ def _version(distribution: str) -> str | None:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
+
+
+def _libraries(cuda: dict[str, str]) -> dict[str, str | None]:
+    """Every library of ``LIBRARIES``, by name: its version, or None when not installed. cuDNN's
+    is the one jax's CUDA plugin loaded when it reports one (on an NVIDIA GPU)."""
+    out = {name: next((v for d in dists if (v := _version(d))), None) for name, dists, _ in LIBRARIES}
+    if cuda.get("cudnn"):
+        out["cuDNN"] = cuda["cudnn"]
+    return out
+
+
+def short_path(path: str, width: int = 0) -> str:
+    """``path`` as a report shows it: relative to the site-packages folder that holds it, else to
+    the working directory, else with the home folder as ``~``; then, when ``width`` is given and
+    it is still longer, its middle elided (the JSON keeps the whole path)."""
+    import site
+    import sysconfig
+
+    full = os.path.abspath(path)
+    sites = [*site.getsitepackages(), site.getusersitepackages(), *sysconfig.get_paths().values()]
+    roots = sorted({os.path.abspath(s) for s in sites if os.path.basename(s) in ("site-packages", "dist-packages")},
+                   key=len, reverse=True)
+    shown = next((os.path.join(os.path.basename(r), os.path.relpath(full, r)) for r in roots
+                  if full.startswith(r + os.sep)), None)
+    if shown is None:
+        cwd, home = os.getcwd(), os.path.expanduser("~")
+        if full.startswith(cwd + os.sep):
+            shown = os.path.relpath(full, cwd)
+        elif home not in ("", os.sep) and full.startswith(home + os.sep):
+            shown = "~" + full[len(home):]
+        else:
+            shown = full
+    if width and len(shown) > width:
+        keep = max(2, width - 3)
+        shown = shown[: keep // 3] + "..." + shown[len(shown) - (keep - keep // 3):]
+    return shown
 
 
 def _plugin_summaries(rows: list[Any]) -> list[PluginSummary]:
@@ -78,6 +130,7 @@ def collect() -> dict[str, Any]:
             except jaxattn.JaxattnError as err:
                 default = {"impl": None, "error": " ".join(str(err).split())}
         paged = _paged_default((default or {}).get("dtype") or "float32")
+    cuda = _cuda_versions() if device.platform == "gpu" else {}
     return {
         "jaxattn": jaxattn.__version__,
         "python": f"{platform.python_implementation()} {platform.python_version()}",
@@ -85,8 +138,8 @@ def collect() -> dict[str, Any]:
         "os": platform.platform(),
         "jax": _version("jax"),
         "jaxlib": _version("jaxlib"),
-        "libraries": {name: _version(name) for name in LIBRARIES if _version(name)},
-        "cuda": _cuda_versions() if device.platform == "gpu" else {},
+        "libraries": _libraries(cuda),
+        "cuda": cuda,
         "device": {"label": device.label, **device.to_dict()},
         "default": default,
         "paged_default": paged,
@@ -229,13 +282,14 @@ def _paged_default(dtype: str) -> dict[str, Any]:
 
 def render(info: dict[str, Any], out: Printer) -> None:
     default = info["default"] or {}
-    libraries = {k: v for k, v in info["libraries"].items() if k not in ("jax", "jaxlib")}
+    # A path is one word: shortened so that it fits beside its key ("python:     ") or under a
+    # table row ("    module: ").
+    room = max(20, out.width - 12)
     out.pairs([
         ("jaxattn", info["jaxattn"]),
-        ("python", f"{info['python']} ({info['executable']})"),
+        ("python", f"{info['python']} ({short_path(info['executable'], room - 2)})"),
         ("os", info["os"]),
         ("jax", f"{info['jax']} (jaxlib {info['jaxlib']})"),
-        ("libraries", ", ".join(f"{k} {v}" for k, v in libraries.items()) or None),
         *([("cuda", ", ".join(f"{k} {v}" for k, v in info["cuda"].items()))] if info["cuda"] else []),
         ("device", info["device"]["label"]),
         ("auto picks", f"{default.get('impl')} in {default.get('dtype')} "
@@ -248,11 +302,17 @@ def render(info: dict[str, Any], out: Printer) -> None:
     ])
     out.line()
 
+    libraries = Table("Libraries", ["library", "version", "needed by"])
+    for name, _, needed_by in LIBRARIES:
+        libraries.add(name, info["libraries"].get(name) or NOT_INSTALLED, needed_by)
+    out.table(libraries)
+
     plugins = Table("Plugins", ["plugin", "status", "distribution", "version", "install", "impls", "module",
                                 "error"])
     for p in info["plugins"]:
         plugins.add(p["name"], p["status"], p["distribution"], p["version"], p["install"],
-                    [impl_label(i) for i in p["impls"]], p["path"] or p["module"], p["reason"] or None)
+                    [impl_label(i) for i in p["impls"]], short_path(p["path"], room) if p["path"] else p["module"],
+                    p["reason"] or None)
     out.table(plugins)
 
     impls = Table("Implementations",
