@@ -9,7 +9,8 @@ beside its writer in jaxattn-bench (the core keeps the tuning interface). Raised
 ``AttentionMetadata``'s checks of every field and EasyDeL's field names (docs/contract.md,
 "Metadata"); the core held 4,515 before them; raised by 120 to 4,740 for
 the SDK's two public surfaces, ``jaxattn.backend``'s name table and ``jaxattn.cli``'s exports (what
-plugins import instead of the core's modules).
+plugins import instead of the core's modules); raised by 30 to 4,770 for ``jaxattn info``'s table of
+every library a backend needs (installed or not) and its paths shortened to 80 columns.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 4740
+BUDGET = 4770
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

@@ -77,22 +77,13 @@ def short_path(path: str, width: int = 0) -> str:
     the working directory, else with the home folder as ``~``; then, when ``width`` is given and
     it is still longer, its middle elided (the JSON keeps the whole path)."""
     import site
-    import sysconfig
 
     full = os.path.abspath(path)
-    sites = [*site.getsitepackages(), site.getusersitepackages(), *sysconfig.get_paths().values()]
-    roots = sorted({os.path.abspath(s) for s in sites if os.path.basename(s) in ("site-packages", "dist-packages")},
-                   key=len, reverse=True)
-    shown = next((os.path.join(os.path.basename(r), os.path.relpath(full, r)) for r in roots
-                  if full.startswith(r + os.sep)), None)
-    if shown is None:
-        cwd, home = os.getcwd(), os.path.expanduser("~")
-        if full.startswith(cwd + os.sep):
-            shown = os.path.relpath(full, cwd)
-        elif home not in ("", os.sep) and full.startswith(home + os.sep):
-            shown = "~" + full[len(home):]
-        else:
-            shown = full
+    roots = sorted((os.path.abspath(s) for s in (*site.getsitepackages(), site.getusersitepackages())
+                    if os.path.basename(s) in ("site-packages", "dist-packages")), key=len, reverse=True)
+    bases = [(r, os.path.basename(r)) for r in roots] + [(os.getcwd(), ""), (os.path.expanduser("~"), "~")]
+    shown = next((os.path.join(label, os.path.relpath(full, base)) for base, label in bases
+                  if base not in ("", os.sep) and full.startswith(os.path.abspath(base) + os.sep)), full)
     if width and len(shown) > width:
         keep = max(2, width - 3)
         shown = shown[: keep // 3] + "..." + shown[len(shown) - (keep - keep // 3):]
