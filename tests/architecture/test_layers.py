@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "jaxattn.declaration", "jaxattn.problem", "jaxattn.call",
         "jaxattn.device", "jaxattn.metadata", "jaxattn.output", "jaxattn.validation", "jaxattn.paged_validation",
         "jaxattn.backend.base", "jaxattn.impl", "jaxattn.paged_impl", "jaxattn.paging", "jaxattn.quantize",
-        "jaxattn.sinks", "jaxattn.tracing", "jaxattn.unread",
+        "jaxattn.sinks", "jaxattn.tracing", "jaxattn.unread", "jaxattn.masks",
     )),
     ("discovery", ("jaxattn.hookspecs", "jaxattn.commands", "jaxattn.registry", "jaxattn.plugins")),
     ("selection", ("jaxattn.lookup", "jaxattn.candidates", "jaxattn.dispatch", "jaxattn.tuning")),

@@ -51,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     "UnsupportedError": "errors",
     "ImplNotFoundError": "errors",
     "PluginError": "errors",
+    "BlockMask": "masks",
 }
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "AttentionMetadata",
     "AttentionOutput",
     "AttentionProblem",
+    "BlockMask",
     "DeviceInfo",
     "Explanation",
     "Feature",
@@ -86,6 +88,7 @@ __all__ = [
     "hookimpl",
     "list_impls",
     "list_plugins",
+    "masks",
     "paged_attention",
     "pages_in_address_order",
     "quantize_kv",
@@ -98,6 +101,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "masks":  # the submodule (mask_mod constructors, BlockMask): cheap, jax loads inside it
+        return importlib.import_module(".masks", __name__)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'jaxattn' has no attribute {name!r}")
@@ -111,6 +116,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from . import masks
     from .api import attention, explain_paged, get_impl, paged_attention, ragged_paged_attention
     from .call import AttentionCall, PagedCall
     from .capabilities import Feature
@@ -128,6 +134,7 @@ if TYPE_CHECKING:
     from .hookspecs import hookimpl
     from .impl import AttentionImpl
     from .lookup import list_impls, register_impl
+    from .masks import BlockMask
     from .metadata import AttentionMetadata
     from .names import AttentionMechanisms
     from .output import AttentionOutput

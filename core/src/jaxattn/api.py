@@ -103,6 +103,9 @@ def attention(
     kv_lengths: Any = None,
     k_scale: Any = None,
     v_scale: Any = None,
+    mask_mod: Callable[..., Any] | None = None,
+    score_mod: Callable[..., Any] | None = None,
+    block_mask: Any = None,
     metadata: AttentionMetadata | None = None,
 ) -> Any:
     """Attention over BTHD tensors: ``(B, T, Hq, D) x (B, S, Hkv, D) -> (B, T, Hq, Dv)``.
@@ -114,6 +117,10 @@ def attention(
     k and v may be a quantized cache (int8, float8_e4m3fn, float8_e5m2; ``jaxattn.quantize_kv``)
     with float32 ``k_scale`` and ``v_scale`` broadcastable against ``(B, S, Hkv)``: the cache
     means ``values.astype(float32) * scale[..., None]``; the output is in q's dtype.
+
+    ``mask_mod(b, h, q_idx, kv_idx) -> bool`` and ``score_mod(score, b, h, q_idx, kv_idx) -> score``
+    are masks and scores as JAX functions of raw positions, ``block_mask`` their tiles
+    (``jaxattn.masks``, docs/masks.md).
 
     ``impl=None`` means: ``use_impl(...)`` scope, else ``$JAXATTN_IMPL``, else "auto". An
     explicitly chosen impl never falls back silently: it raises ``UnsupportedError`` with every
@@ -128,7 +135,8 @@ def attention(
                         sliding_window=sliding_window, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                         softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap, softmax_aux=softmax_aux,
                         dropout_prob=dropout_prob, dropout_rng=dropout_rng, kv_lengths=kv_lengths, k_scale=k_scale,
-                        v_scale=v_scale, metadata=chosen.metadata, prepare=True)
+                        v_scale=v_scale, mask_mod=mask_mod, score_mod=score_mod, block_mask=block_mask,
+                        metadata=chosen.metadata, prepare=True)
     try:
         return chosen.run(call).attention_outputs
     except UnsupportedError as err:

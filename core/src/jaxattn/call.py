@@ -54,10 +54,17 @@ class AttentionCall:
     kv_lengths: Any = None  # (B,) ints: k and v are a cache holding that many tokens per sequence
     k_scale: Any = None  # float32 rank 3: a quantized cache's scales (Feature.QUANTIZED_KV)
     v_scale: Any = None
+    #: ``mask_mod(b, h, q_idx, kv_idx) -> bool`` and ``score_mod(score, b, h, q_idx, kv_idx) -> score``
+    #: (``jaxattn.masks``; checked once per signature), and a ``jaxattn.masks.BlockMask`` of the
+    #: mask_mod's tiles (its shape and blocks checked; a pytree that travels like the arrays).
+    mask_mod: Any = None
+    score_mod: Any = None
+    block_mask: Any = None
 
     #: The fields that hold arrays (what travels through ``jax.custom_vjp`` and ``shard_map``).
     ARRAYS: ClassVar[tuple[str, ...]] = ("q", "k", "v", "mask", "bias", "q_segment_ids", "kv_segment_ids",
-                                         "softmax_aux", "dropout_rng", "kv_lengths", "k_scale", "v_scale")
+                                         "softmax_aux", "dropout_rng", "kv_lengths", "k_scale", "v_scale",
+                                         "block_mask")
 
     @property
     def kv_dtype(self) -> str | None:
@@ -86,6 +93,9 @@ class AttentionCall:
             out["kv_lengths"] = self.kv_lengths
         if self.k_scale is not None:
             out["k_scale"], out["v_scale"] = self.k_scale, self.v_scale
+        for name in ("mask_mod", "score_mod", "block_mask"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         return out
 
 

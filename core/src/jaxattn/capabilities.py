@@ -33,6 +33,10 @@ class Feature(StrEnum):
     # K and V stored as int8 / float8 values with float32 k_scale, v_scale (jaxattn.quantize): the
     # backend reads the narrow cache itself (paged calls, and dense ones with kv_lengths)
     QUANTIZED_KV = "quantized_kv"
+    # Masks and scores as programs (jaxattn.masks): mask_mod(b, h, q_idx, kv_idx) -> bool and
+    # score_mod(score, b, h, q_idx, kv_idx) -> score, traced into the kernel
+    MASK_MOD = "mask_mod"
+    SCORE_MOD = "score_mod"
 
 
 ALL_FEATURES: frozenset[Feature] = frozenset(Feature)

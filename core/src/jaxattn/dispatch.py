@@ -398,6 +398,10 @@ def explain(
     """
     md = as_metadata(metadata)
     problem = resolve_call(q, k, v, metadata=md, **features).problem
+    if problem.mask_mod and problem.block_sparsity is None:  # show the tiles a mask_mod leaves
+        from .masks import with_sparsity
+
+        problem = with_sparsity(problem, features["mask_mod"], md.block_q, md.block_k)
     if needs_grad:
         problem = dataclasses.replace(problem, needs_grad=True)
     return explain_problem(problem, impl=impl, metadata=md)

@@ -51,6 +51,9 @@ class AttentionImpl(Backend[AttentionProblem]):
         if problem.kv_dtype is not None and md.mesh is not None and (md.batch_axis or md.head_axis):
             reasons.append("a quantized KV cache is not sharded for you (its scales have no mesh specs): call inside "
                            "your own shard_map with no mesh in the metadata, or dequantize first")
+        if (problem.mask_mod or problem.score_mod) and md.mesh is not None and (md.batch_axis or md.head_axis):
+            reasons.append("a mask_mod or score_mod is not sharded for you (under shard_map its b and h would be "
+                           "shard-local): call inside your own shard_map with no mesh in the metadata")
         return reasons
 
     def supports(

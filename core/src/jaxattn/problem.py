@@ -49,6 +49,11 @@ class AttentionProblem:
     needs_grad: bool = False
     kv_lengths: bool = False  # per-sequence key lengths (a dense KV cache of capacity S)
     kv_dtype: str | None = None  # the cache's storage dtype when quantized ("int8", "float8_e4m3fn"...), else None
+    mask_mod: bool = False  # a mask_mod function (jaxattn.masks); the call carries it
+    score_mod: bool = False  # a score_mod function
+    #: A concrete ``block_mask``'s tiles: ``(block_q, block_kv, empty, partial, full)``; None
+    #: without one, or when it is traced (``explain`` builds one to show it).
+    block_sparsity: tuple[int, int, int, int, int] | None = None
 
     #: The op kind: which providers are asked (``AttentionImpl`` subclasses).
     kind = "dense"
@@ -122,6 +127,8 @@ class AttentionProblem:
             Feature.GRAD: self.needs_grad,
             Feature.KV_LENGTHS: self.kv_lengths,
             Feature.QUANTIZED_KV: self.kv_dtype is not None,
+            Feature.MASK_MOD: self.mask_mod,
+            Feature.SCORE_MOD: self.score_mod,
         }
         need.update(f for f, on in flags.items() if on)
         return frozenset(need)
@@ -132,9 +139,13 @@ class AttentionProblem:
 
     def describe(self) -> str:
         feats = ", ".join(sorted(str(f) for f in self.required_features())) or "plain"
+        tiles = ""
+        if self.block_sparsity is not None:
+            bq, bk, empty, partial, full = self.block_sparsity
+            tiles = f" (mask_mod tiles {bq}x{bk}: {empty} empty, {partial} partial, {full} full)"
         return (
             f"B={self.batch} T={self.seq_q} S={self.seq_k} Hq={self.heads_q} Hkv={self.heads_kv} "
-            f"D={self.head_dim} Dv={self.head_dim_v} {self.dtype} [{feats}]"
+            f"D={self.head_dim} Dv={self.head_dim_v} {self.dtype} [{feats}]{tiles}"
         )
 
 

@@ -287,6 +287,9 @@ def resolve_call(
     kv_lengths: Any = None,
     k_scale: Any = None,
     v_scale: Any = None,
+    mask_mod: Any = None,
+    score_mod: Any = None,
+    block_mask: Any = None,
     metadata: AttentionMetadata | None = None,
     prepare: bool = False,
 ) -> AttentionCall:
@@ -330,6 +333,11 @@ def resolve_call(
             _checked[key] = checked
     if kv_lengths is not None and is_concrete(kv_lengths):
         _check_length_values(kv_lengths, k.shape[1])
+    problem = checked.problem
+    if mask_mod is not None or score_mod is not None or block_mask is not None:
+        from .masks import check_mods  # traces each function once per signature
+
+        problem = check_mods(problem, mask_mod, score_mod, block_mask)
     if (q_segment_ids is None) != (kv_segment_ids is None):  # one set for both sides (T == S: checked)
         q_segment_ids = kv_segment_ids if q_segment_ids is None else q_segment_ids
         kv_segment_ids = q_segment_ids
@@ -355,9 +363,9 @@ def resolve_call(
 
             k_scale, v_scale = scale_rank3(k_scale), scale_rank3(v_scale)
     return AttentionCall(
-        problem=checked.problem, metadata=md, q=q, k=k, v=v, mask=mask, bias=bias, causal=checked.causal,
+        problem=problem, metadata=md, q=q, k=k, v=v, mask=mask, bias=bias, causal=checked.causal,
         sliding_window=checked.sliding_window, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
         softmax_scale=checked.softmax_scale, logits_soft_cap=checked.logits_soft_cap, softmax_aux=softmax_aux,
         dropout_prob=checked.dropout_prob, dropout_rng=dropout_rng, kv_lengths=kv_lengths, k_scale=k_scale,
-        v_scale=v_scale,
+        v_scale=v_scale, mask_mod=mask_mod, score_mod=score_mod, block_mask=block_mask,
     )

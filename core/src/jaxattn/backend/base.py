@@ -51,6 +51,8 @@ _FEATURE_TEXT = {
     Feature.KV_LENGTHS: "per-sequence key lengths (kv_lengths)",
     Feature.MULTI_TOKEN: "several queries per sequence",
     Feature.RAGGED: "ragged batches (per-sequence query counts, cu_q_lens)",
+    Feature.MASK_MOD: "a mask_mod (a mask as a function of b, h, q_idx, kv_idx)",
+    Feature.SCORE_MOD: "a score_mod (a function rewriting the logits)",
     Feature.QUANTIZED_KV: "quantized KV caches (int8/float8 values with k_scale and v_scale; it reads float caches "
                           "only)",
 }

@@ -61,6 +61,7 @@ from .cases import (
     static_features,
 )
 from .compare import assert_close, to_float64
+from .mod_conformance import ModConformance
 from .quantized_cases import QUANTIZED_DENSE_CASES, QuantizedCase, quantize_dense_inputs, quantized_to_jax
 from .quick_jit import compiler_options_for_tests
 
@@ -123,7 +124,7 @@ def _jax_arrays(arrays: Mapping[str, Any], dtype: str) -> dict[str, jax.Array]:
     return out
 
 
-class ConformanceSuite:
+class ConformanceSuite(ModConformance):
     """Base class of a backend's conformance tests (not collected itself: no ``Test`` prefix)."""
 
     #: The impl to test, by registered name (``jaxattn.get_impl``) ...
@@ -214,6 +215,9 @@ class ConformanceSuite:
         if "quantized_case" in names:
             metafunc.parametrize(("quantized_case", "dtype"), [pytest.param(c, dt, id=f"{c.name}-{dt}")
                                                                for c in QUANTIZED_DENSE_CASES for dt in cls.dtypes])
+        elif "mod_case" in names:
+            metafunc.parametrize(("mod_case", "dtype"), [pytest.param(c, dt, id=f"{c.name}-{dt}")
+                                                         for c in cls.mod_cases for dt in cls.dtypes])
         elif "sweep_case" in names:
             metafunc.parametrize(("sweep_case", "dtype"), [pytest.param(c, dt, id=f"{c.name}-{dt}")
                                                            for c in cls.sweep_cases() for dt in cls.dtypes])

@@ -21,7 +21,12 @@ Semantics (docs/contract.md):
 * ``kv_lengths (B,)`` (a dense KV cache of capacity S): keys ``j >= L_b`` are invisible and
   causal masking and the window align to ``i' = i + L_b - T`` instead; a query whose
   position ``i'`` is negative sees no key;
-* a row that sees no key gives zeros (output, probabilities, gradients), ``lse = -inf``.
+* a row that sees no key gives zeros (output, probabilities, gradients), ``lse = -inf``;
+* ``mask_mod(b, h, q_idx, kv_idx)`` (raw positions) ANDs into the visibility, and
+  ``score_mod(score, b, h, q_idx, kv_idx)`` rewrites the biased logits before masking. These
+  are the user's JAX functions, so they are the one thing the oracle runs with jax: on the
+  host, at float64 (``jax.enable_x64``), on the whole ``(B, Hq, T, S)`` grid, and their
+  gradients come from ``jax.vjp`` of the function alone (``_ScoreMod``).
 
 :func:`paged_attention` spells out the paged contract (docs/contract.md, "Serving attention"):
 gather each sequence's tokens from its pages, then attend causally as above.
@@ -40,6 +45,7 @@ __all__ = [
     "OracleResult",
     "attention",
     "attention_backward",
+    "mask_mod_grid",
     "paged_attention",
     "visibility",
 ]
@@ -74,6 +80,54 @@ class OracleGrads:
     dv: F64
     dbias: F64 | None  # reduced to the shape of the bias that was passed
     dsoftmax_aux: F64 | None  # (Hq,)
+    dscore_params: Any = None  # the gradients of ``score_params`` (its pytree), None without them
+
+
+def _indices(b: int, h: int, t: int, s: int) -> list[Any]:
+    """A mask_mod's index arguments: int32, broadcasting as (B,1,1,1), (1,Hq,1,1), (1,1,T,1), (1,1,1,S)."""
+    import jax.numpy as jnp
+
+    return [jnp.arange(n, dtype=jnp.int32).reshape([n if a == i else 1 for a in range(4)])
+            for i, n in enumerate((b, h, t, s))]
+
+
+def mask_mod_grid(mask_mod: Any, b: int, h: int, t: int, s: int) -> npt.NDArray[np.bool_]:
+    """``mask_mod`` evaluated on the whole ``(B, Hq, T, S)`` grid, as NumPy booleans."""
+    out = np.asarray(mask_mod(*_indices(b, h, t, s)))
+    if out.dtype != np.bool_:
+        raise ValueError(f"mask_mod must return booleans, got {out.dtype}")
+    return np.broadcast_to(out, (b, h, t, s))
+
+
+class _ScoreMod:
+    """``score_mod`` at float64 on the grid: the rewritten scores, and the pullback of the
+    scores and of ``score_params`` (with params, ``score_mod(params)`` is the function)."""
+
+    def __init__(self, score_mod: Any, params: Any, scores: F64) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        self.params = params
+        with jax.enable_x64(True):
+            index = _indices(*scores.shape)
+
+            def apply(score: Any, params: Any) -> Any:
+                fn = score_mod if params is None else score_mod(params)
+                return fn(score, *index)
+
+            wide = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), params)
+            out, self._pullback = jax.vjp(apply, jnp.asarray(scores, jnp.float64), wide)
+            self.scores: F64 = np.asarray(out, dtype=np.float64)
+        if self.scores.shape != scores.shape:
+            raise ValueError(f"score_mod must return the scores' shape {scores.shape}, got {self.scores.shape}")
+
+    def pullback(self, d_scores: F64) -> tuple[F64, Any]:
+        import jax
+
+        with jax.enable_x64(True):
+            d_in, d_params = self._pullback(d_scores)
+        as_np = jax.tree_util.tree_map(lambda g: np.asarray(g, dtype=np.float64), d_params)
+        return np.asarray(d_in, dtype=np.float64), (None if self.params is None else as_np)
 
 
 @dataclass(frozen=True)
@@ -90,6 +144,8 @@ class _Inputs:
     visible: npt.NDArray[np.bool_]
     scale: float
     cap: float | None
+    score_mod: Any = None
+    score_params: Any = None
 
 
 def _f64(x: Any) -> F64:
@@ -120,9 +176,12 @@ def visibility(
     q_segment_ids: Any = None,
     kv_segment_ids: Any = None,
     kv_lengths: Any = None,
+    mask_mod: Any = None,
 ) -> npt.NDArray[np.bool_]:
     """The ``(B, Hq, T, S)`` boolean of which keys each query may see (every rule ANDed)."""
     visible = np.ones((batch, heads, t, s), dtype=bool)
+    if mask_mod is not None:
+        visible &= mask_mod_grid(mask_mod, batch, heads, t, s)
     if mask is not None:
         visible &= np.broadcast_to(np.asarray(mask, dtype=bool), visible.shape)
     # i' = i + L - T puts the last query on the last valid key (KV-cache decoding convention);
@@ -170,6 +229,9 @@ def _prepare(
     dropout_prob: float,
     dropout_keep: Any,
     kv_lengths: Any = None,
+    mask_mod: Any = None,
+    score_mod: Any = None,
+    score_params: Any = None,
 ) -> _Inputs:
     q64, k64, v64 = _f64(q), _f64(k), _f64(v)
     if q64.ndim != 4 or k64.ndim != 4 or v64.ndim != 4:
@@ -192,6 +254,7 @@ def _prepare(
         q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids,
         kv_lengths=kv_lengths,
+        mask_mod=mask_mod,
     )
     aux = None
     if softmax_aux is not None:
@@ -221,6 +284,8 @@ def _prepare(
         visible=visible,
         scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
         cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        score_mod=score_mod,
+        score_params=score_params,
     )
 
 
@@ -232,6 +297,7 @@ class _Forward:
     weights: F64
     lse: F64
     output: F64
+    mod: _ScoreMod | None = None
 
 
 def _forward(x: _Inputs) -> _Forward:
@@ -239,6 +305,10 @@ def _forward(x: _Inputs) -> _Forward:
     logits = raw if x.cap is None else x.cap * np.tanh(raw / x.cap)
     if x.bias is not None:
         logits = logits + x.bias
+    mod = None
+    if x.score_mod is not None:
+        mod = _ScoreMod(x.score_mod, x.score_params, np.broadcast_to(logits, x.visible.shape))
+        logits = mod.scores
     logits = np.where(x.visible, logits, -np.inf)
     row_max = logits.max(axis=-1)
     aux = x.aux
@@ -262,7 +332,7 @@ def _forward(x: _Inputs) -> _Forward:
         lse = np.where(key_sum > 0, shift + np.log(np.where(key_sum > 0, key_sum, 1.0)), -np.inf)
     weights = probs if x.keep_scaled is None else probs * x.keep_scaled
     output = np.einsum("bhts,bshd->bthd", weights, x.v)
-    return _Forward(raw=raw, probs=probs, sink_prob=sink_prob, weights=weights, lse=lse, output=output)
+    return _Forward(raw=raw, probs=probs, sink_prob=sink_prob, weights=weights, lse=lse, output=output, mod=mod)
 
 
 def attention(
@@ -282,12 +352,16 @@ def attention(
     dropout_prob: float = 0.0,
     dropout_keep: Any = None,
     kv_lengths: Any = None,
+    mask_mod: Any = None,
+    score_mod: Any = None,
+    score_params: Any = None,
 ) -> OracleResult:
     """Attention in float64 with exactly docs/contract.md's semantics.
 
     ``dropout_keep`` is a boolean keep-mask broadcastable to ``(B, Hq, T, S)``; the oracle
     has no random generator, so a test that wants to compare dropout numerics supplies the
-    same mask the backend drew.
+    same mask the backend drew. ``score_params``: a pytree of arrays; with it ``score_mod(score_params)``
+    is the score_mod (so that ``attention_backward`` can return their gradients).
     """
     x = _prepare(
         q,
@@ -305,6 +379,9 @@ def attention(
         dropout_prob=dropout_prob,
         dropout_keep=dropout_keep,
         kv_lengths=kv_lengths,
+        mask_mod=mask_mod,
+        score_mod=score_mod,
+        score_params=score_params,
     )
     f = _forward(x)
     return OracleResult(output=f.output, probs=f.probs, weights=f.weights, lse=f.lse, visible=x.visible)
@@ -342,6 +419,9 @@ def attention_backward(
     dropout_prob: float = 0.0,
     dropout_keep: Any = None,
     kv_lengths: Any = None,
+    mask_mod: Any = None,
+    score_mod: Any = None,
+    score_params: Any = None,
 ) -> OracleGrads:
     """Analytic gradients of ``sum(attention(...).output * d_output)``, derived by hand.
 
@@ -368,6 +448,9 @@ def attention_backward(
         dropout_prob=dropout_prob,
         dropout_keep=dropout_keep,
         kv_lengths=kv_lengths,
+        mask_mod=mask_mod,
+        score_mod=score_mod,
+        score_params=score_params,
     )
     f = _forward(x)
     d_out = _f64(d_output)
@@ -379,11 +462,14 @@ def attention_backward(
     row_dot = (f.probs * d_probs).sum(axis=-1)  # (B, Hq, T)
     d_logits = f.probs * (d_probs - row_dot[..., None])
     d_aux = None if x.aux is None else -(f.sink_prob * row_dot).sum(axis=(0, 2))
+    d_params = None
+    if f.mod is not None:  # through the score_mod, to the scores before it and to its parameters
+        d_logits, d_params = f.mod.pullback(d_logits)
     d_bias = None if x.bias is None else _reduce_to(d_logits, x.bias.shape)
     d_raw = d_logits if x.cap is None else d_logits * (1.0 - np.tanh(f.raw / x.cap) ** 2)
     dq = np.einsum("bhts,bshd->bthd", d_raw, x.k) * x.scale
     dk = _sum_groups(np.einsum("bhts,bthd->bshd", d_raw, x.q) * x.scale, x.groups)
-    return OracleGrads(dq=dq, dk=dk, dv=dv, dbias=d_bias, dsoftmax_aux=d_aux)
+    return OracleGrads(dq=dq, dk=dk, dv=dv, dbias=d_bias, dsoftmax_aux=d_aux, dscore_params=d_params)
 
 
 def paged_attention(

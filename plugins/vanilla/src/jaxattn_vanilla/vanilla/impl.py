@@ -34,7 +34,8 @@ class VanillaAttention(AttentionImpl, declaration=VANILLA):
             q, k, v, mask=call.mask, bias=call.bias, causal=call.causal, sliding_window=call.sliding_window,
             q_segment_ids=call.q_segment_ids, kv_segment_ids=call.kv_segment_ids, softmax_scale=call.softmax_scale,
             logits_soft_cap=call.logits_soft_cap, softmax_aux=call.softmax_aux, dropout_prob=call.dropout_prob,
-            dropout_rng=call.dropout_rng, kv_lengths=call.kv_lengths, softmax_dtype=self.metadata.softmax_dtype,
+            dropout_rng=call.dropout_rng, kv_lengths=call.kv_lengths, mask_mod=call.mask_mod, score_mod=call.score_mod,
+            softmax_dtype=self.metadata.softmax_dtype,
         )
         return AttentionOutput(attention_outputs=res.output.astype(out_dtype), attention_weights=res.weights,
                                softmax_lse=res.lse)

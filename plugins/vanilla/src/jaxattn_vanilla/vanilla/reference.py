@@ -23,7 +23,7 @@ from jax.typing import ArrayLike
 
 from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads, zero_past_lengths
 
-__all__ = ["VanillaResult", "vanilla_attention"]
+__all__ = ["VanillaResult", "mod_indices", "vanilla_attention"]
 
 Array = jax.Array
 
@@ -96,6 +96,13 @@ def _visibility(
     return visible
 
 
+def mod_indices(b: int, hq: int, t: int, s: int) -> tuple[Array, Array, Array, Array]:
+    """A mask_mod's / score_mod's index arguments: int32 ``(B,1,1,1)``, ``(1,Hq,1,1)``,
+    ``(1,1,T,1)``, ``(1,1,1,S)`` (raw positions, docs/contract.md)."""
+    return (jnp.arange(b, dtype=jnp.int32).reshape(b, 1, 1, 1), jnp.arange(hq, dtype=jnp.int32).reshape(1, hq, 1, 1),
+            jnp.arange(t, dtype=jnp.int32).reshape(1, 1, t, 1), jnp.arange(s, dtype=jnp.int32).reshape(1, 1, 1, s))
+
+
 def _window(sliding_window: int | tuple[int, int] | None) -> tuple[int, int] | None:
     if sliding_window is None or isinstance(sliding_window, tuple):
         return sliding_window
@@ -119,6 +126,8 @@ def vanilla_attention(
     dropout_prob: float = 0.0,
     dropout_rng: Array | None = None,
     kv_lengths: ArrayLike | None = None,
+    mask_mod: Any = None,
+    score_mod: Any = None,
     softmax_dtype: Any = jnp.float32,
     precision: jax.lax.PrecisionLike = None,
 ) -> VanillaResult:
@@ -128,7 +137,9 @@ def vanilla_attention(
     True = attend) and bias broadcastable to ``(B, Hq, T, S)``; segment ids ``(B, T)`` and
     ``(B, S)``; ``softmax_aux (Hq,)``; ``kv_lengths (B,)`` (keys past a sequence's length are
     invisible, causal and window align to it). ``dropout_prob`` must be a Python float; the keep-mask
-    is ``jax.random.bernoulli(dropout_rng, 1 - p, (B, Hq, T, S))``. Unused results (weights,
+    is ``jax.random.bernoulli(dropout_rng, 1 - p, (B, Hq, T, S))``. ``mask_mod`` and
+    ``score_mod`` (``jaxattn.masks``) are evaluated densely over the grid; keys that no query of
+    a sequence's KV head sees are then replaced by zeros with a select (they may hold NaN). Unused results (weights,
     lse) cost nothing under ``jit``: XLA drops them.
     """
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
@@ -144,20 +155,6 @@ def vanilla_attention(
     sdtype = jnp.promote_types(jnp.dtype(softmax_dtype), q.dtype)
     scale = float(d) ** -0.5 if softmax_scale is None else float(softmax_scale)
 
-    qg = q.reshape(b, t, hkv, groups, d)
-    logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, precision=precision, preferred_element_type=sdtype)
-    # Plain logits keep their scale out until after the max is subtracted: XLA fuses
-    # ``logits * scale - max`` into one multiply-add, whose exact product sits up to half an
-    # ulp of the (rounded) max away from it, and past ~2^32 that gap alone overflows exp().
-    # ``(logits - max) * scale`` has nothing to fuse; the max weighs exactly exp(0).
-    unscaled = logits_soft_cap is None and bias is None
-    if not unscaled:
-        logits = logits * jnp.asarray(scale, sdtype)
-    if logits_soft_cap is not None:
-        cap = jnp.asarray(logits_soft_cap, sdtype)
-        logits = cap * jnp.tanh(logits / cap)
-    if bias is not None:
-        logits = logits + _split_heads(bias, hq, hkv, "bias").astype(sdtype)
     visible = _visibility(
         t,
         s,
@@ -170,6 +167,31 @@ def vanilla_attention(
         kv_segment_ids=kv_segment_ids,
         kv_lengths=kv_lengths,
     )
+    index = mod_indices(b, hq, t, s)
+    if mask_mod is not None:
+        visible = _and(visible, _split_heads(jnp.asarray(mask_mod(*index), dtype=bool), hq, hkv, "mask_mod"))
+        # Keys that no query of a (sequence, KV head) sees are unread: they may hold NaN, and
+        # 0 * NaN in P @ V (or in a gradient) would be NaN. A select replaces them by zeros.
+        seen = jnp.any(jnp.broadcast_to(visible, (b, hkv, groups, t, s)), axis=(2, 3)).transpose(0, 2, 1)[..., None]
+        k, v = jnp.where(seen, k, jnp.zeros((), k.dtype)), jnp.where(seen, v, jnp.zeros((), v.dtype))
+
+    qg = q.reshape(b, t, hkv, groups, d)
+    logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, precision=precision, preferred_element_type=sdtype)
+    # Plain logits keep their scale out until after the max is subtracted: XLA fuses
+    # ``logits * scale - max`` into one multiply-add, whose exact product sits up to half an
+    # ulp of the (rounded) max away from it, and past ~2^32 that gap alone overflows exp().
+    # ``(logits - max) * scale`` has nothing to fuse; the max weighs exactly exp(0).
+    unscaled = logits_soft_cap is None and bias is None and score_mod is None
+    if not unscaled:
+        logits = logits * jnp.asarray(scale, sdtype)
+    if logits_soft_cap is not None:
+        cap = jnp.asarray(logits_soft_cap, sdtype)
+        logits = cap * jnp.tanh(logits / cap)
+    if bias is not None:
+        logits = logits + _split_heads(bias, hq, hkv, "bias").astype(sdtype)
+    if score_mod is not None:  # on the (B, Hq, T, S) scores, before masking
+        modded = jnp.asarray(score_mod(logits.reshape(b, hq, t, s), *index))
+        logits = modded.astype(sdtype).reshape(b, hkv, groups, t, s)
     if visible is not None:
         logits = jnp.where(visible, logits, -jnp.inf)
 

@@ -1,0 +1,318 @@
+"""Masks and scores as programs: ``mask_mod`` constructors and ``BlockMask`` (docs/masks.md).
+
+A **mask_mod** is a plain JAX function ``mask_mod(b, h, q_idx, kv_idx) -> bool``: True means the
+query at raw position ``q_idx`` (``0..T-1``) of sequence ``b``, head ``h`` may see the key at raw
+position ``kv_idx`` (``0..S-1``). The arguments are int32 arrays that broadcast as ``(B,1,1,1)``,
+``(1,Hq,1,1)``, ``(1,1,T,1)`` and ``(1,1,1,S)`` (a backend may pass tiles of them). A **score_mod**
+``score_mod(score, b, h, q_idx, kv_idx) -> score`` rewrites the scaled logit elementwise.
+
+The constructors here return mask_mods. Positions are raw, so they are aligned **top-left**:
+``causal()`` is ``q_idx >= kv_idx`` (FlexAttention's), not the bottom-right ``causal=True`` of
+``jaxattn.attention`` (which equals it when T == S). Importing this module imports no jax; the
+functions import it when they run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from .errors import InvalidInputError, InvalidTypeError
+
+__all__ = [
+    "BlockMask",
+    "MaskMod",
+    "ScoreMod",
+    "and_",
+    "block_mask",
+    "causal",
+    "chunked_causal",
+    "document",
+    "or_",
+    "prefix_lm",
+    "sliding_window",
+]
+
+MaskMod = Callable[[Any, Any, Any, Any], Any]
+ScoreMod = Callable[[Any, Any, Any, Any, Any], Any]
+
+#: The states of a tile in ``BlockMask.kind``.
+EMPTY, PARTIAL, FULL = 0, 1, 2
+
+
+def _size(name: str, value: Any, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidTypeError(name, f"must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise InvalidInputError(name, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+    return q_idx >= kv_idx
+
+
+def causal() -> MaskMod:
+    """``q_idx >= kv_idx``: each query sees itself and the keys before it (top-left aligned)."""
+    return _causal
+
+
+@functools.lru_cache(maxsize=256)  # one function per window: calls with it share their traces
+def sliding_window(left: int, right: int = 0) -> MaskMod:
+    """``q_idx - left <= kv_idx <= q_idx + right`` (top-left aligned); ``right=0`` is a causal
+    window of ``left`` keys before each query and the query itself."""
+    lo, hi = _size("left", left), _size("right", right)
+
+    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return (kv_idx >= q_idx - lo) & (kv_idx <= q_idx + hi)
+
+    return mask_mod
+
+
+@functools.lru_cache(maxsize=256)
+def chunked_causal(chunk: int) -> MaskMod:
+    """Causal within chunks of ``chunk`` positions (``q_idx // chunk == kv_idx // chunk``), as
+    Llama 4's local layers attend."""
+    size = _size("chunk", chunk, 1)
+
+    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return (q_idx // size == kv_idx // size) & (q_idx >= kv_idx)
+
+    return mask_mod
+
+
+def prefix_lm(prefix_lengths: Any) -> MaskMod:
+    """Prefix-LM: the first ``prefix_lengths[b]`` positions of sequence b (an int array ``(B,)``)
+    are seen by every query (bidirectional); past them attention is causal."""
+    import jax.numpy as jnp
+
+    lengths = jnp.asarray(prefix_lengths)
+    if lengths.ndim != 1 or not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise InvalidInputError("prefix_lengths", f"must be an int array (B,), got {lengths.dtype} {lengths.shape}")
+
+    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return (kv_idx < lengths[b]) | (q_idx >= kv_idx)
+
+    return mask_mod
+
+
+def document(q_segment_ids: Any, kv_segment_ids: Any = None) -> MaskMod:
+    """Packed documents: a query sees only keys of its own segment (``(B, T)`` and ``(B, S)`` int
+    ids; one array serves both sides when T == S). ``and_(causal(), document(ids))`` is causal
+    attention within each document."""
+    import jax.numpy as jnp
+
+    q_ids = jnp.asarray(q_segment_ids)
+    kv_ids = q_ids if kv_segment_ids is None else jnp.asarray(kv_segment_ids)
+    for name, ids in (("q_segment_ids", q_ids), ("kv_segment_ids", kv_ids)):
+        if ids.ndim != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise InvalidInputError(name, f"must be an int array (B, T|S), got {ids.dtype} {ids.shape}")
+
+    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return q_ids[b, q_idx] == kv_ids[b, kv_idx]
+
+    return mask_mod
+
+
+def _combine(name: str, mods: tuple[MaskMod, ...], both: Callable[[Any, Any], Any]) -> MaskMod:
+    if not mods:
+        raise InvalidInputError(name, "needs at least one mask_mod")
+    for mod in mods:
+        if not callable(mod):
+            raise InvalidTypeError(name, f"takes mask_mods (functions), got {type(mod).__name__}")
+
+    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        out = mods[0](b, h, q_idx, kv_idx)
+        for mod in mods[1:]:
+            out = both(out, mod(b, h, q_idx, kv_idx))
+        return out
+
+    return mask_mod
+
+
+def and_(*mods: MaskMod) -> MaskMod:
+    """A key is visible when every mask_mod allows it."""
+    return _combine("and_", mods, lambda x, y: x & y)
+
+
+def or_(*mods: MaskMod) -> MaskMod:
+    """A key is visible when any mask_mod allows it."""
+    return _combine("or_", mods, lambda x, y: x | y)
+
+
+_registered = False
+
+
+def _register() -> None:
+    """Make ``BlockMask`` a pytree (once, lazily: registering needs jax), so that it passes
+    through ``jax.jit`` as an argument: ``kind`` is its leaf, the sizes are static."""
+    global _registered
+    if not _registered:
+        import jax
+
+        jax.tree_util.register_dataclass(BlockMask, data_fields=["kind"], meta_fields=["shape", "block_q", "block_kv"])
+        _registered = True
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BlockMask:
+    """Which ``block_q x block_kv`` tiles of a mask_mod's ``(B, Hq, T, S)`` grid are empty, partial
+    or full: ``kind`` int8 ``(B|1, Hq|1, ceil(T / block_q), ceil(S / block_kv))``, 0 empty (no
+    visible pair: backends skip it), 1 partial, 2 full. Blocks are capped at T and S. Built by
+    ``block_mask``; passed as ``block_mask=`` with its mask_mod to every call it describes."""
+
+    kind: Any
+    shape: tuple[int, int, int, int]  # (B|1, Hq|1, T, S) it was built for
+    block_q: int
+    block_kv: int
+
+    def __post_init__(self) -> None:
+        _register()
+
+    def counts(self) -> tuple[int, int, int] | None:
+        """``(empty, partial, full)`` tiles (over every batch and head), None when ``kind`` is traced."""
+        from .validation import is_concrete
+
+        if not is_concrete(self.kind):
+            return None
+        import numpy as np
+
+        kind = np.asarray(self.kind)
+        return int((kind == EMPTY).sum()), int((kind == PARTIAL).sum()), int((kind == FULL).sum())
+
+    def __repr__(self) -> str:
+        counts = self.counts()
+        where = "traced" if counts is None else "empty {}, partial {}, full {}".format(*counts)
+        return f"BlockMask(shape={self.shape}, blocks={self.block_q}x{self.block_kv}, {where})"
+
+
+def block_mask(mask_mod: MaskMod, B: int, Hq: int, T: int, S: int, *, block_q: int = 128,
+               block_kv: int = 128) -> BlockMask:
+    """Evaluate ``mask_mod`` once over the ``(B, Hq, T, S)`` grid and classify its tiles.
+
+    ``B`` or ``Hq`` may be 1 for a mask_mod that does not depend on them (the BlockMask then
+    serves any batch or head count). Works under ``jax.jit`` too (the mask_mod may close over
+    traced arrays); memory is one row of tiles at a time, ``B * Hq * block_q * S`` booleans.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    for name, value in (("B", B), ("Hq", Hq), ("T", T), ("S", S), ("block_q", block_q), ("block_kv", block_kv)):
+        _size(name, value, 1)
+    if not callable(mask_mod):
+        raise InvalidTypeError("mask_mod", f"must be a function (b, h, q_idx, kv_idx) -> bool, got "
+                               f"{type(mask_mod).__name__}")
+    bq, bk = min(block_q, T), min(block_kv, S)
+    nq, nk = -(-T // bq), -(-S // bk)
+    b = jnp.arange(B, dtype=jnp.int32).reshape(B, 1, 1, 1)
+    h = jnp.arange(Hq, dtype=jnp.int32).reshape(1, Hq, 1, 1)
+    cols = jnp.arange(nk * bk, dtype=jnp.int32)
+    kv_idx = jnp.minimum(cols, S - 1).reshape(1, 1, 1, -1)  # padding reads the last key, then is dropped
+    col_ok = (cols < S).reshape(1, 1, 1, nk, bk)
+
+    def row(i: Any) -> Any:
+        rows = i * bq + jnp.arange(bq, dtype=jnp.int32)
+        q_idx = jnp.minimum(rows, T - 1).reshape(1, 1, -1, 1)
+        seen = jnp.asarray(mask_mod(b, h, q_idx, kv_idx))
+        lead = tuple(seen.shape[:2]) if seen.ndim == 4 else (1, 1)
+        seen = jnp.broadcast_to(seen, (*lead, bq, nk * bk)).reshape(*lead, bq, nk, bk)
+        ok = (rows < T).reshape(1, 1, bq, 1, 1) & col_ok
+        has = jnp.any(seen & ok, axis=(2, 4))
+        full = jnp.all(seen | ~ok, axis=(2, 4))
+        return jnp.where(full, FULL, jnp.where(has, PARTIAL, EMPTY)).astype(jnp.int8)
+
+    kind = jax.lax.map(row, jnp.arange(nq, dtype=jnp.int32))  # (nq, B|1, Hq|1, nk)
+    kind = jnp.transpose(kind, (1, 2, 0, 3))
+    return BlockMask(kind=kind, shape=(int(kind.shape[0]), int(kind.shape[1]), T, S), block_q=bq, block_kv=bk)
+
+
+# -- checks (the validation layer calls these once per call signature) --------------------------
+
+#: Functions already checked, per (argument, function, shapes): a repeated call skips the trace.
+_checked: dict[tuple[Any, ...], None] = {}
+
+
+def _check_mod(name: str, fn: Any, b: int, hq: int, t: int, s: int) -> None:
+    """Trace ``fn`` once (``jax.eval_shape``) at the call's index shapes: it must take the
+    arguments and return booleans broadcastable to ``(B, Hq, T, S)`` (mask_mod) or a floating
+    score of the logits' shape ``(B, Hq, T, S)`` (score_mod)."""
+    args = "(b, h, q_idx, kv_idx)" if name == "mask_mod" else "(score, b, h, q_idx, kv_idx)"
+    if not callable(fn):
+        raise InvalidTypeError(name, f"must be a function {args}, got {type(fn).__name__}",
+                               "see jaxattn.masks for constructors")
+    key: tuple[Any, ...] = (name, fn, b, hq, t, s)
+    try:
+        if key in _checked:
+            return
+    except TypeError:  # an unhashable callable: checked every time
+        key = ()
+    import jax
+    import jax.numpy as jnp
+
+    shapes = [(b, 1, 1, 1), (1, hq, 1, 1), (1, 1, t, 1), (1, 1, 1, s)]
+    example = [jax.ShapeDtypeStruct(shape, jnp.int32) for shape in shapes]
+    if name == "score_mod":
+        example.insert(0, jax.ShapeDtypeStruct((b, hq, t, s), jnp.float32))
+    given = ", ".join(f"{a.dtype} {a.shape}" for a in example)
+    hint = f"{name} is called as {name}{args} with arrays {given}"
+    try:
+        out = jax.eval_shape(fn, *example)
+    except Exception as err:  # the user's function failed: say which argument it was
+        raise InvalidInputError(name, f"failed when traced: {type(err).__name__}: {err}", hint) from None
+    shape, dtype = getattr(out, "shape", None), str(getattr(out, "dtype", ""))
+    if name == "mask_mod":
+        try:
+            fits = shape is not None and len(shape) <= 4 and jnp.broadcast_shapes(shape, (b, hq, t, s)) == (b, hq, t, s)
+        except ValueError:
+            fits = False
+        if dtype != "bool" or not fits:
+            raise InvalidInputError(name, f"must return booleans broadcastable to (B, Hq, T, S) = {(b, hq, t, s)}, "
+                                    f"got {dtype or type(out).__name__} {shape}", hint)
+    elif shape != (b, hq, t, s) or not jnp.issubdtype(dtype or "object", jnp.floating):
+        raise InvalidInputError(name, f"must return a floating score of the logits' shape (B, Hq, T, S) = "
+                                f"{(b, hq, t, s)}, got {dtype or type(out).__name__} {shape}", hint)
+    if key:
+        if len(_checked) >= 256:
+            _checked.clear()
+        _checked[key] = None
+
+
+def check_mods(problem: Any, mask_mod: Any, score_mod: Any, block: Any) -> Any:
+    """``problem`` (an ``AttentionProblem``) recording the call's mask_mod, score_mod and block
+    mask, after checking them (``InvalidInputError`` naming the argument)."""
+    b, hq, t, s = problem.batch, problem.heads_q, problem.seq_q, problem.seq_k
+    for name, fn in (("mask_mod", mask_mod), ("score_mod", score_mod)):
+        if fn is not None:
+            _check_mod(name, fn, b, hq, t, s)
+    sparsity = None
+    if block is not None:
+        if not isinstance(block, BlockMask):
+            raise InvalidTypeError("block_mask", f"must be a jaxattn.masks.BlockMask, got {type(block).__name__}",
+                                   "build it with jaxattn.masks.block_mask(mask_mod, B, Hq, T, S)")
+        if mask_mod is None:
+            raise InvalidInputError("block_mask", "describes a mask_mod, but the call has none",
+                                    "pass the mask_mod it was built from as mask_mod=")
+        bb, bh, bt, bs = block.shape
+        if bb not in (1, b) or bh not in (1, hq) or (bt, bs) != (t, s):
+            raise InvalidInputError("block_mask", f"was built for (B, Hq, T, S) = {block.shape}, the call is "
+                                    f"{(b, hq, t, s)} (B and Hq may be 1)",
+                                    "build one per shape with jaxattn.masks.block_mask")
+        counts = block.counts()
+        sparsity = None if counts is None else (block.block_q, block.block_kv, *counts)
+    return dataclasses.replace(problem, mask_mod=mask_mod is not None, score_mod=score_mod is not None,
+                               block_sparsity=sparsity)
+
+
+def with_sparsity(problem: Any, mask_mod: Any, block_q: int | None = None, block_kv: int | None = None) -> Any:
+    """``problem`` with the tiles of its mask_mod (``block_sparsity``), built here when the call
+    gave no concrete block mask (``explain``); unchanged when the mask_mod's captures are traced."""
+    if mask_mod is None or problem.block_sparsity is not None:
+        return problem
+    bm = block_mask(mask_mod, problem.batch, problem.heads_q, problem.seq_q, problem.seq_k,
+                    block_q=block_q or 128, block_kv=block_kv or 128)
+    counts = bm.counts()
+    if counts is None:
+        return problem
+    return dataclasses.replace(problem, block_sparsity=(bm.block_q, bm.block_kv, *counts))

@@ -1,0 +1,140 @@
+"""The conformance tests of masks and scores as programs, part of every ``ConformanceSuite``.
+
+``test_mask_and_score_mods`` runs each case of ``jaxattn.testing.mod_cases`` (every constructor
+of ``jaxattn.masks``, user functions of b and h, compositions, score_mods with captured
+parameters) against the float64 oracle:
+
+* under ``jax.jit`` (the suite's options), forward and gradients (of q, k, v, the bias, and the
+  arrays the score_mod captures), the mask_mod's captured arrays traced and a ``BlockMask``
+  built inside the program (``jaxattn.masks.block_mask``) and passed as ``block_mask=``;
+* eagerly, forward only, without a block mask;
+* with K and V poisoned (NaN under jit, +Inf eagerly) at every key that no query of its sequence
+  and KV head may see: the contract says those keys are unread.
+
+A backend that does not declare ``Feature.MASK_MOD`` (or ``SCORE_MOD``) must decline such calls
+with reasons, which the test checks before it skips.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxattn.capabilities import Feature
+from jaxattn.errors import UnsupportedError
+
+from . import oracle
+from .cases import static_features
+from .compare import assert_close
+from .mod_cases import MOD_CASES, MOD_PARAMS, ModCase, build_mods, make_mod_inputs, score_factory
+
+__all__ = ["BLOCK_MASK_BLOCKS", "ModConformance"]
+
+#: The tiles of the BlockMask the suite builds under jit (several per axis at its shapes).
+BLOCK_MASK_BLOCKS = (4, 4)
+_INT_ARRAYS = ("prefix_lengths", "doc_q_ids", "doc_kv_ids")
+_PARAM_ARRAYS = ("slopes", "rel_table")
+
+
+class ModConformance:
+    """Mixin of ``ConformanceSuite`` (whose helpers it uses): the mask_mod / score_mod tests."""
+
+    mod_cases = MOD_CASES
+
+    def _mod_arrays(self, case: ModCase, dtype: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        from .conformance import _jax_arrays
+
+        np_arrays = make_mod_inputs(case, dtype)
+        plain = {n: a for n, a in np_arrays.items() if n not in (*_INT_ARRAYS, *_PARAM_ARRAYS)}
+        arrays: dict[str, Any] = _jax_arrays(plain, dtype)
+        arrays.update({n: jnp.asarray(np_arrays[n], jnp.int32) for n in _INT_ARRAYS})
+        arrays.update({n: jnp.asarray(np_arrays[n], jnp.float32) for n in _PARAM_ARRAYS})
+        return np_arrays, arrays
+
+    @staticmethod
+    def _split(arrays: Mapping[str, Any]) -> dict[str, Any]:
+        return {n: a for n, a in arrays.items() if n not in (*_INT_ARRAYS, *_PARAM_ARRAYS)}
+
+    def _mod_call(self, case: ModCase, arrays: Mapping[str, Any], features: Mapping[str, Any],
+                  with_block_mask: bool) -> Any:
+        mods = build_mods(case, arrays)
+        if with_block_mask and "mask_mod" in mods:
+            from jaxattn import masks
+
+            base = case.base
+            mods["block_mask"] = masks.block_mask(mods["mask_mod"], base.b, base.hq, base.t, base.s,
+                                                  block_q=BLOCK_MASK_BLOCKS[0], block_kv=BLOCK_MASK_BLOCKS[1])
+        return self._call(self._split(arrays), {**features, **mods})  # type: ignore[attr-defined]
+
+    def test_mask_and_score_mods(self, mod_case: ModCase, dtype: str) -> None:
+        case = mod_case
+        suite: Any = self
+        np_arrays, arrays = self._mod_arrays(case, dtype)
+        features = static_features(case.base)
+        impl = suite.make_impl()
+        reasons = suite._supports(self._split(arrays), {**features, **build_mods(case, arrays)})
+        for needed, feature in ((case.mask_mod, Feature.MASK_MOD), (case.score_mod, Feature.SCORE_MOD)):
+            if needed is not None and feature not in impl.features:
+                assert reasons, f"{impl!r} does not declare {feature} but supports() accepts a call with one"
+        if reasons:
+            with pytest.raises(UnsupportedError) as info:  # eagerly: from the call itself
+                self._mod_call(case, arrays, features, with_block_mask=False)
+            assert info.value.reasons, "UnsupportedError without reasons"
+            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+
+        kwargs = suite._oracle_kwargs(np_arrays, case.base)
+        if case.mask_mod is not None:
+            kwargs["mask_mod"] = build_mods(case, np_arrays)["mask_mod"]
+        factory = score_factory(case, np_arrays)
+        if factory is not None:
+            kwargs["score_mod"], kwargs["score_params"] = factory
+        q, k, v = np_arrays["q"], np_arrays["k"], np_arrays["v"]
+        ref = oracle.attention(q, k, v, **kwargs)
+        # Keys no query of a (sequence, KV head) sees: poisoned, never read.
+        b, hq, t, s = ref.visible.shape
+        hkv = case.base.hkv
+        unseen = np.logical_not(np.any(ref.visible.reshape(b, hkv, hq // hkv, t, s), axis=(2, 3)))  # (B, Hkv, S)
+        unseen_bshd = jnp.asarray(np.transpose(unseen, (0, 2, 1))[..., None])
+
+        def poisoned(value: float) -> dict[str, Any]:
+            out = dict(arrays)
+            for name in ("k", "v"):
+                out[name] = jnp.where(unseen_bshd, jnp.asarray(value, arrays[name].dtype), arrays[name])
+            return out
+
+        grad_ok = not suite._supports(self._split(arrays), {**features, **build_mods(case, arrays)}, grad=True)
+        diff_names = [*suite._diff_names(self._split(arrays)), *(MOD_PARAMS.get(case.score_mod or "", ()))]
+        diff_names = diff_names if grad_ok else []
+
+        def run(diff: dict[str, Any], fixed: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+            def loss(diff: dict[str, Any]) -> tuple[Any, Any]:
+                out = self._mod_call(case, {**fixed, **diff}, features, with_block_mask=True)
+                return jnp.sum(out.attention_outputs.astype(jnp.float32) * fixed["d_output"]), out
+
+            if not diff:
+                return self._mod_call(case, fixed, features, with_block_mask=True), {}
+            (_, out), grads = jax.value_and_grad(loss, has_aux=True)(diff)
+            return out, grads
+
+        label = case.describe()
+        jitted = jax.jit(run, compiler_options=suite._compiler_options()) if suite.jit else run
+        with jax.default_matmul_precision("highest"):
+            nan = poisoned(np.nan)
+            out, grads = jitted({n: nan[n] for n in diff_names}, {n: a for n, a in nan.items() if n not in diff_names})
+            eager = self._mod_call(case, poisoned(np.inf), features, with_block_mask=False)
+        suite._check_forward_out(out, ref, dtype, f"jit, block_mask, NaN at unseen keys: {label}")
+        suite._check_forward_out(eager, ref, dtype, f"eager, +Inf at unseen keys: {label}")
+        if grads:
+            back = oracle.attention_backward(q, k, v, np_arrays["d_output"], **kwargs)
+            assert all(np.isfinite(np.asarray(g, np.float64)).all() for g in grads.values()), \
+                f"{label}: non-finite gradients"
+            params = {n: grads.pop(n) for n in list(grads) if n in _PARAM_ARRAYS}
+            suite._check_grads(grads, back, dtype, label)
+            tol = suite.tolerance(dtype).grad
+            for name, got in params.items():
+                assert_close(f"{label} d{name} (captured by the score_mod)", got, back.dscore_params[name], tol)

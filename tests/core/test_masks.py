@@ -1,0 +1,166 @@
+"""jaxattn.masks: the constructors' rules, BlockMask (eager and under jit), the checks of mask_mod
+and score_mod (one InvalidInputError naming the argument), declines, and explain's sparsity line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxattn
+from jaxattn import masks
+from jaxattn.testing import oracle
+
+B, HQ, T, S = 2, 4, 10, 12
+
+
+def grid(mod: masks.MaskMod, b: int = B, h: int = HQ, t: int = T, s: int = S) -> np.ndarray:
+    return oracle.mask_mod_grid(mod, b, h, t, s)
+
+
+def positions(t: int = T, s: int = S) -> tuple[np.ndarray, np.ndarray]:
+    return np.arange(t)[:, None], np.arange(s)[None, :]
+
+
+def test_constructors_follow_their_rules() -> None:
+    i, j = positions()
+    np.testing.assert_array_equal(grid(masks.causal())[0, 0], i >= j)
+    np.testing.assert_array_equal(grid(masks.sliding_window(3, 1))[1, 2], (j >= i - 3) & (j <= i + 1))
+    np.testing.assert_array_equal(grid(masks.sliding_window(2))[0, 0], (j >= i - 2) & (j <= i))
+    np.testing.assert_array_equal(grid(masks.chunked_causal(4))[0, 0], (i // 4 == j // 4) & (i >= j))
+    lengths = np.array([3, 7], np.int32)
+    got = grid(masks.prefix_lm(lengths))
+    for b in range(B):
+        np.testing.assert_array_equal(got[b, 1], (j < lengths[b]) | (i >= j))
+    q_ids = np.array([[0] * 4 + [1] * 6, [0] * 7 + [1] * 3], np.int32)
+    kv_ids = np.array([[0] * 5 + [1] * 7, [0] * 2 + [1] * 10], np.int32)
+    got = grid(masks.document(q_ids, kv_ids))
+    for b in range(B):
+        np.testing.assert_array_equal(got[b, 3], q_ids[b][:, None] == kv_ids[b][None, :])
+    both = grid(masks.and_(masks.causal(), masks.sliding_window(2, 5)))
+    np.testing.assert_array_equal(both[0, 0], (i >= j) & (j >= i - 2))
+    either = grid(masks.or_(masks.sliding_window(0, 0), lambda b, h, q, kv: kv < h))
+    for h in range(HQ):
+        np.testing.assert_array_equal(either[0, h], (i == j) | (j < h))
+    # One function per window: calls with it share their traces and checks.
+    assert masks.sliding_window(3, 1) is masks.sliding_window(3, 1)
+    assert masks.causal() is masks.causal()
+
+
+@pytest.mark.parametrize("bad", [lambda: masks.sliding_window(-1), lambda: masks.chunked_causal(0),
+                                 lambda: masks.and_(), lambda: masks.prefix_lm(np.zeros((2, 2), np.int32)),
+                                 lambda: masks.document(np.zeros((3,), np.int32))])
+def test_constructors_refuse_bad_arguments(bad: object) -> None:
+    with pytest.raises(jaxattn.InvalidInputError):
+        bad()  # type: ignore[operator]
+
+
+def _expected_kind(mod: masks.MaskMod, b: int, h: int, t: int, s: int, bq: int, bk: int) -> np.ndarray:
+    g = grid(mod, b, h, t, s)
+    nq, nk = -(-t // bq), -(-s // bk)
+    kind = np.zeros((b, h, nq, nk), np.int8)
+    for i in range(nq):
+        for j in range(nk):
+            tile = g[:, :, i * bq:(i + 1) * bq, j * bk:(j + 1) * bk]
+            kind[:, :, i, j] = np.where(tile.all(axis=(2, 3)), 2, np.where(tile.any(axis=(2, 3)), 1, 0))
+    return kind
+
+
+def test_block_mask_classifies_tiles_eagerly_and_under_jit() -> None:
+    ids = jnp.asarray([[0] * 5 + [1] * 5 + [2] * 3, [0] * 9 + [1] * 4], jnp.int32)  # T = S = 13: padded tiles
+    mod = masks.and_(masks.causal(), masks.document(ids))
+    want = _expected_kind(mod, 2, 1, 13, 13, 4, 4)
+    bm = masks.block_mask(mod, 2, 1, 13, 13, block_q=4, block_kv=4)
+    assert (bm.shape, bm.block_q, bm.block_kv) == ((2, 1, 13, 13), 4, 4)
+    np.testing.assert_array_equal(np.asarray(bm.kind), want)
+    assert bm.counts() == tuple(int((want == k).sum()) for k in (0, 1, 2))
+    assert "empty" in repr(bm)
+
+    @jax.jit
+    def build(ids: jax.Array) -> masks.BlockMask:  # a traced capture; the BlockMask leaves jit as a pytree
+        return masks.block_mask(masks.and_(masks.causal(), masks.document(ids)), 2, 1, 13, 13, block_q=4, block_kv=4)
+
+    traced = build(ids)
+    assert isinstance(traced, masks.BlockMask)
+    np.testing.assert_array_equal(np.asarray(traced.kind), want)
+    # A mask_mod of neither b nor h gives a BlockMask of (1, 1): it serves any batch and heads.
+    assert masks.block_mask(masks.causal(), 3, 8, 16, 16, block_q=8, block_kv=8).kind.shape == (1, 1, 2, 2)
+
+
+def _qkv(t: int = T, s: int = S) -> tuple[jax.Array, jax.Array, jax.Array]:
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (B, t, HQ, 8))
+    k = jax.random.normal(keys[1], (B, s, 2, 8))
+    v = jax.random.normal(keys[2], (B, s, 2, 8))
+    return q, k, v
+
+
+@pytest.mark.parametrize(("name", "fn", "needle"), [
+    ("mask_mod", lambda b, h, q: q > 0, "failed when traced: TypeError"),
+    ("mask_mod", lambda b, h, q, kv: q - kv, "must return booleans"),
+    ("mask_mod", lambda b, h, q, kv: jnp.ones((3, 3), bool), "must return booleans broadcastable"),
+    ("mask_mod", 3, "must be a function"),
+    ("score_mod", lambda s, b, h, q: s, "failed when traced: TypeError"),
+    ("score_mod", lambda s, b, h, q, kv: s > 0, "must return a floating score"),
+    ("score_mod", lambda s, b, h, q, kv: s[..., :1], "must return a floating score of the logits' shape"),
+])
+def test_bad_functions_get_one_error_naming_the_argument(name: str, fn: object, needle: str) -> None:
+    q, k, v = _qkv()
+    with pytest.raises(jaxattn.InvalidInputError) as info:
+        jaxattn.attention(q, k, v, impl="vanilla", **{name: fn})
+    assert info.value.argument == name
+    assert needle in str(info.value)
+
+
+def test_block_mask_checks() -> None:
+    q, k, v = _qkv()
+    bm = masks.block_mask(masks.causal(), 1, 1, T, S)
+    with pytest.raises(jaxattn.InvalidInputError, match=r"block_mask.*has none"):
+        jaxattn.attention(q, k, v, impl="vanilla", block_mask=bm)
+    wrong = masks.block_mask(masks.causal(), 1, 1, T + 1, S)
+    with pytest.raises(jaxattn.InvalidInputError, match=r"block_mask.*was built for"):
+        jaxattn.attention(q, k, v, impl="vanilla", mask_mod=masks.causal(), block_mask=wrong)
+    with pytest.raises(jaxattn.InvalidTypeError, match="block_mask"):
+        jaxattn.attention(q, k, v, impl="vanilla", mask_mod=masks.causal(), block_mask=np.ones((1, 1, 1, 1)))
+
+
+def test_functions_are_traced_once_per_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    q, k, v = _qkv()
+    traced = []
+
+    def mod(b: jax.Array, h: jax.Array, qi: jax.Array, kv: jax.Array) -> jax.Array:
+        traced.append(1)
+        return qi >= kv
+
+    calls = jax.eval_shape
+    checks = []
+    monkeypatch.setattr(jax, "eval_shape", lambda *a, **kw: checks.append(1) or calls(*a, **kw))
+    for _ in range(3):
+        jaxattn.attention(q, k, v, impl="vanilla", mask_mod=mod)
+    assert len(checks) == 1
+
+
+def test_backends_without_the_feature_decline_with_the_reason() -> None:
+    q, k, v = _qkv(t=1)
+    reasons = jaxattn.get_impl("autoregressive_decodeattn").supports(q, k, v, mask_mod=masks.causal())
+    assert any("mask_mod" in r for r in reasons)
+    with pytest.raises(jaxattn.UnsupportedError, match="score_mod"):
+        jaxattn.attention(q, k, v, impl="autoregressive_decodeattn", score_mod=lambda s, b, h, qi, kv: s)
+
+
+def test_explain_shows_the_block_sparsity() -> None:
+    q, k, v = (jax.ShapeDtypeStruct(x.shape, x.dtype) for x in _qkv(t=S))
+    text = str(jaxattn.explain(q, k, v, mask_mod=masks.causal()))
+    assert "mask_mod tiles" in text and "empty" in text and "partial" in text and "full" in text
+    bm = masks.block_mask(masks.chunked_causal(4), 1, 1, S, S, block_q=4, block_kv=4)
+    text = str(jaxattn.explain(q, k, v, mask_mod=masks.chunked_causal(4), block_mask=bm))
+    assert "mask_mod tiles 4x4: 6 empty, 3 partial, 0 full" in text
+
+
+def test_importing_masks_imports_no_jax() -> None:
+    code = "import jaxattn.masks, sys; from jaxattn import masks; masks.causal(); assert 'jax.numpy' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
