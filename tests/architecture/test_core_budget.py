@@ -10,7 +10,9 @@ beside its writer in jaxattn-bench (the core keeps the tuning interface). Raised
 "Metadata"); the core held 4,515 before them; raised by 120 to 4,740 for
 the SDK's two public surfaces, ``jaxattn.backend``'s name table and ``jaxattn.cli``'s exports (what
 plugins import instead of the core's modules); raised by 30 to 4,770 for ``jaxattn info``'s table of
-every library a backend needs (installed or not) and its paths shortened to 80 columns.
+every library a backend needs (installed or not) and its paths shortened to 80 columns; raised by
+250 to 5,020 for masks and scores as programs (``jaxattn.masks``: the mask_mod constructors,
+``BlockMask``, the checks of mask_mod and score_mod; docs/masks.md).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 4770
+BUDGET = 5020
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

@@ -47,13 +47,17 @@ class ModConformance:
     mod_cases = MOD_CASES
 
     def _mod_arrays(self, case: ModCase, dtype: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        from .conformance import _jax_arrays
-
         np_arrays = make_mod_inputs(case, dtype)
-        plain = {n: a for n, a in np_arrays.items() if n not in (*_INT_ARRAYS, *_PARAM_ARRAYS)}
-        arrays: dict[str, Any] = _jax_arrays(plain, dtype)
-        arrays.update({n: jnp.asarray(np_arrays[n], jnp.int32) for n in _INT_ARRAYS})
-        arrays.update({n: jnp.asarray(np_arrays[n], jnp.float32) for n in _PARAM_ARRAYS})
+        arrays: dict[str, Any] = {}
+        for name, value in np_arrays.items():  # as the suite's _jax_arrays converts them
+            if name == "mask":
+                arrays[name] = jnp.asarray(value, bool)
+            elif name in _INT_ARRAYS or name.endswith("segment_ids") or name == "kv_lengths":
+                arrays[name] = jnp.asarray(value, jnp.int32)
+            elif name in (*_PARAM_ARRAYS, "softmax_aux", "d_output"):
+                arrays[name] = jnp.asarray(value, jnp.float32)
+            else:
+                arrays[name] = jnp.asarray(value, dtype)
         return np_arrays, arrays
 
     @staticmethod
