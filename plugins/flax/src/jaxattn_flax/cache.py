@@ -12,6 +12,12 @@ Two layouts, one class:
   the whole buffer with ``kv_lengths`` (``index`` after the write, per sequence), so causal
   masking and a sliding window align to the last written token, not to the buffer's end
   (docs/contract.md, "Decode over a dense cache"); shapes stay static under ``jit``.
+
+**Capacity.** A fixed cache holds ``max_length`` positions. A write past them is an
+``InvalidInputError`` when ``index`` is concrete (eager calls). Under ``jit`` it cannot raise:
+the write is dropped (the cache's keys, values and ``index`` stay as they were), the call's
+outputs are NaN (never numbers that look right), and ``overflowed`` (a bool scalar, part of
+the cache) becomes and stays True, for the caller to read after the step.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxattn import InvalidInputError
+
 __all__ = ["KVCache"]
 
 
@@ -31,6 +39,7 @@ class KVCache:
     key: Any  # (B, L, Hkv, D)
     value: Any  # (B, L, Hkv, Dv)
     index: Any = None  # int32 scalar: valid positions of a fixed cache; None: a growing cache
+    overflowed: Any = None  # bool scalar of a fixed cache: a write was dropped for want of room (under jit)
 
     @classmethod
     def empty(cls, batch: int, max_length: int, num_kv_heads: int, head_dim: int, dtype: Any = jnp.float32,
@@ -40,6 +49,7 @@ class KVCache:
             key=jnp.zeros((batch, max_length, num_kv_heads, head_dim), dtype),
             value=jnp.zeros((batch, max_length, num_kv_heads, value_head_dim or head_dim), dtype),
             index=jnp.zeros((), jnp.int32),
+            overflowed=jnp.zeros((), bool),
         )
 
     @classmethod
@@ -55,21 +65,25 @@ class KVCache:
     def max_length(self) -> int:
         return int(self.key.shape[1])
 
-    def update(self, key: Any, value: Any) -> tuple[KVCache, Any, Any, Any]:
+    def update(self, key: Any, value: Any) -> tuple[KVCache, Any, Any, Any, Any]:
         """Add ``key``/``value`` (T new positions): the new cache, the keys and values to attend
-        over, and for a fixed cache the valid positions of each sequence ``(B,)`` int32 (the
-        call's ``kv_lengths``; None for a growing cache, whose every position is valid)."""
+        over, for a fixed cache the valid positions of each sequence ``(B,)`` int32 (the call's
+        ``kv_lengths``; None for a growing cache, whose every position is valid), and whether the
+        write fit (a bool scalar for a fixed cache, None for a growing one). A write that does not
+        fit raises when ``index`` is concrete; traced, it leaves the cache as it was."""
         if not self.fixed:
             keys = jnp.concatenate([self.key, key.astype(self.key.dtype)], axis=1)
             values = jnp.concatenate([self.value, value.astype(self.value.dtype)], axis=1)
-            return KVCache(keys, values), keys, values, None
+            return KVCache(keys, values), keys, values, None, None
         t = key.shape[1]
         _check_room(self.index, t, self.max_length)
+        fits = self.index + t <= self.max_length
         start = (0, self.index, 0, 0)
-        keys = jax.lax.dynamic_update_slice(self.key, key.astype(self.key.dtype), start)
-        values = jax.lax.dynamic_update_slice(self.value, value.astype(self.value.dtype), start)
-        lengths = jnp.full((key.shape[0],), self.index + t, jnp.int32)
-        return KVCache(keys, values, self.index + t), keys, values, lengths
+        keys, values = (_write(buf, x, start, fits) for buf, x in ((self.key, key), (self.value, value)))
+        index = jnp.where(fits, self.index + t, self.index).astype(jnp.int32)
+        lengths = jnp.full((key.shape[0],), index, jnp.int32)
+        overflowed = jnp.logical_or(False if self.overflowed is None else self.overflowed, ~fits)
+        return KVCache(keys, values, index, overflowed), keys, values, lengths, fits
 
 
 def valid_mask(lengths: Any, t: int, max_length: int, causal: bool, window: tuple[int, int] | None) -> Any:
@@ -86,13 +100,24 @@ def valid_mask(lengths: Any, t: int, max_length: int, causal: bool, window: tupl
         mask &= (key_pos >= query_pos - window[0]) & (key_pos <= query_pos + window[1])
     return mask
 
+def _write(buffer: Any, x: Any, start: tuple[Any, ...], fits: Any) -> Any:
+    """``x`` written at ``start``, or (where it does not fit) what was there: dynamic_update_slice
+    clamps an overflowing start and would overwrite the newest positions. Selecting on the
+    slice, not the buffer, keeps the update in place."""
+    old = jax.lax.dynamic_slice(buffer, start, x.shape)  # clamped as the update below is
+    return jax.lax.dynamic_update_slice(buffer, jnp.where(fits, x.astype(buffer.dtype), old), start)
+
+
 def _check_room(index: Any, t: int, length: int) -> None:
-    # dynamic_update_slice clamps an overflowing write (it would overwrite the last positions
-    # silently); an index known outside jit is checked here, a traced one cannot be.
+    # An index known outside jit is checked here; a traced one cannot raise (update() then drops
+    # the write and the caller's outputs become NaN, with the cache's overflowed flag set).
+    if t > length:  # static: no index makes room
+        raise InvalidInputError("key_states", f"KV cache overflow: {t} new positions > max_length {length}",
+                                "allocate a longer cache (init_cache / KVCache.empty)")
     try:
         used = int(index)
     except (TypeError, jax.errors.ConcretizationTypeError):
         return
     if used + t > length:
-        raise ValueError(f"KV cache overflow: {used} positions used + {t} new > max_length {length}; "
-                         "allocate a longer cache (init_cache / KVCache.empty)")
+        raise InvalidInputError("key_states", f"KV cache overflow: {used} positions used + {t} new > max_length "
+                                f"{length}", "allocate a longer cache (init_cache / KVCache.empty)")

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import jaxattn
-from jaxattn import AttentionMetadata, AttentionOutput
+from jaxattn import AttentionMetadata, AttentionOutput, Feature, InvalidInputError
 from jaxattn.backend import window_pair
 
 from .cache import KVCache, valid_mask
@@ -41,6 +41,13 @@ Mode = Literal["train", "prefill", "decode"]
 def _get(var: Any) -> Any:
     # flax >= 0.12 deprecates .value in favour of get_value(); 0.10 has only .value
     return var.get_value() if hasattr(var, "get_value") else var.value
+
+
+def _does_dropout(name: str, metadata: AttentionMetadata) -> bool:
+    try:
+        return Feature.DROPOUT in jaxattn.get_impl(name, metadata).features
+    except jaxattn.JaxattnError:  # not usable with this metadata: not a way out
+        return False
 
 
 def _set(var: Any, value: Any) -> None:
@@ -59,7 +66,8 @@ class FlexibleAttentionModule(nnx.Module):
         attention_mechanism: an impl name ("auto", "vanilla", "cudnn", "flash_attn2", ...) or
             an ``AttentionMechanisms`` member.
         dtype: compute dtype (inputs are cast to it; the output has it). None keeps the inputs'.
-        cache_dtype: dtype of a held KV cache (default: ``dtype``, else float32).
+        cache_dtype: a floating dtype for a held KV cache (default: ``dtype``, else float32);
+            keys and values are stored in it and read back in the compute dtype.
         causal, sliding_window, logits_soft_cap, softmax_scale, dropout_prob: the call's
             features, fixed for the module (see ``jaxattn.attention``).
         metadata: an ``AttentionMetadata`` (its ``runtime_dtype`` is replaced by ``dtype`` if given).
@@ -72,6 +80,7 @@ class FlexibleAttentionModule(nnx.Module):
     cached_key: nnx.Cache[Any]
     cached_value: nnx.Cache[Any]
     cache_index: nnx.Cache[Any]
+    cache_overflowed: nnx.Cache[Any]
 
     def __init__(
         self,
@@ -100,12 +109,27 @@ class FlexibleAttentionModule(nnx.Module):
         self.attention_mechanism = str(getattr(attention_mechanism, "value", attention_mechanism)).lower()
         self.dtype = None if dtype is None else jnp.dtype(dtype)
         self.cache_dtype = jnp.dtype(cache_dtype or dtype or jnp.float32)
+        if not jnp.issubdtype(self.cache_dtype, jnp.floating):
+            raise InvalidInputError("cache_dtype", f"must be a floating dtype, got {self.cache_dtype}",
+                                    "for an int8 / float8 cache quantize it with jaxattn.quantize_kv and call "
+                                    "jaxattn.attention or paged_attention with k_scale / v_scale")
         self.causal, self.sliding_window, self.logits_soft_cap = causal, sliding_window, logits_soft_cap
         self.softmax_scale, self.dropout_prob = softmax_scale, dropout_prob
         self.metadata = md
         self.rngs = rngs
         # Resolved once: an unknown or unusable name fails here, not at the first forward pass.
-        self.impl: jaxattn.AttentionImpl = jaxattn.get_impl(self.attention_mechanism, md)
+        impl = jaxattn.get_impl(self.attention_mechanism, md)
+        if not isinstance(impl, jaxattn.AttentionImpl):
+            raise InvalidInputError("attention_mechanism", f"{self.attention_mechanism!r} is a paged impl; the module "
+                                    "attends over dense query/key/value states",
+                                    "name a dense impl ('auto', 'vanilla', ...), or call jaxattn.paged_attention / "
+                                    "ragged_paged_attention with a paged cache")
+        if dropout_prob > 0 and Feature.DROPOUT not in impl.features:
+            dropping = sorted({i.name for i in jaxattn.list_impls()
+                               if i.kind == "dense" and i.usable_here and _does_dropout(i.name, md)})
+            raise InvalidInputError("dropout_prob", f"impl {impl.name()!r} does no dropout",
+                                    f"use one that does ({', '.join(['auto', *dropping])}), or dropout_prob=0")
+        self.impl: jaxattn.AttentionImpl = impl
         # cached_key / cached_value / cache_index exist only after init_cache(): NNX fixes an
         # attribute's kind (static or data) at its first assignment, so no None placeholders.
 
@@ -115,17 +139,26 @@ class FlexibleAttentionModule(nnx.Module):
         empty = KVCache.empty(batch_size, max_length, self.num_kv_heads, self.head_dims, self.cache_dtype)
         self.cached_key, self.cached_value = nnx.Cache(empty.key), nnx.Cache(empty.value)
         self.cache_index = nnx.Cache(empty.index)
+        self.cache_overflowed = nnx.Cache(empty.overflowed)
 
     @property
     def held_cache(self) -> KVCache | None:
         if not hasattr(self, "cache_index"):
             return None
-        return KVCache(_get(self.cached_key), _get(self.cached_value), _get(self.cache_index))
+        return KVCache(_get(self.cached_key), _get(self.cached_value), _get(self.cache_index),
+                       _get(self.cache_overflowed))
+
+    @property
+    def cache_overflowed_flag(self) -> Any:
+        """The held cache's flag (a bool scalar): a write did not fit under jit and was dropped,
+        that call's outputs NaN. None without a held cache."""
+        return _get(self.cache_overflowed) if hasattr(self, "cache_overflowed") else None
 
     def _store(self, cache: KVCache) -> None:
         _set(self.cached_key, cache.key)
         _set(self.cached_value, cache.value)
         _set(self.cache_index, cache.index)
+        _set(self.cache_overflowed, cache.overflowed)
 
     # -- calls ---------------------------------------------------------------------------------
     @overload
@@ -146,6 +179,10 @@ class FlexibleAttentionModule(nnx.Module):
         """Attend. ``attention_mask`` is boolean, broadcastable to ``(B, Hq, T, S)`` (True = attend);
         ``segment_ids`` ``(B, T)`` marks packed sequences in training calls."""
         self._check_heads(query_states, key_states, value_states)
+        # the compute dtype: the states are cast to it, and so is what the cache gives back
+        compute = self.dtype or jnp.result_type(query_states, key_states, value_states)
+        query_states, key_states, value_states = (jnp.asarray(x).astype(compute)
+                                                  for x in (query_states, key_states, value_states))
         cache_in = cache if cache is not None else self.held_cache
         mode = mode or ("train" if cache_in is None else "decode" if query_states.shape[1] == 1 else "prefill")
         features = self._features(deterministic, dropout_rng)
@@ -161,11 +198,14 @@ class FlexibleAttentionModule(nnx.Module):
             raise ValueError(f"mode='decode' takes one new position (T=1), got T={query_states.shape[1]}")
         if segment_ids is not None:
             raise ValueError("segment_ids are for packed training calls, not for cached prefill/decode")
-        new_cache, keys, values, lengths = cache_in.update(key_states, value_states)
+        new_cache, keys, values, lengths, fits = cache_in.update(key_states, value_states)
+        keys, values = keys.astype(compute), values.astype(compute)
         if lengths is None:  # growing cache: causal bottom-right alignment does the masking
             out = self.impl(query_states, keys, values, attention_mask, bias, None, self.causal, **features)
         else:
             out = self._attend_fixed(query_states, keys, values, lengths, attention_mask, bias, features)
+            # a traced write that did not fit was dropped: NaN, never outputs that look right
+            out = jax.tree.map(lambda x: jnp.where(fits, x, jnp.nan).astype(x.dtype), out)
         if cache is not None:
             return out, new_cache
         self._store(new_cache)
