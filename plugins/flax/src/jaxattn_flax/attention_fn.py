@@ -160,10 +160,10 @@ def _check_shapes(query: Any, key: Any, value: Any) -> tuple[int, ...]:
                                 f"{value.ndim}")
     batch_shape = tuple(query.shape[:-3])
     if tuple(key.shape[:-3]) != batch_shape or tuple(value.shape[:-3]) != batch_shape:
-        raise InvalidInputError("key", f"batch dims must match: query {batch_shape}, key {key.shape[:-3]}, "
+        raise InvalidInputError("key", f"batch dims differ: query {batch_shape}, key {key.shape[:-3]}, "
                                 f"value {value.shape[:-3]}")
     if key.shape[-3] != value.shape[-3]:
-        raise InvalidInputError("value", f"key and value lengths must match, got {key.shape[-3]} and "
+        raise InvalidInputError("value", f"key and value lengths differ: {key.shape[-3]} and "
                                 f"{value.shape[-3]}")
     return batch_shape
 
