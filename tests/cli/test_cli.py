@@ -130,7 +130,7 @@ def test_list_kind_filters_dense_and_paged(capsys: pytest.CaptureFixture[str]) -
     _register_paged()
     rows = {r["name"]: r for r in run_json(capsys, "list")}
     assert rows["vanilla_paged"]["kind"] == "paged" and rows["wide"]["kind"] == "dense"
-    aliases = ["ragged_page_attention_v3", "ragged_page_attention_v2", "page_attention"]
+    aliases = ["ragged_page_attention_v3", "ragged_page_attention_v2", "ragged_page_attention", "page_attention"]
     assert rows["vanilla_paged"]["aliases"] == aliases
     paged = {r["name"] for r in run_json(capsys, "list", "--kind", "paged")}
     assert paged == {"vanilla_paged", "decode_only"}

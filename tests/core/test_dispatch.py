@@ -108,7 +108,8 @@ def test_unknown_name_lists_known_and_available() -> None:
     assert "nonesuch" in text and "plain" in text and "jaxattn list" in text
 
 
-@pytest.mark.parametrize("name", ["ragged_page_attention_v3", "ragged_page_attention_v2", "page_attention",
+@pytest.mark.parametrize("name", ["ragged_page_attention_v3", "ragged_page_attention_v2", "ragged_page_attention",
+                                  "page_attention",
                                   "autoregressive_decodeattn", "blockwise", "flash_attn2"])
 def test_known_mechanism_without_a_plugin_says_which_plugin_brings_it(name: str) -> None:
     jaxattn.register_impl(PlainImpl)

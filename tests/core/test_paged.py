@@ -126,8 +126,9 @@ def test_decode_form_takes_rank_3_and_rank_4_queries() -> None:
 
 
 def test_names_resolve_to_paged_impls_and_kinds_do_not_mix() -> None:
-    impl = jaxattn.get_impl("ragged_page_attention_v2")
-    assert isinstance(impl, PagedAttentionImpl) and impl.name() == "vanilla_paged"
+    for name in ("ragged_page_attention_v2", "ragged_page_attention"):  # EasyDeL's names of this op
+        impl = jaxattn.get_impl(name)
+        assert isinstance(impl, PagedAttentionImpl) and impl.name() == "vanilla_paged"
     assert isinstance(jaxattn.get_impl("auto", kind="paged"), PagedAttentionImpl)
     q = jnp.ones((1, 4, 4, 8))
     with pytest.raises(InvalidInputError, match="is a paged impl; attention\\(\\) runs dense ones"):

@@ -69,7 +69,7 @@ def test_registration_and_listing_import_no_kernel() -> None:
         ragged = rows["ragged_page_attention_v3", "jaxattn-pallas"]
         decode = rows["page_attention", "jaxattn-pallas"]
         assert ragged.platforms == ("tpu",) and ragged.priority == 100, ragged
-        assert ragged.aliases == ("ragged_page_attention_v2",), ragged
+        assert ragged.aliases == ("ragged_page_attention_v2", "ragged_page_attention"), ragged
         assert decode.platforms == ("tpu",) and decode.priority == 50, decode
         assert rows["vanilla_paged", "jaxattn-vanilla"].priority == 0
         import jax, numpy as np
@@ -92,7 +92,8 @@ def test_registration_and_listing_import_no_kernel() -> None:
 def test_each_name_has_one_provider_per_platform() -> None:
     reg = registry()
     kernels = {"page_attention": PallasPagedDecode, "ragged_page_attention_v3": PallasRaggedPagedAttention,
-               "ragged_page_attention_v2": PallasRaggedPagedAttention}
+               "ragged_page_attention_v2": PallasRaggedPagedAttention,
+               "ragged_page_attention": PallasRaggedPagedAttention}
     for name, pallas in kernels.items():
         providers = reg.providers_of(name)
         assert all(not list(reg.conflicting(p)) for p in providers)

@@ -47,7 +47,7 @@ S = jax.ShapeDtypeStruct
 I32 = jnp.int32
 PAGED: dict[str, type[Backend[Any]]] = {
     "page_attention": TritonPagedDecode, "ragged_page_attention_v3": TritonRaggedPagedAttention,
-    "ragged_page_attention_v2": TritonRaggedPagedAttention,
+    "ragged_page_attention_v2": TritonRaggedPagedAttention, "ragged_page_attention": TritonRaggedPagedAttention,
 }  # fmt: skip
 def _dense(**kw: Any) -> AttentionProblem:
     base: dict[str, Any] = {
@@ -74,7 +74,7 @@ def test_registration_and_listing_import_no_kernel_library() -> None:
         decode = rows["page_attention", "jaxattn-triton"]
         dense = rows["autoregressive_decodeattn", "jaxattn-triton"]
         assert (ragged.kind, ragged.platforms, ragged.priority) == ("paged", ("cuda",), 100), ragged
-        assert ragged.aliases == ("ragged_page_attention_v2",), ragged
+        assert ragged.aliases == ("ragged_page_attention_v2", "ragged_page_attention"), ragged
         assert (decode.kind, decode.platforms, decode.priority) == ("paged", ("cuda",), 100), decode
         assert (dense.kind, dense.platforms, dense.priority) == ("dense", ("cuda",), 100), dense
         import jaxattn_triton.decode_impl, jaxattn_triton.paged_impl

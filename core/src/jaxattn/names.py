@@ -30,6 +30,7 @@ class AttentionMechanisms(StrEnum):
     PAGED_ATTENTION = "page_attention"
     RAGGED_PAGE_ATTENTION_V2 = "ragged_page_attention_v2"
     RAGGED_PAGE_ATTENTION_V3 = "ragged_page_attention_v3"
+    RAGGED_PAGE_ATTENTION = "ragged_page_attention"  # EasyDeL's unversioned name of the same op
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,7 @@ PROVIDERS: dict[str, tuple[MechanismSource, ...]] = {
     "page_attention": (_VANILLA, _TRITON, _PALLAS),
     "ragged_page_attention_v2": (_VANILLA, _TRITON, _PALLAS),
     "ragged_page_attention_v3": (_VANILLA, _TRITON, _PALLAS),
+    "ragged_page_attention": (_VANILLA, _TRITON, _PALLAS),
 }
 
 #: This project's plugin distributions. A name one of them provides is a built-in name: another

@@ -38,12 +38,12 @@ PALLAS_FLASH = ImplRef(
 # references of the same names (0), which they take over on TPUs (declared in overrides=).
 PALLAS_RAGGED_PAGE_ATTENTION = ImplRef(
     "jaxattn_pallas.ragged_impl:PallasRaggedPagedAttention",
-    names=("ragged_page_attention_v3", "ragged_page_attention_v2"),
+    names=("ragged_page_attention_v3", "ragged_page_attention_v2", "ragged_page_attention"),
     platforms=("tpu",),
     priority=100,
     description="Pallas TPU ragged paged attention (mixed prefill and decode, window, soft cap)",
     kind="paged",
-    overrides=("ragged_page_attention_v3", "ragged_page_attention_v2"),
+    overrides=("ragged_page_attention_v3", "ragged_page_attention_v2", "ragged_page_attention"),
     dtypes=SUPPORTED_DTYPES,
     features={
         Feature.GQA, Feature.VALUE_DIM, Feature.SLIDING_WINDOW, Feature.SOFT_CAP, Feature.MULTI_TOKEN,

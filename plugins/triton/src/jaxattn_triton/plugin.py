@@ -67,12 +67,12 @@ PAGED_FEATURES = frozenset({
 })
 RAGGED_PAGE_ATTENTION = ImplRef(
     "jaxattn_triton.paged_impl:TritonRaggedPagedAttention",
-    names=("ragged_page_attention_v3", "ragged_page_attention_v2"),
+    names=("ragged_page_attention_v3", "ragged_page_attention_v2", "ragged_page_attention"),
     platforms=("cuda",),
     priority=100,
     description="Triton split-K ragged paged attention (CUDA GPUs, fp16/bf16; mixed prefill+decode)",
     kind="paged",
-    overrides=("ragged_page_attention_v3", "ragged_page_attention_v2"),
+    overrides=("ragged_page_attention_v3", "ragged_page_attention_v2", "ragged_page_attention"),
     dtypes=DTYPES,
     head_dims=(1, MAX_HEAD_DIM),
     features=PAGED_FEATURES,

@@ -68,10 +68,12 @@ DECODE = ImplRef(
 # The paged mechanisms' reference (kind "paged"), on every platform at the lowest priority:
 # kernel plugins provide the mechanism names for their platforms above it, and "auto" still
 # sees it under its own name. v2 and v3 differ in EasyDeL by kernel generation and cache
-# layout; here the contract fixes the call, so both name this op (docs/serving.md).
+# layout; here the contract fixes the call, so both name this op (docs/serving.md), and so does
+# EasyDeL's unversioned "ragged_page_attention".
 VANILLA_PAGED = ImplRef(
     "jaxattn_vanilla.paged.impl:PagedReference",
-    names=("vanilla_paged", "ragged_page_attention_v3", "ragged_page_attention_v2", "page_attention"),
+    names=("vanilla_paged", "ragged_page_attention_v3", "ragged_page_attention_v2", "ragged_page_attention",
+           "page_attention"),
     platforms=EVERYWHERE,
     priority=0,
     description="pure-JAX paged attention (gather the pages, then attend), every paged call",
