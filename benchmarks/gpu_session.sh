@@ -3,15 +3,15 @@
 # the wheels built by benchmarks/gpu_wheels.sh (carried in .whl/), then run what a stage
 # names, writing logs and JSON under $OUT. Usage: bash benchmarks/gpu_session.sh STAGE...
 #   tests     the GPU tests of the dense and serving backends (cuDNN, Triton, serving)
-#   paged     benchmarks/triton_paged_check.py: numerics and bandwidth of the Triton paged kernels
-#   sweep     benchmarks/triton_paged_check.py --sweep: tiles and key splits of the paged kernel
+#   paged     plugins/triton/benchmarks/triton_paged_check.py: numerics and bandwidth of the Triton paged kernels
+#   sweep     plugins/triton/benchmarks/triton_paged_check.py --sweep: tiles and key splits of the paged kernel
 #   serving   jaxattn bench --serving: every serving backend side by side (GB/s); SERVING_S budget,
 #             SERVING_IMPLS backends
 #   info      jaxattn info and jaxattn list (what is installed and usable on this machine)
 #   dense     jaxattn bench on the D=128 flash targets (regression check of the dense kernels)
 #   mosaic    the GPU tests of mosaic_flash (tests/mosaic), one line per test as it ends, so a
 #             time limit still shows what failed; MOSAIC_S budget, MOSAIC_K a pytest -k filter
-#   feature   benchmarks/feature_bench.py --feature FEATURE (soft_cap or window, the default)
+#   feature   plugins/mosaic/benchmarks/feature_bench.py --feature FEATURE (soft_cap or window, the default)
 #   mosaic-bench  benchmarks/mosaic_bench.py --check --bench --bwd at D 128, 64 and 256 (MOSAIC_HEAD_DIMS), beside cuDNN
 #             and tokamax (when gpu_wheels.sh ran with TOKAMAX=1)
 set -uo pipefail
@@ -36,11 +36,11 @@ for stage in "$@"; do
         > "$OUT/gpu-tests.log" 2>&1
       tail -n 40 "$OUT/gpu-tests.log" ;;
     paged)
-      python3 benchmarks/triton_paged_check.py --check --bench --ragged --deadline-s 300 \
+      python3 plugins/triton/benchmarks/triton_paged_check.py --check --bench --ragged --deadline-s 300 \
         --json "$OUT/triton_paged.json" > "$OUT/triton_paged.txt" 2>&1
       tail -n 60 "$OUT/triton_paged.txt" ;;
     sweep)
-      python3 benchmarks/triton_paged_check.py --sweep --deadline-s "${SWEEP_S:-300}" \
+      python3 plugins/triton/benchmarks/triton_paged_check.py --sweep --deadline-s "${SWEEP_S:-300}" \
         --json "$OUT/sweep.json" > "$OUT/sweep.txt" 2>&1
       grep -E "sweep ps" "$OUT/sweep.txt" | sort -t: -k2 | head -n 120 ;;
     serving)
@@ -66,7 +66,7 @@ for stage in "$@"; do
         > "$OUT/mosaic-bench.txt" 2>&1
       grep -v WARNING "$OUT/mosaic-bench.txt" | grep -E "^\||FAIL|unavailable" | cut -c1-220 ;;
     feature)
-      timeout "${FEATURE_S:-400}" python3 benchmarks/feature_bench.py --feature "${FEATURE:-window}" > "$OUT/feature.txt" 2>&1
+      timeout "${FEATURE_S:-400}" python3 plugins/mosaic/benchmarks/feature_bench.py --feature "${FEATURE:-window}" > "$OUT/feature.txt" 2>&1
       grep -v WARNING "$OUT/feature.txt" | tail -n 12 | cut -c1-300 ;;
     *) echo "unknown stage $stage" ;;
   esac

@@ -63,3 +63,16 @@ def test_the_history_pattern_catches_what_it_is_for() -> None:
     plain = ("`benchmarks/gpu_session.sh`", "a serving session's steps", "one XLA cache for the session")
     for phrase in plain:
         assert not HISTORY.search(phrase), phrase
+
+
+#: benchmarks/ holds what a user runs; kernel-development probes live beside their plugin
+#: (plugins/<name>/benchmarks/).
+MAX_BENCHMARKS = 6
+
+
+def test_benchmarks_holds_only_what_a_user_runs() -> None:
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").iterdir() if p.is_file() and not p.name.startswith("."))
+    assert len(scripts) <= MAX_BENCHMARKS, (
+        f"benchmarks/ holds {len(scripts)} files (at most {MAX_BENCHMARKS}): {scripts}; move a kernel-development "
+        "probe beside its plugin (plugins/<name>/benchmarks/)"
+    )

@@ -1,4 +1,4 @@
-"""benchmarks/triton_measure.py, the Triton scripts' kernel timer, samples as ``jaxattn bench`` does
+"""plugins/triton/benchmarks/triton_measure.py, the Triton scripts' kernel timer, samples as ``jaxattn bench`` does
 (any platform: it times any jitted fn)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ pytest.importorskip("jaxattn_triton")
 
 
 def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "triton_measure.py"
+    path = Path(__file__).resolve().parents[2] / "plugins" / "triton" / "benchmarks" / "triton_measure.py"
     spec = importlib.util.spec_from_file_location("triton_measure", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -8,7 +8,7 @@ Imported on first use, after ``._env`` has chosen the interpreter or the GPU (tr
 import triton
 import triton.language as tl
 
-from jaxattn_triton.kernels.widen import widen, widen_words
+from jaxattn_triton.kernels.widen import join_lanes, widen, word_lanes
 
 
 @triton.jit
@@ -18,5 +18,6 @@ def probe(X, W, Y, Z, FMT: tl.constexpr, ASM: tl.constexpr):
     y = widen(tl.load(X + rows[:, None] * 16 + tl.arange(0, 16)[None, :]), FMT, Y.dtype.element_ty, ASM)
     tl.store(Y + rows[:, None] * 16 + tl.arange(0, 16)[None, :], y)
     w = tl.load(W + rows[:, None] * 4 + tl.arange(0, 4)[None, :])
-    z = widen_words(w, FMT, Z.dtype.element_ty, ASM, 16, 4)
+    e0, e1, e2, e3 = word_lanes(w, FMT, Z.dtype.element_ty, ASM)
+    z = join_lanes(e0, e1, e2, e3, 16, 16)
     tl.store(Z + rows[:, None] * 16 + tl.arange(0, 16)[None, :], z)

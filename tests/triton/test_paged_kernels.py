@@ -391,7 +391,7 @@ def _run_poisoned(lz: Any, inputs: list[Any]) -> list[Any]:
 def test_merge_in_the_launch(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # With splits the last split of each program group merges in the attention launch (FUSE):
     # every group draws exactly one ticket per split, every row (padding rows, empty sequences)
-    # is written over NaN-filled outputs, and the result is bit for bit the two-launch merge's.
+    # is written over NaN-filled outputs, and the result is the float64 oracle's.
     from jaxattn_triton import torch_launch
 
     p = CASES[name]
@@ -411,12 +411,6 @@ def test_merge_in_the_launch(name: str, monkeypatch: pytest.MonkeyPatch) -> None
     tickets = launches[0][1][5]
     assert tickets.shape == (launches[0][0].grid[0] * launches[0][0].grid[1],)
     assert bool((tickets == tiles.num_splits).all()), tickets
-    monkeypatch.setenv("JAXATTN_TRITON_FUSE", "0")
-    launches.clear()
-    two_out, two_lse = run_kernels(p, x)
-    assert len(launches) == 2 and not launches[0][0].constexprs["FUSE"]
-    np.testing.assert_array_equal(fused_out, two_out)
-    np.testing.assert_array_equal(fused_lse, two_lse)
     want_out, want_lse = expected(p, x)
     _close("out", fused_out, want_out, TOL[p.dtype])
     _close("lse", fused_lse, want_lse, TOL[p.dtype])

@@ -280,18 +280,16 @@ def test_q_k_in_fp16_keeps_rows_of_any_magnitude(fmt: str, gran: str) -> None:
 
 
 @pytest.mark.skipif(not BF16_DOT_OK, reason="this triton's interpreter multiplies bf16 bits as ints")
-@pytest.mark.parametrize("lanes", ["0", "1"])
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("gran", ["head", "token"])
-def test_v_read_as_words_joined_or_by_lanes(lanes: str, fmt: str, gran: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # V read as int32 words (Dv a power of two >= 32, a 16-bit q): widened and joined into one
-    # tile for P @ V, or (V_LANES) four dots, one per byte lane, into an accumulator split and
-    # joined again around each sweep; decode with splits and an empty sequence, and a ragged
-    # batch with padding rows, against the float64 oracle.
-    monkeypatch.setenv("JAXATTN_TRITON_V_LANES", lanes)
+def test_v_read_as_words_by_lanes(fmt: str, gran: str) -> None:
+    # V read as int32 words (Dv a power of two >= 32, a 16-bit q): P @ V as four dots, one per
+    # byte lane, into an accumulator split and joined again around each sweep; decode with
+    # splits and an empty sequence, and a ragged batch with padding rows, against the float64
+    # oracle.
     for shape in (base.rep(DECODE, dtype="bfloat16", d=32), base.rep(RAGGED, dtype="bfloat16", d=32, sinks=True)):
         spec = dataclasses.replace(base.spec_of(shape, base.make(shape)), cache_dtype=fmt)
-        assert LP.v_words(spec) and LP.v_lanes(spec) is (lanes == "1")
+        assert LP.v_words(spec)
         run_quantized(Quant(shape, k_fmt=fmt, k_gran=gran))
 
 
@@ -302,10 +300,12 @@ def test_int8_offset_is_taken_out(dtype: str, gran: str, monkeypatch: pytest.Mon
     # An int8 cache widened to fp16 as (v + 128) 2^-24 (INT8_OFFSET): the scores lose 128 sum(q)
     # and the accumulator 128 sum(P). Against the float64 oracle (run_quantized), and against
     # the exact widening of the same call to within float32's rounding of the offset's sums:
-    # the oracle's tolerance for a 16-bit q would let an offset taken out wrong by 1% pass.
+    # the oracle's tolerance for a 16-bit q would let an offset taken out wrong by 1% pass. The
+    # exact form (widen.py's format 1) is what the kernel runs for a float32 q or per-token V
+    # scales; here the test selects it for the same call.
     out, lse = {}, {}
     for offset in ("1", "0"):
-        monkeypatch.setenv("JAXATTN_TRITON_INT8_OFFSET", offset)
+        monkeypatch.setattr(LP, "int8_offset", lambda spec, on=offset == "1": on and spec.cache_dtype == "int8")
         shapes = (base.rep(DECODE, dtype=dtype, d=32), base.rep(RAGGED, dtype=dtype, d=32, sinks=True))
         for i, shape in enumerate(shapes):
             v_scale = (0, 0, 0) if gran == "tensor" else (0, 0, 1)
@@ -326,12 +326,11 @@ def test_int8_offset_is_taken_out(dtype: str, gran: str, monkeypatch: pytest.Mon
         assert np.all(np.abs(la - lb) <= 1e-4 * (1 + np.abs(lb))), i
 
 
-def test_q_k_runs_in_fp16_for_a_bf16_q_over_a_narrow_k(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_q_k_runs_in_fp16_for_a_bf16_q_over_a_narrow_k() -> None:
     spec = LP.PagedSpec(
         num_tokens=16, max_seqs=16, q_len=1, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
         dtype="bfloat16", num_pages=16 * 64, page_size=16, pages_per_seq=64,
     )  # fmt: skip
-    monkeypatch.delenv("JAXATTN_TRITON_QK_F16", raising=False)
     for fmt in FORMATS:
         for scale in (None, (0, 0, 0), (0, 0, 1), (128, 8, 1)):
             quantized = dataclasses.replace(spec, cache_dtype=fmt, k_scale=scale)
@@ -340,8 +339,6 @@ def test_q_k_runs_in_fp16_for_a_bf16_q_over_a_narrow_k(monkeypatch: pytest.Monke
             assert not LP.qk_f16(dataclasses.replace(quantized, dtype="float16"))
             assert not LP.qk_f16(dataclasses.replace(quantized, dtype="float32"))
     assert not LP.qk_f16(spec)
-    monkeypatch.setenv("JAXATTN_TRITON_QK_F16", "0")
-    assert not LP.qk_f16(dataclasses.replace(spec, cache_dtype="int8"))
 
 
 @pytest.mark.parametrize("splits", [1, 2])
@@ -423,7 +420,7 @@ def test_default_tiles_of_a_quantized_cache() -> None:
     assert LP.default_tiles(prefill).decode_q == 0
 
 
-def test_p_v_runs_in_fp16_for_a_bf16_q_over_a_narrow_v_with_row_scales(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_p_v_runs_in_fp16_for_a_bf16_q_over_a_narrow_v_with_row_scales() -> None:
     # Every format's values are exact in fp16, and P in [0, 1] fits it; per-token V scales ride
     # in P (P diag(vs)), which fp16's range may not hold; a 16-bit cache is not widened at all.
     spec = LP.PagedSpec(
@@ -431,7 +428,6 @@ def test_p_v_runs_in_fp16_for_a_bf16_q_over_a_narrow_v_with_row_scales(monkeypat
         dtype="bfloat16", num_pages=16 * 64, page_size=16, pages_per_seq=64,
     )  # fmt: skip
     per_tensor, per_head, per_token = (0, 0, 0), (0, 0, 1), (128, 8, 1)
-    monkeypatch.delenv("JAXATTN_TRITON_PV_F16", raising=False)
     for fmt in ("int8", "float8_e4m3fn", "float8_e5m2"):
         for scale, want in ((None, True), (per_tensor, True), (per_head, True), (per_token, False)):
             quantized = dataclasses.replace(spec, cache_dtype=fmt, v_scale=scale)
@@ -440,20 +436,17 @@ def test_p_v_runs_in_fp16_for_a_bf16_q_over_a_narrow_v_with_row_scales(monkeypat
             assert not LP.pv_f16(dataclasses.replace(quantized, dtype="float16"))
             assert not LP.pv_f16(dataclasses.replace(quantized, dtype="float32"))
     assert not LP.pv_f16(spec)
-    monkeypatch.setenv("JAXATTN_TRITON_PV_F16", "0")
-    assert not LP.pv_f16(dataclasses.replace(spec, cache_dtype="float8_e4m3fn", v_scale=per_head))
 
 
-def test_k_widening_follows_the_format_and_the_scales(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_k_widening_follows_the_format_and_the_scales() -> None:
     # widen.py's bit tricks for K where they measured faster (int8, e5m2, and e4m3 with per-token
     # scales); Triton's own cast for an e4m3 K with one scale per row; never for 16-bit caches or
-    # a float32 q; the switch forces either way.
+    # a float32 q.
     spec = LP.PagedSpec(
         num_tokens=16, max_seqs=16, q_len=1, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
         dtype="bfloat16", num_pages=16 * 64, page_size=16, pages_per_seq=64,
     )  # fmt: skip
     per_head, per_token = (0, 0, 1), (128, 8, 1)
-    monkeypatch.delenv("JAXATTN_TRITON_K_WIDEN", raising=False)
     # int8 widens to fp16 (Q K^T in fp16 for a bf16 q) with its offset left in (INT8_OFFSET).
     want = {("int8", per_head): LP.INT8_OFFSET, ("int8", per_token): LP.INT8_OFFSET, ("float8_e4m3fn", per_head): 0,
             ("float8_e4m3fn", per_token): 2, ("float8_e5m2", per_head): 3, ("float8_e5m2", per_token): 3}  # fmt: skip
@@ -468,19 +461,9 @@ def test_k_widening_follows_the_format_and_the_scales(monkeypatch: pytest.Monkey
     pv16 = dataclasses.replace(spec, cache_dtype="float8_e4m3fn", k_scale=per_head, v_scale=per_head)
     assert LP.pv_f16(pv16) and LP.k_widen(pv16) == 2
     e4m3 = dataclasses.replace(pv16, v_scale=per_token)
-    monkeypatch.setenv("JAXATTN_TRITON_K_WIDEN", "1")
-    assert LP.k_widen(e4m3) == 2
-    monkeypatch.setenv("JAXATTN_TRITON_K_WIDEN", "0")
-    assert LP.k_widen(dataclasses.replace(e4m3, cache_dtype="int8")) == 0
-    monkeypatch.delenv("JAXATTN_TRITON_K_WIDEN")
     int8 = dataclasses.replace(e4m3, cache_dtype="int8")
     assert LP.k_widen(int8) == LP.INT8_OFFSET
     assert LP.k_widen(dataclasses.replace(int8, dtype="float16")) == LP.INT8_OFFSET
-    monkeypatch.setenv("JAXATTN_TRITON_QK_F16", "0")  # K widens to bf16: the exact form
-    assert LP.k_widen(int8) == 1
-    monkeypatch.delenv("JAXATTN_TRITON_QK_F16")
-    monkeypatch.setenv("JAXATTN_TRITON_INT8_OFFSET", "0")
-    assert LP.k_widen(int8) == 1
 
 
 def test_int8_offset_widening_is_exact() -> None:

@@ -173,7 +173,7 @@ class Config:
     #: make about one round of CTAs, each group's tiles heaviest first, each tile to the CTA
     #: the plan's clock frees first. A snake of a head's tiles leaves the busiest CTA 3.1% over
     #: the mean in work at 1k-8k keys; the plan, under 1% at 4k-8k keys (0.05-0.2% at D = 128),
-    #: with few heads at once (``benchmarks/mosaic_plan.py``).
+    #: with few heads at once (``plugins/mosaic/benchmarks/mosaic_plan.py``).
     planned: bool = False
 
     def summary(self) -> str:

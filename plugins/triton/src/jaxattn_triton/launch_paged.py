@@ -1,10 +1,10 @@
 """Launch descriptions of the paged attention kernels (``kernels/paged.py``), library-free.
 
 A :class:`PagedSpec` is the static description of one call (shapes, layout, features); a
-:class:`PagedTiles` the tiling and the number of key splits. :func:`attention` and
-:func:`combine` return :class:`~jaxattn_triton.launch.Launch` objects in ``launch.py``'s
-style, which ``paged_ops`` runs through ``jax_triton`` and the tests through
-``torch_launch.run_launch``; :func:`run` strings the two launches together for either.
+:class:`PagedTiles` the tiling and the number of key splits. :func:`attention` returns a
+:class:`~jaxattn_triton.launch.Launch` in ``launch.py``'s style, one launch whatever the
+splits (the last split merges them), which ``paged_ops`` runs through ``jax_triton`` and the
+tests through ``torch_launch.run_launch``; :func:`run` picks its outputs for either.
 
 The kernels see every query in token-major layout ``(num_tokens, Hq, D)``: paged decode's
 ``(num_seqs, T, Hq, D)`` and dense decode's ``(B, T, Hq, D)`` are the same memory. The cache
@@ -29,7 +29,6 @@ v_scale (absent ones one-element dummies), then the outputs (see :func:`attentio
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -271,7 +270,7 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
         # Decode between one and two waves (32 sequences of 8 KV heads; 64 of 4, as 2-way head
         # sharding holds GQA 32/8): the base tiles, unsplit, one head per program. Measured on an
         # H200 (bf16, D=128, 32 sequences of GQA 32/8, pages of 16 in a random order;
-        # benchmarks/triton_paged_check.py --sweep, cuDNN's dense decode in the same run), us per
+        # plugins/triton/benchmarks/triton_paged_check.py --sweep, cuDNN's dense decode in the same run), us per
         # call at 4k / 16k tokens: 135.9 / 508.2 (cuDNN 137.6 / 508.0) against 145.5 / 536.8 with
         # the one-wave tiles, 143.6 / 533.1 with 2 KV heads per program, 159.3 / 620.9 with 2 splits.
         waves_1_to_2 = decode_like and num_sms < programs < 2 * num_sms
@@ -280,7 +279,7 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
             kv_heads = _one_wave_kv_heads(spec.heads_kv, block_q * head_chunk, programs, num_sms)
     if one_wave:
         # Measured on an H100 (bf16, D=128, GQA 32/8, 16 sequences = 128 programs for 132 SMs;
-        # benchmarks/triton_paged_check.py --sweep, cuDNN's dense decode in the same run), us per
+        # plugins/triton/benchmarks/triton_paged_check.py --sweep, cuDNN's dense decode in the same run), us per
         # call, these tiles unsplit vs the split default (64-token tiles, 4 warps, 3 splits):
         # pages of 16, 8k tokens 192.4 vs 195.1 (cuDNN 186.6); pages of 64, 8k 190.2 vs 192.4
         # (186.7); pages of 16, 2k 55.7 vs 59.5 (62.2); pages of 16, 32k 746.1 vs 749.5 (713.8).
@@ -289,14 +288,14 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
         # Decode with several waves of one-head programs: KV heads folded into the program
         # until the programs make one nearly full wave, a tile of 128 rows (tokens x heads).
         # Measured on an H100 (bf16, D=128, GQA 32/8, 64 sequences, pages of 16 in a random
-        # order; benchmarks/paged_probe.py --kv-heads, cuDNN's dense decode in the same run),
+        # order; plugins/triton/benchmarks/paged_probe.py --kv-heads, cuDNN's dense decode in the same run),
         # us per call, 4 heads x 32 tokens unsplit vs one head, 32 tokens, 4 stages: 8k tokens
         # 747.5 vs 766.3 (cuDNN 743.5), 32k 2914.9 vs 2967.7 (2917.8).
         block_n, num_warps, num_stages, num_splits = 128 // kv_heads, 4, 3, 1
     elif filled and decode_like:
         # Decode with enough sequences to fill the SMs unsplit: shorter key tiles, one more
         # in flight. Measured on an H100 (bf16, D=128, GQA 32/8, 64 sequences, 8k and 32k
-        # tokens, pages of 16 and 64; benchmarks/triton_paged_check.py --sweep): 2887-2921 GB/s
+        # tokens, pages of 16 and 64; plugins/triton/benchmarks/triton_paged_check.py --sweep): 2887-2921 GB/s
         # against 2698-2787 with 64-token tiles and 3 stages, cuDNN's dense decode 2914-2918.
         # With fewer sequences (splits > 1) 64 tokens and 3 stages stay ahead.
         block_n, num_stages = 32, 4
@@ -306,13 +305,13 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
         # build), with splits when the sequences make fewer. Two warps, not four: a tile's row
         # max, row sum and P's layout change cross half as many warps per barrier, and four
         # programs keep an SM's loads going through any one's barriers. Measured on an H100
-        # (GQA 32/8, D=128, pages of 16 in a random order, per-head scales; benchmarks/
-        # triton_paged_check.py --quant-sweep --quant-fast --quant-variants, cuDNN's bf16 dense
+        # (GQA 32/8, D=128, pages of 16 in a random order, per-head scales; plugins/triton/
+        # benchmarks/triton_paged_check.py --quant-sweep --quant-fast --quant-variants, cuDNN's bf16 dense
         # decode in the same run), us per call, these tiles vs the two-per-SM tiles before (one
         # head x 128 tokens, 4 warps, 2 splits at 16 sequences; 2 KV heads x 64 tokens, 4
         # warps at 64), int8 / e4m3: 16 x 8k 114.7 / 115.0 vs 118.3 / 116.7 (cuDNN 190.7),
         # 16 x 32k 404.2 / 412.9 vs 427.7 / 437.2 (733.9), 64 x 8k 408.7 / 405.6 vs 425.6 /
-        # 423.1 (740.2). The same reads with no attention at all (benchmarks/paged_probe.py
+        # 423.1 (740.2). The same reads with no attention at all (plugins/triton/benchmarks/paged_probe.py
         # --quant-floor) take 97.5-101 us at 16 x 8k: what is left above that is the kernel's
         # work, not its memory traffic.
         unsplit = max(1, query_blocks(spec, block_q) * spec.heads_kv * chunks)
@@ -326,7 +325,7 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
         # 128-token tiles (the decode tiles' bytes per stage), instead of a 64-row prefill block
         # of 4 real rows, and the prefill blocks skip them. Measured on an H100 (GQA 32/8,
         # D=128, per-head scales, 64 decode rows at 4k tokens + 4 x 512 prefill at 4k, pages of
-        # 16; benchmarks/triton_paged_check.py --quant-mixed), us per call: int8 857.9 vs 877.3
+        # 16; plugins/triton/benchmarks/triton_paged_check.py --quant-mixed), us per call: int8 857.9 vs 877.3
         # with every row in prefill blocks, 881.9 with 64-token decode tiles (two calls 853.2);
         # e4m3 901.7 (two calls 891.5). ~106 KB of shared memory (the larger branch's, not
         # the sum) and 188 registers (triton 3.9's sm_90 build): still two programs per SM.
@@ -371,9 +370,16 @@ def v_words(spec: PagedSpec) -> int:
 
     triton 3.6's dot-operand pass fails on the widened tile of a ragged batch with Dv = 16
     ("Illegal shared layout") or a float32 q (the interpreter tests' exact oracle, not a
-    serving dtype): those read V byte-wise, as before.
-    ``JAXATTN_TRITON_V_WORDS=0`` turns it off (the byte-wise read, for ablations)."""
-    if spec.cache_dtype is None or spec.dtype == "float32" or os.environ.get("JAXATTN_TRITON_V_WORDS", "1") == "0":
+    serving dtype): those read V byte-wise.
+
+    The kernel multiplies the words lane by lane: ``P @ V`` as four dots of Dv / 4 columns, one
+    per byte lane, with no join of the widened lanes into one tile (a layout change through
+    shared memory). Why: in triton 3.9's sm_90 build of the int8 decode's default tiles that
+    takes 38.9 KB of shared memory a program instead of 55.3 and 4 shared stores a warp a tile
+    instead of 20 (876 instructions in the hot loop instead of 807), and on an H200 the
+    quantized decode ran 1.31-1.34x faster than with the tile joined (int8 and e4m3, 16 x 32k and
+    64 x 8k tokens: 3.85-3.90 TB/s against 2.89-2.96)."""
+    if spec.cache_dtype is None or spec.dtype == "float32":
         return 0
     strides = _cache_strides(spec)
     offsets = (strides["stride_vp"], strides["stride_vt"], strides["stride_vh"], strides["V_OFF"])
@@ -396,33 +402,19 @@ def int8_offset(spec: PagedSpec) -> bool:
     takes the offset out of the sums: ``128 * 2^-24`` times the row's sum of q from its scores,
     and 128 times its sum of P (P rounded to fp16, as the product saw it) from its accumulator,
     once a sweep. The decode is bound by the chip's power cap on an H200, where fewer
-    instructions a byte run at higher clocks (docs/bench.md). The cost is in the sums'
-    rounding: float32's, relative to sums up to 128 / |v| times larger than the exact form's;
-    the outputs stay within 2 ulp of the exact form's in bf16 and fp16 at every scale
-    granularity (``tests/triton/test_paged_kernels_quantized.py``).
-    ``JAXATTN_TRITON_INT8_OFFSET=0`` turns it off."""
-    return spec.cache_dtype == "int8" and os.environ.get("JAXATTN_TRITON_INT8_OFFSET", "1") != "0"
-
-
-def v_lanes(spec: PagedSpec) -> bool:
-    """The kernel's ``V_LANES``: with V read as words (``v_words``), ``P @ V`` as four dots of
-    Dv / 4 columns, one per byte lane of the words, instead of one over the words widened and
-    joined into a tile. The join is a layout change through shared memory; without it the
-    words go from the load's buffer to the MMA. triton 3.9's sm_90 build of the int8 decode's
-    default tiles: 38.9 KB of shared memory a program instead of 55.3 (the registers, over 168
-    a thread, still hold it to 4 programs a SM), 4 shared stores a warp a tile instead of 20,
-    and 876 instructions in the hot loop
-    instead of 807 (``benchmarks/paged_sass.py``). On an H200 the quantized decode ran 1.31-1.34x
-    faster with it (int8 and e4m3, 16 x 32k and 64 x 8k tokens: 3.85-3.90 TB/s against
-    2.89-2.96; docs/bench.md): on by default, ``JAXATTN_TRITON_V_LANES=0`` turns it off."""
-    return v_words(spec) != 0 and os.environ.get("JAXATTN_TRITON_V_LANES", "1") != "0"
+    instructions a byte run at higher clocks: with the offset the throttled int8 decode ran
+    3.5-4.5% faster (16 x 32k and 64 x 8k tokens, SM clock 1852-1875 MHz against 1755-1770).
+    The cost is in the sums' rounding: float32's, relative to sums up to 128 / |v| times larger
+    than the exact form's; the outputs stay within 2 ulp of the exact form's in bf16 and fp16 at
+    every scale granularity (``tests/triton/test_paged_kernels_quantized.py``)."""
+    return spec.cache_dtype == "int8"
 
 
 #: Cache dtypes whose K is widened by ``kernels/widen.py`` whatever its scales. An e4m3 K with
 #: one scale per row (per tensor or per KV head) takes Triton's own cast instead where V goes
 #: to bf16, which ran faster there beside the word-read V; with per-token scales widen.py stays
-#: ahead, and where V goes to fp16 (``pv_f16``) so does widen.py (docs/bench.md). Measured
-#: on an H100 (GQA 32/8, D=128, pages of 16; benchmarks/triton_paged_check.py --quant-sweep,
+#: ahead, and where V goes to fp16 (``pv_f16``) so does widen.py. Measured
+#: on an H100 (GQA 32/8, D=128, pages of 16; plugins/triton/benchmarks/triton_paged_check.py --quant-sweep,
 #: the K_WIDEN ablation, two runs), us per call, Triton's cast vs widen.py, per-head scales:
 #: 16 sequences x 32k tokens 441.8 vs 461.3 and 444.7 vs 456.7, 64 x 8k 436.8 vs 446.3, 64 x
 #: 32k 1710.9 vs 1743.7, 16 x 8k 122.7 vs 127.6 (the second run's 147.6 vs 126.3 the one
@@ -435,16 +427,14 @@ K_WIDEN_FORMATS = frozenset({"int8", "float8_e5m2"})
 def k_widen(spec: PagedSpec) -> int:
     """The kernel's ``K_WIDEN``: the format code when a quantized K is widened by
     ``kernels/widen.py`` (the formats of ``K_WIDEN_FORMATS``, any with per-token K scales, and
-    any whose V goes to fp16, ``pv_f16``), else 0 (Triton's casts).
-    ``JAXATTN_TRITON_K_WIDEN=0`` / ``=1`` forces either, for ablations."""
+    any whose V goes to fp16, ``pv_f16``), else 0 (Triton's casts)."""
     if spec.cache_dtype is None or spec.dtype == "float32":
         return 0
-    forced = os.environ.get("JAXATTN_TRITON_K_WIDEN", "")
     per_token = scale_mode(spec.k_scale) == 2
     # With P V in fp16, V's e4m3 takes the conversion unit (e4m3x2 -> f16x2), and a K through
     # Triton's cast would queue there behind it: K takes widen.py's integer ops.
     cast = not per_token and spec.cache_dtype not in K_WIDEN_FORMATS and not pv_f16(spec)
-    if forced == "0" or (forced != "1" and cast):
+    if cast:
         return 0
     to_fp16 = qk_f16(spec) or spec.dtype == "float16"
     return INT8_OFFSET if to_fp16 and int8_offset(spec) else _WORD_FORMATS[spec.cache_dtype]
@@ -456,10 +446,11 @@ def pv_f16(spec: PagedSpec) -> bool:
     every format, and cheaper: e4m3 takes the hardware's e4m3x2 -> f16x2, e5m2 is an fp16's
     high byte) instead of bf16 (bit tricks and a multiply). P lies in [0, 1], where fp16 holds
     more bits than bf16 and flushes only terms below 2^-24. Per-token V scales ride in P
-    (``P diag(vs)``), which fp16's range may not hold: those stay bf16.
-    ``JAXATTN_TRITON_PV_F16=0`` turns it off (for ablations)."""
-    return (spec.cache_dtype is not None and spec.dtype == "bfloat16" and scale_mode(spec.v_scale) != 2
-            and os.environ.get("JAXATTN_TRITON_PV_F16", "1") != "0")
+    (``P diag(vs)``), which fp16's range may not hold: those stay bf16. Why: with K widened by
+    widen.py beside it, e4m3 at 64 x 32k tokens ran 1.5-4.6% faster on an H100 and int8 within
+    1% (alone, with K through Triton's cast, e4m3 was 4-8% slower: both casts queued on the
+    conversion unit, hence ``k_widen``)."""
+    return spec.cache_dtype is not None and spec.dtype == "bfloat16" and scale_mode(spec.v_scale) != 2
 
 
 def qk_f16(spec: PagedSpec) -> bool:
@@ -469,18 +460,19 @@ def qk_f16(spec: PagedSpec) -> bool:
     bf16's 8 significant bits fit fp16's 11, and only parts 2^28 below the row's largest lose
     bits), and its scores by the inverse power after the product, with the K scale. The narrow
     K then widens to fp16, the cheap way (int8: 2.5 instructions a pair against about 4 for
-    bf16; e4m3: the hardware's e4m3x2 -> f16x2 against 6; e5m2: an fp16's high byte).
-    ``JAXATTN_TRITON_QK_F16=0`` turns it off (for ablations)."""
-    return (spec.cache_dtype is not None and spec.dtype == "bfloat16"
-            and os.environ.get("JAXATTN_TRITON_QK_F16", "1") != "0")
+    bf16; e4m3: the hardware's e4m3x2 -> f16x2 against 6; e5m2: an fp16's high byte). Why: on
+    an H200 the decode ran 2-10% faster for the fp8 formats and 0-6% for int8 (16 x 8k, 16 x 32k,
+    64 x 8k tokens)."""
+    return spec.cache_dtype is not None and spec.dtype == "bfloat16"
 
 
 def fused(tiles: PagedTiles) -> bool:
-    """The kernel's ``FUSE``: the splits' merge runs in the attention launch (the split that
-    finishes last merges its rows, behind a ticket counter zeroed before the launch) instead of
-    in ``combine``'s second launch; whenever there are splits. Measured in docs/bench.md
-    ("The splits merged in the launch"). ``JAXATTN_TRITON_FUSE=0`` turns it off (for ablations)."""
-    return tiles.num_splits > 1 and os.environ.get("JAXATTN_TRITON_FUSE", "1") != "0"
+    """The kernel's ``FUSE``: whenever there are splits, their merge runs in the attention launch
+    (the split that finishes last merges its rows, behind a ticket counter zeroed before the
+    launch). Why: one launch; against a second launch of its own the merge measured within 1%
+    at most shapes on an H100, 0-3% faster for fp8 at 16 x 8k tokens and 2-7% at one sequence of
+    64k keys (33 splits), 2% slower at 4 x 8k with pages of 64."""
+    return tiles.num_splits > 1
 
 
 def _scale_constexprs(which: str, strides: ScaleStrides | None) -> dict[str, int]:
@@ -504,9 +496,9 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
     Outputs with one split: ``out (N, Hq, Dv)`` in q's dtype, ``lse (N, Hq)`` float32
     (natural log, sinks excluded, -inf for rows without keys), and a one-element dummy.
     With several: float32 partials ``acc (splits, N, Hq, Dv)``, ``m (splits, N, Hq)`` (base-2
-    running max) and ``l (splits, N, Hq)``, merged by :func:`combine`. Then three more: with
-    :func:`fused` the merged ``out`` and ``lse`` and the ticket counters (int32, zeroed), else
-    one-element dummies.
+    running max) and ``l (splits, N, Hq)``, which the last split of each program group merges
+    (:func:`fused`). Then three more: with splits the merged ``out`` and ``lse`` and the ticket
+    counters (int32, zeroed), else one-element dummies.
     """
     from jaxattn_triton.kernels.paged import paged_attn_kernel
 
@@ -543,7 +535,6 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         **_scale_constexprs("k", spec.k_scale),
         **_scale_constexprs("v", spec.v_scale),
         "V_WORDS": v_words(spec),
-        "V_LANES": v_lanes(spec),
         "K_WIDEN": k_widen(spec),
         "PV_F16": pv_f16(spec),
         "QK_F16": qk_f16(spec),
@@ -613,33 +604,6 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
     )
 
 
-def combine(spec: PagedSpec, tiles: PagedTiles) -> Launch:
-    """Inputs: the partials of :func:`attention`, sinks. Outputs: out (N, Hq, Dv), lse (N, Hq)."""
-    from jaxattn_triton.kernels.paged import paged_combine_kernel
-
-    n, hq, dv = spec.num_tokens, spec.heads_q, spec.head_dim_v
-    block_dv = block_dim(dv)
-    # About 1k float32 accumulators per program: a decode batch of 16 sequences still makes
-    # dozens of programs, so the merge is one short wave rather than a few long programs.
-    block_h = min(_pow2_at_least(hq), max(1, 1024 // block_dv))
-    return Launch(
-        kernel=paged_combine_kernel,
-        grid=(n, _cdiv(hq, block_h), 1),
-        outputs=(((n, hq, dv), spec.dtype), ((n, hq), "float32")),
-        constexprs={
-            "NUM_TOKENS": n,
-            "HQ": hq,
-            "DV": dv,
-            "NUM_SPLITS": tiles.num_splits,
-            "HAS_SINK": spec.sinks,
-            "BLOCK_H": block_h,
-            "BLOCK_DV": block_dv,
-        },
-        num_warps=4,
-        num_stages=1,
-    )
-
-
 ArrayT = TypeVar("ArrayT")
 
 
@@ -664,7 +628,4 @@ def run(
     first = execute(launch, inputs)
     if tiles.num_splits == 1:
         return first[0], first[1]
-    if launch.constexprs["FUSE"]:
-        return first[3], first[4]
-    out, lse = execute(combine(spec, tiles), [first[0], first[1], first[2], inputs[7]])
-    return out, lse
+    return first[3], first[4]

@@ -148,8 +148,7 @@ def _tiles_note(problem: PagedProblem) -> list[str]:
     programs = math.prod(LP.launch_grid(spec, tiles))
     heads = f"{tiles.kv_heads} KV heads" if tiles.kv_heads > 1 else "1 KV head"
     if tiles.num_splits > 1:
-        merge = " merged in the launch" if LP.fused(tiles) else " merged by a second launch"
-        splits = f"{tiles.num_splits} key splits{merge}"
+        splits = f"{tiles.num_splits} key splits merged in the launch"
     else:
         splits = "unsplit"
     note = (f"tiles: {tiles.block_q} query token(s) x {heads} a program, {tiles.block_n} keys a step, "
@@ -162,10 +161,8 @@ def _tiles_note(problem: PagedProblem) -> list[str]:
         how.append("Q K^T in fp16 (each query row moved there by a power of two of its own)")
     if LP.INT8_OFFSET in (LP.k_widen(spec), LP.v_words(spec)):
         how.append("int8 widened to fp16 as (v + 128) 2^-24, the offset taken out of the sums")
-    if LP.v_lanes(spec):
+    if LP.v_words(spec):
         how.append("V read as 32-bit words, P V one dot per byte lane")
-    elif LP.v_words(spec):
-        how.append("V read as 32-bit words, widened into one tile")
     return [note] + ([f"{problem.kv_dtype} cache: " + "; ".join(how)] if how else [])
 
 

@@ -52,7 +52,7 @@ def default_tiles(spec: AttnSpec, compute_capability: str | None) -> Tiles:
     hopper = compute_capability is not None and compute_capability.startswith("9")
     dense_extra = spec.mask_shape is not None or spec.bias_shape is not None
     # Figures: H200, bf16, B = 4, S = 4k, H = 32 (16 at D = 256), full / causal, one
-    # launch each (benchmarks/triton_gpu_check.py --tune).
+    # launch each (plugins/triton/benchmarks/triton_gpu_check.py --tune).
     dq_mode, split = DQ_KERNEL, False
     if hopper and d <= 64:
         # 128-row query tiles: 1.44 / 0.77 ms against 1.66 / 1.01 ms with 256 rows at D = 64.

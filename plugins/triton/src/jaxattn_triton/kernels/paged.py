@@ -60,18 +60,21 @@ rows that saw no key select zeros rather than multiplying by an unread V scale.
 
 With ``NUM_SPLITS == 1`` the program normalises and writes the output and log-sum-exp
 itself; otherwise it writes a float32 partial (unnormalised accumulator, running max in
-base 2, running sum) that the splits' merge (``_merge_splits``) combines, adding the sinks:
-in the same launch with ``FUSE`` (each split takes a ticket from its program group's counter,
-zeroed before the launch, once its partial is written; the split that draws the last ticket
-merges every split's partial of those rows), else in ``paged_combine_kernel``, a second
-launch.
+base 2, running sum) that the splits' merge (``_merge_splits``) combines, adding the sinks,
+in the same launch: each split takes a ticket from its program group's counter, zeroed before
+the launch, once its partial is written, and the split that draws the last ticket merges every
+split's partial of those rows.
+
+A quantized V read as int32 words of 4 values (``V_WORDS``) is multiplied lane by lane: ``P @
+V`` as four dots of Dv / 4 columns, one per byte lane, into an accumulator split the same way
+and joined after the sweeps, so no widened tile changes layout through shared memory.
 """
 
 import triton
 import triton.language as tl
 
 from jaxattn_triton.kernels.common import LN2, LOG2E, mul_rounded, tanh_f32
-from jaxattn_triton.kernels.widen import join_lanes, split_lanes, widen, widen_words, word_lanes
+from jaxattn_triton.kernels.widen import join_lanes, split_lanes, widen, word_lanes
 
 
 @triton.jit
@@ -109,7 +112,6 @@ def _paged_sweep(
     K_QUANT: tl.constexpr,
     V_QUANT: tl.constexpr,
     V_WORDS: tl.constexpr,
-    V_LANES: tl.constexpr,
     K_WIDEN: tl.constexpr,
     ASM: tl.constexpr,
     PV_F16: tl.constexpr,
@@ -171,7 +173,7 @@ def _paged_sweep(
         else:
             offs_first = lo + col_tok
             page_next = tl.load(pt_row + offs_first // PAGE_SIZE, mask=offs_first < hi, other=0)
-    if V_LANES:
+    if V_WORDS:
         # The accumulator as four lanes: lane i holds columns 4 w + i, each summing
         # P @ (byte i of V's words) in the loop below.
         a0, a1, a2, a3 = split_lanes(acc, acc.shape[0], BLOCK_DV)
@@ -246,10 +248,8 @@ def _paged_sweep(
                 ks = tl.load(ks_base + ks_rows)
             if V_QUANT == 2:
                 vs = tl.load(vs_base + vs_rows)
-        if V_LANES:
+        if V_WORDS:
             e0, e1, e2, e3 = word_lanes(v, V_WORDS, pv_dtype, ASM)
-        elif V_WORDS:
-            v = widen_words(v, V_WORDS, pv_dtype, ASM, BLOCK_N * KV_HEADS, BLOCK_DV // 4)
         # A quantized cache is converted to q's dtype here, in registers (a no-op otherwise).
         if K_WIDEN:
             k = widen(k, K_WIDEN, q.dtype, ASM)
@@ -297,7 +297,7 @@ def _paged_sweep(
             l_i = l_i * alpha + tl.sum(pv.to(tl.float32), 1)
         else:
             l_i = l_i * alpha + tl.sum(p, 1)
-        if V_LANES:
+        if V_WORDS:
             # Four dots of Dv / 4 columns, one per byte lane: each lane's tile reaches the MMA
             # as it was widened, with no join into one tile (a layout change through shared
             # memory) before it.
@@ -308,7 +308,7 @@ def _paged_sweep(
         else:
             acc = tl.dot(pv, v.to(pv_dtype), acc * alpha[:, None])
         m_i = m_new
-    if V_LANES:
+    if V_WORDS:
         acc = join_lanes(a0, a1, a2, a3, acc.shape[0], BLOCK_DV)
     return acc, l_i, m_i
 
@@ -403,7 +403,6 @@ def _paged_block(
     K_QUANT: tl.constexpr,
     V_QUANT: tl.constexpr,
     V_WORDS: tl.constexpr,
-    V_LANES: tl.constexpr,
     K_WIDEN: tl.constexpr,
     ASM: tl.constexpr,
     PV_F16: tl.constexpr,
@@ -534,7 +533,7 @@ def _paged_block(
         acc, l_i, m_i, q, pos, hrow, a, f0, k_base, v_base, ks_base, vs_base, k_row_scale, k_offset, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
-        K_QUANT, V_QUANT, V_WORDS, V_LANES, K_WIDEN, ASM, PV_F16, QK_F16,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
@@ -542,7 +541,7 @@ def _paged_block(
         acc, l_i, m_i, q, pos, hrow, f0, f1, k_base, v_base, ks_base, vs_base, k_row_scale, k_offset, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
-        K_QUANT, V_QUANT, V_WORDS, V_LANES, K_WIDEN, ASM, PV_F16, QK_F16,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
@@ -550,7 +549,7 @@ def _paged_block(
         acc, l_i, m_i, q, pos, hrow, f1, b, k_base, v_base, ks_base, vs_base, k_row_scale, k_offset, pt_row, seq64,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
-        K_QUANT, V_QUANT, V_WORDS, V_LANES, K_WIDEN, ASM, PV_F16, QK_F16,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
@@ -627,7 +626,6 @@ def paged_attn_kernel(
     K_QUANT: tl.constexpr,
     V_QUANT: tl.constexpr,
     V_WORDS: tl.constexpr,
-    V_LANES: tl.constexpr,
     K_WIDEN: tl.constexpr,
     ASM: tl.constexpr,
     PV_F16: tl.constexpr,
@@ -691,7 +689,7 @@ def paged_attn_kernel(
                 KScale, VScale, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
                 stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
                 stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
-                stride_vsh, K_QUANT, V_QUANT, V_WORDS, V_LANES, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt,
+                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt,
                 NUM_TOKENS, CAPACITY, HQ, GROUP,
                 HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, DECODE_PAGE_PER_TILE, SM_SCALE,
                 SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, FUSE, DECODE_Q, DECODE_M,
@@ -706,7 +704,7 @@ def paged_attn_kernel(
                 VScale, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
                 stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
                 stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
-                stride_vsh, K_QUANT, V_QUANT, V_WORDS, V_LANES, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt,
+                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt,
                 NUM_TOKENS, CAPACITY, HQ, GROUP,
                 HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, SM_SCALE,
                 SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, FUSE, BLOCK_Q, BLOCK_M,
@@ -730,7 +728,7 @@ def paged_attn_kernel(
             VScale, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
             stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
             stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
-            stride_vsh, K_QUANT, V_QUANT, V_WORDS, V_LANES, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt,
+            stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt,
             NUM_TOKENS, CAPACITY, HQ, GROUP,
             HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, SM_SCALE,
             SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, FUSE, BLOCK_Q, BLOCK_M,
@@ -783,32 +781,3 @@ def _normalised(acc, l_i, m_i, Sink, heads, ok, HAS_SINK: tl.constexpr):
     # Rows with no visible key have acc == 0: divide by 1 and they give zeros.
     denom = tl.where(l_i == 0.0, 1.0, l_i)
     return acc / denom[:, None], lse
-
-
-@triton.jit
-def paged_combine_kernel(
-    OPart,
-    MPart,
-    LPart,
-    Sink,
-    Out,
-    Lse,
-    NUM_TOKENS: tl.constexpr,
-    HQ: tl.constexpr,
-    DV: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    HAS_SINK: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-):
-    """Merges the splits' partials of one token and ``BLOCK_H`` heads; adds the sinks."""
-    token = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    h_ok = heads < HQ
-    rows = token * HQ + heads
-    out, lse = _merge_splits(OPart, MPart, LPart, Sink, rows, heads, h_ok, offs_dv, NUM_TOKENS * HQ, DV, NUM_SPLITS,
-                             HAS_SINK)  # fmt: skip
-    o_mask = h_ok[:, None] & (offs_dv[None, :] < DV)
-    tl.store(Out + rows[:, None] * DV + offs_dv[None, :], out.to(Out.dtype.element_ty), mask=o_mask)
-    tl.store(Lse + rows, lse, mask=h_ok)

@@ -183,22 +183,6 @@ def word_lanes(w, FMT: tl.constexpr, out_dtype: tl.constexpr, ASM: tl.constexpr)
 
 
 @triton.jit
-def widen_words(
-    w, FMT: tl.constexpr, out_dtype: tl.constexpr, ASM: tl.constexpr, ROWS: tl.constexpr, WORDS: tl.constexpr
-):
-    """``(ROWS, WORDS)`` int32 words of 4 narrow values each (little-endian) to ``(ROWS, 4 *
-    WORDS)`` values of ``out_dtype``.
-
-    The lanes are joined and reshaped, which the compiler cannot move into an MMA operand's
-    layout: a V tile read as words is widened where it was loaded (16-byte reads of shared
-    memory) and reaches ``P @ V`` through shared memory and a transposing ldmatrix, as a 16-bit
-    cache's would, instead of each thread gathering its tokens' bytes one load at a time (the
-    contraction runs over tokens, V's strided axis)."""
-    e0, e1, e2, e3 = word_lanes(w, FMT, out_dtype, ASM)
-    return join_lanes(e0, e1, e2, e3, ROWS, 4 * WORDS)
-
-
-@triton.jit
 def join_lanes(e0, e1, e2, e3, ROWS: tl.constexpr, COLS: tl.constexpr):
     """The ``(ROWS, COLS)`` tile whose column ``4 w + i`` is column ``w`` of lane ``i``
     (``word_lanes``' order); ``split_lanes`` undoes it."""

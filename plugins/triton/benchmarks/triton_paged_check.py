@@ -2,10 +2,10 @@
 
 Run on a CUDA machine (H100/H200, jax-triton importable) from the repository root:
 
-    python3 benchmarks/triton_paged_check.py --json OUT.json          # --check --bench --ragged --sweep
-    python3 benchmarks/triton_paged_check.py --check --bench --json OUT.json
-    python3 benchmarks/triton_paged_check.py --smoke                  # CPU: tiny shapes, Triton interpreter
-    python3 benchmarks/triton_paged_check.py --compile                # CPU ok: sm_90 registers/smem per config
+    python3 plugins/triton/benchmarks/triton_paged_check.py --json OUT.json  # --check --bench --ragged --sweep
+    python3 plugins/triton/benchmarks/triton_paged_check.py --check --bench --json OUT.json
+    python3 plugins/triton/benchmarks/triton_paged_check.py --smoke     # CPU: tiny shapes, Triton interpreter
+    python3 plugins/triton/benchmarks/triton_paged_check.py --compile   # CPU ok: sm_90 registers/smem per config
 
 ``--check`` compares ``paged_decode``, ``ragged_paged`` and ``dense_decode`` with a float32
 jnp reference (gathered pages, masks, softmax with sinks) on GPU-sized shapes: ragged
@@ -23,9 +23,8 @@ over the same tokens (bytes read: values + scales); ``--quant-mixed`` a mixed ra
 over int8 and e4m3 caches as one call and as two, beside the bf16 cache's one call
 (``--quant-mixed-all``: per-token scales and every tile variant too; ``--quant-mixed-prefill``:
 prefill blocks of twice the query tokens). ``--quant-shapes``, ``--quant-grans``,
-``--quant-formats`` and ``--quant-variants`` narrow or widen the quantized sweep; the sweep
-times K widened the other way than the format's default beside each default
-(``--quant-all-ablations``: V read byte-wise too). ``--warm-workers N`` compiles a section's
+``--quant-formats`` and ``--quant-variants`` narrow or widen the quantized sweep.
+``--warm-workers N`` compiles a section's
 variants in N threads before timing them (the ragged kernel takes tens of seconds each). The registered
 backends are measured too, through jaxattn's dispatch (validation, support checks, the
 ragged-form call, the kernel choice): ``--check`` runs ``jaxattn.paged_attention(...,
@@ -64,7 +63,7 @@ if SMOKE:
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "core" / "src"))
 sys.path.insert(0, str(ROOT / "plugins" / "bench" / "src"))
 sys.path.insert(0, str(ROOT / "plugins" / "triton" / "src"))
@@ -953,62 +952,11 @@ def sweep() -> None:
 #: --quant-sweep: (page_size, batch, context).
 QUANT_SWEEP_SHAPES = [(16, 16, 32768), (16, 64, 32768)]
 QUANT_FORMATS: tuple[str, ...] = ("int8", "float8_e4m3fn")
-#: --quant-fast: per-token scales only, no ablations (the tile variants).
+#: --quant-fast: per-token scales only (with their tile variants).
 QUANT_FAST = "--quant-fast" in sys.argv
 #: --quant-grans: the scale granularities timed, each with the tile variants (default: both,
 #: the variants for per-token scales only).
 QUANT_GRANS: tuple[str, ...] = ()
-#: Switches of ``launch_paged`` (read when a launch is built): V tiles as int32 words, K widened
-#: by ``kernels/widen.py``; unset, each follows its default for the format.
-KERNEL_SWITCHES = ("JAXATTN_TRITON_V_WORDS", "JAXATTN_TRITON_V_LANES", "JAXATTN_TRITON_K_WIDEN",
-                   "JAXATTN_TRITON_PV_F16", "JAXATTN_TRITON_QK_F16", "JAXATTN_TRITON_FUSE")  # fmt: skip
-
-
-#: --quant-base-env NAME=VALUE,...: switches of KERNEL_SWITCHES set under every timing of the
-#: quantized sweep (its default and its ablations), so that one run times them on another base.
-QUANT_BASE_ENV: dict[str, str] = {}
-
-
-def kernel_switches(text: str, flag: str) -> dict[str, str]:
-    """``NAME=VALUE,...`` as a dict, every name one of :data:`KERNEL_SWITCHES` (else ``flag``'s
-    error)."""
-    env: dict[str, str] = {}
-    for item in filter(None, text.split(",")):
-        name, _, value = item.partition("=")
-        if name not in KERNEL_SWITCHES:
-            raise SystemExit(f"{flag}: {name!r} is not one of {', '.join(KERNEL_SWITCHES)}")
-        env[name] = value
-    return env
-
-
-def clear_kernel_switches() -> None:
-    """Unset :data:`KERNEL_SWITCHES` but :data:`QUANT_BASE_ENV`'s: launches built next follow
-    each format's defaults."""
-    for name in KERNEL_SWITCHES:
-        os.environ.pop(name, None)
-    os.environ.update(QUANT_BASE_ENV)
-
-
-#: --quant-ablate NAME=VALUE[,NAME=VALUE];...: the switch settings timed beside the default
-#: instead of :func:`quant_ablations`' (with --quant-fast too).
-QUANT_ABLATE: list[dict[str, str]] = []
-
-
-def quant_ablations(spec: LP.PagedSpec, tiles: LP.PagedTiles) -> list[dict[str, str]]:
-    """The switch settings timed beside the default: the splits merged in a second launch where
-    the default merges them in the attention launch; Q K^T in bf16 where the default takes
-    fp16; P V in bf16 where the default takes fp16;
-    K widened the other way than the format's default (``kernels/widen.py`` or Triton's cast);
-    then (the last two, with ``--quant-all-ablations`` only) V read byte-wise, and that with K
-    flipped."""
-    fuse_off = [{"JAXATTN_TRITON_FUSE": "0"}] if LP.fused(tiles) else []
-    qk_off = [{"JAXATTN_TRITON_QK_F16": "0"}] if LP.qk_f16(spec) else []
-    pv_off = [{"JAXATTN_TRITON_PV_F16": "0"}] if LP.pv_f16(spec) else []
-    k_flip = {"JAXATTN_TRITON_K_WIDEN": "0" if LP.k_widen(spec) else "1"}
-    v_off = {"JAXATTN_TRITON_V_WORDS": "0"}
-    return [*fuse_off, *qk_off, *pv_off, k_flip, v_off, {**v_off, **k_flip}]
-
-
 def quantized_cache(k: Array, v: Array, fmt: str, granularity: str) -> tuple[Array, Array, Array, Array]:
     """Narrow copies of ``k``/``v`` (values only matter for NaN-freedom: scaled, cast) and
     float32 scales per token ``(P, page_size, Hkv)`` or per head ``(Hkv,)``."""
@@ -1026,10 +974,6 @@ def quantized_cache(k: Array, v: Array, fmt: str, granularity: str) -> tuple[Arr
 
 #: --quant-variants: (block_n, warps, stages, splits, kv_heads) timed instead of the built-in list.
 QUANT_VARIANTS: list[tuple[int, int, int, int | None, int | None]] = []
-#: --quant-all-ablations: V read byte-wise, alone and with K widened the other way, too.
-QUANT_ALL_ABLATIONS = "--quant-all-ablations" in sys.argv
-
-
 def quant_variants(base: LP.PagedTiles) -> list[LP.PagedTiles]:
     """The default tiles and a few with more bytes in flight per stage (narrow values)."""
     # (block_n, warps, stages, splits, kv_heads); None keeps the default's. Splits and fewer KV
@@ -1091,134 +1035,39 @@ def quant_sweep() -> None:
                 except Exception as err:
                     rows.append(record_error("quant", f"setup {tag} {fmt} {gran}", err))
                     continue
-                variants: list[tuple[LP.PagedTiles, dict[str, str]]] = [(base, {})]
-                if QUANT_ABLATE and not SMOKE:
-                    variants += [(base, env) for env in QUANT_ABLATE]
-                elif not SMOKE and not QUANT_FAST:
-                    # Ablations on the default tiles: P V in bf16, K widened the other way than
-                    # the format's default; with --quant-all-ablations also V read byte-wise,
-                    # alone and with K flipped.
-                    ablations = quant_ablations(spec, base)
-                    variants += [(base, env) for env in (ablations if QUANT_ALL_ABLATIONS else ablations[:-2])]
+                variants = [base]
                 if (gran in QUANT_GRANS or (gran == "token" and not QUANT_GRANS)) and not SMOKE:
-                    variants += [(t, {}) for t in quant_variants(base)[1:]]
+                    variants += quant_variants(base)[1:]
 
                 def decode_fn(t: LP.PagedTiles) -> Callable[..., Any]:
                     return jax.jit(lambda *a: paged_decode(*a[:5], k_scale=a[5], v_scale=a[6], tiles=t,
                                                            interpret=SMOKE))  # fmt: skip
 
-                fns = {t: decode_fn(t) for t, env in variants if not env}
-                clear_kernel_switches()
+                fns = {t: decode_fn(t) for t in variants}
                 warm_parallel([(f, (q, kq, vq, table, lens, ks, vs)) for f in fns.values()])
-                for t, env in variants:
+                for t in variants:
                     label = (f"{tag} {fmt} per {gran} kvh={t.kv_heads} bn={t.block_n} w={t.num_warps} "
-                             f"st={t.num_stages} splits={t.num_splits}"
-                             + "".join(f" {n.removeprefix('JAXATTN_TRITON_')}={x}"
-                                       for n, x in {**QUANT_BASE_ENV, **env}.items()))
-                    clear_kernel_switches()
-                    os.environ.update(env)
+                             f"st={t.num_stages} splits={t.num_splits}")
                     late = out_of_time("quant", label)
                     if late:
                         rows.append(late)
                         continue
                     try:
-                        fn = fns[t] if not env else decode_fn(t)
-                        sec = time_fn(fn, q, kq, vq, table, lens, ks, vs)
+                        sec = time_fn(fns[t], q, kq, vq, table, lens, ks, vs)
                         row = {"name": label, "tiles": dataclasses.asdict(t), "us": sec * 1e6,
                                "GBps": nbytes / sec / 1e9, "vs_cudnn": bar / sec if bar else None,
-                               "default": t == base and not env, "ablation": sorted(env)}  # fmt: skip
+                               "default": t == base}  # fmt: skip
                         log(
                             f"quant {label}: {sec * 1e6:.1f} us {nbytes / sec / 1e9:.0f} GB/s"
                             + (f" {bar / sec:.3f}x cudnn" if bar else "")
-                            + ("  (default)" if t == base and not env else "")
+                            + ("  (default)" if t == base else "")
                         )
                     except Exception as err:
                         row = record_error("quant", label, err)
                     rows.append(row)
-                clear_kernel_switches()
                 free(kq, vq)
         free(k, v)
     RESULTS["quant_sweep"] = rows
-
-
-#: --quant-combine: (page size, sequences, context) of decode calls split over keys (16 sequences).
-QUANT_COMBINE_SHAPES = [(16, 16, 8192), (16, 16, 32768), (16, 16, 65536)]
-
-
-def _split_launches(spec: LP.PagedSpec, tiles: LP.PagedTiles) -> tuple[Callable[..., Any], ...]:
-    """A decode call over a quantized cache as ``(whole, attention launch, combine launch)``,
-    each taking the arrays it reads: the whole call and the attention launch ``(q, k, v, table,
-    lens, k_scale, v_scale)``, the combine ``(acc, m, l)`` (the attention launch's partials)."""
-    from jaxattn_triton.ops import _execute
-
-    dummy, sinks = jnp.zeros((1,), jnp.int32), jnp.zeros((1,), jnp.float32)
-
-    def whole(q: Array, k: Array, v: Array, table: Array, lens: Array, ks: Array, vs: Array) -> Array:
-        return paged_decode(q, k, v, table, lens, k_scale=ks, v_scale=vs, tiles=tiles, interpret=SMOKE)
-
-    def partials(q: Array, k: Array, v: Array, table: Array, lens: Array, ks: Array, vs: Array) -> list[Array]:
-        inputs = [q.reshape(spec.num_tokens, spec.heads_q, spec.head_dim), k, v, table, lens, dummy, dummy, sinks,
-                  ks.reshape(-1), vs.reshape(-1)]  # fmt: skip
-        return _execute(LP.attention(spec, tiles), inputs, SMOKE)
-
-    def combined(acc: Array, m: Array, l_sum: Array) -> list[Array]:
-        return _execute(LP.combine(spec, tiles), [acc, m, l_sum, sinks], SMOKE)
-
-    return whole, partials, combined
-
-
-def quant_combine() -> None:
-    """The split combine's share of a split decode call over a quantized cache (per-head
-    scales), in the call's two-launch form (``JAXATTN_TRITON_FUSE=0``): the whole call, its
-    attention launch alone (the partials), and the combine launch alone; and the whole call
-    with the splits merged in the launch (the default, "merged"), each timed back to back
-    beside cuDNN's bf16 dense decode."""
-    rows: list[dict[str, Any]] = []
-    dt = dtype_under_test()
-    shapes = [(8, 2, 64)] if SMOKE else QUANT_COMBINE_SHAPES
-    for ps, batch, ctx in shapes:
-        tag = f"ps={ps} B={batch} ctx={ctx}"
-        q = jnp.asarray(np.random.default_rng(0).standard_normal((batch, 1, HQ, D)), dt)
-        lens = jnp.full((batch,), ctx, jnp.int32)
-        k, v, table = paged_cache(batch, ctx, ps, dt, 21)
-        bar = None
-        if not SMOKE:
-            kd, vd = filled((batch, ctx, HKV, D), dt, 6), filled((batch, ctx, HKV, D), dt, 7)
-            bar = time_fn(jax.jit(cudnn_decode), q, kd, vd, lens)
-            free(kd, vd)
-        for fmt in QUANT_FORMATS:
-            label = f"{tag} {fmt} per head"
-            if (late := out_of_time("quant_combine", label)) is not None:
-                rows.append(late)
-                continue
-            try:
-                kq, vq, ks, vs = quantized_cache(k, v, fmt, "head")
-                spec = decode_spec(batch, ctx, dt, k.shape[:3], fmt, (ks.shape, vs.shape))
-                tiles = LP.default_tiles(spec, _num_sms())
-                args = (q, kq, vq, table, lens, ks, vs)
-                # The switch is read when a launch is built, i.e. when each jit traces.
-                os.environ["JAXATTN_TRITON_FUSE"] = "0"
-                try:
-                    whole, partials, combined = (jax.jit(f) for f in _split_launches(spec, tiles))
-                    times = {"whole": time_fn(whole, *args), "attention": time_fn(partials, *args)}
-                    if tiles.num_splits > 1:
-                        times["combine"] = time_fn(combined, *partials(*args)[:3])
-                finally:
-                    os.environ.pop("JAXATTN_TRITON_FUSE")
-                    os.environ.update(QUANT_BASE_ENV)
-                if tiles.num_splits > 1:
-                    times["merged"] = time_fn(jax.jit(_split_launches(spec, tiles)[0]), *args)
-                row = {"name": label, "splits": tiles.num_splits, "cudnn_us": bar * 1e6 if bar else None,
-                       **{f"{key}_us": sec * 1e6 for key, sec in times.items()}}  # fmt: skip
-                log(f"quant_combine {label} splits={tiles.num_splits}: "
-                    + ", ".join(f"{key} {sec * 1e6:.1f} us" for key, sec in times.items())
-                    + (f", cudnn bf16 {bar * 1e6:.1f} us" if bar else ""))  # fmt: skip
-                free(kq, vq)
-            except Exception as err:
-                row = record_error("quant_combine", label, err)
-            rows.append(row)
-        free(k, v)
-    RESULTS["quant_combine"] = rows
 
 
 #: --quant-mixed: (page size, decode rows, context, prefill chunks, chunk length), the serving
@@ -1409,8 +1258,6 @@ def compile_check() -> None:
             types = ["*bf16"] * 3 + ["*i32"] * 4 + ["*fp32"] * 3  # ..., sinks, k_scale, v_scale
             lz = LP.attention(spec, t)
             row = {"name": label, **compile_one(lz, types + output_types(lz))}
-            if splits > 1:
-                row["combine"] = compile_one(LP.combine(spec, t), ["*fp32"] * 4 + ["*bf16", "*fp32"])
             log(f"compile {label}: {row}")
         except Exception as err:
             row = record_error("compile", label, err)
@@ -1434,24 +1281,16 @@ def main() -> None:
     ap.add_argument("--ragged", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--quant-sweep", action="store_true", help="int8/fp8 caches: tiles, vs cuDNN bf16 dense decode")
-    ap.add_argument("--quant-fast", action="store_true", help="with --quant-sweep: per-token scales, no ablations")
+    ap.add_argument("--quant-fast", action="store_true", help="with --quant-sweep: per-token scales only")
     ap.add_argument("--quant-mixed", action="store_true", help="a mixed ragged batch over int8/e4m3 caches")
-    ap.add_argument("--quant-combine", action="store_true",
-                    help="split quantized decode: attention and combine launches timed apart")  # fmt: skip
     ap.add_argument("--quant-mixed-all", action="store_true", help="with --quant-mixed: every variant")
     ap.add_argument("--quant-mixed-prefill", action="store_true",
                     help="with --quant-mixed: prefill blocks of twice the query tokens too")  # fmt: skip
     ap.add_argument("--quant-variants", default="", metavar="BN,W,ST,SPLITS,KVH;...",
                     help="--quant-sweep: these tiles beside the default")  # fmt: skip
-    ap.add_argument("--quant-all-ablations", action="store_true",
-                    help="--quant-sweep: V read byte-wise, alone and with K's widening flipped, too")  # fmt: skip
     ap.add_argument("--quant-formats", default="", metavar="int8,float8_e4m3fn",
                     help="--quant-sweep/--quant-mixed: these cache dtypes (default int8,float8_e4m3fn)")  # fmt: skip
     ap.add_argument("--quant-shapes", default="", metavar="PS,B,CTX;...", help="shapes for --quant-sweep")
-    ap.add_argument("--quant-base-env", default="", metavar="NAME=VALUE,...",
-                    help="--quant-sweep: switches set under every timing, e.g. JAXATTN_TRITON_K_WIDEN=1")  # fmt: skip
-    ap.add_argument("--quant-ablate", default="", metavar="NAME=VALUE[,NAME=VALUE];...",
-                    help="switch settings of KERNEL_SWITCHES timed beside each default, instead of the usual ablations")
     ap.add_argument("--quant-grans", default="", metavar="token,head",
                     help="--quant-sweep: these scale granularities, each with the tile variants")  # fmt: skip
     ap.add_argument("--warm-workers", type=int, default=1,
@@ -1474,9 +1313,6 @@ def main() -> None:
     global WARM_WORKERS, QUANT_GRANS, QUANT_FORMATS
     if args.quant_formats:
         QUANT_FORMATS = tuple(args.quant_formats.split(","))
-    QUANT_BASE_ENV.update(kernel_switches(args.quant_base_env, "--quant-base-env"))
-    QUANT_ABLATE.extend(kernel_switches(part, "--quant-ablate") for part in filter(None, args.quant_ablate.split(";")))
-    clear_kernel_switches()
     WARM_WORKERS = args.warm_workers
     QUANT_GRANS = tuple(filter(None, args.quant_grans.split(",")))
     for part in filter(None, args.quant_variants.split(";")):
@@ -1492,8 +1328,7 @@ def main() -> None:
     SWEEP_SHAPES.extend(parse_shapes(args.sweep_shapes))
     global DEADLINE
     DEADLINE = time.monotonic() + args.deadline_s if args.deadline_s > 0 else math.inf
-    sections = (args.check, args.bench, args.ragged, args.sweep, args.compile, args.quant_sweep, args.quant_mixed,
-                args.quant_combine)
+    sections = (args.check, args.bench, args.ragged, args.sweep, args.compile, args.quant_sweep, args.quant_mixed)
     if not any(sections):
         args.check = args.bench = args.ragged = args.sweep = True
     RESULTS["device"] = str(jax.devices()[0])
@@ -1508,8 +1343,7 @@ def main() -> None:
     log(f"device {RESULTS['device_kind']} ({RESULTS['device']}), versions {RESULTS['versions']}, smoke={SMOKE}")
     t0 = time.perf_counter()
     for flag, fn in (("compile", compile_check), ("check", check), ("bench", bench), ("ragged", ragged),
-                     ("sweep", sweep), ("quant_sweep", quant_sweep), ("quant_mixed", quant_mixed),
-                     ("quant_combine", quant_combine)):  # fmt: skip
+                     ("sweep", sweep), ("quant_sweep", quant_sweep), ("quant_mixed", quant_mixed)):  # fmt: skip
         if getattr(args, flag):
             try:
                 fn()

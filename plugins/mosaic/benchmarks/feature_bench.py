@@ -1,8 +1,8 @@
 """What a logits soft cap or a sliding window costs each GPU backend that takes one, beside cuDNN
 (H100/H200).
 
-    PYTHONUNBUFFERED=1 python3 benchmarks/feature_bench.py --feature soft_cap [--cap 30]
-    PYTHONUNBUFFERED=1 python3 benchmarks/feature_bench.py --feature window [--window 1024]
+    PYTHONUNBUFFERED=1 python3 plugins/mosaic/benchmarks/feature_bench.py --feature soft_cap [--cap 30]
+    PYTHONUNBUFFERED=1 python3 plugins/mosaic/benchmarks/feature_bench.py --feature window [--window 1024]
     (both: [--iters 20] [--reps 5])
 
 Through the public API (``jaxattn.attention`` with ``impl=``), bf16, D = 128, B x S x 32 heads

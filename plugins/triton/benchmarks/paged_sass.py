@@ -1,14 +1,12 @@
 """Compile the quantized paged decode kernel for sm_90 on a host without a GPU and count its
 SASS instructions by opcode: what a widening path costs, before any GPU time is spent.
 
-The switches of ``launch_paged`` (``JAXATTN_TRITON_PV_F16``, ``JAXATTN_TRITON_QK_F16``,
-``JAXATTN_TRITON_V_LANES``, ``JAXATTN_TRITON_K_WIDEN``, ``JAXATTN_TRITON_V_WORDS``) apply as
-when a launch is built. Counts are static (each of the kernel's three key sweeps is one copy);
-the triton release matters (the GPU machine runs 3.6).
+The kernel is built as ``launch_paged`` builds it for the format and scales. Counts are static
+(each of the kernel's three key sweeps is one copy); the triton release matters (the GPU
+machine runs 3.6).
 
-    python3 benchmarks/paged_sass.py float8_e4m3fn head
-    python3 benchmarks/paged_sass.py int8 head --driver     # on a GPU: the driver's count too
-    JAXATTN_TRITON_PV_F16=0 python3 benchmarks/paged_sass.py float8_e4m3fn head --seqs 64
+    python3 plugins/triton/benchmarks/paged_sass.py float8_e4m3fn head
+    python3 plugins/triton/benchmarks/paged_sass.py int8 head --driver   # on a GPU: the driver's count too
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "triton" / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "plugins" / "triton" / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import triton
@@ -84,8 +82,7 @@ def main() -> None:
     regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     c = lz.constexprs
     print(f"triton {triton.__version__}, {a.fmt} per {a.granularity}, {a.seqs} x {a.context}: "
-          f"PV_F16={c['PV_F16']} QK_F16={c['QK_F16']} K_WIDEN={c['K_WIDEN']} V_WORDS={c['V_WORDS']} "
-          f"V_LANES={c['V_LANES']}; "
+          f"PV_F16={c['PV_F16']} QK_F16={c['QK_F16']} K_WIDEN={c['K_WIDEN']} V_WORDS={c['V_WORDS']}; "
           f"block_n={tiles.block_n} warps={tiles.num_warps} stages={tiles.num_stages} splits={tiles.num_splits} "
           f"kv_heads={tiles.kv_heads}")
     print(f"registers {regs.group(1) if regs else '?'}, stack {regs.group(2) if regs else '?'}, "

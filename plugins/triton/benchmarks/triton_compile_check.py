@@ -7,8 +7,8 @@ before any GPU time is spent. Use the triton release the GPU machine runs (3.6.0
 e.g. ``pip install --target /tmp/t36 --no-deps triton==3.6.0`` and
 ``PYTHONPATH=/tmp/t36``): register allocation differs between releases.
 
-    python3 benchmarks/triton_compile_check.py            # the tuning candidates
-    python3 benchmarks/triton_compile_check.py --d 256    # one head dim
+    python3 plugins/triton/benchmarks/triton_compile_check.py            # the tuning candidates
+    python3 plugins/triton/benchmarks/triton_compile_check.py --d 256    # one head dim
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "triton" / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "plugins" / "triton" / "src"))
 
 import triton
 from triton.backends.compiler import GPUTarget

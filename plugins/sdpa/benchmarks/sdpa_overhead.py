@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Does jaxattn's dispatch cost anything? ``impl="cudnn"`` against jax.nn's cuDNN, side by side.
 
-    python3 benchmarks/sdpa_overhead.py                      # on an NVIDIA GPU: cudnn vs jax.nn cudnn
-    python3 benchmarks/sdpa_overhead.py --impl sdpa --quick  # anywhere: sdpa vs jax.nn (smoke test)
-    python3 benchmarks/sdpa_overhead.py --json out.json
+    python3 plugins/sdpa/benchmarks/sdpa_overhead.py                      # on an NVIDIA GPU: cudnn vs jax.nn cudnn
+    python3 plugins/sdpa/benchmarks/sdpa_overhead.py --impl sdpa --quick  # anywhere: sdpa vs jax.nn (smoke test)
+    python3 plugins/sdpa/benchmarks/sdpa_overhead.py --json out.json
 
 For each shape, causal or not, forward and forward+backward: both programs are compiled,
 then timed alternately in one process (so drift hits both alike), median of ``--runs``.

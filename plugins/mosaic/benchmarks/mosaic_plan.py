@@ -1,7 +1,7 @@
 """How evenly a causal persistent launch spreads its work over the SMs: the snake of a head's
 tiles against ``Config.planned``'s plan, on any host (no GPU; the kernel module only lowers).
 
-    python3 benchmarks/mosaic_plan.py [--sms 132]
+    python3 plugins/mosaic/benchmarks/mosaic_plan.py [--sms 132]
 
 For each causal shape of the matrix below 16k keys (the default tiles), the busiest CTA's key
 blocks over the mean (each tile costing its blocks plus one), under the snake the persistent
@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "mosaic" / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "plugins" / "mosaic" / "src"))
 
 from jaxattn_mosaic.kernel import PLAN_TILE_COST, default_config, plan_work, tile_plan
 

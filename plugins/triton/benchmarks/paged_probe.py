@@ -18,8 +18,8 @@ fragmented in runs of consecutive pages), ``--occupancy`` (two programs per SM a
 ``--gap`` (a quantized cache made and decoded the sweep's way and the public API's way),
 ``--quant-floor`` (pure reads of an int8 cache beside the int8 decode), ``--ncu`` (the int8
 decode and a pure read in its program shape at 16 x 32k, three calls each, to run under Nsight
-Compute: ``ncu -k regex:paged_attn_kernel -c 1 --set full python3 benchmarks/paged_probe.py --ncu``).
-On the GPU machine: ``python3 benchmarks/paged_probe.py --kv-heads [--json OUT]``.
+Compute: ``ncu -k regex:paged_attn_kernel -c 1 --set full python3 plugins/triton/benchmarks/paged_probe.py --ncu``).
+On the GPU machine: ``python3 plugins/triton/benchmarks/paged_probe.py --kv-heads [--json OUT]``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "core" / "src"))
 sys.path.insert(0, str(ROOT / "plugins" / "bench" / "src"))
 sys.path.insert(0, str(ROOT / "plugins" / "triton" / "src"))

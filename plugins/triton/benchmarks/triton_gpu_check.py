@@ -2,7 +2,8 @@
 
 Run on a CUDA machine with jax-triton importable and ``plugins/triton/src`` on the path:
 
-    python3 benchmarks/triton_gpu_check.py [--check] [--bench] [--sweep] [--tune] [--bench-d256] [--json OUT.json]
+    python3 plugins/triton/benchmarks/triton_gpu_check.py [--check] [--bench] [--sweep] [--tune] \
+        [--bench-d256] [--json OUT.json]
 
 ``--check`` compares forward and gradients with a float32 JAX reference on the same
 inputs; ``--bench`` times forward and forward+backward against cuDNN
@@ -25,7 +26,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "triton" / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "plugins" / "triton" / "src"))
 
 import jax
 import jax.numpy as jnp
