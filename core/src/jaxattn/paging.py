@@ -10,7 +10,7 @@ pages around the queries keep their places.
 
 Listing them in ascending page order makes the concurrent programs of a decode kernel walk
 the pool together, which a GPU reads faster than a random walk when there are few sequences
-(one program per SM; docs/bench.md, "Measured, serving"). A per-call sort on the device costs
+(one program per SM: up to 3% faster at 16 sequences of 8k-32k tokens on an H100). A per-call sort on the device costs
 more than it saves; sort on the host, where an engine builds its step's tables anyway.
 """
 

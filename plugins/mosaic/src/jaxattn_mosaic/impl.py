@@ -59,7 +59,7 @@ OWN_BACKWARD_HEAD_DIMS = (64, 128)
 #: where cuDNN's runs. Measured on an H100 (bf16, D=128; benchmarks/mosaic_bench.py --bench --bwd,
 #: cuDNN's forward+backward in the same run): own forward+backward 1.16x (full) and 1.28x
 #: (causal) cuDNN's at 8 x 1024 keys, 0.94x and 1.00x at 4 x 4096, 0.90-0.97x at 8k and 16k;
-#: mosaic's forward with cuDNN's backward 0.99-1.02x everywhere. docs/bench.md has the runs.
+#: mosaic's forward with cuDNN's backward 0.99-1.02x everywhere.
 OWN_BACKWARD_BELOW_KEYS = 4096
 
 Backward = Literal["own", "cudnn"]

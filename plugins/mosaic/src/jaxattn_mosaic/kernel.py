@@ -219,7 +219,7 @@ class Config:
 #: 1.4-4.9% faster than 64x128 at 16k and 32k keys, a tie or slower below; slower causal, where
 #: 192-key blocks cut the diagonal band of 128-row tiles worse), and from which the default
 #: kernel is not persistent (the 64x192 tiles leave no room for a second Q slot; causal, see
-#: ``default_config``). docs/bench.md has the runs.
+#: ``default_config``).
 WIDE_KV_FROM = 16384
 
 
