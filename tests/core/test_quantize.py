@@ -260,3 +260,60 @@ def test_quantized_dense_cache_on_a_mesh_is_declined() -> None:
     reasons = jaxattn.get_impl("vanilla", md).supports(a["q"], a["k"], a["v"], kv_lengths=a["kv_lengths"],
                                                        k_scale=a["k_scale"], v_scale=a["v_scale"])
     assert any("shard_map" in r for r in reasons), reasons
+
+
+TINY = {"int8": 1e-36, "float8_e4m3fn": 5e-36, "float8_e5m2": 7e-34}  # absmax whose scale was subnormal
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_quantize_kv_of_a_tiny_block_stays_finite(fmt: str, jit: bool) -> None:
+    # Blocks of absmax down to a tenth of the point where absmax / qmax leaves float32's normals
+    # (XLA flushes subnormals to zero: the scale was 0 and float8 values 0/0 = NaN, int8 0).
+    rng = np.random.default_rng(1)
+    sizes = TINY[fmt] * np.logspace(-1, 0, 6)
+    x = (rng.uniform(-1, 1, size=(6, 2, 8)) * sizes[:, None, None]).astype(np.float32)
+    x[:, :, 0] = sizes[:, None]  # each block's absmax is exactly its size
+    x[np.abs(x) < np.finfo(np.float32).tiny] = 0  # XLA flushes subnormal inputs: keep them out
+    quantize = jax.jit(jaxattn.quantize_kv, static_argnums=(1, 2)) if jit else jaxattn.quantize_kv
+    values, scale = quantize(jnp.asarray(x), fmt, "token")
+    scale = np.asarray(scale)
+    assert (scale >= np.finfo(np.float32).tiny).all(), scale
+    deq = np.asarray(jaxattn.dequantize_kv(values, scale), np.float64)
+    assert np.isfinite(deq).all()
+    # Within half a level of the clamped scale (int8), or the format's error at the levels it
+    # keeps (float8: relative half-ulp, or half the clamped scale near 0).
+    err = np.abs(deq - x)
+    level = np.broadcast_to(scale[..., None], x.shape).astype(np.float64)
+    bound = 0.5 * level if fmt == "int8" else np.maximum(REL_HALF_STEP[fmt] * np.abs(x), level)
+    assert (err <= bound * (1 + 1e-6)).all(), (err / bound).max()
+    np.testing.assert_allclose(deq[:, :, 0], x[:, :, 0], rtol=0.13)  # the absmax itself survives
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2", "int8"])
+def test_scale_gradients_are_zero_at_unread_positions(fmt: str, jit: bool) -> None:
+    # Positions at and past a length are unread: NaN values (a float8 NaN) and NaN scales
+    # there give zero gradients to k_scale and v_scale, and finite ones elsewhere.
+    rng = np.random.default_rng(2)
+    b, s, h, d = 2, 6, 2, 8
+    q = jnp.asarray(rng.standard_normal((b, 1, 4, d)), jnp.float32)
+    kv_lengths = jnp.asarray([6, 3], jnp.int32)
+    k, ks = jaxattn.quantize_kv(jnp.asarray(rng.standard_normal((b, s, h, d)), jnp.float32), fmt)
+    v, vs = jaxattn.quantize_kv(jnp.asarray(rng.standard_normal((b, s, h, d)), jnp.float32), fmt)
+    poison = jnp.arange(s)[None, :, None, None] >= kv_lengths[:, None, None, None]
+    bad = jnp.asarray(np.nan if fmt != "int8" else 127, jnp.float32).astype(k.dtype)
+    k, v = jnp.where(poison, bad, k), jnp.where(poison, bad, v)
+    ks, vs = jnp.where(poison[..., 0], jnp.nan, ks), jnp.where(poison[..., 0], jnp.nan, vs)
+
+    def loss(ks: Any, vs: Any) -> Any:
+        out = jaxattn.attention(q, k, v, impl="vanilla", k_scale=ks, v_scale=vs, kv_lengths=kv_lengths)
+        return jnp.sum(out**2)
+
+    grad = jax.grad(loss, argnums=(0, 1))
+    dks, dvs = (np.asarray(g) for g in (jax.jit(grad) if jit else grad)(ks, vs))
+    unread = np.broadcast_to(np.asarray(poison[..., 0]), dks.shape)
+    for name, g in (("k_scale", dks), ("v_scale", dvs)):
+        assert np.isfinite(g).all(), f"d {name}: {g}"
+        assert (g[unread] == 0).all(), f"d {name} at unread positions: {g[unread]}"
+        assert (g[~unread] != 0).any()

@@ -75,7 +75,10 @@ def quantize_kv(x: Any, dtype: Any, granularity: str = "token") -> tuple[Any, An
     (scale ``()``), ``"head"`` (``(Hkv,)``) or ``"token"`` (``x.shape[:-1]``, one scale per token
     and head: new tokens can be quantized and written on their own, see docs/serving.md). Each
     scale maps its block's absmax to the format's largest value; an all-zero block gets scale 1
-    (finite, and its values are 0). ``x`` must be finite.
+    (finite, and its values are 0). A scale is never below float32's smallest normal (about
+    1.2e-38, which XLA does not flush): a block whose absmax is under the format's largest value
+    times that (int8 1.5e-36, float8_e4m3fn 5.3e-36, float8_e5m2 6.7e-34) maps to fewer levels,
+    finite and dequantizing to itself within them. ``x`` must be finite.
     """
     import jax.numpy as jnp
 
@@ -95,8 +98,11 @@ def quantize_kv(x: Any, dtype: Any, granularity: str = "token") -> tuple[Any, An
         absmax = jnp.max(mag, axis=tuple(i for i in range(len(shape)) if i != len(shape) - 2))
     else:
         absmax = jnp.max(mag, axis=-1)
-    # A zero block: any finite scale reproduces it; 1 avoids 0/0.
-    scale = jnp.where(absmax > 0, absmax / qmax, 1.0).astype(jnp.float32)
+    # A zero block: any finite scale reproduces it; 1 avoids 0/0. A tiny block's absmax / qmax
+    # would be a float32 subnormal, which XLA flushes to zero (0/0 = NaN in float8, 0 in int8):
+    # the scale is clamped to the smallest normal, so such a block keeps fewer levels, never NaN.
+    tiny = float(jnp.finfo(jnp.float32).tiny)
+    scale = jnp.where(absmax > 0, jnp.maximum(absmax / qmax, tiny), 1.0).astype(jnp.float32)
     scaled = jnp.clip(wide / scale[..., None], -qmax, qmax)  # saturate: float8 casts overflow to NaN/inf
     name = dtype_name(dtype)
     values = jnp.round(scaled).astype(jnp.int8) if name == "int8" else scaled.astype(jnp.dtype(name))
@@ -113,15 +119,20 @@ def dequantize_kv(values: Any, scale: Any) -> Any:
 def dequantize_visible(values: Any, scale: Any, kv_lengths: Any = None, dtype: Any = None) -> Any:
     """A dense quantized cache ``(B, S, H, D)`` dequantized into ``dtype`` (float32 by default),
     zero at every position at or past ``kv_lengths`` ``(B,)``: values and scales there are unread
-    and may be NaN, and a select (not a product) keeps them out. What the references attend over."""
+    and may be NaN. Both are replaced by zeros with a select *before* they are multiplied, so no
+    NaN reaches the product or its gradient (``0 * NaN`` is NaN: selecting the product would
+    leave ``d scale = values * 0`` NaN where a value is). What the references attend over."""
     import jax.numpy as jnp
 
     from .unread import zero_past_length
 
     dtype = jnp.dtype(dtype or jnp.float32)
     scale = jnp.broadcast_to(jnp.asarray(scale).astype(dtype), values.shape[:-1])
-    deq = values.astype(dtype) * scale[..., None]
-    return deq if kv_lengths is None else zero_past_length(deq, kv_lengths)
+    wide = values.astype(dtype)
+    if kv_lengths is not None:
+        wide = zero_past_length(wide, kv_lengths)
+        scale = zero_past_length(scale[..., None], kv_lengths)[..., 0]
+    return wide * scale[..., None]
 
 
 def check_kv_scales(q: Any, caches: dict[str, Any], k_scale: Any, v_scale: Any,

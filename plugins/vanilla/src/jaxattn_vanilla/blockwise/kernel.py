@@ -331,7 +331,7 @@ def _logits(st: _Static, plan: BlockPlan, pd: _Padded, qb: Array, kb: Array, r0:
     cap, ``tanh(x / cap)`` (for the cap's derivative ``1 - tanh**2``). Without a cap or a bias
     they are not yet scaled (``_unscaled``): see ``_factor``."""
     x = jnp.einsum("bqkgd,bskd->bkgqs", qb, kb, precision=st.precision, preferred_element_type=sdtype)
-    if not _unscaled(st, pd):
+    if not _unscaled(st, pd, sdtype):
         x = x * jnp.asarray(st.scale, sdtype)
     th = None
     if st.soft_cap is not None:
@@ -346,8 +346,11 @@ def _logits(st: _Static, plan: BlockPlan, pd: _Padded, qb: Array, kb: Array, r0:
     return x, th
 
 
-def _unscaled(st: _Static, pd: _Padded) -> bool:
-    return st.soft_cap is None and pd.bias is None
+def _unscaled(st: _Static, pd: _Padded, sdtype: Any) -> bool:
+    # A scale below the softmax dtype's smallest normal is applied to the logits first: flushed
+    # to zero, as a factor it would make a hidden key's -inf * 0 = NaN (and the initial running
+    # max's too), and logits scaled that small cannot overflow exp().
+    return st.soft_cap is None and pd.bias is None and st.scale >= float(jnp.finfo(sdtype).tiny)
 
 
 def _factor(st: _Static, pd: _Padded, dtype: Any) -> Array:
@@ -355,7 +358,7 @@ def _factor(st: _Static, pd: _Padded, dtype: Any) -> Array:
     subtracted, ``exp((x - m) * scale)``: XLA fuses ``x * scale - m`` into one multiply-add,
     whose exact product sits up to half an ulp of the rounded max away from it, and past ~2^32
     that gap alone overflows exp() (NaN out of finite inputs)."""
-    return jnp.asarray(st.scale if _unscaled(st, pd) else 1.0, dtype)
+    return jnp.asarray(st.scale if _unscaled(st, pd, dtype) else 1.0, dtype)
 
 
 def _dropout_keep(st: _Static, rng: Array, plan: BlockPlan, i: Array, j: Array, shape: tuple[int, ...]) -> Array:

@@ -181,7 +181,10 @@ def decode_attention(
     # running maxima are unscaled: XLA fuses ``x * scale - m`` into one multiply-add, whose
     # exact product sits up to half an ulp of the rounded max away, and past ~2^32 that gap
     # alone overflows exp(). ``(x - m) * scale`` has nothing to fuse.
-    factor = jnp.asarray(scale if logits_soft_cap is None else 1.0, adtype)
+    # A scale below the smallest normal is applied first too: flushed to zero, as a factor it
+    # would turn a hidden key's -inf into NaN (-inf * 0), and such logits cannot be large.
+    unscaled = logits_soft_cap is None and scale >= float(jnp.finfo(sdtype).tiny)
+    factor = jnp.asarray(scale if unscaled else 1.0, adtype)
     nc, sc, keys = plan.num_chunks, plan.chunk, plan.step_keys
 
     lengths = None if kv_lengths is None else jnp.clip(jnp.asarray(kv_lengths).astype(jnp.int32), 0, s)
@@ -237,8 +240,9 @@ def decode_attention(
             kb = jnp.where(live, kb, jnp.zeros((), kb.dtype))
             vb = jnp.where(live, vb, jnp.zeros((), vb.dtype))
         x = _logits(kb.astype(cdtype), qt, sdtype)  # (B * nc, sc, Hkv, R)
-        if logits_soft_cap is not None:
+        if not unscaled:
             x = x * jnp.asarray(scale, sdtype)
+        if logits_soft_cap is not None:
             cap = jnp.asarray(logits_soft_cap, sdtype)
             x = cap * jnp.tanh(x / cap)
         keep = _keep(n, start)

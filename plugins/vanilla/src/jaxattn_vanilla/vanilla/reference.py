@@ -180,8 +180,11 @@ def vanilla_attention(
     # Plain logits keep their scale out until after the max is subtracted: XLA fuses
     # ``logits * scale - max`` into one multiply-add, whose exact product sits up to half an
     # ulp of the (rounded) max away from it, and past ~2^32 that gap alone overflows exp().
-    # ``(logits - max) * scale`` has nothing to fuse; the max weighs exactly exp(0).
-    unscaled = logits_soft_cap is None and bias is None and score_mod is None
+    # ``(logits - max) * scale`` has nothing to fuse; the max weighs exactly exp(0). A scale
+    # below the softmax dtype's smallest normal is applied first instead: flushed to zero, as
+    # a factor it would make a hidden key's -inf * 0 = NaN, and such logits cannot be large.
+    unscaled = (logits_soft_cap is None and bias is None and score_mod is None
+                and scale >= float(jnp.finfo(sdtype).tiny))
     if not unscaled:
         logits = logits * jnp.asarray(scale, sdtype)
     if logits_soft_cap is not None:
