@@ -12,7 +12,9 @@ the SDK's two public surfaces, ``jaxattn.backend``'s name table and ``jaxattn.cl
 plugins import instead of the core's modules); raised by 30 to 4,770 for ``jaxattn info``'s table of
 every library a backend needs (installed or not) and its paths shortened to 80 columns; raised by
 250 to 5,020 for masks and scores as programs (``jaxattn.masks``: the mask_mod constructors,
-``BlockMask``, the checks of mask_mod and score_mod; docs/masks.md).
+``BlockMask``, the checks of mask_mod and score_mod; docs/masks.md); raised by 10 to 5,030 for
+``quantize_kv``'s scales clamped to float32's smallest normal and ``dequantize_visible``'s selects
+before its product (no NaN from a tiny block, no NaN scale gradient where nothing is read).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5020
+BUDGET = 5030
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 
