@@ -76,3 +76,15 @@ def test_benchmarks_holds_only_what_a_user_runs() -> None:
         f"benchmarks/ holds {len(scripts)} files (at most {MAX_BENCHMARKS}): {scripts}; move a kernel-development "
         "probe beside its plugin (plugins/<name>/benchmarks/)"
     )
+
+
+def test_shipped_code_reads_only_documented_settings() -> None:
+    # No experiment switches in shipped code: a JAXATTN_* variable that a package reads is a
+    # setting a user may set, so a docs page (or the README) says what it does. A measured
+    # winner becomes the code; the other variants go (git's log keeps them).
+    shipped = [*(ROOT / "core" / "src").rglob("*.py"), *ROOT.glob("plugins/*/src/**/*.py")]
+    setting = re.compile(r"\bJAXATTN_[A-Z0-9_]+\b")
+    read = {name for path in shipped for name in setting.findall(path.read_text(encoding="utf-8"))}
+    documented = "\n".join(p.read_text(encoding="utf-8") for p in pages())
+    undocumented = sorted(name for name in read if name not in documented)
+    assert not undocumented, f"shipped code reads settings no docs page names (an experiment switch?): {undocumented}"
