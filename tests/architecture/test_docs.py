@@ -88,3 +88,17 @@ def test_shipped_code_reads_only_documented_settings() -> None:
     documented = "\n".join(p.read_text(encoding="utf-8") for p in pages())
     undocumented = sorted(name for name in read if name not in documented)
     assert not undocumented, f"shipped code reads settings no docs page names (an experiment switch?): {undocumented}"
+
+
+#: A repository path a page cites: a file under one of the repository's top folders.
+CITED_PATH = re.compile(
+    r"(?<![\w/.$-])((?:benchmarks|plugins|tests|core|docs|\.ci)/[\w./-]+\.(?:py|sh|md|png|toml|json|yml))"
+)
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_file_a_page_cites_exists(page: Path) -> None:
+    # Scripts move (kernel probes beside their plugin) and pages must follow.
+    cited = {m.group(1) for m in CITED_PATH.finditer(page.read_text(encoding="utf-8"))}
+    missing = sorted(path for path in cited if not (ROOT / path).exists())
+    assert not missing, f"{page.relative_to(ROOT)} cites files that do not exist: {missing}"
