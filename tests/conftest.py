@@ -166,7 +166,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.stash[_DESELECTED] = reasons
 
 
+#: How many files the end-of-run summary lists (their tests' seconds, all phases summed).
+SLOWEST_FILES = 10
+
+
+#: Seconds of each test file's tests (setup, call and teardown), for the end-of-run summary.
+_file_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Every report reaches the process that prints the summary (under xdist, the controller).
+    path = report.nodeid.split("::", 1)[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if _file_seconds:
+        total = sum(_file_seconds.values())
+        slowest = sorted(_file_seconds.items(), key=lambda kv: -kv[1])[:SLOWEST_FILES]
+        terminalreporter.write_line(f"test seconds by file (all workers; {total:.0f} s in {len(_file_seconds)} "
+                                    f"files), the {len(slowest)} slowest:")
+        for path, seconds in slowest:
+            terminalreporter.write_line(f"  {seconds:7.1f}  {path}")
     reasons = config.stash.get(_DESELECTED, None)
     if reasons:
         terminalreporter.write_line(f"not collected, as they can only skip here ({KEEP_SKIPPED}=1 collects them):")

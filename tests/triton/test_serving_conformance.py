@@ -91,6 +91,8 @@ class TestTritonPagedDecodeInterpreted(PagedConformanceSuite):
 class TestTritonRaggedPagedInterpretedFloat16(PagedConformanceSuite):
     impl_class = InterpretedRaggedPaged
     dtypes: ClassVar[tuple[str, ...]] = ("float16",)
+    # Eagerly in float32 (TestTritonRaggedPagedInterpreted, the same code); here under jax.jit.
+    eager_dtypes: ClassVar[tuple[str, ...]] = ()
 
 
 # A subset in bfloat16: the layouts, GQA, sinks, window and soft cap, ragged and uniform.
@@ -103,6 +105,8 @@ _BF16_PAGED = {"decode_gqa_8to1_permuted", "speculative", "ragged_mixed", "combi
 class TestTritonRaggedPagedInterpretedBfloat16(PagedConformanceSuite):
     impl_class = InterpretedRaggedPaged
     dtypes: ClassVar[tuple[str, ...]] = ("bfloat16",)
+    # Eagerly in float32 (TestTritonRaggedPagedInterpreted, the same code); here under jax.jit.
+    eager_dtypes: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def cases(cls, level: Level) -> Sequence[PagedCase]:
@@ -160,6 +164,8 @@ _BF16_DECODE = {"decode", "mqa_causal", "kv_lengths_decode", "kv_lengths_spec", 
 class TestTritonDecodeInterpretedBfloat16(ConformanceSuite):
     impl_class = InterpretedDecode
     dtypes: ClassVar[tuple[str, ...]] = ("bfloat16",)
+    # Eagerly in float32 (TestTritonDecodeInterpreted, the same code); here under jax.jit.
+    eager_dtypes: ClassVar[tuple[str, ...]] = ()
     # The lengths sweep ran in float32 above; here the cases only.
     backward_lengths: ClassVar[tuple[tuple[int, int], ...]] = ((1, 1),)
 

@@ -17,9 +17,11 @@ reported as skipped, "declined"): a backend may refuse a feature but never ignor
 
 Every case runs three ways: one program computing the forward and the gradients (the
 checks of ``test_forward`` and ``test_gradients``, compiled with the fast test options), the
-forward eagerly, and the forward alone under ``jax.jit`` with XLA's default options
-(``test_forward_eager_and_default_jit``): a miscompile can hide in one of them (jaxlib
-0.10.2's XLA:CPU computed wrong decode logits only in a forward-only program, docs/decode.md).
+forward eagerly (in the first dtype: ``eager_dtypes``), and the forward alone under
+``jax.jit`` with XLA's default options (``test_forward_eager_and_default_jit``): a miscompile
+can hide in one of them (jaxlib 0.10.2's XLA:CPU computed wrong decode logits only in a
+forward-only program, docs/decode.md). Tests that run one program share it: it is traced
+and compiled once per process.
 Positions a call must not read are poisoned: in cases with ``kv_lengths``, K and V past each
 length hold NaN, then +Inf (``test_unread_cache_positions``), and the outputs and gradients
 must still match the oracle, which sees only the valid data. ``test_decode_sweep`` draws a
@@ -33,6 +35,7 @@ environment, or ``level = "full"`` on the class runs the larger one.
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -107,6 +110,12 @@ _MAGNITUDE_CASES = (
 _impl_cache: dict[type, AttentionImpl] = {}
 # (suite class, case, dtype) -> (output, gradients | the error computing them | None)
 _results_cache: dict[tuple[type, Case, str], tuple[AttentionOutput, Any]] = {}
+# (suite class, how, differentiated names, static features) -> the jitted function, so that
+# tests running one program (test_forward's and test_unread_cache_positions' on poisoned
+# inputs, a dtype's two cases of one shape) trace and compile it once per process; jax.jit
+# itself keys on shapes and dtypes. The most recent ones only: executables hold memory.
+_programs: OrderedDict[tuple[Any, ...], Callable[..., Any]] = OrderedDict()
+_PROGRAMS_KEPT = 256
 
 
 def _jax_arrays(arrays: Mapping[str, Any], dtype: str) -> dict[str, jax.Array]:
@@ -137,6 +146,11 @@ class ConformanceSuite(ModConformance):
     platform: ClassVar[str | None] = None
     #: Dtypes to run every case in.
     dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    #: Dtypes whose forward also runs eagerly (None: the first of ``dtypes``). An eager run
+    #: checks the impl's path with concrete arrays, the same code in every dtype; each dtype's
+    #: numerics are checked by the same case under ``jax.jit`` (both programs), and the eager
+    #: compiles of each op (most of a CPU's time) are not repeated per dtype.
+    eager_dtypes: ClassVar[tuple[str, ...] | None] = None
     tolerances: ClassVar[Mapping[str, DtypeTolerance]] = DEFAULT_TOLERANCES
     #: "default" or "full"; None reads --jaxattn-conformance, then $JAXATTN_CONFORMANCE.
     level: ClassVar[Level | None] = None
@@ -192,6 +206,11 @@ class ConformanceSuite(ModConformance):
         if cls.compiler_options is not None:
             return dict(cls.compiler_options)
         return compiler_options_for_tests()
+
+    @classmethod
+    def runs_eager(cls, dtype: str) -> bool:
+        """Whether the forward of a case in ``dtype`` also runs eagerly (``eager_dtypes``)."""
+        return dtype in (cls.eager_dtypes if cls.eager_dtypes is not None else cls.dtypes[:1])
 
     @classmethod
     def tolerance(cls, dtype: str) -> DtypeTolerance:
@@ -270,10 +289,16 @@ class ConformanceSuite(ModConformance):
 
         if how == "eager" or (how == "test_jit" and not self.jit):
             compiled = run
-        elif how == "default_jit":
-            compiled = jax.jit(run)
         else:
-            compiled = jax.jit(run, compiler_options=self._compiler_options())
+            key = (type(self), how, tuple(diff_names), tuple(sorted(features.items())))
+            if key in _programs:
+                _programs.move_to_end(key)
+            else:
+                options = None if how == "default_jit" else self._compiler_options()
+                _programs[key] = jax.jit(run, compiler_options=options)
+                if len(_programs) > _PROGRAMS_KEPT:
+                    _programs.popitem(last=False)
+            compiled = _programs[key]
 
         def split(arrays: Mapping[str, Any]) -> tuple[AttentionOutput, dict[str, jax.Array]]:
             diff = {n: arrays[n] for n in diff_names}
@@ -392,7 +417,7 @@ class ConformanceSuite(ModConformance):
         against the oracle on ``np_arrays`` (``arrays`` may hold poison where nothing reads)."""
         features = static_features(case)
         ref = oracle.attention(np_arrays["q"], np_arrays["k"], np_arrays["v"], **self._oracle_kwargs(np_arrays, case))
-        for how in ("eager", "default_jit"):
+        for how in ("eager", "default_jit") if self.runs_eager(dtype) else ("default_jit",):
             out, _ = self._evaluate(arrays, features, how=how)
             self._check_forward_out(out, ref, dtype, f"{how}: {label}")
 

@@ -13,7 +13,8 @@ accepts the call and matches the float64 oracle (every row: padding rows and row
 key must be exactly zero), or declines it with ``UnsupportedError`` and reasons. Uniform cases
 also go through ``jaxattn.paged_attention`` (the decode form), and cases whose pages are not in
 address order run again with ``jaxattn.pages_in_address_order``'s table; every case runs under
-``jax.jit``, where nothing is concrete, and eagerly (``test_forward_eager``). Everything the
+``jax.jit``, where nothing is concrete, and eagerly (``test_forward_eager``, in the first dtype:
+``eager_dtypes``; tests running one program share it). Everything the
 contract calls unread (rows of a sequence's last page at or past its length, pages listed past
 its last page, unused pages of the pool) holds NaN, then +Inf, in ``test_unread_positions``,
 compiled with XLA's default options; the output must still match the oracle. The same guards
@@ -24,7 +25,8 @@ declines) under ``jax_enable_x64``.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import jax
@@ -71,6 +73,11 @@ _MAGNITUDE_CASES = (
 
 _ARRAYS = ("page_table", "kv_lengths", "cu_q_lens", "num_seqs")
 _impl_cache: dict[type, PagedAttentionImpl] = {}
+# (suite class, case, how, static arguments) -> the jitted call, so that tests running one
+# program (test_forward's and test_pages_in_address_order's, a poison's two values, a case's
+# dtypes) trace and compile it once per process. The most recent ones only.
+_programs: OrderedDict[tuple[Any, ...], Callable[..., Any]] = OrderedDict()
+_PROGRAMS_KEPT = 256
 
 
 def _to_jax(arrays: Mapping[str, Any], dtype: str) -> dict[str, Any]:
@@ -96,6 +103,9 @@ class PagedConformanceSuite:
     #: Shorthand for ``metadata.platform``.
     platform: ClassVar[str | None] = None
     dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    #: Dtypes whose calls also run eagerly (None: the first of ``dtypes``): the eager path is
+    #: the same code in every dtype, and each dtype's numerics are checked under ``jax.jit``.
+    eager_dtypes: ClassVar[tuple[str, ...] | None] = None
     tolerances: ClassVar[Mapping[str, DtypeTolerance]] = DEFAULT_TOLERANCES
     #: "default" or "full"; None reads ``$JAXATTN_CONFORMANCE``, then default.
     level: ClassVar[Level | None] = None
@@ -127,6 +137,11 @@ class PagedConformanceSuite:
         return _impl_cache[cls]
 
     @classmethod
+    def runs_eager(cls, dtype: str) -> bool:
+        """Whether calls in ``dtype`` also run eagerly (``eager_dtypes``)."""
+        return dtype in (cls.eager_dtypes if cls.eager_dtypes is not None else cls.dtypes[:1])
+
+    @classmethod
     def resolved_level(cls) -> Level:
         level = cls.level or os.environ.get(LEVEL_ENV) or "default"
         if level not in ("default", "full"):
@@ -142,8 +157,9 @@ class PagedConformanceSuite:
             metafunc.parametrize(("magnitude_case", "dtype"), [pytest.param(c, dt, id=f"{c.name}-{dt}")
                                                                for c in _MAGNITUDE_CASES for dt in cls.dtypes])
         elif "paged_case" in metafunc.fixturenames:
+            eager_only = metafunc.function.__name__ == "test_forward_eager"
             params = [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in cls.cases(cls.resolved_level())
-                      for dt in cls.dtypes]
+                      for dt in cls.dtypes if not eager_only or cls.runs_eager(dt)]
             metafunc.parametrize(("paged_case", "dtype"), params)
         elif "dtype" in metafunc.fixturenames:
             metafunc.parametrize("dtype", cls.dtypes)
@@ -165,12 +181,15 @@ class PagedConformanceSuite:
         args, kwargs = self._split(case, arrays)
         return self.make_impl().supports(*args, **kwargs)
 
-    @staticmethod
-    def _hows(case: PagedCase, how: str) -> tuple[str, ...]:
-        """``how``, and for a uniform case also "eager" and "static_count_jit": there num_seqs is
-        known before tracing (``paged_attention`` passes it so), and a backend may skip masking
-        rows past it (``PagedCall.static_num_seqs``), a path of its own to check."""
-        return (how, "eager", "static_count_jit") if case.uniform else (how,)
+    @classmethod
+    def _hows(cls, case: PagedCase, how: str, dtype: str) -> tuple[str, ...]:
+        """``how``, and for a uniform case also "eager" (in ``eager_dtypes``) and
+        "static_count_jit": there num_seqs is known before tracing (``paged_attention`` passes
+        it so), and a backend may skip masking rows past it (``PagedCall.static_num_seqs``), a
+        path of its own to check."""
+        if not case.uniform:
+            return (how,)
+        return (how, "eager", "static_count_jit") if cls.runs_eager(dtype) else (how, "static_count_jit")
 
     def _run(self, case: PagedCase, arrays: Mapping[str, Any], how: str = "test_jit") -> Any:
         """The ragged form's output. ``how``: "test_jit" (``jax.jit`` with the fast test options;
@@ -189,13 +208,16 @@ class PagedConformanceSuite:
 
         if how == "eager" or (how == "test_jit" and not self.jit):
             return call(args, traced)
-        # One jitted function per program within a test (an instance is one test): a second
-        # run on other data (the poisons) reuses the traced and compiled program.
-        key = (case, how, repr(sorted(static.items())))
-        programs = self.__dict__.setdefault("_programs", {})
-        if key not in programs:
-            programs[key] = jax.jit(call, compiler_options=compiler_options_for_tests() if how == "test_jit" else None)
-        return programs[key](args, traced)
+        # One jitted function per program: a run on other data (the poisons, another table of
+        # the same shapes, another dtype) reuses the traced and compiled program.
+        key = (type(self), case, how, repr(sorted(static.items())))
+        if key in _programs:
+            _programs.move_to_end(key)
+        else:
+            _programs[key] = jax.jit(call, compiler_options=compiler_options_for_tests() if how == "test_jit" else None)
+            if len(_programs) > _PROGRAMS_KEPT:
+                _programs.popitem(last=False)
+        return _programs[key](args, traced)
 
     def _assert_declines(self, case: PagedCase, arrays: Mapping[str, Any]) -> None:
         args, kwargs = self._split(case, arrays)
@@ -247,7 +269,7 @@ class PagedConformanceSuite:
         want = self._expected(paged_case, np_arrays)
         for value in (np.nan, np.inf):
             arrays = _to_jax(poison_unread(paged_case, np_arrays, value), dtype)
-            for how in self._hows(paged_case, "default_jit"):
+            for how in self._hows(paged_case, "default_jit", dtype):
                 with jax.default_matmul_precision("highest"):
                     got = self._run(paged_case, arrays, how=how)
                 self._check(paged_case, got, want, dtype, f"{how}, unread positions = {value}: "
@@ -305,7 +327,7 @@ class PagedConformanceSuite:
             self._assert_declines(case, arrays)
             pytest.skip(f"declined as it should: {'; '.join(reasons)}")
         want = self._expected(case, ref_arrays)
-        for how in self._hows(case, "test_jit"):
+        for how in self._hows(case, "test_jit", dtype):
             with jax.default_matmul_precision("highest"):
                 got = self._run(case, arrays, how=how)
             self._check(case, got, want, dtype,
