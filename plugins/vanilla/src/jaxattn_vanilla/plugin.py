@@ -36,7 +36,7 @@ BLOCKWISE = ImplRef(
     head_dims=ANY_HEAD_DIM,
     # Every dense feature; the weights are exactly what it never forms. A quantized cache runs
     # on vanilla (which dequantizes a full-size copy) or a kernel that reads it.
-    features=ALL_FEATURES - {Feature.WEIGHTS, Feature.QUANTIZED_KV, Feature.MASK_MOD, Feature.SCORE_MOD},
+    features=ALL_FEATURES - {Feature.WEIGHTS, Feature.QUANTIZED_KV},
 )
 DECODE = ImplRef(
     "jaxattn_vanilla.decode.impl:DecodeAttention",

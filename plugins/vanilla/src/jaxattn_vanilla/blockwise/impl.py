@@ -56,7 +56,11 @@ class BlockwiseAttention(AttentionImpl, declaration=BLOCKWISE):
         if problem.kv_lengths:
             notes.append("kv_lengths: tiles past the batch's longest sequence (or left of its shortest's "
                          "window) are skipped at run time")
-        if (bq_bwd, bk_bwd) != (bq, bk):
+        if problem.mask_mod or problem.score_mod:
+            notes.append("mask_mod / score_mod evaluated per tile; tiles the mask_mod's block mask leaves empty for "
+                         "every batch and head are skipped (its block_mask's blocks are the blocks; the backward's "
+                         "are the forward's)")
+        elif (bq_bwd, bk_bwd) != (bq, bk):
             notes.append(f"backward blocks {min(bq_bwd, problem.seq_q)}x{min(bk_bwd, problem.seq_k)}")
         return notes
 

@@ -196,6 +196,21 @@ class _Static:
     bwd_blocks: tuple[int, int]
     dropout_prob: float
     precision: Any
+    #: The mask_mod and score_mod, closure-converted at the tile's shapes (``_convert``): called
+    #: as ``mask_fn(b, h, q_idx, kv_idx, *mask_consts)`` and ``score_fn(score, b, h, q_idx,
+    #: kv_idx, *score_consts)``, the arrays they close over passed explicitly (``_Mods``), so that
+    #: the custom VJP can differentiate the score_mod's.
+    mask_fn: Any = None
+    score_fn: Any = None
+
+
+class _Mods(NamedTuple):
+    """A call's mask_mod / score_mod arrays: ``tiles (num_q, num_k)`` bool, the tiles some batch
+    and head of the mask_mod sees (its block mask; None: every tile), and the closure constants."""
+
+    tiles: Array | None
+    mask_consts: tuple[Any, ...]
+    score_consts: tuple[Any, ...]
 
 
 class _Padded(NamedTuple):
@@ -209,6 +224,8 @@ class _Padded(NamedTuple):
     q_seg: Array | None  # (B, Tp)
     kv_seg: Array | None  # (B, Sp)
     kv_len: Array | None  # (B,) int32, within 0..S
+    mask_consts: tuple[Any, ...] = ()
+    score_consts: tuple[Any, ...] = ()
 
 
 def _pad_to(x: Array, axis: int, size: int, value: Any = 0) -> Array:
@@ -306,7 +323,36 @@ def _visible(st: _Static, plan: BlockPlan, pd: _Padded, r0: Array, c0: Array) ->
         qs = lax.dynamic_slice_in_dim(pd.q_seg, r0, plan.block_q, axis=1)
         ks = lax.dynamic_slice_in_dim(pd.kv_seg, c0, plan.block_k, axis=1)
         keep = _and(keep, (qs[:, :, None] == ks[:, None, :])[:, None, None])
+    if st.mask_fn is not None:
+        seen = jnp.asarray(st.mask_fn(*_tile_index(plan, pd, r0, c0), *pd.mask_consts), dtype=bool)
+        keep = _and(keep, _grouped(seen, pd, plan))
     return keep
+
+
+def _tile_index(plan: BlockPlan, pd: _Padded, r0: Any, c0: Any) -> tuple[Array, Array, Array, Array]:
+    """A mask_mod's arguments for one tile: ``b (B,1,1,1)``, ``h (1,Hq,1,1)``, ``q_idx (1,1,bq,1)``,
+    ``kv_idx (1,1,1,bk)``, raw positions; padded rows and columns repeat the last (and are hidden)."""
+    b, hq = pd.q.shape[0], pd.q.shape[2] * pd.q.shape[3]
+    rows = r0 + lax.broadcasted_iota(jnp.int32, (1, 1, plan.block_q, 1), 2)
+    cols = c0 + lax.broadcasted_iota(jnp.int32, (1, 1, 1, plan.block_k), 3)
+    return (jnp.arange(b, dtype=jnp.int32).reshape(b, 1, 1, 1), jnp.arange(hq, dtype=jnp.int32).reshape(1, hq, 1, 1),
+            jnp.minimum(rows, plan.t - 1), jnp.minimum(cols, plan.s - 1))
+
+
+def _grouped(x: Array, pd: _Padded, plan: BlockPlan) -> Array:
+    """A ``(B|1, Hq|1, bq, bk)``-broadcastable tile as ``(B|1, Hkv|1, G|1, bq, bk)``."""
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+    x = jnp.broadcast_to(x, (x.shape[0], x.shape[1], plan.block_q, plan.block_k))
+    return _split_heads(x, pd.q.shape[2] * pd.q.shape[3], pd.q.shape[2], "mask_mod")
+
+
+def _select_seen(keep: Array, kb: Array, vb: Array) -> tuple[Array, Array]:
+    """K and V of a tile with the keys no query of the tile sees replaced by zeros (a select: they
+    may hold NaN, which ``p = 0`` times would keep). Keys hidden from the tile add nothing to it."""
+    shape = jnp.broadcast_shapes(keep.shape, (kb.shape[0], kb.shape[2], 1, 1, kb.shape[1]))
+    seen = jnp.any(jnp.broadcast_to(keep, shape), axis=(2, 3))  # (B, Hkv, bk)
+    seen = jnp.broadcast_to(seen, (kb.shape[0], kb.shape[2], kb.shape[1])).transpose(0, 2, 1)[..., None]
+    return jnp.where(seen, kb, jnp.zeros((), kb.dtype)), jnp.where(seen, vb, jnp.zeros((), vb.dtype))
 
 
 def _kv_tiles(plan: BlockPlan, pd: _Padded, c0: Array) -> tuple[Array, Array]:
@@ -325,11 +371,16 @@ def _kv_tiles(plan: BlockPlan, pd: _Padded, c0: Array) -> tuple[Array, Array]:
     return jnp.where(live, kb, jnp.zeros((), kb.dtype)), jnp.where(live, vb, jnp.zeros((), vb.dtype))
 
 
-def _logits(st: _Static, plan: BlockPlan, pd: _Padded, qb: Array, kb: Array, r0: Array, c0: Array,
-            sdtype: Any) -> tuple[Array, Array | None]:
-    """Masked logits of one tile ``(B, Hkv, G, bq, bk)`` (-inf where hidden) and, with a soft
-    cap, ``tanh(x / cap)`` (for the cap's derivative ``1 - tanh**2``). Without a cap or a bias
-    they are not yet scaled (``_unscaled``): see ``_factor``."""
+def _logits(st: _Static, plan: BlockPlan, pd: _Padded, qb: Array, kb: Array, vb: Array, r0: Array, c0: Array,
+            sdtype: Any, pullback: bool = False) -> tuple[Array, Array | None, Any, Array, Array]:
+    """Masked logits of one tile ``(B, Hkv, G, bq, bk)`` (-inf where hidden); with a soft cap,
+    ``tanh(x / cap)`` (for the cap's derivative ``1 - tanh**2``); with a score_mod and
+    ``pullback``, its VJP at the tile (``(d scores) -> (d scores before it, d its constants)``);
+    and the tile's K and V (with a mask_mod, zeros at keys the tile does not see). Without a
+    cap, a bias or a score_mod they are not yet scaled (``_unscaled``): see ``_factor``."""
+    keep = _visible(st, plan, pd, r0, c0)
+    if st.mask_fn is not None and keep is not None:
+        kb, vb = _select_seen(keep, kb, vb)
     x = jnp.einsum("bqkgd,bskd->bkgqs", qb, kb, precision=st.precision, preferred_element_type=sdtype)
     if not _unscaled(st, pd, sdtype):
         x = x * jnp.asarray(st.scale, sdtype)
@@ -340,17 +391,30 @@ def _logits(st: _Static, plan: BlockPlan, pd: _Padded, qb: Array, kb: Array, r0:
         x = cap * th
     if pd.bias is not None:
         x = x + _tile(pd.bias, r0, c0, plan).astype(sdtype)
-    keep = _visible(st, plan, pd, r0, c0)
+    pull = None
+    if st.score_fn is not None:
+        index = _tile_index(plan, pd, r0, c0)
+        shape = x.shape
+
+        def modded(x4: Array, consts: tuple[Any, ...]) -> Array:
+            return jnp.asarray(st.score_fn(x4, *index, *consts)).astype(sdtype)
+
+        x4 = x.reshape(shape[0], shape[1] * shape[2], *shape[3:])
+        if pullback:
+            x4, pull = jax.vjp(modded, x4, pd.score_consts)
+        else:
+            x4 = modded(x4, pd.score_consts)
+        x = x4.reshape(shape)
     if keep is not None:
         x = jnp.where(keep, x, -jnp.inf)
-    return x, th
+    return x, th, pull, kb, vb
 
 
 def _unscaled(st: _Static, pd: _Padded, sdtype: Any) -> bool:
     # A scale below the softmax dtype's smallest normal is applied to the logits first: flushed
     # to zero, as a factor it would make a hidden key's -inf * 0 = NaN (and the initial running
     # max's too), and logits scaled that small cannot overflow exp().
-    return st.soft_cap is None and pd.bias is None and st.scale >= float(jnp.finfo(sdtype).tiny)
+    return st.soft_cap is None and pd.bias is None and st.score_fn is None and st.scale >= float(jnp.finfo(sdtype).tiny)
 
 
 def _factor(st: _Static, pd: _Padded, dtype: Any) -> Array:
@@ -428,9 +492,29 @@ def _run(start: Array, count: Array, body: Any, init: Any) -> Any:
     return lax.fori_loop(0, count, lambda n, c: body(start + n, c), init)
 
 
+def _visit_table(plan: BlockPlan, tiles: Array, ranges: tuple[Array, Array] | None) -> Array:
+    """``(num_q, num_k)`` bool: the tiles to compute, those the plan's ranges (static, or narrowed
+    to the lengths) and the mask_mod's block mask both leave."""
+    import numpy as np
+
+    j = np.arange(plan.num_k)[None, :]
+    first, count = np.asarray(plan.k_first)[:, None], np.asarray(plan.k_count)[:, None]
+    visit = jnp.logical_and(tiles, jnp.asarray((j >= first) & (j < first + count)))
+    if ranges is not None:
+        lo, hi = ranges
+        visit = visit & (j >= lo[:, None]) & (j <= hi[:, None])
+    return visit
+
+
+def _order(visit: Array) -> tuple[Array, Array]:
+    """Per row of ``visit``: its True columns first, ascending (``(rows, cols)`` int32), and their count."""
+    order = jnp.argsort(jnp.logical_not(visit).astype(jnp.int8), axis=1, stable=True).astype(jnp.int32)
+    return order, jnp.sum(visit, axis=1, dtype=jnp.int32)
+
+
 def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux: Array | None,
              mask: Array | None, q_seg: Array | None, kv_seg: Array | None,
-             rng: Array | None, kv_len: Array | None) -> tuple[Array, Array]:
+             rng: Array | None, kv_len: Array | None, mods: _Mods | None = None) -> tuple[Array, Array]:
     """``(output (B, T, Hq, Dv) in the accumulation dtype, lse (B, Hq, T))``."""
     b, t, hq, _ = q.shape
     s, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
@@ -438,6 +522,8 @@ def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux:
     sdtype, adtype = _dtypes(st, q)
     plan = plan_blocks(t, s, *st.fwd_blocks, causal=st.causal, window=st.window, kv_lengths=kv_len is not None)
     pd = _pad_inputs(plan, q, k, v, bias, mask, q_seg, kv_seg, kv_len)
+    if mods is not None:
+        pd = pd._replace(mask_consts=mods.mask_consts, score_consts=mods.score_consts)
     bq, bk = plan.block_q, plan.block_k
     factor = _factor(st, pd, sdtype)
     first = jnp.asarray(plan.k_first, jnp.int32)
@@ -445,6 +531,9 @@ def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux:
     if kv_len is not None:
         first, last = key_block_ranges(plan, kv_len, causal=st.causal, window=st.window)
         count = jnp.maximum(last - first + 1, 0)
+    table = None
+    if mods is not None and mods.tiles is not None:  # the block mask's tiles, in a table per query block
+        table = _order(_visit_table(plan, mods.tiles, None if kv_len is None else (first, last)))
 
     def q_block(_: None, i: Array) -> tuple[None, tuple[Array, Array]]:
         r0 = i * bq
@@ -454,7 +543,7 @@ def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux:
             m, total, acc = state
             c0 = j * bk
             kb, vb = _kv_tiles(plan, pd, c0)
-            x, _ = _logits(st, plan, pd, qb, kb, r0, c0, sdtype)
+            x, _, _, kb, vb = _logits(st, plan, pd, qb, kb, vb, r0, c0, sdtype)
             m_new = jnp.maximum(m, jnp.max(x, axis=-1))  # in x's units (see _factor)
             # A row with nothing visible so far shifts by 0, not -inf: exp() then gives 0, not NaN.
             m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0)
@@ -473,7 +562,10 @@ def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux:
             jnp.zeros((b, hkv, g, bq), adtype),
             jnp.zeros((b, hkv, g, bq, dv), adtype),
         )
-        if kv_len is not None:
+        if table is not None:
+            order, n = table
+            m, total, acc = lax.fori_loop(0, n[i], lambda c, st_: step(order[i, c], st_), init)
+        elif kv_len is not None:
             m, total, acc = _run(first[i], count[i], step, init)
         else:
             m, total, acc = _loop(plan.dense, first, count, i, plan.num_k, step, init)
@@ -506,13 +598,16 @@ def _reduce_to(x: Array, shape: tuple[int, ...]) -> Array:
 def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux: Array | None,
               mask: Array | None, q_seg: Array | None, kv_seg: Array | None, rng: Array | None,
               kv_len: Array | None, out: Array, lse: Array, dout: Array | None, dlse: Array | None,
-              want_dbias: bool, want_daux: bool) -> tuple[Array, Array, Array, Array | None, Array | None]:
+              want_dbias: bool, want_daux: bool,
+              mods: _Mods | None = None) -> tuple[Array, Array, Array, Array | None, Array | None, Any]:
     b, t, hq, d = q.shape
     s, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
     g = hq // hkv
     sdtype, adtype = _dtypes(st, q)
     plan = plan_blocks(t, s, *st.bwd_blocks, causal=st.causal, window=st.window, kv_lengths=kv_len is not None)
     pd = _pad_inputs(plan, q, k, v, bias, mask, q_seg, kv_seg, kv_len)
+    if mods is not None:
+        pd = pd._replace(mask_consts=mods.mask_consts, score_consts=mods.score_consts)
     bq, bk = plan.block_q, plan.block_k
     factor = _factor(st, pd, sdtype)
 
@@ -545,19 +640,27 @@ def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux
 
     dq0 = jnp.zeros((b, plan.t_padded, hkv, g, d), adtype)
     db0 = None if not (want_dbias and pd.bias is not None) else jnp.zeros(pd.bias.shape, adtype)
+    # The score_mod's constants' gradients, summed over the tiles (zeros of each; None for integers).
+    dc0 = tuple(jnp.zeros(jnp.shape(c), adtype) if jnp.issubdtype(jnp.result_type(c), jnp.inexact) else None
+                for c in pd.score_consts)
+    table = None
+    if mods is not None and mods.tiles is not None:  # per key block, the query blocks that see it
+        table = _order(_visit_table(plan, mods.tiles, ranges).T)
 
-    def k_block(carry: tuple[Array, Array | None], j: Array) -> tuple[tuple[Array, Array | None], tuple[Array, Array]]:
+    def k_block(carry: tuple[Array, Array | None, Any], j: Array) -> tuple[tuple[Array, Array | None, Any],
+                                                                          tuple[Array, Array]]:
         c0 = j * bk
-        kb, vb = _kv_tiles(plan, pd, c0)
+        kb0, vb0 = _kv_tiles(plan, pd, c0)
 
-        def step(i: Array, state: tuple[Array, Array, Array, Array | None]) -> tuple[Array, Array, Array, Array | None]:
-            dk, dvv, dq, db = state
+        def step(i: Array, state: tuple[Array, Array, Array, Array | None, Any]) -> tuple[Array, Array, Array,
+                                                                                           Array | None, Any]:
+            dk, dvv, dq, db, dc = state
             r0 = i * bq
             qb = lax.dynamic_slice_in_dim(pd.q, r0, bq, axis=1)
             dob = lax.dynamic_slice_in_dim(do_p, r0, bq, axis=1)
             big_b = lax.dynamic_slice_in_dim(big_p, r0, bq, axis=3)
             row_b = lax.dynamic_slice_in_dim(row_p, r0, bq, axis=3)
-            x, th = _logits(st, plan, pd, qb, kb, r0, c0, sdtype)
+            x, th, pull, kb, vb = _logits(st, plan, pd, qb, kb0, vb0, r0, c0, sdtype, pullback=True)
             # No probability exceeds 1. XLA may fuse x * factor - big into a multiply-add (see
             # _factor): the cap keeps that gap, past ~2^32, from overflowing exp().
             p = jnp.exp(jnp.minimum(x.astype(adtype) * factor - big_b[..., None], 0))
@@ -572,6 +675,10 @@ def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux
             dvv = dvv + jnp.einsum("bkgqs,bqkgd->bskd", pz.astype(dob.dtype), dob, precision=st.precision,
                                    preferred_element_type=adtype)
             ds = p * (dp - row_b[..., None])  # d loss / d (final logits); 0 where hidden
+            if pull is not None:  # through the score_mod: to the scores before it, and to its constants
+                ds4, dc_tile = pull(ds.reshape(ds.shape[0], -1, *ds.shape[3:]).astype(x.dtype))
+                ds = ds4.reshape(ds.shape).astype(adtype)
+                dc = tuple(None if a is None else a + g_.astype(adtype) for a, g_ in zip(dc, dc_tile, strict=True))
             if db is not None and pd.bias is not None:
                 start = [0, 0, 0, r0 if db.shape[3] != 1 else 0, c0 if db.shape[4] != 1 else 0]
                 part = _reduce_to(ds, db.shape)
@@ -584,17 +691,20 @@ def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux
             dq = lax.dynamic_update_slice_in_dim(dq, lax.dynamic_slice_in_dim(dq, r0, bq, axis=1) + dq_b, r0, axis=1)
             dk = dk + jnp.einsum("bkgqs,bqkgd->bskd", ds.astype(q.dtype), qb, precision=st.precision,
                                  preferred_element_type=adtype)
-            return dk, dvv, dq, db
+            return dk, dvv, dq, db, dc
 
-        dq, db = carry
-        init = (jnp.zeros((b, bk, hkv, d), adtype), jnp.zeros((b, bk, hkv, dv), adtype), dq, db)
-        if ranges is not None:
-            dk, dvv, dq, db = _run(*query_block_range(*ranges, j), step, init)
+        dq, db, dc = carry
+        init = (jnp.zeros((b, bk, hkv, d), adtype), jnp.zeros((b, bk, hkv, dv), adtype), dq, db, dc)
+        if table is not None:
+            order, n = table
+            dk, dvv, dq, db, dc = lax.fori_loop(0, n[j], lambda c, st_: step(order[j, c], st_), init)
+        elif ranges is not None:
+            dk, dvv, dq, db, dc = _run(*query_block_range(*ranges, j), step, init)
         else:
-            dk, dvv, dq, db = _loop(dense, first, count, j, plan.num_q, step, init)
-        return (dq, db), (dk, dvv)
+            dk, dvv, dq, db, dc = _loop(dense, first, count, j, plan.num_q, step, init)
+        return (dq, db, dc), (dk, dvv)
 
-    (dq, db), (dk, dvv) = lax.scan(k_block, (dq0, db0), jnp.arange(plan.num_k, dtype=jnp.int32))
+    (dq, db, dc), (dk, dvv) = lax.scan(k_block, (dq0, db0, dc0), jnp.arange(plan.num_k, dtype=jnp.int32))
     dq = dq[:, :t].reshape(b, t, hq, d).astype(q.dtype)
     dk = dk.transpose(1, 0, 2, 3, 4).reshape(b, plan.s_padded, hkv, d)[:, :s].astype(k.dtype)
     dvv = dvv.transpose(1, 0, 2, 3, 4).reshape(b, plan.s_padded, hkv, dv)[:, :s].astype(v.dtype)
@@ -605,13 +715,15 @@ def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux
         if db.shape[4] != 1:
             db = db[..., :s]
         dbias = db.astype(bias.dtype)
-    return dq, dk, dvv, dbias, daux
+    dconsts = tuple(None if g_ is None else g_.astype(jnp.result_type(c)) for g_, c in zip(dc, pd.score_consts,
+                                                                                        strict=True))
+    return dq, dk, dvv, dbias, daux, dconsts
 
 
 def _primal(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux: Array | None,
             mask: Array | None, q_seg: Array | None, kv_seg: Array | None,
-            rng: Array | None, kv_len: Array | None) -> tuple[Array, Array]:
-    out, lse = _forward(st, q, k, v, bias, aux, mask, q_seg, kv_seg, rng, kv_len)
+            rng: Array | None, kv_len: Array | None, mods: _Mods | None = None) -> tuple[Array, Array]:
+    out, lse = _forward(st, q, k, v, bias, aux, mask, q_seg, kv_seg, rng, kv_len, mods)
     return out.astype(q.dtype), lse
 
 
@@ -638,19 +750,24 @@ class _Residuals:
     want_daux: bool = dataclasses.field(metadata={"static": True})
 
 
+def _unwrap(x: Any) -> Any:
+    return jax.tree_util.tree_map(_value, x, is_leaf=lambda y: isinstance(y, CustomVJPPrimal))
+
+
 def _attend_fwd(st: _Static, *args: Any) -> tuple[tuple[Array, Array], _Residuals]:
-    values = [_value(a) for a in args]
+    values = [_unwrap(a) for a in args]
     out, lse = _forward(st, *values)
     res = _Residuals((*values, out, lse), want_dbias=_perturbed(args[3]), want_daux=_perturbed(args[4]))
     return (out.astype(values[0].dtype), lse), res
 
 
 def _attend_bwd(st: _Static, res: _Residuals, cts: tuple[Any, Any]) -> tuple[Any, ...]:
-    q, k, v, bias, aux, mask, q_seg, kv_seg, rng, kv_len, out, lse = res.arrays
+    q, k, v, bias, aux, mask, q_seg, kv_seg, rng, kv_len, mods, out, lse = res.arrays
     dout, dlse = (_nonzero(c) for c in cts)
-    dq, dk, dv, dbias, daux = _backward(st, q, k, v, bias, aux, mask, q_seg, kv_seg, rng, kv_len, out, lse,
-                                        dout, dlse, res.want_dbias, res.want_daux)
-    return dq, dk, dv, dbias, daux, None, None, None, None, None
+    dq, dk, dv, dbias, daux, dconsts = _backward(st, q, k, v, bias, aux, mask, q_seg, kv_seg, rng, kv_len, out, lse,
+                                                 dout, dlse, res.want_dbias, res.want_daux, mods)
+    dmods = None if mods is None else _Mods(None, tuple(None for _ in mods.mask_consts), dconsts)
+    return dq, dk, dv, dbias, daux, None, None, None, None, None, dmods
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd, symbolic_zeros=True)
@@ -688,6 +805,9 @@ def blockwise_attention(
     dropout_prob: float = 0.0,
     dropout_rng: Array | None = None,
     kv_lengths: ArrayLike | None = None,
+    mask_mod: Any = None,
+    score_mod: Any = None,
+    block_mask: Any = None,
     softmax_dtype: Any = jnp.float32,
     block_q: int | None = None,
     block_k: int | None = None,
@@ -706,9 +826,14 @@ def blockwise_attention(
     ``default_block(T, 512)`` and ``default_block(S, 1024)``; the backward's blocks default
     to the forward's, and with dropout they must be the forward's (the keep-mask is drawn
     per tile).
+
+    ``mask_mod`` and ``score_mod`` (``jaxattn.masks``) are evaluated per tile; tiles the mask_mod
+    leaves empty for every batch and head (its ``block_mask``, built here when not given) are
+    skipped, forward and backward. A ``block_mask``'s blocks are then the blocks, and the
+    backward's blocks are the forward's (the functions are traced once, at the tile's shapes).
     """
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
-    _, t, hq, d = q.shape
+    b, t, hq, d = q.shape
     s, hkv = k.shape[1], k.shape[2]
     if hq % hkv:
         raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}")
@@ -724,7 +849,11 @@ def blockwise_attention(
         rng = dropout_rng
     # Capped here as plan_blocks caps them, so that equal effective blocks compare equal.
     fwd = (min(block_q or default_block(t, DEFAULT_BLOCK_Q), t), min(block_k or default_block(s, DEFAULT_BLOCK_K), s))
+    if block_mask is not None:
+        fwd = (int(block_mask.block_q), int(block_mask.block_kv))
     bwd = (min(block_q_bwd or fwd[0], t), min(block_k_bwd or fwd[1], s))
+    if mask_mod is not None or score_mod is not None:
+        bwd = fwd
     if rng is not None and bwd != fwd:
         raise ValueError(f"with dropout the backward blocks {bwd} must equal the forward's {fwd}: "
                          "the keep-mask is drawn per tile")
@@ -739,15 +868,45 @@ def blockwise_attention(
         dropout_prob=float(dropout_prob),
         precision=precision,
     )
+    mods = None
+    if mask_mod is not None or score_mod is not None:
+        st, mods = _convert(st, b, hq, t, s, q.dtype, mask_mod, score_mod, block_mask)
     bias_g = None if bias is None else _split_heads(jnp.asarray(bias), hq, hkv, "bias")
     mask_g = None if mask is None else _split_heads(jnp.asarray(mask, dtype=bool), hq, hkv, "mask")
     aux, absorbed = split_absorbing_sinks(softmax_aux)
     q_seg = None if q_segment_ids is None else jnp.asarray(q_segment_ids)
     kv_seg = None if kv_segment_ids is None else jnp.asarray(kv_segment_ids)
     kv_len = None if kv_lengths is None else jnp.clip(jnp.asarray(kv_lengths).astype(jnp.int32), 0, s)
-    attend = _attend if bias_g is not None or aux is not None else _attend_dense
-    out, lse = attend(st, q, k, v, bias_g, aux, mask_g, q_seg, kv_seg, rng, kv_len)
+    attend = _attend if bias_g is not None or aux is not None or score_mod is not None else _attend_dense
+    out, lse = attend(st, q, k, v, bias_g, aux, mask_g, q_seg, kv_seg, rng, kv_len, mods)
     return BlockwiseResult(output=zero_absorbed_heads(out, absorbed, 2), lse=lse)
+
+
+def _convert(st: _Static, b: int, hq: int, t: int, s: int, dtype: Any, mask_mod: Any, score_mod: Any,
+             block_mask: Any) -> tuple[_Static, _Mods]:
+    """``st`` with the mask_mod and score_mod closure-converted at the tile's shapes (so that the
+    arrays they close over, traced or differentiated, cross the custom VJP as arguments), and
+    their arrays: the tiles the mask_mod's block mask leaves (built here when not given)."""
+    bq, bk = st.fwd_blocks
+    index = (jnp.zeros((b, 1, 1, 1), jnp.int32), jnp.zeros((1, hq, 1, 1), jnp.int32),
+             jnp.zeros((1, 1, bq, 1), jnp.int32), jnp.zeros((1, 1, 1, bk), jnp.int32))
+    mask_fn = score_fn = None
+    mask_consts: tuple[Any, ...] = ()
+    score_consts: tuple[Any, ...] = ()
+    tiles = None
+    if mask_mod is not None:
+        mask_fn, found = jax.closure_convert(mask_mod, *index)
+        mask_consts = tuple(found)
+        if block_mask is None:
+            from jaxattn import masks
+
+            block_mask = masks.block_mask(mask_mod, b, hq, t, s, block_q=bq, block_kv=bk)
+        tiles = jnp.any(block_mask.kind != 0, axis=(0, 1))  # (num_q, num_k): seen by some batch and head
+    if score_mod is not None:
+        sdtype = jnp.promote_types(jnp.dtype(st.softmax_dtype), dtype)
+        score_fn, found = jax.closure_convert(score_mod, jnp.zeros((b, hq, bq, bk), sdtype), *index)
+        score_consts = tuple(found)
+    return dataclasses.replace(st, mask_fn=mask_fn, score_fn=score_fn), _Mods(tiles, mask_consts, score_consts)
 
 
 def blockwise_backward(
@@ -778,6 +937,6 @@ def blockwise_backward(
         precision=precision,
     )
     mask_g = None if mask is None else _split_heads(jnp.asarray(mask, dtype=bool), hq, hkv, "mask")
-    dq, dk, dv, _, _ = _backward(st, q, k, v, None, None, mask_g, q_segment_ids, kv_segment_ids, None, None, out, lse,
-                                 d_out, d_lse, False, False)
+    dq, dk, dv, _, _, _ = _backward(st, q, k, v, None, None, mask_g, q_segment_ids, kv_segment_ids, None, None, out,
+                                    lse, d_out, d_lse, False, False)
     return dq, dk, dv
