@@ -26,12 +26,15 @@ def test_ring_from_the_command_line(capsys: pytest.CaptureFixture[str], extra: l
     assert "runs: ring" in out and "zigzag layout" in out and said in out, out
 
 
-def test_an_invalid_ring_option_is_a_reason(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["explain", "--impl", "ring", "--causal", "--mesh", "seq=4", "--sequence-axis", "seq",
+@pytest.mark.parametrize("impl", ["ring", "auto"])
+def test_an_invalid_ring_option_is_an_error(capsys: pytest.CaptureFixture[str], impl: str) -> None:
+    # The caller's option is wrong whoever would run the call: one line, exit 2, not a table.
+    code = main(["explain", "--impl", impl, "--causal", "--mesh", "seq=4", "--sequence-axis", "seq",
                  "--extra", "ring_comm=broadcast"])
-    assert code == 1
-    said = " ".join(capsys.readouterr().out.split())
-    assert "'broadcast' is not one of ['auto', 'ppermute', 'all_gather']" in said, said
+    assert code == 2
+    out, err = capsys.readouterr()
+    assert not out and len(err.strip().splitlines()) == 1, err
+    assert "metadata.extra['ring_comm']: 'broadcast' is not one of ['auto', 'ppermute', 'all_gather']" in err, err
 
 
 def test_head_sharded_paged_decode_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:

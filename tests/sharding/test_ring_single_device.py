@@ -89,8 +89,9 @@ def test_a_block_kernel_without_lse_is_declined() -> None:
 
 
 def test_unknown_layout_is_an_input_error() -> None:
-    reasons = jaxattn.get_impl("ring", ring_of_one(ring_layout="striped")).supports(Q, Q, Q, causal=True)
-    assert any("'striped' is not one of ['zigzag', 'contiguous']" in r for r in reasons), reasons
+    # The caller's option is wrong whoever would run the call: raised, not a reason to decline.
+    with pytest.raises(jaxattn.InvalidInputError, match=r"'striped' is not one of \['zigzag', 'contiguous'\]"):
+        jaxattn.get_impl("ring", ring_of_one(ring_layout="striped")).supports(Q, Q, Q, causal=True)
 
 
 def test_a_ring_of_one_matches_the_oracle() -> None:

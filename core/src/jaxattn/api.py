@@ -22,7 +22,7 @@ from .backend.base import Backend
 from .compose import COMPOSED
 from .device import DeviceInfo, detect_device
 from .dispatch import AutoAttention, AutoPagedAttention, Explanation, accepting, call_impl_name, explain_problem
-from .errors import InvalidInputError, UnsupportedError
+from .errors import InvalidInputError, UnsupportedError, checked_keywords
 from .impl import AttentionImpl
 from .lookup import new_impl
 from .metadata import DEFAULT_METADATA, AttentionMetadata, as_metadata
@@ -82,6 +82,7 @@ def _with_hint(err: UnsupportedError, problem: Problem, metadata: AttentionMetad
     return UnsupportedError(err.impl_name, err.reasons, hint=hint, gradient=err.gradient)
 
 
+@checked_keywords("attention()")
 def attention(
     q: Any,
     k: Any,
@@ -177,6 +178,7 @@ def _run_paged(chosen: PagedAttentionImpl, q: Any, k_pages: Any, v_pages: Any, p
         raise _with_hint(err, call.problem, metadata) from None
 
 
+@checked_keywords("ragged_paged_attention()")
 def ragged_paged_attention(
     q: Any,
     k_pages: Any,
@@ -217,6 +219,7 @@ def ragged_paged_attention(
     return _run_paged(_paged_impl(impl, md), q, k_pages, v_pages, page_table, kv_lengths, features, md)
 
 
+@checked_keywords("paged_attention()")
 def paged_attention(
     q: Any,
     k_pages: Any,

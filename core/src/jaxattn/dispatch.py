@@ -137,6 +137,10 @@ def _evaluate(problem: Problem, metadata: AttentionMetadata) -> list[Candidate]:
                 notes = impl.notes(problem) if not reasons else []
                 if fallback and not metadata.allow_fallback:
                     reasons += [f"{r} (allow_fallback=False)" for r in fallback]
+            except InvalidInputError as err:
+                if err.argument.startswith("metadata"):
+                    raise  # an option the backend reads is nonsense: the caller's error, whoever runs the call
+                reasons.append(str(err))
             except JaxattnError as err:
                 reasons.append(str(err))
             except ImportError as err:

@@ -6,7 +6,11 @@ subclass the builtin a caller would naturally catch (ValueError, LookupError, ..
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import difflib
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 __all__ = [
     "ImplNotFoundError",
@@ -15,6 +19,8 @@ __all__ = [
     "JaxattnError",
     "PluginError",
     "UnsupportedError",
+    "checked_keywords",
+    "did_you_mean",
 ]
 
 
@@ -70,3 +76,38 @@ class ImplNotFoundError(JaxattnError, LookupError):
 
 class PluginError(JaxattnError, RuntimeError):
     """A plugin failed to load or registered something inconsistent."""
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the choices closest to ``word``, or ``""`` when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
+    if not close and len(word) > 2:  # a prefix ("flash" for "flash_attn2") is close too
+        close = [c for c in choices if c.startswith(word) or word.startswith(c)][:3]
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def checked_keywords(label: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Make an unknown keyword argument of the decorated function an ``InvalidInputError`` naming
+    it, with the closest names (Python's own ``TypeError`` names neither jaxattn's rules nor a fix).
+    ``label`` says what was called (``"attention()"``)."""
+    def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+        params = inspect.signature(fn).parameters
+        names = frozenset(n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+
+        @functools.wraps(fn)
+        def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            for key in kwargs:
+                if key not in names:
+                    _unknown_keyword(label, key, names)
+            return fn(*args, **kwargs)
+        return checked
+    return decorate
+
+
+def _unknown_keyword(label: str, key: str, names: frozenset[str]) -> Any:
+    raise InvalidInputError(key, f"is not an argument of {label}{did_you_mean(key, sorted(names))}",
+                            "the arguments are in docs/contract.md and help(jaxattn.attention)")

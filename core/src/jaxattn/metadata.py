@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import math
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ._dtypes import dtype_name
-from .errors import InvalidInputError, InvalidTypeError
+from .errors import InvalidInputError, InvalidTypeError, did_you_mean
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
 __all__ = ["DEFAULT_METADATA", "EASYDEL_ALIASES", "AttentionMetadata", "AxisName", "as_metadata", "axis_tuple",
-           "describe_axes", "did_you_mean", "is_bool", "positive", "probability"]
+           "describe_axes", "is_bool", "positive", "probability"]
 
 AxisName = str | tuple[str, ...] | None
 
@@ -300,14 +299,6 @@ def probability(name: str, value: Any) -> float:
     if not 0.0 <= out < 1.0:
         raise InvalidInputError(name, f"must be in [0, 1), got {value!r}", _NUMBER_HINTS["dropout_prob"])
     return out
-
-
-def did_you_mean(word: str, choices: Sequence[str]) -> str:
-    """``" (did you mean 'x'?)"`` for the choices closest to ``word``, or ``""`` when none is close."""
-    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
-    if not close:  # a prefix ("flash" for "flash_attn2") is close too
-        close = [c for c in choices if c.startswith(word) or word.startswith(c)][:3] if len(word) > 2 else []
-    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
 
 def axis_tuple(axis: str | Iterable[str] | None) -> tuple[str, ...]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from ._dtypes import dtype_name
 from .call import PagedCall
-from .errors import InvalidInputError, InvalidTypeError
+from .errors import InvalidInputError, InvalidTypeError, checked_keywords
 from .metadata import AttentionMetadata, as_metadata
 from .problem import PagedProblem
 from .quantize import check_kv_scales
@@ -147,6 +147,7 @@ def _active_offsets(cu_q_lens: Any, num_seqs: Any, count: int | None, rows: int)
     return jnp.where(live, cu_q_lens, last)
 
 
+@checked_keywords("a paged attention call")
 def resolve_paged_call(
     q: Any,
     k_pages: Any,

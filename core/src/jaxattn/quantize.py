@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._dtypes import dtype_name
-from .errors import InvalidInputError
+from .errors import InvalidInputError, InvalidTypeError
 
 __all__ = [
     "GRANULARITIES",
@@ -53,8 +53,9 @@ KV_DTYPE_FLAGS: dict[str, str] = {"int8": "int8", "fp8": "float8_e4m3fn", "fp8_e
 def _shape(x: Any, name: str) -> tuple[int, ...]:
     # validation.shape_of's twin would be an import cycle: validation imports this module.
     shape = getattr(x, "shape", None)
-    if shape is None:
-        raise InvalidInputError(name, f"expected an array, got {type(x).__name__}", "pass a jax.Array")
+    if shape is None or not hasattr(x, "dtype"):
+        raise InvalidTypeError(name, f"expected an array, got {type(x).__name__}",
+                               "pass a jax.Array, e.g. jnp.asarray(x, jnp.float32)")
     return tuple(int(d) for d in shape)
 
 
@@ -145,6 +146,9 @@ def check_kv_scales(q: Any, caches: dict[str, Any], k_scale: Any, v_scale: Any,
     last axis, which the scales must broadcast against (``scale_axes`` names its axes for errors).
     A float cache must have q's dtype and no scales; a quantized one needs both scales, float32.
     """
+    for label, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if scale is not None:  # a number or a list is no scale array, whatever the cache
+            _shape(scale, label)
     qd = dtype_name(q.dtype)
     names = list(caches)
     kinds = {name: dtype_name(x.dtype) for name, x in caches.items()}

@@ -13,7 +13,7 @@ from typing import Any
 
 from ._dtypes import dtype_name
 from .call import AttentionCall
-from .errors import InvalidInputError, InvalidTypeError
+from .errors import InvalidInputError, InvalidTypeError, checked_keywords
 from .metadata import DEFAULT_METADATA, AttentionMetadata, as_metadata, is_bool, positive, probability
 from .problem import AttentionProblem
 from .quantize import QUANTIZED_KV_DTYPES, check_kv_scales
@@ -267,6 +267,7 @@ def _check(q: Any, k: Any, v: Any, mask: Any, bias: Any, init_bias: Any, causal:
     return checked, bias
 
 
+@checked_keywords("an attention call")
 def resolve_call(
     q: Any,
     k: Any,

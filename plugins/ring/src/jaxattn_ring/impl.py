@@ -73,12 +73,24 @@ class RingAttention(AttentionImpl, declaration=RING):
             raise InvalidInputError("metadata.extra['ring_inputs']", f"{order!r} is not 'natural' or 'zigzag'")
         return order == "zigzag"
 
-    def _comm(self, local: AttentionProblem, n: int) -> tuple[Comm, str]:
-        """How K/V travel (``extra["ring_comm"]``; "auto" by :func:`comm.choose_comm`) and why."""
+    def _requested_comm(self) -> str:
         requested = requested_comm(self.metadata.extra)
         if requested not in COMMS:
             raise InvalidInputError("metadata.extra['ring_comm']", f"{requested!r} is not one of {list(COMMS)}",
                                     "'ppermute' holds S/n keys per device; 'all_gather' holds all S")
+        return requested
+
+    def check_options(self) -> None:
+        """The ring's options in ``metadata.extra`` (``ring_comm``, ``ring_layout``, ``ring_inputs``),
+        checked whenever ring is asked about a call, mesh or not: a nonsense value is the caller's
+        error (``InvalidInputError`` naming the option, which "auto" and ``explain`` raise), never a
+        reason to decline."""
+        self._requested_comm()
+        self._layout(causal=True)  # ring_inputs and ring_layout (a causal default never conflicts)
+
+    def _comm(self, local: AttentionProblem, n: int) -> tuple[Comm, str]:
+        """How K/V travel (``extra["ring_comm"]``; "auto" by :func:`comm.choose_comm`) and why."""
+        requested = self._requested_comm()
         memory = device_memory() if requested == "auto" and self.device.platform == "gpu" else None
         return choose_comm(requested, n, self.device, gathered_bytes(local, n), memory)
 
@@ -121,6 +133,7 @@ class RingAttention(AttentionImpl, declaration=RING):
         return _Setup(mode, layout, local, kernel, reasons, *self._comm(local, n))
 
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
+        self.check_options()
         reasons = super().not_supported_reasons(problem)
         if self.metadata.sequence_axis is None:
             reasons.append("ring shards the sequence over a mesh axis: set AttentionMetadata(mesh=..., "
