@@ -14,7 +14,9 @@ every library a backend needs (installed or not) and its paths shortened to 80 c
 250 to 5,020 for masks and scores as programs (``jaxattn.masks``: the mask_mod constructors,
 ``BlockMask``, the checks of mask_mod and score_mod; docs/masks.md); raised by 10 to 5,030 for
 ``quantize_kv``'s scales clamped to float32's smallest normal and ``dequantize_visible``'s selects
-before its product (no NaN from a tiny block, no NaN scale gradient where nothing is read).
+before its product (no NaN from a tiny block, no NaN scale gradient where nothing is read);
+raised by 30 to 5,060 for ``errors.checked_keywords`` and ``did_you_mean`` (an unknown keyword to
+any entry point is an ``InvalidInputError`` naming it and the closest names).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5030
+BUDGET = 5060
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 
