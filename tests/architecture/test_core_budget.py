@@ -16,7 +16,9 @@ every library a backend needs (installed or not) and its paths shortened to 80 c
 ``quantize_kv``'s scales clamped to float32's smallest normal and ``dequantize_visible``'s selects
 before its product (no NaN from a tiny block, no NaN scale gradient where nothing is read);
 raised by 30 to 5,060 for ``errors.checked_keywords`` and ``did_you_mean`` (an unknown keyword to
-any entry point is an ``InvalidInputError`` naming it and the closest names).
+any entry point is an ``InvalidInputError`` naming it and the closest names); raised by 20 to
+5,080 for ``Backend.check_call`` and ``metadata.check_split`` (``explain`` runs the checks a call
+runs before its kernel: never names a backend whose call raises).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5060
+BUDGET = 5080
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

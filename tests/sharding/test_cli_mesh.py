@@ -41,3 +41,19 @@ def test_head_sharded_paged_decode_from_the_command_line(capsys: pytest.CaptureF
     out = explain(capsys, "--paged", "-b", "64", "-t", "1", "-s", "4096", "--heads-q", "32", "--heads-kv", "8",
                   "--mesh", "model=2", "--head-axis", "model")
     assert "runs:" in out and "nothing can run" not in out, out
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--impl", "ring", "-t", "30", "--causal", "--mesh", "seq=4", "--sequence-axis", "seq"],
+     "query length T 30 does not split into 8 = 2 x 4 chunks"),
+    (["-b", "3", "-t", "1", "-s", "64", "--mesh", "data=2", "--batch-axis", "data"],
+     "batch size B 3 is not divisible by mesh axis 'data' of size 2"),
+])  # fmt: skip
+def test_explain_on_a_mesh_raises_what_the_call_raises(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                        said: str) -> None:
+    # The call raises InvalidInputError before its kernel (multidevice/check_explain_agrees.py runs
+    # both on 8 host devices): explain names no backend, it says why in one line.
+    code = main(["explain", *argv])
+    out, err = capsys.readouterr()
+    assert code == 2 and not out, out
+    assert said in err and len(err.strip().splitlines()) == 1, err

@@ -435,6 +435,8 @@ def explain_problem(problem: Problem, *, impl: str | AttentionMechanisms | None 
         match = [c for c in rows if c.here and c.name == name]
         chosen = name if match and match[0].accepted else None
         rows = [dataclasses.replace(c, chosen=c.here and c.name == chosen) for c in rows]
+    if chosen is not None:  # the checks its call runs before the kernel: never name one whose call raises
+        impl_for(chosen, md).check_call(problem)
     return Explanation(problem, requested, chosen, tuple(rows), detect_device().label)
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backend.base import Backend, Forward, Plan, resolve_platform
 from .call import AttentionCall
-from .metadata import AttentionMetadata
+from .metadata import AttentionMetadata, check_split
 from .problem import AttentionProblem
 from .validation import resolve_call
 
@@ -40,6 +40,13 @@ class AttentionImpl(Backend[AttentionProblem]):
     """Base class of dense attention backends. Subclass it, declare capabilities, override forwards."""
 
     kind = "dense"
+
+    def check_call(self, problem: AttentionProblem) -> None:
+        """A kernel run under ``shard_map`` over the metadata's batch and head axes needs B and Hq
+        to split over them (``InvalidInputError`` naming the axis and both sizes)."""
+        if self.metadata.mesh is not None and not self.sequence_parallel:
+            check_split(self.metadata, "batch size B", "q", problem.batch, "batch_axis")
+            check_split(self.metadata, "query heads Hq", "q", problem.heads_q, "head_axis")
 
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
         """Every reason this impl cannot run ``problem`` here; empty when it can.

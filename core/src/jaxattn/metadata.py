@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from jax.sharding import Mesh
 
 __all__ = ["DEFAULT_METADATA", "EASYDEL_ALIASES", "AttentionMetadata", "AxisName", "as_metadata", "axis_tuple",
-           "describe_axes", "is_bool", "positive", "probability"]
+           "check_split", "describe_axes", "is_bool", "positive", "probability"]
 
 AxisName = str | tuple[str, ...] | None
 
@@ -313,6 +313,21 @@ def axis_tuple(axis: str | Iterable[str] | None) -> tuple[str, ...]:
 def describe_axes(axes: tuple[str, ...]) -> str:
     """How error messages name one or several mesh axes."""
     return repr(axes[0]) if len(axes) == 1 else "(" + ", ".join(repr(a) for a in axes) + ")"
+
+
+def check_split(metadata: AttentionMetadata, what: str, argument: str, size: int, field: str) -> None:
+    """``InvalidInputError`` naming the dimension, the axis and both sizes when ``size`` does not
+    split over the mesh axes of ``metadata.<field>`` (``batch_axis``, ``head_axis``): what a call
+    under ``shard_map`` checks before its kernel, and ``explain`` before it names a backend."""
+    axes = axis_tuple(getattr(metadata, field))
+    if metadata.mesh is None or not axes:
+        return
+    sizes = dict(metadata.mesh.shape)
+    parts = math.prod(int(sizes[a]) for a in axes)
+    if size % parts:
+        raise InvalidInputError(
+            argument, f"{what} {size} is not divisible by mesh axis {describe_axes(axes)} of size {parts} "
+            f"(AttentionMetadata.{field})", f"pad {what} to a multiple of {parts}, or shard it over other mesh axes")
 
 
 def _check_axes(metadata: AttentionMetadata) -> None:

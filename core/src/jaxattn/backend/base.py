@@ -331,6 +331,12 @@ class Backend(Generic[P]):
                         "jaxattn.get_impl can do)" for r in self.fallback_reasons(problem)]
         return reasons
 
+    def check_call(self, problem: P) -> None:
+        """Raise the ``InvalidInputError`` a call of ``problem`` would raise before this backend's
+        kernel runs, though the backend accepts it (a length that does not split over the mesh
+        the metadata names): ``plan`` runs it, and ``explain`` before it names this backend, so
+        that it never names one whose call raises. The base class checks nothing."""
+
     def decline(self, problem: P) -> None:
         """Raise one ``UnsupportedError`` with every reason this call cannot run (hand-off and mesh too)."""
         reasons = self.reasons_to_decline(problem) + self.direct_reasons(problem)
@@ -356,6 +362,7 @@ class Backend(Generic[P]):
         whose backward the backend cannot run raises its ``grad_reasons``.
         """
         self.decline(problem)
+        self.check_call(problem)
         impl: Backend[Any] = self
         why = self.fallback_reasons(problem)
         if why and self.composition is not None:  # without one, decline() refused the call

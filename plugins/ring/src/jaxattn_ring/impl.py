@@ -132,6 +132,13 @@ class RingAttention(AttentionImpl, declaration=RING):
         kernel, reasons = choose_kernel(local_metadata(self.metadata), problems, requested)
         return _Setup(mode, layout, local, kernel, reasons, *self._comm(local, n))
 
+    def check_call(self, problem: AttentionProblem) -> None:
+        """T and S must split over the sequence axis (2n chunks in the zigzag layout): what the
+        call raises, raised by ``explain`` too before it names ring."""
+        axes = mesh_axes(self.metadata)
+        if axes is not None and axes.sequence:
+            self._check_sequence(problem, axes.sequence_size, self._layout(problem.causal), axes.sequence, True)
+
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
         self.check_options()
         reasons = super().not_supported_reasons(problem)
