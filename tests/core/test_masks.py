@@ -136,12 +136,28 @@ def test_functions_are_traced_once_per_signature(monkeypatch: pytest.MonkeyPatch
         traced.append(1)
         return qi >= kv
 
-    calls = jax.eval_shape
+    calls = jax.make_jaxpr
     checks = []
-    monkeypatch.setattr(jax, "eval_shape", lambda *a, **kw: checks.append(1) or calls(*a, **kw))
+    monkeypatch.setattr(jax, "make_jaxpr", lambda *a, **kw: checks.append(1) or calls(*a, **kw))
     for _ in range(3):
         jaxattn.attention(q, k, v, impl="vanilla", mask_mod=mod)
     assert len(checks) == 1
+
+
+def test_a_mask_mod_is_static_without_traced_captures_or_b() -> None:
+    q, k, v = _qkv()
+    ids = jnp.zeros((B, S), jnp.int32)
+    problem = jaxattn.explain(q, k, v, mask_mod=masks.causal()).problem
+    assert problem.mask_mod and problem.mask_mod_static  # type: ignore[union-attr]
+    assert not jaxattn.explain(q, k, v, mask_mod=masks.document(ids[:, :T], ids)).problem.mask_mod_static  # of b
+
+    @jax.jit
+    def traced(lengths: jax.Array) -> bool:
+        found = jaxattn.explain(q, k, v, mask_mod=lambda b, h, i, j: j < lengths[0]).problem
+        return found.mask_mod_static  # type: ignore[union-attr]
+
+    assert jaxattn.explain(q, k, v, mask_mod=lambda b, h, i, j: j < ids[0, 0] + 3).problem.mask_mod_static
+    assert not traced(jnp.asarray([3]))
 
 
 def test_backends_without_the_feature_decline_with_the_reason() -> None:

@@ -17,6 +17,7 @@ from typing import ClassVar
 from jaxattn.metadata import AttentionMetadata
 from jaxattn.testing.cases import Case, Level
 from jaxattn.testing.conformance import ConformanceSuite
+from jaxattn.testing.mod_cases import MOD_CASES, ModCase
 
 INTERPRET = AttentionMetadata(platform="tpu", interpret=True)
 
@@ -57,6 +58,10 @@ class TestSplashConformance(ConformanceSuite):
     impl_name = "splash"
     metadata = INTERPRET
     dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    # Static mask_mods run in splash's own mask objects; those of b or of traced arrays, and
+    # score_mods, are declined (checked).
+    mod_cases: ClassVar[tuple[ModCase, ...]] = tuple(dataclasses.replace(c, base=lane_sized(c.base))
+                                                     for c in MOD_CASES)
 
     @classmethod
     def cases(cls, level: Level) -> Sequence[Case]:
@@ -69,6 +74,7 @@ class TestSplashConformanceBfloat16(ConformanceSuite):
     dtypes: ClassVar[tuple[str, ...]] = ("bfloat16",)
     # Eagerly in float32 above (the same code); here under jax.jit, both programs.
     eager_dtypes: ClassVar[tuple[str, ...]] = ()
+    mod_cases: ClassVar[tuple[ModCase, ...]] = ()  # float32 above: the mask translation is dtype-blind
 
     @classmethod
     def cases(cls, level: Level) -> Sequence[Case]:

@@ -230,14 +230,17 @@ def block_mask(mask_mod: MaskMod, B: int, Hq: int, T: int, S: int, *, block_q: i
 
 # -- checks (the validation layer calls these once per call signature) --------------------------
 
-#: Functions already checked, per (argument, function, shapes): a repeated call skips the trace.
-_checked: dict[tuple[Any, ...], None] = {}
+#: Functions already checked, per (argument, function, shapes), with whether they are static: a
+#: repeated call skips the trace.
+_checked: dict[tuple[Any, ...], bool] = {}
 
 
-def _check_mod(name: str, fn: Any, b: int, hq: int, t: int, s: int) -> None:
-    """Trace ``fn`` once (``jax.eval_shape``) at the call's index shapes: it must take the
+def _check_mod(name: str, fn: Any, b: int, hq: int, t: int, s: int) -> bool:
+    """Trace ``fn`` once (``jax.make_jaxpr``) at the call's index shapes: it must take the
     arguments and return booleans broadcastable to ``(B, Hq, T, S)`` (mask_mod) or a floating
-    score of the logits' shape ``(B, Hq, T, S)`` (score_mod)."""
+    score of the logits' shape ``(B, Hq, T, S)`` (score_mod). Returns whether it is *static*:
+    it closes over no traced array and its result does not vary with ``b`` (a kernel that
+    takes masks as host data, such as splash's, can evaluate it when it is built)."""
     args = "(b, h, q_idx, kv_idx)" if name == "mask_mod" else "(score, b, h, q_idx, kv_idx)"
     if not callable(fn):
         raise InvalidTypeError(name, f"must be a function {args}, got {type(fn).__name__}",
@@ -245,7 +248,7 @@ def _check_mod(name: str, fn: Any, b: int, hq: int, t: int, s: int) -> None:
     key: tuple[Any, ...] = (name, fn, b, hq, t, s)
     try:
         if key in _checked:
-            return
+            return _checked[key]
     except TypeError:  # an unhashable callable: checked every time
         key = ()
     import jax
@@ -258,7 +261,7 @@ def _check_mod(name: str, fn: Any, b: int, hq: int, t: int, s: int) -> None:
     given = ", ".join(f"{a.dtype} {a.shape}" for a in example)
     hint = f"{name} is called as {name}{args} with arrays {given}"
     try:
-        out = jax.eval_shape(fn, *example)
+        jaxpr, out = jax.make_jaxpr(fn, return_shape=True)(*example)
     except Exception as err:  # the user's function failed: say which argument it was
         raise InvalidInputError(name, f"failed when traced: {type(err).__name__}: {err}", hint) from None
     shape, dtype = getattr(out, "shape", None), str(getattr(out, "dtype", ""))
@@ -273,19 +276,22 @@ def _check_mod(name: str, fn: Any, b: int, hq: int, t: int, s: int) -> None:
     elif shape != (b, hq, t, s) or not jnp.issubdtype(dtype or "object", jnp.floating):
         raise InvalidInputError(name, f"must return a floating score of the logits' shape (B, Hq, T, S) = "
                                 f"{(b, hq, t, s)}, got {dtype or type(out).__name__} {shape}", hint)
+    static = not any(isinstance(c, jax.core.Tracer) for c in jaxpr.consts) and (b == 1 or (shape or (1,))[0] == 1
+                                                                                 or len(shape or ()) < 4)
     if key:
         if len(_checked) >= 256:
             _checked.clear()
-        _checked[key] = None
+        _checked[key] = static
+    return static
 
 
 def check_mods(problem: Any, mask_mod: Any, score_mod: Any, block: Any) -> Any:
     """``problem`` (an ``AttentionProblem``) recording the call's mask_mod, score_mod and block
     mask, after checking them (``InvalidInputError`` naming the argument)."""
     b, hq, t, s = problem.batch, problem.heads_q, problem.seq_q, problem.seq_k
-    for name, fn in (("mask_mod", mask_mod), ("score_mod", score_mod)):
-        if fn is not None:
-            _check_mod(name, fn, b, hq, t, s)
+    static = mask_mod is not None and _check_mod("mask_mod", mask_mod, b, hq, t, s)
+    if score_mod is not None:
+        _check_mod("score_mod", score_mod, b, hq, t, s)
     sparsity = None
     if block is not None:
         if not isinstance(block, BlockMask):
@@ -301,8 +307,8 @@ def check_mods(problem: Any, mask_mod: Any, score_mod: Any, block: Any) -> Any:
                                     "build one per shape with jaxattn.masks.block_mask")
         counts = block.counts()
         sparsity = None if counts is None else (block.block_q, block.block_kv, *counts)
-    return dataclasses.replace(problem, mask_mod=mask_mod is not None, score_mod=score_mod is not None,
-                               block_sparsity=sparsity)
+    return dataclasses.replace(problem, mask_mod=mask_mod is not None, mask_mod_static=static,
+                               score_mod=score_mod is not None, block_sparsity=sparsity)
 
 
 def with_sparsity(problem: Any, mask_mod: Any, block_q: int | None = None, block_kv: int | None = None) -> Any:

@@ -50,6 +50,9 @@ class AttentionProblem:
     kv_lengths: bool = False  # per-sequence key lengths (a dense KV cache of capacity S)
     kv_dtype: str | None = None  # the cache's storage dtype when quantized ("int8", "float8_e4m3fn"...), else None
     mask_mod: bool = False  # a mask_mod function (jaxattn.masks); the call carries it
+    #: The mask_mod closes over no traced array and does not vary with b: a kernel that takes
+    #: its mask as host data (splash) can evaluate it when it is built.
+    mask_mod_static: bool = False
     score_mod: bool = False  # a score_mod function
     #: A concrete ``block_mask``'s tiles: ``(block_q, block_kv, empty, partial, full)``; None
     #: without one, or when it is traced (``explain`` builds one to show it).

@@ -33,11 +33,21 @@ class SplashAttention(AttentionImpl, declaration=SPLASH):
                 "the splash kernel computes the softmax in float32; "
                 f"softmax_dtype={self.metadata.softmax_dtype!r} cannot be honoured"
             )
+        if problem.mask_mod and not problem.mask_mod_static:
+            reasons.append("splash builds its mask on the host with the kernel: the mask_mod must close over no "
+                           "traced array (build it from concrete arrays, outside jax.jit) and not vary with b; "
+                           "blockwise runs any mask_mod")
         try:
             plan_splash(problem.seq_q, problem.seq_k, **self.metadata.block_sizes)
         except ValueError as err:
             reasons.append(f"metadata: {err}")
         return reasons
+
+    def notes(self, problem: AttentionProblem) -> list[str]:
+        if not problem.mask_mod:
+            return []
+        return ["mask_mod evaluated on the host into one splash NumpyMask per head, with the kernel (cached per "
+                "function and shape); splash skips its empty tiles"]
 
     def fallback_reasons(self, problem: AttentionProblem) -> list[str]:
         """The seed's fallbacks to vanilla, kept (visible in explain and logged once)."""
@@ -69,5 +79,6 @@ class SplashAttention(AttentionImpl, declaration=SPLASH):
             softmax_aux=sinks,
             block_sizes=self.metadata.block_sizes,
             interpret=self.metadata.interpret,
+            mask_mod=call.mask_mod,
         )
         return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 2))

@@ -16,7 +16,11 @@ multiples of 128. This module translates, exactly:
 * lengths padded to tiles; padded keys hidden through segment ids where the static mask
   does not hide them already;
 * a query row that sees no key yields zeros (the kernel would average the masked keys, or
-  divide by zero in tiles it skipped).
+  divide by zero in tiles it skipped);
+* a ``mask_mod`` (``jaxattn.masks``; static: no traced captures, the same for every b) is
+  evaluated on the host when the kernel is built, ANDed with causal / the window, into one
+  ``NumpyMask`` per head (splash skips its empty tiles); keys no query of a KV head sees are
+  replaced by zeros with a select (they may hold NaN, which the kernel's ``p = 0`` would keep).
 
 The Pallas TPU modules are imported here at module level; this module itself is only
 imported when a kernel is built (see ``impl.py``).
@@ -29,6 +33,7 @@ from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel
@@ -58,6 +63,27 @@ def _static_mask(
     return splash.FullMask(shape)
 
 
+def mod_grid(mask_mod: Any, hq: int, t: int, s: int, plan: SplashPlan, causal: bool,
+             window: tuple[int, int] | None, offset: int) -> np.ndarray:
+    """``(Hq, q_len, kv_len)`` bool on the host: the static mask_mod (raw positions, for b = 0)
+    ANDed with causal and the window (bottom-right, ``offset = S - T``); padded keys hidden,
+    padded query rows (discarded) see every real key."""
+    with jax.ensure_compile_time_eval():
+        index = [jnp.arange(n, dtype=jnp.int32).reshape([n if a == i else 1 for a in range(4)])
+                 for i, n in enumerate((1, hq, t, s))]
+        seen = np.asarray(jnp.broadcast_to(mask_mod(*index), (1, hq, t, s))[0])
+    i = np.arange(t)[:, None] + offset
+    j = np.arange(s)[None, :]
+    if causal:
+        seen = seen & (j <= i)
+    if window is not None:
+        seen = seen & (j >= i - window[0]) & (j <= i + (0 if causal else window[1]))
+    grid = np.zeros((hq, plan.q_len, plan.kv_len), bool)
+    grid[:, :t, :s] = seen
+    grid[:, t:, :s] = True
+    return grid
+
+
 @functools.lru_cache(maxsize=64)
 def build_kernel(
     heads: int,
@@ -68,13 +94,23 @@ def build_kernel(
     offset: int,
     soft_cap: float | None,
     interpret: bool,
+    mask_mod: Any = None,
+    mod_shape: tuple[int, int, int] | None = None,
 ) -> splash_attention_kernel.SplashAttentionKernel:
     """The splash kernel for one configuration (cached: building it analyses the mask).
 
     Built under ``ensure_compile_time_eval`` so its mask tables are concrete arrays even
-    when the first call happens inside ``jax.jit`` (a cached tracer would leak).
+    when the first call happens inside ``jax.jit`` (a cached tracer would leak). With a static
+    ``mask_mod`` (``mod_shape = (Hq, T, S)``) the heads' masks are its grid (``mod_grid``),
+    repeated over the ``heads // Hq`` batch elements folded into the heads.
     """
-    head_mask = _static_mask((plan.q_len, plan.kv_len), causal, window, offset)
+    if mask_mod is not None and mod_shape is not None:
+        hq, t, s = mod_shape
+        grid = mod_grid(mask_mod, hq, t, s, plan, causal, window, offset)
+        per_head = [splash.NumpyMask(grid[h]) for h in range(hq)]
+        masks_of_heads: list[splash.Mask] = [per_head[h % hq] for h in range(heads)]
+    else:
+        masks_of_heads = [_static_mask((plan.q_len, plan.kv_len), causal, window, offset)] * heads
     block_sizes = splash.BlockSizes(
         block_q=plan.block_q,
         block_kv=plan.block_kv,
@@ -88,7 +124,7 @@ def build_kernel(
     make = splash.make_splash_mqa if mqa else splash.make_splash_mha
     with jax.ensure_compile_time_eval():
         kernel: splash_attention_kernel.SplashAttentionKernel = make(
-            splash.MultiHeadMask([head_mask] * heads),
+            splash.MultiHeadMask(masks_of_heads),
             block_sizes=block_sizes,
             attn_logits_soft_cap=soft_cap,
             head_shards=1,
@@ -151,17 +187,22 @@ def splash_attention(
     softmax_aux: jax.Array | None = None,
     block_sizes: dict[str, int] | None = None,
     interpret: bool = False,
+    mask_mod: Any = None,
 ) -> jax.Array:
     """Attention of BTHD ``q (B, T, Hq, D)``, ``k (B, S, Hkv, D)``, ``v (B, S, Hkv, Dv)``.
 
     ``softmax_aux`` is one sink logit per query head ``(Hq,)``. ``block_sizes`` takes
-    ``block_q``, ``block_k``, ``block_q_bwd``, ``block_k_bwd``. Returns ``(B, T, Hq, Dv)``.
+    ``block_q``, ``block_k``, ``block_q_bwd``, ``block_k_bwd``. ``mask_mod``: a static one
+    (see the module docstring). Returns ``(B, T, Hq, Dv)``.
     """
     b, t_in, hq, _ = q.shape
     s, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     out_dtype = q.dtype
 
     skipped = t_in - s if causal and t_in > s else 0
+    if skipped and mask_mod is not None:  # the mask_mod sees raw positions of all T queries
+        inner = mask_mod
+        mask_mod = lambda b_, h_, i_, j_: inner(b_, h_, i_ + skipped, j_)  # noqa: E731
     if skipped:
         q = q[:, skipped:]
         if q_segment_ids is not None:
@@ -180,6 +221,20 @@ def splash_attention(
     plan = plan_splash(t, s, **(block_sizes or {}))
     tail_q, tail_k = plan.q_len - t, plan.kv_len - s
     mqa = hkv == 1 and hq > 1
+    mod = {}
+    if mask_mod is not None:
+        mod = {"mask_mod": mask_mod, "mod_shape": (hq, t, s)}
+        grid = mod_grid(mask_mod, hq, t, s, plan, causal, sliding_window, s - t)[:, :t, :s]
+        rows = jnp.asarray(grid.any(axis=-1))[None]  # (1, Hq, T): rows that see a key
+        valid = rows if valid is None else valid & rows
+        seen = jnp.asarray(grid.reshape(hkv, hq // hkv, t, s))  # keys no query of a KV head sees: zeros
+        if q_segment_ids is not None and kv_segment_ids is not None:
+            same = q_segment_ids[:, None, None, :, None] == kv_segment_ids[:, None, None, None, :]
+            live = jnp.any(seen[None] & same, axis=(2, 3))  # (B, Hkv, S)
+        else:
+            live = jnp.any(seen, axis=(1, 2))[None]
+        live = live.transpose(0, 2, 1)[..., None]
+        k, v = jnp.where(live, k, jnp.zeros((), k.dtype)), jnp.where(live, v, jnp.zeros((), v.dtype))
 
     # Splash has no scale: scale q (in float32, then back) so logits and soft cap match.
     qh = (q.astype(jnp.float32) * softmax_scale).astype(q.dtype).transpose(0, 2, 1, 3)
@@ -208,7 +263,7 @@ def splash_attention(
     if segments is None:
         # One kernel over B * Hq heads: the batch folds into the heads (query head
         # b * Hq + h reads kv head b * Hkv + h // G, which is splash's own grouping).
-        kernel = build_kernel(b * hq, False, plan, causal, sliding_window, s - t, soft_cap, interpret)
+        kernel = build_kernel(b * hq, False, plan, causal, sliding_window, s - t, soft_cap, interpret, **mod)
         fold = (b * hq, plan.q_len, -1)
         kf, vf = kh.reshape(b * hkv, plan.kv_len, -1), vh.reshape(b * hkv, plan.kv_len, -1)
         folded_sinks = None if sinks is None else jnp.tile(sinks, b)
@@ -216,7 +271,7 @@ def splash_attention(
         out = out.reshape(b, hq, plan.q_len, -1)
     else:
         # Segment ids are per batch element: one kernel call per element.
-        kernel = build_kernel(hq, mqa, plan, causal, sliding_window, s - t, soft_cap, interpret)
+        kernel = build_kernel(hq, mqa, plan, causal, sliding_window, s - t, soft_cap, interpret, **mod)
         if mqa:
             kh, vh = kh[:, 0], vh[:, 0]  # make_splash_mqa takes (S, D) keys
         if interpret:

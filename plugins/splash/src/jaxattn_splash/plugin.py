@@ -18,7 +18,7 @@ SPLASH = ImplRef(
     # (priority 100) on v2/v3, where splash's block-sparse bookkeeping does not pay
     # (SplashAttention.priority_for gives 90 there).
     priority=110,
-    description="Pallas TPU splash attention (block-sparse: causal, windows, soft cap, sinks)",
+    description="Pallas TPU splash attention (block-sparse: causal, windows, static mask_mods, soft cap, sinks)",
     dtypes={"float32", "bfloat16"},
     # Head dims that are not multiples of 128 are accepted and handed to vanilla (see
     # SplashAttention.fallback_reasons); past 256 the tiles stop fitting the default VMEM budget.
@@ -28,6 +28,7 @@ SPLASH = ImplRef(
         Feature.DECODE,  # through the fallback
         Feature.VALUE_DIM, Feature.SLIDING_WINDOW, Feature.SEGMENT_IDS, Feature.SOFT_CAP, Feature.SINKS,
         Feature.GRAD,
+        Feature.MASK_MOD,  # static ones: host data for splash's mask objects (SplashAttention says why not)
     },
     fallback_impl="vanilla",
 )
