@@ -234,3 +234,11 @@ def test_what_cannot_be_honoured_is_refused_by_name() -> None:
         nn.MultiHeadDotProductAttention(num_heads=H, qkv_features=F, attention_fn=dot_product_attention,
                                         qk_attn_weights_einsum_cls=lambda: jnp.einsum).init(jax.random.key(0),
                                                                                             inputs())
+
+
+def test_keywords_a_later_flax_may_pass() -> None:
+    q = inputs().reshape(B, T, H, 4)
+    np.testing.assert_allclose(dot_product_attention(q, q, q, out_sharding=None, some_flag=False),
+                               nnx.dot_product_attention(q, q, q), atol=2e-5)
+    with pytest.raises(jaxattn.InvalidInputError, match=r"^some_flag: not an argument"):
+        dot_product_attention(q, q, q, some_flag=True)

@@ -77,6 +77,7 @@ def dot_product_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | tuple[int, int] | None = None,
+    **other: Any,
 ) -> Any:
     """Flax's ``dot_product_attention`` (nnx's and linen's signatures), run by jaxattn.
 
@@ -93,6 +94,8 @@ def dot_product_attention(
         force_fp32_for_softmax: accepted: jaxattn's softmax is in ``metadata.softmax_dtype``
             (float32 by default) whatever the inputs' dtype.
         einsum_dot_general, qk_attn_weights_einsum, attn_weights_value_einsum: must be None.
+        other: keywords a later Flax may pass: accepted when None or False (nothing asked for),
+            refused otherwise, by name.
         impl: the jaxattn impl (None: ``use_impl`` scope, ``$JAXATTN_IMPL``, else "auto").
         metadata, softmax_scale, logits_soft_cap, sliding_window: passed to ``jaxattn.attention``
             (Flax's scale is ``D ** -0.5``, the default).
@@ -101,6 +104,10 @@ def dot_product_attention(
         ``[batch..., T, Hq, Dv]`` in the computation's dtype.
     """
     del force_fp32_for_softmax  # the softmax is float32 (metadata.softmax_dtype) either way
+    asked = sorted(name for name, value in other.items() if value is not None and value is not False)
+    if asked:
+        raise InvalidInputError(", ".join(asked), "not an argument of Flax's dot_product_attention that jaxattn "
+                                "knows how to honour", "leave it None, or use Flax's own attention for it")
     for name, fn in (("einsum_dot_general", einsum_dot_general), ("qk_attn_weights_einsum", qk_attn_weights_einsum),
                      ("attn_weights_value_einsum", attn_weights_value_einsum)):
         if fn is not None:
