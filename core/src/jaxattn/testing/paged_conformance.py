@@ -158,7 +158,10 @@ class PagedConformanceSuite:
                                                                for c in _MAGNITUDE_CASES for dt in cls.dtypes])
         elif "paged_case" in metafunc.fixturenames:
             eager_only = metafunc.function.__name__ == "test_forward_eager"
+            # paged_attention takes T queries per sequence: the decode form of uniform cases only.
+            uniform_only = metafunc.function.__name__ == "test_decode_form"
             params = [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in cls.cases(cls.resolved_level())
+                      if c.uniform or not uniform_only
                       for dt in cls.dtypes if not eager_only or cls.runs_eager(dt)]
             metafunc.parametrize(("paged_case", "dtype"), params)
         elif "dtype" in metafunc.fixturenames:
@@ -292,7 +295,8 @@ class PagedConformanceSuite:
                     f"address-ordered table: {paged_case.describe()}")
 
     def test_decode_form(self, paged_case: PagedCase, dtype: str) -> None:
-        """Uniform cases through ``jaxattn.paged_attention`` with q ``(B, T, Hq, D)``."""
+        """Uniform cases through ``jaxattn.paged_attention`` with q ``(B, T, Hq, D)``: eagerly in
+        ``eager_dtypes``, under ``jax.jit`` in the others."""
         import jaxattn
 
         if not paged_case.uniform:
@@ -303,12 +307,17 @@ class PagedConformanceSuite:
             pytest.skip("declined (checked by test_forward)")
         b, t = paged_case.num_rows, paged_case.q_lens[0]
         q = arrays["q"].reshape(b, t, paged_case.hq, paged_case.d)
+        impl, features = self.make_impl(), paged_features(paged_case)
+
+        def call(q: Any, k_pages: Any, v_pages: Any, page_table: Any, kv_lengths: Any, kv_pages: Any,
+                 softmax_aux: Any) -> Any:
+            return jaxattn.paged_attention(q, k_pages, v_pages, page_table, kv_lengths, kv_pages=kv_pages,
+                                           softmax_aux=softmax_aux, impl=impl, **features)
+
+        run = call if self.runs_eager(dtype) else jax.jit(call, compiler_options=compiler_options_for_tests())
         with jax.default_matmul_precision("highest"):
-            got = jaxattn.paged_attention(
-                q, arrays.get("k_pages"), arrays.get("v_pages"), arrays["page_table"], arrays["kv_lengths"],
-                kv_pages=arrays.get("kv_pages"), softmax_aux=arrays.get("softmax_aux"), impl=self.make_impl(),
-                **paged_features(paged_case),
-            )
+            got = run(q, arrays.get("k_pages"), arrays.get("v_pages"), arrays["page_table"], arrays["kv_lengths"],
+                      arrays.get("kv_pages"), arrays.get("softmax_aux"))
         want = self._expected(paged_case, np_arrays).reshape(b, t, paged_case.hq, -1)
         assert got.shape == want.shape
         assert_close(paged_case.describe(), got, want, self.tolerances[dtype].forward)
