@@ -18,7 +18,10 @@ before its product (no NaN from a tiny block, no NaN scale gradient where nothin
 raised by 30 to 5,060 for ``errors.checked_keywords`` and ``did_you_mean`` (an unknown keyword to
 any entry point is an ``InvalidInputError`` naming it and the closest names); raised by 20 to
 5,080 for ``Backend.check_call`` and ``metadata.check_split`` (``explain`` runs the checks a call
-runs before its kernel: never names a backend whose call raises).
+runs before its kernel: never names a backend whose call raises);
+raised by 240 to 5,320 for ``jaxattn.dot_product_attention`` (jax.nn's signature and checks) and
+what it needs of ``attention()``: padding lengths, top-left alignment (both lowered once, in
+validation, into segment ids, a mask or a window) and ``return_lse`` (docs/drop-in.md).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5080
+BUDGET = 5320
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

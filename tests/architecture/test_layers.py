@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     )),
     ("discovery", ("jaxattn.hookspecs", "jaxattn.commands", "jaxattn.registry", "jaxattn.plugins")),
     ("selection", ("jaxattn.lookup", "jaxattn.candidates", "jaxattn.dispatch", "jaxattn.tuning")),
-    ("composition", ("jaxattn.sharding", "jaxattn.split", "jaxattn.compose", "jaxattn.api")),
+    ("composition", ("jaxattn.sharding", "jaxattn.split", "jaxattn.compose", "jaxattn.api", "jaxattn.dropin")),
     ("tools", ("jaxattn.cli", "jaxattn.flax", "jaxattn.testing", "jaxattn.__main__")),
 )
 # The package itself and the SDK (``jaxattn.backend``) only map public names to modules, lazily

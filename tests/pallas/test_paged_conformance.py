@@ -27,18 +27,24 @@ from jaxattn_pallas import ragged_rules
 from jaxattn_pallas.paged_decode_kernel import live_rows
 
 INTERPRET = AttentionMetadata(platform="tpu", interpret=True)
+#: As in test_conformance.py: an interpreter limit, no TPU's.
+INTERPRET_CHECKS = {"enable_checks": "Pallas TPU interpret mode runs kernels through io_callback, whose effects "
+                    "jax_enable_checks refuses inside a custom_vjp (the guard refusing paged gradients is one); a "
+                    "TPU has no callback"}
 
 
 class TestPageAttentionInterpret(PagedConformanceSuite):
     impl_name = "page_attention"
     metadata = INTERPRET
     dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16")
+    strict_mode_failures = INTERPRET_CHECKS
 
 
 class TestRaggedPageAttentionInterpret(PagedConformanceSuite):
     impl_name = "ragged_page_attention_v3"
     metadata = INTERPRET
     dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16")
+    strict_mode_failures = INTERPRET_CHECKS
 
     def test_runs_something(self, dtype: str) -> None:
         """On a jax whose interpreter cannot run the kernel, every case is declined with that

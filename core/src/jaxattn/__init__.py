@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "list_plugins": "plugins",
     "PluginRecord": "plugins",
     "attention": "api",
+    "dot_product_attention": "dropin",
     "explain": "dispatch",
     "Explanation": "dispatch",
     "use_impl": "dispatch",
@@ -81,6 +82,7 @@ __all__ = [
     "attention",
     "dequantize_kv",
     "detect_device",
+    "dot_product_attention",
     "explain",
     "explain_paged",
     "get_impl",
@@ -123,6 +125,7 @@ if TYPE_CHECKING:
     from .declaration import ImplRef
     from .device import DeviceInfo, detect_device, tpu_version_check
     from .dispatch import Explanation, explain, get_optimal_config, use_impl
+    from .dropin import dot_product_attention
     from .errors import (
         ImplNotFoundError,
         InvalidInputError,

@@ -22,7 +22,7 @@ from .backend.base import Backend
 from .compose import COMPOSED
 from .device import DeviceInfo, detect_device
 from .dispatch import AutoAttention, AutoPagedAttention, Explanation, accepting, call_impl_name, explain_problem
-from .errors import InvalidInputError, UnsupportedError, checked_keywords
+from .errors import InvalidInputError, PluginError, UnsupportedError, checked_keywords
 from .impl import AttentionImpl
 from .lookup import new_impl
 from .metadata import DEFAULT_METADATA, AttentionMetadata, as_metadata
@@ -107,9 +107,21 @@ def attention(
     mask_mod: Callable[..., Any] | None = None,
     score_mod: Callable[..., Any] | None = None,
     block_mask: Any = None,
+    q_padding_lengths: Any = None,
+    kv_padding_lengths: Any = None,
+    alignment: str = "bottom_right",
+    return_lse: bool = False,
     metadata: AttentionMetadata | None = None,
 ) -> Any:
     """Attention over BTHD tensors: ``(B, T, Hq, D) x (B, S, Hkv, D) -> (B, T, Hq, Dv)``.
+
+    ``q_padding_lengths`` / ``kv_padding_lengths`` ``(B,)``: the queries / keys at and past
+    them are padding (a padded query gives zeros, a padded key is seen by none).
+    ``alignment="top_left"`` puts query i at key position i for ``causal`` and
+    ``sliding_window`` (jax.nn's rule; the default ``"bottom_right"`` puts the queries last).
+    ``return_lse=True`` returns ``(output, lse)``, ``lse (B, Hq, T)`` float32, the natural-log
+    log-sum-exp of the scaled logits over the visible keys (``-inf`` for a row that sees none),
+    without a gradient; only backends declaring ``Feature.LSE`` run such a call.
 
     ``kv_lengths (B,)`` makes k and v a dense KV cache of capacity S: keys at and past a
     sequence's length are invisible, and ``causal`` / ``sliding_window`` align the queries to
@@ -137,14 +149,23 @@ def attention(
                         softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap, softmax_aux=softmax_aux,
                         dropout_prob=dropout_prob, dropout_rng=dropout_rng, kv_lengths=kv_lengths, k_scale=k_scale,
                         v_scale=v_scale, mask_mod=mask_mod, score_mod=score_mod, block_mask=block_mask,
-                        metadata=chosen.metadata, prepare=True)
+                        q_padding_lengths=q_padding_lengths, kv_padding_lengths=kv_padding_lengths,
+                        alignment=alignment, return_lse=return_lse, metadata=chosen.metadata, prepare=True)
     try:
-        return chosen.run(call).attention_outputs
+        out = chosen.run(call)
     except UnsupportedError as err:
         if isinstance(chosen, AutoAttention) or err.hint:
             raise
         problem = dataclasses.replace(call.problem, needs_grad=err.gradient)
         raise _with_hint(err, problem, md) from None
+    if not return_lse:
+        return out.attention_outputs
+    if out.softmax_lse is None:
+        raise PluginError(f"impl {chosen.name()!r} accepted return_lse=True (Feature.LSE) but returned no softmax_lse")
+    import jax
+
+    # Like jax.nn's residual, the lse carries no gradient (backends' VJPs take none for it).
+    return out.attention_outputs, jax.lax.stop_gradient(out.softmax_lse)
 
 
 def _paged_impl(impl: str | AttentionMechanisms | PagedAttentionImpl | None,

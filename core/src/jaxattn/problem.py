@@ -57,6 +57,7 @@ class AttentionProblem:
     #: A concrete ``block_mask``'s tiles: ``(block_q, block_kv, empty, partial, full)``; None
     #: without one, or when it is traced (``explain`` builds one to show it).
     block_sparsity: tuple[int, int, int, int, int] | None = None
+    needs_lse: bool = False  # the caller asked for the log-sum-exp (``return_lse=True``)
 
     #: The op kind: which providers are asked (``AttentionImpl`` subclasses).
     kind = "dense"
@@ -80,6 +81,7 @@ class AttentionProblem:
         needs_grad: bool = False,
         dtype: Any = None,
         kv_lengths: Any = None,
+        needs_lse: bool = False,
     ) -> AttentionProblem:
         """Describe a call. Inputs are assumed validated (see ``jaxattn.validation``)."""
         b, t, hq, d = _shape(q) or ()
@@ -105,6 +107,7 @@ class AttentionProblem:
             needs_grad=bool(needs_grad),
             kv_lengths=kv_lengths is not None,
             kv_dtype=kv_dtype if kv_dtype in QUANTIZED_KV_DTYPES else None,
+            needs_lse=bool(needs_lse),
         )
 
     @property
@@ -132,6 +135,7 @@ class AttentionProblem:
             Feature.QUANTIZED_KV: self.kv_dtype is not None,
             Feature.MASK_MOD: self.mask_mod,
             Feature.SCORE_MOD: self.score_mod,
+            Feature.LSE: self.needs_lse,
         }
         need.update(f for f, on in flags.items() if on)
         return frozenset(need)

@@ -50,10 +50,15 @@ def split_forward(forward: Plan, backward: Plan | None, refusal: Sequence[str]) 
     def run(call: AttentionCall) -> AttentionOutput:
         q, k, v = call.q, call.k, call.v
         arrays = {n: a for n, a in call.arrays().items() if n not in ("q", "k", "v")}
+        # A call that asked for the log-sum-exp gets it from the backend that ran: (out, lse).
+        with_lse = call.problem.needs_lse
+
+        def results(out: AttentionOutput) -> Any:
+            return (out.attention_outputs, out.softmax_lse) if with_lse else out.attention_outputs
 
         @jax.custom_vjp
         def attend(q: Any, k: Any, v: Any, arrays: dict[str, Any]) -> Any:
-            return forward.forward(call.replace(q=q, k=k, v=v, **arrays)).attention_outputs
+            return results(forward.forward(call.replace(q=q, k=k, v=v, **arrays)))
 
         def attend_fwd(q: Any, k: Any, v: Any, arrays: dict[str, Any]) -> tuple[Any, Any]:
             if backward is None:
@@ -62,16 +67,21 @@ def split_forward(forward: Plan, backward: Plan | None, refusal: Sequence[str]) 
             fixed = {n: a for n, a in arrays.items() if n not in _DIFFERENTIABLE}
 
             def differentiable(q: Any, k: Any, v: Any, diff: dict[str, Any]) -> Any:
-                return backward.forward(call.replace(q=q, k=k, v=v, **fixed, **diff)).attention_outputs
+                return results(backward.forward(call.replace(q=q, k=k, v=v, **fixed, **diff)))
 
             diff = {n: a for n, a in arrays.items() if n in _DIFFERENTIABLE}
             return jax.vjp(differentiable, q, k, v, diff)  # (output, B's pullback)
 
         def attend_bwd(pullback: Any, cotangent: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
+            if with_lse:  # the lse carries no gradient (jaxattn.attention's return_lse)
+                cotangent = (cotangent[0], jax.numpy.zeros_like(cotangent[1]))
             dq, dk, dv, ddiff = pullback(cotangent)
             return dq, dk, dv, {n: ddiff.get(n) for n in arrays}
 
         attend.defvjp(attend_fwd, attend_bwd)
+        if with_lse:
+            out, lse = attend(q, k, v, arrays)
+            return AttentionOutput(out, softmax_lse=lse)
         return AttentionOutput(attend(q, k, v, arrays))
 
     return run

@@ -194,6 +194,62 @@ def _check_length_values(kv_lengths: Any, s: int) -> None:
         )
 
 
+#: Where ``causal`` and ``sliding_window`` put the queries when T != S.
+ALIGNMENTS = ("bottom_right", "top_left")
+
+
+def _check_padding(name: str, lengths: Any, b: int, n: int, dim: str) -> None:
+    shape = shape_of(lengths, name)
+    if shape != (b,):
+        raise InvalidInputError(name, f"must have shape (B,) = ({b},), one length per sequence, got {shape}")
+    if not dtype_name(lengths.dtype).startswith(("int", "uint")):
+        raise InvalidInputError(name, f"must be integers, got {dtype_name(lengths.dtype)}", "use jnp.int32 lengths")
+    if is_concrete(lengths):
+        import numpy as np
+
+        values = np.asarray(lengths)
+        bad = np.flatnonzero((values < 0) | (values > n))
+        if bad.size:
+            i = int(bad[0])
+            raise InvalidInputError(name, f"{name}[{i}] = {int(values[i])} is outside 0..{dim} = 0..{n}",
+                                    f"a length counts the real {'queries' if dim == 'T' else 'keys'} at the front")
+
+
+def top_left_rules(t: int, s: int, causal: bool, window: tuple[int, int] | None
+                   ) -> tuple[bool, tuple[int, int] | None, tuple[int, int | None, int | None] | None]:
+    """``causal`` and ``window`` aligned top-left (query i at key position i, jax.nn's rule), as
+    the bottom-right rules every backend runs: ``(causal, window, band)``.
+
+    Top-left keeps ``i + lo <= j <= i + hi`` (``lo = -left``; ``hi = right``, at most 0 when
+    causal); in bottom-right positions ``i' = i + S - T`` that is the window
+    ``(left + S - T, hi - (S - T))``. When a bounded side comes out negative no window says it:
+    then ``band`` is ``(1, lo, hi)`` (None = unbounded), spelled out as a ``(1, 1, T, S)`` mask.
+    """
+    if t == s or (not causal and window is None):
+        return causal, window, None
+    d = s - t
+    lo = None if window is None else -window[0]
+    hi = None if window is None else window[1]
+    if causal:
+        hi = 0 if hi is None else min(hi, 0)
+    left = None if lo is None else d - lo
+    right = None if hi is None else hi - d
+    if (left is not None and left < 0) or (right is not None and right < 0):
+        return False, None, (1, lo, hi)
+    longest = max(t, s)
+    if right == 0:  # causal (bottom-right), with the window's left side if any
+        return True, None if left is None else (min(left, longest), 0), None
+    sides = (longest if left is None else min(left, longest), longest if right is None else min(right, longest))
+    return False, sides, None
+
+
+class _Shape:
+    """Shape and dtype only: what the problem reads of a mask or segment ids lowered from options."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: str) -> None:
+        self.shape, self.dtype = shape, dtype
+
+
 #: Checks already passed, per call signature (shapes, dtypes, static options, metadata): a
 #: repeated signature skips them. Values are never part of it (arrays may be traced).
 _checked: dict[tuple[Any, ...], _Checked] = {}
@@ -210,12 +266,17 @@ class _Checked:
     softmax_scale: float
     logits_soft_cap: float | None
     dropout_prob: float
+    #: Top-left rules no window expresses: ``(1, lo, hi)``, made a mask (``top_left_rules``).
+    band: tuple[int, int | None, int | None] | None = None
+    #: Padding lengths become "segments" (segment ids) or, next to the caller's own ids, "mask".
+    padding: str | None = None
 
 
 def _check(q: Any, k: Any, v: Any, mask: Any, bias: Any, init_bias: Any, causal: Any, sliding_window: Any,
            q_segment_ids: Any, kv_segment_ids: Any, softmax_scale: Any, logits_soft_cap: Any, softmax_aux: Any,
            dropout_prob: Any, dropout_rng: Any, kv_lengths: Any, k_scale: Any, v_scale: Any,
-           md: AttentionMetadata) -> tuple[_Checked, Any]:
+           md: AttentionMetadata, q_padding_lengths: Any = None, kv_padding_lengths: Any = None,
+           alignment: Any = "bottom_right", return_lse: Any = False) -> tuple[_Checked, Any]:
     """Every check of a call that reads no values: the problem it describes, and the bias
     (``init_bias()`` when only that is given)."""
     _check_qkv(q, k, v)
@@ -255,16 +316,81 @@ def _check(q: Any, k: Any, v: Any, mask: Any, bias: Any, init_bias: Any, causal:
     scale = positive("softmax_scale", softmax_scale if softmax_scale is not None else md.softmax_scale)
     cap = positive("logits_soft_cap", logits_soft_cap if logits_soft_cap is not None else md.logits_soft_cap)
     window = window_pair(sliding_window, max(t, s))
+    if not is_bool(return_lse):
+        raise InvalidTypeError("return_lse", f"must be a bool, got {type(return_lse).__name__} {return_lse!r}")
+    # Padding and top-left alignment are lowered here, once, into the rules every backend runs
+    # (segment ids, a mask, a bottom-right window): no backend has to know them.
+    if not isinstance(alignment, str) or alignment not in ALIGNMENTS:
+        raise InvalidInputError("alignment", f"must be one of {', '.join(map(repr, ALIGNMENTS))}, got {alignment!r}",
+                                "'top_left' puts query i at key position i (jax.nn's rule)")
+    band = None
+    causal = bool(causal)
+    if alignment == "top_left":
+        if kv_lengths is not None:
+            raise InvalidInputError("kv_lengths", "is a KV cache whose last T tokens are the queries (aligned "
+                                    "bottom-right); it does not combine with alignment='top_left'",
+                                    "keys past a length that are padding go in kv_padding_lengths")
+        causal, window, band = top_left_rules(t, s, causal, window)
+    padding = None
+    for name, lengths, n, dim in (("q_padding_lengths", q_padding_lengths, t, "T"),
+                                  ("kv_padding_lengths", kv_padding_lengths, s, "S")):
+        if lengths is not None:
+            _check_padding(name, lengths, b, n, dim)
+            padding = "mask" if q_ids is not None else "segments"
+    shape_mask: Any = mask
+    if band is not None or padding == "mask":
+        shape = (1, 1, t, s) if padding is None else (b, 1, t, s)
+        if mask is not None:  # the caller's mask and these rules, together
+            have = (1,) * (4 - len(mask.shape)) + tuple(mask.shape)
+            shape = tuple(max(x, y) for x, y in zip(have, shape, strict=True))
+        shape_mask = _Shape(shape, "bool")
+    if padding == "segments":
+        q_ids, kv_ids = _Shape((b, t), "int32"), _Shape((b, s), "int32")
     problem = AttentionProblem.from_inputs(
-        q, k, v, mask=mask, bias=bias, causal=bool(causal), sliding_window=window, q_segment_ids=q_ids,
+        q, k, v, mask=shape_mask, bias=bias, causal=causal, sliding_window=window, q_segment_ids=q_ids,
         kv_segment_ids=kv_ids, logits_soft_cap=cap, softmax_aux=softmax_aux, dropout_prob=p,
-        dtype=md.runtime_dtype or q.dtype, kv_lengths=kv_lengths,
+        dtype=md.runtime_dtype or q.dtype, kv_lengths=kv_lengths, needs_lse=return_lse,
     )
     assert problem.kv_dtype == kv_dtype  # one rule for both: jaxattn.quantize
-    checked = _Checked(problem=problem, causal=bool(causal), sliding_window=window,
+    checked = _Checked(problem=problem, causal=causal, sliding_window=window,
                        softmax_scale=scale if scale is not None else float(d) ** -0.5, logits_soft_cap=cap,
-                       dropout_prob=p)
+                       dropout_prob=p, band=band, padding=padding)
     return checked, bias
+
+
+def _lowered(checked: _Checked, mask: Any, q_ids: Any, kv_ids: Any, q_padding_lengths: Any,
+             kv_padding_lengths: Any, b: int, t: int, s: int) -> tuple[Any, Any, Any]:
+    """The mask and segment ids that carry the call's padding and top-left band (``_check``)."""
+    import jax.numpy as jnp
+
+    i = jnp.arange(t, dtype=jnp.int32)
+    j = jnp.arange(s, dtype=jnp.int32)
+    q_real = None if q_padding_lengths is None else i[None, :] < jnp.asarray(q_padding_lengths)[:, None]  # (B, T)
+    kv_real = None if kv_padding_lengths is None else j[None, :] < jnp.asarray(kv_padding_lengths)[:, None]
+    if checked.padding == "segments":
+        # Real tokens are segment 0, padded queries 1 and padded keys 2: a padded query sees no
+        # key, a padded key no query, and a real query every real key.
+        q_ids = jnp.zeros((b, t), jnp.int32) if q_real is None else jnp.where(q_real, 0, 1).astype(jnp.int32)
+        kv_ids = jnp.zeros((b, s), jnp.int32) if kv_real is None else jnp.where(kv_real, 0, 2).astype(jnp.int32)
+    rules = []
+    if checked.band is not None:
+        _, lo, hi = checked.band
+        band = jnp.ones((t, s), bool)
+        if lo is not None:
+            band = band & (j[None, :] >= i[:, None] + lo)
+        if hi is not None:
+            band = band & (j[None, :] <= i[:, None] + hi)
+        rules.append(band[None, None])
+    if checked.padding == "mask":
+        if q_real is not None:
+            rules.append(q_real[:, None, :, None])
+        if kv_real is not None:
+            rules.append(kv_real[:, None, None, :])
+    for rule in rules:
+        mask = rule if mask is None else jnp.logical_and(mask, rule)
+    if rules:
+        mask = jnp.broadcast_to(mask, checked.problem.mask_shape)
+    return mask, q_ids, kv_ids
 
 
 @checked_keywords("an attention call")
@@ -291,6 +417,10 @@ def resolve_call(
     mask_mod: Any = None,
     score_mod: Any = None,
     block_mask: Any = None,
+    q_padding_lengths: Any = None,
+    kv_padding_lengths: Any = None,
+    alignment: str = "bottom_right",
+    return_lse: bool = False,
     metadata: AttentionMetadata | None = None,
     prepare: bool = False,
 ) -> AttentionCall:
@@ -320,6 +450,9 @@ def resolve_call(
             causal.__class__, causal, None if sliding_window is None else repr(sliding_window),
             softmax_scale.__class__, softmax_scale, logits_soft_cap.__class__, logits_soft_cap,
             dropout_prob.__class__, dropout_prob, None if md is DEFAULT_METADATA else md,
+            None if q_padding_lengths is None else (q_padding_lengths.shape, q_padding_lengths.dtype),
+            None if kv_padding_lengths is None else (kv_padding_lengths.shape, kv_padding_lengths.dtype),
+            alignment, return_lse.__class__, return_lse,
         )
         checked = None if lazy else _checked.get(key)  # type: ignore[arg-type]
     except (AttributeError, TypeError):  # not arrays, or unhashable options: the checks say what is wrong
@@ -327,13 +460,18 @@ def resolve_call(
     if checked is None:
         checked, bias = _check(q, k, v, mask, bias, init_bias, causal, sliding_window, q_segment_ids, kv_segment_ids,
                                softmax_scale, logits_soft_cap, softmax_aux, dropout_prob, dropout_rng, kv_lengths,
-                               k_scale, v_scale, md)
+                               k_scale, v_scale, md, q_padding_lengths, kv_padding_lengths, alignment, return_lse)
         if key is not None and not lazy:
             if len(_checked) >= _MAX_CHECKED:
                 _checked.clear()
             _checked[key] = checked
     if kv_lengths is not None and is_concrete(kv_lengths):
         _check_length_values(kv_lengths, k.shape[1])
+    if key is not None and checked.padding is not None:  # memoised: the values still need their check
+        for name, lengths, n, dim in (("q_padding_lengths", q_padding_lengths, q.shape[1], "T"),
+                                      ("kv_padding_lengths", kv_padding_lengths, k.shape[1], "S")):
+            if lengths is not None:
+                _check_padding(name, lengths, q.shape[0], n, dim)
     problem = checked.problem
     if mask_mod is not None or score_mod is not None or block_mask is not None:
         from .masks import check_mods  # traces each function once per signature
@@ -357,6 +495,10 @@ def resolve_call(
                 k, v = k.astype(dtype), v.astype(dtype)
         if mask is not None and mask.ndim < 4:
             mask = jnp.reshape(mask, (1,) * (4 - mask.ndim) + tuple(mask.shape))
+        if checked.band is not None or checked.padding is not None:
+            mask, q_segment_ids, kv_segment_ids = _lowered(checked, mask, q_segment_ids, kv_segment_ids,
+                                                           q_padding_lengths, kv_padding_lengths, q.shape[0],
+                                                           q.shape[1], k.shape[1])
         if bias is not None and bias.ndim < 4:
             bias = jnp.reshape(bias, (1,) * (4 - bias.ndim) + tuple(bias.shape))
         if checked.problem.kv_dtype is not None:

@@ -49,6 +49,7 @@ _FEATURE_TEXT = {
     Feature.DROPOUT: "dropout",
     Feature.GRAD: "gradients",
     Feature.KV_LENGTHS: "per-sequence key lengths (kv_lengths)",
+    Feature.LSE: "returning the log-sum-exp (return_lse)",
     Feature.MULTI_TOKEN: "several queries per sequence",
     Feature.RAGGED: "ragged batches (per-sequence query counts, cu_q_lens)",
     Feature.MASK_MOD: "a mask_mod (a mask as a function of b, h, q_idx, kv_idx)",

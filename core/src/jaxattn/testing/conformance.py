@@ -107,6 +107,22 @@ _MAGNITUDE_CASES = (
     Case("logits_of_any_magnitude_decode", b=1, t=8, s=128, hq=4, hkv=2, d=64, softmax_scale=0.7),
 )
 
+# Strict modes (``test_strict_modes``): JAX's own test harness runs with rank promotion
+# "raise", and users debug with NaN/Inf checks and jax's internal checks on. A masked, causal,
+# GQA call with T < S (no row without a key: a legitimate -inf there would trip debug_infs),
+# and the same without the mask for backends that take no mask.
+_STRICT_CASES = (
+    Case("strict_masked_causal_gqa", b=2, t=8, s=24, hq=4, hkv=2, d=16, causal=True, mask=("B", 1, "T", "S")),
+    Case("strict_causal_gqa", b=2, t=8, s=24, hq=4, hkv=2, d=16, causal=True),
+)
+#: The modes, each a context manager of jax's config.
+STRICT_MODES: dict[str, Callable[[], Any]] = {
+    "rank_promotion_raise": lambda: jax.numpy_rank_promotion("raise"),
+    "debug_infs": lambda: jax.debug_infs(True),
+    "debug_nans": lambda: jax.debug_nans(True),
+    "enable_checks": lambda: jax.enable_checks(True),
+}
+
 _impl_cache: dict[type, AttentionImpl] = {}
 # (suite class, case, dtype) -> (output, gradients | the error computing them | None)
 _results_cache: dict[tuple[type, Case, str], tuple[AttentionOutput, Any]] = {}
@@ -171,6 +187,9 @@ class ConformanceSuite(ModConformance):
     #: Seed of ``test_decode_sweep`` (None: ``$JAXATTN_SWEEP_SEED``, else 0) and its case count.
     sweep_seed: ClassVar[int | None] = None
     sweep_count: ClassVar[int] = 4
+    #: Strict modes (``STRICT_MODES``) the backend is known to fail, each with why: strict
+    #: expected failures, so a fix shows up as an unexpected pass.
+    strict_mode_failures: ClassVar[Mapping[str, str]] = {}
 
     # -- configuration hooks -------------------------------------------------------------
     @classmethod
@@ -255,6 +274,10 @@ class ConformanceSuite(ModConformance):
                                                                for c in _MAGNITUDE_CASES for dt in cls.dtypes])
         elif "x64_case" in names:
             metafunc.parametrize("x64_case", _X64_CASES, ids=[c.name for c in _X64_CASES])
+        elif "strict_mode" in names:
+            metafunc.parametrize("strict_mode", [
+                pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=cls.strict_mode_failures[m]))
+                if m in cls.strict_mode_failures else m for m in STRICT_MODES])
         elif "dtype" in names:
             metafunc.parametrize("dtype", cls.dtypes)
 
@@ -625,6 +648,33 @@ class ConformanceSuite(ModConformance):
                 if name in arrays:  # x64 code makes int64 ids
                     arrays[name] = arrays[name].astype(jnp.int64)
             self._check_case_with_grads(x64_case, dtype, arrays, np_arrays)
+
+    def test_strict_modes(self, strict_mode: str) -> None:
+        """Under rank promotion "raise", ``debug_infs``, ``debug_nans`` or ``enable_checks``, the
+        first strict case the impl accepts runs eagerly and under ``jax.jit`` (with gradients
+        where supported) and matches the oracle."""
+        dtype = self.dtypes[0]
+        for case in _STRICT_CASES:
+            np_arrays, arrays = self._prepare(case, dtype)
+            features = static_features(case)
+            if not self._supports(arrays, features):
+                break
+        else:
+            pytest.skip("declines every strict case (checked by test_forward)")
+        kwargs = self._oracle_kwargs(np_arrays, case)
+        q, k, v = np_arrays["q"], np_arrays["k"], np_arrays["v"]
+        ref = oracle.attention(q, k, v, **kwargs)
+        assert np.isfinite(ref.lse).all(), "a strict case must give every row a key"
+        grad_ok = not self._supports(arrays, features, grad=True)
+        diff_names = self._diff_names(arrays) if grad_ok else []
+        label = f"{strict_mode}: {case.describe()}"
+        with STRICT_MODES[strict_mode]():
+            eager, _ = self._evaluate(arrays, features, how="eager")
+            jitted, grads = self._evaluate(arrays, features, diff_names, how="default_jit")
+        self._check_forward_out(eager, ref, dtype, f"eager, {label}")
+        self._check_forward_out(jitted, ref, dtype, f"jit, {label}")
+        if grads:
+            self._check_grads(grads, oracle.attention_backward(q, k, v, np_arrays["d_output"], **kwargs), dtype, label)
 
     # -- dropout -------------------------------------------------------------------------
     def _dropout_problem(

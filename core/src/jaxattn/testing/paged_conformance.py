@@ -43,6 +43,7 @@ from jaxattn.paging import pages_in_address_order
 from . import oracle
 from .cases import DEFAULT_TOLERANCES, DtypeTolerance, Level, magnitude_inputs
 from .compare import assert_close, to_float64
+from .conformance import STRICT_MODES
 from .paged_cases import PagedCase, make_paged_inputs, paged_cases_for, paged_features, poison_unread, query_counts
 from .quantized_cases import QUANTIZED_PAGED_CASES, QuantizedCase, quantize_paged_inputs, quantized_to_jax
 from .quick_jit import compiler_options_for_tests
@@ -111,6 +112,9 @@ class PagedConformanceSuite:
     level: ClassVar[Level | None] = None
     #: Run calls under jax.jit (as a serving loop does); eager when False.
     jit: ClassVar[bool] = True
+    #: Strict modes (``jaxattn.testing.conformance.STRICT_MODES``) the backend is known to fail,
+    #: each with why: strict expected failures.
+    strict_mode_failures: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
     def cases(cls, level: Level) -> Sequence[PagedCase]:
@@ -164,6 +168,10 @@ class PagedConformanceSuite:
                       if c.uniform or not uniform_only
                       for dt in cls.dtypes if not eager_only or cls.runs_eager(dt)]
             metafunc.parametrize(("paged_case", "dtype"), params)
+        elif "strict_mode" in metafunc.fixturenames:
+            metafunc.parametrize("strict_mode", [
+                pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=cls.strict_mode_failures[m]))
+                if m in cls.strict_mode_failures else m for m in STRICT_MODES])
         elif "dtype" in metafunc.fixturenames:
             metafunc.parametrize("dtype", cls.dtypes)
 
@@ -395,3 +403,22 @@ class PagedConformanceSuite:
             with jax.default_matmul_precision("highest"):
                 got = self._run(case, arrays)
         self._check(case, got, self._expected(case, np_arrays), dtype, f"x64 {case.describe()}")
+
+    def test_strict_modes(self, strict_mode: str) -> None:
+        """Under rank promotion "raise", ``debug_infs``, ``debug_nans`` or ``enable_checks`` a ragged
+        batch (a decode step where the backend takes no ragged batch) runs eagerly and under
+        ``jax.jit`` and matches the oracle."""
+        wanted = "ragged_mixed" if Feature.RAGGED in self.make_impl().features else "decode"
+        case = next(c for c in paged_cases_for("default") if c.name == wanted)
+        dtype = self.dtypes[0]
+        np_arrays = make_paged_inputs(case, dtype)
+        arrays = _to_jax(np_arrays, dtype)
+        reasons = self._supports(case, arrays)
+        if reasons:
+            self._assert_declines(case, arrays)
+            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+        want = self._expected(case, np_arrays)
+        with STRICT_MODES[strict_mode](), jax.default_matmul_precision("highest"):
+            got = {how: self._run(case, arrays, how=how) for how in ("eager", "default_jit")}
+        for how, out in got.items():
+            self._check(case, out, want, dtype, f"{how}, {strict_mode}: {case.describe()}")

@@ -99,8 +99,9 @@ def _visibility(
         finite = bias > -jnp.inf
         vis = finite if vis is None else vis & finite
     if causal_offset is not None:
-        causal = jnp.arange(s)[None, :] <= jnp.arange(t)[:, None] + causal_offset
-        vis = causal[None, None] if vis is None else vis & causal
+        # At rank 4, as the mask: no operand needs rank promotion (jax_numpy_rank_promotion="raise").
+        causal = (jnp.arange(s)[None, :] <= jnp.arange(t)[:, None] + causal_offset)[None, None]
+        vis = causal if vis is None else vis & causal
     if q_seg is not None and kv_seg is not None:
         same = (q_seg[:, :, None] == kv_seg[:, None, :])[:, None]
         vis = same if vis is None else vis & same

@@ -293,9 +293,11 @@ def _and(a: Array | None, b: Array) -> Array:
 
 def _visible(st: _Static, plan: BlockPlan, pd: _Padded, r0: Array, c0: Array) -> Array | None:
     """Boolean broadcastable to the tile ``(B, Hkv, G, bq, bk)``, True = attend; None if all."""
-    shape = (plan.block_q, plan.block_k)
-    rows = r0 + lax.broadcasted_iota(jnp.int32, shape, 0)
-    cols = c0 + lax.broadcasted_iota(jnp.int32, shape, 1)
+    # At the tile's rank 5, so that no operand needs rank promotion (which
+    # jax_numpy_rank_promotion="raise" refuses).
+    shape = (1, 1, 1, plan.block_q, plan.block_k)
+    rows = r0 + lax.broadcasted_iota(jnp.int32, shape, 3)
+    cols = c0 + lax.broadcasted_iota(jnp.int32, shape, 4)
     offset = plan.s - plan.t
     keep: Array | None = None
     if plan.t_padded != plan.t:

@@ -201,6 +201,14 @@ def decode_attention(
     softmax_aux, absorbed = split_absorbing_sinks(softmax_aux)
     aux = None if softmax_aux is None else softmax_aux.astype(adtype)
     lo, hi = _visible_range(t, s, lengths, window)
+    # Hidden logits and the maxima of chunks that see no key are the lowest finite value, not
+    # -inf: jax.debug_infs(True) flags every -inf an operation makes. Such a chunk's sum and
+    # values are exactly 0, so its weight in the combine only has to be finite.
+    lowest = jnp.asarray(jnp.finfo(adtype).min, adtype)
+
+    def seen_max(m: Array, fallback: Any) -> Array:
+        """``m`` where some key was seen (finite and above ``lowest``), else ``fallback``."""
+        return jnp.where(jnp.isfinite(m) & (m > lowest), m, fallback)
 
     # Which rules can hide a key of a step (others are left out of the program): the shifted
     # last step's overlap, the lengths, causal for T > 1, and the window's edges where they cut.
@@ -248,10 +256,15 @@ def decode_attention(
         keep = _keep(n, start)
         if keep is not None:
             keep = jnp.broadcast_to(keep, (b, nc, sc, 1, keep.shape[-1]))
-            x = jnp.where(keep.reshape(b * nc, sc, 1, keep.shape[-1]), x, -jnp.inf)
-        m = lax.stop_gradient(jnp.max(x, axis=1))  # (B * nc, Hkv, R); a shift: no gradient
-        m_safe = jnp.where(jnp.isfinite(m), m, 0)
-        p = jnp.exp((x - m_safe[:, None]) * factor)
+            keep = keep.reshape(b * nc, sc, 1, keep.shape[-1])
+        low = jnp.asarray(jnp.finfo(x.dtype).min, x.dtype)  # the softmax dtype's own lowest
+        hidden = x if keep is None else jnp.where(keep, x, low)
+        m = lax.stop_gradient(jnp.max(hidden, axis=1))  # (B * nc, Hkv, R); a shift: no gradient
+        seen = jnp.isfinite(m) & (m > low)
+        m_safe = jnp.where(seen, m, 0)
+        exponent = (x - m_safe[:, None]) * factor
+        p = jnp.exp(exponent if keep is None else jnp.where(keep, exponent, lowest))
+        m = jnp.where(seen, m.astype(adtype), lowest)
         l_c = jnp.sum(p, axis=1, dtype=adtype)
         o_c = _weighted_values(p, vb, adtype)  # (B * nc, Hkv, R, Dv)
         return (m.astype(adtype).reshape(b, nc, hkv, r), l_c.reshape(b, nc, hkv, r),
@@ -261,12 +274,12 @@ def decode_attention(
                 run: tuple[Array, Array, Array] | None = None) -> tuple[Array, Array, Array]:
         """The split-K combine: chunk partials (and the running ones) rescaled to one max."""
         m_new = jnp.max(m_c, axis=1) if run is None else jnp.maximum(run[0], jnp.max(m_c, axis=1))
-        safe = jnp.where(jnp.isfinite(m_new), m_new, 0)
-        w_c = jnp.exp((m_c - safe[:, None]) * factor)
+        safe = seen_max(m_new, 0)
+        w_c = jnp.exp((seen_max(m_c, safe[:, None]) - safe[:, None]) * factor)
         l_new = jnp.sum(w_c * l_c, axis=1)
         o_new = jnp.sum(w_c[..., None] * o_c, axis=1)
         if run is not None:
-            w_run = jnp.exp((run[0] - safe) * factor)
+            w_run = jnp.exp((seen_max(run[0], safe) - safe) * factor)
             l_new, o_new = w_run * run[1] + l_new, w_run[..., None] * run[2] + o_new
         return m_new, l_new, o_new
 
@@ -278,14 +291,14 @@ def decode_attention(
         m_run, l_run, o_run = combine(*attend(jnp.int32(0)))
     else:
         init = (
-            jnp.full((b, hkv, r), -jnp.inf, adtype),
+            jnp.full((b, hkv, r), lowest, adtype),
             jnp.zeros((b, hkv, r), adtype),
             jnp.zeros((b, hkv, r, dv), adtype),
         )
         (m_run, l_run, o_run), _ = lax.scan(scan_step, init, jnp.arange(plan.steps, dtype=jnp.int32))
 
     has = l_run > 0
-    m_safe = jnp.where(jnp.isfinite(m_run), m_run, 0) * factor
+    m_safe = seen_max(m_run, 0) * factor
     lse = jnp.where(has, m_safe + jnp.log(jnp.where(has, l_run, 1)), -jnp.inf)
     if aux is None:
         out = o_run / jnp.where(has, l_run, 1)[..., None]

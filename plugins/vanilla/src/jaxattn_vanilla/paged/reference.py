@@ -83,12 +83,16 @@ def _ragged(q: Array, k_seq: Array, v_seq: Array, seq: Array, pos: Array, valid:
         logits = logits * jnp.asarray(scale, sdtype)
         if cap is not None:
             logits = cap * jnp.tanh(logits / cap)
-        logits = jnp.where(visible, logits, -jnp.inf)
-        row_max = jnp.max(logits, axis=-1)  # (Hkv, G)
+        # Hidden logits are the lowest finite value, not -inf (jax.debug_infs flags every -inf an
+        # operation makes), and their exponents again after the shift: each weighs exactly 0.
+        # The row's rule is made rank 3, as the logits (jax_numpy_rank_promotion="raise").
+        lowest = jnp.asarray(jnp.finfo(logits.dtype).min, logits.dtype)
+        visible = visible[None, None, :]
+        row_max = jnp.max(jnp.where(visible, logits, lowest), axis=-1)  # (Hkv, G)
         if aux is not None:
             row_max = jnp.maximum(row_max, aux)
-        shift = jnp.where(jnp.isfinite(row_max), row_max, 0)
-        exp = jnp.exp(logits - shift[..., None])
+        shift = jnp.where(jnp.isfinite(row_max) & (row_max > lowest), row_max, 0)
+        exp = jnp.exp(jnp.where(visible, logits - shift[..., None], lowest))
         key_sum = jnp.sum(exp, axis=-1)
         denom = key_sum if aux is None else key_sum + jnp.exp(aux - shift)
         probs = exp / jnp.where(key_sum > 0, denom, 1)[..., None]

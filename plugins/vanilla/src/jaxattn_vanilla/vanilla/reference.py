@@ -5,7 +5,8 @@ fallbacks; ring attention can use it as its per-block kernel since it returns th
 log-sum-exp. It forms the full ``(T, S)`` logits, so memory is ``O(T * S)`` per head.
 
 Numerics: logits accumulate in the softmax dtype (``float32`` by default, never narrower
-than the inputs); masked logits become ``-inf`` and every place where ``-inf - -inf`` or
+than the inputs); masked logits become the dtype's lowest finite value (an ``-inf`` would trip
+``jax.debug_infs``) and weigh exactly 0; every place where ``-inf - -inf`` or
 ``0 / 0`` could appear is guarded, so a row with nothing to attend to gives zeros with
 zero (finite) gradients. With ``kv_lengths`` K and V past each length are replaced by zeros
 with a select (the cache may hold NaN there, and ``0 * NaN`` is NaN); a ``+inf`` sink zeroes its
@@ -57,6 +58,12 @@ def _and(a: Array | None, b: Array) -> Array:
     return b if a is None else jnp.logical_and(a, b)
 
 
+def _rank5(x: Array) -> Array:
+    """A ``(..., T|1, S|1)`` rule at rank 5 ``(B|1, Hkv|1, G|1, T|1, S|1)``: every operand of the
+    masking has the logits' rank, so it runs under ``jax_numpy_rank_promotion="raise"``."""
+    return x.reshape((1,) * (5 - x.ndim) + x.shape)
+
+
 def _visibility(
     t: int,
     s: int,
@@ -70,15 +77,15 @@ def _visibility(
     kv_segment_ids: Any,
     kv_lengths: Any = None,
 ) -> Array | None:
-    """Boolean broadcastable to ``(B, Hkv, G, T, S)``, True = attend; None when all visible."""
+    """Boolean of rank 5, broadcastable to ``(B, Hkv, G, T, S)``, True = attend; None when all visible."""
     visible: Array | None = None
     if mask is not None:
         visible = _split_heads(jnp.asarray(mask, dtype=bool), hq, hkv, "mask")
-    j = jnp.arange(s)[None, :]
+    j = _rank5(jnp.arange(s)[None, :])
     # Each sequence's keys end at L: S, or its own length in a dense cache of capacity S.
-    end: Any = s if kv_lengths is None else jnp.asarray(kv_lengths)[:, None, None, None, None]
+    end: Any = s if kv_lengths is None else jnp.asarray(kv_lengths).reshape(-1, 1, 1, 1, 1)
     # Bottom-right alignment: query i sits at key position i + L - T.
-    aligned = jnp.arange(t)[:, None] + (end - t)
+    aligned = _rank5(jnp.arange(t)[:, None]) + (end - t)
     if kv_lengths is not None:
         # A query at a negative position (T > L) is no token of the sequence: it sees nothing.
         visible = _and(visible, (j < end) & (aligned >= 0))
@@ -195,19 +202,27 @@ def vanilla_attention(
     if score_mod is not None:  # on the (B, Hq, T, S) scores, before masking
         modded = jnp.asarray(score_mod(logits.reshape(b, hq, t, s), *index))
         logits = modded.astype(sdtype).reshape(b, hkv, groups, t, s)
+    # Masked logits become the dtype's lowest finite value, not -inf: jax.debug_infs(True) flags
+    # every -inf an operation makes (jax.nn masks with a finite number for the same reason).
+    # The exponent is masked again below, so such a logit weighs exactly exp(lowest) = 0.
+    lowest = jnp.asarray(jnp.finfo(sdtype).min, sdtype)
     if visible is not None:
-        logits = jnp.where(visible, logits, -jnp.inf)
+        logits = jnp.where(visible, logits, lowest)
 
     factor = jnp.asarray(scale if unscaled else 1.0, sdtype)
-    row_max = jnp.max(logits, axis=-1)  # (B, Hkv, G, T); -inf on empty rows
+    row_max = jnp.max(logits, axis=-1)  # (B, Hkv, G, T); lowest on empty rows
     aux = None
     if softmax_aux is not None:
         aux = jnp.asarray(softmax_aux, sdtype).reshape(1, hkv, groups, 1)
         row_max = jnp.maximum(row_max, aux / factor)
-    # The softmax is invariant to the shift, so it needs no gradient; an empty row shifts by
-    # 0 instead of -inf so that exp() yields 0 rather than exp(-inf + inf) = nan.
-    shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0))
-    exp = jnp.exp((logits - shift[..., None]) * factor)
+    # The softmax is invariant to the shift, so it needs no gradient; an empty row (every key
+    # masked, or a bias of -inf on all of them) shifts by 0, so that its exponents stay
+    # exp(lowest) = 0 (or exp(-inf) = 0) rather than exp(-inf + inf) = nan.
+    shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max) & (row_max > lowest), row_max, 0))
+    exponent = (logits - shift[..., None]) * factor
+    if visible is not None:
+        exponent = jnp.where(visible, exponent, lowest)
+    exp = jnp.exp(exponent)
     key_sum = jnp.sum(exp, axis=-1)
     denom = key_sum if aux is None else key_sum + jnp.exp(aux - shift * factor)
     shift = shift * factor
