@@ -64,20 +64,15 @@ def _impl_name(implementation: Any, candidates: tuple[str, ...], supports: Any) 
     unless ``use_impl`` or ``$JAXATTN_IMPL`` name one); "xla" the first of ``candidates`` that
     accepts the call (sdpa is jax.nn's XLA path itself, vanilla the pure-JAX reference that also
     returns the lse and runs float64); "cudnn" cuDNN; any other string a jaxattn impl name."""
-    if implementation is None:
-        return None
-    if not isinstance(implementation, str):
-        raise InvalidTypeError("implementation", f"must be None, 'xla', 'cudnn' or a jaxattn impl name, got "
-                               f"{implementation!r}")
-    if implementation == "xla":
-        for name in candidates:
-            try:
-                if not supports(name):
-                    return name
-            except ImplNotFoundError:
-                continue
-        return candidates[-1]  # declines with every reason
-    return implementation  # "cudnn" is jaxattn's cudnn too
+    if implementation != "xla":  # a name that is not one is refused by get_impl, naming it
+        return implementation  # type: ignore[no-any-return]  # None, "cudnn" (jaxattn's too) or an impl name
+    for name in candidates:
+        try:
+            if not supports(name):
+                return name
+        except ImplNotFoundError:
+            continue
+    return candidates[-1]  # declines with every reason
 
 
 def dot_product_attention(
@@ -152,8 +147,7 @@ def dot_product_attention(
     }
 
     def supports(name: str) -> list[str]:
-        reasons: list[str] = get_impl(name).supports(q, k, v, **features)
-        return reasons
+        return list(get_impl(name).supports(q, k, v, **features))
 
     try:
         name = _impl_name(implementation, ("sdpa", "vanilla"), supports)
