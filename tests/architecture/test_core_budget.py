@@ -21,7 +21,10 @@ any entry point is an ``InvalidInputError`` naming it and the closest names); ra
 runs before its kernel: never names a backend whose call raises);
 raised by 240 to 5,320 for ``jaxattn.dot_product_attention`` (jax.nn's signature and checks) and
 what it needs of ``attention()``: padding lengths, top-left alignment (both lowered once, in
-validation, into segment ids, a mask or a window) and ``return_lse`` (docs/drop-in.md).
+validation, into segment ids, a mask or a window) and ``return_lse`` (docs/drop-in.md);
+raised by 130 to 5,450 for auto's shipped priors (``jaxattn.tuning``: their format check, lookup
+and precedence, and the call-class key and record check moved in from jaxattn-bench so both
+read them alike; docs/tuning.md, "Shipped priors").
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5320
+BUDGET = 5450
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

@@ -30,7 +30,7 @@ def test_quick_bench_writes_table_json_and_plot(tmp_path: Path, capsys: pytest.C
     # a table per mode, a heading per shape, a row per backend that ran, ratios against vanilla
     # (the CPU reference); a backend that declined every shape is said once, after the tables
     assert "Forward on cpu" in out and "Forward+backward on cpu" in out
-    for column in ("TFLOP/s", "vs vanilla", "temp"):
+    for column in ("TFLOP/s", "vs vanilla", "vs best", "temp"):
         assert column in out
     assert out.count("\nB2 S64 H4 D32 causal\n") == 2
     lines = out.splitlines()
@@ -62,6 +62,12 @@ def test_quick_bench_writes_table_json_and_plot(tmp_path: Path, capsys: pytest.C
         assert len(r["times_ms"]) == 2 and r["temp_bytes"] is not None
     assert all(r["ratio"] == pytest.approx(1.0) for r in ok if r["backend"] == "vanilla")
     assert all(r["note"].startswith("-> ") for r in ok if r["backend"] == "auto")
+    # auto beside the fastest backend of the same run: its ratio, and what ranked its pick
+    gaps = report["summary"]["auto_gaps"]
+    assert gaps and all(0 < g["vs_best"] <= 1.0 + 1e-9 and g["vs_best"] == pytest.approx(
+        g["fastest_ms"] / g["auto_ms"]) for g in gaps)
+    assert all(g["auto_ranked_by"] in ("shipped prior", "your tuning record", "declared priority") for g in gaps)
+    assert "auto vs the fastest backend: geomean" in " ".join(out.split())
 
     if importlib.util.find_spec("matplotlib") is None:
         assert "matplotlib is not installed" in out and not png.exists()
@@ -123,7 +129,8 @@ def test_serving_bench_reports_bandwidth_for_paged_and_dense_decode(tmp_path: Pa
     assert main(["bench", "--serving", "--quick", "--repeats", "2", "--json", str(path), "--plain",
                  "--plot", str(png)]) == 0
     out, _ = capsys.readouterr()
-    assert "GB/s" in out and "memory read" in out
+    assert "GB/s" in out and "memory read" in out and "vs best" in out
+    assert "paged auto vs the fastest paged backend: geomean" in " ".join(out.split())
     if importlib.util.find_spec("matplotlib") is None:  # --plot is never ignored: drawn, or why not
         assert "matplotlib is not installed" in out and not png.exists()
     else:
@@ -139,6 +146,9 @@ def test_serving_bench_reports_bandwidth_for_paged_and_dense_decode(tmp_path: Pa
         assert row["gbps"] == pytest.approx(4 * 96 * 2 * 2 * 32 * 4 / (row["median_ms"] * 1e-3) / 1e9)
     assert rows[(decode, "vanilla_paged")]["ratio"] == pytest.approx(1.0)  # the CPU reference
     assert rows[(decode, "auto")]["note"] == "-> vanilla_paged"
+    gap = next(g for g in report["summary"]["auto_vs_best"] if g["shape"] == decode)
+    assert gap["fastest"] == "vanilla_paged" and gap["vs_best"] == pytest.approx(
+        rows[(decode, "vanilla_paged")]["median_ms"] / rows[(decode, "auto")]["median_ms"])
     assert rows[(decode, "pallas_gpu_paged")]["status"] == "declined"
     assert "needs a CUDA GPU" in rows[(decode, "pallas_gpu_paged")]["reason"]
     mixed = next(label for label, _ in rows if "prefill" in label)

@@ -45,9 +45,9 @@ def test_measurements_reorder_auto_and_explain_says_why() -> None:
     ranked = [c.name for c in exp.candidates if c.accepted]
     assert ranked == ["beta", "nogqa", "alpha"]
     beta = exp.candidates[0]
-    assert beta.measured and beta.rank_reason.startswith("measured fwd 1.000 ms (fastest)")
+    assert beta.measured and beta.rank_reason.startswith("your tuning record: measured fwd 1.000 ms (fastest)")
     assert "3.00x the fastest" in next(c for c in exp.candidates if c.name == "alpha").rank_reason
-    assert "rank: measured fwd 1.000 ms" in str(exp)
+    assert "rank: your tuning record: measured fwd 1.000 ms" in str(exp)
     # the call really runs the measured pick
     reset_calls()
     jaxattn.attention(q, k, v, causal=True)

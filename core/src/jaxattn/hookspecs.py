@@ -43,3 +43,15 @@ def jaxattn_tuning_records() -> Any:
     object answers per call kind and may re-read its store. A hook that raises costs only its
     own plugin (reported broken): auto keeps declared order.
     """
+
+
+@hookspec
+def jaxattn_tuning_priors() -> Any:
+    """Return this plugin's shipped priors: an iterable of files (``importlib.resources``
+    ``Traversable``s or paths) in the format ``jaxattn.tuning.parse_priors`` checks.
+
+    Each file holds what the plugin measured about its own impls on one device generation;
+    "auto" ranks by them where the user has no tuning record for a call. Asked once per
+    registry state, when "auto" first ranks a call; return package data, import no kernel
+    library. A file that fails the check is ignored with a warning.
+    """

@@ -1,9 +1,17 @@
 """Measured ranking for "auto": the core's one tuning interface.
 
-Records of measured timings come from plugins, through the hook ``jaxattn_tuning_records``:
-jaxattn-bench reads the tuning file that its ``jaxattn tune`` writes (its format, place and
-checks live beside the writer, in ``jaxattn_bench.records``). This module is what selection
-and the plugins use of them, and it imports no tooling:
+Measured timings come from plugins, two ways, in this order of precedence:
+
+- the user's **tuning records**, through the hook ``jaxattn_tuning_records``: jaxattn-bench
+  reads the tuning file that its ``jaxattn tune`` writes (its format, place and checks live
+  beside the writer, in ``jaxattn_bench.records``);
+- **shipped priors**, through the hook ``jaxattn_tuning_priors``: package-data files in which
+  each plugin ships what it measured about its own impls, per device generation and call
+  class (:func:`parse_priors` checks them, :func:`prior_results` finds a call's), read once
+  and only when a call has no usable record.
+
+Without either, candidates keep their declared priority. This module is what selection and
+the plugins use of them, and it imports no tooling:
 
 - :func:`refine`, auto's rank refiner (``jaxattn.dispatch`` calls it when its memo of choices
   misses, so its cost is paid once per distinct call signature);
@@ -24,12 +32,17 @@ loads no jax.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import re
 import warnings
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
 from .candidates import Candidate
+from .capabilities import Feature
+from .device import DeviceInfo, detect_device
 from .environment import flag
 from .errors import JaxattnError
 from .lookup import available_here, impl_for
@@ -38,8 +51,9 @@ from .plugins import call_each, registry
 from .problem import AttentionProblem, Problem
 
 __all__ = [
-    "SPLIT_MARGIN", "TIE_TOLERANCE", "Measurement", "TuningCacheWarning", "TuningRecords", "enabled",
-    "on_reload", "plugin_section", "rank_measured", "refine", "reload", "split_eligible", "warn_once",
+    "PRIORS_FORMAT", "SPLIT_MARGIN", "TIE_TOLERANCE", "Measurement", "Priors", "TuningCacheWarning", "TuningRecords",
+    "enabled", "on_reload", "package_priors", "parse_measurement", "parse_priors", "plugin_section", "prior_results",
+    "problem_key", "rank_measured", "refine", "reload", "seq_bucket", "shipped_priors", "split_eligible", "warn_once",
 ]
 
 #: Measured times within this fraction of the fastest are tied: declared priority orders them.
@@ -50,6 +64,29 @@ TIE_TOLERANCE = 0.01
 #: The gradient backend must beat the forward's own forward+backward by this fraction: within
 #: timing noise, one backend for both directions is the simpler program (and keeps jvp).
 SPLIT_MARGIN = 0.01
+
+
+def seq_bucket(n: int) -> int:
+    """The power of two at or above ``n`` (1000 and 1024 share a bucket, 1025 goes to 2048)."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def problem_key(problem: AttentionProblem) -> str:
+    """The key of a call's class, e.g. ``bfloat16/D128/T4096/S4096/causal+gqa``: what records
+    and shipped priors are keyed by.
+
+    dtype, head dims, a power-of-two bucket of each sequence length, and the features the call
+    needs. Batch and head counts are left out on purpose: they scale every backend's time about
+    alike, while sequence length, head dim and features change which kernel wins. ``grad`` is
+    not part of it: one entry holds both the forward and the forward+backward timings, and
+    "auto" cannot know at a forward call whether a gradient will follow.
+    """
+    features = sorted(str(f) for f in problem.required_features() - {Feature.GRAD})
+    dims = f"D{problem.head_dim}" + (f"/Dv{problem.head_dim_v}" if problem.head_dim_v != problem.head_dim else "")
+    return "/".join([
+        problem.dtype, dims, f"T{seq_bucket(problem.seq_q)}", f"S{seq_bucket(problem.seq_k)}",
+        "+".join(features) or "plain",
+    ])
 
 
 class TuningCacheWarning(UserWarning):
@@ -77,6 +114,24 @@ class Measurement:
 
     def time(self, grad: bool) -> float | None:
         return self.fwdbwd_ms if grad else self.fwd_ms
+
+
+def parse_measurement(impl: str, data: Any) -> Measurement:
+    """Validate one stored record (a tuning record or a shipped prior) field by field;
+    ValueError names the first bad field."""
+    if not isinstance(data, dict):
+        raise ValueError(f"result for {impl!r} must be an object")
+    times = {}
+    for name in ("fwd_ms", "fwdbwd_ms"):
+        value = data.get(name)
+        # Exact types: JSON's true is a Python bool, which is an int; Infinity parses as a float.
+        if value is not None and not (type(value) in (int, float) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{impl}.{name} must be a finite positive number or null, got {value!r}")
+        times[name] = None if value is None else float(value)
+    origin, version = data.get("origin"), data.get("version")
+    if not all(x is None or type(x) is str for x in (origin, version)):
+        raise ValueError(f"{impl}: origin and version must be strings or null")
+    return Measurement(impl=impl, origin=origin, version=version, **times)
 
 
 class TuningRecords(Protocol):
@@ -123,8 +178,8 @@ def on_reload(listener: Callable[[], None]) -> None:
 
 def reload() -> None:
     """Records changed (a provider calls this after writing): forget what depends on them."""
-    global _sources
-    _sources = None
+    global _sources, _priors
+    _sources = _priors = None
     for listener in _reload_listeners:
         listener()
 
@@ -174,23 +229,160 @@ def _usable(pool: list[Candidate], results: Mapping[str, Measurement],
     return usable
 
 
+#: The format of a shipped priors file (:func:`parse_priors`).
+PRIORS_FORMAT = "jaxattn-priors/1"
+#: What a priors file's "device" may require (each one it names must equal the detected device's).
+DEVICE_FIELDS = ("platform", "vendor", "device_kind", "compute_capability", "tpu_generation")
+#: A prior applies to calls whose T and S buckets lie within this many doublings of the ones it measured.
+PRIOR_REACH = 1
+_KEY = re.compile(r"[a-z0-9_]+/D\d+(/Dv\d+)?/T(\d+)/S(\d+)/[a-z_+]+")
+
+
+@dataclasses.dataclass(frozen=True)
+class Priors:
+    """One plugin's shipped measurements on one device generation (one package-data file)."""
+
+    plugin: str  # the plugin that shipped it (its impls are the only ones it may time)
+    label: str  # the device generation, as explain names it: "cpu", "H200"
+    device: Mapping[str, str]
+    entries: Mapping[str, Mapping[str, Measurement]]  # problem_key -> impl -> its figures
+
+    def matches(self, device: DeviceInfo) -> bool:
+        return all(str(getattr(device, name) or "") == value for name, value in self.device.items())
+
+
+def parse_priors(data: Any, plugin: str) -> Priors:
+    """Check a priors file's JSON (see docs/tuning.md) field by field; ValueError names the first bad one."""
+    if not isinstance(data, dict) or data.get("format") != PRIORS_FORMAT:
+        raise ValueError(f"'format' must be {PRIORS_FORMAT!r}")
+    device, measured, entries = data.get("device"), data.get("measured"), data.get("entries")
+    if not isinstance(device, dict) or not all(type(device.get(k)) is str for k in ("label", "platform")):
+        raise ValueError("'device' must be an object with string 'label' and 'platform'")
+    match = {k: v for k, v in device.items() if k != "label"}
+    if not set(match) <= set(DEVICE_FIELDS) or not all(type(v) is str for v in match.values()):
+        raise ValueError(f"'device' may hold only strings: 'label', {', '.join(map(repr, DEVICE_FIELDS))}")
+    if not isinstance(measured, dict) or not all(type(measured.get(k)) is str for k in ("machine", "date", "command")):
+        raise ValueError("'measured' must be an object with string 'machine', 'date' and 'command'")
+    if not isinstance(entries, dict):
+        raise ValueError("'entries' must be an object")
+    parsed: dict[str, Mapping[str, Measurement]] = {}
+    for key, entry in entries.items():
+        keyed = _KEY.fullmatch(key)
+        if not keyed or any(n & (n - 1) for n in map(int, keyed.group(2, 3))):
+            raise ValueError(f"entry {key!r}: not a problem key (dtype/D<d>/T<2^n>/S<2^n>/features)")
+        if not isinstance(entry, dict) or type(entry.get("problem")) is not str or not isinstance(
+                entry.get("results"), dict) or not entry["results"]:
+            raise ValueError(f"entry {key!r} must be an object with a string 'problem' and non-empty 'results'")
+        results = {impl: parse_measurement(impl, m) for impl, m in entry["results"].items()}
+        if any(m.fwd_ms is None and m.fwdbwd_ms is None for m in results.values()):
+            raise ValueError(f"entry {key!r}: every result needs fwd_ms or fwdbwd_ms")
+        parsed[key] = {impl: dataclasses.replace(m, origin=plugin) for impl, m in results.items()}
+    return Priors(plugin, device["label"], MappingProxyType(match), MappingProxyType(parsed))
+
+
+def package_priors(package: str) -> list[Any]:
+    """The priors files a plugin ships as package data: ``<package>/priors/*.json``, by name
+    (what its ``jaxattn_tuning_priors`` hook returns; nothing is read yet)."""
+    from importlib.resources import files
+
+    folder = files(package).joinpath("priors")
+    return sorted((f for f in folder.iterdir() if f.name.endswith(".json")), key=lambda f: f.name) \
+        if folder.is_dir() else []
+
+
+_priors: tuple[int, list[Priors]] | None = None
+
+
+def shipped_priors() -> list[Priors]:
+    """Every plugin's shipped priors that passed :func:`parse_priors`, read once per registry state."""
+    global _priors
+    generation = registry().generation
+    if _priors is None or _priors[0] != generation:
+        parsed = []
+        for plugin, files in call_each("jaxattn_tuning_priors", lambda hook: list(hook() or ())):
+            for file in files:
+                try:
+                    parsed.append(parse_priors(json.loads(file.read_text(encoding="utf-8")), plugin))
+                except (OSError, ValueError, TypeError, RecursionError) as err:
+                    warn_once(f"jaxattn: plugin {plugin!r} ships priors that cannot be used "
+                              f"({getattr(file, 'name', file)}: {str(err)[:200]}); auto ranks without them")
+        _priors = (generation, parsed)
+    return _priors[1]
+
+
+def _split(key: str) -> tuple[str, int, int, str]:
+    """A problem key's class (dtype and dims), T and S buckets as exponents, and features."""
+    *head, t, s, features = key.split("/")
+    return "/".join(head), int(t[1:]).bit_length() - 1, int(s[1:]).bit_length() - 1, features
+
+
+def prior_results(problem: AttentionProblem,
+                  device: DeviceInfo | None = None) -> tuple[str, dict[str, tuple[Measurement, Priors]]] | None:
+    """The shipped priors for calls like ``problem`` on ``device`` (default: this one):
+    ``(the key they measured, {impl: (its figures, the file)})``, or None.
+
+    The key is the problem's own or, when no plugin measured that one, the nearest measured
+    key of the same dtype, dims and features whose T and S buckets each lie within
+    :data:`PRIOR_REACH` doublings (ties go to the longer sequences). Every plugin's figures
+    for that one key are merged, so backends are compared on the shape they were timed on.
+    """
+    device = device or detect_device()
+    sources = [p for p in shipped_priors() if p.matches(device)]
+    head, t, s, features = _split(problem_key(problem))
+    best: tuple[tuple[int, int], str] | None = None
+    for key in {k for p in sources for k in p.entries}:
+        head2, t2, s2, features2 = _split(key)
+        if head2 == head and features2 == features and max(abs(t - t2), abs(s - s2)) <= PRIOR_REACH:
+            rank = (abs(t - t2) + abs(s - s2), -(t2 + s2))
+            if best is None or rank < best[0] or (rank == best[0] and key < best[1]):
+                best = (rank, key)
+    if best is None:
+        return None
+    found: dict[str, tuple[Measurement, Priors]] = {}
+    for p in sources:
+        for impl, m in p.entries.get(best[1], {}).items():
+            found.setdefault(impl, (m, p))
+    return best[1], found
+
+
 def refine(pool: list[Candidate], problem: Problem, metadata: AttentionMetadata) -> list[Candidate]:
     """Reorder auto's accepted candidates by measured time (see the module docstring).
 
-    Dense calls only: records key dense problems; paged calls keep their declared order.
+    The user's tuning records for the call's key come first; without a usable one, the
+    plugins' shipped priors for this device; without those, declared order. The two are never
+    mixed: times from the user's machine and from the machine a plugin was measured on do not
+    compare. Dense calls only: records key dense problems; paged calls keep their declared order.
     """
     if not pool or not enabled() or not isinstance(problem, AttentionProblem):
         return pool
     found = next((r for r in (records.results(problem) for records in _records()) if r), None)
-    if found is None:
+    if found is not None:
+        key, results = found
+        ranked = _rank(pool, _usable(pool, results, metadata), problem, metadata,
+                       {c.name: "your tuning record" for c in pool}, f"no usable measurement for {key}")
+        if ranked is not None:
+            return ranked
+    prior = prior_results(problem)
+    if prior is None:
         return pool
-    key, results = found
-    usable = _usable(pool, results, metadata)
+    key, shipped = prior
+    plugins = {p.name: p.plugin for p in available_here(metadata, kind="dense")}
+    # A plugin's figures count only for the impls it provides here: each ships what it measured about itself.
+    usable = {c.name: shipped[c.name][0] for c in pool
+              if c.name in shipped and plugins.get(c.name) == shipped[c.name][1].plugin}
+    sources = {c.name: f"shipped prior ({c.origin}, {shipped[c.name][1].label})" for c in pool if c.name in usable}
+    return _rank(pool, usable, problem, metadata, sources, f"no shipped prior for {key}") or pool
+
+
+def _rank(pool: list[Candidate], usable: Mapping[str, Measurement], problem: AttentionProblem,
+          metadata: AttentionMetadata, sources: Mapping[str, str], missing: str) -> list[Candidate] | None:
+    """``pool`` ranked by ``usable``'s times (each reason opened by its ``sources`` entry), or
+    None when none of them times this kind of call."""
     grad = problem.needs_grad
     metric = "fwd+bwd" if grad else "fwd"
     timed = [c for c in pool if c.name in usable and usable[c.name].time(grad) is not None]
     if not timed:
-        return pool
+        return None
     times = {c.name: usable[c.name].time(grad) or 0.0 for c in timed}
     fastest = min(times.values()) or 1.0
     ranked: list[Candidate] = []
@@ -203,11 +395,11 @@ def refine(pool: list[Candidate], problem: Problem, metadata: AttentionMetadata)
         else:
             why = f"{t / fastest:.2f}x the fastest"
         ranked.append(dataclasses.replace(c, measured=True,
-                                          rank_reason=f"measured {metric} {t:.3f} ms ({why})"))
-    rest = [dataclasses.replace(c, rank_reason=f"declared priority {c.priority}; no usable measurement for {key}")
-            for c in pool if c.name not in usable or usable[c.name].time(grad) is None]
+                                          rank_reason=f"{sources[c.name]}: measured {metric} {t:.3f} ms ({why})"))
+    rest = [dataclasses.replace(c, rank_reason=f"declared priority {c.priority}; {missing}")
+            for c in pool if c.name not in times]
     if not grad and split_eligible(problem):
-        ranked[0] = _with_grad_impl(ranked[0], usable, problem, metadata)
+        ranked[0] = _with_grad_impl(ranked[0], dict(usable), problem, metadata)
     return ranked + rest
 
 

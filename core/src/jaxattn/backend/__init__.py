@@ -18,7 +18,9 @@ private module or name. The names come in groups, each a step further from a bas
 - **composition**, for plugins that run other impls (ring): ``get_impl``, ``available_here``,
   and the mesh helpers of ``jaxattn.sharding``;
 - **tuning**: what the ``jaxattn_tuning_records`` hook returns and how a plugin reads its
-  section of the tuning file;
+  section of the tuning file; the key of a call class (``problem_key``), a record's check
+  (``parse_measurement``), and the files a ``jaxattn_tuning_priors`` hook returns
+  (``package_priors``);
 - **selection probes**, for tools that measure auto: ``choose``, ``evaluate``, ``AutoAttention``.
 
 ``import jaxattn.backend`` imports no jax: every name loads on first use (module
@@ -65,6 +67,7 @@ _EXPORTS: dict[str, str] = {name: module for module, names in (
     ("sharding.wrap", "check_batch_heads local_metadata"),
     # tuning
     ("tuning", "Measurement TuningRecords TuningCacheWarning TIE_TOLERANCE plugin_section warn_once reload_tuning"),
+    ("tuning", "package_priors parse_measurement problem_key seq_bucket"),
     # selection probes
     ("dispatch", "AutoAttention choose evaluate"),
 ) for name in names.split()}
@@ -80,9 +83,10 @@ __all__ = [
     "PagedCall", "PagedProblem", "Plan", "PluginError", "TuningCacheWarning", "TuningRecords", "UnsupportedError",
     "available_here", "axis_size", "axis_tuple", "check_batch_heads", "choose", "dequantize_kv",
     "dequantize_visible", "describe_axes", "detect_device", "evaluate", "get_impl", "hookimpl", "kv_head_repeat",
-    "local_metadata", "mesh_axes", "pages_in_address_order", "plugin_section", "quantize_kv", "refuse_gradients",
-    "reload_tuning", "resolve_call", "resolve_platform", "shard_map", "split_absorbing_sinks", "traced_under",
-    "warn_once", "window_pair", "x64_off", "zero_absorbed_heads", "zero_past_lengths",
+    "local_metadata", "mesh_axes", "package_priors", "pages_in_address_order", "parse_measurement", "plugin_section",
+    "problem_key", "quantize_kv", "refuse_gradients", "reload_tuning", "resolve_call", "resolve_platform",
+    "seq_bucket", "shard_map", "split_absorbing_sinks", "traced_under", "warn_once", "window_pair", "x64_off",
+    "zero_absorbed_heads", "zero_past_lengths",
 ]
 
 
@@ -135,7 +139,11 @@ if TYPE_CHECKING:
         Measurement,
         TuningCacheWarning,
         TuningRecords,
+        package_priors,
+        parse_measurement,
         plugin_section,
+        problem_key,
+        seq_bucket,
         warn_once,
     )
     from jaxattn.tuning import reload as reload_tuning

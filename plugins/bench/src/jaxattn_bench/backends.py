@@ -73,11 +73,22 @@ class ImplContender(Contender):
         if self.name == "auto":
             # What a plain forward call resolves to (attention() cannot know a gradient follows).
             exp = jaxattn.explain(q, k, v, impl="auto", metadata=self.metadata, **shape.call_kwargs)
-            grad = next((c.grad_impl for c in exp.candidates if c.chosen and c.grad_impl), None)
-            return f"-> {exp.chosen}" + (f", grad {grad}" if grad else "")
+            chosen = next((c for c in exp.candidates if c.chosen), None)
+            grad = chosen.grad_impl if chosen is not None else None
+            return f"-> {exp.chosen}" + (f", grad {grad}" if grad else "") + _source(chosen)
         problem = _spec(q, k, v, shape, self.metadata).problem
         fallback = impl.fallback_reasons(problem)
         return f"via {impl.fallback_impl}: {'; '.join(fallback)}" if fallback else ""
+
+
+def _source(chosen: Any) -> str:
+    """What ranked auto's pick first (``jaxattn.tuning``): " (shipped prior)", " (your tuning
+    record)" or " (declared priority)"."""
+    reason = chosen.rank_reason if chosen is not None else ""
+    for source in ("your tuning record", "shipped prior", "declared priority"):
+        if reason.startswith(source):
+            return f" ({source})"
+    return ""
 
 
 def _spec(q: Any, k: Any, v: Any, shape: BenchShape, metadata: AttentionMetadata) -> Any:

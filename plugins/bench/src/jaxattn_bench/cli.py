@@ -246,7 +246,15 @@ def _run_serving(args: argparse.Namespace, metadata: AttentionMetadata, platform
     from jaxattn.backend import available_here, detect_device
     from jaxattn.cli import Printer, dump_json
 
-    from .serving import ServingResult, run_serving, serving_matrix, serving_not_run, serving_table
+    from .serving import (
+        ServingResult,
+        auto_summary,
+        auto_vs_best,
+        run_serving,
+        serving_matrix,
+        serving_not_run,
+        serving_table,
+    )
 
     dtype = args.dtype or ("float32" if platform == "cpu" else "bfloat16")
 
@@ -279,7 +287,7 @@ def _run_serving(args: argparse.Namespace, metadata: AttentionMetadata, platform
 
     def report(rows: list[ServingResult], *notes: str) -> dict[str, Any]:
         out = {"device": device, "kind": "serving", "results": [r.to_dict() for r in rows],
-               "elapsed_s": time.perf_counter() - start}
+               "summary": {"auto_vs_best": auto_vs_best(rows)}, "elapsed_s": time.perf_counter() - start}
         return {**out, "notes": list(notes)} if notes else out
 
     def write(data: dict[str, Any]) -> None:
@@ -306,6 +314,8 @@ def _run_serving(args: argparse.Namespace, metadata: AttentionMetadata, platform
         return 0
     printer.table(serving_table(results, device, args.reference))
     _print_not_run(printer, serving_not_run(results))
+    for line in auto_summary(results):
+        printer.line(line)
     if args.json is not None:
         write(final)
         printer.line(f"JSON written to {args.json}")

@@ -2,10 +2,9 @@
 
 A tuning result answers "which backend is fastest for calls like this one, here". "Here" is
 the :class:`Environment` (platform, device kind, jax and jaxlib versions): a measurement from
-another GPU or another jax is not used. "Calls like this one" is the :func:`problem_key`:
-dtype, head dims, a power-of-two bucket of each sequence length, and the features the call
-needs. Batch and head counts are left out on purpose: they scale every backend's time about
-alike, while sequence length, head dim and features change which kernel wins.
+another GPU or another jax is not used. "Calls like this one" is the :func:`problem_key`
+(the core's ``jaxattn.tuning.problem_key``, which shipped priors are keyed by too): dtype,
+head dims, a power-of-two bucket of each sequence length, and the features the call needs.
 """
 
 from __future__ import annotations
@@ -15,31 +14,12 @@ import functools
 import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
-from jaxattn.backend import Feature
+from jaxattn.backend import problem_key, seq_bucket
 
 if TYPE_CHECKING:
-    from jaxattn.backend import AttentionProblem, DeviceInfo
+    from jaxattn.backend import DeviceInfo
 
 __all__ = ["Environment", "current_environment", "problem_key", "seq_bucket"]
-
-
-def seq_bucket(n: int) -> int:
-    """The power of two at or above ``n`` (1000 and 1024 share a bucket, 1025 goes to 2048)."""
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
-
-
-def problem_key(problem: AttentionProblem) -> str:
-    """The cache key of a call, e.g. ``bfloat16/D128/T4096/S4096/causal+gqa``.
-
-    ``grad`` is not part of it: one entry holds both the forward and the forward+backward
-    timings, and "auto" cannot know at a forward call whether a gradient will follow.
-    """
-    features = sorted(str(f) for f in problem.required_features() - {Feature.GRAD})
-    dims = f"D{problem.head_dim}" + (f"/Dv{problem.head_dim_v}" if problem.head_dim_v != problem.head_dim else "")
-    return "/".join([
-        problem.dtype, dims, f"T{seq_bucket(problem.seq_q)}", f"S{seq_bucket(problem.seq_k)}",
-        "+".join(features) or "plain",
-    ])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-from jaxattn.backend import Measurement, reload_tuning, warn_once
+from jaxattn.backend import Measurement, parse_measurement, reload_tuning, warn_once
 
 from .keys import Environment, current_environment, problem_key
 
@@ -64,23 +63,6 @@ def default_cache_path() -> Path:
     else:
         base = Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache") / "jaxattn"
     return base / FILENAME
-
-
-def parse_measurement(impl: str, data: Any) -> Measurement:
-    """Validate one stored record field by field; ValueError names the first bad field."""
-    if not isinstance(data, dict):
-        raise ValueError(f"result for {impl!r} must be an object")
-    times = {}
-    for name in ("fwd_ms", "fwdbwd_ms"):
-        value = data.get(name)
-        # Exact types: JSON's true is a Python bool, which is an int; Infinity parses as a float.
-        if value is not None and not (type(value) in (int, float) and math.isfinite(value) and value > 0):
-            raise ValueError(f"{impl}.{name} must be a finite positive number or null, got {value!r}")
-        times[name] = None if value is None else float(value)
-    origin, version = data.get("origin"), data.get("version")
-    if not all(x is None or type(x) is str for x in (origin, version)):
-        raise ValueError(f"{impl}: origin and version must be strings or null")
-    return Measurement(impl=impl, origin=origin, version=version, **times)
 
 
 @dataclasses.dataclass

@@ -11,8 +11,8 @@ from typing import Any
 from .results import BenchReport, BenchResult
 from .shapes import MODE_LABELS, BenchShape
 
-__all__ = ["AUTO_TOLERANCE", "auto_gaps", "group_not_run", "not_run_lines", "report_dict", "summary_lines", "tables",
-           "write_json"]
+__all__ = ["AUTO_TOLERANCE", "auto_gaps", "fastest_other", "group_not_run", "not_run_lines", "report_dict",
+           "summary_lines", "tables", "write_json"]
 
 #: Issue target: "auto" within 3% of the fastest backend on every shape.
 AUTO_TOLERANCE = 0.03
@@ -29,6 +29,21 @@ def _tflops(r: BenchResult | None) -> str:
 
 def _ratio(r: BenchResult | None) -> str:
     return f"{r.ratio:.2f}x" if r is not None and r.ratio is not None else "-"
+
+
+def fastest_other(report: BenchReport, shape: BenchShape, mode: str) -> BenchResult | None:
+    """The fastest backend other than ``auto`` that ran ``shape`` in ``mode``."""
+    others = [r for r in report.rows(shape) if r.mode == mode and r.backend != "auto" and r.ok
+              and r.median_ms is not None]
+    return min(others, key=lambda r: r.median_ms or math.inf, default=None)
+
+
+def _vs_best(report: BenchReport, r: BenchResult) -> str:
+    """The fastest other backend's time over this row's (1.00x: the fastest; auto's ratio to it)."""
+    best = fastest_other(report, r.shape, r.mode)
+    if best is None or best.median_ms is None or r.median_ms is None:
+        return "-"
+    return f"{best.median_ms / r.median_ms:.2f}x"
 
 
 def _mem(r: BenchResult | None) -> str:
@@ -61,14 +76,14 @@ def tables(report: BenchReport) -> list[Any]:
     for mode in report.config.modes:
         table = Table(f"{MODE_LABELS[mode].capitalize()} on {report.device}, {_dtype(report)} "
                       f"(median of {report.config.repeats} samples; vs {ref}: TFLOP/s ratio)",
-                      ["backend", "ms", "TFLOP/s", f"vs {ref}", "temp", "note"])
+                      ["backend", "ms", "TFLOP/s", f"vs {ref}", "vs best", "temp", "note"])
         for shape in _shapes(report):
             rows = [r for name in report.config.backends if (r := report.get(shape, name, mode)) is not None and r.ok]
             if rows:
                 table.heading(shape.label)
             for r in rows:
                 shared = f"{r.same_program_as}'s program" if r.same_program_as else ""
-                table.add(r.backend, _ms(r), _tflops(r), _ratio(r), _mem(r),
+                table.add(r.backend, _ms(r), _tflops(r), _ratio(r), _vs_best(report, r), _mem(r),
                           "; ".join(n for n in (r.note, shared) if n) or None)
         out.append(table)
     return out
@@ -110,23 +125,29 @@ def auto_gaps(report: BenchReport) -> list[dict[str, Any]]:
     for shape in _shapes(report):
         for mode in report.config.modes:
             auto = report.get(shape, "auto", mode)
-            others = [r for r in report.rows(shape) if r.mode == mode and r.backend != "auto" and r.ok]
-            if auto is None or not auto.ok or not others or auto.median_ms is None:
+            best = fastest_other(report, shape, mode)
+            if auto is None or not auto.ok or best is None or auto.median_ms is None or best.median_ms is None:
                 continue
-            best = min(others, key=lambda r: r.median_ms or math.inf)
-            assert best.median_ms is not None
             gaps.append({"shape": shape.label, "mode": mode, "auto_ms": auto.median_ms, "auto_runs": _runs(auto),
-                         "auto_program_of": auto.same_program_as, "fastest": best.backend,
-                         "fastest_ms": best.median_ms, "slowdown": auto.median_ms / best.median_ms - 1.0})
+                         "auto_ranked_by": _ranked_by(auto), "auto_program_of": auto.same_program_as,
+                         "fastest": best.backend, "fastest_ms": best.median_ms,
+                         "vs_best": best.median_ms / auto.median_ms, "slowdown": auto.median_ms / best.median_ms - 1.0})
     return gaps
 
 
 def _runs(auto: BenchResult) -> str | None:
-    """The backend an auto row ran, from its note: ``-> cudnn`` or ``-> cudnn, grad flash_attn2``."""
+    """The backend an auto row ran, from its note: ``-> cudnn (declared priority)`` or
+    ``-> cudnn, grad flash_attn2 (your tuning record)``."""
     if not auto.note.startswith("-> "):
         return None
-    picked, _, grad = auto.note[3:].partition(", grad ")
+    picked, _, grad = auto.note[3:].partition(" (")[0].partition(", grad ")
     return grad if auto.mode == "fwdbwd" and grad else picked
+
+
+def _ranked_by(auto: BenchResult) -> str | None:
+    """What placed auto's pick first, from its note: "shipped prior", "your tuning record", ..."""
+    _, paren, source = auto.note.partition(" (")
+    return source.rstrip(")") if paren else None
 
 
 def _geomean(values: Iterable[float]) -> float | None:
@@ -160,8 +181,13 @@ def summary_lines(report: BenchReport) -> list[str]:
     if gaps:
         worst = max(gaps, key=lambda g: g["slowdown"])
         slow = [g for g in gaps if g["slowdown"] > AUTO_TOLERANCE]
-        lines.append(f"auto vs the fastest backend: worst {worst['slowdown']:+.1%} ({worst['shape']}, "
-                     f"{MODE_LABELS[worst['mode']]}, fastest {worst['fastest']})")
+        sources = ", ".join(f"{k} on {n}" for k, n in sorted(
+            {k: sum(g["auto_ranked_by"] == k for g in gaps) for k in {g["auto_ranked_by"] for g in gaps}}.items(),
+            key=lambda kv: -kv[1]) if k)
+        lines.append(f"auto vs the fastest backend: geomean {_geomean(g['vs_best'] for g in gaps) or 0:.3f}x, worst "
+                     f"{1 / (1 + worst['slowdown']):.3f}x, {worst['slowdown']:+.1%} ({worst['shape']}, "
+                     f"{MODE_LABELS[worst['mode']]}, fastest {worst['fastest']})"
+                     + (f"; auto's pick came from {sources} of {len(gaps)}" if sources else ""))
         if slow:
             lines.append(f"auto is more than {AUTO_TOLERANCE:.0%} slower than the fastest on {len(slow)} of "
                          f"{len(gaps)}: " + "; ".join(f"{g['shape']} {g['mode']} ({g['slowdown']:+.1%}, ran "

@@ -30,6 +30,7 @@ back-to-back samples, pre-roll on accelerators: :mod:`jaxattn_bench.timing`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,7 +39,8 @@ from jaxattn.backend import KV_DTYPE_FLAGS, AttentionMetadata
 
 from .timing import Program, median, platform_defaults, platform_of, preroll, run_once, run_sample, size_samples
 
-__all__ = ["ServingResult", "ServingShape", "run_serving", "serving_matrix"]
+__all__ = ["ServingResult", "ServingShape", "auto_summary", "auto_vs_best", "fastest_paged", "run_serving",
+           "serving_matrix"]
 
 READ_PEAK = "memory read"
 PALLAS_GPU_PAGED = "pallas_gpu_paged"
@@ -521,19 +523,60 @@ def serving_table(results: Sequence[ServingResult], device: str, reference: str 
 
     ref = reference or ", else ".join(REFERENCES)
     table = Table(f"Serving attention on {device}: time, K/V bytes read per second, and ratios (vs {ref}: "
-                  "its time / this time; of read: GB/s / the memory-read GB/s)",
-                  ["backend", "ms", "GB/s", "tok/s", "vs ref", "of read", "note"])
+                  "its time / this time; vs best: the fastest paged backend's time / this time; of read: GB/s / "
+                  "the memory-read GB/s)",
+                  ["backend", "ms", "GB/s", "tok/s", "vs ref", "vs best", "of read", "note"])
     shape = None
+    best = fastest_paged(results)
     for r in results:
         if not (r.ok and r.median_ms is not None):
             continue
         if r.shape != shape:
             shape = r.shape
             table.heading(r.shape.label)
+        fastest = best.get(r.shape)
         table.add(r.backend, f"{r.median_ms:.3f}", _gbps(r.gbps), _gbps(r.tokens_per_s),
                   f"{r.ratio:.2f}x" if r.ratio else None,
+                  f"{fastest.median_ms / r.median_ms:.2f}x" if fastest and fastest.median_ms else None,
                   f"{r.of_read_peak:.0%}" if r.of_read_peak else None, r.note or None)
     return table
+
+
+def auto_vs_best(results: Sequence[ServingResult]) -> list[dict[str, Any]]:
+    """Per shape where paged "auto" ran: its time against the fastest paged backend's."""
+    best = fastest_paged(results)
+    out = []
+    for r in results:
+        fastest = best.get(r.shape)
+        if r.backend == "auto" and r.ok and r.median_ms and fastest is not None and fastest.median_ms:
+            out.append({"shape": r.shape.label, "auto_ms": r.median_ms, "auto_runs": r.note.removeprefix("-> "),
+                        "fastest": fastest.backend, "fastest_ms": fastest.median_ms,
+                        "vs_best": fastest.median_ms / r.median_ms})
+    return out
+
+
+def auto_summary(results: Sequence[ServingResult]) -> list[str]:
+    """One line: paged auto against the fastest paged backend, over the shapes it ran."""
+    gaps = auto_vs_best(results)
+    if not gaps:
+        return []
+    worst = min(gaps, key=lambda g: g["vs_best"])
+    geomean = math.exp(sum(math.log(g["vs_best"]) for g in gaps) / len(gaps))
+    return [f"paged auto vs the fastest paged backend: geomean {geomean:.3f}x, worst {worst['vs_best']:.3f}x "
+            f"({worst['shape']}: ran {worst['auto_runs']}, fastest {worst['fastest']}) over {len(gaps)} shapes"]
+
+
+def fastest_paged(results: Sequence[ServingResult]) -> dict[ServingShape, ServingResult]:
+    """Per shape, the fastest paged backend that ran it (one call of a registered paged impl,
+    "auto" left out): what paged "auto" is held to."""
+    best: dict[ServingShape, ServingResult] = {}
+    for r in results:
+        fields = row_fields(r.backend, r.shape.kv_dtype)
+        if (r.ok and r.median_ms is not None and r.backend != "auto" and fields["call"] == "paged"
+                and fields["impl"] is not None
+                and (r.shape not in best or r.median_ms < (best[r.shape].median_ms or math.inf))):
+            best[r.shape] = r
+    return best
 
 
 def serving_not_run(results: Sequence[ServingResult]) -> list[str]:

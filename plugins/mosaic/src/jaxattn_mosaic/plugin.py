@@ -13,9 +13,11 @@ only where tuning records measured it faster.
 
 from __future__ import annotations
 
+from typing import Any
+
 from jaxattn.backend import Feature, ImplRef, hookimpl
 
-__all__ = ["MOSAIC_FLASH", "jaxattn_register_impls"]
+__all__ = ["MOSAIC_FLASH", "jaxattn_register_impls", "jaxattn_tuning_priors"]
 
 MOSAIC_FLASH = ImplRef(
     "jaxattn_mosaic.impl:MosaicFlashAttention",
@@ -34,3 +36,12 @@ MOSAIC_FLASH = ImplRef(
 @hookimpl
 def jaxattn_register_impls() -> list[ImplRef]:
     return [MOSAIC_FLASH]
+
+
+@hookimpl
+def jaxattn_tuning_priors() -> list[Any]:
+    """What this plugin measured about its own impls, per device generation: ``priors/*.json``
+    (docs/tuning.md, "Shipped priors"); "auto" ranks by them where the user has no tuning record."""
+    from jaxattn.backend import package_priors
+
+    return package_priors(__package__ or __name__.rpartition(".")[0])

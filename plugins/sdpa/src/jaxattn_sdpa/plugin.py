@@ -7,9 +7,11 @@ never turn silently into XLA's O(T*S)-memory path, which is what ``sdpa`` may do
 
 from __future__ import annotations
 
+from typing import Any
+
 from jaxattn.backend import Feature, ImplRef, hookimpl
 
-__all__ = ["CUDNN", "JAX_NN_FEATURES", "SDPA", "jaxattn_register_impls"]
+__all__ = ["CUDNN", "JAX_NN_FEATURES", "SDPA", "jaxattn_register_impls", "jaxattn_tuning_priors"]
 
 #: What jax.nn runs exactly, on both paths (sinks through an extra key, kv_lengths through
 #: key_value_seq_lengths or a per-sequence mask: see kernel.py).
@@ -47,3 +49,12 @@ CUDNN = ImplRef(
 @hookimpl
 def jaxattn_register_impls() -> list[ImplRef]:
     return [SDPA, CUDNN]
+
+
+@hookimpl
+def jaxattn_tuning_priors() -> list[Any]:
+    """What this plugin measured about its own impls, per device generation: ``priors/*.json``
+    (docs/tuning.md, "Shipped priors"); "auto" ranks by them where the user has no tuning record."""
+    from jaxattn.backend import package_priors
+
+    return package_priors(__package__ or __name__.rpartition(".")[0])

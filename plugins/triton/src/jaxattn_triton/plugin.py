@@ -12,11 +12,14 @@ first use.
 
 from __future__ import annotations
 
+from typing import Any
+
 from jaxattn.backend import Feature, ImplRef, hookimpl
 
 from .launch_paged import MAX_HEAD_DIM
 
-__all__ = ["DECODE", "FLASH_ATTN2", "PAGE_ATTENTION", "RAGGED_PAGE_ATTENTION", "jaxattn_register_impls"]
+__all__ = ["DECODE", "FLASH_ATTN2", "PAGE_ATTENTION", "RAGGED_PAGE_ATTENTION", "jaxattn_register_impls",
+           "jaxattn_tuning_priors"]
 
 #: The Triton kernels compute in these (float32 would be TF32 on the tensor cores).
 DTYPES = frozenset({"bfloat16", "float16"})
@@ -94,3 +97,12 @@ PAGE_ATTENTION = ImplRef(
 @hookimpl
 def jaxattn_register_impls() -> list[ImplRef]:
     return [FLASH_ATTN2, DECODE, RAGGED_PAGE_ATTENTION, PAGE_ATTENTION]
+
+
+@hookimpl
+def jaxattn_tuning_priors() -> list[Any]:
+    """What this plugin measured about its own impls, per device generation: ``priors/*.json``
+    (docs/tuning.md, "Shipped priors"); "auto" ranks by them where the user has no tuning record."""
+    from jaxattn.backend import package_priors
+
+    return package_priors(__package__ or __name__.rpartition(".")[0])

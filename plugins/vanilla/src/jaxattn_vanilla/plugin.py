@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from jaxattn.backend import ALL_FEATURES, Feature, ImplRef, hookimpl
 
-__all__ = ["BLOCKWISE", "DECODE", "VANILLA", "VANILLA_PAGED", "jaxattn_register_impls"]
+__all__ = ["BLOCKWISE", "DECODE", "VANILLA", "VANILLA_PAGED", "jaxattn_register_impls", "jaxattn_tuning_priors"]
 
 EVERYWHERE = ("cpu", "gpu", "tpu")
 #: float64 too: pure JAX is the only way to check a model (or a serving loop) at full precision.
@@ -89,3 +91,12 @@ VANILLA_PAGED = ImplRef(
 @hookimpl
 def jaxattn_register_impls() -> list[ImplRef]:
     return [VANILLA, BLOCKWISE, DECODE, VANILLA_PAGED]
+
+
+@hookimpl
+def jaxattn_tuning_priors() -> list[Any]:
+    """What this plugin measured about its own impls, per device generation: ``priors/*.json``
+    (docs/tuning.md, "Shipped priors"); "auto" ranks by them where the user has no tuning record."""
+    from jaxattn.backend import package_priors
+
+    return package_priors(__package__ or __name__.rpartition(".")[0])
