@@ -457,8 +457,8 @@ class ConformanceSuite(ModConformance):
         return out
 
     def test_forward_eager_and_default_jit(self, case: Case, dtype: str) -> None:
-        """The forward alone, eagerly and under ``jax.jit`` with XLA's default options (no test
-        options, no gradients in the program), matches the oracle."""
+        """The forward alone, eagerly (in ``eager_dtypes``) and under ``jax.jit`` with XLA's default
+        options (no test options, no gradients in the program), matches the oracle."""
         np_arrays, arrays = self._prepare(case, dtype)
         reasons = self._supports(arrays, static_features(case))
         if reasons:
@@ -489,7 +489,8 @@ class ConformanceSuite(ModConformance):
 
     def test_decode_sweep(self, sweep_case: Case, dtype: str) -> None:
         """A seeded random decode shape (GQA ratios, T <= 16, odd and even S, lengths with NaN past
-        them): eager, forward-only under default ``jax.jit``, and forward + gradients, against the oracle."""
+        them): eager (in ``eager_dtypes``), forward-only under default ``jax.jit``, and forward + gradients,
+        against the oracle."""
         case = sweep_case
         np_arrays, arrays = self._prepare(case, dtype)
         features = static_features(case)
