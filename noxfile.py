@@ -61,7 +61,8 @@ TYPED_TESTS = ("tests/packaging", "tests/cli")
 @nox.session
 def typecheck(session: nox.Session) -> None:
     install_workspace(session, "typecheck", "test")
-    sources = [p / "src" for p in workspace_packages()] + [ROOT / "tests/example_plugin/src"]
+    sources = [p / "src" for p in workspace_packages()]
+    sources += [ROOT / f"tests/{name}/src" for name in ("example_plugin", "seed_plugin")]
     # Each package's src/ is a search root, so `jaxattn_vanilla.vanilla.impl` resolves by its own
     # name and the plugins resolve `jaxattn` to the checkout rather than an installed copy.
     session.env["MYPYPATH"] = os.pathsep.join([*map(str, sources), str(ROOT / "tests/packaging")])

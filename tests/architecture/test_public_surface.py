@@ -11,6 +11,7 @@ and so does an attribute read off the package (``jaxattn.tuning.reload()``).
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -128,3 +129,20 @@ def test_surfaces_import_no_jax(module: str) -> None:
 
     code = f"import sys, {module}; assert 'jax' not in sys.modules, sorted(m for m in sys.modules if 'jax' in m)"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_basic_backend_needs_at_most_eight_names() -> None:
+    """The example plugin (docs/write-a-backend.md builds it) is a basic backend: the names it
+    takes from the core, plus the hook and the method it defines, are the eight the page lists."""
+    used: set[str] = set()
+    for path in sorted((ROOT / "tests" / "example_plugin" / "src").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "jaxattn":
+                used |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.FunctionDef) and node.name in ("jaxattn_register_impls", "forward"):
+                used.add(node.name)
+    assert len(used) <= 8, sorted(used)
+    page = (ROOT / "docs" / "write-a-backend.md").read_text()
+    table = page.split("| name | what it is |", 1)[1].split("\n\n", 1)[0]
+    listed = {name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert listed == used, (sorted(listed), sorted(used))

@@ -97,7 +97,7 @@ def test_use_impl_routes_the_call() -> None:
     # Outside the scope auto runs fancy's forward; fancy has no backward, so plain's runs
     # differentiated calls.
     selected = jaxattn.get_impl("auto").select(jaxattn.AttentionProblem.from_inputs(q, k, v))
-    assert type(selected.forward) is FancyImpl and type(selected.backward) is PlainImpl
+    assert type(selected.primal) is FancyImpl and type(selected.backward) is PlainImpl
 
 
 def test_unknown_name_lists_known_and_available() -> None:

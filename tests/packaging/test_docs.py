@@ -23,7 +23,7 @@ def _blocks(page: str, language: str) -> list[str]:
 def test_quoted_example_plugin_files_are_verbatim() -> None:
     quoted = [b for lang in ("python", "toml") for b in _blocks("write-a-backend.md", lang)
               if b.startswith("# file: ")]
-    assert len(quoted) == 3
+    assert len(quoted) == 5  # the example plugin (pyproject, plugin, impl) and the seed-style one (plugin, impl)
     for block in quoted:
         header, body = block.split("\n", 1)
         path = REPO / header.removeprefix("# file: ").strip()

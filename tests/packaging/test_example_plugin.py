@@ -1,4 +1,5 @@
-"""The third-party example plugin, pip-installed into a fresh environment, found and run."""
+"""The third-party example plugins, pip-installed into one fresh environment, found and run: the
+example (``forward(self, call)``) and the seed-style one (EasyDeL's ``forward_native(self, q, k, v, ...)``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from venvtools import Venv
 # (session fixtures) are built once, not once per worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fresh_venvs")]
 
-REQUIREMENTS = ("jaxattn-vanilla", "jaxattn-example-plugin")
+REQUIREMENTS = ("jaxattn-vanilla", "jaxattn-example-plugin", "jaxattn-seed-plugin")
 
 # Runs inside the fresh environment: by name and by alias, against the oracle, and checks
 # that a feature it does not declare is declined with a reason instead of being ignored.
@@ -46,6 +47,22 @@ except jaxattn.UnsupportedError as err:
 else:
     raise AssertionError("the example impl silently accepted a sliding window")
 
+# The seed-style backend: by name and alias, the scale read from its metadata, declines with reasons.
+assert type(jaxattn.get_impl("seed_dense")).__module__ == "jaxattn_seed.impl"
+for name, scale in (("seed_example", None), ("seed_dense", 0.2)):
+    out = jaxattn.attention(q, k, v, impl=name, causal=True, softmax_scale=scale)
+    want = oracle.attention(*(np.asarray(x, np.float64) for x in (q, k, v)), causal=True, softmax_scale=scale).output
+    err = float(np.max(np.abs(np.asarray(out, np.float64) - want)))
+    assert err < 1e-5, (name, err)
+jitted = jax.jit(lambda q, k, v: jaxattn.attention(q, k, v, impl="seed_example", causal=True))(q, k, v)
+assert float(np.max(np.abs(np.asarray(jitted, np.float64) - ref))) < 1e-5
+try:
+    jaxattn.attention(q, k, v, impl="seed_example", logits_soft_cap=30.0)
+except jaxattn.UnsupportedError as err:
+    assert any("soft cap" in r for r in err.reasons), err.reasons
+else:
+    raise AssertionError("the seed-style impl silently accepted a soft cap")
+
 # auto prefers the real backends: the example declares the lowest priority. jaxattn-vanilla
 # brings autoregressive_decodeattn (priority 60 on a CPU, calls of T <= 16 queries: this one
 # has 12), blockwise (10, every length: a prefill of 64 queries) and vanilla (0).
@@ -54,7 +71,7 @@ for t, expected in ((12, "autoregressive_decodeattn"), (64, "blockwise")):
     explained = jaxattn.explain(qt, k, v, causal=True)
     assert explained.chosen == expected, (t, explained.chosen)
     accepted = [c.name for c in explained.candidates if c.accepted or c.chosen]
-    assert accepted[-1] == "example", (t, accepted)
+    assert accepted[-2:] == ["seed_example", "example"], (t, accepted)
 print("example plugin ok")
 """
 
@@ -100,15 +117,24 @@ from jaxattn.testing.conformance import ConformanceSuite
 class TestExampleConformance(ConformanceSuite):
     impl_name = "example_dense"
     dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16")
+
+
+class TestSeedStyleConformance(ConformanceSuite):
+    impl_name = "seed_dense"
+    dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16")
 """
 
 
 def test_passes_the_conformance_suite_as_a_third_party(venv: Venv, tmp_path: Path) -> None:
-    # What a plugin author does in their own repository: subclass the suite, run pytest.
+    # What a plugin author does in their own repository: subclass the suite, run pytest (both
+    # plugins' suites in one run: each fresh-venv pytest costs a jax import and its compiles).
     (tmp_path / "test_example_conformance.py").write_text(CONFORMANCE)
-    result = venv.run("-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path), check=False, timeout=900)
+    result = venv.run("-m", "pytest", "-v", "-p", "no:cacheprovider", str(tmp_path), check=False, timeout=900)
     summary = result.stdout.strip().splitlines()[-1]
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in summary and "failed" not in summary, summary
     # Features the example does not declare are declined (skipped with a reason), not ignored.
     assert " skipped" in summary, summary
+    for suite in ("TestExampleConformance", "TestSeedStyleConformance"):  # both ran, with the contract checks
+        for test in ("test_forward_form", "test_output_contract[float32]", "test_output_contract[bfloat16]"):
+            assert f"{suite}::{test} PASSED" in result.stdout, (suite, test, result.stdout[-3000:])

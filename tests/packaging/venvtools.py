@@ -30,7 +30,7 @@ from types import ModuleType
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[2]
-TEST_PACKAGES = (REPO / "tests" / "example_plugin", REPO / "tests" / "broken_plugin")
+TEST_PACKAGES = tuple(REPO / "tests" / name for name in ("example_plugin", "seed_plugin", "broken_plugin"))
 
 # Variables of the calling environment that would leak into, or reconfigure, the fresh one.
 # (Bytecode is written: each fresh venv compiles jax once instead of on every import.)

@@ -22,7 +22,10 @@ from .capabilities import PLATFORM_TOKENS, Feature
 from .errors import PluginError
 from .names import normalize_name
 
-__all__ = ["CLASS_FIELDS", "KINDS", "DeclarationError", "ImplRef", "check_declaration"]
+__all__ = ["CLASS_FIELDS", "KINDS", "RESERVED", "DeclarationError", "ImplRef", "check_declaration"]
+
+#: The name no impl may take: it means "choose" wherever a name is accepted.
+RESERVED = "auto"
 
 #: The op kinds a backend can serve.
 KINDS = ("dense", "paged")
@@ -136,8 +139,11 @@ def _features(what: str, features: Collection[Feature | str]) -> frozenset[Featu
 
 def check_declaration(what: str, names: tuple[str, ...], platforms: tuple[str, ...], kind: str) -> None:
     """Raise ``PluginError`` unless an impl has a name, a known kind and known platforms."""
-    if not names:
-        raise PluginError(f"{what}: declares no name")
+    if not names or "" in names:
+        raise PluginError(f"{what}: declares {'an empty' if names else 'no'} name; an impl needs a name (names=(...))")
+    if RESERVED in names:
+        raise PluginError(f"{what}: the name {RESERVED!r} is reserved (impl='auto' means: let jaxattn choose); "
+                          "give the impl a name of its own")
     if kind not in KINDS:
         raise PluginError(f"{what}: kind {kind!r} is not one of {KINDS}")
     unknown = set(platforms) - PLATFORM_TOKENS

@@ -118,14 +118,17 @@ def _evaluate(problem: Problem, metadata: AttentionMetadata) -> list[Candidate]:
         if provider.kind != problem.kind:
             continue
         here = id(provider) in best_here
-        if not here and provider.runs_on(platform, vendor):
+        broken = provider.error is not None and provider.runs_on(platform, vendor)
+        if not here and provider.runs_on(platform, vendor) and not broken:
             continue  # a lower-priority provider of a name served here by another
         reasons: list[str] = []
         fallback: list[str] = []
         fallback_impl = None
         notes: list[str] = []
         priority = provider.priority
-        if not here:
+        if broken:  # refused when its class was loaded: listed, with why, never left out silently
+            reasons.append(f"failed to load: {type(provider.error).__name__}: {provider.error}")
+        elif not here:
             reasons.append(f"runs on {'/'.join(provider.platforms)}, not {platform}")
         else:
             try:
@@ -153,7 +156,7 @@ def _evaluate(problem: Problem, metadata: AttentionMetadata) -> list[Candidate]:
         rows.append(Candidate(
             name=provider.name, origin=provider.origin, priority=priority, platforms=provider.platforms,
             reasons=tuple(reasons), fallback=tuple(fallback), fallback_impl=fallback_impl, notes=tuple(notes),
-            here=here,
+            here=here or broken,
         ))
     return sorted(rows, key=lambda c: (not c.here, *_rank_key(c)))
 
@@ -270,7 +273,13 @@ def _auto_run(auto: Backend[Any], call: AttentionCall | PagedCall) -> AttentionO
             plan = _choices.get(key)
             if plan is None:
                 plan = _choices[key] = auto.plan(call.problem)
-            out = plan.checked(plan.forward(call))
+            try:
+                out = plan.forward(call)
+            except JaxattnError:  # the call's own fault (bad values, a refused gradient): the caller's to see
+                raise
+            except Exception as err:  # a backend's kernel that raises on a call it accepted broke its contract
+                raise PluginError(f"impl {plan.name!r} raised {type(err).__name__}: {err}") from err
+            out = plan.checked(out)
         except PluginError as err:  # the chosen backend broke its contract: the next one runs
             _skip_fault(call.problem, auto.metadata, _chosen_name(call.problem, auto.metadata), err)
             continue

@@ -248,6 +248,8 @@ def register_impl_class(impl_cls: Any, *, replace: bool = False) -> Provider:
     with _lock:
         provider = Provider.from_source(impl_cls, RUNTIME_PLUGIN, None, None)
         provider.explicit = True  # the program's own choice: it may shadow any name at another priority
+        if provider.error is not None:  # a forward of neither form: refused now, not at the first call
+            raise provider.error
         if replace:
             for other in list(state.registry.conflicting(provider)):
                 state.registry.remove(other)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .backend.base import Backend
+from .backend.forms import ACCEPTED, forward_problems
 from .capabilities import platform_matches
 from .declaration import DeclarationError, ImplRef, check_declaration
 from .errors import ImplNotFoundError, PluginError
@@ -63,9 +64,11 @@ class Provider:
             # A class bound to its declaration takes the names it declares over from there too.
             own = source.__dict__.get("declaration")
             overrides = tuple(n for n in own.overrides if n in names) if own is not None else ()
-            return cls(names, platforms, source.priority, source, plugin, distribution, version,
-                       source.description or (source.__doc__ or "").strip().split("\n")[0], source.kind,
-                       overrides, _cls=source)
+            provider = cls(names, platforms, source.priority, source, plugin, distribution, version,
+                           source.description or (source.__doc__ or "").strip().split("\n")[0], source.kind,
+                           overrides, _cls=source)
+            provider.error = provider.refusal(source)
+            return provider
         raise PluginError(
             f"plugin {plugin!r} registered {source!r}; expected an AttentionImpl or PagedAttentionImpl subclass, "
             "or a jaxattn.ImplRef"
@@ -103,7 +106,7 @@ class Provider:
 
     def load(self) -> type[Backend[Any]]:
         """The impl class (imports its module on first use); re-raises a load failure."""
-        if self._cls is not None:
+        if self._cls is not None and self.error is None:
             return self._cls
         if self.error is not None:
             raise PluginError(f"impl {self.name!r} from {self.origin} failed to load: "
@@ -117,6 +120,9 @@ class Provider:
             self.error = err
             raise PluginError(f"impl {self.name!r} from {self.origin} failed to load: "
                               f"{type(err).__name__}: {err}") from err
+        self.error = self.refusal(impl_cls) if not disagreements else None
+        if self.error is not None:
+            raise self.error
         if disagreements:
             self.error = DeclarationError(
                 f"impl {self.name!r} from {self.origin}: its class {self.source.target!r} disagrees with its "
@@ -126,6 +132,15 @@ class Provider:
             raise self.error
         self._cls = impl_cls
         return impl_cls
+
+    def refusal(self, impl_cls: type[Backend[Any]]) -> DeclarationError | None:
+        """The error that refuses a class whose forwards have neither accepted form (see
+        ``jaxattn.backend.forms``), or None: found when the class is loaded, never in a call."""
+        problems = forward_problems(impl_cls, Backend)
+        if not problems:
+            return None
+        return DeclarationError(f"impl {self.name!r} from {self.origin} ({impl_cls.__module__}.{impl_cls.__qualname__}"
+                                f"): {'; '.join(problems)}. A forward takes one of two forms: {ACCEPTED}")
 
     def _disagreements(self, impl_cls: Any) -> list[str]:
         """Where the class differs from what its ``ImplRef`` states: a class bound to the ref

@@ -88,7 +88,7 @@ def split_forward(forward: Plan, backward: Plan | None, refusal: Sequence[str]) 
 
 
 class SplitGradImpl(AttentionImpl):
-    """Runs ``forward`` for the output and ``backward`` (forward and backward) under differentiation.
+    """Runs ``primal`` for the output and ``backward`` (forward and backward) under differentiation.
 
     ``backward=None``: nothing can differentiate the call; differentiating it raises
     ``UnsupportedError`` with ``refusal`` (every candidate's reasons). Its plan for a problem is
@@ -98,7 +98,7 @@ class SplitGradImpl(AttentionImpl):
     def __init__(self, forward: AttentionImpl, backward: AttentionImpl | None,
                  refusal: Sequence[str] = ()) -> None:
         super().__init__(forward.metadata, forward.device)
-        self.forward, self.backward, self.refusal = forward, backward, tuple(refusal)
+        self.primal, self.backward, self.refusal = forward, backward, tuple(refusal)
 
     @classmethod
     def get_impl_name(cls) -> str:
@@ -106,12 +106,12 @@ class SplitGradImpl(AttentionImpl):
 
     def __repr__(self) -> str:
         grad = self.backward.name() if self.backward is not None else None
-        return f"<SplitGradImpl forward={self.forward.name()!r} grad={grad!r}>"
+        return f"<SplitGradImpl forward={self.primal.name()!r} grad={grad!r}>"
 
     def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
-        return self.forward.reasons_to_decline(problem)
+        return self.primal.reasons_to_decline(problem)
 
     def plan(self, problem: AttentionProblem) -> Plan:
-        first = self.forward.plan(problem)
+        first = self.primal.plan(problem)
         second = None if self.backward is None else self.backward.plan(problem)
-        return Plan(split_forward(first, second, self.refusal), first.name, first.out_shape)
+        return Plan(split_forward(first, second, self.refusal), first.name, first.out_shape, first.out_dtype)

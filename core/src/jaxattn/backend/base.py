@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from ..capabilities import Feature, describe_features, head_dim_reason, platform_matches
@@ -27,7 +28,9 @@ from ..declaration import DeclarationError, ImplRef
 from ..device import DeviceInfo, detect_device
 from ..errors import PluginError, UnsupportedError
 from ..metadata import DEFAULT_METADATA, AttentionMetadata
+from ..names import normalize_name
 from ..problem import Problem
+from .forms import form_of, seed_forward
 
 if TYPE_CHECKING:
     from ..output import AttentionOutput
@@ -120,15 +123,25 @@ class Plan:
     name: str
     #: The shape ``attention_outputs`` must have (checked after every kernel).
     out_shape: tuple[int, ...]
+    #: Its dtype: the call's compute dtype (``metadata.runtime_dtype``, else the inputs').
+    out_dtype: str | None = None
 
-    def checked(self, out: AttentionOutput) -> AttentionOutput:
-        """``out``, the forward's result, if its shape is right: else the backend broke its
-        contract (``PluginError``, which auto answers by running the next backend)."""
-        got = tuple(out.attention_outputs.shape)
+    def checked(self, out: Any) -> AttentionOutput:
+        """``out``, the forward's result, if it is an ``AttentionOutput`` of the right shape and
+        dtype: else the backend broke its contract (``PluginError``, which auto answers by
+        declining the backend for such calls and running the next one)."""
+        values = getattr(out, "attention_outputs", None)
+        if values is None or not hasattr(values, "shape"):
+            raise PluginError(f"impl {self.name!r} returned {type(out).__name__}, not an AttentionOutput: a forward "
+                              "returns jaxattn.backend.AttentionOutput(attention_outputs=...)")
+        got = tuple(values.shape)
         if got != self.out_shape:
             raise PluginError(f"impl {self.name!r} returned attention_outputs of shape {got}, "
                               f"expected {self.out_shape}")
-        return out
+        if self.out_dtype is not None and str(values.dtype) != self.out_dtype:
+            raise PluginError(f"impl {self.name!r} returned attention_outputs of dtype {values.dtype} for a "
+                              f"{self.out_dtype} call: the output is in the call's compute dtype")
+        return out  # type: ignore[no-any-return]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +169,7 @@ class Backend(Generic[P]):
     #: Head dims accepted: an inclusive ``(lo, hi)`` range or a set of sizes.
     head_dims: ClassVar[tuple[int, int] | frozenset[int]] = (1, 1 << 16)
     #: Features beyond plain attention this backend runs exactly (see ``Feature``).
-    features: ClassVar[frozenset[Feature]] = frozenset()
+    features: ClassVar[AbstractSet[Feature]] = frozenset()
     #: Why a feature outside ``features`` is declined, and what runs it instead: added, after the
     #: generic reasons, for each missing feature it names (class-side text, not a declaration).
     why_not: ClassVar[Mapping[Feature, str]] = {}
@@ -190,6 +203,12 @@ class Backend(Generic[P]):
         ``jaxattn.plugins.problems()`` (``jaxattn list``, ``jaxattn info --strict``).
         """
         super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("features")
+        if own is not None and not isinstance(own, frozenset):  # the seed's style: a set, of names too
+            try:
+                cls.features = frozenset(Feature(f) for f in own)
+            except ValueError as err:
+                raise DeclarationError(f"{cls.__qualname__}.features: {err}; features are Feature members") from None
         if declaration is None:
             return
         if declaration.kind != cls.kind:
@@ -214,7 +233,7 @@ class Backend(Generic[P]):
     def names(cls) -> tuple[str, ...]:
         raw = cls.get_impl_name()
         names = (raw,) if isinstance(raw, str) else tuple(raw)
-        return tuple(str(n).lower() for n in names)
+        return tuple(normalize_name(n, "get_impl_name()") for n in names)
 
     @classmethod
     def name(cls) -> str:
@@ -374,7 +393,7 @@ class Backend(Generic[P]):
         grad_reasons = impl.grad_reasons(problem)
         if grad_reasons:  # after the shard_map, so that a sharded call refuses too
             forward = refuse_gradients(forward, impl.name(), grad_reasons)
-        return Plan(forward, impl.name(), self.output_shape(problem))
+        return Plan(forward, impl.name(), self.output_shape(problem), impl.compute_dtype(problem))
 
     def run(self, call: Any) -> AttentionOutput:
         """Run a validated call (an ``AttentionCall`` or ``PagedCall``): its plan, then its forward.
@@ -387,9 +406,19 @@ class Backend(Generic[P]):
         return plan.checked(plan.forward(call))
 
     def route(self) -> Forward:
-        """The ``forward_*`` method for the effective platform: the most specific one the class
-        overrides (cpu: ``forward_cpu``; tpu: ``forward_tpu``; an NVIDIA or AMD GPU:
-        ``forward_cuda`` or ``forward_rocm``, then ``forward_gpu``), else ``forward_native``."""
+        """What runs a call here: ``forward`` when the class overrides it; else the ``forward_*``
+        method for the effective platform, the most specific one the class overrides (cpu:
+        ``forward_cpu``; tpu: ``forward_tpu``; an NVIDIA or AMD GPU: ``forward_cuda`` or
+        ``forward_rocm``, then ``forward_gpu``), else ``forward_native``; a method of the seed's
+        form adapted to take the call (``jaxattn.backend.forms``)."""
+        cls = type(self)
+        if cls.forward is not Backend.forward:
+            return self.forward
+        name = self.platform_forward()
+        return seed_forward(self, name) if form_of(cls, name) == "seed" else getattr(self, name)
+
+    def platform_forward(self) -> str:
+        """The name of the ``forward_<platform>`` method that runs calls here (see ``route``)."""
         names: tuple[str, ...] = ()
         if self.platform == "cpu":
             names = ("forward_cpu",)
@@ -398,34 +427,38 @@ class Backend(Generic[P]):
         elif self.platform == "gpu":
             names = ("forward_rocm" if self.vendor == "rocm" else "forward_cuda", "forward_gpu")
         cls = type(self)
-        for name in names:
-            if getattr(cls, name) is not getattr(Backend, name):
-                return getattr(self, name)  # type: ignore[no-any-return]
-        return self.forward_native
+        return next((name for name in names if getattr(cls, name) is not getattr(Backend, name)), "forward_native")
 
-    # -- per-platform forwards: override the ones you have -----------------------------------
+    # -- the forward: override ``forward``, or the per-platform ones you have -----------------
     # Each takes the call object of the backend's kind (``AttentionCall``, ``PagedCall``:
     # ``jaxattn.call``) and returns an ``AttentionOutput``.
-    def forward_native(self, call: Any) -> AttentionOutput:
+    def forward(self, call: Any) -> AttentionOutput:
+        """Run a validated, accepted call: the one method a backend overrides (what varies by
+        platform is its own business, or the ``forward_<platform>`` methods' below)."""
+        return self.route()(call)
+
+    # Typed ``(*args, **kwargs)`` so that both forms override them (``jaxattn.backend.forms``):
+    # one call argument, or the seed's ``(q, k, v, mask=None, ...)``; each passes on what it got.
+    def forward_native(self, *args: Any, **kwargs: Any) -> AttentionOutput:
         """Portable path; the default target of every other forward."""
         raise NotImplementedError(
             f"impl {self.name()!r} has no forward for platform {self.platform!r} and no forward_native"
         )
 
-    def forward_cpu(self, call: Any) -> AttentionOutput:
-        return self.forward_native(call)
+    def forward_cpu(self, *args: Any, **kwargs: Any) -> AttentionOutput:
+        return self.forward_native(*args, **kwargs)
 
-    def forward_tpu(self, call: Any) -> AttentionOutput:
-        return self.forward_native(call)
+    def forward_tpu(self, *args: Any, **kwargs: Any) -> AttentionOutput:
+        return self.forward_native(*args, **kwargs)
 
-    def forward_gpu(self, call: Any) -> AttentionOutput:
-        return self.forward_native(call)
+    def forward_gpu(self, *args: Any, **kwargs: Any) -> AttentionOutput:
+        return self.forward_native(*args, **kwargs)
 
-    def forward_cuda(self, call: Any) -> AttentionOutput:
-        return self.forward_gpu(call)
+    def forward_cuda(self, *args: Any, **kwargs: Any) -> AttentionOutput:
+        return self.forward_gpu(*args, **kwargs)
 
-    def forward_rocm(self, call: Any) -> AttentionOutput:
-        return self.forward_gpu(call)
+    def forward_rocm(self, *args: Any, **kwargs: Any) -> AttentionOutput:
+        return self.forward_gpu(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name()!r} on {self.platform}>"

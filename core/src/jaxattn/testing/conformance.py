@@ -49,6 +49,7 @@ from jaxattn.errors import UnsupportedError
 from jaxattn.impl import AttentionImpl
 from jaxattn.metadata import AttentionMetadata
 from jaxattn.output import AttentionOutput
+from jaxattn.validation import resolve_call
 
 from . import oracle
 from .cases import (
@@ -64,6 +65,7 @@ from .cases import (
     static_features,
 )
 from .compare import assert_close, to_float64
+from .contract import assert_forward_form, assert_output_contract
 from .mod_conformance import ModConformance
 from .quantized_cases import QUANTIZED_DENSE_CASES, QuantizedCase, quantize_dense_inputs, quantized_to_jax
 from .quick_jit import compiler_options_for_tests
@@ -585,6 +587,29 @@ class ConformanceSuite(ModConformance):
             if not self._supports(arrays, static_features(case)):
                 return
         pytest.fail(f"{self.make_impl()!r} declines every case in {dtype}; is {dtype} in its dtypes?")
+
+    def test_forward_form(self) -> None:
+        """Each forward the impl's class overrides has an accepted form (``jaxattn list`` refuses
+        the class otherwise): one call argument, or the seed's q, k, v taking what it declares."""
+        assert_forward_form(self.make_impl())
+
+    def test_output_contract(self, dtype: str, request: pytest.FixtureRequest) -> None:
+        """The forward itself, unwrapped, returns an ``AttentionOutput`` of the call's shape and
+        compute dtype, on the first case of the matrix it accepts."""
+        impl = self.make_impl()
+        for case in self.cases(self.resolved_level(request.config)):
+            _, arrays = self._prepare(case, dtype)
+            if self._supports(arrays, static_features(case)):
+                continue
+            args: dict[str, Any] = {n: a for n, a in arrays.items() if n != "d_output"}
+            q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
+            call = resolve_call(q, k, v, metadata=impl.metadata, prepare=True, **args, **static_features(case))
+            if impl.fallback_reasons(call.problem):  # another impl runs it: not this forward's output
+                continue
+            with jax.default_matmul_precision("highest"):
+                assert_output_contract(impl, call, case.describe())
+            return
+        pytest.skip(f"declines every case in {dtype} (test_runs_something says whether it should)")
 
     def test_undeclared_features_are_declined(self) -> None:
         """Each feature the impl does not declare is declined, with reasons, when a call needs it."""

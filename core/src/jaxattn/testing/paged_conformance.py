@@ -44,6 +44,7 @@ from . import oracle
 from .cases import DEFAULT_TOLERANCES, DtypeTolerance, Level, magnitude_inputs
 from .compare import assert_close, to_float64
 from .conformance import STRICT_MODES
+from .contract import assert_forward_form, assert_output_contract
 from .paged_cases import PagedCase, make_paged_inputs, paged_cases_for, paged_features, poison_unread, query_counts
 from .quantized_cases import QUANTIZED_PAGED_CASES, QuantizedCase, quantize_paged_inputs, quantized_to_jax
 from .quick_jit import compiler_options_for_tests
@@ -249,6 +250,24 @@ class PagedConformanceSuite:
         assert np.all(to_float64(got)[zero_rows] == 0), f"{label}: rows that see no key (or padding) are not zero"
 
     # -- the tests -----------------------------------------------------------------------
+    def test_forward_form(self) -> None:
+        """Each forward the impl's class overrides takes one argument, the ``PagedCall``."""
+        assert_forward_form(self.make_impl())
+
+    def test_output_contract(self, dtype: str) -> None:
+        """The forward itself, unwrapped, returns an ``AttentionOutput`` of the call's shape and
+        compute dtype, on the first case it accepts."""
+        impl = self.make_impl()
+        for case in self.cases(self.resolved_level()):
+            arrays = _to_jax(make_paged_inputs(case, dtype), dtype)
+            if self._supports(case, arrays):
+                continue
+            args, kwargs = self._split(case, arrays)
+            with jax.default_matmul_precision("highest"):
+                assert_output_contract(impl, impl.validate(*args, prepare=True, **kwargs), case.describe())
+            return
+        pytest.skip(f"declines every case in {dtype}")
+
     def test_forward(self, paged_case: PagedCase, dtype: str) -> None:
         np_arrays = make_paged_inputs(paged_case, dtype)
         arrays = _to_jax(np_arrays, dtype)

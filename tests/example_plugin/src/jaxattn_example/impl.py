@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxattn import AttentionCall, AttentionImpl, AttentionOutput
+from jaxattn.backend import AttentionCall, AttentionImpl, AttentionOutput
 
 from .plugin import EXAMPLE
 
@@ -22,7 +22,7 @@ class ExampleAttention(AttentionImpl, declaration=EXAMPLE):
     Its names, platforms, priority and capabilities are those ``EXAMPLE`` declares.
     """
 
-    def forward_native(self, call: AttentionCall) -> AttentionOutput:
+    def forward(self, call: AttentionCall) -> AttentionOutput:
         # The core has validated the call, resolved softmax_scale, made mask/bias rank 4 and
         # declined every feature not in `features`: the call's other options are all unset.
         q, k, v, mask, bias = call.q, call.k, call.v, call.mask, call.bias

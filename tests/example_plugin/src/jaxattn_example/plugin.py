@@ -8,7 +8,7 @@ asked for.
 
 from __future__ import annotations
 
-from jaxattn import Feature, ImplRef, hookimpl
+from jaxattn.backend import Feature, ImplRef, hookimpl
 
 __all__ = ["EXAMPLE", "jaxattn_register_impls"]
 
