@@ -24,7 +24,10 @@ what it needs of ``attention()``: padding lengths, top-left alignment (both lowe
 validation, into segment ids, a mask or a window) and ``return_lse`` (docs/drop-in.md);
 raised by 130 to 5,450 for auto's shipped priors (``jaxattn.tuning``: their format check, lookup
 and precedence, and the call-class key and record check moved in from jaxattn-bench so both
-read them alike; docs/tuning.md, "Shipped priors").
+read them alike; docs/tuning.md, "Shipped priors");
+raised by 150 to 5,600 for the forms of a forward (``jaxattn.backend.forms``: the seed's form
+adapted, a forward of neither form refused when its class loads) and the contract checks of a
+backend at run time (its output's type and dtype; auto declining one that raises).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5450
+BUDGET = 5600
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

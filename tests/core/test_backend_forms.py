@@ -165,12 +165,6 @@ class TwoArgs(PlainImpl):
         raise AssertionError("never called")
 
 
-class NoForward(AttentionImpl):
-    @classmethod
-    def get_impl_name(cls) -> str:
-        return "no_forward"
-
-
 class SwallowsTheWindow(SeedStyle):
     features = frozenset({Feature.CAUSAL, Feature.SLIDING_WINDOW})
 
@@ -190,7 +184,6 @@ class SeedForward(PlainImpl):
 
 @pytest.mark.parametrize(("impl_cls", "why"), [
     (TwoArgs, r"forward_native\(self, q: 'Any', k: 'Any'\) -> 'AttentionOutput' has neither form"),
-    (NoForward, "it overrides no forward"),
     (SwallowsTheWindow, r"takes no argument sliding_window \(it declares Feature.SLIDING_WINDOW\)"),
     (SeedForward, "takes q, k, v, which only a dense impl's forward_<platform> may"),
 ])

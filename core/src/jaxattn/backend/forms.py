@@ -9,7 +9,7 @@
   the class declares as the keyword(s) of ``SEED_KEYWORDS``, which its forward must name (a
   declared feature swallowed by ``**ignore`` would be computed wrong, silently).
 
-A forward of neither form, or a class with no forward, is refused when the class is loaded
+A forward of neither form is refused when the class is loaded
 (``Registry`` records a ``DeclarationError`` naming the impl and both forms), so no call ever
 meets a ``TypeError`` from inside it.
 """
@@ -107,9 +107,9 @@ def _shown(cls: type, name: str) -> str:
 def forward_problems(cls: Any, base: type) -> list[str]:
     """What is wrong with the forwards of ``cls`` (a subclass of ``base``, ``Backend``): empty
     when each one it overrides has an accepted form and takes what its class declares."""
+    # A class that overrides none is not refused: its calls raise "has no forward" (a declaration-only
+    # class is a fine thing to list), and auto declines it for such calls with that reason.
     mine = [n for n in FORWARDS if getattr(cls, n, None) is not getattr(base, n)]
-    if not mine:
-        return ["it overrides no forward"]
     out = []
     for name in mine:
         form = form_of(cls, name)
@@ -117,7 +117,7 @@ def forward_problems(cls: Any, base: type) -> list[str]:
             out.append(f"{_shown(cls, name)} has neither form")
         elif form == "seed" and (name == "forward" or cls.kind != "dense"):
             out.append(f"{_shown(cls, name)} takes q, k, v, which only a dense impl's forward_<platform> may")
-        elif form == "seed":
+        elif form == "seed" and _fixed_form(cls, name) == "seed":  # one passing its arguments on is not asked
             named = _named(_parameters(cls, name) or [])
             missing = [f"{kw} (it declares Feature.{f.name})" for f in sorted(cls.features, key=str)
                        for kw in SEED_KEYWORDS.get(f, ()) if kw not in named]

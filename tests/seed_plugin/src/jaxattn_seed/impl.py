@@ -36,9 +36,14 @@ class SeedAttention(AttentionImpl):
         t, s, groups = q.shape[1], k.shape[1], q.shape[2] // k.shape[2]
         k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
         scale = self.metadata.softmax_scale or q.shape[-1] ** -0.5
-        logits = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * scale
+        logits = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32)
+        # The scale waits until the row's max is subtracted: a fused `logits * scale - max`
+        # overflows exp() for logits of a large magnitude (NaN from finite inputs). A bias adds
+        # to scaled logits, so with one the scale comes first.
+        factor = jnp.asarray(scale, jnp.float32)
         if bias is not None:
-            logits = logits + bias.astype(jnp.float32)
+            logits = logits * factor + bias.astype(jnp.float32)
+            factor = jnp.asarray(1.0, jnp.float32)
         keep = jnp.ones((1, 1, t, s), bool)
         if mask is not None:
             keep = keep & mask
@@ -47,7 +52,7 @@ class SeedAttention(AttentionImpl):
         logits = jnp.where(keep, logits, -jnp.inf)
         # A row with nothing to attend to has max -inf: use 0 so exp() gives zeros, not NaN.
         row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-        weights = jnp.exp(logits - jnp.where(jnp.isfinite(row_max), row_max, 0.0))
+        weights = jnp.exp((logits - jnp.where(jnp.isfinite(row_max), row_max, 0.0)) * factor)
         total = jnp.sum(weights, axis=-1, keepdims=True)
         probs = weights / jnp.where(total == 0.0, 1.0, total)
         out = jnp.einsum("bhts,bshd->bthd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
