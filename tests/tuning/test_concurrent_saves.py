@@ -72,3 +72,20 @@ def test_a_store_merges_what_another_saved_meanwhile() -> None:
     assert {k: sorted(e.results) for k, e in back.entries.items()} == {short: ["a", "c"], long: ["b"]}
     assert back.entries[short].results["c"].fwd_ms == 3.0
     assert back.plugins["p"] == {"x": 1, "y": 2}
+
+
+def test_clear_forgets_what_is_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``clear()`` then ``save()`` empties this device's section: saves merge with the file as it
+    is, so a cleared store must not take the file's records back."""
+    from jaxattn_bench.store import TuningStore
+
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path))
+    first = TuningStore.load()
+    first.update_plugin("probe", {"x": 1})
+    first.save()
+    assert TuningStore.load().plugins == {"probe": {"x": 1}}
+    cleared = TuningStore.load()
+    cleared.clear()
+    cleared.save()
+    assert TuningStore.load().plugins == {}
+    assert TuningStore.load().entries == {}

@@ -65,6 +65,16 @@ class TuningStore(TuningCache):
         # What this store recorded since it was loaded: what save() merges into the file as it is then.
         self._recorded: dict[str, Entry] = {}
         self._updated: dict[str, dict[str, Any]] = {}
+        self._cleared = False  # clear(): save() writes this device's section anew, not merged
+
+    def clear(self) -> None:
+        """Forget this device's measurements and plugin values; ``save()`` then replaces them in
+        the file (others' sections stay), rather than merging them back from it."""
+        self.entries.clear()
+        self.plugins.clear()
+        self._recorded.clear()
+        self._updated.clear()
+        self._cleared = True
 
     def _changes(self) -> tuple[dict[str, Entry], dict[str, dict[str, Any]]]:
         return self._recorded, self._updated
@@ -95,6 +105,9 @@ class TuningStore(TuningCache):
         loaded) and apply this store's own records and plugin values on top of it."""
         recorded, updated = self._changes()
         now = TuningCache.load(self.path, self.environment)
+        if self._cleared:  # this device's section as cleared, then what was recorded since
+            now.entries.clear()
+            now.plugins.clear()
         for key, mine in recorded.items():
             entry = now.entries.get(key)
             if entry is None:

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         check_writable(default_cache_path())  # before anything is measured (TuningCacheError: one line, exit 2)
     if args.clear:
         cache = TuningStore.load()
-        cache.entries.clear()
+        cache.clear()
         cache.save()
         printer.line(f"cleared the measurements of {cache.environment.describe()} in {cache.path}")
         return 0
