@@ -27,7 +27,9 @@ and precedence, and the call-class key and record check moved in from jaxattn-be
 read them alike; docs/tuning.md, "Shipped priors");
 raised by 150 to 5,600 for the forms of a forward (``jaxattn.backend.forms``: the seed's form
 adapted, a forward of neither form refused when its class loads) and the contract checks of a
-backend at run time (its output's type and dtype; auto declining one that raises).
+backend at run time (its output's type and dtype; auto declining one that raises); raised by 20 to
+5,620 for tree masks on paged calls (``ragged_paged_attention(mask_mod=)``: its check and the call's
+field).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5600
+BUDGET = 5620
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

@@ -217,6 +217,7 @@ def ragged_paged_attention(
     softmax_aux: Any = None,
     k_scale: Any = None,
     v_scale: Any = None,
+    mask_mod: Callable[..., Any] | None = None,
     metadata: AttentionMetadata | None = None,
 ) -> Any:
     """Attention of a ragged batch over a paged KV cache (vLLM-TPU style): ``(num_tokens, Hq, Dv)``.
@@ -232,11 +233,16 @@ def ragged_paged_attention(
     The cache may be quantized (int8, float8_e4m3fn, float8_e5m2; ``jaxattn.quantize_kv``) with
     float32 ``k_scale`` and ``v_scale`` broadcastable against ``(num_pages, page_size, Hkv)``: it
     means ``values.astype(float32) * scale[..., None]``; scales past a sequence's length are unread.
+
+    ``mask_mod(seq, h, q_pos, kv_pos) -> bool`` (positions within the sequence) narrows what each
+    query sees, ANDed with the causal rule: a tree mask over a speculative step's draft tokens.
     """
     md = as_metadata(metadata)
     features = {"kv_pages": kv_pages, "cu_q_lens": cu_q_lens, "num_seqs": _num_seqs(num_seqs),
                 "sliding_window": sliding_window, "softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap,
                 "softmax_aux": softmax_aux, "k_scale": k_scale, "v_scale": v_scale}
+    if mask_mod is not None:
+        features["mask_mod"] = mask_mod
     return _run_paged(_paged_impl(impl, md), q, k_pages, v_pages, page_table, kv_lengths, features, md)
 
 

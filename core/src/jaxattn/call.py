@@ -130,6 +130,9 @@ class PagedCall:
     #: custom VJP that refuses gradients, shard_map, the caller's jit). When it equals the table's
     #: rows (``problem.num_seqs``), no kernel needs to mask rows past num_seqs.
     static_num_seqs: int | None = None
+    #: ``mask_mod(seq, h, q_pos, kv_pos) -> bool`` over positions within each sequence (a tree mask
+    #: over a speculative step's new tokens), ANDed with the causal rule; checked once per signature.
+    mask_mod: Any = None
 
     ARRAYS: ClassVar[tuple[str, ...]] = ("q", "k_pages", "v_pages", "page_table", "kv_lengths", "cu_q_lens",
                                          "num_seqs", "softmax_aux", "k_scale", "v_scale")
@@ -154,4 +157,6 @@ class PagedCall:
         }
         if self.k_scale is not None:
             out["k_scale"], out["v_scale"] = self.k_scale, self.v_scale
+        if self.mask_mod is not None:
+            out["mask_mod"] = self.mask_mod
         return out

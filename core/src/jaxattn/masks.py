@@ -235,17 +235,19 @@ def block_mask(mask_mod: MaskMod, B: int, Hq: int, T: int, S: int, *, block_q: i
 _checked: dict[tuple[Any, ...], bool] = {}
 
 
-def _check_mod(name: str, fn: Any, b: int, hq: int, t: int, s: int) -> bool:
+def _check_mod(name: str, fn: Any, b: int, hq: int, t: int, s: int, paged: bool = False) -> bool:
     """Trace ``fn`` once (``jax.make_jaxpr``) at the call's index shapes: it must take the
     arguments and return booleans broadcastable to ``(B, Hq, T, S)`` (mask_mod) or a floating
     score of the logits' shape ``(B, Hq, T, S)`` (score_mod). Returns whether it is *static*:
     it closes over no traced array and its result does not vary with ``b`` (a kernel that
-    takes masks as host data, such as splash's, can evaluate it when it is built)."""
+    takes masks as host data, such as splash's, can evaluate it when it is built). ``paged``:
+    a paged call's mask_mod, called per query row with ``(1,1,1)``, ``(1,Hq,1)``, ``(1,1,1)``,
+    ``(1,1,S)`` (``s``: the table's capacity)."""
     args = "(b, h, q_idx, kv_idx)" if name == "mask_mod" else "(score, b, h, q_idx, kv_idx)"
     if not callable(fn):
         raise InvalidTypeError(name, f"must be a function {args}, got {type(fn).__name__}",
                                "see jaxattn.masks for constructors")
-    key: tuple[Any, ...] = (name, fn, b, hq, t, s)
+    key: tuple[Any, ...] = (name, fn, b, hq, t, s, paged)
     try:
         if key in _checked:
             return _checked[key]
@@ -254,7 +256,10 @@ def _check_mod(name: str, fn: Any, b: int, hq: int, t: int, s: int) -> bool:
     import jax
     import jax.numpy as jnp
 
-    shapes = [(b, 1, 1, 1), (1, hq, 1, 1), (1, 1, t, 1), (1, 1, 1, s)]
+    shapes: list[tuple[int, ...]] = [(b, 1, 1, 1), (1, hq, 1, 1), (1, 1, t, 1), (1, 1, 1, s)]
+    grid: tuple[int, ...] = (b, hq, t, s)
+    if paged:
+        shapes, grid = [(1, 1, 1), (1, hq, 1), (1, 1, 1), (1, 1, s)], (1, hq, s)
     example = [jax.ShapeDtypeStruct(shape, jnp.int32) for shape in shapes]
     if name == "score_mod":
         example.insert(0, jax.ShapeDtypeStruct((b, hq, t, s), jnp.float32))
@@ -267,11 +272,11 @@ def _check_mod(name: str, fn: Any, b: int, hq: int, t: int, s: int) -> bool:
     shape, dtype = getattr(out, "shape", None), str(getattr(out, "dtype", ""))
     if name == "mask_mod":
         try:
-            fits = shape is not None and len(shape) <= 4 and jnp.broadcast_shapes(shape, (b, hq, t, s)) == (b, hq, t, s)
+            fits = shape is not None and len(shape) <= len(grid) and jnp.broadcast_shapes(shape, grid) == grid
         except ValueError:
             fits = False
         if dtype != "bool" or not fits:
-            raise InvalidInputError(name, f"must return booleans broadcastable to (B, Hq, T, S) = {(b, hq, t, s)}, "
+            raise InvalidInputError(name, f"must return booleans broadcastable to {grid}, "
                                     f"got {dtype or type(out).__name__} {shape}", hint)
     elif shape != (b, hq, t, s) or not jnp.issubdtype(dtype or "object", jnp.floating):
         raise InvalidInputError(name, f"must return a floating score of the logits' shape (B, Hq, T, S) = "
@@ -283,6 +288,12 @@ def _check_mod(name: str, fn: Any, b: int, hq: int, t: int, s: int) -> bool:
             _checked.clear()
         _checked[key] = static
     return static
+
+
+def check_paged_mask_mod(mask_mod: Any, hq: int, capacity: int) -> None:
+    """A paged call's mask_mod (``mask_mod(seq, h, q_pos, kv_pos) -> bool``, positions within the
+    sequence), checked once per function and shapes; ``InvalidInputError`` naming it otherwise."""
+    _check_mod("mask_mod", mask_mod, 1, hq, 1, capacity, paged=True)
 
 
 def check_mods(problem: Any, mask_mod: Any, score_mod: Any, block: Any) -> Any:

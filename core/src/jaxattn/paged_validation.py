@@ -165,6 +165,7 @@ def resolve_paged_call(
     softmax_aux: Any = None,
     k_scale: Any = None,
     v_scale: Any = None,
+    mask_mod: Any = None,
     metadata: AttentionMetadata | None = None,
     prepare: bool = False,
 ) -> PagedCall:
@@ -224,8 +225,12 @@ def resolve_paged_call(
         num_seqs=n, num_tokens=num_tokens, queries_per_seq=queries_per_seq, heads_q=hq, heads_kv=hkv, head_dim=d,
         head_dim_v=dv, dtype=dtype_name(md.runtime_dtype or q.dtype), page_size=page_size, num_pages=num_pages,
         pages_per_seq=pages_per_seq, kv_layout=layout, sliding_window=window, logits_soft_cap=cap,
-        sinks=softmax_aux is not None, kv_dtype=kv_dtype,
+        sinks=softmax_aux is not None, kv_dtype=kv_dtype, mask_mod=mask_mod is not None,
     )
+    if mask_mod is not None:  # traced once per function and shapes (jaxattn.masks)
+        from .masks import check_paged_mask_mod
+
+        check_paged_mask_mod(mask_mod, hq, pages_per_seq * page_size)
     count = int(np.asarray(num_seqs).reshape(-1)[0]) if is_concrete(num_seqs) else None
     _check_values(problem, page_table, kv_lengths, cu_q_lens, count)
     if layout == "combined":
@@ -254,5 +259,5 @@ def resolve_paged_call(
         kv_lengths=kv_lengths, cu_q_lens=cu_q_lens, num_seqs=num_seqs, kv_layout=layout,
         queries_per_seq=queries_per_seq, softmax_scale=scale if scale is not None else float(d) ** -0.5,
         logits_soft_cap=cap, sliding_window=window, softmax_aux=softmax_aux, k_scale=k_scale, v_scale=v_scale,
-        static_num_seqs=count,
+        static_num_seqs=count, mask_mod=mask_mod,
     )

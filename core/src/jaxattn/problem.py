@@ -183,6 +183,7 @@ class PagedProblem:
     sinks: bool = False
     needs_grad: bool = False
     kv_dtype: str | None = None  # the cache's storage dtype when quantized ("int8", "float8_e4m3fn"...), else None
+    mask_mod: bool = False  # a mask_mod over positions within each sequence (tree masks); the call carries it
 
     kind = "paged"
 
@@ -206,6 +207,7 @@ class PagedProblem:
             Feature.RAGGED: self.queries_per_seq is None,
             Feature.GRAD: self.needs_grad,
             Feature.QUANTIZED_KV: self.kv_dtype is not None,
+            Feature.MASK_MOD: self.mask_mod,
         }
         return frozenset(f for f, on in flags.items() if on)
 

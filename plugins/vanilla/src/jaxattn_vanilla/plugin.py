@@ -84,6 +84,7 @@ VANILLA_PAGED = ImplRef(
     features={
         Feature.GQA, Feature.VALUE_DIM, Feature.SLIDING_WINDOW, Feature.SOFT_CAP, Feature.SINKS,
         Feature.MULTI_TOKEN, Feature.RAGGED, Feature.QUANTIZED_KV,
+        Feature.MASK_MOD,  # tree masks over a speculative step's new tokens (positions within the sequence)
     },
 )
 

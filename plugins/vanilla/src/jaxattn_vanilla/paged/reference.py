@@ -15,6 +15,10 @@ gathered, to float32 (float64 for a float64 q), with a select that zeroes every 
 past a sequence's length: its values and scales are unread there and may be NaN. Then the
 float path above attends over it (a full-size copy: this is the reference, not a fast path).
 
+A ``mask_mod(seq, h, q_pos, kv_pos)`` (a tree mask over a speculative step's new tokens) runs
+on the ragged path, evaluated per query row over the sequence's positions and ANDed with the
+causal rule; values no query of the row's KV head sees are selected to zero (they may hold NaN).
+
 Page-table entries are clamped into the pool (entries past a sequence's last page are never
 read: their keys are masked) and lengths to the table's capacity, so a traced call never reads
 out of bounds.
@@ -60,7 +64,8 @@ def _dequantized(values: Array, scale: Array, table: Array, lengths: Array, dtyp
 
 
 def _ragged(q: Array, k_seq: Array, v_seq: Array, seq: Array, pos: Array, valid: Array, lengths: Array,
-            *, scale: float, cap: float | None, window: int | None, aux: Array | None, sdtype: Any) -> Array:
+            *, scale: float, cap: float | None, window: int | None, aux: Array | None, sdtype: Any,
+            mask_mod: Any = None) -> Array:
     """Rows of a ragged batch: row r attends to sequence ``seq[r]``'s keys up to position ``pos[r]``.
 
     Written for one row; ``lax.map`` vectorises it over chunks of rows.
@@ -79,6 +84,14 @@ def _ragged(q: Array, k_seq: Array, v_seq: Array, seq: Array, pos: Array, valid:
         visible = vr & (j <= pr) & live
         if window is not None:
             visible &= j >= pr - window
+        if mask_mod is not None:  # (seq, h, q_pos, kv_pos) as (1,1,1), (1,Hq,1), (1,1,1), (1,1,S)
+            seen = mask_mod(sr.reshape(1, 1, 1), jnp.arange(hq, dtype=jnp.int32).reshape(1, hq, 1),
+                            pr.astype(jnp.int32).reshape(1, 1, 1), j.astype(jnp.int32).reshape(1, 1, capacity))
+            visible = visible & jnp.broadcast_to(jnp.asarray(seen, bool), (1, hq, capacity))[0].reshape(
+                hkv, groups, capacity)
+            read = jnp.any(visible, axis=1).T[:, :, None]  # (S, Hkv, 1): keys the row's KV head reads
+            v = jnp.where(read, v, jnp.zeros((), v.dtype))
+            k = jnp.where(read, k, jnp.zeros((), k.dtype))
         logits = jnp.einsum("kgd,skd->kgs", qr.reshape(hkv, groups, d), k, preferred_element_type=sdtype)
         logits = logits * jnp.asarray(scale, sdtype)
         if cap is not None:
@@ -123,6 +136,7 @@ def paged_reference(
     softmax_dtype: Any = jnp.float32,
     k_scale: Array | None = None,
     v_scale: Array | None = None,
+    mask_mod: Any = None,
 ) -> Array:
     """``(num_tokens, Hq, Dv)`` in q's dtype: the paged call in its ragged form (see the module docstring).
 
@@ -142,7 +156,7 @@ def paged_reference(
     count = num_seqs.reshape(-1)[0].astype(jnp.int32)
     sdtype = jnp.promote_types(jnp.dtype(softmax_dtype), q.dtype)
     num_tokens, hq, _ = q.shape
-    if queries_per_seq is not None:
+    if queries_per_seq is not None and mask_mod is None:
         t = queries_per_seq
         res = vanilla_attention(
             q.reshape(n, t, hq, -1), k_seq, v_seq, causal=True, kv_lengths=lengths,
@@ -163,5 +177,5 @@ def paged_reference(
         hkv = k_seq.shape[2]
         aux = aux.astype(sdtype).reshape(hkv, hq // hkv)
     out = _ragged(q, k_seq, v_seq, seq, pos, valid, lengths, scale=softmax_scale, cap=logits_soft_cap,
-                  window=sliding_window, aux=aux, sdtype=sdtype)
+                  window=sliding_window, aux=aux, sdtype=sdtype, mask_mod=mask_mod)
     return zero_absorbed_heads(jnp.where(valid[:, None, None], out, 0), absorbed, 1).astype(out_dtype)
