@@ -87,7 +87,7 @@ def _ragged(q: Array, k_seq: Array, v_seq: Array, seq: Array, pos: Array, valid:
         if mask_mod is not None:  # (seq, h, q_pos, kv_pos) as (1,1,1), (1,Hq,1), (1,1,1), (1,1,S)
             seen = mask_mod(sr.reshape(1, 1, 1), jnp.arange(hq, dtype=jnp.int32).reshape(1, hq, 1),
                             pr.astype(jnp.int32).reshape(1, 1, 1), j.astype(jnp.int32).reshape(1, 1, capacity))
-            visible = visible & jnp.broadcast_to(jnp.asarray(seen, bool), (1, hq, capacity))[0].reshape(
+            visible = visible[None, None, :] & jnp.broadcast_to(jnp.asarray(seen, bool), (1, hq, capacity))[0].reshape(
                 hkv, groups, capacity)
             read = jnp.any(visible, axis=1).T[:, :, None]  # (S, Hkv, 1): keys the row's KV head reads
             v = jnp.where(read, v, jnp.zeros((), v.dtype))
@@ -100,7 +100,7 @@ def _ragged(q: Array, k_seq: Array, v_seq: Array, seq: Array, pos: Array, valid:
         # operation makes), and their exponents again after the shift: each weighs exactly 0.
         # The row's rule is made rank 3, as the logits (jax_numpy_rank_promotion="raise").
         lowest = jnp.asarray(jnp.finfo(logits.dtype).min, logits.dtype)
-        visible = visible[None, None, :]
+        visible = visible if visible.ndim == 3 else visible[None, None, :]
         row_max = jnp.max(jnp.where(visible, logits, lowest), axis=-1)  # (Hkv, G)
         if aux is not None:
             row_max = jnp.maximum(row_max, aux)
