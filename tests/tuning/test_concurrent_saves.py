@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 WRITER = textwrap.dedent("""
     import sys
     import jax, jax.numpy as jnp
