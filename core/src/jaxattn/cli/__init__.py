@@ -27,8 +27,11 @@ from typing import TextIO, cast
 from jaxattn.commands import Command, Commands
 
 from ._args import (
+    Choices,
     NumericArg,
     OneLineParser,
+    check_impl_names,
+    float_dtype,
     int_list,
     mesh_axes,
     nonneg_float,
@@ -41,9 +44,10 @@ from ._args import (
 from ._output import Printer, Table, dump_json, output_width, wrap
 
 __all__ = [
-    "CORE_COMMANDS", "Command", "Commands", "NumericArg", "OneLineParser", "Printer", "Table", "build_parser",
-    "commands", "dump_json", "int_list", "main", "mesh_axes", "nonneg_float", "nonneg_int", "nonneg_window",
-    "output_width", "positive_float", "positive_int", "probability", "wrap",
+    "CORE_COMMANDS", "Choices", "Command", "Commands", "NumericArg", "OneLineParser", "Printer", "Table",
+    "build_parser", "check_impl_names", "commands", "dump_json", "float_dtype", "int_list", "main",
+    "mesh_axes", "nonneg_float", "nonneg_int", "nonneg_window", "output_width", "positive_float", "positive_int",
+    "probability", "wrap",
 ]
 
 #: The core's commands: name -> module implementing it. Order is the order of ``jaxattn --help``;

@@ -7,6 +7,12 @@ runs, with exit status 2 and one line that names the option, the constraint and 
 example (argparse prefixes the option: ``argument --seqs: ...``). ``tests/cli`` walks every
 parser and fails on an option that escapes the rule.
 
+Names are validated the same way: ``float_dtype`` and ``Choices`` (``--modes fwd,fwdbwd``) as
+``type=``, with "did you mean" for a close name, and ``check_impl_names`` for impl names once
+the command runs (they depend on the installed plugins), before any work. Every parser is a
+``OneLineParser``, which turns argparse's prefix matching off: ``--impl`` is no abbreviation of
+``--impls``.
+
 Standard library only: ``jaxattn --help`` must not import jax.
 """
 
@@ -14,12 +20,18 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
+from jaxattn._dtypes import dtype_name
+from jaxattn.errors import did_you_mean
+
 __all__ = [
+    "Choices",
     "NumericArg",
     "OneLineParser",
+    "check_impl_names",
+    "float_dtype",
     "int_list",
     "mesh_axes",
     "nonneg_float",
@@ -37,6 +49,11 @@ class OneLineParser(argparse.ArgumentParser):
     argparse prints the whole usage first, dozens of lines for ``bench``; the one line keeps
     the option, the constraint and the example, and says where the usage is.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Prefix matching would read a typo of one option as another (--impl as --impls).
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists every option)\n")
@@ -132,3 +149,55 @@ mesh_axes = NumericArg("mesh_axes", _mesh_axes, "mesh axes NAME=SIZE, comma-sepa
 nonneg_window = NumericArg("nonneg_window", _window, "a window W or LEFT,RIGHT of integers >= 0", "128 or 128,0",
                            accepts_zero=True)
 
+
+
+class Choices:
+    """A ``type=`` for one name out of ``choices`` (``many``: a comma-separated list of them),
+    case-insensitive, ``aliases`` mapping other spellings; anything else is argparse's one-line
+    error with the choices and the closest one."""
+
+    def __init__(self, name: str, choices: Sequence[str], *, many: bool = False,
+                 aliases: dict[str, str] | None = None) -> None:
+        self.__name__ = name
+        self.choices, self.many, self.aliases = tuple(choices), many, dict(aliases or {})
+
+    def __call__(self, text: str) -> Any:
+        words = [w.strip().lower() for w in text.split(",")] if self.many else [text.strip().lower()]
+        out = []
+        for word in words:
+            word = self.aliases.get(word, word)
+            if word not in self.choices:
+                raise argparse.ArgumentTypeError(
+                    f"{word!r} is not one of {', '.join(self.choices)}{did_you_mean(word, self.choices)}")
+            out.append(word)
+        return out if self.many else out[0]
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+
+#: The floating dtypes a call computes in (``--dtype``, ``--runtime-dtype``), canonical names out.
+FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
+float_dtype = Choices("float_dtype", FLOAT_DTYPES,
+                      aliases={a: dtype_name(a) for a in ("bf16", "fp16", "half", "fp32", "float")})
+
+
+def check_impl_names(option: str, names: Iterable[str], kind: str | None = None) -> None:
+    """``InvalidInputError`` (one line: exit 2 from any command) for a name no installed plugin
+    provides and no release knows (``AttentionMechanisms``), with the closest names; a command
+    calls it before any work. A known name that nothing installed provides is left to the
+    command, which says what to install. ``kind`` ("dense" or "paged") also refuses a name
+    that only the other op kind provides."""
+    from jaxattn.errors import InvalidInputError
+    from jaxattn.names import AttentionMechanisms
+    from jaxattn.plugins import registry
+
+    reg = registry()
+    known = {n for p in reg.providers for n in p.names} | {m.value for m in AttentionMechanisms}
+    for name in names:
+        if name not in known:
+            raise InvalidInputError(option, f"no impl is named {name!r}{did_you_mean(name, sorted(known))}",
+                                    "`jaxattn list` shows every name")
+        kinds = {p.kind for p in reg.providers_of(name)}
+        if kind is not None and kinds and kind not in kinds:
+            raise InvalidInputError(option, f"{name!r} is a {'/'.join(sorted(kinds))} impl; these calls are {kind}")

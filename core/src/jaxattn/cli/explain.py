@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from ..quantize import KV_DTYPE_FLAGS
-from ._args import mesh_axes, nonneg_window, positive_float, positive_int, probability
+from ._args import float_dtype, mesh_axes, nonneg_window, positive_float, positive_int, probability
 from ._output import Printer, Table, dump_json
 from ._plugins import is_plugin_row
 
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     shapes.add_argument("--heads-kv", type=positive_int, help="Hkv (default: Hq); Hq %% Hkv == 0")
     shapes.add_argument("--head-dim", "-d", type=positive_int, default=128, help="D (default 128)")
     shapes.add_argument("--head-dim-v", type=positive_int, help="Dv, value head dim (default: D)")
-    shapes.add_argument("--dtype", default="bfloat16",
+    shapes.add_argument("--dtype", default="bfloat16", type=float_dtype,
                         help="dtype of q, k, v (default bfloat16)")
 
     features = parser.add_argument_group("features")
@@ -74,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="AttentionMetadata(platform=...) override")
     choice.add_argument("--interpret", action="store_true",
                         help="AttentionMetadata(interpret=True): TPU kernels in interpret mode")
-    choice.add_argument("--runtime-dtype", help="AttentionMetadata(runtime_dtype=...)")
+    choice.add_argument("--runtime-dtype", type=float_dtype, help="AttentionMetadata(runtime_dtype=...)")
     choice.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE",
                         help="AttentionMetadata(extra={KEY: VALUE}), repeatable; e.g. ring_comm=all_gather")
 
@@ -120,8 +120,10 @@ def metadata(args: argparse.Namespace) -> Any:
         return jaxattn.AttentionMetadata(platform=args.platform, interpret=args.interpret,
                                          runtime_dtype=args.runtime_dtype, extra=extra,
                                          mesh=None if args.mesh is None else abstract_mesh(args.mesh), **axes)
-    except ValueError as err:  # an axis that is not one of --mesh's
-        raise jaxattn.InvalidInputError("--mesh", str(err), "name the axes of --mesh") from None
+    except jaxattn.InvalidInputError as err:
+        if not err.argument.endswith("_axis"):
+            raise
+        raise jaxattn.InvalidInputError("--mesh", str(err), "name the axes of --mesh") from None  # not one of its axes
 
 
 def build_call(args: argparse.Namespace) -> tuple[tuple[Any, Any, Any], dict[str, Any]]:
@@ -263,12 +265,21 @@ def run(args: argparse.Namespace) -> int:
     return 0 if explanation.chosen else 1
 
 
+def _nothing(explanation: Any) -> str:
+    """What "runs" says when nothing does: a named impl that declines is not "nothing can run"."""
+    if explanation.requested == "auto":
+        return "nothing can run this call"
+    others = [c.name for c in explanation.candidates if c.here and c.accepted]
+    return (f"{explanation.requested} cannot run this call (" + (f"these can: {', '.join(others)}; or --impl auto)"
+            if others else "nor can any other installed impl)"))
+
+
 def render(explanation: Any, out: Printer) -> None:
     out.pairs([
         ("device", explanation.device),
         ("call", explanation.problem.describe()),
         ("requested", explanation.requested),
-        ("runs", explanation.chosen or "nothing can run this call"),
+        ("runs", explanation.chosen or _nothing(explanation)),
         *[("differentiated", c.grad_impl) for c in explanation.candidates if c.chosen and c.grad_impl],
     ])
     out.line()

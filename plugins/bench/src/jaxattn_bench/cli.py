@@ -14,7 +14,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jaxattn.backend import GRANULARITIES, KV_DTYPE_FLAGS
-from jaxattn.cli import NumericArg, int_list, nonneg_float, nonneg_int, positive_float, positive_int
+from jaxattn.cli import (
+    Choices,
+    NumericArg,
+    check_impl_names,
+    float_dtype,
+    int_list,
+    nonneg_float,
+    nonneg_int,
+    positive_float,
+    positive_int,
+)
 
 from .timing import platform_of  # stdlib-only at import time, like this module
 
@@ -69,7 +79,8 @@ def add_matrix_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("shapes (default: the GPU matrix on accelerators, --quick on CPU)")
     group.add_argument("--quick", action="store_true",
                        help="tiny shapes that run in seconds on a CPU (S 64/128, D 32, 4 heads)")
-    group.add_argument("--dtype", help="bfloat16 (default on GPU/TPU), float16, float32 (default on CPU)")
+    group.add_argument("--dtype", type=float_dtype,
+                       help="bfloat16 (default on GPU/TPU), float16, float32 (default on CPU)")
     group.add_argument("--seqs", type=int_list, help="sequence lengths, e.g. 1k,2k,4k,8k,16k")
     group.add_argument("--head-dims", type=int_list, help="head dims, e.g. 64,128,256")
     group.add_argument("--heads", type=positive_int, help="query heads (default 32, 16 for D=256)")
@@ -127,7 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def add_run_arguments(parser: argparse.ArgumentParser, *, repeats: int = 10, rounds: int = 2) -> None:
     """How programs are timed (shared by ``bench`` and ``tune``; ``tune`` takes more rounds)."""
     run_ = parser.add_argument_group("running")
-    run_.add_argument("--modes", type=_names, default=["fwd", "fwdbwd"], help="fwd, fwdbwd (default both)")
+    run_.add_argument("--modes", type=Choices("modes", ("fwd", "fwdbwd"), many=True), default=["fwd", "fwdbwd"],
+                      help="fwd, fwdbwd (default both)")
     run_.add_argument("--warmup", type=nonneg_int, default=2, help="untimed runs per program (default 2)")
     run_.add_argument("--repeats", type=positive_int, default=repeats,
                       help=f"timed samples per program (default {repeats}); the median is reported")
@@ -222,11 +234,21 @@ def _reference(args: argparse.Namespace, backends: list[str]) -> str | None:
     return next((n for n in ("cudnn", "vanilla") if n in backends), backends[0] if backends else None)
 
 
+def check_impls(args: argparse.Namespace) -> None:
+    """``--impls`` (and ``--reference``) name impls that exist, before anything is measured
+    (``InvalidInputError``: one line, exit 2, with the closest names)."""
+    if args.impls:
+        check_impl_names("--impls", [n for n in args.impls if n != "auto"])
+    if getattr(args, "reference", None):
+        check_impl_names("--reference", [args.reference.strip().lower()])
+
+
 def run(args: argparse.Namespace) -> int:
     from jaxattn.backend import AttentionMetadata
 
     if args.from_json is not None:
         return _plot_saved(args)
+    check_impls(args)
     metadata = AttentionMetadata()
     platform = platform_of(metadata)
     try:

@@ -63,7 +63,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     refused = _heads_error(args)
     if refused:
         parser.error(refused)
-    return run(args)
+    from jaxattn.backend import JaxattnError
+
+    try:
+        return run(args)
+    except JaxattnError as err:  # as `jaxattn demo` reports it: one line, exit 2
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        return 2
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,6 +77,11 @@ def run(args: argparse.Namespace) -> int:
     if refused:  # the one-line form of a parser error (exit status 2), as for every option
         print(f"jaxattn demo: error: {refused}", file=sys.stderr)
         return 2
+    if args.impl is not None:  # an unknown name: "unknown impl", not "nothing can run this call"
+        from jaxattn.cli import check_impl_names
+
+        args.impl = args.impl.strip().lower()
+        check_impl_names("--impl", [args.impl], "dense")
     import jax
     import jax.numpy as jnp
     import numpy as np

@@ -45,9 +45,11 @@ def run(args: argparse.Namespace) -> int:
     from jaxattn.backend import AttentionMetadata
     from jaxattn.cli import Printer
 
+    from .cli import check_impls
     from .records import default_cache_path
     from .store import TuningStore, check_writable
 
+    check_impls(args)  # before the cache is touched or anything measured
     printer = Printer.from_args(args)
     metadata = AttentionMetadata()
     if not args.show:
