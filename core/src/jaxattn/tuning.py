@@ -52,8 +52,9 @@ from .problem import AttentionProblem, Problem
 
 __all__ = [
     "PRIORS_FORMAT", "SPLIT_MARGIN", "TIE_TOLERANCE", "Measurement", "Priors", "TuningCacheWarning", "TuningRecords",
-    "enabled", "on_reload", "package_priors", "parse_measurement", "parse_priors", "plugin_section", "prior_results",
-    "problem_key", "rank_measured", "refine", "reload", "seq_bucket", "shipped_priors", "split_eligible", "warn_once",
+    "enabled", "nearest_priors", "on_reload", "package_priors", "parse_measurement", "parse_priors", "plugin_section",
+    "prior_results", "problem_key", "rank_measured", "refine", "reload", "seq_bucket", "shipped_priors",
+    "split_eligible", "warn_once",
 ]
 
 #: Measured times within this fraction of the fastest are tied: declared priority orders them.
@@ -251,6 +252,10 @@ class Priors:
         return all(str(getattr(device, name) or "") == value for name, value in self.device.items())
 
 
+#: What a prior lookup finds: (the measured key(s), {impl: (its figures, the file)}), or None.
+_Found = tuple[str, dict[str, tuple[Measurement, Priors]]] | None
+
+
 def parse_priors(data: Any, plugin: str) -> Priors:
     """Check a priors file's JSON (see docs/tuning.md) field by field; ValueError names the first bad one."""
     if not isinstance(data, dict) or data.get("format") != PRIORS_FORMAT:
@@ -316,33 +321,46 @@ def _split(key: str) -> tuple[str, int, int, str]:
     return "/".join(head), int(t[1:]).bit_length() - 1, int(s[1:]).bit_length() - 1, features
 
 
-def prior_results(problem: AttentionProblem,
-                  device: DeviceInfo | None = None) -> tuple[str, dict[str, tuple[Measurement, Priors]]] | None:
+def prior_results(problem: AttentionProblem, device: DeviceInfo | None = None, reach: int = PRIOR_REACH) -> _Found:
     """The shipped priors for calls like ``problem`` on ``device`` (default: this one):
-    ``(the key they measured, {impl: (its figures, the file)})``, or None.
-
-    The key is the problem's own or, when no plugin measured that one, the nearest measured
-    key of the same dtype, dims and features whose T and S buckets each lie within
-    :data:`PRIOR_REACH` doublings (ties go to the longer sequences). Every plugin's figures
-    for that one key are merged, so backends are compared on the shape they were timed on.
-    """
+    ``(where they were measured, {impl: (its figures, the file)})``, or None
+    (:func:`nearest_priors` on this device's files)."""
     device = device or detect_device()
-    sources = [p for p in shipped_priors() if p.matches(device)]
-    head, t, s, features = _split(problem_key(problem))
-    best: tuple[tuple[int, int], str] | None = None
-    for key in {k for p in sources for k in p.entries}:
-        head2, t2, s2, features2 = _split(key)
-        if head2 == head and features2 == features and max(abs(t - t2), abs(s - s2)) <= PRIOR_REACH:
-            rank = (abs(t - t2) + abs(s - s2), -(t2 + s2))
-            if best is None or rank < best[0] or (rank == best[0] and key < best[1]):
-                best = (rank, key)
-    if best is None:
+    return nearest_priors(problem_key(problem), [p for p in shipped_priors() if p.matches(device)], reach)
+
+
+def nearest_priors(key: str, sources: list[Priors], reach: int = PRIOR_REACH) -> _Found:
+    """The figures that rank a call of class ``key``: ``(the measured key(s), {impl: (figures, file)})``.
+
+    The call's own key when one was measured; otherwise the measured keys of the same dtype,
+    dims and features whose T and S buckets each lie within ``reach`` doublings, the nearest
+    ones (fewest doublings in all). One nearest key is taken as it is. Several (a call between
+    measured buckets, e.g. S 2048 between S 1024 and S 4096) are blended: each impl measured
+    in every one of them gets the geometric mean of its times there (the midpoint of a line in
+    log-time over log-length), which ranks impls as the geometric mean of their ratios to the
+    fastest of each bucket does; an impl missing from one of them is left unranked, as it
+    cannot be compared fairly. The first element then names the keys, joined by " and ".
+    Every plugin's figures for a key are merged, so backends are compared as they were timed.
+    """
+    head, t, s, features = _split(key)
+    near = {k: abs(t - t2) + abs(s - s2) for k in {k for p in sources for k in p.entries}
+            for head2, t2, s2, features2 in [_split(k)]
+            if head2 == head and features2 == features and max(abs(t - t2), abs(s - s2)) <= reach}
+    if not near:
         return None
-    found: dict[str, tuple[Measurement, Priors]] = {}
-    for p in sources:
-        for impl, m in p.entries.get(best[1], {}).items():
-            found.setdefault(impl, (m, p))
-    return best[1], found
+    closest = min(near.values())
+    keys = sorted((k for k, d in near.items() if d == closest), key=lambda k: (_split(k)[1:3], k))  # shortest first
+    # the first file that times an impl for a key answers for it
+    per_key = [{impl: (m, p) for p in reversed(sources) for impl, m in p.entries.get(k, {}).items()} for k in keys]
+    if len(keys) == 1:
+        return keys[0], per_key[0]
+    blended: dict[str, tuple[Measurement, Priors]] = {}
+    for impl in set.intersection(*(set(f) for f in per_key)):
+        fwd, both = (None if None in v else math.exp(sum(map(math.log, v)) / len(v))
+                     for v in ([getattr(f[impl][0], name) for f in per_key] for name in ("fwd_ms", "fwdbwd_ms")))
+        if fwd is not None or both is not None:
+            blended[impl] = (dataclasses.replace(per_key[0][impl][0], fwd_ms=fwd, fwdbwd_ms=both), per_key[0][impl][1])
+    return " and ".join(keys), blended
 
 
 def refine(pool: list[Candidate], problem: Problem, metadata: AttentionMetadata) -> list[Candidate]:
@@ -366,11 +384,15 @@ def refine(pool: list[Candidate], problem: Problem, metadata: AttentionMetadata)
     if prior is None:
         return pool
     key, shipped = prior
+    # Where the figures come from, when not from the call's own bucket: explain says so.
+    buckets = " and ".join("/".join(k.split("/")[-3:-1]) for k in key.split(" and "))
+    where = "" if key == problem_key(problem) else f"; measured at {buckets}{', geometric mean' * (' and ' in key)}"
     plugins = {p.name: p.plugin for p in available_here(metadata, kind="dense")}
     # A plugin's figures count only for the impls it provides here: each ships what it measured about itself.
     usable = {c.name: shipped[c.name][0] for c in pool
               if c.name in shipped and plugins.get(c.name) == shipped[c.name][1].plugin}
-    sources = {c.name: f"shipped prior ({c.origin}, {shipped[c.name][1].label})" for c in pool if c.name in usable}
+    sources = {c.name: f"shipped prior ({c.origin}, {shipped[c.name][1].label}{where})"
+               for c in pool if c.name in usable}
     return _rank(pool, usable, problem, metadata, sources, f"no shipped prior for {key}") or pool
 
 
