@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxattn.testing import oracle
-from jaxattn_pallas.flash_kernel import flash_attention
+from jaxattn_pallas.flash.kernel import flash_attention
 
 
 def _inputs(b: int, t: int, s: int, hq: int, hkv: int, d: int, seed: int = 0) -> dict[str, np.ndarray]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxattn_pallas.flash_rules import LANES, FlashPlan, plan_flash, sublanes_for
+from jaxattn_pallas.flash.rules import LANES, FlashPlan, plan_flash, sublanes_for
 
 
 def _assert_valid(plan: FlashPlan, rows: int, keys: int, itemsize: int) -> None:

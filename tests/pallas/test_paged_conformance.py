@@ -6,7 +6,7 @@ suite checks its numerics here: every decode case of the matrix, float32 and bfl
 batches, windows, sinks) the suite checks is declined with reasons.
 
 ``ragged_page_attention_v3`` cannot run in interpret mode on jax <= 0.11.2 (see
-``jaxattn_pallas.ragged_rules``): here it must decline every case, with that reason. Its numerics
+``jaxattn_pallas.ragged.rules``): here it must decline every case, with that reason. Its numerics
 are checked over an emulation of the kernel and by lowering it for TPU (``test_ragged.py``).
 """
 
@@ -23,8 +23,8 @@ from jaxattn.metadata import AttentionMetadata
 from jaxattn.testing import oracle
 from jaxattn.testing.paged_cases import make_paged_inputs
 from jaxattn.testing.paged_conformance import PagedConformanceSuite, _to_jax
-from jaxattn_pallas import ragged_rules
-from jaxattn_pallas.paged_decode_kernel import live_rows
+from jaxattn_pallas.decode.kernel import live_rows
+from jaxattn_pallas.ragged import rules as ragged_rules
 
 INTERPRET = AttentionMetadata(platform="tpu", interpret=True)
 #: As in test_conformance.py: an interpreter limit, no TPU's.

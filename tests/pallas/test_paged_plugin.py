@@ -28,10 +28,10 @@ from jaxattn.errors import UnsupportedError
 from jaxattn.lookup import new_impl
 from jaxattn.plugins import registry
 from jaxattn.testing import oracle
-from jaxattn_pallas import paged_decode_rules
-from jaxattn_pallas.paged_decode_impl import PallasPagedDecode
-from jaxattn_pallas.paged_decode_kernel import bf16_terms, paged_attention_decode
-from jaxattn_pallas.ragged_impl import PallasRaggedPagedAttention
+from jaxattn_pallas.decode import rules as paged_decode_rules
+from jaxattn_pallas.decode.impl import PallasPagedDecode
+from jaxattn_pallas.decode.kernel import bf16_terms, paged_attention_decode
+from jaxattn_pallas.ragged.impl import PallasRaggedPagedAttention
 from jaxattn_vanilla.paged.impl import PagedReference
 
 INTERPRET = jaxattn.AttentionMetadata(platform="tpu", interpret=True)

@@ -1,7 +1,7 @@
 """Paged decode and ragged paged attention over the Pallas TPU ragged kernel.
 
 The kernel cannot run in TPU interpret mode on these jax versions (see
-``jaxattn_pallas.ragged_rules``), so on CPU the wrappers are checked three ways:
+``jaxattn_pallas.ragged.rules``), so on CPU the wrappers are checked three ways:
 
 * numerics: the wrappers run over an emulation of the kernel, built from upstream's own
   validation, head tiling and reference (``ref_ragged_paged_attention``), which also
@@ -34,10 +34,10 @@ from jaxattn.device import DeviceInfo
 from jaxattn.errors import InvalidInputError, UnsupportedError
 from jaxattn.metadata import AttentionMetadata
 from jaxattn.testing.paged_conformance import PagedConformanceSuite
-from jaxattn_pallas import ragged_rules
-from jaxattn_pallas.ragged_decode import paged_decode
-from jaxattn_pallas.ragged_impl import PallasRaggedPagedAttention
-from jaxattn_pallas.ragged_kernel import ragged_paged_attention
+from jaxattn_pallas.ragged import rules as ragged_rules
+from jaxattn_pallas.ragged.decode import paged_decode
+from jaxattn_pallas.ragged.impl import PallasRaggedPagedAttention
+from jaxattn_pallas.ragged.kernel import ragged_paged_attention
 
 ON_TPU = jax.default_backend() == "tpu"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxattn_pallas.tiling import DEFAULT_CAP, LANES, divisor_tile, plan_axis, round_up, sublanes_for
+from jaxattn_pallas.common import DEFAULT_CAP, LANES, divisor_tile, plan_axis, round_up, sublanes_for
 
 
 def test_quanta() -> None:

@@ -12,22 +12,22 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .flash_impl import PallasFlashAttention
-    from .flash_kernel import flash_attention
-    from .paged_decode_impl import PallasPagedDecode
-    from .paged_decode_kernel import paged_attention_decode
-    from .ragged_impl import PallasRaggedPagedAttention
+    from .decode.impl import PallasPagedDecode
+    from .decode.kernel import paged_attention_decode
+    from .flash.impl import PallasFlashAttention
+    from .flash.kernel import flash_attention
+    from .ragged.impl import PallasRaggedPagedAttention
 
 __all__ = ["PallasFlashAttention", "PallasPagedDecode", "PallasRaggedPagedAttention", "__version__",
            "flash_attention", "paged_attention_decode"]
 __version__ = "0.1.0"
 
 _LAZY = {
-    "PallasFlashAttention": ".flash_impl",
-    "flash_attention": ".flash_kernel",
-    "PallasPagedDecode": ".paged_decode_impl",
-    "paged_attention_decode": ".paged_decode_kernel",
-    "PallasRaggedPagedAttention": ".ragged_impl",
+    "PallasFlashAttention": ".flash.impl",
+    "flash_attention": ".flash.kernel",
+    "PallasPagedDecode": ".decode.impl",
+    "paged_attention_decode": ".decode.kernel",
+    "PallasRaggedPagedAttention": ".ragged.impl",
 }
 
 

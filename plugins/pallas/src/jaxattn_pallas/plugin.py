@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from jaxattn.backend import Feature, ImplRef, hookimpl
 
-from .ragged_rules import SUPPORTED_DTYPES
+from .ragged.rules import SUPPORTED_DTYPES
 
 __all__ = ["PALLAS_FLASH", "PALLAS_PAGE_ATTENTION", "PALLAS_RAGGED_PAGE_ATTENTION", "jaxattn_register_impls"]
 
 PALLAS_FLASH = ImplRef(
-    "jaxattn_pallas.flash_impl:PallasFlashAttention",
+    "jaxattn_pallas.flash.impl:PallasFlashAttention",
     names=("flash_attn2",),
     platforms=("tpu",),
     # Above vanilla (0); below splash on TPU v4 and later (see jaxattn_splash), above it on v2/v3.
@@ -37,7 +37,7 @@ PALLAS_FLASH = ImplRef(
 # where the ragged kernel cannot run on jax <= 0.11.2. Both are above jaxattn-vanilla's
 # references of the same names (0), which they take over on TPUs (declared in overrides=).
 PALLAS_RAGGED_PAGE_ATTENTION = ImplRef(
-    "jaxattn_pallas.ragged_impl:PallasRaggedPagedAttention",
+    "jaxattn_pallas.ragged.impl:PallasRaggedPagedAttention",
     names=("ragged_page_attention_v3", "ragged_page_attention_v2", "ragged_page_attention"),
     platforms=("tpu",),
     priority=100,
@@ -51,14 +51,14 @@ PALLAS_RAGGED_PAGE_ATTENTION = ImplRef(
     },
 )
 PALLAS_PAGE_ATTENTION = ImplRef(
-    "jaxattn_pallas.paged_decode_impl:PallasPagedDecode",
+    "jaxattn_pallas.decode.impl:PallasPagedDecode",
     names=("page_attention",),
     platforms=("tpu",),
     priority=50,
     description="Pallas TPU paged decode (JAX's paged_attention kernel; runs in interpret mode)",
     kind="paged",
     overrides=("page_attention",),
-    # float32 and float16 are split into bfloat16 terms for the kernel, exactly (paged_decode_rules).
+    # float32 and float16 are split into bfloat16 terms for the kernel, exactly (decode/rules.py).
     dtypes={"float32", "bfloat16", "float16"},
     # One query per sequence, no window, no sinks: the kernel has none of them.
     features={Feature.GQA, Feature.VALUE_DIM, Feature.SOFT_CAP},

@@ -4,14 +4,14 @@ Pure Python (no jax), so the rules are unit-tested on their own. Splash tiles qu
 keys alike in multiples of 128 (the dkv kernel puts queries on lanes, so even query tiles
 are lane multiples once segment ids are used), every tile divides its padded sequence, and
 no tile is longer than its sequence. The planning (padding, default sizes up to 512,
-explicit sizes) is shared with the flash plugin: :mod:`jaxattn_pallas.tiling`.
+explicit sizes) is shared with the flash plugin: :mod:`jaxattn_pallas.common`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from jaxattn_pallas.tiling import DEFAULT_CAP, LANES, plan_axis
+from jaxattn_pallas.common import DEFAULT_CAP, LANES, plan_axis
 
 __all__ = ["LANES", "SplashPlan", "plan_splash"]
 

@@ -2,7 +2,7 @@
 
 ``jax.experimental.pallas.ops.tpu.paged_attention`` wants K and V as ``(Hkv, num_pages,
 page_size, D)``, rounds every page it loads to bfloat16, has no softmax scale, no window and
-no sinks. :mod:`jaxattn_pallas.paged_decode_rules` lists its constraints and how this module
+no sinks. :mod:`jaxattn_pallas.decode.rules` lists its constraints and how this module
 meets the contract on top of it; in short, per call:
 
 * **copies**: the whole KV cache (every page of the pool, used or not) into the kernel's
@@ -10,7 +10,7 @@ meets the contract on top of it; in short, per call:
   bfloat16 terms for float32/float16 caches (exactness, see the rules module) and zero-padded
   to a multiple of 128 in the head dim; ``PagedKernelPlan.describe_copy`` says how many bytes.
   The kernel cannot read the contract's layouts in place, so there is no way around the copy:
-  on a real TPU the ragged kernel (:mod:`jaxattn_pallas.ragged_kernel`), which reads the combined
+  on a real TPU the ragged kernel (:mod:`jaxattn_pallas.ragged.kernel`), which reads the combined
   layout in place, is the faster choice, and jaxattn ranks it first;
 * q (small): upcast to float32, scaled by ``softmax_scale`` and repeated once per term;
 * the page table clamped into the pool and padded to whole compute blocks, the lengths
@@ -37,8 +37,8 @@ from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kern
 
 from jaxattn.backend import InvalidInputError, UnsupportedError, traced_under, x64_off
 
-from .paged_decode_rules import PagedKernelPlan, plan_paged_kernel
-from .ragged_kernel import cache_facts
+from ..ragged.kernel import cache_facts
+from .rules import PagedKernelPlan, plan_paged_kernel
 
 __all__ = ["live_rows", "paged_attention_decode", "plan_for"]
 
@@ -47,7 +47,7 @@ _NAME = "pallas_paged_attention_decode"
 
 def bf16_terms(x: jax.Array, terms: int) -> list[jax.Array]:
     """``terms`` bfloat16 arrays whose float32 sum is ``x`` (to ``x``'s own precision for the
-    terms :data:`paged_decode_rules.TERMS` gives its dtype): each term rounds what the previous
+    terms :data:`rules.TERMS` gives its dtype): each term rounds what the previous
     ones left, and that remainder is exact in float32. An infinite or NaN value stays in the
     first term, the others are 0 (no inf - inf); so does a float32 value past bfloat16's largest
     finite one (about 3.39e38), which becomes infinite."""

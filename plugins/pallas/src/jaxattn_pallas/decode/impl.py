@@ -1,10 +1,10 @@
 """``page_attention`` (op kind "paged": decode steps) on JAX's TPU ``paged_attention`` kernel
-(:mod:`jaxattn_pallas.paged_decode_kernel`).
+(:mod:`jaxattn_pallas.decode.kernel`).
 
 What it copies per call, and why: always the whole cache, as the kernel reads K and V as
 ``(Hkv, num_pages, page_size, D)``, a layout neither of the contract's is; a float32 or float16
 cache is split into bfloat16 terms in that copy, since the kernel rounds pages to bfloat16
-(``notes()`` gives the bytes). Ranking: :mod:`jaxattn_pallas.paged_base`.
+(``notes()`` gives the bytes). Ranking: :mod:`jaxattn_pallas.common`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 
 from jaxattn.backend import AttentionOutput, PagedCall, PagedProblem
 
-from .paged_base import PallasPagedBase
-from .paged_decode_rules import plan_paged_kernel
-from .plugin import PALLAS_PAGE_ATTENTION
+from ..common import PallasPagedBase
+from ..plugin import PALLAS_PAGE_ATTENTION
+from .rules import plan_paged_kernel
 
 __all__ = ["PallasPagedDecode"]
 
@@ -71,7 +71,7 @@ class PallasPagedDecode(PallasPagedBase, declaration=PALLAS_PAGE_ATTENTION):
                 f"blocks of {plan.pages_per_compute_block} pages"]
 
     def forward_tpu(self, call: PagedCall) -> AttentionOutput:
-        from .paged_decode_kernel import paged_attention_decode
+        from .kernel import paged_attention_decode
 
         # Declined otherwise: one query per sequence, so row s is sequence s (cu_q_lens is arange).
         assert call.queries_per_seq == 1

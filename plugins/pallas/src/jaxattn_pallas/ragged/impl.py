@@ -1,11 +1,11 @@
 """``ragged_page_attention_v3`` (alias ``_v2``, op kind "paged") on the Pallas TPU ragged
-paged-attention kernel (:mod:`jaxattn_pallas.ragged_kernel`).
+paged-attention kernel (:mod:`jaxattn_pallas.ragged.kernel`).
 
 What it copies per call, and why: the combined layout ``(num_pages, page_size, 2 * Hkv, D)``
 is the kernel's own and is read in place when D is a multiple of 128 and ``2 * Hkv`` tiles the
 dtype's layout; otherwise (the separate layout, or padding of heads or head dims) the whole
 cache is copied once per call into that layout. q is padded (small). ``notes()`` says which,
-per call. Ranking: :mod:`jaxattn_pallas.paged_base`.
+per call. Ranking: :mod:`jaxattn_pallas.common`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 
 from jaxattn.backend import AttentionOutput, PagedCall, PagedProblem
 
-from . import ragged_rules
-from .paged_base import PallasPagedBase
-from .plugin import PALLAS_RAGGED_PAGE_ATTENTION
+from ..common import PallasPagedBase
+from ..plugin import PALLAS_RAGGED_PAGE_ATTENTION
+from . import rules as ragged_rules
 
 __all__ = ["PallasRaggedPagedAttention"]
 
@@ -66,7 +66,7 @@ class PallasRaggedPagedAttention(PallasPagedBase, declaration=PALLAS_RAGGED_PAGE
 
         from jaxattn.backend import traced_under, x64_off
 
-        from .ragged_kernel import ragged_paged_attention
+        from .kernel import ragged_paged_attention
 
         combined = call.kv_layout == "combined"
         kv = call.k_pages if combined else None

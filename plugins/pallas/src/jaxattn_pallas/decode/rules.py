@@ -1,4 +1,4 @@
-"""How :mod:`jaxattn_pallas.paged_decode_kernel` lays a decode call out for JAX's TPU paged_attention
+"""How :mod:`jaxattn_pallas.decode.kernel` lays a decode call out for JAX's TPU paged_attention
 kernel, in pure Python (no jax: the backend explains itself without tracing).
 
 The kernel, ``jax.experimental.pallas.ops.tpu.paged_attention`` (same source in jax 0.10.2 and

@@ -9,14 +9,14 @@ Pure Python (no jax), so the rules are unit-tested on their own. The kernel's co
 * no tile is longer than its sequence.
 
 The planning itself (padding, default sizes up to 512, explicit sizes) is shared with the
-splash plugin: :mod:`jaxattn_pallas.tiling`.
+splash plugin: :mod:`jaxattn_pallas.common`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from .tiling import DEFAULT_CAP, LANES, plan_axis, sublanes_for
+from ..common import DEFAULT_CAP, LANES, plan_axis, sublanes_for
 
 __all__ = ["LANES", "FlashPlan", "plan_flash", "sublanes_for"]
 

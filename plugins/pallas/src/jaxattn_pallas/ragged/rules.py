@@ -2,7 +2,7 @@
 
 No jax here: an AttentionImpl lists its capabilities and explains a refusal from static
 facts (dtypes, head counts and dims, page geometry, requested features) without tracing,
-and importing this module costs nothing. ``ragged_kernel.py`` and ``ragged_decode.py`` run the same
+and importing this module costs nothing. ``kernel.py`` and ``decode.py`` run the same
 rules, so a call these functions accept is a call the wrappers run.
 
 The kernel, ``jax.experimental.pallas.ops.tpu.ragged_paged_attention`` (identical source in
@@ -47,7 +47,7 @@ read from its source and checked by lowering it for TPU from a CPU host:
 * page sizes: nothing in the kernel's source or its lowering constrains them; upstream
   tests only 16, and whether Mosaic compiles every size on a TPU is unverified here.
 
-Dynamic hazards the wrappers fix up outside the kernel (see ``ragged_kernel.py``): rows past
+Dynamic hazards the wrappers fix up outside the kernel (see ``kernel.py``): rows past
 ``cu_q_lens[num_seqs]`` and rows that see no key are left as garbage (uninitialised VMEM
 or an average of masked keys), a real sequence with ``kv_len == 0`` breaks the kernel's
 prefetch chain (the next sequence would read its pages), and ``num_seqs == 0`` leaves a
@@ -219,7 +219,7 @@ def ragged_reasons(
     tpu_generation: int | None = None,
     allow_cache_copy: bool = True,
 ) -> list[str]:
-    """Every reason :func:`jaxattn_pallas.ragged_kernel.ragged_paged_attention` cannot run a call
+    """Every reason :func:`jaxattn_pallas.ragged.kernel.ragged_paged_attention` cannot run a call
     with these static facts; empty when it can.
 
     Dtypes are names (``"bfloat16"``). ``v_head_dim`` equals ``head_dim`` for the combined
@@ -259,7 +259,7 @@ def ragged_reasons(
 
 
 def paged_decode_reasons(*, q_len: int, **facts: Any) -> list[str]:
-    """:func:`ragged_reasons` for :func:`jaxattn_pallas.ragged_decode.paged_decode`, whose queries
+    """:func:`ragged_reasons` for :func:`jaxattn_pallas.ragged.decode.paged_decode`, whose queries
     are ``q_len`` tokens per sequence (any ``q_len >= 0`` runs)."""
     reasons = [] if q_len >= 0 else [f"q_len must be non-negative, got {q_len}"]
     return reasons + ragged_reasons(**facts)

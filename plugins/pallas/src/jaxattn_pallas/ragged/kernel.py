@@ -1,7 +1,7 @@
 """The serving contract's ragged paged attention on the Pallas TPU ragged kernel.
 
 ``jax.experimental.pallas.ops.tpu.ragged_paged_attention`` (its constraints are listed in
-:mod:`jaxattn_pallas.ragged_rules`) is given the contract's arrays, translated exactly:
+:mod:`jaxattn_pallas.ragged.rules`) is given the contract's arrays, translated exactly:
 
 * KV cache: the combined layout ``(num_pages, page_size, 2 * Hkv, D)`` is the kernel's own
   and is passed as is when its head dim is a multiple of 128 and ``2 * Hkv`` tiles the
@@ -50,8 +50,8 @@ from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
 
 from jaxattn.backend import InvalidInputError, UnsupportedError
 
-from . import ragged_rules
-from .ragged_rules import Layout, RaggedPlan
+from . import rules as ragged_rules
+from .rules import Layout, RaggedPlan
 
 __all__ = ["ragged_paged_attention"]
 

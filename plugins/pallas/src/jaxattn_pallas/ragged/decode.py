@@ -3,7 +3,7 @@ ragged paged-attention kernel.
 
 Each sequence's T queries are one ragged sequence (``cu_q_lens = arange(num_seqs + 1) * T``,
 every sequence real); query i of sequence s then sits at ``kv_lengths[s] - T + i``, which
-is the contract's position, and everything else is :mod:`jaxattn_pallas.ragged_kernel`'s
+is the contract's position, and everything else is :mod:`jaxattn_pallas.ragged.kernel`'s
 translation (same fix-ups, same refusals, same block-size rules).
 
 Why the ragged kernel for this function, and not ``jax.experimental.pallas.ops.tpu.paged_attention``
@@ -16,22 +16,22 @@ Why the ragged kernel for this function, and not ``jax.experimental.pallas.ops.t
   it one interleaving copy, no more than the transpose;
 * precision: paged_attention casts every loaded K/V page to bfloat16
   (``_maybe_dequantize`` defaults to it), so a float32 cache is attended in float32 only
-  if it is split into bfloat16 terms first (what :mod:`jaxattn_pallas.paged_decode_kernel` does),
+  if it is split into bfloat16 terms first (what :mod:`jaxattn_pallas.decode.kernel` does),
   at two to three times the kernel's work;
 * features: paged_attention has no sliding window and no causal offset (one query per
   sequence; T > 1 would need one batch row per query, re-reading the pages T times),
   while the ragged kernel masks causally per sequence, takes a window and a soft cap,
   and reads each page once per block of queries;
 * what paged_attention has for it: it runs in TPU interpret mode on CPU, which the ragged
-  kernel does not in these jax versions (see :mod:`jaxattn_pallas.ragged_rules`). That is
+  kernel does not in these jax versions (see :mod:`jaxattn_pallas.ragged.rules`). That is
   a testing convenience, not a property of the call; it does not buy back the transpose.
 
-The registered backends follow from this (:mod:`jaxattn_pallas.ragged_impl`,
-:mod:`jaxattn_pallas.paged_decode_impl`): on a TPU "auto" runs ``ragged_page_attention_v3``
+The registered backends follow from this (:mod:`jaxattn_pallas.ragged.impl`,
+:mod:`jaxattn_pallas.decode.impl`): on a TPU "auto" runs ``ragged_page_attention_v3``
 (this kernel) for decode steps too, while the name ``page_attention`` is
-:mod:`jaxattn_pallas.paged_decode_kernel` on paged_attention, the interpretable one, which the
+:mod:`jaxattn_pallas.decode.kernel` on paged_attention, the interpretable one, which the
 conformance suite runs on CPU.
-Supported and declined: as :func:`jaxattn_pallas.ragged_rules.paged_decode_reasons` says
+Supported and declined: as :func:`jaxattn_pallas.ragged.rules.paged_decode_reasons` says
 (any T >= 0; T == 0 or num_seqs == 0 return an empty result).
 """
 
@@ -42,8 +42,8 @@ import jax.numpy as jnp
 
 from jaxattn.backend import InvalidInputError
 
-from . import ragged_rules
-from .ragged_kernel import cache_facts, run_ragged
+from . import rules as ragged_rules
+from .kernel import cache_facts, run_ragged
 
 __all__ = ["paged_decode"]
 

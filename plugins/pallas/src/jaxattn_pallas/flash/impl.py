@@ -1,6 +1,6 @@
 """``PallasFlashAttention``: ``flash_attn2`` on TPU, over the Pallas TPU flash-attention kernel.
 
-Imports no Pallas TPU module at import time: ``flash_kernel.py`` (which does) is imported inside
+Imports no Pallas TPU module at import time: ``kernel.py`` (which does) is imported inside
 ``forward_tpu``, so discovery, listing and ``explain`` stay cheap on every host.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from jaxattn.backend import AttentionCall, AttentionImpl, AttentionOutput, AttentionProblem
 
-from .flash_rules import plan_flash
-from .plugin import PALLAS_FLASH
+from ..plugin import PALLAS_FLASH
+from .rules import plan_flash
 
 __all__ = ["PallasFlashAttention"]
 
@@ -41,7 +41,7 @@ class PallasFlashAttention(AttentionImpl, declaration=PALLAS_FLASH):
         return reasons
 
     def forward_tpu(self, call: AttentionCall) -> AttentionOutput:
-        from .flash_kernel import flash_attention
+        from .kernel import flash_attention
 
         out = flash_attention(
             call.q,

@@ -21,7 +21,7 @@ module translates every contract feature onto that, exactly:
 * a query row that sees no key yields zeros (the kernel would average the masked keys).
 
 The Pallas TPU modules are imported here at module level; this module itself is only
-imported when a kernel is built (see ``flash_impl.py``).
+imported when a kernel is built (see ``impl.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 
 from jaxattn.backend import traced_under, x64_off
 
-from .flash_rules import LANES, FlashPlan, plan_flash
+from .rules import LANES, FlashPlan, plan_flash
 
 __all__ = ["flash_attention", "kernel_block_sizes"]
 
