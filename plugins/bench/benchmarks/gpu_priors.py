@@ -9,6 +9,12 @@ jaxattn-mosaic), keyed by ``jaxattn.tuning.problem_key``; ``--write`` also write
 figures (every shape, backend and mode: median ms) to ``plugins/bench/benchmarks/priors/h200-bench.json``, so
 they can be checked. Without ``--write`` it prints, per shape and mode, the backend the priors
 make auto pick and its time against the fastest of the same run.
+
+    python plugins/bench/benchmarks/gpu_priors.py OUT/gaps-*.json --merge --write
+
+``--merge`` adds a later run's figures (``gpu_priors.sh --gaps``) to those already shipped
+(``h200-bench.json``): a key, backend and mode measured again takes the new figure, every
+other shipped figure stays, and the priors files are written from the union.
 """
 
 from __future__ import annotations
@@ -79,8 +85,7 @@ class _Named:
 def check(rows: list[dict[str, Any]]) -> None:
     """Per shape and mode: what the shipped priors make auto pick, against the fastest."""
     from jaxattn.device import DeviceInfo
-    from jaxattn.tuning import prior_results, rank_measured
-    from jaxattn_bench.record import problem_of
+    from jaxattn.tuning import nearest_priors, rank_measured, shipped_priors
 
     gpu = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H200", compute_capability="9.0")
     ratios = []
@@ -91,7 +96,7 @@ def check(rows: list[dict[str, Any]]) -> None:
         timed = {b: x["median_ms"] for b, x in by_backend.items() if b != "auto"}
         fastest = min(timed, key=timed.__getitem__)
         any_row = next(iter(by_backend.values()))
-        found = prior_results(problem_of(any_row["_shape"]), gpu)
+        found = nearest_priors(any_row["key"], [p for p in shipped_priors() if p.matches(gpu)])
         auto = by_backend.get("auto")
         before = f"(auto untuned before: {auto['note']}, {timed[fastest] / auto['median_ms']:.3f}x)" if auto else ""
         if found is None:
@@ -115,14 +120,22 @@ def main() -> None:
     parser.add_argument("--date", default="2026-12-01")
     parser.add_argument("--into", type=Path, help="with --write: write the priors into the packages under this "
                         "folder (an installed site, to time auto with them), not into the repository")
+    parser.add_argument("--merge", action="store_true", help="add these figures to the shipped ones "
+                        "(priors/h200-bench.json); a key, backend and mode measured again takes the new figure")
     args = parser.parse_args()
     env, rows = load(args.json)
+    if args.merge:
+        shipped = json.loads(RAW.read_text())
+        again = {(r["key"], r["backend"], r["mode"]) for r in rows}
+        rows = [r for r in shipped["rows"] if (r["key"], r["backend"], r["mode"]) not in again] + rows
+        env = env or shipped["environment"]
     entries = priors(rows)
     if args.write:
         versions = env.get("versions", {})
         command = ("bash plugins/bench/benchmarks/gpu_priors.sh (jaxattn bench --impls cudnn,flash_attn2,mosaic_flash "
                    "over one shape per bucket; docs/tuning.md), then python plugins/bench/benchmarks/gpu_priors.py "
-                   "OUT/*.json --write")
+                   "OUT/*.json --write; the gaps: gpu_priors.sh --gaps, then gpu_priors.py OUT/gaps-*.json "
+                   "--merge --write")
         for backend, (plugin, package) in PLUGINS.items():
             mine = {k: {"problem": e["problem"], "results": {backend: e["results"][backend]}}
                     for k, e in sorted(entries.items()) if backend in e["results"]}
