@@ -332,8 +332,9 @@ def test_leave_one_out_over_the_h200_figures() -> None:
             pick = _pick(times, set(truth))
             total += 1
             good += min(truth.values()) / (truth[pick] or 1.0) >= 0.98
-    assert total == 64
-    assert good >= 50, f"{good} of {total} within 0.98x"
+    # 64 pairs as shipped; a merged later run (gpu_priors.py --merge) adds pairs: the share must hold
+    assert total >= 64
+    assert good / total >= 50 / 64, f"{good} of {total} within 0.98x"
 
 
 def test_the_hopper_priors_rank_a_2k_call_by_the_1k_and_4k_buckets() -> None:
