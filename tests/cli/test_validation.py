@@ -20,14 +20,16 @@ CASES = [  # argv, what the one line says
     (["bench", "--dtype", "bogus"], "argument --dtype: 'bogus' is not one of"),
     (["bench", "--impls", "ghost"], "--impls: no impl is named 'ghost'"),
     (["bench", "--impls", "flash_atn2"], "did you mean 'flash_attn2'"),
-    (["bench", "--impl", "flash_atn2"], "unrecognized arguments: --impl flash_atn2"),
+    (["bench", "--impl", "flash_atn2"], "unrecognized arguments: --impl flash_atn2; did you mean --impls?"),
     (["bench", "--serving", "--impls", "ghost"], "--impls: no impl is named 'ghost'"),
     (["tune", "--impls", "ghost"], "--impls: no impl is named 'ghost'"),
     (["tune", "--modes", "nonsense"], "argument --modes: 'nonsense' is not one of fwd, fwdbwd"),
     (["bench", "--modes", "fwd,bwd"], "argument --modes: 'bwd' is not one of fwd, fwdbwd"),
     (["demo", "--impl", "ghost"], "--impl: no impl is named 'ghost'"),
     (["demo", "--impl", "vanilla_paged"], "'vanilla_paged' is a paged impl"),
-    (["explain", "--caus"], "unrecognized arguments: --caus"),
+    (["explain", "--caus"], "unrecognized arguments: --caus; did you mean --causal?"),
+    (["explain", "--causl", "--wndow", "4"], "did you mean --causal for --causl, --window for --wndow?"),
+    (["explain", "--bogus-option"], "unrecognized arguments: --bogus-option (`jaxattn explain --help`"),
 ]  # fmt: skip
 
 

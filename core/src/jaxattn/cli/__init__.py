@@ -150,7 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except JaxattnError as err:  # JAXATTN_STRICT_PLUGINS and a broken plugin, say
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the command's own parser, which knows its options (did you mean ...)
+        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        subparsers.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     run = cast("Callable[[argparse.Namespace], int]", args._run)
     try:
         with warnings.catch_warnings():  # restores showwarning afterwards

@@ -19,6 +19,7 @@ Standard library only: ``jaxattn --help`` must not import jax.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
@@ -56,7 +57,20 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists every option)\n")
+        self.exit(2, f"{self.prog}: error: {message}{self._close_options(message)} (`{self.prog} --help` lists "
+                  "every option)\n")
+
+    def _close_options(self, message: str) -> str:
+        """``; did you mean --impls?`` for an unrecognized option close to one of this parser's."""
+        prefix = "unrecognized arguments: "
+        if not message.startswith(prefix):
+            return ""
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        hints = [(word, close[0]) for word in message[len(prefix):].split()
+                 if word.startswith("--") and (close := difflib.get_close_matches(word.split("=")[0], known, 1, 0.75))]
+        if len(hints) == 1:
+            return f"; did you mean {hints[0][1]}?"
+        return f"; did you mean {', '.join(f'{close} for {word}' for word, close in hints)}?" if hints else ""
 
 
 class NumericArg:
