@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VANILLA = "plugins/vanilla/src/jaxattn_vanilla/vanilla/reference.py"
 PAGED = "plugins/vanilla/src/jaxattn_vanilla/paged/reference.py"
-TRITON_FORWARD = "plugins/triton/src/jaxattn_triton/kernels/forward.py"
+TRITON_FORWARD = "plugins/triton/src/jaxattn_triton/flash/forward.py"
 DENSE = "tests/vanilla/test_conformance.py::TestVanillaConformance"
 PAGED_SUITE = "tests/vanilla/test_paged_conformance.py::TestVanillaPaged"
 TRITON_SUITE = "tests/triton/test_conformance.py::TestTritonFlashInterpreted"

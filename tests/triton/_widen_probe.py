@@ -1,4 +1,4 @@
-"""A Triton kernel that runs ``kernels/widen.py`` on a 16 x 16 tile (``test_widening_is_exact``).
+"""A Triton kernel that runs ``paged/widen.py`` on a 16 x 16 tile (``test_widening_is_exact``).
 
 Imported on first use, after ``._env`` has chosen the interpreter or the GPU (triton reads
 ``TRITON_INTERPRET`` when a kernel is decorated).
@@ -8,7 +8,7 @@ Imported on first use, after ``._env`` has chosen the interpreter or the GPU (tr
 import triton
 import triton.language as tl
 
-from jaxattn_triton.kernels.widen import join_lanes, widen, word_lanes
+from jaxattn_triton.paged.widen import join_lanes, widen, word_lanes
 
 
 @triton.jit

@@ -21,7 +21,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture
 def kernels_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     """The plugin believes its kernel libraries are installed (nothing is imported)."""
-    from jaxattn_triton import impl as impl_module
+    from jaxattn_triton.flash import impl as impl_module
 
     monkeypatch.setattr(impl_module, "_installed", lambda module: True)
 

@@ -19,7 +19,7 @@ from jaxattn.call import AttentionCall
 from jaxattn.output import AttentionOutput
 from jaxattn.testing.cases import Case, Level
 from jaxattn.testing.conformance import ConformanceSuite
-from jaxattn_triton.impl import TritonFlashAttention
+from jaxattn_triton.flash.impl import TritonFlashAttention
 
 from ._env import BF16_DOT_OK, ON_CUDA, needs_interpreter
 

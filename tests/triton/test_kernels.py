@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jaxattn.testing import oracle
-from jaxattn_triton.launch import DQ_ATOMIC, DQ_KERNEL, KernelTiles, Tiles
+from jaxattn_triton.flash.launch import DQ_ATOMIC, DQ_KERNEL, KernelTiles, Tiles
 from jaxattn_triton.spec import AttnSpec
 
 from ._env import BF16_DOT_OK, TORCH_DEVICE, needs_kernels

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from jaxattn.testing import oracle
-from jaxattn_triton.launch import DQ_ATOMIC, KernelTiles, Tiles
-from jaxattn_triton.ops import flash_attention, flash_attention_backward
+from jaxattn_triton.flash.launch import DQ_ATOMIC, KernelTiles, Tiles
+from jaxattn_triton.flash.ops import flash_attention, flash_attention_backward
 
 from ._env import needs_interpreter
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jaxattn_triton import launch_paged as LP
+from jaxattn_triton.paged import launch as LP
 
 from ._env import BF16_DOT_OK, TORCH_DEVICE, needs_kernels
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jaxattn_triton import launch_paged as LP
+from jaxattn_triton.paged import launch as LP
 
 from . import test_paged_kernels as base
 from ._env import BF16_DOT_OK, TORCH_DEVICE, needs_kernels
@@ -489,7 +489,7 @@ def test_int8_offset_widening_is_exact() -> None:
 @pytest.mark.parametrize("out", ["bfloat16", "float16"])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_widening_is_exact(fmt: str, out: str) -> None:
-    # Every byte of each format through kernels/widen.py, elementwise (K's path) and as int32
+    # Every byte of each format through paged/widen.py, elementwise (K's path) and as int32
     # words (V's), against torch's cast: on a GPU the PTX bit tricks, bit for bit. NaN/inf
     # codes are left out (widened to finite numbers by design: they are never read).
     import torch

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from jaxattn.testing import oracle
-from jaxattn_triton import launch_paged as LP
-from jaxattn_triton import paged_ops
-from jaxattn_triton.paged_ops import dense_decode, paged_decode, ragged_paged
+from jaxattn_triton.paged import launch as LP
+from jaxattn_triton.paged import ops as paged_ops
+from jaxattn_triton.paged.ops import dense_decode, paged_decode, ragged_paged
 
 from ._env import needs_interpreter
 from .test_paged_kernels import Paged, make, reference
@@ -272,7 +272,7 @@ def test_flash_attn2_decode_with_mask_keeps_the_flash_kernels(monkeypatch: pytes
 
 def test_flash_attn2_declares_decode() -> None:
     from jaxattn.capabilities import Feature
-    from jaxattn_triton.impl import TritonFlashAttention
+    from jaxattn_triton.flash.impl import TritonFlashAttention
 
     assert Feature.DECODE in TritonFlashAttention.features
     assert set(TritonFlashAttention.dtypes) <= LP.DTYPES
@@ -283,7 +283,7 @@ def test_flash_attn2_accepts_decode_on_an_h100(monkeypatch: pytest.MonkeyPatch) 
     from jaxattn.device import DeviceInfo
     from jaxattn.metadata import AttentionMetadata
     from jaxattn.problem import AttentionProblem
-    from jaxattn_triton import impl as impl_module
+    from jaxattn_triton.flash import impl as impl_module
 
     monkeypatch.setattr(impl_module, "_installed", lambda module: True)
     h100 = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0")

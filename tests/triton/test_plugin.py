@@ -15,10 +15,10 @@ from jaxattn.metadata import AttentionMetadata
 from jaxattn.problem import AttentionProblem
 from jaxattn.registry import Provider
 from jaxattn.testing import oracle
-from jaxattn_triton import impl as impl_module
 from jaxattn_triton import plugin, tuning
-from jaxattn_triton.impl import TritonFlashAttention
-from jaxattn_triton.launch import DQ_ATOMIC, DQ_KERNEL, KernelTiles, Tiles
+from jaxattn_triton.flash import impl as impl_module
+from jaxattn_triton.flash.impl import TritonFlashAttention
+from jaxattn_triton.flash.launch import DQ_ATOMIC, DQ_KERNEL, KernelTiles, Tiles
 from jaxattn_triton.spec import AttnSpec
 
 H100 = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0")
@@ -47,8 +47,8 @@ def kernels_installed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_registration_imports_no_kernel_library() -> None:
     code = (
-        "import sys, jaxattn_triton.plugin as p, jaxattn_triton.impl, jaxattn_triton.decode_impl,"
-        " jaxattn_triton.paged_impl;"
+        "import sys, jaxattn_triton.plugin as p, jaxattn_triton.flash.impl, jaxattn_triton.decode.impl,"
+        " jaxattn_triton.paged.impl;"
         "p.jaxattn_register_impls();"
         "bad = [m for m in ('triton', 'jax_triton', 'torch') if m in sys.modules];"
         "print(bad); sys.exit(1 if bad else 0)"

@@ -19,9 +19,9 @@ from jaxattn.device import DeviceInfo
 from jaxattn.metadata import AttentionMetadata
 from jaxattn.problem import AttentionProblem
 from jaxattn.testing import oracle
-from jaxattn_triton import paged_ops
-from jaxattn_triton.decode_impl import TritonDecodeAttention
-from jaxattn_triton.paged_impl import TritonPagedDecode, TritonRaggedPagedAttention
+from jaxattn_triton.decode.impl import TritonDecodeAttention
+from jaxattn_triton.paged import ops as paged_ops
+from jaxattn_triton.paged.impl import TritonPagedDecode, TritonRaggedPagedAttention
 
 from ._env import needs_interpreter
 from ._serving import LOG2_WARNING, paged_problem

@@ -27,8 +27,8 @@ from jaxattn.testing.cases import Case, Level, cases_for
 from jaxattn.testing.conformance import ConformanceSuite
 from jaxattn.testing.paged_cases import PagedCase
 from jaxattn.testing.paged_conformance import PagedConformanceSuite
-from jaxattn_triton.decode_impl import MAX_DECODE_QUERIES, TritonDecodeAttention
-from jaxattn_triton.paged_impl import TritonPagedDecode, TritonRaggedPagedAttention
+from jaxattn_triton.decode.impl import MAX_DECODE_QUERIES, TritonDecodeAttention
+from jaxattn_triton.paged.impl import TritonPagedDecode, TritonRaggedPagedAttention
 
 from ._env import BF16_DOT_OK, ON_CUDA, needs_interpreter
 

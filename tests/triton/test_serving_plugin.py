@@ -30,11 +30,11 @@ from jaxattn.plugins import isolated_registry, registry
 from jaxattn.problem import AttentionProblem, PagedProblem
 from jaxattn.testing import oracle
 from jaxattn.validation import resolve_call
-from jaxattn_triton import impl as impl_module
-from jaxattn_triton import paged_ops
-from jaxattn_triton.decode_impl import MAX_DECODE_QUERIES, TritonDecodeAttention
-from jaxattn_triton.impl import TritonFlashAttention
-from jaxattn_triton.paged_impl import TritonPagedDecode, TritonRaggedPagedAttention
+from jaxattn_triton.decode.impl import MAX_DECODE_QUERIES, TritonDecodeAttention
+from jaxattn_triton.flash import impl as impl_module
+from jaxattn_triton.flash.impl import TritonFlashAttention
+from jaxattn_triton.paged import ops as paged_ops
+from jaxattn_triton.paged.impl import TritonPagedDecode, TritonRaggedPagedAttention
 
 from ._env import needs_interpreter
 from ._serving import LOG2_WARNING, paged_problem
@@ -77,7 +77,7 @@ def test_registration_and_listing_import_no_kernel_library() -> None:
         assert ragged.aliases == ("ragged_page_attention_v2", "ragged_page_attention"), ragged
         assert (decode.kind, decode.platforms, decode.priority) == ("paged", ("cuda",), 100), decode
         assert (dense.kind, dense.platforms, dense.priority) == ("dense", ("cuda",), 100), dense
-        import jaxattn_triton.decode_impl, jaxattn_triton.paged_impl
+        import jaxattn_triton.decode.impl, jaxattn_triton.paged.impl
         bad = [m for m in ("triton", "jax_triton", "torch") if m in sys.modules]
         assert not bad, bad
         """

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from jaxattn_triton import launch as L
+from jaxattn_triton.flash import launch as L
 from jaxattn_triton.spec import AttnSpec
 from jaxattn_triton.torch_launch import run_launch
 

@@ -198,7 +198,7 @@ class Case:
     """One decode shape: a dense cache, the same tokens as pages (permuted and in-order tables)."""
 
     def __init__(self, b: int, s: int, ps: int) -> None:
-        from jaxattn_triton import launch_paged as LP
+        from jaxattn_triton.paged import launch as LP
 
         self.b, self.s, self.ps = b, s, ps
         self.nbytes = 2 * b * s * HKV * D * 2
@@ -223,7 +223,7 @@ class Case:
         return ("cudnn dense decode", fn, (self.q, self.k, self.v, self.lens))
 
     def paged(self, name: str, tiles: Any, table: jax.Array) -> Candidate:
-        from jaxattn_triton.paged_ops import paged_decode
+        from jaxattn_triton.paged.ops import paged_decode
 
         def fn(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array) -> jax.Array:
             return paged_decode(q, k, v, tb, n, tiles=tiles)
@@ -283,7 +283,7 @@ def measure(case: Case, cands: list[Candidate], rows: list[dict[str, Any]], dead
 
 def patterns(case: Case) -> list[Candidate]:
     """Pure reads by access pattern, beside cuDNN, the reduction and our two decode kernels."""
-    from jaxattn_triton.paged_ops import dense_decode
+    from jaxattn_triton.paged.ops import dense_decode
 
     def reduction(k: jax.Array, v: jax.Array) -> jax.Array:
         return jnp.sum(k, dtype=jnp.float32) + jnp.sum(v, dtype=jnp.float32)
@@ -306,7 +306,7 @@ def patterns(case: Case) -> list[Candidate]:
 
 def tables(case: Case) -> list[Candidate]:
     """Permuted vs in-order page tables (same tiles), against the dense kernel and cuDNN."""
-    from jaxattn_triton import launch_paged as LP
+    from jaxattn_triton.paged import launch as LP
 
     base = LP.default_tiles(case.spec)
     split2 = functools.partial(dataclasses.replace, base, num_warps=4, num_splits=2)
@@ -322,7 +322,7 @@ def tables(case: Case) -> list[Candidate]:
 
 def kv_heads(case: Case) -> list[Candidate]:
     """Several KV heads per program (``PagedTiles.kv_heads``) on permuted tables, against cuDNN."""
-    from jaxattn_triton import launch_paged as LP
+    from jaxattn_triton.paged import launch as LP
 
     base = dataclasses.replace(LP.default_tiles(case.spec), kv_heads=1)
     few = case.b <= 16
@@ -341,7 +341,7 @@ def kv_heads(case: Case) -> list[Candidate]:
 def pipelines(case: Case) -> list[Candidate]:
     """Deeper pipelines of the one-wave decode tiles, and pure reads of the same pages (permuted
     and in order): how much a random page order costs a read that computes nothing."""
-    from jaxattn_triton import launch_paged as LP
+    from jaxattn_triton.paged import launch as LP
 
     base = LP.default_tiles(case.spec)
     cands = [case.cudnn()]
@@ -360,7 +360,7 @@ def pipelines(case: Case) -> list[Candidate]:
 def sorted_tables(case: Case) -> list[Candidate]:
     """Reading each sequence's pages in address order: a pre-sorted table, a per-call sort."""
     from jaxattn.paging import pages_in_address_order
-    from jaxattn_triton.paged_ops import paged_decode
+    from jaxattn_triton.paged.ops import paged_decode
 
     presorted = jnp.sort(case.permuted, axis=1)
 
@@ -377,7 +377,7 @@ def sorted_tables(case: Case) -> list[Candidate]:
              ("paged permuted, triton sort per call", triton_sort_then_decode, args),
              case.paged("paged in-order", None, case.in_order)]  # fmt: skip
     if case.b <= 16:
-        from jaxattn_triton import launch_paged as LP
+        from jaxattn_triton.paged import launch as LP
 
         base = dataclasses.replace(LP.default_tiles(case.spec), kv_heads=1)
         for kvh, bn, w, st, sp in ((1, 64, 4, 4, 1), (2, 64, 4, 3, 2)):
@@ -390,7 +390,7 @@ def runs(case: Case) -> list[Candidate]:
     """Pools fragmented in runs of R consecutive pages (the runs in a random order): at which run
     length does a random pool read as fast as an in-order one? 2 MB runs (64 pages of 16 tokens
     here) are the GPU's large-page size; several KV heads per program touch each page from one SM."""
-    from jaxattn_triton import launch_paged as LP
+    from jaxattn_triton.paged import launch as LP
 
     n_pages, pps = case.b * case.s // case.ps, case.s // case.ps
     rng = np.random.default_rng(0)
@@ -415,7 +415,7 @@ def occupancy(case: Case) -> list[Candidate]:
     """Two programs per SM at 16 sequences (half the GQA group each, or two key splits), so one
     computes while the other loads, against the one-program default and a pure read of the
     same permuted pages (the bar for any kernel on this layout)."""
-    from jaxattn_triton import launch_paged as LP
+    from jaxattn_triton.paged import launch as LP
 
     base = dataclasses.replace(LP.default_tiles(case.spec), kv_heads=1)
     cands = [case.cudnn(), case.paged("paged default", None, case.permuted)]
@@ -434,7 +434,7 @@ def int8_pages(case: Case) -> tuple[tuple[jax.Array, jax.Array], Any, tuple[jax.
     "values" a row, for the pure reads through the 16-bit dot, whose operands Triton stages
     with cp.async in every pipeline stage. (An int8 dot of the bytes as they are did not compile
     with triton 3.6 once the table was read ahead.)"""
-    from jaxattn_triton.paged_ops import paged_decode
+    from jaxattn_triton.paged.ops import paged_decode
 
     kv = ((case.kp * 40).astype(jnp.int8), (case.vp * 40).astype(jnp.int8))
     scale = jnp.full((HKV,), 1 / 40, jnp.float32)
@@ -489,7 +489,7 @@ def gap(case: Case) -> list[Candidate]:
     decoded two ways (``paged_decode``, as the sweep calls it, and ``jaxattn.paged_attention``
     with ``ragged_page_attention_v3``), beside cuDNN's bf16 dense decode."""
     import jaxattn
-    from jaxattn_triton.paged_ops import paged_decode
+    from jaxattn_triton.paged.ops import paged_decode
 
     def kernel(q: jax.Array, k: jax.Array, v: jax.Array, tb: jax.Array, n: jax.Array, ks: jax.Array,
                vs: jax.Array) -> jax.Array:  # fmt: skip

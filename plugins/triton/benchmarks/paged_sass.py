@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import triton
 from triton_compile_check import compile_sm90, output_types
 
-from jaxattn_triton import launch_paged as LP
+from jaxattn_triton.paged import launch as LP
 
 OPCODES = ("F2FP", "F2F", "HMUL2", "HADD2", "PRMT", "LOP3", "SHF", "IMAD", "HMMA", "LDS", "LDSM", "LDGSTS")
 SMS = 132  # an H100 SXM's SMs

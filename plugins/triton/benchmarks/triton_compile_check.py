@@ -27,8 +27,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from jaxattn_triton import launch as L
 from jaxattn_triton import tuning
+from jaxattn_triton.flash import launch as L
 from jaxattn_triton.spec import AttnSpec
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"

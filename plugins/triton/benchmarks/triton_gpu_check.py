@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 import triton_measure as bu  # beside this script
 
-from jaxattn_triton import launch as L
 from jaxattn_triton import tuning
-from jaxattn_triton.ops import flash_attention, make_spec
+from jaxattn_triton.flash import launch as L
+from jaxattn_triton.flash.ops import flash_attention, make_spec
 from jaxattn_triton.spec import AttnSpec
 
 RESULTS: dict[str, Any] = {}
@@ -308,7 +308,7 @@ def _prepared_measure(spec: AttnSpec, rows: list[dict[str, Any]], t0: float) -> 
     Each atomic-dQ candidate's dQ is also compared with the two-kernel backward's on the
     same inputs (relative error), which catches a race at full size.
     """
-    from jaxattn_triton.ops import _execute
+    from jaxattn_triton.flash.ops import _execute
 
     q, k, v = bu.random_inputs(spec)
     dummies = (

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxattn_triton import launch as L
+from jaxattn_triton.flash import launch as L
 from jaxattn_triton.spec import AttnSpec
 
 
@@ -71,7 +71,7 @@ def measure_kernels(
     The backward kernels are timed on the real forward's outputs, so their inputs are
     realistic (no zeros, no overflow). Used by ``tuning.tune`` on a GPU.
     """
-    from jaxattn_triton.ops import _execute
+    from jaxattn_triton.flash.ops import _execute
 
     if spec.mask_shape or spec.bias_shape or spec.segments or spec.sinks:
         raise ValueError("measure_kernels times plain calls (causal/window/soft cap only)")

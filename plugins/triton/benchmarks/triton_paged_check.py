@@ -72,8 +72,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxattn_triton import launch_paged as LP  # noqa: E402
-from jaxattn_triton.paged_ops import dense_decode, paged_decode, ragged_paged  # noqa: E402
+from jaxattn_triton.paged import launch as LP  # noqa: E402
+from jaxattn_triton.paged.ops import dense_decode, paged_decode, ragged_paged  # noqa: E402
 
 RESULTS: dict[str, Any] = {}
 Array = jax.Array
@@ -242,8 +242,8 @@ DISPATCH_NAMES = {
 
 def _backend_classes() -> dict[str, Any]:
     """The Triton serving classes by name (on --smoke: CPU subclasses that run the interpreter)."""
-    from jaxattn_triton.decode_impl import TritonDecodeAttention
-    from jaxattn_triton.paged_impl import TritonPagedDecode, TritonRaggedPagedAttention
+    from jaxattn_triton.decode.impl import TritonDecodeAttention
+    from jaxattn_triton.paged.impl import TritonPagedDecode, TritonRaggedPagedAttention
 
     classes: dict[str, Any] = {
         "page_attention": TritonPagedDecode, "ragged_page_attention_v3": TritonRaggedPagedAttention,
@@ -790,7 +790,7 @@ def bench() -> None:
 
 
 def _num_sms() -> int:
-    from jaxattn_triton.paged_ops import _num_sms as n
+    from jaxattn_triton.paged.ops import _num_sms as n
 
     return n()
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from jaxattn.backend import Feature, ImplRef, hookimpl
 
-from .launch_paged import MAX_HEAD_DIM
+from .paged.launch import MAX_HEAD_DIM
 
 __all__ = ["DECODE", "FLASH_ATTN2", "PAGE_ATTENTION", "RAGGED_PAGE_ATTENTION", "jaxattn_register_impls",
            "jaxattn_tuning_priors"]
@@ -25,7 +25,7 @@ __all__ = ["DECODE", "FLASH_ATTN2", "PAGE_ATTENTION", "RAGGED_PAGE_ATTENTION", "
 DTYPES = frozenset({"bfloat16", "float16"})
 
 FLASH_ATTN2 = ImplRef(
-    "jaxattn_triton.impl:TritonFlashAttention",
+    "jaxattn_triton.flash.impl:TritonFlashAttention",
     names=("flash_attn2", "triton_flash_attn2"),
     platforms=("cuda",),
     # Below cudnn (100), which measured faster on H200 for the calls both accept; above
@@ -45,7 +45,7 @@ FLASH_ATTN2 = ImplRef(
 # Priority 100: above flash_attn2 (90) for the decode-shaped calls it accepts (T <= 16),
 # which it runs split-K over the cache.
 DECODE = ImplRef(
-    "jaxattn_triton.decode_impl:TritonDecodeAttention",
+    "jaxattn_triton.decode.impl:TritonDecodeAttention",
     names=("autoregressive_decodeattn",),
     platforms=("cuda",),
     priority=100,
@@ -69,7 +69,7 @@ PAGED_FEATURES = frozenset({
     Feature.RAGGED, Feature.QUANTIZED_KV,
 })
 RAGGED_PAGE_ATTENTION = ImplRef(
-    "jaxattn_triton.paged_impl:TritonRaggedPagedAttention",
+    "jaxattn_triton.paged.impl:TritonRaggedPagedAttention",
     names=("ragged_page_attention_v3", "ragged_page_attention_v2", "ragged_page_attention"),
     platforms=("cuda",),
     priority=100,
@@ -81,7 +81,7 @@ RAGGED_PAGE_ATTENTION = ImplRef(
     features=PAGED_FEATURES,
 )
 PAGE_ATTENTION = ImplRef(
-    "jaxattn_triton.paged_impl:TritonPagedDecode",
+    "jaxattn_triton.paged.impl:TritonPagedDecode",
     names=("page_attention",),
     platforms=("cuda",),
     priority=100,

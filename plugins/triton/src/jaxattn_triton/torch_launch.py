@@ -1,6 +1,6 @@
 """Run one kernel launch on torch tensors, and move arrays between numpy and torch.
 
-``ops.flash_attention(..., interpret=True)`` and ``paged_ops`` in interpret mode go through
+``flash.ops.flash_attention(..., interpret=True)`` and ``paged.ops`` in interpret mode go through
 here: with ``TRITON_INTERPRET=1`` set before triton is imported, the very ``@triton.jit``
 kernels that JAX launches on a GPU run on torch CPU tensors. On a CUDA device it launches them
 natively (useful to debug a kernel outside XLA). torch is imported by the caller's use only.
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from jaxattn_triton import launch as L
+from jaxattn_triton.flash import launch as L
 
 __all__ = ["from_numpy", "run_launch", "to_numpy"]
 

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from jaxattn_triton.launch import DQ_ATOMIC, DQ_KERNEL, KernelTiles, Tiles
+from jaxattn_triton.flash.launch import DQ_ATOMIC, DQ_KERNEL, KernelTiles, Tiles
 from jaxattn_triton.spec import AttnSpec, block_dim
 
 #: This plugin's object in each section of jaxattn's tuning cache: ``{device kind|shape class: tiles}``.

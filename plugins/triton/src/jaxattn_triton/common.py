@@ -1,7 +1,7 @@
 # mypy: allow-untyped-defs, allow-incomplete-defs
 # (Triton reads a @triton.jit parameter's annotation as its kind: tl.constexpr, or nothing for
 # pointers and runtime scalars, which have no Python type to write.)
-"""Triton helpers shared by the forward and backward attention kernels.
+"""Triton helpers every kernel of this package shares (flash's forward and backward, the paged kernel).
 
 Conventions used by every kernel in this package:
 

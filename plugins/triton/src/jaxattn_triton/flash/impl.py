@@ -50,7 +50,7 @@ class TritonFlashAttention(AttentionImpl, declaration=FLASH_ATTN2):
 
     def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
         from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads
-        from jaxattn_triton.ops import flash_attention, make_spec
+        from jaxattn_triton.flash.ops import flash_attention, make_spec
         from jaxattn_triton.tuning import tiles_for
 
         q, k, v, mask, bias, causal = call.q, call.k, call.v, call.mask, call.bias, call.causal
@@ -73,7 +73,7 @@ class TritonFlashAttention(AttentionImpl, declaration=FLASH_ATTN2):
             sinks=sinks is not None,
         )  # fmt: skip
         if _split_k_decode(q, k, mask, bias, segments, kv_lengths):
-            from jaxattn_triton.paged_ops import decode_with_flash_grad
+            from jaxattn_triton.paged.ops import decode_with_flash_grad
 
             # Split-K over the keys (one program per query head would leave the GPU idle);
             # its gradient is the flash backward, on this forward's output and lse (with
@@ -102,7 +102,7 @@ class TritonFlashAttention(AttentionImpl, declaration=FLASH_ATTN2):
         """``(dq, dk, dv)`` at cotangents ``(d_out, d_lse)`` from another forward's ``out`` and ``lse``:
         the backward kernels alone (ring attention hands them the whole ring's output and lse, so
         no block's forward runs again). Features: mask, causal, segment ids, scale, soft cap."""
-        from jaxattn_triton.ops import flash_attention_backward
+        from jaxattn_triton.flash.ops import flash_attention_backward
 
         return flash_attention_backward(q, k, v, out, lse, d_out, d_lse, overrides=self._overrides(),
                                         interpret=self.interpret, **features)

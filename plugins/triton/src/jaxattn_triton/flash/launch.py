@@ -121,7 +121,7 @@ def _shapes(spec: AttnSpec) -> dict[str, tuple[int, int, int, int]]:
 
 def forward(spec: AttnSpec, tiles: KernelTiles) -> Launch:
     """Inputs: q, k, v, mask(int8), bias, q_seg, kv_seg, sinks(f32). Outputs: out, lse."""
-    from jaxattn_triton.kernels.forward import attn_fwd_kernel
+    from jaxattn_triton.flash.forward import attn_fwd_kernel
 
     sh = _shapes(spec)
     constexprs = {
@@ -156,7 +156,7 @@ PREPROCESS_BLOCK_M = 64
 
 def preprocess(spec: AttnSpec) -> Launch:
     """Inputs: out, dout, lse, dlse, sinks. Outputs: delta, lse_b (base 2, sinks in), dsink rows."""
-    from jaxattn_triton.kernels.backward import attn_bwd_preprocess_kernel
+    from jaxattn_triton.flash.backward import attn_bwd_preprocess_kernel
 
     sh = _shapes(spec)
     rows = ((spec.batch, spec.heads_q, spec.seq_q), "float32")
@@ -190,7 +190,7 @@ def dkdv(spec: AttnSpec, tiles: KernelTiles, dq_mode: int = DQ_KERNEL, part: int
     PART_DK computes half of the work; the outputs the launch does not compute (dk, or
     dv, dbias and dq_acc) are one-element dummies.
     """
-    from jaxattn_triton.kernels.backward import attn_bwd_dkdv_kernel
+    from jaxattn_triton.flash.backward import attn_bwd_dkdv_kernel
 
     sh = _shapes(spec)
     has_bias = spec.bias_shape is not None
@@ -233,7 +233,7 @@ def dkdv(spec: AttnSpec, tiles: KernelTiles, dq_mode: int = DQ_KERNEL, part: int
 
 def dq(spec: AttnSpec, tiles: KernelTiles) -> Launch:
     """Inputs: q, k, v, mask, bias, q_seg, kv_seg, dout, lse_b, delta. Outputs: dq."""
-    from jaxattn_triton.kernels.backward import attn_bwd_dq_kernel
+    from jaxattn_triton.flash.backward import attn_bwd_dq_kernel
 
     sh = _shapes(spec)
     constexprs = {

@@ -16,7 +16,7 @@ the same kernel runs from JAX (jax_triton) and on torch tensors (interpreter or 
 import triton
 import triton.language as tl
 
-from jaxattn_triton.kernels.common import (
+from jaxattn_triton.common import (
     LN2,
     LOG2E,
     mul_rounded,

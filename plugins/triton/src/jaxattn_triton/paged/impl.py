@@ -1,12 +1,12 @@
 """The paged mechanisms on CUDA GPUs (op kind "paged"), over this package's split-K paged kernel.
 
 * ``ragged_page_attention_v3`` (alias ``ragged_page_attention_v2``): any ragged batch, prefill
-  chunks and decode steps mixed (``paged_ops.ragged_paged``: a program's sequence is found by a
+  chunks and decode steps mixed (``paged.ops.ragged_paged``: a program's sequence is found by a
   binary search over ``cu_q_lens``);
 * ``page_attention``: T queries per sequence (decode, speculative decoding), no ragged batches.
 
 A uniform call (``queries_per_seq`` = T, which ``paged_attention`` makes) runs
-``paged_ops.paged_decode`` in both: sequence s owns query rows ``s*T ... s*T + T - 1``, so no
+``paged.ops.paged_decode`` in both: sequence s owns query rows ``s*T ... s*T + T - 1``, so no
 search is needed and a program takes the whole GQA group of a sequence's T queries. Rows of
 sequences past ``num_seqs`` get length 0 there (zeros, no key read). Both cache layouts are
 read in place (the combined ``kv_pages`` through strides, no copy); page-table entries and
@@ -20,7 +20,7 @@ Forward only (serving): the core refuses to differentiate paged calls. float32 i
 the kernels' ``tl.dot`` multiplies float32 in TF32 on the tensor cores, which does not honour
 float32 precision (nor JAX's matmul-precision setting).
 
-This module imports neither triton nor jax_triton: ``paged_ops`` (and the kernels) load on the
+This module imports neither triton nor jax_triton: ``paged.ops`` (and the kernels) load on the
 first call.
 """
 
@@ -31,7 +31,7 @@ import math
 from typing import Any, ClassVar
 
 from jaxattn.backend import AttentionOutput, PagedAttentionImpl, PagedCall, PagedProblem
-from jaxattn_triton import impl as flash_impl
+from jaxattn_triton.flash import impl as flash_impl
 from jaxattn_triton.plugin import PAGE_ATTENTION, RAGGED_PAGE_ATTENTION
 
 __all__ = ["TritonPagedDecode", "TritonRaggedPagedAttention"]
@@ -91,7 +91,7 @@ class _TritonPaged(PagedAttentionImpl):
         import jax.numpy as jnp
 
         from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads
-        from jaxattn_triton.paged_ops import paged_decode, ragged_paged
+        from jaxattn_triton.paged.ops import paged_decode, ragged_paged
 
         # A +inf sink: the kernel gets a finite one and the heads it absorbs are zeroed (jaxattn.sinks).
         sinks, absorbed = split_absorbing_sinks(call.softmax_aux)
@@ -127,10 +127,10 @@ class _TritonPaged(PagedAttentionImpl):
 
 
 def _tiles_note(problem: PagedProblem) -> list[str]:
-    """How the kernel tiles the call on this GPU: ``launch_paged.default_tiles`` of the spec
-    ``paged_ops`` builds for it (none where the kernels cannot take the call)."""
-    from jaxattn_triton import launch_paged as LP
-    from jaxattn_triton.paged_ops import _num_sms
+    """How the kernel tiles the call on this GPU: ``paged.launch.default_tiles`` of the spec
+    ``paged.ops`` builds for it (none where the kernels cannot take the call)."""
+    from jaxattn_triton.paged import launch as LP
+    from jaxattn_triton.paged.ops import _num_sms
 
     t = problem.queries_per_seq
     try:

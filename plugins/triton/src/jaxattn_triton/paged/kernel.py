@@ -48,7 +48,7 @@ to q's dtype in registers (exact: int8 and both fp8 formats fit bf16 and fp16), 
 applied in float32 after the products. With a bf16 q (``QK_F16``) Q K^T runs in fp16 instead,
 each query row moved into fp16's range by a power of two of its own and the scores taking it
 back with the K scale: K then widens the cheap way. An int8 K or V widened to fp16 comes
-as ``(v + 128) * 2^-24`` (``widen.py``'s format 4, ``launch_paged.int8_offset``): the scores
+as ``(v + 128) * 2^-24`` (``widen.py``'s format 4, ``paged.launch.int8_offset``): the scores
 lose ``128 sum(q)`` a row with the K scale, and the accumulator ``128 l`` once after the
 sweeps, ``l`` summing P as the product saw it (rounded to fp16). Mode 1 is one scale per row (per tensor or
 per KV head: the scores of a row times its head's K scale, the row's output times its head's V scale, once
@@ -73,8 +73,8 @@ and joined after the sweeps, so no widened tile changes layout through shared me
 import triton
 import triton.language as tl
 
-from jaxattn_triton.kernels.common import LN2, LOG2E, mul_rounded, tanh_f32
-from jaxattn_triton.kernels.widen import join_lanes, split_lanes, widen, word_lanes
+from jaxattn_triton.common import LN2, LOG2E, mul_rounded, tanh_f32
+from jaxattn_triton.paged.widen import join_lanes, split_lanes, widen, word_lanes
 
 
 @triton.jit

@@ -2,7 +2,7 @@
 
 The seed's decode mechanism: a few queries per sequence (T <= 16: a decode step, speculative
 decoding) over a dense ``(B, S, Hkv, D)`` cache, optionally holding ``kv_lengths[b]`` valid
-tokens per sequence. It runs ``paged_ops.dense_decode``'s kernel (the paged kernel with the
+tokens per sequence. It runs ``paged.ops.dense_decode``'s kernel (the paged kernel with the
 cache seen as one page per sequence, no copy): the whole GQA group of a sequence's queries in
 one program, the keys cut into enough splits to fill the GPU, merged in the same launch by
 the split that finishes last.
@@ -13,13 +13,13 @@ forward only (no gradient flows into integer or float8 values).
 
 Gradients are exact: the backward is FlashAttention-2's (this package's ``ops``), run on the
 split-K forward's output and log-sum-exp; with ``kv_lengths`` it takes the visibility as a
-``(B, 1, T, S)`` mask built from the lengths (``paged_ops.decode_with_flash_grad``).
+``(B, 1, T, S)`` mask built from the lengths (``paged.ops.decode_with_flash_grad``).
 
 Declined, with reasons: masks, biases and segment ids (the split-K kernel reads none;
 flash_attn2 runs them), dropout, attention weights, T > 16 (flash_attn2 or cudnn run longer
 queries), float32 (TF32 products), a softmax dtype other than float32.
 
-This module imports neither triton nor jax_triton: ``paged_ops`` loads on the first call.
+This module imports neither triton nor jax_triton: ``paged.ops`` loads on the first call.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from jaxattn.backend import AttentionCall, AttentionImpl, AttentionOutput, AttentionProblem, Feature
-from jaxattn_triton import impl as flash_impl
+from jaxattn_triton.flash import impl as flash_impl
 from jaxattn_triton.plugin import DECODE
 
 __all__ = ["MAX_DECODE_QUERIES", "TritonDecodeAttention"]
@@ -98,7 +98,7 @@ class TritonDecodeAttention(AttentionImpl, declaration=DECODE):
 
     def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
         from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads
-        from jaxattn_triton.paged_ops import decode_with_flash_grad, dense_decode
+        from jaxattn_triton.paged.ops import decode_with_flash_grad, dense_decode
 
         q, k, v, causal = call.q, call.k, call.v, call.causal
         # A +inf sink: the kernel gets a finite one and the heads it absorbs are zeroed (jaxattn.sinks).

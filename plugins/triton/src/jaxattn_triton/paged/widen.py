@@ -19,7 +19,7 @@ quarter-rate conversion unit):
 * int8 offset -> fp16 (``FMT`` 4): ``(v + 128) * 2^-24``, the sign flipped and the byte under
   0x00 (an fp16 subnormal, which the tensor cores multiply exactly), without the subtraction:
   three instructions for four values instead of five. A product's sum then carries 128 times
-  the other operand's sum, which the kernel takes out once (``kernels/paged.py``).
+  the other operand's sum, which the kernel takes out once (``kernel.py``).
 
 Every result is exact. Bytes holding NaN or inf come out finite: values inside a length are
 numbers, and those past it are masked to zero before they are widened. The interpreter has

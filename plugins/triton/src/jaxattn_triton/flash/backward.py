@@ -28,7 +28,7 @@ masks are the forward's (``common.py``), so masked tiles are skipped here too.
 import triton
 import triton.language as tl
 
-from jaxattn_triton.kernels.common import (
+from jaxattn_triton.common import (
     LOG2E,
     key_tile_query_range,
     mul_rounded,

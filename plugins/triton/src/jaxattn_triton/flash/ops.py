@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxattn_triton import launch as L
+from jaxattn_triton.flash import launch as L
 from jaxattn_triton.spec import AttnSpec
 
 Array = jax.Array

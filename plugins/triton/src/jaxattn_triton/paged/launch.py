@@ -1,9 +1,9 @@
-"""Launch descriptions of the paged attention kernels (``kernels/paged.py``), library-free.
+"""Launch descriptions of the paged attention kernels (``kernel.py``), library-free.
 
 A :class:`PagedSpec` is the static description of one call (shapes, layout, features); a
 :class:`PagedTiles` the tiling and the number of key splits. :func:`attention` returns a
-:class:`~jaxattn_triton.launch.Launch` in ``launch.py``'s style, one launch whatever the
-splits (the last split merges them), which ``paged_ops`` runs through ``jax_triton`` and the
+:class:`~jaxattn_triton.flash.launch.Launch` in ``launch.py``'s style, one launch whatever the
+splits (the last split merges them), which ``paged.ops`` runs through ``jax_triton`` and the
 tests through ``torch_launch.run_launch``; :func:`run` picks its outputs for either.
 
 The kernels see every query in token-major layout ``(num_tokens, Hq, D)``: paged decode's
@@ -32,7 +32,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from jaxattn_triton.launch import Launch, interpreted
+from jaxattn_triton.flash.launch import Launch, interpreted
 from jaxattn_triton.spec import block_dim
 
 SEPARATE = "separate"
@@ -410,7 +410,7 @@ def int8_offset(spec: PagedSpec) -> bool:
     return spec.cache_dtype == "int8"
 
 
-#: Cache dtypes whose K is widened by ``kernels/widen.py`` whatever its scales. An e4m3 K with
+#: Cache dtypes whose K is widened by ``widen.py`` whatever its scales. An e4m3 K with
 #: one scale per row (per tensor or per KV head) takes Triton's own cast instead where V goes
 #: to bf16, which ran faster there beside the word-read V; with per-token scales widen.py stays
 #: ahead, and where V goes to fp16 (``pv_f16``) so does widen.py. Measured
@@ -426,7 +426,7 @@ K_WIDEN_FORMATS = frozenset({"int8", "float8_e5m2"})
 
 def k_widen(spec: PagedSpec) -> int:
     """The kernel's ``K_WIDEN``: the format code when a quantized K is widened by
-    ``kernels/widen.py`` (the formats of ``K_WIDEN_FORMATS``, any with per-token K scales, and
+    ``widen.py`` (the formats of ``K_WIDEN_FORMATS``, any with per-token K scales, and
     any whose V goes to fp16, ``pv_f16``), else 0 (Triton's casts)."""
     if spec.cache_dtype is None or spec.dtype == "float32":
         return 0
@@ -500,7 +500,7 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
     (:func:`fused`). Then three more: with splits the merged ``out`` and ``lse`` and the ticket
     counters (int32, zeroed), else one-element dummies.
     """
-    from jaxattn_triton.kernels.paged import paged_attn_kernel
+    from jaxattn_triton.paged.kernel import paged_attn_kernel
 
     if tiles.head_chunk < 1 or tiles.head_chunk > spec.group:
         raise ValueError(f"head_chunk={tiles.head_chunk} must lie in 1..{spec.group}")

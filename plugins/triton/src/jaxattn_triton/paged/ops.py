@@ -19,7 +19,7 @@ A quantized cache (int8, float8_e4m3fn or float8_e5m2 values, q 16-bit) comes wi
 ``k_scale`` and ``v_scale`` broadcasting against the cache's shape without its last axis
 (``()`` per tensor, ``(Hkv,)`` per head, ``(P, page_size, Hkv)`` or ``(B, S, Hkv)`` per token):
 the cache means ``values.astype(float32) * scale[..., None]``; the kernels read the narrow
-values and the scales in place and dequantize in registers (``launch_paged``).
+values and the scales in place and dequantize in registers (``paged.launch``).
 
 On a CUDA GPU the kernels launch through ``jax_triton`` (imported on first call); with
 ``interpret=True`` they run in the Triton interpreter on torch CPU tensors through
@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxattn.backend import zero_past_lengths
-from jaxattn_triton import launch_paged as LP
-from jaxattn_triton.launch import Launch
+from jaxattn_triton.flash.launch import Launch
+from jaxattn_triton.paged import launch as LP
 
 Array = jax.Array
 
@@ -45,7 +45,7 @@ __all__ = ["decode_with_flash_grad", "dense_decode", "dense_spec", "paged_decode
 
 FORWARD_ONLY = (
     "the Triton paged/decode kernels are forward only (serving); differentiate through "
-    "jaxattn_triton.ops.flash_attention or an impl that declares Feature.GRAD instead"
+    "jaxattn_triton.flash.ops.flash_attention or an impl that declares Feature.GRAD instead"
 )
 
 
@@ -62,7 +62,7 @@ def _num_sms() -> int:
 def _execute_all(
     spec: LP.PagedSpec, tiles: LP.PagedTiles, inputs: Sequence[Array], interpret: bool
 ) -> tuple[Array, Array]:
-    from jaxattn_triton.ops import _execute
+    from jaxattn_triton.flash.ops import _execute
 
     def execute(lz: Launch, arrays: Sequence[Array]) -> list[Array]:
         return _execute(lz, arrays, interpret)
@@ -314,7 +314,7 @@ def dense_spec(
     k_scale: Any = None,
     v_scale: Any = None,
 ) -> LP.PagedSpec:
-    """The :class:`~jaxattn_triton.launch_paged.PagedSpec` of a :func:`dense_decode` call
+    """The :class:`~jaxattn_triton.paged.launch.PagedSpec` of a :func:`dense_decode` call
     (arrays or ``ShapeDtypeStruct``s, the scales too); raises ``ValueError`` with the reasons
     it cannot run."""
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
@@ -438,10 +438,10 @@ def decode_with_flash_grad(
     backward takes the visibility as a ``(B, 1, T, S)`` mask built from the lengths (keys
     ``j < L_b``, causal and window aligned to ``L_b - T + i``), the forward's own rule, so
     the gradients are those of the forward (the flash kernels have no per-sequence lengths).
-    ``flash_tiles`` is that backward's :class:`~jaxattn_triton.launch.Tiles`; when None they
+    ``flash_tiles`` is that backward's :class:`~jaxattn_triton.flash.launch.Tiles`; when None they
     are tuned ones for its spec, with ``flash_overrides`` (metadata block sizes) applied.
     """
-    from jaxattn_triton.ops import make_spec
+    from jaxattn_triton.flash.ops import make_spec
 
     b, t, hq, _ = q.shape
     s = k.shape[1]
@@ -496,7 +496,7 @@ def _decode_vjp(
 ) -> tuple[Array, Array]:  # fmt: skip
     b, t, hq, _ = q.shape
     q2, k2, v2, sinks2, table, lengths2, cu, ns = _dense_inputs(q, k, v, sinks, lengths)
-    # The kernels' argument order (launch_paged.attention), not _forward's.
+    # The kernels' argument order (paged.launch.attention), not _forward's.
     out, lse = _execute_all(pspec, ptiles, [q2, k2, v2, table, lengths2, cu, ns, sinks2], interpret)  # no scales
     out, lse = out.reshape(b, t, hq, v.shape[3]), jnp.transpose(lse.reshape(b, t, hq), (0, 2, 1))
     if fspec.mask_shape is not None:  # kv_lengths given (the backward's mask is built from them)
@@ -516,7 +516,7 @@ def _decode_vjp_bwd(
     pspec: LP.PagedSpec, ptiles: LP.PagedTiles, fspec: Any, ftiles: Any, interpret: bool,
     residuals: tuple[Array, ...], cotangents: tuple[Array, Array],
 ) -> tuple[Array | None, ...]:  # fmt: skip
-    from jaxattn_triton.ops import _flash_bwd
+    from jaxattn_triton.flash.ops import _flash_bwd
 
     q, k, v, sinks, lengths, out, lse = residuals
     # The flash backward's optional inputs, absent here: one-element dummies as in ops. With

@@ -1,1 +1,0 @@
-"""The ``@triton.jit`` kernels (imported only when a kernel is launched)."""
