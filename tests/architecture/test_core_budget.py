@@ -31,7 +31,9 @@ backend at run time (its output's type and dtype; auto declining one that raises
 5,620 for tree masks on paged calls (``ragged_paged_attention(mask_mod=)``: its check and the call's
 field); raised by 55 to 5,675 for the command lines' shared name checks (``jaxattn.cli``'s
 ``float_dtype``, ``Choices``, ``check_impl_names``: every value validated before work starts, in
-the core's commands and jaxattn-bench's) and ``explain``'s "cannot run" line for a named impl.
+the core's commands and jaxattn-bench's) and ``explain``'s "cannot run" line for a named impl;
+raised by 15 to 5,690 for an unrecognized option said by its command's parser, with "did you
+mean" (``OneLineParser``).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5675
+BUDGET = 5690
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

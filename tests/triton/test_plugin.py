@@ -261,7 +261,8 @@ def test_tiles_share_the_one_tuning_cache_with_auto(monkeypatch: pytest.MonkeyPa
     again = TuningStore.load()
     again.record(_problem(seq_q=4096, seq_k=4096), [Measurement("flash_attn2", "jaxattn-triton", "0.1.0", fwd_ms=2.0)])
     again.save()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tuning.json"]
+    # One file holds records and tiles (the lock beside it serialises concurrent saves: no data).
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".lock") == ["tuning.json"]
     cache = TuningCache.load()
     assert len(cache) == 2 and list(cache.plugins[tuning.SECTION]) == [f"FakeGPU|{tuning.shape_class(spec)}"]
     monkeypatch.setattr(tuning, "_memory", {})
