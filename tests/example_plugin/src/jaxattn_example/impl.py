@@ -52,13 +52,15 @@ class ExampleAttention(AttentionImpl, declaration=EXAMPLE):
         if call.causal:
             # Bottom-right alignment: query i is the (i + s - t)-th position of the keys.
             rows = jnp.arange(t)[:, None] + (s - t)
-            keep = keep & (jnp.arange(s)[None, :] <= rows)
+            keep = keep & (jnp.arange(s)[None, :] <= rows)[None, None]  # rank 4: no implicit rank promotion
 
-        logits = jnp.where(keep, logits, -jnp.inf)
-        # A row with nothing to attend to has max -inf; use 0 so exp() gives zeros, not NaN.
-        row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-        row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-        weights = jnp.exp((logits - row_max) * factor)
+        # Hidden logits take the lowest finite value, never -inf (jax.debug_infs flags every -inf
+        # an operation makes), and weigh exactly 0 by a select. A row with nothing to attend to
+        # (or only -inf biases) gets a max of 0 so that exp() gives zeros, not NaN.
+        lowest = jnp.asarray(jnp.finfo(softmax_dtype).min, softmax_dtype)
+        row_max = jax.lax.stop_gradient(jnp.max(jnp.where(keep, logits, lowest), axis=-1, keepdims=True))
+        row_max = jnp.where(jnp.isfinite(row_max) & (row_max > lowest), row_max, 0.0)  # -inf biases too
+        weights = jnp.where(keep, jnp.exp(jnp.where(keep, logits - row_max, 0.0) * factor), 0.0)
         total = jnp.sum(weights, axis=-1, keepdims=True)
         probs = weights / jnp.where(total == 0.0, 1.0, total)
 

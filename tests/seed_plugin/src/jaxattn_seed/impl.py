@@ -48,11 +48,14 @@ class SeedAttention(AttentionImpl):
         if mask is not None:
             keep = keep & mask
         if causal:  # bottom-right aligned: query i is the (i + s - t)-th position of the keys
-            keep = keep & (jnp.arange(s)[None, :] <= jnp.arange(t)[:, None] + (s - t))
-        logits = jnp.where(keep, logits, -jnp.inf)
-        # A row with nothing to attend to has max -inf: use 0 so exp() gives zeros, not NaN.
-        row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-        weights = jnp.exp((logits - jnp.where(jnp.isfinite(row_max), row_max, 0.0)) * factor)
+            keep = keep & (jnp.arange(s)[None, :] <= jnp.arange(t)[:, None] + (s - t))[None, None]  # rank 4
+        # Hidden logits take the lowest finite value, never -inf (jax.debug_infs flags every -inf
+        # an operation makes), and weigh exactly 0 by a select; a row with nothing to attend to
+        # (or only -inf biases) gets a max of 0, so exp() gives zeros, not NaN.
+        lowest = jnp.asarray(jnp.finfo(jnp.float32).min, jnp.float32)
+        row_max = jax.lax.stop_gradient(jnp.max(jnp.where(keep, logits, lowest), axis=-1, keepdims=True))
+        row_max = jnp.where(jnp.isfinite(row_max) & (row_max > lowest), row_max, 0.0)  # -inf biases too
+        weights = jnp.where(keep, jnp.exp(jnp.where(keep, logits - row_max, 0.0) * factor), 0.0)
         total = jnp.sum(weights, axis=-1, keepdims=True)
         probs = weights / jnp.where(total == 0.0, 1.0, total)
         out = jnp.einsum("bhts,bshd->bthd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)

@@ -101,11 +101,14 @@ def _ragged(q: Array, k_seq: Array, v_seq: Array, seq: Array, pos: Array, valid:
         # The row's rule is made rank 3, as the logits (jax_numpy_rank_promotion="raise").
         lowest = jnp.asarray(jnp.finfo(logits.dtype).min, logits.dtype)
         visible = visible if visible.ndim == 3 else visible[None, None, :]
-        row_max = jnp.max(jnp.where(visible, logits, lowest), axis=-1)  # (Hkv, G)
+        # The select stands between the scale's product and the max's subtraction, so that no
+        # compiler contracts them into one multiply-add (past ~2^32 its exact product overflows exp).
+        masked = jnp.where(visible, logits, lowest)
+        row_max = jnp.max(masked, axis=-1)  # (Hkv, G)
         if aux is not None:
             row_max = jnp.maximum(row_max, aux)
         shift = jnp.where(jnp.isfinite(row_max) & (row_max > lowest), row_max, 0)
-        exp = jnp.exp(jnp.where(visible, logits - shift[..., None], lowest))
+        exp = jnp.exp(masked - shift[..., None])  # hidden: exp(lowest - shift) is 0
         key_sum = jnp.sum(exp, axis=-1)
         denom = key_sum if aux is None else key_sum + jnp.exp(aux - shift)
         probs = exp / jnp.where(key_sum > 0, denom, 1)[..., None]
