@@ -189,8 +189,10 @@ class ConformanceSuite(ModConformance):
     #: Seed of ``test_decode_sweep`` (None: ``$JAXATTN_SWEEP_SEED``, else 0) and its case count.
     sweep_seed: ClassVar[int | None] = None
     sweep_count: ClassVar[int] = 4
-    #: Strict modes (``STRICT_MODES``) the backend is known to fail, each with why: strict
-    #: expected failures, so a fix shows up as an unexpected pass.
+    #: Strict modes (``STRICT_MODES``) the backend is known to fail, each with why: expected
+    #: failures, not strict ones, because such a failure may depend on what the process traced
+    #: before (Pallas TPU interpret mode under jax_enable_checks passed and failed across runs of
+    #: one suite); a fix shows up as an unexpected pass (XPASS) in the summary.
     strict_mode_failures: ClassVar[Mapping[str, str]] = {}
 
     # -- configuration hooks -------------------------------------------------------------
@@ -278,7 +280,7 @@ class ConformanceSuite(ModConformance):
             metafunc.parametrize("x64_case", _X64_CASES, ids=[c.name for c in _X64_CASES])
         elif "strict_mode" in names:
             metafunc.parametrize("strict_mode", [
-                pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=cls.strict_mode_failures[m]))
+                pytest.param(m, marks=pytest.mark.xfail(strict=False, reason=cls.strict_mode_failures[m]))
                 if m in cls.strict_mode_failures else m for m in STRICT_MODES])
         elif "dtype" in names:
             metafunc.parametrize("dtype", cls.dtypes)
