@@ -23,6 +23,7 @@ import jaxattn
 from jaxattn import AttentionImpl, Feature, ImplRef
 from jaxattn.cli import main as cli_main
 from jaxattn.declaration import CLASS_FIELDS, DeclarationError
+from jaxattn.names import FIRST_PARTY, PROVIDERS, install_hint
 from jaxattn.paged_impl import PagedAttentionImpl
 from jaxattn.plugins import isolated_registry, problems, registry
 
@@ -259,6 +260,27 @@ def test_every_first_party_impl_binds_to_the_declaration_that_names_it() -> None
         stated = ref.class_values()
         assert set(stated) >= {"platforms", "priority", "description", "dtypes", "features"}, ref.target
         assert {f: getattr(cls, f) for f in stated} == stated, ref.target
+
+
+def test_the_core_table_of_known_names_is_what_the_first_party_plugins_declare() -> None:
+    """``names.PROVIDERS`` (which distribution brings a name no installed plugin provides) restates
+    nothing: every name an installed first-party plugin declares is listed under its distribution,
+    and nothing more is listed for an installed one."""
+    with isolated_registry(discover=True):
+        declared = {(name, p.distribution) for p in registry().providers if p.first_party for name in p.names}
+    installed = {dist for _, dist in declared}
+    assert installed >= {"jaxattn-vanilla", "jaxattn-sdpa"}
+    listed = {(name, dist) for name, dists in PROVIDERS.items() for dist in dists if dist in installed}
+    assert listed == declared
+    assert {dist for dists in PROVIDERS.values() for dist in dists} == FIRST_PARTY
+
+
+def test_install_hints_come_from_the_extras_of_jaxattn() -> None:
+    hint = install_hint(("jaxattn-triton", "jaxattn-pallas"))
+    assert hint.startswith("jaxattn-triton: pip install 'jaxattn[gpu]'; jaxattn-pallas: pip install 'jaxattn[tpu]'")
+    assert "jaxattn[cuda12]" in hint and "jaxattn[libtpu]" in hint
+    assert install_hint(("jaxattn-vanilla",)).startswith("jaxattn-vanilla: pip install 'jaxattn[cpu]' (also in ")
+    assert install_hint(("somebody-else",)).startswith("somebody-else: pip install somebody-else")
 
 
 def _class_attributes_set_in_bodies(path: Path) -> list[str]:

@@ -13,7 +13,7 @@ from .backend.base import Backend, resolve_platform
 from .device import DeviceInfo, detect_device
 from .errors import ImplNotFoundError, PluginError
 from .metadata import DEFAULT_METADATA, AttentionMetadata
-from .names import PROVIDERS, AttentionMechanisms, normalize_name
+from .names import PROVIDERS, AttentionMechanisms, install_hint, normalize_name
 from .plugins import plugin_records, register_impl_class, registry
 from .registry import ImplInfo, Provider
 
@@ -62,12 +62,10 @@ def _not_found(name: str, platform: str, vendor: str | None, md: AttentionMetada
             err = PluginError(f"plugin {record.name!r} ({record.distribution}) is installed but broken: "
                               f"{record.reason}")
             return err  # type: ignore[return-value]
-    sources = PROVIDERS.get(name)
-    if sources:
-        where = "; ".join(f"{src.distribution} ({src.platforms}): {src.install}" for src in sources)
+    if distributions := PROVIDERS.get(name):
         return ImplNotFoundError(
             f"{name!r} is a known attention mechanism, but no installed plugin provides it. It comes with "
-            f"{where}. Available here: {here}. `jaxattn list` shows what is installed."
+            f"{install_hint(distributions)}. Available here: {here}. `jaxattn list` shows what is installed."
         )
     known = sorted(set(reg.names()) | {m.value for m in AttentionMechanisms})
     return ImplNotFoundError(

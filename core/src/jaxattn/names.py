@@ -1,16 +1,16 @@
 """The implementation names every jaxattn release understands (the seed's ``AttentionMechanisms``).
 
-A name is *known* when it is a member here, whether or not an installed plugin provides it:
-asking for a known name that nothing here provides says which distributions bring it and how
-to install them, instead of "unknown attention impl".
+A name is *known* when it is a member here or a name ``PROVIDERS`` lists, whether or not an
+installed plugin provides it: asking for a known name that nothing here provides says which
+distributions bring it and how to install them, instead of "unknown attention impl".
 """
 
 from __future__ import annotations
 
-import dataclasses
+import re
 from enum import StrEnum
 
-__all__ = ["FIRST_PARTY", "PROVIDERS", "AttentionMechanisms", "MechanismSource", "normalize_name"]
+__all__ = ["FIRST_PARTY", "PROVIDERS", "AttentionMechanisms", "install_hint", "normalize_name"]
 
 
 class AttentionMechanisms(StrEnum):
@@ -33,46 +33,62 @@ class AttentionMechanisms(StrEnum):
     RAGGED_PAGE_ATTENTION = "ragged_page_attention"  # EasyDeL's unversioned name of the same op
 
 
-@dataclasses.dataclass(frozen=True)
-class MechanismSource:
-    """A distribution that provides a mechanism, where it runs, and how to install it."""
+_PAGED = ("page_attention", "ragged_page_attention_v2", "ragged_page_attention_v3", "ragged_page_attention")
 
-    distribution: str
-    platforms: str
-    install: str
+#: The names each of this project's distributions provides, for a name that no installed plugin
+#: provides: the one thing the core must know of a plugin that is not there. Each plugin declares
+#: its names itself (its ``ImplRef``s); tests/architecture/test_declarations.py holds this table
+#: to those declarations. Where each runs and how to install it is not restated here: the
+#: ``jaxattn`` distribution's extras say which bring it (``install_hint``).
+_NAMES: dict[str, tuple[str, ...]] = {
+    "jaxattn-vanilla": ("vanilla", "blockwise", "vanilla_paged", "autoregressive_decodeattn", *_PAGED),
+    "jaxattn-sdpa": ("sdpa", "cudnn", "cuda_flash_attn2"),
+    "jaxattn-triton": ("flash_attn2", "triton_flash_attn2", "autoregressive_decodeattn", *_PAGED),
+    "jaxattn-pallas": ("flash_attn2", *_PAGED),
+    "jaxattn-mosaic": ("mosaic_flash",),
+    "jaxattn-splash": ("splash", "blocksparse"),
+    "jaxattn-ring": ("ring",),
+}
 
-
-_VANILLA = MechanismSource("jaxattn-vanilla", "every platform", "pip install 'jaxattn[cpu]'")
-_SDPA = MechanismSource("jaxattn-sdpa", "every platform (cuDNN on NVIDIA GPUs)", "pip install 'jaxattn[cpu]'")
-_CUDNN = MechanismSource("jaxattn-sdpa", "NVIDIA GPUs", "pip install 'jaxattn[gpu,cuda12]'")
-_TRITON = MechanismSource("jaxattn-triton", "NVIDIA GPUs", "pip install 'jaxattn[gpu,cuda12]'")
-_PALLAS = MechanismSource("jaxattn-pallas", "TPUs", "pip install 'jaxattn[tpu,libtpu]'")
-_MOSAIC = MechanismSource("jaxattn-mosaic", "NVIDIA Hopper GPUs (sm_90)", "pip install 'jaxattn[gpu,cuda12]'")
-_SPLASH = MechanismSource("jaxattn-splash", "TPUs", "pip install 'jaxattn[tpu,libtpu]'")
-_RING = MechanismSource("jaxattn-ring", "every platform, over a device mesh", "pip install 'jaxattn[ring]'")
-
-#: Which first-party distributions provide each known mechanism (third parties may add more).
-PROVIDERS: dict[str, tuple[MechanismSource, ...]] = {
-    "vanilla": (_VANILLA,),
-    "sdpa": (_SDPA,),
-    "cudnn": (_CUDNN,),
-    "cuda_flash_attn2": (_CUDNN,),
-    "flash_attn2": (_TRITON, _PALLAS),
-    "mosaic_flash": (_MOSAIC,),
-    "splash": (_SPLASH,),
-    "blocksparse": (_SPLASH,),
-    "ring": (_RING,),
-    "blockwise": (_VANILLA,),
-    "autoregressive_decodeattn": (_VANILLA, _TRITON),
-    "page_attention": (_VANILLA, _TRITON, _PALLAS),
-    "ragged_page_attention_v2": (_VANILLA, _TRITON, _PALLAS),
-    "ragged_page_attention_v3": (_VANILLA, _TRITON, _PALLAS),
-    "ragged_page_attention": (_VANILLA, _TRITON, _PALLAS),
+#: Which first-party distributions provide each name they declare (third parties may add more).
+PROVIDERS: dict[str, tuple[str, ...]] = {
+    name: tuple(dist for dist, declared in _NAMES.items() if name in declared) for names in _NAMES.values()
+    for name in names
 }
 
 #: This project's plugin distributions. A name one of them provides is a built-in name: another
 #: distribution's provider of it is rejected unless it declares the takeover (``ImplRef.overrides``).
-FIRST_PARTY: frozenset[str] = frozenset(src.distribution for sources in PROVIDERS.values() for src in sources)
+FIRST_PARTY: frozenset[str] = frozenset(_NAMES)
+
+
+def _extras() -> dict[str, list[str]]:
+    """The ``jaxattn`` distribution's extras and the distributions each requires (its metadata;
+    empty where it is not installed, as in a bare source checkout)."""
+    import importlib.metadata
+
+    try:
+        requires = importlib.metadata.requires("jaxattn") or []
+    except importlib.metadata.PackageNotFoundError:
+        return {}
+    extras: dict[str, list[str]] = {}
+    for requirement in requires:  # e.g. "jaxattn-triton[gpu]; extra == 'gpu'"
+        if found := re.match(r"\s*([\w.-]+)[^;]*;.*\bextra\s*==\s*['\"]([^'\"]+)", requirement):
+            extras.setdefault(found.group(2), []).append(found.group(1).lower().replace("_", "-"))
+    return extras
+
+
+def install_hint(distributions: tuple[str, ...]) -> str:
+    """How to install each of ``distributions``: ``pip install 'jaxattn[gpu]'`` for the first extra
+    of ``jaxattn`` that brings it (the others that do named after it; ``pip install <distribution>``
+    where none does), then the runtime extras (those that bring only jax: ``jaxattn[cuda12]``...)."""
+    extras = _extras()
+    hints = []
+    for dist in distributions:
+        first, *others = [e for e, dists in extras.items() if dist in dists and e != "all"] or [""]
+        also = f" (also in {', '.join(f'jaxattn[{e}]' for e in others)})" if others else ""
+        hints.append(f"{dist}: pip install " + (f"'jaxattn[{first}]'{also}" if first else dist))
+    runtimes = ", ".join(f"jaxattn[{e}]" for e, dists in extras.items() if set(dists) == {"jax"})
+    return "; ".join(hints) + (f". An accelerator's runtime is an extra of its own: {runtimes}" if runtimes else "")
 
 
 def normalize_name(name: object, argument: str = "impl") -> str:
