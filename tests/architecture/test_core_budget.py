@@ -33,7 +33,10 @@ field); raised by 55 to 5,675 for the command lines' shared name checks (``jaxat
 ``float_dtype``, ``Choices``, ``check_impl_names``: every value validated before work starts, in
 the core's commands and jaxattn-bench's) and ``explain``'s "cannot run" line for a named impl;
 raised by 15 to 5,690 for an unrecognized option said by its command's parser, with "did you
-mean" (``OneLineParser``).
+mean" (``OneLineParser``); raised by 50 to 5,740 for the packed visibility of a mask_mod
+(``masks.mask_bits``, ``from_bits``, ``block_mask(bits=True)``): what a kernel that cannot run a
+traced function reads (the Triton ``flash_attn2``, the Triton ragged kernel's tree masks), built once
+in the core so both read the same words.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5690
+BUDGET = 5740
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

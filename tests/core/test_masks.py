@@ -91,6 +91,33 @@ def test_block_mask_classifies_tiles_eagerly_and_under_jit() -> None:
     assert masks.block_mask(masks.causal(), 3, 8, 16, 16, block_q=8, block_kv=8).kind.shape == (1, 1, 2, 2)
 
 
+def test_mask_bits_pack_the_visibility_and_from_bits_classifies_any_tiling() -> None:
+    b, h, t, s = 2, 3, 21, 75  # S not a multiple of 32: the last word's high bits are 0
+    ids = jnp.asarray(np.arange(s)[None] // 20 + np.arange(b)[:, None], jnp.int32)
+    mods = [masks.causal(), lambda b_, h_, q, kv: ((kv + b_ + h_) % 4 != 3) & (q + h_ >= kv),
+            masks.and_(masks.causal(), masks.document(ids[:, :t], ids))]
+    for mod in mods:
+        dense = grid(mod, b, h, t, s)
+        bits = np.asarray(masks.mask_bits(mod, b, h, t, s, block_q=8))
+        assert bits.dtype == np.int32 and bits.shape[2:] == (t, 3)
+        unpacked = (bits.view(np.uint32)[..., None] >> np.arange(32, dtype=np.uint32)) & 1
+        unpacked = unpacked.reshape(*bits.shape[:3], 96)
+        assert not unpacked[..., s:].any()
+        np.testing.assert_array_equal(np.broadcast_to(unpacked[..., :s], dense.shape), dense)
+        for bq, bk in ((4, 16), (8, 32), (16, 64), (5, 7), (128, 128)):
+            bm = masks.block_mask(mod, b, h, t, s, block_q=bq, block_kv=bk, bits=True)
+            np.testing.assert_array_equal(np.asarray(bm.bits), bits)
+            got = masks.from_bits(bm.bits, s, block_q=bq, block_kv=bk)
+            assert (got.block_q, got.block_kv, got.shape) == (bm.block_q, bm.block_kv, bm.shape)
+            np.testing.assert_array_equal(np.asarray(got.kind), _expected_kind(mod, *bm.shape, bm.block_q,
+                                                                               bm.block_kv))
+    # Under jit, from a traced capture; the bits travel in the BlockMask (a pytree leaf).
+    traced = jax.jit(lambda i: masks.block_mask(masks.document(i), b, 1, s, s, bits=True))(ids)
+    np.testing.assert_array_equal(np.asarray(traced.bits), np.asarray(masks.mask_bits(masks.document(ids), b, 1, s, s)))
+    with pytest.raises(jaxattn.InvalidInputError, match="bits"):
+        masks.from_bits(jnp.zeros((1, 1, t, 2), jnp.int32), s)
+
+
 def _qkv(t: int = T, s: int = S) -> tuple[jax.Array, jax.Array, jax.Array]:
     keys = jax.random.split(jax.random.key(0), 3)
     q = jax.random.normal(keys[0], (B, t, HQ, 8))

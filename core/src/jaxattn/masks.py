@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,8 @@ __all__ = [
     "causal",
     "chunked_causal",
     "document",
+    "from_bits",
+    "mask_bits",
     "or_",
     "prefix_lm",
     "sliding_window",
@@ -152,7 +155,8 @@ def _register() -> None:
     if not _registered:
         import jax
 
-        jax.tree_util.register_dataclass(BlockMask, data_fields=["kind"], meta_fields=["shape", "block_q", "block_kv"])
+        jax.tree_util.register_dataclass(BlockMask, data_fields=["kind", "bits"],
+                                         meta_fields=["shape", "block_q", "block_kv"])
         _registered = True
 
 
@@ -161,12 +165,15 @@ class BlockMask:
     """Which ``block_q x block_kv`` tiles of a mask_mod's ``(B, Hq, T, S)`` grid are empty, partial
     or full: ``kind`` int8 ``(B|1, Hq|1, ceil(T / block_q), ceil(S / block_kv))``, 0 empty (no
     visible pair: backends skip it), 1 partial, 2 full. Blocks are capped at T and S. Built by
-    ``block_mask``; passed as ``block_mask=`` with its mask_mod to every call it describes."""
+    ``block_mask``; passed as ``block_mask=`` with its mask_mod to every call it describes.
+    ``bits``: the visibility itself, packed (``mask_bits``), when built with ``bits=True``;
+    a kernel that cannot run the mask_mod reads its partial tiles from them."""
 
     kind: Any
     shape: tuple[int, int, int, int]  # (B|1, Hq|1, T, S) it was built for
     block_q: int
     block_kv: int
+    bits: Any = None
 
     def __post_init__(self) -> None:
         _register()
@@ -188,44 +195,112 @@ class BlockMask:
         return f"BlockMask(shape={self.shape}, blocks={self.block_q}x{self.block_kv}, {where})"
 
 
-def block_mask(mask_mod: MaskMod, B: int, Hq: int, T: int, S: int, *, block_q: int = 128,
-               block_kv: int = 128) -> BlockMask:
-    """Evaluate ``mask_mod`` once over the ``(B, Hq, T, S)`` grid and classify its tiles.
-
-    ``B`` or ``Hq`` may be 1 for a mask_mod that does not depend on them (the BlockMask then
-    serves any batch or head count). Works under ``jax.jit`` too (the mask_mod may close over
-    traced arrays); memory is one row of tiles at a time, ``B * Hq * block_q * S`` booleans.
-    """
-    import jax
-    import jax.numpy as jnp
-
-    for name, value in (("B", B), ("Hq", Hq), ("T", T), ("S", S), ("block_q", block_q), ("block_kv", block_kv)):
+def _checked_sizes(mask_mod: MaskMod, **sizes: int) -> None:
+    for name, value in sizes.items():
         _size(name, value, 1)
     if not callable(mask_mod):
         raise InvalidTypeError("mask_mod", f"must be a function (b, h, q_idx, kv_idx) -> bool, got "
                                f"{type(mask_mod).__name__}")
-    bq, bk = min(block_q, T), min(block_kv, S)
-    nq, nk = -(-T // bq), -(-S // bk)
+
+
+def _pack(seen: Any) -> Any:
+    """``(..., 32 * W)`` booleans -> ``(..., W)`` int32 words, key ``32 w + j`` at bit j of word w."""
+    import jax
+    import jax.numpy as jnp
+
+    words = seen.reshape(*seen.shape[:-1], -1, 32).astype(jnp.uint32) << jnp.arange(32, dtype=jnp.uint32)
+    return jax.lax.bitcast_convert_type(jnp.sum(words, axis=-1, dtype=jnp.uint32), jnp.int32)  # distinct bits: exact
+
+
+def _evaluate(mask_mod: MaskMod, B: int, Hq: int, T: int, S: int, bq: int, bk: int, bits: bool) -> tuple[Any, Any]:
+    """``(kind, bits)`` of ``block_mask`` and ``mask_bits`` from one pass over ``bq`` rows at a time
+    (bits None unless asked for)."""
+    import jax
+    import jax.numpy as jnp
+
+    nq, nk, nw = -(-T // bq), -(-S // bk), -(-S // 32)
+    width = max(nk * bk, 32 * nw if bits else 0)
     b = jnp.arange(B, dtype=jnp.int32).reshape(B, 1, 1, 1)
     h = jnp.arange(Hq, dtype=jnp.int32).reshape(1, Hq, 1, 1)
-    cols = jnp.arange(nk * bk, dtype=jnp.int32)
+    cols = jnp.arange(width, dtype=jnp.int32)
     kv_idx = jnp.minimum(cols, S - 1).reshape(1, 1, 1, -1)  # padding reads the last key, then is dropped
-    col_ok = (cols < S).reshape(1, 1, 1, nk, bk)
+    col_ok = (cols < S).reshape(1, 1, 1, -1)
 
     def row(i: Any) -> Any:
         rows = i * bq + jnp.arange(bq, dtype=jnp.int32)
         q_idx = jnp.minimum(rows, T - 1).reshape(1, 1, -1, 1)
         seen = jnp.asarray(mask_mod(b, h, q_idx, kv_idx))
         lead = tuple(seen.shape[:2]) if seen.ndim == 4 else (1, 1)
-        seen = jnp.broadcast_to(seen, (*lead, bq, nk * bk)).reshape(*lead, bq, nk, bk)
-        ok = (rows < T).reshape(1, 1, bq, 1, 1) & col_ok
-        has = jnp.any(seen & ok, axis=(2, 4))
-        full = jnp.all(seen | ~ok, axis=(2, 4))
-        return jnp.where(full, FULL, jnp.where(has, PARTIAL, EMPTY)).astype(jnp.int8)
+        seen = jnp.broadcast_to(seen, (*lead, bq, width))
+        ok = (rows < T).reshape(1, 1, bq, 1) & col_ok
+        tiles = (*lead, bq, nk, bk)
+        has = jnp.any((seen & ok)[..., : nk * bk].reshape(tiles), axis=(2, 4))
+        full = jnp.all((seen | ~ok)[..., : nk * bk].reshape(tiles), axis=(2, 4))
+        kind = jnp.where(full, FULL, jnp.where(has, PARTIAL, EMPTY)).astype(jnp.int8)
+        return kind, (_pack((seen & col_ok)[..., : 32 * nw]) if bits else kind)
 
-    kind = jax.lax.map(row, jnp.arange(nq, dtype=jnp.int32))  # (nq, B|1, Hq|1, nk)
+    kind, words = jax.lax.map(row, jnp.arange(nq, dtype=jnp.int32))  # (nq, B|1, Hq|1, ...)
     kind = jnp.transpose(kind, (1, 2, 0, 3))
-    return BlockMask(kind=kind, shape=(int(kind.shape[0]), int(kind.shape[1]), T, S), block_q=bq, block_kv=bk)
+    if not bits:
+        return kind, None
+    words = jnp.transpose(words, (1, 2, 0, 3, 4)).reshape(*words.shape[1:3], nq * bq, nw)
+    return kind, words[:, :, :T]
+
+
+def block_mask(mask_mod: MaskMod, B: int, Hq: int, T: int, S: int, *, block_q: int = 128,
+               block_kv: int = 128, bits: bool = False) -> BlockMask:
+    """Evaluate ``mask_mod`` once over the ``(B, Hq, T, S)`` grid and classify its tiles.
+
+    ``B`` or ``Hq`` may be 1 for a mask_mod that does not depend on them (the BlockMask then
+    serves any batch or head count). Works under ``jax.jit`` too (the mask_mod may close over
+    traced arrays); memory is one row of tiles at a time, ``B * Hq * block_q * S`` booleans.
+    ``bits=True`` also keeps the packed visibility (``mask_bits``, in the same pass), for
+    kernels that read partial tiles from it (the Triton ``flash_attn2``).
+    """
+    _checked_sizes(mask_mod, B=B, Hq=Hq, T=T, S=S, block_q=block_q, block_kv=block_kv)
+    bq, bk = min(block_q, T), min(block_kv, S)
+    kind, words = _evaluate(mask_mod, B, Hq, T, S, bq, bk, bool(bits))
+    return BlockMask(kind=kind, shape=(int(kind.shape[0]), int(kind.shape[1]), T, S), block_q=bq, block_kv=bk,
+                     bits=words)
+
+
+def mask_bits(mask_mod: MaskMod, B: int, Hq: int, T: int, S: int, *, block_q: int = 128) -> Any:
+    """The mask_mod's visibility packed 32 keys to a word: int32 ``(B|1, Hq|1, T, ceil(S / 32))``,
+    bit ``j`` of word ``w`` in row ``i`` set when query ``i`` sees key ``32 w + j`` (keys past S
+    are 0). 1/8 of a boolean mask; a dimension is 1 when the mask_mod's result does not vary
+    along it. For kernels that cannot execute a traced function: they read these words for
+    partial tiles. Evaluated ``block_q`` rows at a time, under ``jax.jit`` too."""
+    _checked_sizes(mask_mod, B=B, Hq=Hq, T=T, S=S, block_q=block_q)
+    return _evaluate(mask_mod, B, Hq, T, S, min(block_q, T), S, True)[1]
+
+
+def from_bits(bits: Any, S: int, *, block_q: int = 128, block_kv: int = 128) -> BlockMask:
+    """The ``BlockMask`` of any tiling, classified from ``mask_bits`` words (the mask_mod is not
+    evaluated again; ``bits`` kept in it): a kernel whose tiles differ from a given block mask's
+    classifies its own. Reads the words once: ``(B|1, Hq|1, T, ceil(S / 32))`` int32."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    lead, T = tuple(int(n) for n in bits.shape[:2]), int(bits.shape[2])
+    _size("S", S, 1)
+    bq, bk = min(_size("block_q", block_q, 1), T), min(_size("block_kv", block_kv, 1), S)
+    if tuple(bits.shape[2:]) != (T, -(-S // 32)):
+        raise InvalidInputError("bits", f"must be (B|1, Hq|1, T, ceil(S / 32)) words for S={S}, got {bits.shape}")
+    nq, nk, unit = -(-T // bq), -(-S // bk), math.gcd(bk, 32)  # a tile spans whole units of a word
+    words = jax.lax.bitcast_convert_type(bits, jnp.uint32)
+    shifts = jnp.arange(0, 32, unit, dtype=jnp.uint32)
+    units = ((words[..., None] >> shifts) & np.uint32((1 << unit) - 1)).reshape(*lead, T, -1)
+    width = nk * bk // unit
+    units = jnp.pad(units[..., :width], ((0, 0), (0, 0), (0, nq * bq - T), (0, max(0, width - units.shape[-1]))))
+    count = np.clip(S - unit * np.arange(width), 0, unit)
+    expect = jnp.asarray(((1 << count) - 1).astype(np.uint32))  # a unit's keys below S, all visible
+    pad = (jnp.arange(nq * bq) >= T)[:, None]
+    tiles = (*lead, nq, bq, nk, bk // unit)
+    has = jnp.any((units != 0).reshape(tiles), axis=(3, 5))
+    full = jnp.all(((units == expect) | pad).reshape(tiles), axis=(3, 5))
+    kind = jnp.where(full, FULL, jnp.where(has, PARTIAL, EMPTY)).astype(jnp.int8)
+    return BlockMask(kind=kind, shape=(*lead, T, S), block_q=bq, block_kv=bk, bits=bits)  # type: ignore[arg-type]
 
 
 # -- checks (the validation layer calls these once per call signature) --------------------------
