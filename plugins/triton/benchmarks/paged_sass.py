@@ -74,7 +74,8 @@ def main() -> None:
                                     kv_heads=kvh or tiles.kv_heads)  # fmt: skip
     lz = LP.attention(spec, tiles)
     cache = CACHE_TYPES[a.fmt]
-    types = ["*bf16", cache, cache, "*i32", "*i32", "*i32", "*i32", "*fp32", "*fp32", "*fp32", *output_types(lz)]
+    types = ["*bf16", cache, cache, "*i32", "*i32", "*i32", "*i32", "*fp32", "*fp32", "*fp32", "*i32", "*i32",
+             *output_types(lz)]
     compiled, usage, sass = compile_sm90(lz, types)
     lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
     ops = [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0].split(".")[0] for line in lines]

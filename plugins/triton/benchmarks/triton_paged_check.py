@@ -1255,7 +1255,7 @@ def compile_check() -> None:
             t = dataclasses.replace(
                 LP.default_tiles(spec, num_splits=splits), block_n=bn, num_warps=warps, num_stages=stages
             )
-            types = ["*bf16"] * 3 + ["*i32"] * 4 + ["*fp32"] * 3  # ..., sinks, k_scale, v_scale
+            types = ["*bf16"] * 3 + ["*i32"] * 4 + ["*fp32"] * 3 + ["*i32"] * 2  # ..., sinks, scales, mask_mod
             lz = LP.attention(spec, t)
             row = {"name": label, **compile_one(lz, types + output_types(lz))}
             log(f"compile {label}: {row}")

@@ -78,7 +78,8 @@ RAGGED_PAGE_ATTENTION = ImplRef(
     overrides=("ragged_page_attention_v3", "ragged_page_attention_v2", "ragged_page_attention"),
     dtypes=DTYPES,
     head_dims=(1, MAX_HEAD_DIM),
-    features=PAGED_FEATURES,
+    # mask_mod: evaluated in JAX into packed visibility bits per query token (paged.visibility).
+    features=PAGED_FEATURES | {Feature.MASK_MOD},
 )
 PAGE_ATTENTION = ImplRef(
     "jaxattn_triton.paged.impl:TritonPagedDecode",

@@ -5,6 +5,11 @@
   binary search over ``cu_q_lens``);
 * ``page_attention``: T queries per sequence (decode, speculative decoding), no ragged batches.
 
+A ``mask_mod(seq, h, q_pos, kv_pos)`` (tree masks over a speculative step's draft tokens, any
+other mask over positions within each sequence; ``Feature.MASK_MOD``, ragged calls) is evaluated
+in JAX into packed visibility bits and key bounds per query token (``paged.visibility``), which
+``ragged_paged``'s kernel reads.
+
 A uniform call (``queries_per_seq`` = T, which ``paged_attention`` makes) runs
 ``paged.ops.paged_decode`` in both: sequence s owns query rows ``s*T ... s*T + T - 1``, so no
 search is needed and a program takes the whole GQA group of a sequence's T queries. Rows of
@@ -72,7 +77,7 @@ class _TritonPaged(PagedAttentionImpl):
         return [f"{r}; {self.instead()}" for r in declared + own] + grad + rest
 
     def notes(self, problem: PagedProblem) -> list[str]:
-        if problem.queries_per_seq is not None:
+        if problem.queries_per_seq is not None and not problem.mask_mod:
             kernel = (f"paged_decode kernel: {problem.queries_per_seq} queries per sequence, the GQA group of a "
                       "sequence's queries in one program, split-K over its pages")
         else:
@@ -83,6 +88,9 @@ class _TritonPaged(PagedAttentionImpl):
         if problem.kv_dtype is not None:
             layout += (f" as {problem.kv_dtype}, dequantized in registers (k_scale, v_scale read in place; no "
                        "full-size copy)")
+        if problem.mask_mod:
+            kernel += ("; the mask_mod evaluated in JAX into packed visibility bits and key bounds per query token "
+                       "(tiles outside the keys a block sees skipped, fully seen ones without mask arithmetic)")
         return [kernel, layout, *_tiles_note(problem)]
 
     def forward_cuda(self, call: PagedCall) -> AttentionOutput:
@@ -107,7 +115,7 @@ class _TritonPaged(PagedAttentionImpl):
             "interpret": self.interpret, "k_scale": call.k_scale, "v_scale": call.v_scale,
             **cache,
         }  # fmt: skip
-        if queries_per_seq is not None:
+        if queries_per_seq is not None and call.mask_mod is None:
             # Uniform: sequence s owns rows s*T ... s*T + T - 1 (cu_q_lens = arange * T). Rows of
             # sequences past num_seqs see no key: length 0 gives their zeros. paged_attention's
             # count is every row, known before tracing: the mask would be a launch of its own
@@ -121,7 +129,8 @@ class _TritonPaged(PagedAttentionImpl):
             assert not isinstance(out, tuple)
             rows = jnp.reshape(out, (n * t, hq, -1))
             return AttentionOutput(attention_outputs=zero_absorbed_heads(rows, absorbed, 1))
-        out = ragged_paged(call.q, k, v, page_table, kv_lengths, call.cu_q_lens, num_seqs, **kw)
+        out = ragged_paged(call.q, k, v, page_table, kv_lengths, call.cu_q_lens, num_seqs, mask_mod=call.mask_mod,
+                           **kw)
         assert not isinstance(out, tuple)
         return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 1))
 

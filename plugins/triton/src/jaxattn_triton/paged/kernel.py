@@ -95,6 +95,8 @@ def _paged_sweep(
     k_offset,
     pt_row,
     seq64,
+    mw_rows,
+    row_ok,
     stride_kp,
     stride_kt,
     stride_kh,
@@ -116,6 +118,7 @@ def _paged_sweep(
     ASM: tl.constexpr,
     PV_F16: tl.constexpr,
     QK_F16: tl.constexpr,
+    MASK: tl.constexpr,
     SM_SCALE: tl.constexpr,
     SOFTCAP: tl.constexpr,
     LEFT: tl.constexpr,
@@ -219,7 +222,17 @@ def _paged_sweep(
             # past) may be unwritten cache memory (possibly NaN bit patterns), or, where a tile
             # straddles pages, a stand-in page (the table entries past ``hi`` are not read): V
             # must be zero there, since 0 * NaN would reach the accumulator.
-            live = offs_n[:, None] < hi
+            live_n = offs_n < hi
+            if MASK:
+                # The mask_mod's bits of this tile (paged.visibility), before any K/V load: a
+                # column no row of the block sees is not read (it may hold NaN).
+                words = tl.load(mw_rows[:, None] + (offs_n // 32)[None, :], mask=row_ok[:, None] & live_n[None, :],
+                                other=0)  # fmt: skip
+                seen = ((words >> (offs_n % 32)[None, :]) & 1) != 0
+                if KV_HEADS > 1:
+                    seen &= own_head
+                live_n &= tl.max(seen.to(tl.int32), 0) > 0
+            live = live_n[:, None]
             if PAD_D:
                 k = tl.load(k_ptrs, mask=live & (offs_d[None, :] < D), other=0.0)
             else:
@@ -232,9 +245,9 @@ def _paged_sweep(
                 v = tl.load(v_ptrs, mask=live, other=0.0)
             # Scales there are unread like the values (NaN allowed): masked, 0.
             if K_QUANT == 2:
-                ks = tl.load(ks_base + ks_rows, mask=offs_n < hi, other=0.0)
+                ks = tl.load(ks_base + ks_rows, mask=live_n, other=0.0)
             if V_QUANT == 2:
-                vs = tl.load(vs_base + vs_rows, mask=offs_n < hi, other=0.0)
+                vs = tl.load(vs_base + vs_rows, mask=live_n, other=0.0)
         else:
             if PAD_D:
                 k = tl.load(k_ptrs, mask=offs_d[None, :] < D, other=0.0)
@@ -268,6 +281,8 @@ def _paged_sweep(
             s = qk
         if EDGE:
             keep = offs_n[None, :] < hi
+            if MASK:
+                keep &= seen
             if HAS_LEFT:
                 keep &= offs_n[None, :] >= pos[:, None] - LEFT
             if HAS_RIGHT:
@@ -378,6 +393,8 @@ def _paged_block(
     Sink,
     KScale,
     VScale,
+    MaskWords,
+    MaskBounds,
     Out,
     Stat,
     Sum,
@@ -407,6 +424,9 @@ def _paged_block(
     ASM: tl.constexpr,
     PV_F16: tl.constexpr,
     QK_F16: tl.constexpr,
+    MASK: tl.constexpr,
+    stride_mt: tl.constexpr,
+    stride_mh: tl.constexpr,
     stride_pt: tl.constexpr,
     NUM_TOKENS: tl.constexpr,
     CAPACITY: tl.constexpr,
@@ -469,6 +489,18 @@ def _paged_block(
     hi = kv_len
     if HAS_RIGHT:
         hi = tl.minimum(hi, pos_last + RIGHT + 1)
+    if MASK:
+        # The mask_mod's key bounds of the block's tokens (paged.visibility): the union of the
+        # keys its rows see, and the intersection of their fully seen runs.
+        bnd = MaskBounds + token * 4
+        FAR: tl.constexpr = 1 << 30
+        lo = tl.maximum(lo, tl.min(tl.load(bnd, mask=row_ok, other=FAR), 0))
+        hi = tl.minimum(hi, tl.max(tl.load(bnd + 1, mask=row_ok, other=0), 0))
+        m_full_lo = tl.max(tl.load(bnd + 2, mask=row_ok, other=0), 0)
+        m_full_hi = tl.min(tl.load(bnd + 3, mask=row_ok, other=FAR), 0)
+        mw_rows = MaskWords + token * stride_mt + head * stride_mh
+    else:
+        mw_rows = MaskWords
     empty = (hi <= lo) | (n_tok <= 0)
     lo = tl.where(empty, 0, lo // BLOCK_N * BLOCK_N)
     hi = tl.where(empty, 0, hi)
@@ -480,6 +512,9 @@ def _paged_block(
     full_hi = kv_len
     if HAS_RIGHT:
         full_hi = tl.minimum(full_hi, pos_first + RIGHT + 1)
+    if MASK:
+        full_lo = tl.maximum(full_lo, (m_full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N)
+        full_hi = tl.minimum(full_hi, m_full_hi)
     full_hi = tl.maximum(full_hi, 0) // BLOCK_N * BLOCK_N
     no_full = full_lo >= full_hi
     full_lo = tl.where(no_full, lo, full_lo)
@@ -531,25 +566,25 @@ def _paged_block(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     acc, l_i, m_i = _paged_sweep(
         acc, l_i, m_i, q, pos, hrow, a, f0, k_base, v_base, ks_base, vs_base, k_row_scale, k_offset, pt_row, seq64,
-        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+        mw_rows, row_ok, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
-        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, MASK,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _paged_sweep(
         acc, l_i, m_i, q, pos, hrow, f0, f1, k_base, v_base, ks_base, vs_base, k_row_scale, k_offset, pt_row, seq64,
-        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+        mw_rows, row_ok, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
-        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, MASK,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _paged_sweep(
         acc, l_i, m_i, q, pos, hrow, f1, b, k_base, v_base, ks_base, vs_base, k_row_scale, k_offset, pt_row, seq64,
-        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+        mw_rows, row_ok, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
         stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, offs_d, offs_dv,
-        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16,
+        K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, MASK,
         SM_SCALE, SOFTCAP, LEFT, RIGHT, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
         PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, KV_HEADS, D, DV, BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
@@ -602,6 +637,8 @@ def paged_attn_kernel(
     Sink,
     KScale,
     VScale,
+    MaskWords,
+    MaskBounds,
     Out,
     Stat,
     Sum,
@@ -630,6 +667,9 @@ def paged_attn_kernel(
     ASM: tl.constexpr,
     PV_F16: tl.constexpr,
     QK_F16: tl.constexpr,
+    MASK: tl.constexpr,
+    stride_mt: tl.constexpr,
+    stride_mh: tl.constexpr,
     stride_pt: tl.constexpr,
     NUM_TOKENS: tl.constexpr,
     MAX_SEQS: tl.constexpr,
@@ -686,11 +726,11 @@ def paged_attn_kernel(
             )
             _paged_block(
                 d_seq, d_tok0, d_q_len, d_n_tok, d_tok_start, d_kv_len, hkv, chunk, sid, Q, K, V, PageTable, Sink,
-                KScale, VScale, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
+                KScale, VScale, MaskWords, MaskBounds, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
                 stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
                 stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
-                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt,
-                NUM_TOKENS, CAPACITY, HQ, GROUP,
+                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, MASK, stride_mt, stride_mh,
+                stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
                 HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, DECODE_PAGE_PER_TILE, SM_SCALE,
                 SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, FUSE, DECODE_Q, DECODE_M,
                 DECODE_N, BLOCK_D, BLOCK_DV,
@@ -701,11 +741,11 @@ def paged_attn_kernel(
             )
             _paged_block(
                 seq, tok0, q_len, n_tok, tok_start, kv_len, hkv, chunk, sid, Q, K, V, PageTable, Sink, KScale,
-                VScale, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
+                VScale, MaskWords, MaskBounds, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
                 stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
                 stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
-                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt,
-                NUM_TOKENS, CAPACITY, HQ, GROUP,
+                stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, MASK, stride_mt, stride_mh,
+                stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
                 HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, SM_SCALE,
                 SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, FUSE, BLOCK_Q, BLOCK_M,
                 BLOCK_N, BLOCK_D, BLOCK_DV,
@@ -725,11 +765,11 @@ def paged_attn_kernel(
             kv_len = tl.load(KvLens + seq)
         _paged_block(
             seq, tok0, q_len, n_tok, tok_start, kv_len, hkv, chunk, sid, Q, K, V, PageTable, Sink, KScale,
-            VScale, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
+            VScale, MaskWords, MaskBounds, Out, Stat, Sum, Merged, MergedLse, Tickets, ticket,
             stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp,
             stride_vt, stride_vh, V_OFF, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
-            stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, stride_pt,
-            NUM_TOKENS, CAPACITY, HQ, GROUP,
+            stride_vsh, K_QUANT, V_QUANT, V_WORDS, K_WIDEN, ASM, PV_F16, QK_F16, MASK, stride_mt, stride_mh,
+            stride_pt, NUM_TOKENS, CAPACITY, HQ, GROUP,
             HEAD_CHUNK, KV_HEADS, D, DV, PAGE_SIZE, NUM_PAGES, IDENTITY_PAGES, PAGE_PER_TILE, SM_SCALE,
             SOFTCAP, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_SINK, NUM_SPLITS, FUSE, BLOCK_Q, BLOCK_M,
             BLOCK_N, BLOCK_D, BLOCK_DV,

@@ -22,8 +22,12 @@ float32 scales, each described by its ``(page, row, head)`` strides (0 along a b
 ``()`` per tensor, ``(Hkv,)`` per head, the full ``(P, page_size, Hkv)`` per token; a dense
 cache's ``(B, S, Hkv)`` the same with one page per sequence).
 
+A ragged call's ``mask_mod`` comes as its packed visibility bits and key bounds per query token
+(``paged.visibility``; ``mask_heads`` says the bits' head count: 1, or Hq when it uses ``h``).
+
 Kernel arguments: q, k, v, page_table, kv_lengths, cu_q_lens, num_seqs, sinks, k_scale,
-v_scale (absent ones one-element dummies), then the outputs (see :func:`attention`).
+v_scale, mask words, mask bounds (absent ones one-element dummies), then the outputs (see
+:func:`attention`).
 """
 
 from __future__ import annotations
@@ -94,6 +98,8 @@ class PagedSpec:
     #: Strides of the K / V scales (see :func:`scale_strides`); None: no scale (1).
     k_scale: ScaleStrides | None = None
     v_scale: ScaleStrides | None = None
+    #: Heads of a mask_mod's packed bits (``paged.visibility``): 0 none, 1 (it ignores h) or heads_q.
+    mask_heads: int = 0
 
     def __post_init__(self) -> None:
         reasons = self.reasons()
@@ -127,6 +133,8 @@ class PagedSpec:
             why.append(
                 f"k_scale/v_scale scale a quantized cache ({sorted(QUANT_DTYPES)}); a {self.dtype} cache takes none"
             )
+        if self.mask_heads not in (0, 1, self.heads_q):
+            why.append(f"mask_heads={self.mask_heads} must be 0, 1 or heads_q={self.heads_q}")
         return why
 
     @property
@@ -491,7 +499,8 @@ def launch_grid(spec: PagedSpec, tiles: PagedTiles) -> tuple[int, int, int]:
 
 def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
     """Inputs: q, k, v, page_table, kv_lengths, cu_q_lens, num_seqs, sinks (f32), k_scale and
-    v_scale (f32, contiguous, laid out as ``spec.k_scale``/``v_scale`` say; dummies if None).
+    v_scale (f32, contiguous, laid out as ``spec.k_scale``/``v_scale`` say; dummies if None), the
+    mask_mod's words and bounds (int32, ``paged.visibility``; dummies unless ``spec.mask_heads``).
 
     Outputs with one split: ``out (N, Hq, Dv)`` in q's dtype, ``lse (N, Hq)`` float32
     (natural log, sinks excluded, -inf for rows without keys), and a one-element dummy.
@@ -538,6 +547,10 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         "K_WIDEN": k_widen(spec),
         "PV_F16": pv_f16(spec),
         "QK_F16": qk_f16(spec),
+        "MASK": spec.mask_heads > 0,
+        # Packed words of a token's bits (every head's), and of one head's (0: shared by the heads).
+        "stride_mt": spec.mask_heads * _cdiv(spec.capacity, 32),
+        "stride_mh": _cdiv(spec.capacity, 32) if spec.mask_heads > 1 else 0,
         "ASM": not interpreted(),
         "stride_pt": 0 if identity else spec.pages_per_seq,
         "NUM_TOKENS": n,
@@ -615,8 +628,9 @@ def run(
 ) -> tuple[ArrayT, ArrayT]:
     """``(out (N, Hq, Dv), lse (N, Hq))`` of one call, launching through ``execute``.
 
-    ``inputs`` are the ten kernel inputs of :func:`attention`, or the first eight when the spec
-    has no scales (the sinks array then stands in for the two scale dummies, never read);
+    ``inputs`` are the twelve kernel inputs of :func:`attention`, or the first ten when the spec
+    has no mask_mod, or the first eight when it has no scales either (the sinks and num_seqs arrays
+    then stand in for the dummies, never read);
     ``execute(launch, inputs)`` returns the launch's outputs (jax_triton, the interpreter, or torch).
     """
     inputs = list(inputs)
@@ -624,6 +638,10 @@ def run(
         if spec.k_scale is not None or spec.v_scale is not None:
             raise ValueError("the spec has k_scale/v_scale strides: pass the scales as inputs 9 and 10")
         inputs += [inputs[7], inputs[7]]
+    if len(inputs) == 10:
+        if spec.mask_heads:
+            raise ValueError("the spec has a mask_mod: pass its words and bounds as inputs 11 and 12")
+        inputs += [inputs[6], inputs[6]]
     launch = attention(spec, tiles)
     first = execute(launch, inputs)
     if tiles.num_splits == 1:

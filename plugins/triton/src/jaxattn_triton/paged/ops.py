@@ -28,6 +28,7 @@ On a CUDA GPU the kernels launch through ``jax_triton`` (imported on first call)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -74,8 +75,11 @@ def _execute_all(
 def _forward(
     spec: LP.PagedSpec, tiles: LP.PagedTiles, interpret: bool, q: Array, k: Array, v: Array, sinks: Array,
     page_table: Array, kv_lengths: Array, cu_q_lens: Array, num_seqs: Array, k_scale: Array, v_scale: Array,
+    mask_words: Array | None = None, mask_bounds: Array | None = None,
 ) -> tuple[Array, Array]:  # fmt: skip
     inputs = [q, k, v, page_table, kv_lengths, cu_q_lens, num_seqs, sinks, k_scale, v_scale]
+    if mask_words is not None and mask_bounds is not None:
+        inputs += [mask_words, mask_bounds]
     return _execute_all(spec, tiles, inputs, interpret)
 
 
@@ -145,7 +149,7 @@ def _cache_dtype(q: Any, k: Any) -> str | None:
 
 def _scales(
     cache_dtype: str | None, k_scale: Any, v_scale: Any, lead: tuple[int, ...]
-) -> tuple[dict[str, LP.ScaleStrides | None], Array, Array]:
+) -> tuple[dict[str, Any], Array, Array]:
     """``(PagedSpec fields, k_scale, v_scale)``: the scales' strides against ``lead`` (the cache's
     shape without its last axis) and the scales as flat float32 arrays (one-element dummies
     when absent: an unscaled quantized cache means its raw values)."""
@@ -257,6 +261,7 @@ def ragged_paged(
     v_scale: Array | None = None,
     num_splits: int | None = None,
     tiles: LP.PagedTiles | None = None,
+    mask_mod: Any = None,
     return_lse: bool = False,
     interpret: bool = False,
 ) -> Array | tuple[Array, Array]:
@@ -268,6 +273,10 @@ def ragged_paged(
     zeros. ``page_table (max_num_seqs, pages_per_seq)``, ``kv_lengths (max_num_seqs,)``,
     ``cu_q_lens (max_num_seqs + 1,)``, ``num_seqs`` a (1,) int32 array or a scalar. Other
     arguments as :func:`paged_decode`; the log-sum-exp is ``(num_tokens, Hq)``.
+
+    ``mask_mod(seq, h, q_pos, kv_pos) -> bool`` (positions within the sequence, a JAX function)
+    narrows what each row sees, ANDed with the rest: it is evaluated here into packed bits and
+    key bounds per token (``paged.visibility``) that the kernel reads.
     """
     k, v, layout, num_pages, page_size, hkv, d, dv = _cache(k_pages, v_pages, kv_pages)
     if q.ndim != 3 or q.shape[2] != d:
@@ -296,8 +305,14 @@ def ragged_paged(
     if n == 0 or max_seqs == 0:
         out = jnp.zeros((n, hq, dv), q.dtype)
         return (out, jnp.full((n, hq), -jnp.inf, jnp.float32)) if return_lse else out
+    mask: tuple[Array, ...] = ()
+    if mask_mod is not None:
+        from jaxattn_triton.paged.visibility import visibility_words
+
+        mask = visibility_words(mask_mod, n, hq, lengths, cu, ns, spec.capacity, spec.window_left)
+        spec = dataclasses.replace(spec, mask_heads=int(mask[0].shape[1]))
     chosen = _tiles(spec, tiles, num_splits)
-    out, lse = _forward(spec, chosen, interpret, q, k, v, sink_arr, table, lengths, cu, ns, ks, vs)
+    out, lse = _forward(spec, chosen, interpret, q, k, v, sink_arr, table, lengths, cu, ns, ks, vs, *mask)
     return (out, lse) if return_lse else out
 
 
@@ -331,7 +346,7 @@ def dense_spec(
     lead = (b, s, hkv)
     if cache_dtype is None and (k_scale is not None or v_scale is not None):
         raise ValueError("k_scale/v_scale scale a quantized cache (int8/float8); this cache is not quantized")
-    scale_fields = {} if cache_dtype is None else {
+    scale_fields: dict[str, Any] = {} if cache_dtype is None else {
         name: None if x is None else LP.scale_strides(x.shape, lead, name)
         for name, x in (("k_scale", k_scale), ("v_scale", v_scale))
     }  # fmt: skip
