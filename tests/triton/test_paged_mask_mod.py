@@ -266,7 +266,7 @@ def test_visibility_words_and_bounds() -> None:
     words, bounds = jax.jit(lambda *a: visibility_words(by_head(*a), 12, 4, jnp.asarray(c["kv_lengths"]),
                                                          jnp.asarray(c["cu_q_lens"]), jnp.asarray([3], jnp.int32),
                                                          48))(*captured)  # fmt: skip
-    words, bounds = np.asarray(words), np.asarray(bounds)
+    words, bounds = np.asarray(words).transpose(1, 0, 2), np.asarray(bounds)  # (tokens, heads, words)
     assert words.shape == (12, 4, 2) and words.dtype == np.int32
     bits = (words.view(np.uint32)[..., None] >> np.arange(32, dtype=np.uint32)) & 1
     bits = bits.reshape(12, 4, 64)[..., :48].astype(bool)

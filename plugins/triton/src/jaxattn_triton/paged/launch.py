@@ -548,9 +548,9 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         "PV_F16": pv_f16(spec),
         "QK_F16": qk_f16(spec),
         "MASK": spec.mask_heads > 0,
-        # Packed words of a token's bits (every head's), and of one head's (0: shared by the heads).
-        "stride_mt": spec.mask_heads * _cdiv(spec.capacity, 32),
-        "stride_mh": _cdiv(spec.capacity, 32) if spec.mask_heads > 1 else 0,
+        # The mask_mod's words (heads, tokens, words): a token's, a head's (0: one set for every head).
+        "stride_mt": _cdiv(spec.capacity, 32),
+        "stride_mh": n * _cdiv(spec.capacity, 32) if spec.mask_heads > 1 else 0,
         "ASM": not interpreted(),
         "stride_pt": 0 if identity else spec.pages_per_seq,
         "NUM_TOKENS": n,

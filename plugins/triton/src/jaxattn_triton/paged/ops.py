@@ -310,7 +310,7 @@ def ragged_paged(
         from jaxattn_triton.paged.visibility import visibility_words
 
         mask = visibility_words(mask_mod, n, hq, lengths, cu, ns, spec.capacity, spec.window_left)
-        spec = dataclasses.replace(spec, mask_heads=int(mask[0].shape[1]))
+        spec = dataclasses.replace(spec, mask_heads=int(mask[0].shape[0]))
     chosen = _tiles(spec, tiles, num_splits)
     out, lse = _forward(spec, chosen, interpret, q, k, v, sink_arr, table, lengths, cu, ns, ks, vs, *mask)
     return (out, lse) if return_lse else out
