@@ -13,8 +13,9 @@ rule (causal, the length, the window), and per-token bounds. It returns:
   does not depend on ``h``, else Hq): ``num_tokens x capacity / 8`` bytes (times Hq), small for a
   speculative step;
 * ``bounds (num_tokens, 4)`` int32 per query token, over all its heads, at word granularity:
-  ``[lo, hi)`` holds every key some head sees, ``[full_lo, full_hi)`` is the longest run of
-  words every head sees in full. The kernel narrows its key range to the union of its rows'
+  ``[lo, hi)`` holds every key some head sees, ``[full_lo, full_hi)`` is the first run of
+  words every head sees in full (for a tree step: the cache before the drafts; with a window:
+  the keys past its edge). The kernel narrows its key range to the union of its rows'
   ``[lo, hi)`` (tiles past it are never visited) and runs the intersection of their full runs
   as its hot loop, with no mask arithmetic; the tiles between read the bits.
 
@@ -51,7 +52,9 @@ def visibility_words(
     # Offsets past num_seqs are unread (zero-padded tails): flattened to the last real one.
     cu = jnp.where(jnp.arange(max_seqs + 1) <= count, cu_q_lens, cu_q_lens[count])
     rows = jnp.arange(num_tokens, dtype=jnp.int32)
-    seq = jnp.clip(jnp.searchsorted(cu[1:], rows, side="right"), 0, max_seqs - 1).astype(jnp.int32)
+    # compare_all: one fused comparison, where the default search is a loop of small kernels on a GPU.
+    seq = jnp.searchsorted(cu[1:], rows, side="right", method="compare_all")
+    seq = jnp.clip(seq, 0, max_seqs - 1).astype(jnp.int32)
     valid = (rows < cu[count]) & (seq < count)
     length = jnp.clip(kv_lengths, 0, capacity)[seq]
     pos = length - (cu[seq + 1] - cu[seq]) + (rows - cu[seq])
@@ -77,18 +80,16 @@ def visibility_words(
 
 
 def _bounds(words: Array) -> Array:
-    """``(num_tokens, 4)``: ``lo, hi, full_lo, full_hi`` in keys, at word granularity (module docstring)."""
+    """``(num_tokens, 4)``: ``lo, hi, full_lo, full_hi`` in keys, at word granularity (module
+    docstring). Reductions only (no scan), so that building them costs little beside the kernel."""
     width = words.shape[-1]
     some = jnp.any(words != 0, axis=0)  # (N, W): a key some head sees
     every = jnp.all(words == -1, axis=0)  # (N, W): all 32 keys seen by every head
     idx = jnp.arange(width, dtype=jnp.int32)
-    seen = jnp.any(some, axis=1)
-    lo = jnp.where(seen, jnp.argmax(some, axis=1), 0).astype(jnp.int32)
-    hi = jnp.where(seen, width - jnp.argmax(some[:, ::-1], axis=1), 0).astype(jnp.int32)
-    # The run of full words ending at each word, and the longest one.
-    run = idx - jax.lax.cummax(jnp.where(every, -1, idx), axis=1)
-    end = jnp.argmax(run, axis=1).astype(jnp.int32)
-    longest = jnp.take_along_axis(run, end[:, None], axis=1)[:, 0]
-    full_lo = jnp.where(longest > 0, end - longest + 1, 0)
-    full_hi = jnp.where(longest > 0, end + 1, 0)
+    seen, full = jnp.any(some, axis=1), jnp.any(every, axis=1)
+    lo = jnp.where(seen, jnp.argmax(some, axis=1), 0)
+    hi = jnp.where(seen, width - jnp.argmax(some[:, ::-1], axis=1), 0)
+    full_lo = jnp.where(full, jnp.argmax(every, axis=1), 0)
+    after = (idx >= full_lo[:, None]) & ~every  # the first word past the run that is not full
+    full_hi = jnp.where(full, jnp.where(jnp.any(after, axis=1), jnp.argmax(after, axis=1), width), 0)
     return jnp.stack([lo, hi, full_lo, full_hi], axis=1).astype(jnp.int32) * 32
