@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxattn
-from jaxattn.quantize import GRANULARITIES
+from jaxattn.backend.quantize import GRANULARITIES
 from jaxattn.testing import oracle
 
 FORMATS = ("int8", "float8_e4m3fn", "float8_e5m2")

@@ -182,6 +182,6 @@ def test_the_drawing_shows_every_core_module_and_only_those() -> None:
 
 def test_the_checks_can_fail() -> None:
     assert not resolves("jaxattn.no_such_module", core_relative=False)
-    assert not resolves("registry.NoSuchName", core_relative=True)
-    assert resolves("registry.Provider", core_relative=True)
+    assert not resolves("discovery.registry.NoSuchName", core_relative=True)
+    assert resolves("discovery.registry.Provider", core_relative=True)
     assert not PATH.match("Backend.plan") and PATH.match("tests/architecture/test_layers.py")

@@ -53,7 +53,7 @@ def _profile(fn: Callable[[], Any]) -> tuple[list[str], list[list[str]]]:
             while caller is not None:
                 if _in_core(caller):
                     core.append(f"{caller.f_code.co_filename[len(CORE):]}:{caller.f_code.co_name}")
-                if caller.f_code.co_name == "attention" and caller.f_code.co_filename.endswith("jaxattn/api.py"):
+                if caller.f_code.co_name == "attention" and caller.f_code.co_filename.endswith("jaxattn/api/calls.py"):
                     break
                 caller = caller.f_back
             stacks.append(core[::-1])
@@ -87,6 +87,6 @@ def test_warm_eager_call(impl: str | None, qkv: tuple[jax.Array, jax.Array, jax.
     calls, stacks = _profile(call)
     assert stacks, "no plugin forward was entered"
     frames = stacks[0]
-    assert frames[0] == "api.py:attention", frames
+    assert frames[0] == "api/calls.py:attention", frames
     assert len(frames) <= MAX_FRAMES, f"{len(frames)} core frames before the plugin's forward: {frames}"
     assert len(calls) <= MAX_CALLS[impl], f"{len(calls)} calls in core modules: {calls}"

@@ -22,7 +22,7 @@ runs before its kernel: never names a backend whose call raises);
 raised by 240 to 5,320 for ``jaxattn.dot_product_attention`` (jax.nn's signature and checks) and
 what it needs of ``attention()``: padding lengths, top-left alignment (both lowered once, in
 validation, into segment ids, a mask or a window) and ``return_lse`` (docs/drop-in.md);
-raised by 130 to 5,450 for auto's shipped priors (``jaxattn.tuning``: their format check, lookup
+raised by 130 to 5,450 for auto's shipped priors (``jaxattn.selection.tuning``: their format check, lookup
 and precedence, and the call-class key and record check moved in from jaxattn-bench so both
 read them alike; docs/tuning.md, "Shipped priors");
 raised by 150 to 5,600 for the forms of a forward (``jaxattn.backend.forms``: the seed's form
@@ -36,7 +36,8 @@ raised by 15 to 5,690 for an unrecognized option said by its command's parser, w
 mean" (``OneLineParser``); raised by 50 to 5,740 for the packed visibility of a mask_mod
 (``masks.mask_bits``, ``from_bits``, ``block_mask(bits=True)``): what a kernel that cannot run a
 traced function reads (the Triton ``flash_attn2``, the Triton ragged kernel's tree masks), built once
-in the core so both read the same words.
+in the core so both read the same words; raised by 5 to 5,745 for the layer packages
+(``backend/``, ``discovery/``, ``selection/``, ``api/``): their longer import paths wrap onto more lines.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5740
+BUDGET = 5745
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 
@@ -86,7 +87,7 @@ def test_code_lines_counts_code_only() -> None:
 
 def test_core_outside_testing_is_within_budget() -> None:
     per_file = {str(p.relative_to(CORE)): code_lines(p.read_text()) for p in _core_files()}
-    assert "api.py" in per_file and "registry.py" in per_file, f"no core found at {CORE}"
+    assert "api/calls.py" in per_file and "discovery/registry.py" in per_file, f"no core found at {CORE}"
     total = sum(per_file.values())
     raw = sum(len(p.read_text().splitlines()) for p in _core_files())
     biggest = ", ".join(f"{n} {c}" for n, c in sorted(per_file.items(), key=lambda kv: -kv[1])[:8])

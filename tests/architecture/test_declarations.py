@@ -21,11 +21,11 @@ import pytest
 
 import jaxattn
 from jaxattn import AttentionImpl, Feature, ImplRef
+from jaxattn.backend.declaration import CLASS_FIELDS, DeclarationError
+from jaxattn.backend.names import FIRST_PARTY, PROVIDERS, install_hint
+from jaxattn.backend.paged_impl import PagedAttentionImpl
 from jaxattn.cli import main as cli_main
-from jaxattn.declaration import CLASS_FIELDS, DeclarationError
-from jaxattn.names import FIRST_PARTY, PROVIDERS, install_hint
-from jaxattn.paged_impl import PagedAttentionImpl
-from jaxattn.plugins import isolated_registry, problems, registry
+from jaxattn.discovery.plugins import isolated_registry, problems, registry
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = __name__  # the declarations below name this module's classes

@@ -5,7 +5,7 @@ From the core a plugin imports the user API (``jaxattn``'s ``__all__``), the SDK
 and the conformance kit (``jaxattn.testing`` and its public modules): nothing else, so the core's
 modules can move and change behind those names. From another plugin it imports no underscore
 module or name. Every ``import`` counts (module level, in functions, under ``TYPE_CHECKING``),
-and so does an attribute read off the package (``jaxattn.tuning.reload()``).
+and so does an attribute read off the package (``jaxattn.selection.tuning.reload()``).
 """
 
 from __future__ import annotations
@@ -107,17 +107,17 @@ def test_the_check_sees_private_uses(tmp_path: Path) -> None:
     (pkg / "__init__.py").write_text(
         "import jaxattn\n"
         "from jaxattn.backend import AttentionImpl\n"           # public
-        "from jaxattn.registry import ImplRef\n"                # a core module outside the surface
+        "from jaxattn.discovery.registry import ImplRef\n"                # a core module outside the surface
         "from jaxattn.cli import _args\n"                       # an underscore name
         "from jaxattn_other._kernels import run\n"              # another plugin's private module
         "def f():\n"
-        "    from jaxattn.dispatch import choose\n"             # in a function: counts too
-        "    return jaxattn.tuning.reload()\n"                  # an attribute off the package
+        "    from jaxattn.selection.dispatch import choose\n"             # in a function: counts too
+        "    return jaxattn.selection.tuning.reload()\n"                  # an attribute off the package
     )
     found = list(violations("jaxattn_fake", pkg, public_names()))
     assert [f.split(": ", 1)[1] for f in found] == [
-        "jaxattn.registry.ImplRef", "jaxattn.cli._args", "jaxattn_other._kernels.run", "jaxattn.dispatch.choose",
-        "jaxattn.tuning"], found
+        "jaxattn.discovery.registry.ImplRef", "jaxattn.cli._args", "jaxattn_other._kernels.run",
+        "jaxattn.selection.dispatch.choose", "jaxattn.selection"], found
 
 
 @pytest.mark.parametrize("module", SURFACES)

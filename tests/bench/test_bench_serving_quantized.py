@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxattn.metadata import AttentionMetadata
+from jaxattn.backend.metadata import AttentionMetadata
 from jaxattn_bench.serving import READ_PEAK, WIDE_SUFFIX, ServingShape, run_serving, serving_matrix
 
 

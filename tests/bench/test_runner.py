@@ -13,7 +13,7 @@ import pytest
 import jaxattn
 from jaxattn import AttentionCall, AttentionImpl, AttentionOutput, Feature
 from jaxattn.cli._output import Printer
-from jaxattn.plugins import isolated_registry
+from jaxattn.discovery.plugins import isolated_registry
 from jaxattn_bench import BenchConfig, BenchShape, default_matrix, quick_matrix, run_bench
 from jaxattn_bench.record import problem_of
 from jaxattn_bench.report import auto_gaps, not_run_lines, summary_lines, tables

@@ -19,9 +19,9 @@ import jaxattn
 from jaxattn import AttentionImpl, Feature
 from jaxattn.cli import CORE_COMMANDS, build_parser, main
 from jaxattn.cli._output import Printer, Table
-from jaxattn.commands import Command, Commands
-from jaxattn.hookspecs import hookimpl
-from jaxattn.plugins import PluginWarning, isolated_registry, plugin_records, register_plugin
+from jaxattn.discovery.commands import Command, Commands
+from jaxattn.discovery.hookspecs import hookimpl
+from jaxattn.discovery.plugins import PluginWarning, isolated_registry, plugin_records, register_plugin
 
 
 class Wide(AttentionImpl):

@@ -15,8 +15,8 @@ import pytest
 import jaxattn
 from jaxattn import AttentionImpl
 from jaxattn.cli import main
-from jaxattn.plugins import isolated_registry, registry
-from jaxattn.registry import ImplRef, Provider
+from jaxattn.discovery.plugins import isolated_registry, registry
+from jaxattn.discovery.registry import ImplRef, Provider
 
 KERNEL_MODULES = ("triton", "jax_triton", "torch", "jax.experimental.pallas")
 

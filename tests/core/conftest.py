@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from jaxattn.plugins import isolated_registry
+from jaxattn.discovery.plugins import isolated_registry
 
 
 @pytest.fixture

@@ -264,7 +264,7 @@ def test_a_window_wider_than_any_sequence_is_unbounded(window: Any, lengths: Any
 
 
 def test_a_clamped_window_is_the_problem_jaxattn_sees() -> None:
-    spec = jaxattn.validation.resolve_call(Q, K, V, sliding_window=(10**12, 1))
+    spec = jaxattn.backend.validation.resolve_call(Q, K, V, sliding_window=(10**12, 1))
     assert spec.sliding_window == (S, 1)
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 import jaxattn
-from jaxattn.device import DeviceInfo, device_info_from, tpu_generation, tpu_version_check
+from jaxattn.backend.device import DeviceInfo, device_info_from, tpu_generation, tpu_version_check
 
 
 @dataclass

@@ -72,7 +72,7 @@ def test_auto_with_nothing_accepting_lists_each_impl() -> None:
 def test_precedence_argument_scope_env_auto(monkeypatch: pytest.MonkeyPatch) -> None:
     jaxattn.register_impl(PlainImpl)
     jaxattn.register_impl(FancyImpl)
-    from jaxattn.dispatch import current_impl_name
+    from jaxattn.selection.dispatch import current_impl_name
 
     assert current_impl_name() == "auto"
     monkeypatch.setenv("JAXATTN_IMPL", "plain")

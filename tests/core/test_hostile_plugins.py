@@ -25,9 +25,10 @@ import numpy as np
 import pytest
 
 import jaxattn
-from jaxattn import PluginError, plugins
+from jaxattn import PluginError
 from jaxattn.cli import main as cli_main
-from jaxattn.plugins import PluginWarning, isolated_registry
+from jaxattn.discovery import plugins
+from jaxattn.discovery.plugins import PluginWarning, isolated_registry
 from jaxattn.testing import oracle
 from jaxattn_vanilla.paged.impl import PagedReference
 
@@ -329,7 +330,7 @@ def test_the_strict_setting_fails_on_the_clash_naming_the_offender(install: Inst
         jaxattn.list_impls()
 
 
-@pytest.mark.filterwarnings("ignore::jaxattn.plugins.PluginWarning")
+@pytest.mark.filterwarnings("ignore::jaxattn.discovery.plugins.PluginWarning")
 def test_a_paged_provider_of_a_dense_builtin_name_costs_only_itself(install: Installer) -> None:
     install("evil", evil("EvilPaged", kind="'paged'"))
     listed = rows()
@@ -342,7 +343,7 @@ def test_a_paged_provider_of_a_dense_builtin_name_costs_only_itself(install: Ins
     assert [p.category for p in problems()["evil"]] == ["built-in name"]
 
 
-@pytest.mark.filterwarnings("ignore::jaxattn.plugins.PluginWarning")
+@pytest.mark.filterwarnings("ignore::jaxattn.discovery.plugins.PluginWarning")
 def test_a_dense_provider_of_a_paged_builtin_name_costs_only_itself(install: Installer) -> None:
     install("evil", evil("EvilDense", names="('page_attention',)"))
     assert rows()[("page_attention", "evil")].status == "conflict"
@@ -354,7 +355,7 @@ def test_a_dense_provider_of_a_paged_builtin_name_costs_only_itself(install: Ins
     assert {p.category for p in found} == {"built-in name"} and len(found) == 3
 
 
-@pytest.mark.filterwarnings("ignore::jaxattn.plugins.PluginWarning")
+@pytest.mark.filterwarnings("ignore::jaxattn.discovery.plugins.PluginWarning")
 def test_a_lower_priority_provider_of_a_builtin_name_costs_only_itself(install: Installer) -> None:
     install("evil", evil("EvilLow", priority="-5"))
     listed = rows()
@@ -362,7 +363,7 @@ def test_a_lower_priority_provider_of_a_builtin_name_costs_only_itself(install: 
     assert listed[("vanilla", "vanilla")].status == "ok" and listed[("vanilla", "vanilla")].usable_here
 
 
-@pytest.mark.filterwarnings("ignore::jaxattn.plugins.PluginWarning")
+@pytest.mark.filterwarnings("ignore::jaxattn.discovery.plugins.PluginWarning")
 def test_two_third_parties_sharing_a_name_undeclared_both_conflict(install: Installer) -> None:
     for entry, priority in (("first", 5), ("second", 7)):
         install(entry, registering(f"ImplRef('tests.core.toy_impls:PlainImpl', names=('plain',), "
@@ -477,7 +478,7 @@ def test_the_conformance_kit_flags_nan_output() -> None:
 
 @pytest.mark.parametrize("variable", ["JAXATTN_STRICT_PLUGINS", "JAXATTN_TUNING"])
 def test_an_on_off_variable_with_a_typo_is_an_error_naming_it(variable: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from jaxattn.environment import flag
+    from jaxattn.backend.environment import flag
 
     monkeypatch.setenv(variable, "maybe")
     with pytest.raises(jaxattn.InvalidInputError, match=f"\\${variable}.*'maybe' is neither on nor off"):

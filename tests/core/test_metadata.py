@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxattn import AttentionMetadata, InvalidInputError, InvalidTypeError
-from jaxattn.metadata import EASYDEL_ALIASES
+from jaxattn.backend.metadata import EASYDEL_ALIASES
 
 BAD_VALUES = [  # (field values, error type, text the message holds)
     ({"softmax_dtype": "bogus"}, InvalidInputError, "AttentionMetadata.softmax_dtype"),

@@ -11,7 +11,7 @@ import pytest
 
 import jaxattn
 from jaxattn import Feature, InvalidInputError, PagedAttentionImpl, PluginError, UnsupportedError
-from jaxattn.plugins import isolated_registry
+from jaxattn.discovery.plugins import isolated_registry
 from jaxattn.testing import oracle
 from jaxattn_vanilla.paged.impl import PagedReference
 
@@ -140,7 +140,7 @@ def test_names_resolve_to_paged_impls_and_kinds_do_not_mix() -> None:
 
 
 def test_use_impl_applies_to_calls_of_its_kind() -> None:
-    from jaxattn.dispatch import current_impl_name
+    from jaxattn.selection.dispatch import current_impl_name
 
     with jaxattn.use_impl("plain"):
         assert current_impl_name(None, "dense") == "plain"

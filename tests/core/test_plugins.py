@@ -14,8 +14,9 @@ from collections.abc import Iterator
 import pytest
 
 import jaxattn
-from jaxattn import PluginError, plugins
-from jaxattn.plugins import PluginWarning, isolated_registry
+from jaxattn import PluginError
+from jaxattn.discovery import plugins
+from jaxattn.discovery.plugins import PluginWarning, isolated_registry
 
 GROUP = plugins.ENTRY_POINT_GROUP
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import jaxattn
+from jaxattn.backend.quantize import GRANULARITIES, QUANTIZED_KV_DTYPES, dequantize_visible, kv_format_max
 from jaxattn.errors import InvalidInputError, UnsupportedError
-from jaxattn.quantize import GRANULARITIES, QUANTIZED_KV_DTYPES, dequantize_visible, kv_format_max
 
 FORMATS = sorted(QUANTIZED_KV_DTYPES)
 # The largest magnitude of each format, from ml_dtypes / NumPy themselves (not from jaxattn).

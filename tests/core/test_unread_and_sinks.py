@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 import jaxattn
-from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
+from jaxattn.backend.sinks import split_absorbing_sinks, zero_absorbed_heads
+from jaxattn.backend.unread import zero_past_lengths
 from jaxattn.testing import oracle
-from jaxattn.unread import zero_past_lengths
 
 IMPLS = ["vanilla", "blockwise", "sdpa", "autoregressive_decodeattn"]
 POISONS = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf}

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxattn import AttentionMetadata, InvalidInputError
-from jaxattn.validation import resolve_call
+from jaxattn.backend.validation import resolve_call
 
 Q = jax.ShapeDtypeStruct((2, 5, 4, 8), jnp.float32)
 K = jax.ShapeDtypeStruct((2, 7, 2, 8), jnp.float32)

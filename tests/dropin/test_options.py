@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import jaxattn
-from jaxattn.capabilities import Feature
-from jaxattn.validation import top_left_rules
+from jaxattn.backend.capabilities import Feature
+from jaxattn.backend.validation import top_left_rules
 
 
 @pytest.fixture(autouse=True)

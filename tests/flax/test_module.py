@@ -12,7 +12,7 @@ import pytest
 from flax import nnx  # the test dependency group installs flax, as jaxattn[flax] does
 
 import jaxattn
-from jaxattn.capabilities import Feature
+from jaxattn.backend.capabilities import Feature
 from jaxattn.testing import oracle
 from jaxattn_bench import records as cache_module
 from jaxattn_flax import FlexibleAttentionModule, KVCache

@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 
 import jaxattn
-from jaxattn.device import detect_device
+from jaxattn.backend.device import detect_device
+from jaxattn.backend.validation import resolve_call
 from jaxattn.testing import oracle
 from jaxattn.testing.cases import DEFAULT_TOLERANCES, Case, Level
 from jaxattn.testing.compare import assert_close
 from jaxattn.testing.conformance import ConformanceSuite
-from jaxattn.validation import resolve_call
 
 _here = detect_device()
 ON_HOPPER = _here.platform == "gpu" and _here.vendor == "cuda" and str(_here.compute_capability).startswith("9.")
@@ -196,7 +196,7 @@ def test_pieces_of_a_short_last_round_over_several_rounds(b: int, t: int, s: int
 
 def test_auto_split_gradient() -> None:
     """The gradient split: mosaic_flash's forward, cuDNN's forward+backward under jax.grad."""
-    from jaxattn.split import SplitGradImpl
+    from jaxattn.api.split import SplitGradImpl
 
     x = _make(1, 256, 256, 4, 2, 128, "bfloat16")
     q, k, v = (jnp.asarray(x[n], jnp.bfloat16) for n in ("q", "k", "v"))

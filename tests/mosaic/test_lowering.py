@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxattn.device import DeviceInfo
-from jaxattn.metadata import AttentionMetadata
+from jaxattn.backend.device import DeviceInfo
+from jaxattn.backend.metadata import AttentionMetadata
 from jaxattn_mosaic import backward_kernel as KB
 from jaxattn_mosaic import kernel as K
 from jaxattn_mosaic.impl import MosaicFlashAttention

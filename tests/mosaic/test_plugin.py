@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from jaxattn.device import DeviceInfo
-from jaxattn.metadata import AttentionMetadata
-from jaxattn.problem import AttentionProblem
-from jaxattn.registry import Provider
+from jaxattn.backend.device import DeviceInfo
+from jaxattn.backend.metadata import AttentionMetadata
+from jaxattn.backend.problem import AttentionProblem
+from jaxattn.discovery.registry import Provider
 from jaxattn_mosaic import plugin
 from jaxattn_mosaic.impl import MosaicFlashAttention
 

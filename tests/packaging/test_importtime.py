@@ -25,8 +25,8 @@ def _imported_modules(code: str) -> tuple[list[str], str]:
 @pytest.mark.slow
 def test_import_and_list_impls_import_no_kernel_library() -> None:
     # Every plugin, those that register no impl too (jaxattn-bench adds commands only).
-    code = ("import jaxattn, jaxattn.plugins; jaxattn.list_impls(); "
-            "print('\\n'.join(sorted({r.distribution or '' for r in jaxattn.plugins.plugin_records()})))")
+    code = ("import jaxattn, jaxattn.discovery.plugins; jaxattn.list_impls(); "
+            "print('\\n'.join(sorted({r.distribution or '' for r in jaxattn.discovery.plugins.plugin_records()})))")
     modules, stdout = _imported_modules(code)
     # The check means something only if every installed plugin was really discovered.
     listed = set(stdout.split())
@@ -34,7 +34,7 @@ def test_import_and_list_impls_import_no_kernel_library() -> None:
     installed = {p.name for p in workspace_packages() if "jaxattn.plugins" in tomllib.loads(
         (p / "pyproject.toml").read_text())["project"].get("entry-points", {})}
     assert {f"jaxattn-{name}" for name in installed} <= listed, listed
-    assert "jaxattn.plugins" in modules
+    assert "jaxattn.discovery.plugins" in modules
     kernels = sorted({m for m in modules if any(m == k or m.startswith(k + ".") for k in FORBIDDEN)})
     assert not kernels, f"`import jaxattn; jaxattn.list_impls()` imported {kernels}"
 

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import pytest
 
-from jaxattn.metadata import AttentionMetadata
+from jaxattn.backend.metadata import AttentionMetadata
 from jaxattn.testing.cases import Case, Level
 from jaxattn.testing.conformance import ConformanceSuite
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import jaxattn
-from jaxattn.metadata import AttentionMetadata
+from jaxattn.backend.metadata import AttentionMetadata
 from jaxattn.testing import oracle
 from jaxattn.testing.paged_cases import make_paged_inputs
 from jaxattn.testing.paged_conformance import PagedConformanceSuite, _to_jax

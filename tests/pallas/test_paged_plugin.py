@@ -23,10 +23,10 @@ import pytest
 from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel as pa_kernel
 
 import jaxattn
-from jaxattn.device import DeviceInfo
+from jaxattn.backend.device import DeviceInfo
+from jaxattn.discovery.plugins import registry
 from jaxattn.errors import UnsupportedError
-from jaxattn.lookup import new_impl
-from jaxattn.plugins import registry
+from jaxattn.selection.lookup import new_impl
 from jaxattn.testing import oracle
 from jaxattn_pallas.decode import rules as paged_decode_rules
 from jaxattn_pallas.decode.impl import PallasPagedDecode

@@ -30,9 +30,9 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa_kernel
 
-from jaxattn.device import DeviceInfo
+from jaxattn.backend.device import DeviceInfo
+from jaxattn.backend.metadata import AttentionMetadata
 from jaxattn.errors import InvalidInputError, UnsupportedError
-from jaxattn.metadata import AttentionMetadata
 from jaxattn.testing.paged_conformance import PagedConformanceSuite
 from jaxattn_pallas.ragged import rules as ragged_rules
 from jaxattn_pallas.ragged.decode import paged_decode

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jaxattn.device import DeviceInfo, detect_device
+from jaxattn.backend.device import DeviceInfo, detect_device
 
 __all__ = ["A100", "H100", "ON_CUDA", "T4"]
 

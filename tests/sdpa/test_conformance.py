@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 import jax
 import pytest
 
-from jaxattn.call import AttentionCall
-from jaxattn.metadata import AttentionMetadata
-from jaxattn.problem import AttentionProblem
+from jaxattn.backend.call import AttentionCall
+from jaxattn.backend.metadata import AttentionMetadata
+from jaxattn.backend.problem import AttentionProblem
 from jaxattn.testing.cases import Case
 from jaxattn.testing.conformance import ConformanceSuite
 from jaxattn_sdpa.cudnn import cudnn_reasons

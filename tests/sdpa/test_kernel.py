@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import jaxattn
+from jaxattn.backend.metadata import AttentionMetadata
+from jaxattn.backend.validation import resolve_call
 from jaxattn.errors import UnsupportedError
-from jaxattn.metadata import AttentionMetadata
 from jaxattn.testing import oracle
-from jaxattn.validation import resolve_call
 from jaxattn_sdpa.kernel import sdpa_attention
 
 _jax_nn_dpa = jax.nn.dot_product_attention

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import jaxattn
-from jaxattn.plugins import plugin_records
+from jaxattn.discovery.plugins import plugin_records
 from jaxattn_sdpa import plugin
 
 

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 import jaxattn
-from jaxattn.device import DeviceInfo
+from jaxattn.backend.device import DeviceInfo
+from jaxattn.backend.metadata import AttentionMetadata
+from jaxattn.backend.problem import AttentionProblem
+from jaxattn.backend.validation import resolve_call
 from jaxattn.errors import ImplNotFoundError
-from jaxattn.metadata import AttentionMetadata
-from jaxattn.problem import AttentionProblem
-from jaxattn.validation import resolve_call
 from jaxattn_sdpa import impl as impl_module
 from jaxattn_sdpa.impl import CudnnAttention, SdpaAttention
 

@@ -11,9 +11,9 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import jaxattn
+from jaxattn.backend.impl import sequence_reasons
+from jaxattn.backend.metadata import axis_tuple
 from jaxattn.errors import InvalidInputError
-from jaxattn.impl import sequence_reasons
-from jaxattn.metadata import axis_tuple
 from jaxattn.sharding.axes import kv_head_repeat, mesh_axes
 from jaxattn.sharding.specs import AttentionSpecs
 

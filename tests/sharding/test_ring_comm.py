@@ -11,8 +11,8 @@ import dataclasses
 import pytest
 
 import jaxattn
-from jaxattn.device import DeviceInfo
-from jaxattn.problem import AttentionProblem
+from jaxattn.backend.device import DeviceInfo
+from jaxattn.backend.problem import AttentionProblem
 from jaxattn.sharding.compat import abstract_mesh
 from jaxattn_ring import comm
 from jaxattn_ring.impl import RingAttention

@@ -61,7 +61,7 @@ def test_the_block_kernel_is_the_best_impl_here_that_returns_its_lse() -> None:
 
 
 def test_auto_tries_the_measured_candidates_first_and_says_why_not() -> None:
-    from jaxattn.problem import AttentionProblem
+    from jaxattn.backend.problem import AttentionProblem
     from jaxattn_ring.blocks import CANDIDATES, choose_kernel
 
     assert CANDIDATES == ("cudnn", "flash_attn2", "mosaic_flash+blockwise", "cudnn+blockwise")
@@ -244,8 +244,8 @@ def test_cudnn_backward_binds_with_this_jax() -> None:
 
 def test_the_cudnn_kernel_is_declined_where_jax_lacks_the_backward(monkeypatch: pytest.MonkeyPatch) -> None:
     import jaxattn_sdpa.residual
-    from jaxattn.device import DeviceInfo
-    from jaxattn.problem import AttentionProblem
+    from jaxattn.backend.device import DeviceInfo
+    from jaxattn.backend.problem import AttentionProblem
     from jaxattn_ring.blocks import _block_reasons, block_problems
     from jaxattn_sdpa import CudnnAttention
 

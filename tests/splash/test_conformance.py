@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import ClassVar
 
-from jaxattn.metadata import AttentionMetadata
+from jaxattn.backend.metadata import AttentionMetadata
 from jaxattn.testing.cases import Case, Level
 from jaxattn.testing.conformance import ConformanceSuite
 from jaxattn.testing.mod_cases import MOD_CASES, ModCase

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import jaxattn
-import jaxattn.impl
-from jaxattn import api, compose
-from jaxattn.device import DeviceInfo
+import jaxattn.backend.impl
+from jaxattn.api import calls as api
+from jaxattn.api import compose
+from jaxattn.backend.device import DeviceInfo
 from jaxattn.errors import UnsupportedError
 from jaxattn.testing import oracle
 

@@ -20,10 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxattn.call import AttentionCall, PagedCall
-from jaxattn.capabilities import ALL_FEATURES, Feature
-from jaxattn.output import AttentionOutput
-from jaxattn.problem import AttentionProblem
+from jaxattn.backend.call import AttentionCall, PagedCall
+from jaxattn.backend.capabilities import ALL_FEATURES, Feature
+from jaxattn.backend.output import AttentionOutput
+from jaxattn.backend.problem import AttentionProblem
 from jaxattn.testing import oracle
 from jaxattn.testing.cases import (
     DEFAULT_CASES,

@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxattn.call import AttentionCall, PagedCall
-from jaxattn.capabilities import Feature
-from jaxattn.output import AttentionOutput
-from jaxattn.problem import PagedProblem
-from jaxattn.quantize import GRANULARITIES, QUANTIZED_KV_DTYPES, dequantize_kv
+from jaxattn.backend.call import AttentionCall, PagedCall
+from jaxattn.backend.capabilities import Feature
+from jaxattn.backend.output import AttentionOutput
+from jaxattn.backend.problem import PagedProblem
+from jaxattn.backend.quantize import GRANULARITIES, QUANTIZED_KV_DTYPES, dequantize_kv
 from jaxattn.testing.conformance import ConformanceSuite
 from jaxattn.testing.paged_cases import DEFAULT_PAGED_CASES, make_paged_inputs
 from jaxattn.testing.paged_conformance import PagedConformanceSuite

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxattn.problem import PagedProblem
+from jaxattn.backend.problem import PagedProblem
 
 # NumPy warns on log2(0) in the interpreter's tile arithmetic for empty rows.
 LOG2_WARNING = "ignore:divide by zero encountered in log2:RuntimeWarning"

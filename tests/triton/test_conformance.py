@@ -15,8 +15,8 @@ from typing import ClassVar
 
 import pytest
 
-from jaxattn.call import AttentionCall
-from jaxattn.output import AttentionOutput
+from jaxattn.backend.call import AttentionCall
+from jaxattn.backend.output import AttentionOutput
 from jaxattn.testing.cases import Case, Level
 from jaxattn.testing.conformance import ConformanceSuite
 from jaxattn_triton.flash.impl import TritonFlashAttention

@@ -271,7 +271,7 @@ def test_flash_attn2_decode_with_mask_keeps_the_flash_kernels(monkeypatch: pytes
 
 
 def test_flash_attn2_declares_decode() -> None:
-    from jaxattn.capabilities import Feature
+    from jaxattn.backend.capabilities import Feature
     from jaxattn_triton.flash.impl import TritonFlashAttention
 
     assert Feature.DECODE in TritonFlashAttention.features
@@ -280,9 +280,9 @@ def test_flash_attn2_declares_decode() -> None:
 
 def test_flash_attn2_accepts_decode_on_an_h100(monkeypatch: pytest.MonkeyPatch) -> None:
     # Decode steps were declined ("no split-K decode kernel") before dense_decode existed.
-    from jaxattn.device import DeviceInfo
-    from jaxattn.metadata import AttentionMetadata
-    from jaxattn.problem import AttentionProblem
+    from jaxattn.backend.device import DeviceInfo
+    from jaxattn.backend.metadata import AttentionMetadata
+    from jaxattn.backend.problem import AttentionProblem
     from jaxattn_triton.flash import impl as impl_module
 
     monkeypatch.setattr(impl_module, "_installed", lambda module: True)

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxattn.device import DeviceInfo
-from jaxattn.metadata import AttentionMetadata
-from jaxattn.problem import AttentionProblem
-from jaxattn.registry import Provider
+from jaxattn.backend.device import DeviceInfo
+from jaxattn.backend.metadata import AttentionMetadata
+from jaxattn.backend.problem import AttentionProblem
+from jaxattn.discovery.registry import Provider
 from jaxattn.testing import oracle
 from jaxattn_triton import plugin, tuning
 from jaxattn_triton.flash import impl as impl_module
@@ -246,7 +246,7 @@ def test_tune_takes_split_dkdv_when_it_beats_one_kernel(monkeypatch: pytest.Monk
 
 def test_tiles_share_the_one_tuning_cache_with_auto(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """One file: the plugin's tiles sit beside auto's measurements, and writing either keeps the other."""
-    from jaxattn.tuning import Measurement
+    from jaxattn.selection.tuning import Measurement
     from jaxattn_bench.records import TuningCache
     from jaxattn_bench.store import TuningStore
 
@@ -289,7 +289,7 @@ def test_default_backward_modes_by_head_dim() -> None:
 
 
 def test_corrupt_cache_is_ignored(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from jaxattn.tuning import TuningCacheWarning
+    from jaxattn.selection.tuning import TuningCacheWarning
 
     path = tmp_path / "tuning.json"
     path.write_text("{not json")

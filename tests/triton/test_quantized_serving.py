@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import jaxattn
-from jaxattn.device import DeviceInfo
-from jaxattn.metadata import AttentionMetadata
-from jaxattn.problem import AttentionProblem
+from jaxattn.backend.device import DeviceInfo
+from jaxattn.backend.metadata import AttentionMetadata
+from jaxattn.backend.problem import AttentionProblem
 from jaxattn.testing import oracle
 from jaxattn_triton.decode.impl import TritonDecodeAttention
 from jaxattn_triton.paged import ops as paged_ops

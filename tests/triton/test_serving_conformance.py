@@ -21,8 +21,8 @@ from typing import ClassVar
 
 import pytest
 
-from jaxattn.call import AttentionCall, PagedCall
-from jaxattn.output import AttentionOutput
+from jaxattn.backend.call import AttentionCall, PagedCall
+from jaxattn.backend.output import AttentionOutput
 from jaxattn.testing.cases import Case, Level, cases_for
 from jaxattn.testing.conformance import ConformanceSuite
 from jaxattn.testing.paged_cases import PagedCase

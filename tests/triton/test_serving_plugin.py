@@ -22,14 +22,14 @@ import pytest
 
 import jaxattn
 from jaxattn.backend import Backend
-from jaxattn.device import DeviceInfo
+from jaxattn.backend.device import DeviceInfo
+from jaxattn.backend.metadata import AttentionMetadata
+from jaxattn.backend.problem import AttentionProblem, PagedProblem
+from jaxattn.backend.validation import resolve_call
+from jaxattn.discovery.plugins import isolated_registry, registry
 from jaxattn.errors import UnsupportedError
-from jaxattn.lookup import new_impl
-from jaxattn.metadata import AttentionMetadata
-from jaxattn.plugins import isolated_registry, registry
-from jaxattn.problem import AttentionProblem, PagedProblem
+from jaxattn.selection.lookup import new_impl
 from jaxattn.testing import oracle
-from jaxattn.validation import resolve_call
 from jaxattn_triton.decode.impl import MAX_DECODE_QUERIES, TritonDecodeAttention
 from jaxattn_triton.flash import impl as impl_module
 from jaxattn_triton.flash.impl import TritonFlashAttention

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 import jaxattn
-import jaxattn.tuning
-from jaxattn import device as device_module
-from jaxattn.device import DeviceInfo
-from jaxattn.plugins import isolated_registry, register_plugin
+import jaxattn.selection.tuning
+from jaxattn.backend import device as device_module
+from jaxattn.backend.device import DeviceInfo
+from jaxattn.discovery.plugins import isolated_registry, register_plugin
 from jaxattn_bench import plugin as bench_plugin
 from jaxattn_bench import records as cache_module
 from jaxattn_bench import runner as runner_module
@@ -26,7 +26,7 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     """Every test gets its own tuning cache folder and forgets what earlier tests read."""
     monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("JAXATTN_TUNING", raising=False)
-    jaxattn.tuning._warned.clear()
+    jaxattn.selection.tuning._warned.clear()
     cache_module.reload()
     yield tmp_path / "cache"
     cache_module.reload()

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxattn import AttentionProblem
-from jaxattn.plugins import RUNTIME_PLUGIN
-from jaxattn.tuning import Measurement
+from jaxattn.discovery.plugins import RUNTIME_PLUGIN
+from jaxattn.selection.tuning import Measurement
 from jaxattn_bench.store import TuningStore
 
 Timer = Callable[[str, int, random.Random], float]  # (impl, round, rng) -> ms per call, for fake_timer

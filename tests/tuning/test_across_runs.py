@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxattn
-from jaxattn.tuning import Measurement
+from jaxattn.selection.tuning import Measurement
 from jaxattn_bench.store import TuningStore
 
 pytestmark = pytest.mark.slow

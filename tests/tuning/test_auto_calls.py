@@ -8,7 +8,7 @@ import jax
 import pytest
 
 import jaxattn
-from jaxattn import dispatch
+from jaxattn.selection import dispatch
 
 from .helpers import problem, qkv, runtime, store
 from .toys import Alpha, Beta, reset_calls

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxattn.tuning import TuningCacheWarning
+from jaxattn.selection.tuning import TuningCacheWarning
 from jaxattn_bench.keys import Environment, current_environment, problem_key, seq_bucket
 from jaxattn_bench.records import default_cache_path, parse_measurement
 from jaxattn_bench.store import TuningStore

@@ -17,8 +17,8 @@ WRITER = textwrap.dedent("""
     import sys
     import jax, jax.numpy as jnp
     from jaxattn import AttentionProblem
-    from jaxattn.plugins import RUNTIME_PLUGIN
-    from jaxattn.tuning import Measurement
+    from jaxattn.discovery.plugins import RUNTIME_PLUGIN
+    from jaxattn.selection.tuning import Measurement
     from jaxattn_bench.store import TuningStore
 
     worker, count = int(sys.argv[1]), int(sys.argv[2])

@@ -16,7 +16,7 @@ import pytest
 
 import jaxattn
 from jaxattn.cli import main
-from jaxattn.tuning import TuningCacheWarning
+from jaxattn.selection.tuning import TuningCacheWarning
 from jaxattn_bench import records as cache_module
 from jaxattn_bench.keys import current_environment
 from jaxattn_bench.store import TuningCacheError, TuningStore

@@ -13,11 +13,18 @@ import jax.numpy as jnp
 import pytest
 
 import jaxattn
-import jaxattn.tuning
-from jaxattn.device import DeviceInfo
-from jaxattn.hookspecs import hookimpl
-from jaxattn.plugins import isolated_registry, register_plugin
-from jaxattn.tuning import PRIORS_FORMAT, Measurement, TuningCacheWarning, package_priors, parse_priors, problem_key
+import jaxattn.selection.tuning
+from jaxattn.backend.device import DeviceInfo
+from jaxattn.discovery.hookspecs import hookimpl
+from jaxattn.discovery.plugins import isolated_registry, register_plugin
+from jaxattn.selection.tuning import (
+    PRIORS_FORMAT,
+    Measurement,
+    TuningCacheWarning,
+    package_priors,
+    parse_priors,
+    problem_key,
+)
 from jaxattn_bench import plugin as bench_plugin
 
 from .helpers import problem, qkv, store
@@ -141,7 +148,7 @@ def test_declared_priority_without_records_or_priors_and_with_tuning_off(
     assert _explain(d=16).chosen == "alpha"  # another head dim: no prior for that class
     assert _explain(d=16).candidates[0].rank_reason == "declared priority 30"
     monkeypatch.setenv("JAXATTN_TUNING", "0")
-    jaxattn.dispatch.clear_choices()
+    jaxattn.selection.dispatch.clear_choices()
     assert _explain().chosen == "alpha"
 
 
@@ -179,7 +186,7 @@ def test_a_call_between_measured_buckets_ranks_by_both_and_explain_names_them(
     assert exp.candidates[0].rank_reason.startswith(f"shipped prior (toys, cpu; {where}): measured fwd 2.449 ms")
     assert exp.candidates[1].rank_reason == (
         f"shipped prior (toys, cpu; {where}): measured fwd 4.000 ms (1.63x the fastest)")
-    found = jaxattn.tuning.prior_results(problem(t=64), CPU)
+    found = jaxattn.selection.tuning.prior_results(problem(t=64), CPU)
     assert found is not None and found[0] == f"{short} and {long}"
     assert found[1]["beta"][0].fwdbwd_ms == pytest.approx(2.0) and found[1]["alpha"][0].fwdbwd_ms == pytest.approx(6.0)
     # one nearest bucket is taken as it is, and explain names it
@@ -197,7 +204,7 @@ def test_an_impl_missing_from_one_neighbouring_bucket_is_not_ranked_by_the_blend
         short: {"problem": "T32", "results": {"alpha": _result(5.0), "beta": _result(4.0)}},
         long: {"problem": "T128", "results": {"beta": _result(4.0)}},
     }))
-    found = jaxattn.tuning.prior_results(problem(t=64), CPU)
+    found = jaxattn.selection.tuning.prior_results(problem(t=64), CPU)
     assert found is not None and set(found[1]) == {"beta"}
     exp = _explain(t=64)
     assert exp.chosen == "beta"
@@ -221,7 +228,7 @@ def test_priors_of_another_device_are_not_used(with_priors: Any, tmp_path: Path)
                       name="h200"))
     assert _explain().chosen == "alpha"
     gpu = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H200", compute_capability="9.0")
-    found = jaxattn.tuning.prior_results(problem(), gpu)
+    found = jaxattn.selection.tuning.prior_results(problem(), gpu)
     assert found is not None and found[0] == key and found[1]["beta"][1].label == "H200"
 
 
@@ -265,7 +272,7 @@ CPU_CASES = [
 def test_shipped_cpu_priors_pick_the_measured_fastest(fake_device: Any, qs: tuple[int, ...], ks: tuple[int, ...],
                                                       dtype: Any, kw: dict[str, Any], expected: str) -> None:
     fake_device(CPU)
-    jaxattn.dispatch.clear_choices()
+    jaxattn.selection.dispatch.clear_choices()
     q, k = jax.ShapeDtypeStruct(qs, dtype), jax.ShapeDtypeStruct(ks, dtype)
     extra = {"kv_lengths": jax.ShapeDtypeStruct((qs[0],), jnp.int32)} if kw.get("kv_lengths") else {}
     exp = jaxattn.explain(q, k, k, causal=True, **extra)
@@ -280,12 +287,12 @@ def test_shipped_hopper_priors_merge_the_three_plugins_figures() -> None:
     gpu = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H200", compute_capability="9.0")
     for kw in ({"causal": True}, {"causal": True, "logits_soft_cap": 30.0}):
         x = jax.ShapeDtypeStruct((4, 4096, 32, 128), jnp.bfloat16)
-        found = jaxattn.tuning.prior_results(jaxattn.AttentionProblem.from_inputs(x, x, x, **kw), gpu)
+        found = jaxattn.selection.tuning.prior_results(jaxattn.AttentionProblem.from_inputs(x, x, x, **kw), gpu)
         assert found is not None, kw
         times = {name: m.fwd_ms for name, (m, _) in found[1].items()}
         assert {p.plugin for _, p in found[1].values()} <= {"sdpa", "triton", "mosaic"}
         assert min(times, key=lambda n: times[n] or 1e9) == "mosaic_flash", times
-    assert jaxattn.tuning.prior_results(problem(), gpu) is None  # float32 D8: nothing measured
+    assert jaxattn.selection.tuning.prior_results(problem(), gpu) is None  # float32 D8: nothing measured
 
 
 # Leave one out over the raw H200 figures behind the Hopper priors: hide each measured key,
@@ -322,7 +329,7 @@ def test_leave_one_out_over_the_h200_figures() -> None:
         rest = parse_priors({"format": PRIORS_FORMAT, "device": {"label": "H200", "platform": "gpu"},
                              "measured": {"machine": "H200", "date": "2026-12-01", "command": "replay"},
                              "entries": others}, "replay")
-        found = jaxattn.tuning.nearest_priors(key, [rest], reach=2)
+        found = jaxattn.selection.tuning.nearest_priors(key, [rest], reach=2)
         for grad in (False, True):
             truth = {b: m["fwdbwd_ms" if grad else "fwd_ms"] for b, m in measured.items()}
             truth = {b: t for b, t in truth.items() if t is not None}
@@ -343,7 +350,7 @@ def test_the_hopper_priors_rank_a_2k_call_by_the_1k_and_4k_buckets() -> None:
     gpu = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H200", compute_capability="9.0")
     q = jax.ShapeDtypeStruct((8, 2048, 32, 128), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((8, 2048, 8, 128), jnp.bfloat16)
-    found = jaxattn.tuning.prior_results(jaxattn.AttentionProblem.from_inputs(q, k, k, causal=True), gpu)
+    found = jaxattn.selection.tuning.prior_results(jaxattn.AttentionProblem.from_inputs(q, k, k, causal=True), gpu)
     assert found is not None and " and " in found[0]
     times = {b: m.fwdbwd_ms for b, (m, _) in found[1].items()}
     assert min(times, key=lambda b: times[b] or 1e9) == "mosaic_flash", times

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import jaxattn
-from jaxattn import dispatch
-from jaxattn.device import DeviceInfo
-from jaxattn.split import SplitGradImpl
-from jaxattn.tuning import TuningCacheWarning
+from jaxattn.api.split import SplitGradImpl
+from jaxattn.backend.device import DeviceInfo
+from jaxattn.selection import dispatch
+from jaxattn.selection.tuning import TuningCacheWarning
 
 from .helpers import problem, qkv, runtime, store
 from .toys import Alpha, Beta, NoGqa, dense, reset_calls

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 import jaxattn
+from jaxattn.backend.validation import resolve_call
 from jaxattn.testing import oracle
 from jaxattn.testing.cases import Case, Level
 from jaxattn.testing.conformance import ConformanceSuite
 from jaxattn.testing.quick_jit import compiler_options_for_tests, quick_jit
-from jaxattn.validation import resolve_call
 from jaxattn_vanilla.blockwise.impl import BlockwiseAttention
 from jaxattn_vanilla.blockwise.kernel import (
     blockwise_attention,

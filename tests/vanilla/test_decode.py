@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import jaxattn
-from jaxattn.device import DeviceInfo
-from jaxattn.impl import AttentionImpl
+from jaxattn.backend.device import DeviceInfo
+from jaxattn.backend.impl import AttentionImpl
 from jaxattn.testing import oracle
 from jaxattn.testing.cases import DEFAULT_TOLERANCES, Case, Level, decode_sweep, make_inputs
 from jaxattn.testing.compare import assert_close
@@ -47,7 +47,7 @@ def _notes(q: Any, k: Any, v: Any, metadata: jaxattn.AttentionMetadata | None = 
         row = next(c for c in jaxattn.explain(q, k, v, impl="autoregressive_decodeattn", metadata=metadata,
                                               **kw).candidates if c.name == "autoregressive_decodeattn")
         return " ".join(row.notes)
-    from jaxattn.problem import AttentionProblem
+    from jaxattn.backend.problem import AttentionProblem
 
     return " ".join(_impl(metadata).notes(AttentionProblem.from_inputs(q, k, v, **kw)))
 
@@ -86,7 +86,7 @@ class TestDecodeConformanceSplitK(ConformanceSuite):
 
 
 def _problem(case: Case) -> Any:
-    from jaxattn.problem import AttentionProblem
+    from jaxattn.backend.problem import AttentionProblem
 
     sds = jax.ShapeDtypeStruct
     window = case.sliding_window

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import jaxattn
+from jaxattn.backend.validation import resolve_call
 from jaxattn.testing import oracle
 from jaxattn.testing.quick_jit import quick_jit
-from jaxattn.validation import resolve_call
 from jaxattn_vanilla.vanilla.impl import VanillaAttention
 from jaxattn_vanilla.vanilla.reference import vanilla_attention
 

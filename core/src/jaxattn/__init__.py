@@ -12,40 +12,40 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
-    "AttentionCall": "call",
-    "PagedCall": "call",
-    "AttentionImpl": "impl",
-    "PagedAttentionImpl": "paged_impl",
-    "PagedProblem": "problem",
-    "paged_attention": "api",
-    "ragged_paged_attention": "api",
-    "explain_paged": "api",
-    "pages_in_address_order": "paging",
-    "quantize_kv": "quantize",
-    "dequantize_kv": "quantize",
-    "AttentionMetadata": "metadata",
-    "AttentionOutput": "output",
-    "AttentionProblem": "problem",
-    "AttentionMechanisms": "names",
-    "Feature": "capabilities",
-    "ImplRef": "declaration",
-    "ImplInfo": "registry",
-    "DeviceInfo": "device",
-    "detect_device": "device",
-    "tpu_version_check": "device",
-    "hookimpl": "hookspecs",
-    "get_impl": "api",
-    "list_impls": "lookup",
-    "register_impl": "lookup",
-    "register_plugin": "plugins",
-    "list_plugins": "plugins",
-    "PluginRecord": "plugins",
-    "attention": "api",
-    "dot_product_attention": "dropin",
-    "explain": "dispatch",
-    "Explanation": "dispatch",
-    "use_impl": "dispatch",
-    "get_optimal_config": "dispatch",
+    "AttentionCall": "backend.call",
+    "PagedCall": "backend.call",
+    "AttentionImpl": "backend.impl",
+    "PagedAttentionImpl": "backend.paged_impl",
+    "PagedProblem": "backend.problem",
+    "paged_attention": "api.calls",
+    "ragged_paged_attention": "api.calls",
+    "explain_paged": "api.calls",
+    "pages_in_address_order": "backend.paging",
+    "quantize_kv": "backend.quantize",
+    "dequantize_kv": "backend.quantize",
+    "AttentionMetadata": "backend.metadata",
+    "AttentionOutput": "backend.output",
+    "AttentionProblem": "backend.problem",
+    "AttentionMechanisms": "backend.names",
+    "Feature": "backend.capabilities",
+    "ImplRef": "backend.declaration",
+    "ImplInfo": "discovery.registry",
+    "DeviceInfo": "backend.device",
+    "detect_device": "backend.device",
+    "tpu_version_check": "backend.device",
+    "hookimpl": "discovery.hookspecs",
+    "get_impl": "api.calls",
+    "list_impls": "selection.lookup",
+    "register_impl": "selection.lookup",
+    "register_plugin": "discovery.plugins",
+    "list_plugins": "discovery.plugins",
+    "PluginRecord": "discovery.plugins",
+    "attention": "api.calls",
+    "dot_product_attention": "api.dropin",
+    "explain": "selection.dispatch",
+    "Explanation": "selection.dispatch",
+    "use_impl": "selection.dispatch",
+    "get_optimal_config": "selection.dispatch",
     "JaxattnError": "errors",
     "InvalidInputError": "errors",
     "InvalidTypeError": "errors",
@@ -119,13 +119,23 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from . import masks
-    from .api import attention, explain_paged, get_impl, paged_attention, ragged_paged_attention
-    from .call import AttentionCall, PagedCall
-    from .capabilities import Feature
-    from .declaration import ImplRef
-    from .device import DeviceInfo, detect_device, tpu_version_check
-    from .dispatch import Explanation, explain, get_optimal_config, use_impl
-    from .dropin import dot_product_attention
+    from .api.calls import attention, explain_paged, get_impl, paged_attention, ragged_paged_attention
+    from .api.dropin import dot_product_attention
+    from .backend.call import AttentionCall, PagedCall
+    from .backend.capabilities import Feature
+    from .backend.declaration import ImplRef
+    from .backend.device import DeviceInfo, detect_device, tpu_version_check
+    from .backend.impl import AttentionImpl
+    from .backend.metadata import AttentionMetadata
+    from .backend.names import AttentionMechanisms
+    from .backend.output import AttentionOutput
+    from .backend.paged_impl import PagedAttentionImpl
+    from .backend.paging import pages_in_address_order
+    from .backend.problem import AttentionProblem, PagedProblem
+    from .backend.quantize import dequantize_kv, quantize_kv
+    from .discovery.hookspecs import hookimpl
+    from .discovery.plugins import PluginRecord, list_plugins, register_plugin
+    from .discovery.registry import ImplInfo
     from .errors import (
         ImplNotFoundError,
         InvalidInputError,
@@ -134,16 +144,6 @@ if TYPE_CHECKING:
         PluginError,
         UnsupportedError,
     )
-    from .hookspecs import hookimpl
-    from .impl import AttentionImpl
-    from .lookup import list_impls, register_impl
     from .masks import BlockMask
-    from .metadata import AttentionMetadata
-    from .names import AttentionMechanisms
-    from .output import AttentionOutput
-    from .paged_impl import PagedAttentionImpl
-    from .paging import pages_in_address_order
-    from .plugins import PluginRecord, list_plugins, register_plugin
-    from .problem import AttentionProblem, PagedProblem
-    from .quantize import dequantize_kv, quantize_kv
-    from .registry import ImplInfo
+    from .selection.dispatch import Explanation, explain, get_optimal_config, use_impl
+    from .selection.lookup import list_impls, register_impl

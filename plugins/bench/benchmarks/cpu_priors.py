@@ -5,7 +5,7 @@ bfloat16, causal and full, GQA), every dense CPU backend that accepts it is comp
 ``jax.jit`` and timed in interleaved rounds (a b c, then c b a, ...), ``--reps`` calls per
 backend per round; the median of all its calls is its figure. A backend's figures go into its
 own plugin's package data (jaxattn-vanilla: vanilla, blockwise, autoregressive_decodeattn;
-jaxattn-sdpa: sdpa), keyed as ``jaxattn.tuning.problem_key`` keys a call, and only for shapes
+jaxattn-sdpa: sdpa), keyed as ``jaxattn.selection.tuning.problem_key`` keys a call, and only for shapes
 where the ranking is clear: the winner's median beats the runner-up by more than
 ``--margin`` and wins in every round of every run, or every run has the same winner and it is
 auto's declared pick anyway (otherwise the shape is left out, and "auto" ranks such calls by a
@@ -78,8 +78,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     import numpy as np
 
     import jaxattn
-    import jaxattn.tuning
-    from jaxattn.dispatch import accepting
+    import jaxattn.selection.tuning
+    from jaxattn.selection.dispatch import accepting
 
     rows = []
     for shape in MATRIX:
@@ -111,7 +111,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 times[n] += got
                 per_round[n].append(statistics.median(got))
         medians = {n: statistics.median(ts) for n, ts in times.items()}
-        row = {"shape": _label(shape), "key": jaxattn.tuning.problem_key(problem), "auto_declared": auto,
+        row = {"shape": _label(shape), "key": jaxattn.selection.tuning.problem_key(problem), "auto_declared": auto,
                "median_ms": medians, "round_medians_ms": per_round}
         rows.append(row)
         ranked = sorted(medians, key=medians.__getitem__)

@@ -5,7 +5,7 @@ shipped Hopper priors, and say how untuned auto would do with them.
 
 Each backend's median forward and forward+backward times go into its own plugin's
 ``priors/hopper.json`` (cudnn: jaxattn-sdpa, flash_attn2: jaxattn-triton, mosaic_flash:
-jaxattn-mosaic), keyed by ``jaxattn.tuning.problem_key``; ``--write`` also writes the condensed
+jaxattn-mosaic), keyed by ``jaxattn.selection.tuning.problem_key``; ``--write`` also writes the condensed
 figures (every shape, backend and mode: median ms) to ``plugins/bench/benchmarks/priors/h200-bench.json``, so
 they can be checked. Without ``--write`` it prints, per shape and mode, the backend the priors
 make auto pick and its time against the fastest of the same run.
@@ -44,7 +44,7 @@ def _shape(data: dict[str, Any]) -> Any:
 
 def load(paths: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The runs' environment, and one row per shape, backend and mode that ran."""
-    from jaxattn.tuning import problem_key
+    from jaxattn.selection.tuning import problem_key
     from jaxattn_bench.record import problem_of
 
     rows, env = [], {}
@@ -84,8 +84,8 @@ class _Named:
 
 def check(rows: list[dict[str, Any]]) -> None:
     """Per shape and mode: what the shipped priors make auto pick, against the fastest."""
-    from jaxattn.device import DeviceInfo
-    from jaxattn.tuning import nearest_priors, rank_measured, shipped_priors
+    from jaxattn.backend.device import DeviceInfo
+    from jaxattn.selection.tuning import nearest_priors, rank_measured, shipped_priors
 
     gpu = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H200", compute_capability="9.0")
     ratios = []

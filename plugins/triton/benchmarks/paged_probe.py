@@ -359,7 +359,7 @@ def pipelines(case: Case) -> list[Candidate]:
 
 def sorted_tables(case: Case) -> list[Candidate]:
     """Reading each sequence's pages in address order: a pre-sorted table, a per-call sort."""
-    from jaxattn.paging import pages_in_address_order
+    from jaxattn.backend.paging import pages_in_address_order
     from jaxattn_triton.paged.ops import paged_decode
 
     presorted = jnp.sort(case.permuted, axis=1)

@@ -36,40 +36,40 @@ from typing import TYPE_CHECKING, Any
 #: Public name -> the core module (relative to ``jaxattn``) that defines it, by group.
 _EXPORTS: dict[str, str] = {name: module for module, names in (
     # a backend
-    ("declaration", "ImplRef"),
-    ("hookspecs", "hookimpl"),
-    ("impl", "AttentionImpl"),
-    ("paged_impl", "PagedAttentionImpl"),
-    ("call", "AttentionCall PagedCall"),
-    ("output", "AttentionOutput"),
-    ("capabilities", "Feature"),
+    ("backend.declaration", "ImplRef"),
+    ("discovery.hookspecs", "hookimpl"),
+    ("backend.impl", "AttentionImpl"),
+    ("backend.paged_impl", "PagedAttentionImpl"),
+    ("backend.call", "AttentionCall PagedCall"),
+    ("backend.output", "AttentionOutput"),
+    ("backend.capabilities", "Feature"),
     # the protocol around it
-    ("capabilities", "ALL_FEATURES"),
+    ("backend.capabilities", "ALL_FEATURES"),
     ("backend.base", "Backend Composition Forward Plan refuse_gradients resolve_platform"),
-    ("declaration", "DeclarationError"),
-    ("problem", "AttentionProblem PagedProblem"),
-    ("metadata", "AttentionMetadata axis_tuple describe_axes"),
-    ("device", "DeviceInfo detect_device"),
+    ("backend.declaration", "DeclarationError"),
+    ("backend.problem", "AttentionProblem PagedProblem"),
+    ("backend.metadata", "AttentionMetadata axis_tuple describe_axes"),
+    ("backend.device", "DeviceInfo detect_device"),
     ("errors", "JaxattnError InvalidInputError InvalidTypeError UnsupportedError ImplNotFoundError PluginError"),
     # helpers kernels share
-    ("sinks", "split_absorbing_sinks zero_absorbed_heads"),
-    ("unread", "zero_past_lengths"),
-    ("quantize", "GRANULARITIES KV_DTYPE_FLAGS dequantize_kv dequantize_visible quantize_kv"),
-    ("paging", "pages_in_address_order"),
-    ("tracing", "traced_under x64_off"),
-    ("validation", "resolve_call window_pair"),
+    ("backend.sinks", "split_absorbing_sinks zero_absorbed_heads"),
+    ("backend.unread", "zero_past_lengths"),
+    ("backend.quantize", "GRANULARITIES KV_DTYPE_FLAGS dequantize_kv dequantize_visible quantize_kv"),
+    ("backend.paging", "pages_in_address_order"),
+    ("backend.tracing", "traced_under x64_off"),
+    ("backend.validation", "resolve_call window_pair"),
     # composition
-    ("api", "get_impl"),
-    ("lookup", "available_here"),
+    ("api.calls", "get_impl"),
+    ("selection.lookup", "available_here"),
     ("sharding.specs", "AttentionSpecs"),
     ("sharding.axes", "MeshAxes kv_head_repeat mesh_axes"),
     ("sharding.compat", "axis_size shard_map"),
     ("sharding.wrap", "check_batch_heads local_metadata"),
     # tuning
-    ("tuning", "Measurement TuningRecords TuningCacheWarning TIE_TOLERANCE plugin_section warn_once reload_tuning"),
-    ("tuning", "package_priors parse_measurement problem_key seq_bucket"),
+    ("selection.tuning", "Measurement TuningRecords TuningCacheWarning TIE_TOLERANCE plugin_section warn_once"),
+    ("selection.tuning", "reload_tuning package_priors parse_measurement problem_key seq_bucket"),
     # selection probes
-    ("dispatch", "AutoAttention choose evaluate"),
+    ("selection.dispatch", "AutoAttention choose evaluate"),
 ) for name in names.split()}
 
 #: Names whose defining module spells them differently.
@@ -104,13 +104,24 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from jaxattn.api import get_impl
+    from jaxattn.api.calls import get_impl
     from jaxattn.backend.base import Backend, Composition, Forward, Plan, refuse_gradients, resolve_platform
-    from jaxattn.call import AttentionCall, PagedCall
-    from jaxattn.capabilities import ALL_FEATURES, Feature
-    from jaxattn.declaration import DeclarationError, ImplRef
-    from jaxattn.device import DeviceInfo, detect_device
-    from jaxattn.dispatch import AutoAttention, choose, evaluate
+    from jaxattn.backend.call import AttentionCall, PagedCall
+    from jaxattn.backend.capabilities import ALL_FEATURES, Feature
+    from jaxattn.backend.declaration import DeclarationError, ImplRef
+    from jaxattn.backend.device import DeviceInfo, detect_device
+    from jaxattn.backend.impl import AttentionImpl
+    from jaxattn.backend.metadata import AttentionMetadata, axis_tuple, describe_axes
+    from jaxattn.backend.output import AttentionOutput
+    from jaxattn.backend.paged_impl import PagedAttentionImpl
+    from jaxattn.backend.paging import pages_in_address_order
+    from jaxattn.backend.problem import AttentionProblem, PagedProblem
+    from jaxattn.backend.quantize import GRANULARITIES, KV_DTYPE_FLAGS, dequantize_kv, dequantize_visible, quantize_kv
+    from jaxattn.backend.sinks import split_absorbing_sinks, zero_absorbed_heads
+    from jaxattn.backend.tracing import traced_under, x64_off
+    from jaxattn.backend.unread import zero_past_lengths
+    from jaxattn.backend.validation import resolve_call, window_pair
+    from jaxattn.discovery.hookspecs import hookimpl
     from jaxattn.errors import (
         ImplNotFoundError,
         InvalidInputError,
@@ -119,22 +130,9 @@ if TYPE_CHECKING:
         PluginError,
         UnsupportedError,
     )
-    from jaxattn.hookspecs import hookimpl
-    from jaxattn.impl import AttentionImpl
-    from jaxattn.lookup import available_here
-    from jaxattn.metadata import AttentionMetadata, axis_tuple, describe_axes
-    from jaxattn.output import AttentionOutput
-    from jaxattn.paged_impl import PagedAttentionImpl
-    from jaxattn.paging import pages_in_address_order
-    from jaxattn.problem import AttentionProblem, PagedProblem
-    from jaxattn.quantize import GRANULARITIES, KV_DTYPE_FLAGS, dequantize_kv, dequantize_visible, quantize_kv
-    from jaxattn.sharding.axes import MeshAxes, kv_head_repeat, mesh_axes
-    from jaxattn.sharding.compat import axis_size, shard_map
-    from jaxattn.sharding.specs import AttentionSpecs
-    from jaxattn.sharding.wrap import check_batch_heads, local_metadata
-    from jaxattn.sinks import split_absorbing_sinks, zero_absorbed_heads
-    from jaxattn.tracing import traced_under, x64_off
-    from jaxattn.tuning import (
+    from jaxattn.selection.dispatch import AutoAttention, choose, evaluate
+    from jaxattn.selection.lookup import available_here
+    from jaxattn.selection.tuning import (
         TIE_TOLERANCE,
         Measurement,
         TuningCacheWarning,
@@ -146,6 +144,8 @@ if TYPE_CHECKING:
         seq_bucket,
         warn_once,
     )
-    from jaxattn.tuning import reload as reload_tuning
-    from jaxattn.unread import zero_past_lengths
-    from jaxattn.validation import resolve_call, window_pair
+    from jaxattn.selection.tuning import reload as reload_tuning
+    from jaxattn.sharding.axes import MeshAxes, kv_head_repeat, mesh_axes
+    from jaxattn.sharding.compat import axis_size, shard_map
+    from jaxattn.sharding.specs import AttentionSpecs
+    from jaxattn.sharding.wrap import check_batch_heads, local_metadata

@@ -2,17 +2,17 @@
 
 A backend declares what it can do as class attributes (platforms, dtypes, head dims,
 features, priority), which a plugin's class takes from its one declaration, the ``ImplRef``
-it binds to (``jaxattn.declaration``); it answers *every* reason it cannot run a call, and
+it binds to (``jaxattn.backend.declaration``); it answers *every* reason it cannot run a call, and
 routes an accepted call to its ``forward_<platform>`` method for the device, vLLM style. Two kinds build on it:
-``AttentionImpl`` (dense attention, ``jaxattn.impl``) and ``PagedAttentionImpl`` (attention
-over a paged KV cache, ``jaxattn.paged_impl``); their calls and forwards differ, the rest
+``AttentionImpl`` (dense attention, ``jaxattn.backend.impl``) and ``PagedAttentionImpl`` (attention
+over a paged KV cache, ``jaxattn.backend.paged_impl``); their calls and forwards differ, the rest
 is here.
 
 A call runs on a straight path: ``run(call)`` looks up the call's ``Plan``, decided once per
 problem (``plan``: decline with every reason, hand-off, sharding, the gradient guard, the routed
-forward), and calls the forward on the call object (``jaxattn.call``). Hand-off to
+forward), and calls the forward on the call object (``jaxattn.backend.call``). Hand-off to
 ``fallback_impl`` and ``shard_map`` over a mesh are the ``composition`` that ``jaxattn.get_impl``
-gives the instances it builds (``jaxattn.compose``); a backend constructed directly has none and
+gives the instances it builds (``jaxattn.api.compose``); a backend constructed directly has none and
 declines the calls that would need them.
 """
 
@@ -23,17 +23,17 @@ from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from ..capabilities import Feature, describe_features, head_dim_reason, platform_matches
-from ..declaration import DeclarationError, ImplRef
-from ..device import DeviceInfo, detect_device
 from ..errors import PluginError, UnsupportedError
-from ..metadata import DEFAULT_METADATA, AttentionMetadata
-from ..names import normalize_name
-from ..problem import Problem
+from .capabilities import Feature, describe_features, head_dim_reason, platform_matches
+from .declaration import DeclarationError, ImplRef
+from .device import DeviceInfo, detect_device
 from .forms import form_of, seed_forward
+from .metadata import DEFAULT_METADATA, AttentionMetadata
+from .names import normalize_name
+from .problem import Problem
 
 if TYPE_CHECKING:
-    from ..output import AttentionOutput
+    from .output import AttentionOutput
 
 __all__ = ["Backend", "Composition", "Forward", "Plan", "refuse_gradients", "resolve_platform"]
 
@@ -146,7 +146,7 @@ class Plan:
 
 @dataclasses.dataclass(frozen=True)
 class Composition:
-    """What surrounds a kernel for the backends ``jaxattn.get_impl`` builds (``jaxattn.compose``).
+    """What surrounds a kernel for the backends ``jaxattn.get_impl`` builds (``jaxattn.api.compose``).
 
     ``hand_off(impl, problem, reasons)`` is the backend that runs a call ``impl`` hands to its
     ``fallback_impl`` (``reasons``: its ``fallback_reasons``); ``shard(impl)`` is ``impl``'s routed
@@ -200,7 +200,7 @@ class Backend(Generic[P]):
         """Bind the class to its ``declaration``: every class attribute it states is set from it.
 
         A value the class body sets itself is kept, and reported as a disagreement by
-        ``jaxattn.plugins.problems()`` (``jaxattn list``, ``jaxattn info --strict``).
+        ``jaxattn.discovery.plugins.problems()`` (``jaxattn list``, ``jaxattn info --strict``).
         """
         super().__init_subclass__(**kwargs)
         own = cls.__dict__.get("features")
@@ -431,7 +431,7 @@ class Backend(Generic[P]):
 
     # -- the forward: override ``forward``, or the per-platform ones you have -----------------
     # Each takes the call object of the backend's kind (``AttentionCall``, ``PagedCall``:
-    # ``jaxattn.call``) and returns an ``AttentionOutput``.
+    # ``jaxattn.backend.call``) and returns an ``AttentionOutput``.
     def forward(self, call: Any) -> AttentionOutput:
         """Run a validated, accepted call: the one method a backend overrides (what varies by
         platform is its own business, or the ``forward_<platform>`` methods' below)."""

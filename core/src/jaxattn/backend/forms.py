@@ -21,7 +21,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from ..capabilities import Feature
+from .capabilities import Feature
 
 __all__ = ["ACCEPTED", "FORWARDS", "SEED_KEYWORDS", "form_of", "forward_problems", "seed_forward"]
 

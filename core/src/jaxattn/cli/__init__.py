@@ -5,7 +5,7 @@ turn import jax/jaxattn machinery inside their ``run`` functions, so ``jaxattn -
 typo costs milliseconds, not a jax import.
 
 A command is a name, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``
-(``jaxattn.commands.Command``). The core's own are modules named in ``CORE_COMMANDS``; plugins
+(``jaxattn.discovery.commands.Command``). The core's own are modules named in ``CORE_COMMANDS``; plugins
 add theirs through the ``jaxattn_register_commands`` hook (``jaxattn bench``, ``tune`` and
 ``demo`` come from jaxattn-bench), collected in isolation: a plugin whose hook or whose
 commands' ``add_arguments`` raise loses its commands, is reported broken, and costs the
@@ -24,7 +24,7 @@ from typing import TextIO, cast
 # What a plugin that adds commands uses (public API, standard library only, so `jaxattn --help`
 # stays cheap): ``Command`` / ``Commands`` (what the ``jaxattn_register_commands`` hook fills),
 # the numeric argument types every option takes, and the tables and JSON every command prints.
-from jaxattn.commands import Command, Commands
+from jaxattn.discovery.commands import Command, Commands
 
 from ._args import (
     Choices,
@@ -61,7 +61,7 @@ CORE_COMMANDS: dict[str, str] = {
 
 def _plugin_commands() -> list[tuple[str, Command]]:
     """(plugin, command) for every command the installed plugins add, each plugin isolated."""
-    from jaxattn.plugins import call_each
+    from jaxattn.discovery.plugins import call_each
 
     def collect(hook: Callable[..., None]) -> list[Command]:
         added = Commands()
@@ -79,7 +79,7 @@ def commands(plugins: bool = True) -> list[Command]:
     """Every command of the program: the core's, then the plugins' (a name already taken is refused
     with a ``PluginWarning``, the core's and the first plugin's keep it). ``plugins=False``: the
     core's only, without discovering plugins."""
-    from jaxattn.plugins import PluginWarning
+    from jaxattn.discovery.plugins import PluginWarning
 
     found = [Command.from_module(name, module) for name, module in CORE_COMMANDS.items()]
     taken = {c.name: "jaxattn" for c in found}

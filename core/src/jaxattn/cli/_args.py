@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
-from jaxattn._dtypes import dtype_name
+from jaxattn.backend._dtypes import dtype_name
 from jaxattn.errors import did_you_mean
 
 __all__ = [
@@ -202,9 +202,9 @@ def check_impl_names(option: str, names: Iterable[str], kind: str | None = None)
     calls it before any work. A known name that nothing installed provides is left to the
     command, which says what to install. ``kind`` ("dense" or "paged") also refuses a name
     that only the other op kind provides."""
+    from jaxattn.backend.names import AttentionMechanisms
+    from jaxattn.discovery.plugins import registry
     from jaxattn.errors import InvalidInputError
-    from jaxattn.names import AttentionMechanisms
-    from jaxattn.plugins import registry
 
     reg = registry()
     known = {n for p in reg.providers for n in p.names} | {m.value for m in AttentionMechanisms}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..quantize import KV_DTYPE_FLAGS
+from ..backend.quantize import KV_DTYPE_FLAGS
 from ._args import float_dtype, mesh_axes, nonneg_window, positive_float, positive_int, probability
 from ._output import Printer, Table, dump_json
 from ._plugins import is_plugin_row

@@ -93,7 +93,7 @@ def short_path(path: str, width: int = 0) -> str:
 def _plugin_summaries(rows: list[Any]) -> list[PluginSummary]:
     """Every plugin: those with impls (from the rows), then those that register none (jaxattn-bench
     adds commands only)."""
-    from jaxattn.plugins import RUNTIME_PLUGIN, plugin_records
+    from jaxattn.discovery.plugins import RUNTIME_PLUGIN, plugin_records
 
     summaries = summarize_plugins(rows)
     known = {s.name for s in summaries}
@@ -165,7 +165,7 @@ def _cuda_versions() -> dict[str, str]:
 def _origin(plugin: str) -> dict[str, Any]:
     """Where ``plugin`` was loaded from: its entry point's module and file, and whether its
     distribution is an editable install (pip's direct_url.json says so) or a wheel."""
-    from ..plugins import ENTRY_POINT_GROUP
+    from ..discovery.plugins import ENTRY_POINT_GROUP
 
     ep = next((e for e in metadata.entry_points(group=ENTRY_POINT_GROUP) if e.name.lower() == plugin), None)
     if ep is None:  # registered in code (jaxattn.register_impl), not by a distribution
@@ -195,7 +195,7 @@ _REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 def check_plugins(plugins: list[dict[str, Any]]) -> list[dict[str, str]]:
     """Import every plugin's impl modules and the third-party libraries its distribution
     requires (those behind its own extras too: the kernel libraries); one row per import."""
-    from ..plugins import registry
+    from ..discovery.plugins import registry
 
     modules_of = _modules_by_distribution()
     rows: list[dict[str, str]] = []
@@ -344,8 +344,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plugin_problems() -> tuple[list[Any], list[str]]:
-    """``jaxattn.plugins.problems(load=True)``, and the warnings discovery issued meanwhile."""
-    from jaxattn.plugins import problems
+    """``jaxattn.discovery.plugins.problems(load=True)``, and the warnings discovery issued meanwhile."""
+    from jaxattn.discovery.plugins import problems
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import jaxattn
-    from jaxattn.plugins import problems
+    from jaxattn.discovery.plugins import problems
 
     # First, so that the rows show the impls whose class disagrees with its declaration as
     # broken: that needs each impl's module (never a kernel library), and fails the listing.

@@ -10,8 +10,8 @@ import dataclasses
 import math
 from typing import Any
 
+from ..backend.metadata import AttentionMetadata, axis_tuple, describe_axes
 from ..errors import InvalidInputError
-from ..metadata import AttentionMetadata, axis_tuple, describe_axes
 
 __all__ = ["MeshAxes", "kv_head_repeat", "mesh_axes"]
 

@@ -8,7 +8,7 @@ and per-head scales with them; the page table, lengths and ``cu_q_lens`` are rep
 nothing is communicated but the output's head shards. ``PagedAttentionImpl`` declines the
 batch and sequence axes and a head count that does not split.
 
-An impl's plan (``Backend.plan``, with ``jaxattn.compose``) uses ``sharded_forward`` when
+An impl's plan (``Backend.plan``, with ``jaxattn.api.compose``) uses ``sharded_forward`` when
 ``metadata.mesh`` is set (and the impl is not sequence-parallel itself, as ring is). The kernel
 then sees a call of local shards ``(B / batch devices, T, Hq / head devices, D)`` and is a
 copy of the impl bound to metadata without the mesh, so nothing it calls is sharded twice.
@@ -25,16 +25,16 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from ..output import AttentionOutput
+from ..backend.output import AttentionOutput
 from .axes import MeshAxes, describe_axes, kv_head_repeat, mesh_axes
 from .compat import shard_map
 from .specs import AttentionSpecs
 
 if TYPE_CHECKING:
-    from ..call import AttentionCall, PagedCall
-    from ..impl import AttentionImpl
-    from ..metadata import AttentionMetadata
-    from ..paged_impl import PagedAttentionImpl
+    from ..backend.call import AttentionCall, PagedCall
+    from ..backend.impl import AttentionImpl
+    from ..backend.metadata import AttentionMetadata
+    from ..backend.paged_impl import PagedAttentionImpl
 
 __all__ = ["check_batch_heads", "local_metadata", "sharded_forward", "sharded_paged_forward"]
 

@@ -44,12 +44,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxattn.capabilities import Feature
+from jaxattn.backend.capabilities import Feature
+from jaxattn.backend.impl import AttentionImpl
+from jaxattn.backend.metadata import AttentionMetadata
+from jaxattn.backend.output import AttentionOutput
+from jaxattn.backend.validation import resolve_call
 from jaxattn.errors import UnsupportedError
-from jaxattn.impl import AttentionImpl
-from jaxattn.metadata import AttentionMetadata
-from jaxattn.output import AttentionOutput
-from jaxattn.validation import resolve_call
 
 from . import oracle
 from .cases import (
@@ -217,7 +217,7 @@ class ConformanceSuite(ModConformance):
             if cls.impl_class is not None:
                 _impl_cache[cls] = cls.impl_class(md)
             elif cls.impl_name is not None:
-                from jaxattn.api import get_impl
+                from jaxattn.api.calls import get_impl
 
                 _impl_cache[cls] = get_impl(cls.impl_name, md)
             else:

@@ -12,7 +12,7 @@ from typing import Any
 
 from jaxattn.backend.base import Backend
 from jaxattn.backend.forms import ACCEPTED, forward_problems
-from jaxattn.output import AttentionOutput
+from jaxattn.backend.output import AttentionOutput
 
 __all__ = ["assert_forward_form", "assert_output_contract"]
 

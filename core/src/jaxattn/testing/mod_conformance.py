@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxattn.capabilities import Feature
+from jaxattn.backend.capabilities import Feature
 from jaxattn.errors import UnsupportedError
 
 from . import oracle

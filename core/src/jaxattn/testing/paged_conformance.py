@@ -34,11 +34,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxattn.capabilities import Feature
+from jaxattn.backend.capabilities import Feature
+from jaxattn.backend.metadata import AttentionMetadata
+from jaxattn.backend.paged_impl import PagedAttentionImpl
+from jaxattn.backend.paging import pages_in_address_order
 from jaxattn.errors import UnsupportedError
-from jaxattn.metadata import AttentionMetadata
-from jaxattn.paged_impl import PagedAttentionImpl
-from jaxattn.paging import pages_in_address_order
 
 from . import oracle
 from .cases import DEFAULT_TOLERANCES, DtypeTolerance, Level, magnitude_inputs
@@ -131,7 +131,7 @@ class PagedConformanceSuite:
             if cls.impl_class is not None:
                 _impl_cache[cls] = cls.impl_class(md)
             elif cls.impl_name is not None:
-                from jaxattn.api import get_impl
+                from jaxattn.api.calls import get_impl
 
                 impl = get_impl(cls.impl_name, md)
                 if not isinstance(impl, PagedAttentionImpl):

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..quantize import GRANULARITIES, QUANTIZED_KV_DTYPES
+from ..backend.quantize import GRANULARITIES, QUANTIZED_KV_DTYPES
 from .paged_cases import read_slots
 
 __all__ = ["QUANTIZED_DENSE_CASES", "QUANTIZED_PAGED_CASES", "QuantizedCase", "quantize_dense_inputs",
@@ -62,7 +62,7 @@ QUANTIZED_DENSE_CASES: tuple[QuantizedCase, ...] = _latin(("kv_lengths_decode", 
 def _quantize(x: np.ndarray, qcase: QuantizedCase) -> tuple[np.ndarray, np.ndarray]:
     import jax.numpy as jnp
 
-    from ..quantize import quantize_kv
+    from ..backend.quantize import quantize_kv
 
     values, scale = quantize_kv(jnp.asarray(x, jnp.float32), qcase.kv_dtype, qcase.granularity)
     return np.asarray(values), np.asarray(scale, np.float32)

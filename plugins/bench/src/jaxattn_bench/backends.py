@@ -82,7 +82,7 @@ class ImplContender(Contender):
 
 
 def _source(chosen: Any) -> str:
-    """What ranked auto's pick first (``jaxattn.tuning``): " (shipped prior)", " (your tuning
+    """What ranked auto's pick first (``jaxattn.selection.tuning``): " (shipped prior)", " (your tuning
     record)" or " (declared priority)"."""
     reason = chosen.rank_reason if chosen is not None else ""
     for source in ("your tuning record", "shipped prior", "declared priority"):

@@ -3,7 +3,7 @@
 A tuning result answers "which backend is fastest for calls like this one, here". "Here" is
 the :class:`Environment` (platform, device kind, jax and jaxlib versions): a measurement from
 another GPU or another jax is not used. "Calls like this one" is the :func:`problem_key`
-(the core's ``jaxattn.tuning.problem_key``, which shipped priors are keyed by too): dtype,
+(the core's ``jaxattn.selection.tuning.problem_key``, which shipped priors are keyed by too): dtype,
 head dims, a power-of-two bucket of each sequence length, and the features the call needs.
 """
 

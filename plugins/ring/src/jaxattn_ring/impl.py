@@ -184,7 +184,7 @@ class RingAttention(AttentionImpl, declaration=RING):
     def forward_native(self, call: AttentionCall) -> AttentionOutput:
         # bias and dropout are declined by not_supported_reasons (not in ``features``). A +inf sink
         # would be inf - inf in the blocks' log-sum-exp merge: a finite stand-in runs, and the
-        # heads it absorbs are zeroed (jaxattn.sinks).
+        # heads it absorbs are zeroed (jaxattn.backend.sinks).
         sinks, absorbed = split_absorbing_sinks(call.softmax_aux)
         res = self._ring(call.q, call.k, call.v, call.mask, call.causal, sliding_window=call.sliding_window,
                          q_segment_ids=call.q_segment_ids, kv_segment_ids=call.kv_segment_ids,

@@ -16,7 +16,7 @@ The rest is translated exactly:
   which also zeroes their gradients. A bias entry of ``-inf`` is turned into a mask bit (and
   the bias there into 0), so that a row whose bias is ``-inf`` everywhere is found and zeroed
   like the others instead of being a softmax over nothing (NaN);
-* a ``+inf`` sink: jax.nn gets a finite one and the head is zeroed (``jaxattn.sinks``);
+* a ``+inf`` sink: jax.nn gets a finite one and the head is zeroed (``jaxattn.backend.sinks``);
 * ``kv_lengths`` (a dense KV cache of capacity S): without causal or a window that could cut
   (``translate.kv_band_restricts``; e.g. a T = 1 decode step, causal or not) they are jax.nn's
   ``key_value_seq_lengths``, nothing else. Otherwise the per-sequence bottom-right rule

@@ -64,7 +64,7 @@ class SplashAttention(AttentionImpl, declaration=SPLASH):
 
         from .kernel import splash_attention
 
-        # A +inf sink: the kernel gets a finite one and the heads it absorbs are zeroed (jaxattn.sinks).
+        # A +inf sink: the kernel gets a finite one and the heads it absorbs are zeroed (jaxattn.backend.sinks).
         sinks, absorbed = split_absorbing_sinks(call.softmax_aux)
         out = splash_attention(
             call.q,

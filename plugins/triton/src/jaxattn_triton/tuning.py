@@ -7,7 +7,7 @@ candidate configurations on the current GPU and stores the winner, so the measur
 once per device and shape class, not once per process.
 
 Tuning results live in jaxattn's one tuning cache, in this plugin's object (``SECTION``) of
-the environment's section: read through ``jaxattn.tuning.plugin_section``, written
+the environment's section: read through ``jaxattn.selection.tuning.plugin_section``, written
 through jaxattn-bench's ``TuningStore`` (storing is measuring: ``tune`` needs jaxattn-bench).
 
 Nothing here imports triton or jax at module level.

@@ -101,7 +101,7 @@ class TritonDecodeAttention(AttentionImpl, declaration=DECODE):
         from jaxattn_triton.paged.ops import decode_with_flash_grad, dense_decode
 
         q, k, v, causal = call.q, call.k, call.v, call.causal
-        # A +inf sink: the kernel gets a finite one and the heads it absorbs are zeroed (jaxattn.sinks).
+        # A +inf sink: the kernel gets a finite one and the heads it absorbs are zeroed (jaxattn.backend.sinks).
         sinks, absorbed = split_absorbing_sinks(call.softmax_aux)
         # The call declined these already; a direct forward_* call must not drop them either.
         for feature, present in (

@@ -55,7 +55,7 @@ class TritonFlashAttention(AttentionImpl, declaration=FLASH_ATTN2):
 
         q, k, v, mask, bias, causal = call.q, call.k, call.v, call.mask, call.bias, call.causal
         # A +inf sink would be inf - inf in the kernels' online softmax: they get a finite one,
-        # and the heads it absorbs are zeroed after (jaxattn.sinks).
+        # and the heads it absorbs are zeroed after (jaxattn.backend.sinks).
         sinks, absorbed = split_absorbing_sinks(call.softmax_aux)
         # The call declined these already; a direct forward_* call must not drop them either.
         if call.dropout_prob:

@@ -94,14 +94,14 @@ class _TritonPaged(PagedAttentionImpl):
         return [kernel, layout, *_tiles_note(problem)]
 
     def forward_cuda(self, call: PagedCall) -> AttentionOutput:
-        """Runs the call (``jaxattn.paged_impl``) through paged_decode when every sequence has
+        """Runs the call (``jaxattn.backend.paged_impl``) through paged_decode when every sequence has
         ``queries_per_seq`` queries, else through ragged_paged."""
         import jax.numpy as jnp
 
         from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads
         from jaxattn_triton.paged.ops import paged_decode, ragged_paged
 
-        # A +inf sink: the kernel gets a finite one and the heads it absorbs are zeroed (jaxattn.sinks).
+        # A +inf sink: the kernel gets a finite one and the heads it absorbs are zeroed (jaxattn.backend.sinks).
         sinks, absorbed = split_absorbing_sinks(call.softmax_aux)
         page_table, kv_lengths = call.page_table, call.kv_lengths
         num_seqs, queries_per_seq = call.num_seqs, call.queries_per_seq

@@ -35,7 +35,7 @@ quarter costs about a quarter of the tiles.
 Lengths that are not multiples of the blocks are padded and the padding masked. Rows with
 no visible key give zeros (output and gradients) and ``lse = -inf``, never NaN. Each tile's K
 and V past the lengths are zeroed with a select (the cache may hold NaN there), and a ``+inf``
-sink zeroes its head (``jaxattn.sinks``). Dropout
+sink zeroes its head (``jaxattn.backend.sinks``). Dropout
 draws its keep-mask per tile from ``fold_in(dropout_rng, tile index)``, so the backward
 regenerates exactly the mask the forward used (the mask therefore depends on the block
 sizes, and forward and backward use the same ones when dropout is on).

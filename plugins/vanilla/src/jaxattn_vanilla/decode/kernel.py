@@ -197,7 +197,7 @@ def decode_attention(
     cdtype = jnp.promote_types(q.dtype, k.dtype)
     qt = q.reshape(b, t, hkv, g, d).transpose(0, 4, 2, 1, 3).reshape(b, 1, d, hkv * r).astype(cdtype)
     qt = jnp.broadcast_to(qt, (b, nc, d, hkv * r)).reshape(b * nc, d, hkv * r)
-    # A +inf sink: a finite stand-in here, its heads zeroed at the end (jaxattn.sinks).
+    # A +inf sink: a finite stand-in here, its heads zeroed at the end (jaxattn.backend.sinks).
     softmax_aux, absorbed = split_absorbing_sinks(softmax_aux)
     aux = None if softmax_aux is None else softmax_aux.astype(adtype)
     lo, hi = _visible_range(t, s, lengths, window)

@@ -10,7 +10,7 @@ than the inputs); masked logits become the dtype's lowest finite value (an ``-in
 ``0 / 0`` could appear is guarded, so a row with nothing to attend to gives zeros with
 zero (finite) gradients. With ``kv_lengths`` K and V past each length are replaced by zeros
 with a select (the cache may hold NaN there, and ``0 * NaN`` is NaN); a ``+inf`` sink zeroes its
-head (``jaxattn.sinks``). Grouped-query attention reshapes q to ``(B, T, Hkv, G, D)`` and
+head (``jaxattn.backend.sinks``). Grouped-query attention reshapes q to ``(B, T, Hkv, G, D)`` and
 contracts against the Hkv K/V heads directly: repeated K/V are never materialised.
 """
 

@@ -10,8 +10,8 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from ..errors import InvalidInputError, InvalidTypeError, did_you_mean
 from ._dtypes import dtype_name
-from .errors import InvalidInputError, InvalidTypeError, did_you_mean
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import InvalidInputError, InvalidTypeError
 from ._dtypes import dtype_name
-from .errors import InvalidInputError, InvalidTypeError
 
 __all__ = [
     "GRANULARITIES",

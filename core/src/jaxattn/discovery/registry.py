@@ -9,12 +9,12 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from .backend.base import Backend
-from .backend.forms import ACCEPTED, forward_problems
-from .capabilities import platform_matches
-from .declaration import DeclarationError, ImplRef, check_declaration
-from .errors import ImplNotFoundError, PluginError
-from .names import FIRST_PARTY
+from ..backend.base import Backend
+from ..backend.capabilities import platform_matches
+from ..backend.declaration import DeclarationError, ImplRef, check_declaration
+from ..backend.forms import ACCEPTED, forward_problems
+from ..backend.names import FIRST_PARTY
+from ..errors import ImplNotFoundError, PluginError
 
 __all__ = ["PASS_THROUGH", "DeclarationError", "ImplInfo", "ImplRef", "Provider", "Registry", "reraise_interrupts"]
 

@@ -30,7 +30,7 @@ class Feature(StrEnum):
     # Paged (cached) calls: docs/contract.md, "Serving attention"
     MULTI_TOKEN = "multi_token"  # more than one query per sequence (speculative decoding, chunked prefill)
     RAGGED = "ragged"  # sequences with different query counts packed in one call (mixed prefill and decode)
-    # K and V stored as int8 / float8 values with float32 k_scale, v_scale (jaxattn.quantize): the
+    # K and V stored as int8 / float8 values with float32 k_scale, v_scale (jaxattn.backend.quantize): the
     # backend reads the narrow cache itself (paged calls, and dense ones with kv_lengths)
     QUANTIZED_KV = "quantized_kv"
     # Masks and scores as programs (jaxattn.masks): mask_mod(b, h, q_idx, kv_idx) -> bool and

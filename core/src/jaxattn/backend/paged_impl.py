@@ -8,13 +8,13 @@ per sequence) and a ragged batch mixing prefill chunks and decode steps
 
 with the call's fields ``q (num_tokens, Hq, D)``, ``k_pages``, ``v_pages``, ``page_table``,
 ``kv_lengths``, ``cu_q_lens``, ``num_seqs``, ``kv_layout``, ``queries_per_seq``, ``softmax_scale``,
-``logits_soft_cap``, ``sliding_window``, ``softmax_aux``, ``k_scale``, ``v_scale`` (``jaxattn.call``).
+``logits_soft_cap``, ``sliding_window``, ``softmax_aux``, ``k_scale``, ``v_scale`` (``jaxattn.backend.call``).
 
 ``k_pages``/``v_pages`` are ``(num_pages, page_size, Hkv, D|Dv)`` with ``kv_layout="separate"``;
 with ``kv_layout="combined"`` ``k_pages`` is JAX's TPU layout ``(num_pages, page_size, 2*Hkv, D)``
 (K head h at 2h, V head h at 2h + 1) and ``v_pages`` is None. A quantized cache (int8/float8,
 ``Feature.QUANTIZED_KV``) arrives as it is, with ``k_scale`` and ``v_scale`` float32 of rank 3
-broadcastable against ``(num_pages, page_size, Hkv)`` (``jaxattn.quantize``); other calls have no
+broadcastable against ``(num_pages, page_size, Hkv)`` (``jaxattn.backend.quantize``); other calls have no
 scales. ``num_seqs`` is an int32 array of shape (1,), its value also ``static_num_seqs``
 when known before tracing; ``queries_per_seq`` is T when every sequence has T queries
 (cu_q_lens = arange * T), None for a ragged batch. The output is ``(num_tokens, Hq, Dv)``;
@@ -27,7 +27,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
-from .backend.base import Backend
+from .base import Backend
 from .call import PagedCall
 from .metadata import axis_tuple, describe_axes
 from .paged_validation import resolve_paged_call

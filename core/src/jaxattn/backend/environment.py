@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 
 __all__ = ["OFF", "ON", "flag"]
 

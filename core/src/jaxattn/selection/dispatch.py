@@ -15,23 +15,23 @@ import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, cast
 
-from .backend.base import Backend, Plan
-from .call import AttentionCall, PagedCall
+from ..backend.base import Backend, Plan
+from ..backend.call import AttentionCall, PagedCall
+from ..backend.capabilities import ALL_FEATURES
+from ..backend.device import detect_device
+from ..backend.impl import AttentionImpl, resolve_platform
+from ..backend.metadata import DEFAULT_METADATA, AttentionMetadata, as_metadata
+from ..backend.names import AttentionMechanisms, normalize_name
+from ..backend.output import AttentionOutput
+from ..backend.paged_impl import PagedAttentionImpl
+from ..backend.problem import AttentionProblem, Problem
+from ..backend.validation import resolve_call
+from ..discovery.plugins import registry
+from ..discovery.registry import reraise_interrupts
+from ..errors import InvalidInputError, JaxattnError, PluginError, UnsupportedError
 from .candidates import Candidate
-from .capabilities import ALL_FEATURES
-from .device import detect_device
-from .errors import InvalidInputError, JaxattnError, PluginError, UnsupportedError
-from .impl import AttentionImpl, resolve_platform
 from .lookup import available_here, impl_for, provider_here
-from .metadata import DEFAULT_METADATA, AttentionMetadata, as_metadata
-from .names import AttentionMechanisms, normalize_name
-from .output import AttentionOutput
-from .paged_impl import PagedAttentionImpl
-from .plugins import registry
-from .problem import AttentionProblem, Problem
-from .registry import reraise_interrupts
 from .tuning import on_reload, refine
-from .validation import resolve_call
 
 __all__ = [
     "AutoAttention",
@@ -215,7 +215,7 @@ def choose(problem: Problem, metadata: AttentionMetadata) -> tuple[str | None, l
     accepted = [c for c in rows if c.accepted]
     direct = [c for c in accepted if not c.fallback]
     pool = [dataclasses.replace(c, rank_reason=f"declared priority {c.priority}") for c in direct or accepted]
-    pool = refine(pool, problem, metadata)  # measured ranking (jaxattn.tuning)
+    pool = refine(pool, problem, metadata)  # measured ranking (jaxattn.selection.tuning)
     if pool and not problem.needs_grad and isinstance(problem, AttentionProblem):
         pool[0] = _with_backward(pool[0], problem, metadata)
     chosen = pool[0].name if pool else None
@@ -258,7 +258,7 @@ def _log_choice(problem: Problem, metadata: AttentionMetadata, chosen: str, rows
                 f" (declined: {rejected})" if rejected else "")
 
 
-#: Builds the impl that runs a chosen name (``jaxattn.get_impl``, passed down by ``jaxattn.api``).
+#: Builds the impl that runs a chosen name (``jaxattn.get_impl``, passed down by ``jaxattn.api.calls``).
 Resolve = Callable[[str, AttentionMetadata], AttentionImpl]
 #: Builds "forward by one impl, differentiated by another (or refused with reasons)" (``SplitGradImpl``).
 Combine = Callable[[AttentionImpl, AttentionImpl | None, Sequence[str]], AttentionImpl]
@@ -291,7 +291,7 @@ class _Auto(Backend[Any]):
 
     Choosing is this module's job; building what runs the choice is the caller's: ``resolve``
     turns a name into a runnable impl and, for dense calls, ``combine`` joins a forward impl
-    with the impl that differentiates the call, when they differ (see ``jaxattn.api.get_impl``).
+    with the impl that differentiates the call, when they differ (see ``jaxattn.api.calls.get_impl``).
     The choice, and the chosen impl's plan, are made once per problem.
     """
 
@@ -412,7 +412,7 @@ def explain(
     md = as_metadata(metadata)
     problem = resolve_call(q, k, v, metadata=md, **features).problem
     if problem.mask_mod and problem.block_sparsity is None:  # show the tiles a mask_mod leaves
-        from .masks import with_sparsity
+        from ..masks import with_sparsity
 
         problem = with_sparsity(problem, features["mask_mod"], md.block_q, md.block_k)
     if needs_grad:

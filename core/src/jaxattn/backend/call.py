@@ -1,8 +1,8 @@
 """The call objects: one validated, normalised call, what every ``forward_*`` method receives.
 
 ``jaxattn.attention`` (or calling an impl) validates and normalises its arguments once
-(``jaxattn.validation.resolve_call``) into an ``AttentionCall``; the paged entry points build a
-``PagedCall`` (``jaxattn.paged_validation.resolve_paged_call``). A call carries
+(``jaxattn.backend.validation.resolve_call``) into an ``AttentionCall``; the paged entry points build a
+``PagedCall`` (``jaxattn.backend.paged_validation.resolve_paged_call``). A call carries
 
 * ``problem``: the hashable description of its shapes, dtype and features (``AttentionProblem``
   or ``PagedProblem``), which selection, decline reasons and memoisation use;
@@ -101,7 +101,7 @@ class AttentionCall:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class PagedCall:
-    """One call over a paged KV cache, in the ragged form (``jaxattn.paged_impl`` describes it).
+    """One call over a paged KV cache, in the ragged form (``jaxattn.backend.paged_impl`` describes it).
 
     ``k_pages``/``v_pages`` are ``(num_pages, page_size, Hkv, D|Dv)`` with ``kv_layout="separate"``;
     with ``kv_layout="combined"`` ``k_pages`` is JAX's TPU layout ``(num_pages, page_size, 2*Hkv, D)``

@@ -83,7 +83,7 @@ class AttentionProblem:
         kv_lengths: Any = None,
         needs_lse: bool = False,
     ) -> AttentionProblem:
-        """Describe a call. Inputs are assumed validated (see ``jaxattn.validation``)."""
+        """Describe a call. Inputs are assumed validated (see ``jaxattn.backend.validation``)."""
         b, t, hq, d = _shape(q) or ()
         _, s, hkv, _ = _shape(k) or ()
         kv_dtype = None if k is None else dtype_name(k.dtype)

@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .errors import ImplNotFoundError, InvalidInputError, InvalidTypeError
-from .validation import as_int, is_concrete
+from ..backend.validation import as_int, is_concrete
+from ..errors import ImplNotFoundError, InvalidInputError, InvalidTypeError
 
 __all__ = ["dot_product_attention"]
 
@@ -115,7 +115,7 @@ def dot_product_attention(
     import jax
     import jax.numpy as jnp
 
-    from .api import attention, get_impl
+    from .calls import attention, get_impl
 
     out_shape = tuple(jnp.shape(query))
     q, k, v = _ensure_4d(query), _ensure_4d(key), _ensure_4d(value)

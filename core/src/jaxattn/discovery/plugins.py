@@ -22,9 +22,9 @@ from typing import Any, TypeVar, cast
 
 import pluggy
 
+from ..backend.environment import flag
+from ..errors import PluginError
 from . import hookspecs
-from .environment import flag
-from .errors import PluginError
 from .registry import DeclarationError, ImplRef, Provider, Registry, reraise_interrupts
 
 __all__ = [

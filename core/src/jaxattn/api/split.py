@@ -10,7 +10,7 @@ then exactly B's forward+backward.
 "auto" uses it in two cases: A's backward cannot run the call at all (a forward cannot know
 whether a gradient follows, so the choice of the backward is a decision of its own), and the
 tuning cache measured B's forward+backward faster (see
-:func:`jaxattn.tuning.split_eligible` for when that is considered). With no B that
+:func:`jaxattn.selection.tuning.split_eligible` for when that is considered). With no B that
 can differentiate the call, differentiating it raises ``UnsupportedError`` with every
 candidate's reasons.
 
@@ -26,12 +26,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .backend.base import Forward, Plan
-from .call import AttentionCall
-from .errors import UnsupportedError
-from .impl import AttentionImpl
-from .output import AttentionOutput
-from .problem import AttentionProblem
+from ..backend.base import Forward, Plan
+from ..backend.call import AttentionCall
+from ..backend.impl import AttentionImpl
+from ..backend.output import AttentionOutput
+from ..backend.problem import AttentionProblem
+from ..errors import UnsupportedError
 
 __all__ = ["SplitGradImpl", "split_forward"]
 

@@ -3,9 +3,9 @@
 
 This is where the layers meet: names are resolved by the selection layer (``lookup``,
 ``dispatch``), and what runs is composed here: every impl ``get_impl`` returns carries the
-``COMPOSED`` composition (hand-off and sharding, ``jaxattn.compose``), and "auto" gets this
+``COMPOSED`` composition (hand-off and sharding, ``jaxattn.api.compose``), and "auto" gets this
 module's ``get_impl`` to build its choices and ``SplitGradImpl`` to give a call's backward its
-own backend. A call is validated once, here, into one call object (``jaxattn.call``), which the
+own backend. A call is validated once, here, into one call object (``jaxattn.backend.call``), which the
 impl runs (``Backend.run``: its plan for the problem, then the forward).
 """
 
@@ -18,21 +18,28 @@ from typing import Any
 
 import numpy as np
 
-from .backend.base import Backend
+from ..backend.base import Backend
+from ..backend.device import DeviceInfo, detect_device
+from ..backend.impl import AttentionImpl
+from ..backend.metadata import DEFAULT_METADATA, AttentionMetadata, as_metadata
+from ..backend.names import AttentionMechanisms, normalize_name
+from ..backend.paged_impl import PagedAttentionImpl
+from ..backend.paged_validation import resolve_paged_call
+from ..backend.problem import Problem
+from ..backend.validation import as_int, resolve_call, shape_of
+from ..discovery.plugins import registry
+from ..errors import InvalidInputError, PluginError, UnsupportedError, checked_keywords
+from ..selection.dispatch import (
+    AutoAttention,
+    AutoPagedAttention,
+    Explanation,
+    accepting,
+    call_impl_name,
+    explain_problem,
+)
+from ..selection.lookup import new_impl
 from .compose import COMPOSED
-from .device import DeviceInfo, detect_device
-from .dispatch import AutoAttention, AutoPagedAttention, Explanation, accepting, call_impl_name, explain_problem
-from .errors import InvalidInputError, PluginError, UnsupportedError, checked_keywords
-from .impl import AttentionImpl
-from .lookup import new_impl
-from .metadata import DEFAULT_METADATA, AttentionMetadata, as_metadata
-from .names import AttentionMechanisms, normalize_name
-from .paged_impl import PagedAttentionImpl
-from .paged_validation import resolve_paged_call
-from .plugins import registry
-from .problem import Problem
 from .split import SplitGradImpl
-from .validation import as_int, resolve_call, shape_of
 
 __all__ = ["attention", "explain_paged", "get_impl", "paged_attention", "ragged_paged_attention"]
 

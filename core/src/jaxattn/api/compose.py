@@ -17,13 +17,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .backend.base import Backend, Composition, Forward
-from .errors import JaxattnError
-from .impl import AttentionImpl
-from .lookup import impl_for
-from .paged_impl import PagedAttentionImpl
-from .problem import Problem
-from .sharding.wrap import sharded_forward, sharded_paged_forward
+from ..backend.base import Backend, Composition, Forward
+from ..backend.impl import AttentionImpl
+from ..backend.paged_impl import PagedAttentionImpl
+from ..backend.problem import Problem
+from ..errors import JaxattnError
+from ..selection.lookup import impl_for
+from ..sharding.wrap import sharded_forward, sharded_paged_forward
 
 __all__ = ["COMPOSED"]
 

@@ -18,8 +18,8 @@ import importlib
 from collections.abc import Collection
 from typing import Any
 
+from ..errors import PluginError
 from .capabilities import PLATFORM_TOKENS, Feature
-from .errors import PluginError
 from .names import normalize_name
 
 __all__ = ["CLASS_FIELDS", "KINDS", "RESERVED", "DeclarationError", "ImplRef", "check_declaration"]

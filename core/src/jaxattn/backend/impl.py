@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .backend.base import Backend, Forward, Plan, resolve_platform
+from .base import Backend, Forward, Plan, resolve_platform
 from .call import AttentionCall
 from .metadata import AttentionMetadata, check_split
 from .problem import AttentionProblem

@@ -58,7 +58,7 @@ class Commands:
 
     def add(self, command: Command) -> None:
         if not isinstance(command, Command):
-            raise TypeError(f"Commands.add takes a jaxattn.commands.Command, got {type(command).__name__}")
+            raise TypeError(f"Commands.add takes a jaxattn.discovery.commands.Command, got {type(command).__name__}")
         self._added.append(command)
 
     def __iter__(self) -> Iterator[Command]:

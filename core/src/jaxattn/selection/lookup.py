@@ -1,7 +1,7 @@
 """Finding implementations by name: providers here, instances, ``list_impls``, ``register_impl``.
 
 Resolution only: the instances built here run their own kernel (they have no ``composition``);
-``jaxattn.get_impl`` (``jaxattn.api``) gives users instances composed with hand-off and sharding.
+``jaxattn.get_impl`` (``jaxattn.api.calls``) gives users instances composed with hand-off and sharding.
 """
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .backend.base import Backend, resolve_platform
-from .device import DeviceInfo, detect_device
-from .errors import ImplNotFoundError, PluginError
-from .metadata import DEFAULT_METADATA, AttentionMetadata
-from .names import PROVIDERS, AttentionMechanisms, install_hint, normalize_name
-from .plugins import plugin_records, register_impl_class, registry
-from .registry import ImplInfo, Provider
+from ..backend.base import Backend, resolve_platform
+from ..backend.device import DeviceInfo, detect_device
+from ..backend.metadata import DEFAULT_METADATA, AttentionMetadata
+from ..backend.names import PROVIDERS, AttentionMechanisms, install_hint, normalize_name
+from ..discovery.plugins import plugin_records, register_impl_class, registry
+from ..discovery.registry import ImplInfo, Provider
+from ..errors import ImplNotFoundError, PluginError
 
 __all__ = ["available_here", "impl_for", "list_impls", "new_impl", "provider_here", "register_impl"]
 
@@ -75,7 +75,7 @@ def _not_found(name: str, platform: str, vendor: str | None, md: AttentionMetada
 
 
 def new_impl(name: str, metadata: AttentionMetadata, device: DeviceInfo) -> Backend[Any]:
-    """A fresh instance of the provider of ``name`` here (its default runner: see ``jaxattn.api``).
+    """A fresh instance of the provider of ``name`` here (its default runner: see ``jaxattn.api.calls``).
 
     Raises ``PluginError`` for a broken plugin of that name and ``ImplNotFoundError`` (saying
     what exists, where, and how to install it) when nothing here provides it.

@@ -98,7 +98,7 @@ def normalize_name(name: object, argument: str = "impl") -> str:
     if isinstance(name, AttentionMechanisms):
         return name.value
     if not isinstance(name, str):
-        from .errors import InvalidTypeError
+        from ..errors import InvalidTypeError
 
         raise InvalidTypeError(argument, f"expected a name (str or AttentionMechanisms), got {type(name).__name__} "
                                f"{name!r}", "e.g. 'auto', 'vanilla'; `jaxattn list` shows every name")

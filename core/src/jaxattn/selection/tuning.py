@@ -13,7 +13,7 @@ Measured timings come from plugins, two ways, in this order of precedence:
 Without either, candidates keep their declared priority. This module is what selection and
 the plugins use of them, and it imports no tooling:
 
-- :func:`refine`, auto's rank refiner (``jaxattn.dispatch`` calls it when its memo of choices
+- :func:`refine`, auto's rank refiner (``jaxattn.selection.dispatch`` calls it when its memo of choices
   misses, so its cost is paid once per distinct call signature);
 - :func:`plugin_section`, a plugin's own tuned object (the Triton plugin's kernel tiles);
 - :func:`on_reload` / :func:`reload`, so that new records change the next choice.
@@ -25,7 +25,7 @@ the pick), and so on for the rest (see :func:`rank_measured`). Candidates withou
 measurement follow in declared order. A forward call is ranked by forward time. When another
 exact backend is measurably faster for forward+backward, the first candidate carries
 ``grad_impl``: "auto" then runs that backend whenever the call is differentiated (see
-:mod:`jaxattn.split`). ``JAXATTN_TUNING=0`` turns measured ranking off. Importing this module
+:mod:`jaxattn.api.split`). ``JAXATTN_TUNING=0`` turns measured ranking off. Importing this module
 loads no jax.
 """
 
@@ -40,15 +40,15 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from ..backend.capabilities import Feature
+from ..backend.device import DeviceInfo, detect_device
+from ..backend.environment import flag
+from ..backend.metadata import AttentionMetadata
+from ..backend.problem import AttentionProblem, Problem
+from ..discovery.plugins import call_each, registry
+from ..errors import JaxattnError
 from .candidates import Candidate
-from .capabilities import Feature
-from .device import DeviceInfo, detect_device
-from .environment import flag
-from .errors import JaxattnError
 from .lookup import available_here, impl_for
-from .metadata import AttentionMetadata
-from .plugins import call_each, registry
-from .problem import AttentionProblem, Problem
 
 __all__ = [
     "PRIORS_FORMAT", "SPLIT_MARGIN", "TIE_TOLERANCE", "Measurement", "Priors", "TuningCacheWarning", "TuningRecords",

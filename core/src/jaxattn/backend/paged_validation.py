@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import InvalidInputError, InvalidTypeError, checked_keywords
 from ._dtypes import dtype_name
 from .call import PagedCall
-from .errors import InvalidInputError, InvalidTypeError, checked_keywords
 from .metadata import AttentionMetadata, as_metadata
 from .problem import PagedProblem
 from .quantize import check_kv_scales
@@ -186,7 +186,7 @@ def resolve_paged_call(
         raise InvalidInputError("q", f"dtype {dtype_name(q.dtype)} is not a floating dtype", "cast to bfloat16")
     num_tokens, hq, d = qs
     layout, num_pages, page_size, hkv, dk, dv = _pages(q, k_pages, v_pages, kv_pages)
-    # The cache has q's dtype, or is quantized (K and V alike) with float32 scales (jaxattn.quantize).
+    # The cache has q's dtype, or is quantized (K and V alike) with float32 scales (jaxattn.backend.quantize).
     caches = {"kv_pages": kv_pages} if layout == "combined" else {"k_pages": k_pages, "v_pages": v_pages}
     kv_dtype = check_kv_scales(q, caches, k_scale, v_scale, (num_pages, page_size, hkv),
                                "(num_pages, page_size, Hkv)")
@@ -228,7 +228,7 @@ def resolve_paged_call(
         sinks=softmax_aux is not None, kv_dtype=kv_dtype, mask_mod=mask_mod is not None,
     )
     if mask_mod is not None:  # traced once per function and shapes (jaxattn.masks)
-        from .masks import check_paged_mask_mod
+        from ..masks import check_paged_mask_mod
 
         check_paged_mask_mod(mask_mod, hq, pages_per_seq * page_size)
     count = int(np.asarray(num_seqs).reshape(-1)[0]) if is_concrete(num_seqs) else None

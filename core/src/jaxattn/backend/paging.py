@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .errors import InvalidInputError, InvalidTypeError
+from ..errors import InvalidInputError, InvalidTypeError
 from .paged_validation import _window
 from .validation import is_concrete as _concrete
 

@@ -11,9 +11,9 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import InvalidInputError, InvalidTypeError, checked_keywords
 from ._dtypes import dtype_name
 from .call import AttentionCall
-from .errors import InvalidInputError, InvalidTypeError, checked_keywords
 from .metadata import DEFAULT_METADATA, AttentionMetadata, as_metadata, is_bool, positive, probability
 from .problem import AttentionProblem
 from .quantize import QUANTIZED_KV_DTYPES, check_kv_scales
@@ -280,7 +280,7 @@ def _check(q: Any, k: Any, v: Any, mask: Any, bias: Any, init_bias: Any, causal:
     """Every check of a call that reads no values: the problem it describes, and the bias
     (``init_bias()`` when only that is given)."""
     _check_qkv(q, k, v)
-    # k and v share q's dtype, or are quantized alike with float32 scales (jaxattn.quantize).
+    # k and v share q's dtype, or are quantized alike with float32 scales (jaxattn.backend.quantize).
     kv_dtype = check_kv_scales(q, {"k": k, "v": v}, k_scale, v_scale, tuple(k.shape[:3]), "(B, S, Hkv)")
     b, t, hq, d = q.shape
     s = k.shape[1]
@@ -351,7 +351,7 @@ def _check(q: Any, k: Any, v: Any, mask: Any, bias: Any, init_bias: Any, causal:
         kv_segment_ids=kv_ids, logits_soft_cap=cap, softmax_aux=softmax_aux, dropout_prob=p,
         dtype=md.runtime_dtype or q.dtype, kv_lengths=kv_lengths, needs_lse=return_lse,
     )
-    assert problem.kv_dtype == kv_dtype  # one rule for both: jaxattn.quantize
+    assert problem.kv_dtype == kv_dtype  # one rule for both: jaxattn.backend.quantize
     checked = _Checked(problem=problem, causal=causal, sliding_window=window,
                        softmax_scale=scale if scale is not None else float(d) ** -0.5, logits_soft_cap=cap,
                        dropout_prob=p, band=band, padding=padding)
@@ -474,7 +474,7 @@ def resolve_call(
                 _check_padding(name, lengths, q.shape[0], n, dim)
     problem = checked.problem
     if mask_mod is not None or score_mod is not None or block_mask is not None:
-        from .masks import check_mods  # traces each function once per signature
+        from ..masks import check_mods  # traces each function once per signature
 
         problem = check_mods(problem, mask_mod, score_mod, block_mask)
     if (q_segment_ids is None) != (kv_segment_ids is None):  # one set for both sides (T == S: checked)

@@ -1,0 +1,1 @@
+"""The public API: the calls a user makes, and how impls compose (docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""Discovery: the hook, entry points, the registry of providers (docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""Selection: which provider runs a call, and why (auto, explain, records and priors)."""
