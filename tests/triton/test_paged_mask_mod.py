@@ -304,4 +304,4 @@ def test_gpu_tree_and_mixed_batch(jit: bool) -> None:
         bf = {n: np.asarray(jnp.asarray(a, jnp.bfloat16), np.float32) if a.dtype == np.float32 else a
               for n, a in c.items()}  # fmt: skip
         got = run(impl, poisoned(bf, seqs, hidden), seqs, mod, captured, jit, dtype=jnp.bfloat16)
-        np.testing.assert_allclose(got, expected(bf, mod(*captured), seqs), atol=2e-2)
+        np.testing.assert_allclose(got, expected(bf, mod(*captured), seqs), atol=3e-2)  # bf16 outputs
