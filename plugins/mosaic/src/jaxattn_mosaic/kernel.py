@@ -485,23 +485,55 @@ def mosaic_attention_forward(
     return out, lse
 
 
-def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: int, t_len: int,
-                  cfg: Config, cap: float | None = None, window: Window = NO_WINDOW) -> tuple[Any, Any]:
-    """The kernel's launch; ``cap``: the soft cap in the unscaled scores' units (cap / scale);
-    ``window``: the sliding window's sides that cut (``blocks.window_sides``)."""
-    if cfg.overlap and window != NO_WINDOW:
-        raise ValueError(f"overlap runs every tile from key block 0: it takes no sliding window, got {window}")
+@dataclasses.dataclass(frozen=True)
+class _Launch:
+    """One forward launch, decided before its kernel is traced: the shapes, the tiles, the key
+    blocks, the ring's stages and the order of the CTAs' items (``_launch``)."""
+
+    cfg: Config
+    causal: bool
+    cap: float | None  # the soft cap in the unscaled scores' units (cap / scale)
+    qk_scale: float  # the logits' scale on the log2 scale
+    dtype: Any
+    batch: int
+    hq: int
+    group: int  # query heads per KV head
+    head_dim: int
+    t_pad: int
+    n_q_tiles: int
+    blocks: KeyBlocks
+    stages: int
+    n_tiles: int
+    n_whole: int  # the order's whole tiles; then ``n_parts`` pieces (Config.split_tail)
+    pieces: int
+    per_piece: int
+    n_parts: int
+    n_items: int
+    n_ctas: int
+    n_rounds: int
+    plan: Any  # the CTAs' planned tiles (Config.planned), or None
+    chunk: int
+    q_slots: int
+    o_staged: bool
+
+    @property
+    def bq(self) -> int:
+        return self.cfg.block_q
+
+    @property
+    def bkv(self) -> int:
+        return self.cfg.block_kv
+
+
+def _launch(q: Any, k: Any, *, causal: bool, scale: float, s_len: int, t_len: int, cfg: Config,
+            cap: float | None, window: Window) -> _Launch:
     batch, t_pad, hq, head_dim = q.shape
-    hkv = k.shape[2]
-    dtype = q.dtype
-    group = hq // hkv
     bq, bkv = cfg.block_q, cfg.block_kv
     n_q_tiles = t_pad // (2 * bq)
     blocks = KeyBlocks(s_len=s_len, block=bkv, causal=causal, offset=s_len - t_len, left=window[0], right=window[1])
     # At least two stages (the ring's two slots), at most one a block: a key shorter than a
     # block still gets its two slots, the second never loaded.
     stages = max(2, min(cfg.stages, blocks.count))
-    qk_scale = scale * _LOG2E
     n_tiles = batch * n_q_tiles * hq
     sms = sm_count()
     # The last round's few whole tiles cut by key blocks (Config.split_tail): the first
@@ -510,11 +542,9 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     cut, pieces = tail_pieces(cfg, batch=batch, heads=hq, t_len=t_len, s_len=s_len, causal=causal, sms=sms,
                               window=window)
     n_whole = n_tiles - cut
-    per_piece = cdiv(blocks.count, pieces)
     n_parts = cut * pieces
     n_items = n_whole + n_parts
     n_ctas = min(n_items, cfg.ctas or sms)
-    n_rounds = cdiv(n_items, n_ctas)
     planned = tile_plan(cfg, batch=batch, heads=hq, t_len=t_len, s_len=s_len, causal=causal, sms=sms,
                         window=window)
     plan = None if planned is None else planned[0]
@@ -522,511 +552,570 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     # q_group; a head's tiles together where the CTAs' tiles are planned (Config.planned).
     chunk = max(g for g in range(1, n_q_tiles + 1)
                 if n_q_tiles % g == 0 and g <= (cfg.q_group if cfg.q_group and plan is None else n_q_tiles))
+
     # A persistent kernel's own output tiles (one per consumer) if they fit beside Q's and the
     # K/V ring; with ``q_double``, two Q slots per consumer where they fit with those.
     def fits(q_slots: int) -> bool:
         return _fits(head_dim, bq, bkv, stages, q_slots=q_slots, o_tile=True, itemsize=q.dtype.itemsize)
 
     q_slots = 2 if cfg.q_double and fits(2) else 1
-    o_staged = cfg.persistent and fits(q_slots)
-
-    def body(q_ref: Any, k_ref: Any, v_ref: Any, plan_ref: Any, out_ref: Any, lse_ref: Any, parts: Any,
-             scoped: Any) -> None:
-        (q_smem2, k_smem, v_smem, *o_smem2), (k_ready, v_ready, q_ready), (k_free, v_free), sched, *extra = scoped
-        turns: Any = extra[0] if extra else None
-        if cfg.named_barriers:
-            turns = NamedBarriers(_NAMED_TURNS, 2, _TURN_THREADS)
-            k_free = NamedBarriers(_NAMED_SLOTS, stages, _SLOT_THREADS)
-            v_free = NamedBarriers(_NAMED_SLOTS + stages, stages, _SLOT_THREADS)
-        wg = lax.axis_index("wg")
-
-        def tile(t: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
-            """Item ``t``: its tile's batch, head and first query row, the key blocks its CTA
-            streams (``lo`` to the end), and the piece it is (``None`` where no tile is cut;
-            negative for a whole tile). Persistent: ``t`` counts in ``Config.q_group``'s
-            order; one CTA per tile with a cut wave: in ``launch_order``; otherwise ``t`` is
-            ``h + Hq * (q + n_q * b)`` of the grid's axes."""
-            lo: Any = 0
-            piece: Any = None
-            if pieces > 1:
-                piece = t - n_whole
-                cut = piece >= 0
-                part = jnp.maximum(piece, 0)
-                t = jnp.where(cut, n_whole + lax.div(part, jnp.int32(pieces)), t)
-                lo = jnp.where(cut, lax.rem(part, jnp.int32(pieces)) * per_piece, 0)
-            if cfg.persistent:
-                b, head, q_idx = persistent_order(t, batch=batch, heads=hq, chunk=chunk)
-            elif pieces > 1:
-                b, head, q_idx = launch_order(t, batch=batch, heads=hq, n_q=n_q_tiles)
-            else:
-                head, rest = lax.rem(t, jnp.int32(hq)), lax.div(t, jnp.int32(hq))
-                q_idx = lax.rem(rest, jnp.int32(n_q_tiles))
-            # Heavy (late) causal tiles first: the tail of the launch is then the short ones.
-            q_tile = (n_q_tiles - 1) - q_idx if causal else q_idx
-            tile_start = q_tile * (2 * bq)
-            cta_blocks = blocks.seen_before(tile_start + 2 * bq)
-            if blocks.left is not None:  # a window: the CTA streams its rows' band of blocks
-                lo = blocks.first_seen(tile_start)
-            if cfg.overlap:
-                # Every consumer of the overlapped loop runs at least block 0 (see ``overlapped``).
-                cta_blocks = jnp.maximum(cta_blocks, 1)
-            if not cfg.persistent and pieces == 1:
-                # Here, not above: the non-persistent module stays the one the GPU runs measured.
-                b = lax.div(rest, jnp.int32(n_q_tiles))
-            if piece is not None:  # full attention: a piece ends ``per_piece`` blocks on
-                cta_blocks = jnp.where(piece >= 0, jnp.minimum(cta_blocks, lo + per_piece), cta_blocks)
-            return b, head, tile_start, cta_blocks, lo, piece
-
-        if plan_ref is not None:
-            cta = lax.axis_index("cta")
-
-            def tile_of(r: Any) -> Any:
-                return plan_ref[cta, r + 1]
-
-            rounds = plan_ref[cta, 0]
-        elif cfg.persistent:
-            cta = lax.axis_index("cta")
-
-            def tile_of(r: Any) -> Any:
-                # A snake: CTA c takes the c-th tile of even rounds and the c-th from the end of
-                # odd ones, so a CTA given a round's heaviest causal tile gets the next round's
-                # lightest. (A Python int round stays Python arithmetic: a concrete array
-                # does not lower in jax 0.11's Mosaic GPU.)
-                if isinstance(r, int):
-                    return r * n_ctas + (cta if r % 2 == 0 else (n_ctas - 1) - cta)
-                return r * n_ctas + jnp.where(lax.rem(r, 2) == 0, cta, (n_ctas - 1) - cta)
-
-            rounds = (n_rounds - 1) + (tile_of(n_rounds - 1) < n_items).astype(jnp.int32)
-        else:
-
-            def tile_of(r: Any) -> Any:
-                del r
-                if pieces > 1:  # a 1-D grid: whole tiles in launch_order, then the pieces
-                    return lax.axis_index("t")
-                return lax.axis_index("h") + hq * (lax.axis_index("q") + n_q_tiles * lax.axis_index("b"))
-
-            rounds = 1
-
-        def per_tile(run: Any) -> None:
-            """``run(r, base)`` for each of this CTA's rounds, ``base`` the K/V ring's count of
-            blocks before the round's tile (returns ``base`` plus its blocks)."""
-            if cfg.persistent:
-                lax.fori_loop(0, rounds, run, jnp.int32(0))
-            else:
-                run(0, 0)  # Python ints: a concrete array does not lower in jax 0.11's Mosaic GPU
-
-        def sched_sync() -> None:
-            if cfg.pingpong:
-                plgpu.barrier_arrive(sched)
-                plgpu.barrier_wait(sched)
-
-        def take_turn() -> None:
-            """Wait until the other consumer passes this one the tensor cores."""
-            if cfg.pingpong:
-                await_signal(turns, wg)
-
-        def pass_turn() -> None:
-            if cfg.pingpong:
-                signal(turns, 1 - wg)
-
-        def mask(s: Any, j: Any, row0: Any) -> Any:
-            """Scores of block ``j`` with keys past ``S`` (and, causal, right of the diagonal) masked."""
-            return jnp.where(blocks.keep(j, row0, (bq, bkv)), s, _MASKED)
-
-        def release(j: Any, later: bool = False) -> None:
-            # Ping-pong (a rendezvous or a turn per block) keeps the other consumer within a
-            # block: no wait is needed before releasing (see ``release_unread``), unless the
-            # consumer reads later blocks (``later``: a window's blocks left of its rows) or a
-            # next tile follows: then each wait on a "ready" barrier keeps its phase bit in step.
-            release_unread(j, (k_ready, v_ready), (k_free, v_free), stages=stages,
-                           wait=not cfg.pingpong or cfg.persistent or later)
-
-        def exponents(s: Any, j: Any, m_i: Any, row0: Any, masked: bool) -> tuple[Any, Any, Any]:
-            """Online softmax on the log2 scale for block ``j``'s scores ``s`` (masked if
-            ``masked``): the new running max ``m``, the factor ``alpha`` for what came before,
-            and the exponents whose exp2 is ``p``. ``m`` is kept unscaled and the scale applied
-            after it is subtracted, ``(s - m) * scale``: the fused ``s * scale - m`` takes the
-            exact product, up to half an ulp of the rounded max away from it, and past ~2^32
-            that gap alone overflows exp2 (NaN out of finite inputs). One multiply more."""
-            s = soft_capped(s, cap)
-            if masked:
-                s = mask(s, j, row0)
-            m_new = jnp.maximum(m_i, s.max(axis=1))
-            alpha = jnp.exp2((m_i - m_new) * qk_scale)
-            return m_new, alpha, (s - lax.broadcast_in_dim(m_new, s.shape, [0])) * qk_scale
-
-        fma_cols = cfg.exp2_fma_cols
-        cut = bkv - fma_cols
-
-        def exp2_parts(x: Any) -> list[Any]:
-            """exp2 of a block's scaled scores, by column parts: the special-function unit's
-            for the first ``cut`` keys, ``exp2_fma`` for the rest (``Config.exp2_fma_cols``)."""
-            if not fma_cols:
-                return [jnp.exp2(x)]
-            return [jnp.exp2(x[:, :cut]), exp2_fma(x[:, cut:])]
-
-        def row_sum(parts: list[Any]) -> Any:
-            total = parts[0].sum(axis=1)
-            for part in parts[1:]:
-                total = total + part.sum(axis=1)
-            return total
-
-        def v_parts(slot: Any) -> list[Any]:
-            """The V rows each part of P multiplies (the keys of ``exp2_parts``' columns)."""
-            if not fma_cols:
-                return [v_smem.at[slot]]
-            return [v_smem.at[slot, pl.ds(0, cut)], v_smem.at[slot, pl.ds(cut, fma_cols)]]
-
-        def in_turns(q_smem: Any, carry: Any, *, row0: Any, spans: Any, n_blocks: Any, cta_blocks: Any,
-                     base: Any, first: Any, last: Any, lo: Any, start: Any) -> Any:
-            """The consumer's loop with ping-pong alone: per block, Q K^T, softmax, P V, over
-            blocks ``start`` to ``n_blocks`` in ``spans`` (``KeyBlocks.spans``). The CTA streams
-            blocks ``lo`` (0 but for a piece of a tile or a window's band) to ``cta_blocks``;
-            block ``j`` sits in the ring's slot ``(base + j - lo) % stages``. ``first`` and
-            ``last``: whether the tile is the CTA's first and last."""
-            acc, m_i, l_i = carry
-
-            def slot_of(j: Any) -> Any:
-                return ring_slot(base + plus(j, -lo), stages)
-
-            def first_wait() -> None:
-                pl.when(n_blocks > start)(lambda: plgpu.barrier_wait(k_ready.at[slot_of(start)]))
-
-            def drain(j: Any, _: Any, later: bool = False) -> None:
-                # The other consumer needs more blocks: release our share of them and keep
-                # the ping-pong in step (as if this one issued Q K^T, then took its P V turn).
-                release(base + plus(j, -lo), later)
-                if cfg.pass_turns:
-                    pass_turn()
-                    take_turn()
-                else:
-                    sched_sync()
-                    sched_sync()
-
-            if blocks.left is None:
-                first_wait()
-            # Consumer 1 starts half a step behind consumer 0: the ping-pong. By meeting (the
-            # default): both reach the schedule barrier after each Q K^T issue and before each
-            # P V. By turns: Q K^T issues pass the turn, and only P V waits for it; the issue
-            # order is the same (0's Q K^T, 1's Q K^T, 0's P V, 0's next Q K^T, 1's P V, ...).
-            after_qk, stagger, finish_turns = ((pass_turn, take_turn, pass_turn) if cfg.pass_turns
-                                               else (sched_sync, sched_sync, sched_sync))
-            if cfg.pass_turns:
-                # Turns run on from tile to tile of a persistent CTA: consumer 1's last P V
-                # waits for consumer 0's next Q K^T, as within a tile. Passing one more turn at
-                # each tile's end would let consumer 0 pass twice before consumer 1 took the
-                # first (a named barrier then completes without its waiter; an mbarrier's
-                # phase bit comes back where it was).
-                pl.when((wg == 1) & first)(stagger)
-            else:
-                pl.when(wg == 1)(stagger)
-
-            if blocks.left is not None:
-                # A window's blocks left of this consumer's rows (consumer 1's start later),
-                # released as steps after the stagger, before its first block's wait.
-                lax.fori_loop(lo, start, functools.partial(drain, later=True), None)
-                first_wait()
-
-            def step(j: Any, carry: Any, masked: bool) -> Any:
-                acc, m_i, l_i = carry
-                slot = slot_of(j)
-
-                def qk_gemm(s_ref: Any) -> Any:
-                    plgpu.wgmma(s_ref, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
-                    after_qk()
-                    return s_ref[...]
-
-                s = pl.run_scoped(qk_gemm, plgpu.ACC((bq, bkv), jnp.float32))
-                signal(k_free, slot)
-                m_new, alpha, x = exponents(s, j, m_i, row0, masked)
-                parts = exp2_parts(x)
-                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-                l_i = l_i * alpha
-                p_lo = [p.astype(dtype) for p in parts]
-
-                def release_tensor_cores() -> None:
-                    if cfg.pass_turns:
-                        plgpu.barrier_wait(v_ready.at[slot])
-                        take_turn()
-                        return
-                    if cfg.pingpong:
-                        plgpu.barrier_arrive(sched)
-                    plgpu.barrier_wait(v_ready.at[slot])
-                    if cfg.pingpong:
-                        plgpu.barrier_wait(sched)
-
-                if head_dim <= 128:
-                    l_i = l_i + row_sum(parts)
-                    acc, l_i, m_new, p_lo = lax.optimization_barrier((acc, l_i, m_new, p_lo))
-                    release_tensor_cores()
-                else:
-                    release_tensor_cores()
-                    l_i = l_i + row_sum(parts)
-
-                def pv_gemm(acc_ref: Any) -> None:
-                    for p_part, v_part in zip(p_lo, v_parts(slot), strict=True):
-                        plgpu.wgmma(acc_ref, p_part, v_part)
-                    nxt = j + 1
-
-                    @pl.when(nxt < n_blocks)
-                    def _() -> None:
-                        plgpu.barrier_wait(k_ready.at[slot_of(nxt)])
-
-                acc = pl.run_state(pv_gemm)(plgpu.ACC.init(acc))
-                signal(v_free, slot)
-                return acc, m_new, l_i
-
-            carry = (acc, m_i, l_i)
-            for begin, end, masked in spans:
-                carry = lax.fori_loop(begin, end, functools.partial(step, masked=masked), carry)
-            acc, m_i, l_i = carry
-            lax.fori_loop(n_blocks, cta_blocks, drain, None)
-
-            pl.when(((wg == 0) & last) if cfg.pass_turns else (wg == 0))(finish_turns)
-            return acc, m_i, l_i
-
-        def softmax(s: Any, j: Any, m_i: Any, l_i: Any, row0: Any, masked: bool) -> Any:
-            """Block ``j``'s scores ``s`` into ``(p, m, l, alpha)``, ``p`` in the inputs' dtype."""
-            m_new, alpha, x = exponents(s, j, m_i, row0, masked)
-            p = jnp.exp2(x)
-            return p.astype(dtype), m_new, l_i * alpha + p.sum(axis=1), alpha
-
-        def overlapped(q_smem: Any, carry: Any, *, row0: Any, n_blocks: Any, n_full: Any, cta_blocks: Any) -> Any:
-            """The consumer's loop with intra-warpgroup overlap (``Config.overlap``)."""
-            acc, m_i, l_i = carry
-            # Rows that see no key (causal, T > S) run block 0 anyway, fully masked (the wrapper
-            # replaces their output and LSE): the loop then always has a first and a last block.
-            n_run = jnp.maximum(n_blocks, 1)
-
-            # Consumer 0 issues first.
-            pl.when(wg == 1)(pass_turn)
-
-            def next_k(j: Any) -> None:
-                @pl.when(j < n_run)
-                def _() -> None:
-                    # lax.rem even for next_k(1): the module the GPU runs measured and tested.
-                    plgpu.barrier_wait(k_ready.at[lax.rem(j, jnp.int32(stages))])
-
-            def k_t(slot: Any) -> Any:
-                return plgpu.transpose_ref(k_smem.at[slot], (1, 0))
-
-            # Block 0: Q K^T alone.
-            plgpu.barrier_wait(k_ready.at[0])
-
-            def first_qk(s_ref: Any) -> Any:
-                take_turn()
-                plgpu.wgmma(s_ref, q_smem, k_t(0))
-                pass_turn()
-                return s_ref[...]
-
-            s = pl.run_scoped(first_qk, plgpu.ACC((bq, bkv), jnp.float32))
-            signal(k_free, 0)
-            p, m_i, l_i, alpha = softmax(s, 0, m_i, l_i, row0, masked=True)
-            next_k(1)
-
-            def step(j: Any, carry: Any, masked: bool) -> Any:
-                acc, m_i, l_i, p, alpha = carry
-                slot, prev = ring_slot(j, stages), ring_slot(j - 1, stages)
-                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-
-                def gemms(refs: Any) -> None:
-                    o_ref, p_ref, m_ref, l_ref, alpha_ref = refs
-
-                    def with_s(s_ref: Any) -> None:
-                        take_turn()
-                        plgpu.wgmma(s_ref, q_smem, k_t(slot))
-                        plgpu.barrier_wait(v_ready.at[prev])
-                        plgpu.wgmma(o_ref, p, v_smem.at[prev])
-                        pass_turn()
-                        # Q K^T done (P V, issued after it, may still run): its softmax overlaps P V.
-                        s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
-                        signal(k_free, slot)
-                        p_ref[...], m_ref[...], l_ref[...], alpha_ref[...] = softmax(
-                            s, j, m_ref[...], l_ref[...], row0, masked)
-
-                    pl.run_scoped(with_s, plgpu.ACC((bq, bkv), jnp.float32))
-
-                acc, p, m_i, l_i, alpha = pl.run_state(gemms)((plgpu.ACC.init(acc), p, m_i, l_i, alpha))
-                signal(v_free, prev)
-                next_k(j + 1)
-                return acc, m_i, l_i, p, alpha
-
-            carry = (acc, m_i, l_i, p, alpha)
-            unmasked_end = jnp.clip(n_full, 1, n_run)
-            carry = lax.fori_loop(1, unmasked_end, functools.partial(step, masked=False), carry)
-            acc, m_i, l_i, p, alpha = lax.fori_loop(unmasked_end, n_run, functools.partial(step, masked=True), carry)
-
-            # The last block's P V alone.
-            last = ring_slot(n_run - 1, stages)
-            acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-
-            def last_pv(o_ref: Any) -> None:
-                take_turn()
-                plgpu.barrier_wait(v_ready.at[last])
-                plgpu.wgmma(o_ref, p, v_smem.at[last])
-                pass_turn()
-
-            acc = pl.run_state(last_pv)(plgpu.ACC.init(acc))
-            signal(v_free, last)
-
-            def drain(j: Any, _: Any) -> None:
-                # Blocks only the other consumer needs: release them, and keep passing turns.
-                release(j)
-                take_turn()
-                pass_turn()
-
-            lax.fori_loop(n_run, cta_blocks, drain, None)
-            return acc, m_i, l_i
-
-        def finish(q_smem: Any, acc: Any, m_i: Any, l_i: Any, b: Any, head: Any, row0: Any, piece: Any) -> None:
-            l_safe = jnp.where(l_i == 0.0, 1.0, l_i)
-            acc = acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [0])
-            lse = m_i * qk_scale + jnp.log2(l_safe)  # m_i unscaled: see exponents
-            if piece is None:
-                store(q_smem, acc, lse, b, head, row0)
-                return
-            pl.when(piece < 0)(lambda: store(q_smem, acc, lse, b, head, row0))
-
-            @pl.when(piece >= 0)
-            def _() -> None:
-                # A piece's output stays float32 for the merge (from registers: a float32 tile
-                # would not fit beside the ring), its LSE beside it.
-                part_out, part_lse = parts
-                part_lse[piece, pl.ds(wg * bq, bq)] = lse
-                part_out[piece, pl.ds(wg * bq, bq)] = acc
-
-        def store(q_smem: Any, acc: Any, lse: Any, b: Any, head: Any, row0: Any) -> None:
-            """A whole tile's output and LSE."""
-            # The LSE goes from registers straight to global memory (64 floats a consumer):
-            # no shared staging buffer (its 512 bytes were more than a third K/V stage or
-            # 64x192 tiles missed the shared memory by).
-            lse_ref[b, head, pl.ds(row0, bq)] = lse
-            if cfg.persistent and not o_staged:
-                # q_smem is loading the next tile's Q: the output goes from registers.
-                out_ref[b, pl.ds(row0, bq), head] = acc.astype(dtype)
-                return
-            # Staged in the output's own tile (persistent) or in Q's, done with.
-            o_smem = o_smem2[0].at[wg] if o_staged else q_smem
-            if o_staged:
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's store has read it
-            o_smem[...] = acc.astype(dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(o_smem, out_ref.at[b, pl.ds(row0, bq), head])
-            if not o_staged:
-                plgpu.wait_smem_to_gmem(0, wait_read_only=cfg.store_read_wait)
-
-        @pl.when(wg < 2)
-        def _consumer() -> None:
-            plgpu.set_max_registers(232, action="increase")
-
-            def q_slot(r: Any) -> tuple[Any, Any]:
-                """Round ``r``'s Q tile in shared memory and its barrier."""
-                if q_slots == 1:
-                    return q_smem2.at[wg], q_ready.at[wg]
-                slot = ring_slot(r, 2)
-                return q_smem2.at[2 * wg + slot], q_ready.at[2 * wg + slot]
-
-            def load_q(r: Any) -> None:
-                b, head, tile_start, *_ = tile(tile_of(r))
-                q_smem, ready = q_slot(r)
-                plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(tile_start + wg * bq, bq), head], q_smem, ready)
-
-            load_q(0)
-
-            def run(r: Any, base: Any) -> Any:
-                b, head, tile_start, cta_blocks, lo, piece = tile(tile_of(r))
-                row0 = tile_start + wg * bq
-                n_blocks = blocks.seen_before(row0 + bq)
-                if piece is not None:  # full attention, a piece: its blocks alone
-                    n_blocks = cta_blocks
-                start = blocks.run_start(row0, lo, n_blocks)
-                spans = blocks.spans(row0, bq, start, n_blocks)
-                if q_slots == 2:
-                    # The other slot held the last tile's Q, whose wgmmas have all completed.
-                    pl.when(r + 1 < rounds)(lambda: load_q(r + 1))
-                q_smem, ready = q_slot(r)
-                plgpu.barrier_wait(ready)
-
-                m_i = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-                l_i = plgpu.layout_cast(jnp.full((bq,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-                acc = plgpu.layout_cast(jnp.full((bq, head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
-
-                if cfg.overlap:
-                    acc, m_i, l_i = overlapped(q_smem, (acc, m_i, l_i), row0=row0, n_blocks=n_blocks,
-                                               n_full=spans[0][1], cta_blocks=cta_blocks)
-                else:
-                    acc, m_i, l_i = in_turns(q_smem, (acc, m_i, l_i), row0=row0, spans=spans, n_blocks=n_blocks,
-                                             cta_blocks=cta_blocks, base=base, first=r == 0,
-                                             last=r + 1 == rounds, lo=lo, start=start)
-                if cfg.persistent and q_slots == 1:
-                    # Every wgmma reading this Q has completed: load the next one under the epilogue.
-                    pl.when(r + 1 < rounds)(lambda: load_q(r + 1))
-                finish(q_smem, acc, m_i, l_i, b, head, row0, piece)
-                return base + plus(cta_blocks, -lo)
-
-            per_tile(run)
-            if o_staged:
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # before the CTA's shared memory goes
-
-        @pl.when(wg == 2)
-        def _producer() -> None:
-            plgpu.set_max_registers(40, action="decrease")
-
-            def run(r: Any, base: Any) -> Any:
-                b, head, _, cta_blocks, lo, _ = tile(tile_of(r))
-                stream_kv(k_ref, v_ref, (k_smem, v_smem), (k_ready, v_ready), (k_free, v_free), b=b,
-                          kv_head=lax.div(head, jnp.int32(group)), n_blocks=plus(cta_blocks, -lo), block=bkv,
-                          stages=stages, base=base, first=lo)
-                return base + plus(cta_blocks, -lo)
-
-            per_tile(run)
-
-    def entry(q_ref: Any, k_ref: Any, v_ref: Any, *refs: Any) -> None:
-        plan_ref, (out_ref, lse_ref, *parts) = (refs[0], refs[1:]) if plan is not None else (None, refs)
-        smem = [
-            plgpu.SMEM((2 * q_slots, bq, head_dim), dtype, transforms=TRANSFORMS),
-            plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=TRANSFORMS),
-            plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=TRANSFORMS),
-            *([plgpu.SMEM((2, bq, head_dim), dtype, transforms=TRANSFORMS)] if o_staged else []),
-        ]
-        pl.run_scoped(
-            lambda *scoped: body(q_ref, k_ref, v_ref, plan_ref, out_ref, lse_ref, parts, scoped),
-            smem,
-            (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
-             plgpu.Barrier(num_barriers=2 * q_slots)),
-            (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2,
-            plgpu.Barrier(num_arrivals=2),
-            # By turns (overlap, pass_turns): turn[c] is consumer c's right to issue (the other
-            # passes it); named barriers stand in for these with ``named_barriers``.
-            *((plgpu.Barrier(num_arrivals=1, num_barriers=2),)
-              if (cfg.overlap or cfg.pass_turns) and not cfg.named_barriers else ()),
-            collective_axes="wg",
-        )
-
+    return _Launch(cfg=cfg, causal=causal, cap=cap, qk_scale=scale * _LOG2E, dtype=q.dtype, batch=batch, hq=hq,
+                   group=hq // k.shape[2], head_dim=head_dim, t_pad=t_pad, n_q_tiles=n_q_tiles, blocks=blocks,
+                   stages=stages, n_tiles=n_tiles, n_whole=n_whole, pieces=pieces,
+                   per_piece=cdiv(blocks.count, pieces), n_parts=n_parts, n_items=n_items, n_ctas=n_ctas,
+                   n_rounds=cdiv(n_items, n_ctas), plan=plan, chunk=chunk, q_slots=q_slots,
+                   o_staged=cfg.persistent and fits(q_slots))
+
+
+def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: int, t_len: int,
+                  cfg: Config, cap: float | None = None, window: Window = NO_WINDOW) -> tuple[Any, Any]:
+    """The kernel's launch; ``cap``: the soft cap in the unscaled scores' units (cap / scale);
+    ``window``: the sliding window's sides that cut (``blocks.window_sides``)."""
+    if cfg.overlap and window != NO_WINDOW:
+        raise ValueError(f"overlap runs every tile from key block 0: it takes no sliding window, got {window}")
+    lz = _launch(q, k, causal=causal, scale=scale, s_len=s_len, t_len=t_len, cfg=cfg, cap=cap, window=window)
+    batch, hq, bq, head_dim, pieces, n_parts = lz.batch, lz.hq, lz.bq, lz.head_dim, lz.pieces, lz.n_parts
     params = plgpu.CompilerParams(approx_math=True)
     if cfg.lean_barriers:
         params = dataclasses.replace(params, unsafe_no_auto_barriers=True, reduction_scratch_bytes=0)
+
+    def entry(*refs: Any) -> None:  # the kernel's name ("entry") in the lowered module and profiles
+        _entry(lz, *refs)
+
     out, lse, *parts = plgpu.kernel(
         entry,
         out_type=(
-            jax.ShapeDtypeStruct(q.shape, dtype),
-            jax.ShapeDtypeStruct((batch, hq, t_pad), jnp.float32),
+            jax.ShapeDtypeStruct(q.shape, lz.dtype),
+            jax.ShapeDtypeStruct((batch, hq, lz.t_pad), jnp.float32),
             # A piece's output and LSE (Config.split_tail), merged below.
             *((jax.ShapeDtypeStruct((n_parts, 2 * bq, head_dim), jnp.float32),
                jax.ShapeDtypeStruct((n_parts, 2 * bq), jnp.float32)) if n_parts else ()),
         ),
-        grid=(n_ctas,) if cfg.persistent else (n_items,) if pieces > 1 else (hq, n_q_tiles, batch),
+        grid=(lz.n_ctas,) if cfg.persistent else (lz.n_items,) if pieces > 1 else (hq, lz.n_q_tiles, batch),
         grid_names=("cta",) if cfg.persistent else ("t",) if pieces > 1 else ("h", "q", "b"),
         num_threads=3,
         thread_name="wg",
         compiler_params=params,
-    )(q, k, v, *(() if plan is None else (jnp.asarray(plan),)))
+    )(q, k, v, *(() if lz.plan is None else (jnp.asarray(lz.plan),)))
     if n_parts:
-        last = jnp.arange(n_whole, n_tiles, dtype=jnp.int32)
-        tail = (persistent_order(last, batch=batch, heads=hq, chunk=chunk) if cfg.persistent
-                else launch_order(last, batch=batch, heads=hq, n_q=n_q_tiles))
+        last = jnp.arange(lz.n_whole, lz.n_tiles, dtype=jnp.int32)
+        tail = (persistent_order(last, batch=batch, heads=hq, chunk=lz.chunk) if cfg.persistent
+                else launch_order(last, batch=batch, heads=hq, n_q=lz.n_q_tiles))
         out, lse = merge_pieces(out, lse, *parts, tiles=tail, pieces=pieces)
     return out, lse
+
+
+def _entry(lz: _Launch, q_ref: Any, k_ref: Any, v_ref: Any, *refs: Any) -> None:
+    """The kernel: its shared memory and barriers, then the body (``_Body``) in their scope."""
+    plan_ref, (out_ref, lse_ref, *parts) = (refs[0], refs[1:]) if lz.plan is not None else (None, refs)
+    bq, bkv, head_dim, dtype, stages, q_slots, cfg = lz.bq, lz.bkv, lz.head_dim, lz.dtype, lz.stages, lz.q_slots, lz.cfg
+    smem = [
+        plgpu.SMEM((2 * q_slots, bq, head_dim), dtype, transforms=TRANSFORMS),
+        plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=TRANSFORMS),
+        plgpu.SMEM((stages, bkv, head_dim), dtype, transforms=TRANSFORMS),
+        *([plgpu.SMEM((2, bq, head_dim), dtype, transforms=TRANSFORMS)] if lz.o_staged else []),
+    ]
+    pl.run_scoped(
+        lambda *scoped: _Body(lz, (q_ref, k_ref, v_ref, plan_ref, out_ref, lse_ref), parts, scoped).run(),
+        smem,
+        (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
+         plgpu.Barrier(num_barriers=2 * q_slots)),
+        (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2,
+        plgpu.Barrier(num_arrivals=2),
+        # By turns (overlap, pass_turns): turn[c] is consumer c's right to issue (the other
+        # passes it); named barriers stand in for these with ``named_barriers``.
+        *((plgpu.Barrier(num_arrivals=1, num_barriers=2),)
+          if (cfg.overlap or cfg.pass_turns) and not cfg.named_barriers else ()),
+        collective_axes="wg",
+    )
+
+
+class _Body:
+    """The kernel body of one CTA, traced once: warpgroups 0 and 1 the consumers (Q K^T,
+    softmax, P V for their half of a tile's rows), warpgroup 2 the producer (the K/V ring).
+    Its methods are the steps of the body, each reading the launch (``lz``) and the refs."""
+
+    def __init__(self, lz: _Launch, refs: tuple[Any, ...], parts: Any, scoped: Any) -> None:
+        self.lz, self.cfg = lz, lz.cfg
+        self.q_ref, self.k_ref, self.v_ref, self.plan_ref, self.out_ref, self.lse_ref = refs
+        self.parts = parts
+        (self.q_smem2, self.k_smem, self.v_smem, *self.o_smem2), (self.k_ready, self.v_ready, self.q_ready), \
+            (self.k_free, self.v_free), self.sched, *extra = scoped
+        self.turns: Any = extra[0] if extra else None
+        if self.cfg.named_barriers:
+            self.turns = NamedBarriers(_NAMED_TURNS, 2, _TURN_THREADS)
+            self.k_free = NamedBarriers(_NAMED_SLOTS, lz.stages, _SLOT_THREADS)
+            self.v_free = NamedBarriers(_NAMED_SLOTS + lz.stages, lz.stages, _SLOT_THREADS)
+        self.wg = lax.axis_index("wg")
+        self.cta: Any = None
+        if self.plan_ref is not None:
+            self.cta = lax.axis_index("cta")
+            self.rounds: Any = self.plan_ref[self.cta, 0]
+        elif self.cfg.persistent:
+            self.cta = lax.axis_index("cta")
+            self.rounds = (lz.n_rounds - 1) + (self.tile_of(lz.n_rounds - 1) < lz.n_items).astype(jnp.int32)
+        else:
+            self.rounds = 1
+        self.fma_cols = self.cfg.exp2_fma_cols
+        self.fma_cut = lz.bkv - self.fma_cols
+
+    def run(self) -> None:
+        pl.when(self.wg < 2)(self.consumer)
+        pl.when(self.wg == 2)(self.producer)
+
+    # -- which tile a round runs ---------------------------------------------------------------
+
+    def tile(self, t: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
+        """Item ``t``: its tile's batch, head and first query row, the key blocks its CTA
+        streams (``lo`` to the end), and the piece it is (``None`` where no tile is cut;
+        negative for a whole tile). Persistent: ``t`` counts in ``Config.q_group``'s
+        order; one CTA per tile with a cut wave: in ``launch_order``; otherwise ``t`` is
+        ``h + Hq * (q + n_q * b)`` of the grid's axes."""
+        lz, cfg, blocks = self.lz, self.cfg, self.lz.blocks
+        pieces, n_q_tiles, hq, bq = lz.pieces, lz.n_q_tiles, lz.hq, lz.bq
+        lo: Any = 0
+        piece: Any = None
+        if pieces > 1:
+            piece = t - lz.n_whole
+            cut = piece >= 0
+            part = jnp.maximum(piece, 0)
+            t = jnp.where(cut, lz.n_whole + lax.div(part, jnp.int32(pieces)), t)
+            lo = jnp.where(cut, lax.rem(part, jnp.int32(pieces)) * lz.per_piece, 0)
+        if cfg.persistent:
+            b, head, q_idx = persistent_order(t, batch=lz.batch, heads=hq, chunk=lz.chunk)
+        elif pieces > 1:
+            b, head, q_idx = launch_order(t, batch=lz.batch, heads=hq, n_q=n_q_tiles)
+        else:
+            head, rest = lax.rem(t, jnp.int32(hq)), lax.div(t, jnp.int32(hq))
+            q_idx = lax.rem(rest, jnp.int32(n_q_tiles))
+        # Heavy (late) causal tiles first: the tail of the launch is then the short ones.
+        q_tile = (n_q_tiles - 1) - q_idx if lz.causal else q_idx
+        tile_start = q_tile * (2 * bq)
+        cta_blocks = blocks.seen_before(tile_start + 2 * bq)
+        if blocks.left is not None:  # a window: the CTA streams its rows' band of blocks
+            lo = blocks.first_seen(tile_start)
+        if cfg.overlap:
+            # Every consumer of the overlapped loop runs at least block 0 (see ``overlapped``).
+            cta_blocks = jnp.maximum(cta_blocks, 1)
+        if not cfg.persistent and pieces == 1:
+            # Here, not above: the non-persistent module stays the one the GPU runs measured.
+            b = lax.div(rest, jnp.int32(n_q_tiles))
+        if piece is not None:  # full attention: a piece ends ``per_piece`` blocks on
+            cta_blocks = jnp.where(piece >= 0, jnp.minimum(cta_blocks, lo + lz.per_piece), cta_blocks)
+        return b, head, tile_start, cta_blocks, lo, piece
+
+    def tile_of(self, r: Any) -> Any:
+        """The item this CTA runs in round ``r``."""
+        lz, cta = self.lz, self.cta
+        if self.plan_ref is not None:
+            return self.plan_ref[cta, r + 1]
+        if self.cfg.persistent:
+            # A snake: CTA c takes the c-th tile of even rounds and the c-th from the end of
+            # odd ones, so a CTA given a round's heaviest causal tile gets the next round's
+            # lightest. (A Python int round stays Python arithmetic: a concrete array
+            # does not lower in jax 0.11's Mosaic GPU.)
+            if isinstance(r, int):
+                return r * lz.n_ctas + (cta if r % 2 == 0 else (lz.n_ctas - 1) - cta)
+            return r * lz.n_ctas + jnp.where(lax.rem(r, 2) == 0, cta, (lz.n_ctas - 1) - cta)
+        if lz.pieces > 1:  # a 1-D grid: whole tiles in launch_order, then the pieces
+            return lax.axis_index("t")
+        return lax.axis_index("h") + lz.hq * (lax.axis_index("q") + lz.n_q_tiles * lax.axis_index("b"))
+
+    def per_tile(self, run: Any) -> None:
+        """``run(r, base)`` for each of this CTA's rounds, ``base`` the K/V ring's count of
+        blocks before the round's tile (returns ``base`` plus its blocks)."""
+        if self.cfg.persistent:
+            lax.fori_loop(0, self.rounds, run, jnp.int32(0))
+        else:
+            run(0, 0)  # Python ints: a concrete array does not lower in jax 0.11's Mosaic GPU
+
+    # -- the consumers' ping-pong ----------------------------------------------------------------
+
+    def sched_sync(self) -> None:
+        if self.cfg.pingpong:
+            plgpu.barrier_arrive(self.sched)
+            plgpu.barrier_wait(self.sched)
+
+    def take_turn(self) -> None:
+        """Wait until the other consumer passes this one the tensor cores."""
+        if self.cfg.pingpong:
+            await_signal(self.turns, self.wg)
+
+    def pass_turn(self) -> None:
+        if self.cfg.pingpong:
+            signal(self.turns, 1 - self.wg)
+
+    def release(self, j: Any, later: bool = False) -> None:
+        # Ping-pong (a rendezvous or a turn per block) keeps the other consumer within a
+        # block: no wait is needed before releasing (see ``release_unread``), unless the
+        # consumer reads later blocks (``later``: a window's blocks left of its rows) or a
+        # next tile follows: then each wait on a "ready" barrier keeps its phase bit in step.
+        cfg = self.cfg
+        release_unread(j, (self.k_ready, self.v_ready), (self.k_free, self.v_free), stages=self.lz.stages,
+                       wait=not cfg.pingpong or cfg.persistent or later)
+
+    # -- the online softmax ----------------------------------------------------------------------
+
+    def mask(self, s: Any, j: Any, row0: Any) -> Any:
+        """Scores of block ``j`` with keys past ``S`` (and, causal, right of the diagonal) masked."""
+        return jnp.where(self.lz.blocks.keep(j, row0, (self.lz.bq, self.lz.bkv)), s, _MASKED)
+
+    def exponents(self, s: Any, j: Any, m_i: Any, row0: Any, masked: bool) -> tuple[Any, Any, Any]:
+        """Online softmax on the log2 scale for block ``j``'s scores ``s`` (masked if
+        ``masked``): the new running max ``m``, the factor ``alpha`` for what came before,
+        and the exponents whose exp2 is ``p``. ``m`` is kept unscaled and the scale applied
+        after it is subtracted, ``(s - m) * scale``: the fused ``s * scale - m`` takes the
+        exact product, up to half an ulp of the rounded max away from it, and past ~2^32
+        that gap alone overflows exp2 (NaN out of finite inputs). One multiply more."""
+        s = soft_capped(s, self.lz.cap)
+        if masked:
+            s = self.mask(s, j, row0)
+        m_new = jnp.maximum(m_i, s.max(axis=1))
+        alpha = jnp.exp2((m_i - m_new) * self.lz.qk_scale)
+        return m_new, alpha, (s - lax.broadcast_in_dim(m_new, s.shape, [0])) * self.lz.qk_scale
+
+    def exp2_parts(self, x: Any) -> list[Any]:
+        """exp2 of a block's scaled scores, by column parts: the special-function unit's
+        for the first ``fma_cut`` keys, ``exp2_fma`` for the rest (``Config.exp2_fma_cols``)."""
+        if not self.fma_cols:
+            return [jnp.exp2(x)]
+        return [jnp.exp2(x[:, :self.fma_cut]), exp2_fma(x[:, self.fma_cut:])]
+
+    @staticmethod
+    def row_sum(parts: list[Any]) -> Any:
+        total = parts[0].sum(axis=1)
+        for part in parts[1:]:
+            total = total + part.sum(axis=1)
+        return total
+
+    def v_parts(self, slot: Any) -> list[Any]:
+        """The V rows each part of P multiplies (the keys of ``exp2_parts``' columns)."""
+        if not self.fma_cols:
+            return [self.v_smem.at[slot]]
+        return [self.v_smem.at[slot, pl.ds(0, self.fma_cut)], self.v_smem.at[slot, pl.ds(self.fma_cut, self.fma_cols)]]
+
+    def softmax(self, s: Any, j: Any, m_i: Any, l_i: Any, row0: Any, masked: bool) -> Any:
+        """Block ``j``'s scores ``s`` into ``(p, m, l, alpha)``, ``p`` in the inputs' dtype."""
+        m_new, alpha, x = self.exponents(s, j, m_i, row0, masked)
+        p = jnp.exp2(x)
+        return p.astype(self.lz.dtype), m_new, l_i * alpha + p.sum(axis=1), alpha
+
+    # -- the consumer's loop: ping-pong alone ------------------------------------------------------
+
+    def in_turns(self, q_smem: Any, carry: Any, *, row0: Any, spans: Any, n_blocks: Any, cta_blocks: Any,
+                 base: Any, first: Any, last: Any, lo: Any, start: Any) -> Any:
+        """The consumer's loop with ping-pong alone: per block, Q K^T, softmax, P V, over
+        blocks ``start`` to ``n_blocks`` in ``spans`` (``KeyBlocks.spans``). The CTA streams
+        blocks ``lo`` (0 but for a piece of a tile or a window's band) to ``cta_blocks``;
+        block ``j`` sits in the ring's slot ``(base + j - lo) % stages``. ``first`` and
+        ``last``: whether the tile is the CTA's first and last."""
+        cfg, wg, stages = self.cfg, self.wg, self.lz.stages
+
+        def slot_of(j: Any) -> Any:
+            return ring_slot(base + plus(j, -lo), stages)
+
+        def first_wait() -> None:
+            pl.when(n_blocks > start)(lambda: plgpu.barrier_wait(self.k_ready.at[slot_of(start)]))
+
+        def drain(j: Any, _: Any, later: bool = False) -> None:
+            # The other consumer needs more blocks: release our share of them and keep
+            # the ping-pong in step (as if this one issued Q K^T, then took its P V turn).
+            self.release(base + plus(j, -lo), later)
+            if cfg.pass_turns:
+                self.pass_turn()
+                self.take_turn()
+            else:
+                self.sched_sync()
+                self.sched_sync()
+
+        if self.lz.blocks.left is None:
+            first_wait()
+        # Consumer 1 starts half a step behind consumer 0: the ping-pong. By meeting (the
+        # default): both reach the schedule barrier after each Q K^T issue and before each
+        # P V. By turns: Q K^T issues pass the turn, and only P V waits for it; the issue
+        # order is the same (0's Q K^T, 1's Q K^T, 0's P V, 0's next Q K^T, 1's P V, ...).
+        after_qk, stagger, finish_turns = ((self.pass_turn, self.take_turn, self.pass_turn) if cfg.pass_turns
+                                           else (self.sched_sync, self.sched_sync, self.sched_sync))
+        if cfg.pass_turns:
+            # Turns run on from tile to tile of a persistent CTA: consumer 1's last P V
+            # waits for consumer 0's next Q K^T, as within a tile. Passing one more turn at
+            # each tile's end would let consumer 0 pass twice before consumer 1 took the
+            # first (a named barrier then completes without its waiter; an mbarrier's
+            # phase bit comes back where it was).
+            pl.when((wg == 1) & first)(stagger)
+        else:
+            pl.when(wg == 1)(stagger)
+
+        if self.lz.blocks.left is not None:
+            # A window's blocks left of this consumer's rows (consumer 1's start later),
+            # released as steps after the stagger, before its first block's wait.
+            lax.fori_loop(lo, start, functools.partial(drain, later=True), None)
+            first_wait()
+
+        step = functools.partial(self.turn_step, q_smem=q_smem, row0=row0, n_blocks=n_blocks, slot_of=slot_of,
+                                 after_qk=after_qk)
+        for begin, end, masked in spans:
+            carry = lax.fori_loop(begin, end, functools.partial(step, masked=masked), carry)
+        acc, m_i, l_i = carry
+        lax.fori_loop(n_blocks, cta_blocks, drain, None)
+
+        pl.when(((wg == 0) & last) if cfg.pass_turns else (wg == 0))(finish_turns)
+        return acc, m_i, l_i
+
+    def turn_step(self, j: Any, carry: Any, *, masked: bool, q_smem: Any, row0: Any, n_blocks: Any, slot_of: Any,
+                  after_qk: Any) -> Any:
+        """Block ``j`` of ``in_turns``: Q K^T, the softmax, P V."""
+        cfg, bq, bkv, v_ready = self.cfg, self.lz.bq, self.lz.bkv, self.v_ready
+        acc, m_i, l_i = carry
+        slot = slot_of(j)
+
+        def qk_gemm(s_ref: Any) -> Any:
+            plgpu.wgmma(s_ref, q_smem, plgpu.transpose_ref(self.k_smem.at[slot], (1, 0)))
+            after_qk()
+            return s_ref[...]
+
+        s = pl.run_scoped(qk_gemm, plgpu.ACC((bq, bkv), jnp.float32))
+        signal(self.k_free, slot)
+        m_new, alpha, x = self.exponents(s, j, m_i, row0, masked)
+        parts = self.exp2_parts(x)
+        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+        l_i = l_i * alpha
+        p_lo = [p.astype(self.lz.dtype) for p in parts]
+
+        def release_tensor_cores() -> None:
+            if cfg.pass_turns:
+                plgpu.barrier_wait(v_ready.at[slot])
+                self.take_turn()
+                return
+            if cfg.pingpong:
+                plgpu.barrier_arrive(self.sched)
+            plgpu.barrier_wait(v_ready.at[slot])
+            if cfg.pingpong:
+                plgpu.barrier_wait(self.sched)
+
+        if self.lz.head_dim <= 128:
+            l_i = l_i + self.row_sum(parts)
+            acc, l_i, m_new, p_lo = lax.optimization_barrier((acc, l_i, m_new, p_lo))
+            release_tensor_cores()
+        else:
+            release_tensor_cores()
+            l_i = l_i + self.row_sum(parts)
+
+        def pv_gemm(acc_ref: Any) -> None:
+            for p_part, v_part in zip(p_lo, self.v_parts(slot), strict=True):
+                plgpu.wgmma(acc_ref, p_part, v_part)
+            nxt = j + 1
+
+            @pl.when(nxt < n_blocks)
+            def _() -> None:
+                plgpu.barrier_wait(self.k_ready.at[slot_of(nxt)])
+
+        acc = pl.run_state(pv_gemm)(plgpu.ACC.init(acc))
+        signal(self.v_free, slot)
+        return acc, m_new, l_i
+
+    # -- the consumer's loop: intra-warpgroup overlap -------------------------------------------
+
+    def next_k(self, j: Any, n_run: Any) -> None:
+        @pl.when(j < n_run)
+        def _() -> None:
+            # lax.rem even for next_k(1): the module the GPU runs measured and tested.
+            plgpu.barrier_wait(self.k_ready.at[lax.rem(j, jnp.int32(self.lz.stages))])
+
+    def k_t(self, slot: Any) -> Any:
+        return plgpu.transpose_ref(self.k_smem.at[slot], (1, 0))
+
+    def overlapped(self, q_smem: Any, carry: Any, *, row0: Any, n_blocks: Any, n_full: Any, cta_blocks: Any) -> Any:
+        """The consumer's loop with intra-warpgroup overlap (``Config.overlap``)."""
+        stages = self.lz.stages
+        acc, m_i, l_i = carry
+        # Rows that see no key (causal, T > S) run block 0 anyway, fully masked (the wrapper
+        # replaces their output and LSE): the loop then always has a first and a last block.
+        n_run = jnp.maximum(n_blocks, 1)
+
+        # Consumer 0 issues first.
+        pl.when(self.wg == 1)(self.pass_turn)
+
+        # Block 0: Q K^T alone.
+        plgpu.barrier_wait(self.k_ready.at[0])
+
+        def first_qk(s_ref: Any) -> Any:
+            self.take_turn()
+            plgpu.wgmma(s_ref, q_smem, self.k_t(0))
+            self.pass_turn()
+            return s_ref[...]
+
+        s = pl.run_scoped(first_qk, plgpu.ACC((self.lz.bq, self.lz.bkv), jnp.float32))
+        signal(self.k_free, 0)
+        p, m_i, l_i, alpha = self.softmax(s, 0, m_i, l_i, row0, masked=True)
+        self.next_k(1, n_run)
+
+        step = functools.partial(self.overlap_step, q_smem=q_smem, row0=row0, n_run=n_run)
+        carry = (acc, m_i, l_i, p, alpha)
+        unmasked_end = jnp.clip(n_full, 1, n_run)
+        carry = lax.fori_loop(1, unmasked_end, functools.partial(step, masked=False), carry)
+        acc, m_i, l_i, p, alpha = lax.fori_loop(unmasked_end, n_run, functools.partial(step, masked=True), carry)
+
+        # The last block's P V alone.
+        last = ring_slot(n_run - 1, stages)
+        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+        def last_pv(o_ref: Any) -> None:
+            self.take_turn()
+            plgpu.barrier_wait(self.v_ready.at[last])
+            plgpu.wgmma(o_ref, p, self.v_smem.at[last])
+            self.pass_turn()
+
+        acc = pl.run_state(last_pv)(plgpu.ACC.init(acc))
+        signal(self.v_free, last)
+
+        def drain(j: Any, _: Any) -> None:
+            # Blocks only the other consumer needs: release them, and keep passing turns.
+            self.release(j)
+            self.take_turn()
+            self.pass_turn()
+
+        lax.fori_loop(n_run, cta_blocks, drain, None)
+        return acc, m_i, l_i
+
+    def overlap_step(self, j: Any, carry: Any, *, masked: bool, q_smem: Any, row0: Any, n_run: Any) -> Any:
+        """Block ``j`` of ``overlapped``: its Q K^T beside block ``j - 1``'s P V."""
+        stages = self.lz.stages
+        acc, m_i, l_i, p, alpha = carry
+        slot, prev = ring_slot(j, stages), ring_slot(j - 1, stages)
+        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+        def gemms(refs: Any) -> None:
+            o_ref, p_ref, m_ref, l_ref, alpha_ref = refs
+
+            def with_s(s_ref: Any) -> None:
+                self.take_turn()
+                plgpu.wgmma(s_ref, q_smem, self.k_t(slot))
+                plgpu.barrier_wait(self.v_ready.at[prev])
+                plgpu.wgmma(o_ref, p, self.v_smem.at[prev])
+                self.pass_turn()
+                # Q K^T done (P V, issued after it, may still run): its softmax overlaps P V.
+                s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
+                signal(self.k_free, slot)
+                p_ref[...], m_ref[...], l_ref[...], alpha_ref[...] = self.softmax(
+                    s, j, m_ref[...], l_ref[...], row0, masked)
+
+            pl.run_scoped(with_s, plgpu.ACC((self.lz.bq, self.lz.bkv), jnp.float32))
+
+        acc, p, m_i, l_i, alpha = pl.run_state(gemms)((plgpu.ACC.init(acc), p, m_i, l_i, alpha))
+        signal(self.v_free, prev)
+        self.next_k(j + 1, n_run)
+        return acc, m_i, l_i, p, alpha
+
+    # -- a tile's epilogue -------------------------------------------------------------------------
+
+    def finish(self, q_smem: Any, acc: Any, m_i: Any, l_i: Any, b: Any, head: Any, row0: Any, piece: Any) -> None:
+        l_safe = jnp.where(l_i == 0.0, 1.0, l_i)
+        acc = acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [0])
+        lse = m_i * self.lz.qk_scale + jnp.log2(l_safe)  # m_i unscaled: see exponents
+        if piece is None:
+            self.store(q_smem, acc, lse, b, head, row0)
+            return
+        pl.when(piece < 0)(lambda: self.store(q_smem, acc, lse, b, head, row0))
+
+        @pl.when(piece >= 0)
+        def _() -> None:
+            # A piece's output stays float32 for the merge (from registers: a float32 tile
+            # would not fit beside the ring), its LSE beside it.
+            part_out, part_lse = self.parts
+            bq = self.lz.bq
+            part_lse[piece, pl.ds(self.wg * bq, bq)] = lse
+            part_out[piece, pl.ds(self.wg * bq, bq)] = acc
+
+    def store(self, q_smem: Any, acc: Any, lse: Any, b: Any, head: Any, row0: Any) -> None:
+        """A whole tile's output and LSE."""
+        bq, dtype, o_staged = self.lz.bq, self.lz.dtype, self.lz.o_staged
+        # The LSE goes from registers straight to global memory (64 floats a consumer):
+        # no shared staging buffer (its 512 bytes were more than a third K/V stage or
+        # 64x192 tiles missed the shared memory by).
+        self.lse_ref[b, head, pl.ds(row0, bq)] = lse
+        if self.cfg.persistent and not o_staged:
+            # q_smem is loading the next tile's Q: the output goes from registers.
+            self.out_ref[b, pl.ds(row0, bq), head] = acc.astype(dtype)
+            return
+        # Staged in the output's own tile (persistent) or in Q's, done with.
+        o_smem = self.o_smem2[0].at[self.wg] if o_staged else q_smem
+        if o_staged:
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's store has read it
+        o_smem[...] = acc.astype(dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem, self.out_ref.at[b, pl.ds(row0, bq), head])
+        if not o_staged:
+            plgpu.wait_smem_to_gmem(0, wait_read_only=self.cfg.store_read_wait)
+
+    # -- the warpgroups ----------------------------------------------------------------------------
+
+    def q_slot(self, r: Any) -> tuple[Any, Any]:
+        """Round ``r``'s Q tile in shared memory and its barrier."""
+        wg = self.wg
+        if self.lz.q_slots == 1:
+            return self.q_smem2.at[wg], self.q_ready.at[wg]
+        slot = ring_slot(r, 2)
+        return self.q_smem2.at[2 * wg + slot], self.q_ready.at[2 * wg + slot]
+
+    def load_q(self, r: Any) -> None:
+        b, head, tile_start, *_ = self.tile(self.tile_of(r))
+        q_smem, ready = self.q_slot(r)
+        bq = self.lz.bq
+        plgpu.copy_gmem_to_smem(self.q_ref.at[b, pl.ds(tile_start + self.wg * bq, bq), head], q_smem, ready)
+
+    def consumer(self) -> None:
+        plgpu.set_max_registers(232, action="increase")
+        self.load_q(0)
+        self.per_tile(self.consumer_round)
+        if self.lz.o_staged:
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # before the CTA's shared memory goes
+
+    def consumer_round(self, r: Any, base: Any) -> Any:
+        """Round ``r`` of a consumer: its tile's rows over their key blocks, then the epilogue."""
+        lz, cfg, blocks, bq, rounds = self.lz, self.cfg, self.lz.blocks, self.lz.bq, self.rounds
+        b, head, tile_start, cta_blocks, lo, piece = self.tile(self.tile_of(r))
+        row0 = tile_start + self.wg * bq
+        n_blocks = blocks.seen_before(row0 + bq)
+        if piece is not None:  # full attention, a piece: its blocks alone
+            n_blocks = cta_blocks
+        start = blocks.run_start(row0, lo, n_blocks)
+        spans = blocks.spans(row0, bq, start, n_blocks)
+        if lz.q_slots == 2:
+            # The other slot held the last tile's Q, whose wgmmas have all completed.
+            pl.when(r + 1 < rounds)(lambda: self.load_q(r + 1))
+        q_smem, ready = self.q_slot(r)
+        plgpu.barrier_wait(ready)
+
+        m_i = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+        l_i = plgpu.layout_cast(jnp.full((bq,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+        acc = plgpu.layout_cast(jnp.full((bq, lz.head_dim), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+
+        if cfg.overlap:
+            acc, m_i, l_i = self.overlapped(q_smem, (acc, m_i, l_i), row0=row0, n_blocks=n_blocks,
+                                            n_full=spans[0][1], cta_blocks=cta_blocks)
+        else:
+            acc, m_i, l_i = self.in_turns(q_smem, (acc, m_i, l_i), row0=row0, spans=spans, n_blocks=n_blocks,
+                                          cta_blocks=cta_blocks, base=base, first=r == 0,
+                                          last=r + 1 == rounds, lo=lo, start=start)
+        if cfg.persistent and lz.q_slots == 1:
+            # Every wgmma reading this Q has completed: load the next one under the epilogue.
+            pl.when(r + 1 < rounds)(lambda: self.load_q(r + 1))
+        self.finish(q_smem, acc, m_i, l_i, b, head, row0, piece)
+        return base + plus(cta_blocks, -lo)
+
+    def producer(self) -> None:
+        plgpu.set_max_registers(40, action="decrease")
+        lz = self.lz
+
+        def run(r: Any, base: Any) -> Any:
+            b, head, _, cta_blocks, lo, _ = self.tile(self.tile_of(r))
+            stream_kv(self.k_ref, self.v_ref, (self.k_smem, self.v_smem), (self.k_ready, self.v_ready),
+                      (self.k_free, self.v_free), b=b, kv_head=lax.div(head, jnp.int32(lz.group)),
+                      n_blocks=plus(cta_blocks, -lo), block=lz.bkv, stages=lz.stages, base=base, first=lo)
+            return base + plus(cta_blocks, -lo)
+
+        self.per_tile(run)
 
 
 def merge_pieces(out: Any, lse: Any, part_out: Any, part_lse: Any, *, tiles: tuple[Any, Any, Any],
