@@ -37,7 +37,10 @@ mean" (``OneLineParser``); raised by 50 to 5,740 for the packed visibility of a 
 (``masks.mask_bits``, ``from_bits``, ``block_mask(bits=True)``): what a kernel that cannot run a
 traced function reads (the Triton ``flash_attn2``, the Triton ragged kernel's tree masks), built once
 in the core so both read the same words; raised by 5 to 5,745 for the layer packages
-(``backend/``, ``discovery/``, ``selection/``, ``api/``): their longer import paths wrap onto more lines.
+(``backend/``, ``discovery/``, ``selection/``, ``api/``): their longer import paths wrap onto more lines;
+raised by 40 to 5,785 for the paged call's straight path (issue 47: its checks that read no values
+memoised per call signature, keyed on everything they read, as a dense call's are; its arrays'
+values checked on every call, in one vectorised pass).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5745
+BUDGET = 5785
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

@@ -187,7 +187,9 @@ def _paged_impl(impl: str | AttentionMechanisms | PagedAttentionImpl | None,
 
 
 def _num_seqs(num_seqs: Any) -> Any:
-    count = as_int(num_seqs) if not hasattr(num_seqs, "shape") else None
+    count = num_seqs if type(num_seqs) is int else None  # the common case, without a call
+    if count is None:
+        count = as_int(num_seqs) if not hasattr(num_seqs, "shape") else None
     if count is None:
         return num_seqs  # an array (checked with the call), or garbage that the check names
     if not 0 <= count <= np.iinfo(np.int32).max:
@@ -244,7 +246,7 @@ def ragged_paged_attention(
     ``mask_mod(seq, h, q_pos, kv_pos) -> bool`` (positions within the sequence) narrows what each
     query sees, ANDed with the causal rule: a tree mask over a speculative step's draft tokens.
     """
-    md = as_metadata(metadata)
+    md = DEFAULT_METADATA if metadata is None else as_metadata(metadata)
     features = {"kv_pages": kv_pages, "cu_q_lens": cu_q_lens, "num_seqs": _num_seqs(num_seqs),
                 "sliding_window": sliding_window, "softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap,
                 "softmax_aux": softmax_aux, "k_scale": k_scale, "v_scale": v_scale}
@@ -277,13 +279,13 @@ def paged_attention(
     ``kv_lengths`` (T == 1: a decode step; a few: speculative decoding), causal. The cache
     (quantized or not: ``k_scale``, ``v_scale``) is as in ``ragged_paged_attention``.
     """
-    md = as_metadata(metadata)
-    shape = shape_of(q, "q")
+    md = DEFAULT_METADATA if metadata is None else as_metadata(metadata)
+    shape = tuple(q.shape) if hasattr(q, "shape") else shape_of(q, "q")
     if len(shape) not in (3, 4):
         raise InvalidInputError("q", f"must have shape (B, Hq, D) or (B, T, Hq, D), got {shape}",
                                 "ragged_paged_attention takes packed (num_tokens, Hq, D) queries")
     b, t = shape[0], (1 if len(shape) == 3 else shape[1])
-    flat = q.reshape(b * t, *shape[-2:])
+    flat = q if len(shape) == 3 else q.reshape(b * t, *shape[-2:])
     features = {"kv_pages": kv_pages, "cu_q_lens": np.arange(b + 1, dtype=np.int32) * t,
                 "num_seqs": np.asarray([b], np.int32), "queries_per_seq": t, "sliding_window": sliding_window,
                 "softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap, "softmax_aux": softmax_aux,

@@ -15,10 +15,10 @@ from typing import Any
 from ..errors import InvalidInputError, InvalidTypeError, checked_keywords
 from ._dtypes import dtype_name
 from .call import PagedCall
-from .metadata import AttentionMetadata, as_metadata
+from .metadata import DEFAULT_METADATA, AttentionMetadata, as_metadata
 from .problem import PagedProblem
 from .quantize import check_kv_scales
-from .validation import as_int, check_sinks, is_concrete, positive, shape_of
+from .validation import MAX_CHECKED, as_int, check_sinks, positive, shape_of
 
 __all__ = ["resolve_paged_call"]
 
@@ -80,18 +80,25 @@ def _window(sliding_window: Any, longest: int | None = None) -> int | None:
     return size if longest is None else min(size, longest)
 
 
-def _check_values(spec: PagedProblem, page_table: Any, kv_lengths: Any, cu_q_lens: Any, count: int | None) -> None:
-    """Value checks of concrete arrays (see the module docstring for traced ones); ``count`` is
-    num_seqs's value, None when traced."""
+def _check_values(spec: PagedProblem, page_table: Any, kv_lengths: Any, cu_q_lens: Any, num_seqs: Any) -> int | None:
+    """Value checks of the arrays that are concrete (see the module docstring for traced ones),
+    run on every call; num_seqs's value, None when traced."""
     import numpy as np
 
+    try:
+        import jax
+
+        abstract: tuple[type, ...] = (jax.core.Tracer, jax.ShapeDtypeStruct)  # no values to check (is_concrete)
+    except ImportError:  # NumPy arrays on a host without jax
+        abstract = ()
     n = spec.num_seqs
+    count = None if isinstance(num_seqs, abstract) else int(np.asarray(num_seqs).reshape(-1)[0])
     if count is not None:
         if not 0 <= count <= n:
             raise InvalidInputError("num_seqs", f"is {count}, but the page table has {n} rows",
                                     f"num_seqs must be in 0..{n}")
         n = count
-    if is_concrete(cu_q_lens):
+    if not isinstance(cu_q_lens, abstract):
         cu = np.asarray(cu_q_lens)
         if cu[0] != 0:
             raise InvalidInputError("cu_q_lens", f"must start at 0, got {int(cu[0])}")
@@ -104,8 +111,8 @@ def _check_values(spec: PagedProblem, page_table: Any, kv_lengths: Any, cu_q_len
         if cu[n] > spec.num_tokens:
             raise InvalidInputError("cu_q_lens", f"cu_q_lens[num_seqs] = {int(cu[n])} exceeds the {spec.num_tokens} "
                                     "query rows of q")
-    if not is_concrete(kv_lengths):
-        return
+    if isinstance(kv_lengths, abstract):
+        return count
     lengths = np.asarray(kv_lengths)[:n]
     capacity = spec.pages_per_seq * spec.page_size
     bad = np.flatnonzero((lengths < 0) | (lengths > capacity))
@@ -114,22 +121,22 @@ def _check_values(spec: PagedProblem, page_table: Any, kv_lengths: Any, cu_q_len
         raise InvalidInputError(
             "kv_lengths", f"kv_lengths[{s}] = {int(lengths[s])} is outside 0..{capacity}, what {spec.pages_per_seq} "
             f"pages of {spec.page_size} tokens hold", "grow the page table (pages_per_seq) or the page size")
-    if not is_concrete(page_table):
-        return
-    table = np.asarray(page_table)
+    if isinstance(page_table, abstract):
+        return count
+    table = np.asarray(page_table)[:n]
     used = -(-lengths // spec.page_size)  # pages each sequence reads
-    for s in range(n):
-        row = table[s, : int(used[s])]
-        out = np.flatnonzero((row < 0) | (row >= spec.num_pages))
-        if out.size:
-            p = int(out[0])
-            raise InvalidInputError(
-                "page_table", f"page_table[{s}, {p}] = {int(row[p])} is outside 0..{spec.num_pages - 1} (sequence {s} "
-                f"reads {int(used[s])} pages for {int(lengths[s])} tokens)", "entries past a sequence's last page "
-                "are never read and may hold anything")
+    read = np.arange(spec.pages_per_seq)[None, :] < used[:, None]
+    out = np.argwhere(read & ((table < 0) | (table >= spec.num_pages)))  # row-major: the first sequence's first
+    if out.size:
+        s, p = (int(i) for i in out[0])
+        raise InvalidInputError(
+            "page_table", f"page_table[{s}, {p}] = {int(table[s, p])} is outside 0..{spec.num_pages - 1} (sequence "
+            f"{s} reads {int(used[s])} pages for {int(lengths[s])} tokens)", "entries past a sequence's last page "
+            "are never read and may hold anything")
+    return count
 
 
-def _active_offsets(cu_q_lens: Any, num_seqs: Any, count: int | None, rows: int) -> Any:
+def _active_offsets(cu_q_lens: Any, num_seqs: Any, rows: int) -> Any:
     """``cu_q_lens`` with every entry past ``num_seqs`` set to ``cu_q_lens[num_seqs]``.
 
     Entries past num_seqs are unread (docs/contract.md): JAX's ragged TPU kernel, vLLM-TPU and
@@ -140,44 +147,22 @@ def _active_offsets(cu_q_lens: Any, num_seqs: Any, count: int | None, rows: int)
     """
     import jax.numpy as jnp
 
-    if count == rows:  # every row real: nothing to flatten, and no op added
-        return cu_q_lens
     live = jnp.arange(rows + 1, dtype=jnp.int32) <= num_seqs[0]
     last = cu_q_lens[jnp.minimum(num_seqs[0], rows)]
     return jnp.where(live, cu_q_lens, last)
 
 
-@checked_keywords("a paged attention call")
-def resolve_paged_call(
-    q: Any,
-    k_pages: Any,
-    v_pages: Any,
-    page_table: Any,
-    kv_lengths: Any,
-    *,
-    kv_pages: Any = None,
-    cu_q_lens: Any,
-    num_seqs: Any,
-    queries_per_seq: int | None = None,
-    sliding_window: Any = None,
-    softmax_scale: float | None = None,
-    logits_soft_cap: float | None = None,
-    softmax_aux: Any = None,
-    k_scale: Any = None,
-    v_scale: Any = None,
-    mask_mod: Any = None,
-    metadata: AttentionMetadata | None = None,
-    prepare: bool = False,
-) -> PagedCall:
-    """Validate a paged call in its ragged form and fill its defaults from ``metadata``: the one
-    ``PagedCall`` it runs as. Arrays may be ``jax.ShapeDtypeStruct``s unless ``prepare`` is set,
-    which also normalises them as a forward receives them: q and a float cache in
-    ``metadata.runtime_dtype``, ``num_seqs`` int32 of shape (1,), the scales float32 at rank 3,
-    NumPy arrays as JAX arrays. ``num_seqs``'s value, when known here, stays on the call as
-    ``static_num_seqs``."""
-    import numpy as np
+#: Checks already passed, per paged call signature (shapes, dtypes, static options, metadata;
+#: never values: arrays may be traced), as ``validation`` memoises a dense call's: the problem
+#: (which holds the normalised window and soft cap) and the softmax scale.
+_checked: dict[tuple[Any, ...], tuple[PagedProblem, float]] = {}
 
-    md = as_metadata(metadata)
+
+def _check(q: Any, k_pages: Any, v_pages: Any, kv_pages: Any, page_table: Any, kv_lengths: Any, cu_q_lens: Any,
+           num_seqs: Any, queries_per_seq: Any, sliding_window: Any, softmax_scale: Any, logits_soft_cap: Any,
+           softmax_aux: Any, k_scale: Any, v_scale: Any, mask_mod: bool, md: AttentionMetadata
+           ) -> tuple[PagedProblem, float]:
+    """Every check of a paged call that reads no values: the problem it describes, and its scale."""
     qs = shape_of(q, "q")
     if len(qs) != 3:
         raise InvalidInputError("q", f"must have rank 3 (num_tokens, Hq, D), got shape {qs}",
@@ -225,15 +210,76 @@ def resolve_paged_call(
         num_seqs=n, num_tokens=num_tokens, queries_per_seq=queries_per_seq, heads_q=hq, heads_kv=hkv, head_dim=d,
         head_dim_v=dv, dtype=dtype_name(md.runtime_dtype or q.dtype), page_size=page_size, num_pages=num_pages,
         pages_per_seq=pages_per_seq, kv_layout=layout, sliding_window=window, logits_soft_cap=cap,
-        sinks=softmax_aux is not None, kv_dtype=kv_dtype, mask_mod=mask_mod is not None,
+        sinks=softmax_aux is not None, kv_dtype=kv_dtype, mask_mod=mask_mod,
     )
+    return problem, scale if scale is not None else float(d) ** -0.5
+
+
+@checked_keywords("a paged attention call")
+def resolve_paged_call(
+    q: Any,
+    k_pages: Any,
+    v_pages: Any,
+    page_table: Any,
+    kv_lengths: Any,
+    *,
+    kv_pages: Any = None,
+    cu_q_lens: Any,
+    num_seqs: Any,
+    queries_per_seq: int | None = None,
+    sliding_window: Any = None,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    softmax_aux: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    mask_mod: Any = None,
+    metadata: AttentionMetadata | None = None,
+    prepare: bool = False,
+) -> PagedCall:
+    """Validate a paged call in its ragged form and fill its defaults from ``metadata``: the one
+    ``PagedCall`` it runs as. Arrays may be ``jax.ShapeDtypeStruct``s unless ``prepare`` is set,
+    which also normalises them as a forward receives them: q and a float cache in
+    ``metadata.runtime_dtype``, ``num_seqs`` int32 of shape (1,), the scales float32 at rank 3,
+    NumPy arrays as JAX arrays. ``num_seqs``'s value, when known here, stays on the call as
+    ``static_num_seqs``.
+
+    The checks that read no values run once per call signature (``_check``); the values of the
+    concrete arrays are checked on every call (``_check_values``)."""
+    import numpy as np
+
+    md = DEFAULT_METADATA if metadata is None else as_metadata(metadata)
+    # The signature of the call: everything _check reads. Scalars carry their type (True == 1).
+    try:
+        key: tuple[Any, ...] | None = (
+            q.shape, q.dtype, None if k_pages is None else (k_pages.shape, k_pages.dtype),
+            None if v_pages is None else (v_pages.shape, v_pages.dtype), page_table.shape, page_table.dtype,
+            None if kv_pages is None else (kv_pages.shape, kv_pages.dtype), kv_lengths.shape, kv_lengths.dtype,
+            cu_q_lens.shape, cu_q_lens.dtype, num_seqs.shape, num_seqs.dtype, queries_per_seq.__class__,
+            queries_per_seq, None if sliding_window is None else repr(sliding_window), softmax_scale.__class__,
+            softmax_scale, logits_soft_cap.__class__, logits_soft_cap, mask_mod is None,
+            None if softmax_aux is None else (softmax_aux.shape, softmax_aux.dtype),
+            None if k_scale is None else (k_scale.shape, k_scale.dtype),
+            None if v_scale is None else (v_scale.shape, v_scale.dtype), None if md is DEFAULT_METADATA else md,
+        )
+        checked = _checked.get(key)  # type: ignore[arg-type]
+    except (AttributeError, TypeError):  # not arrays, or unhashable options: the checks say what is wrong
+        key = checked = None
+    if checked is None:
+        checked = _check(q, k_pages, v_pages, kv_pages, page_table, kv_lengths, cu_q_lens, num_seqs,
+                         queries_per_seq, sliding_window, softmax_scale, logits_soft_cap, softmax_aux, k_scale,
+                         v_scale, mask_mod is not None, md)
+        if key is not None:
+            if len(_checked) >= MAX_CHECKED:
+                _checked.clear()
+            _checked[key] = checked
+    problem, scale = checked
     if mask_mod is not None:  # traced once per function and shapes (jaxattn.masks)
         from ..masks import check_paged_mask_mod
 
-        check_paged_mask_mod(mask_mod, hq, pages_per_seq * page_size)
-    count = int(np.asarray(num_seqs).reshape(-1)[0]) if is_concrete(num_seqs) else None
-    _check_values(problem, page_table, kv_lengths, cu_q_lens, count)
-    if layout == "combined":
+        check_paged_mask_mod(mask_mod, problem.heads_q, problem.max_context)
+    count = _check_values(problem, page_table, kv_lengths, cu_q_lens, num_seqs)
+    if problem.kv_layout == "combined":
         k_pages, v_pages = kv_pages, None
     if prepare:
         import jax.numpy as jnp
@@ -245,19 +291,21 @@ def resolve_paged_call(
         if md.runtime_dtype is not None:
             dtype = jnp.dtype(md.runtime_dtype)
             q = q.astype(dtype)
-            if kv_dtype is None:  # a quantized cache is read as it is
+            if problem.kv_dtype is None:  # a quantized cache is read as it is
                 k_pages = k_pages.astype(dtype)
                 v_pages = None if v_pages is None else v_pages.astype(dtype)
-        num_seqs = jnp.reshape(num_seqs, (1,)).astype(jnp.int32)
-        cu_q_lens = _active_offsets(cu_q_lens, num_seqs, count, n)
-        if kv_dtype is not None:
+        if num_seqs.shape != (1,) or num_seqs.dtype != np.int32:
+            num_seqs = jnp.reshape(num_seqs, (1,)).astype(jnp.int32)
+        if count != problem.num_seqs:  # rows past num_seqs: flattened (every row real: no op added)
+            cu_q_lens = _active_offsets(cu_q_lens, num_seqs, problem.num_seqs)
+        if problem.kv_dtype is not None:
             from .quantize import scale_rank3
 
             k_scale, v_scale = scale_rank3(k_scale), scale_rank3(v_scale)
     return PagedCall(
         problem=problem, metadata=md, q=q, k_pages=k_pages, v_pages=v_pages, page_table=page_table,
-        kv_lengths=kv_lengths, cu_q_lens=cu_q_lens, num_seqs=num_seqs, kv_layout=layout,
-        queries_per_seq=queries_per_seq, softmax_scale=scale if scale is not None else float(d) ** -0.5,
-        logits_soft_cap=cap, sliding_window=window, softmax_aux=softmax_aux, k_scale=k_scale, v_scale=v_scale,
+        kv_lengths=kv_lengths, cu_q_lens=cu_q_lens, num_seqs=num_seqs, kv_layout=problem.kv_layout,
+        queries_per_seq=queries_per_seq, softmax_scale=scale, logits_soft_cap=problem.logits_soft_cap,
+        sliding_window=problem.sliding_window, softmax_aux=softmax_aux, k_scale=k_scale, v_scale=v_scale,
         static_num_seqs=count, mask_mod=mask_mod,
     )

@@ -253,7 +253,7 @@ class _Shape:
 #: Checks already passed, per call signature (shapes, dtypes, static options, metadata): a
 #: repeated signature skips them. Values are never part of it (arrays may be traced).
 _checked: dict[tuple[Any, ...], _Checked] = {}
-_MAX_CHECKED = 4096
+MAX_CHECKED = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -462,7 +462,7 @@ def resolve_call(
                                softmax_scale, logits_soft_cap, softmax_aux, dropout_prob, dropout_rng, kv_lengths,
                                k_scale, v_scale, md, q_padding_lengths, kv_padding_lengths, alignment, return_lse)
         if key is not None and not lazy:
-            if len(_checked) >= _MAX_CHECKED:
+            if len(_checked) >= MAX_CHECKED:
                 _checked.clear()
             _checked[key] = checked
     if kv_lengths is not None and is_concrete(kv_lengths):
