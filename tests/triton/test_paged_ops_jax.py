@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 
 from jaxattn.testing import oracle
+from jaxattn_triton.decode import ops as decode_ops
+from jaxattn_triton.decode.ops import dense_decode
+from jaxattn_triton.decode.reference import dense_decode_reference
 from jaxattn_triton.paged import launch as LP
-from jaxattn_triton.paged import ops as paged_ops
-from jaxattn_triton.paged.ops import dense_decode, paged_decode, ragged_paged
+from jaxattn_triton.paged.ops import paged_decode, ragged_paged
 
 from ._env import needs_interpreter
 from .test_paged_kernels import Paged, make, reference
@@ -100,7 +102,8 @@ def _dense_reference(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, lens: np.ndarray, *, left: int | None, right: int | None,
     sinks: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """The paged reference with the dense cache as one page per sequence; a query at a negative
+    """The dense decode's own reference (``decode.reference``, beside the kernel), checked here
+    against the paged one with the dense cache as one page per sequence; a query at a negative
     position (``lens[b] - T + i < 0``) is no token of its sequence: zeros, lse -inf (docs/contract.md)."""
     b, t, hq, d = q.shape
     cu = np.arange(b + 1) * t
@@ -111,7 +114,10 @@ def _dense_reference(
     real = (np.asarray(lens)[:, None] - t + np.arange(t)[None, :] >= 0)  # (B, T)
     out = np.where(real[:, :, None, None], out.reshape(b, t, hq, -1), 0.0)
     lse = np.where(real[:, None, :], lse.reshape(b, t, hq).transpose(0, 2, 1), -np.inf)
-    return out, lse
+    own, own_lse = dense_decode_reference(q, k, v, lens, causal=False, window=(left, right), sinks=sinks)
+    np.testing.assert_allclose(own, out, atol=1e-12, rtol=1e-12)
+    np.testing.assert_allclose(own_lse, lse, atol=1e-12, rtol=1e-12)
+    return own, own_lse
 
 
 @pytest.mark.parametrize(
@@ -146,7 +152,7 @@ def test_dense_decode_several_kv_heads_per_program(kv_heads: int) -> None:
     b, t, s, hq, hkv, d = 3, 2, 45, 8, 4, 16
     q, k, v = (rng.standard_normal(shape) for shape in ((b, t, hq, d), (b, s, hkv, d), (b, s, hkv, d)))
     lens = np.array([45, 20, 1], np.int32)
-    spec = paged_ops.dense_spec(_f32(q), _f32(k), _f32(v), causal=True, window=7)
+    spec = decode_ops.dense_spec(_f32(q), _f32(k), _f32(v), causal=True, window=7)
     tiles = dataclasses.replace(LP.default_tiles(spec, num_splits=2), kv_heads=kv_heads, block_n=16)
     out = dense_decode(_f32(q), _f32(k), _f32(v), jnp.asarray(lens), causal=True, window=7, tiles=tiles,
                        interpret=True)  # fmt: skip
@@ -222,13 +228,13 @@ def test_flash_attn2_decode_runs_dense_decode_and_differentiates(
     features: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[int] = []
-    original = paged_ops.decode_with_flash_grad
+    original = decode_ops.decode_with_flash_grad
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(paged_ops, "decode_with_flash_grad", counted)
+    monkeypatch.setattr(decode_ops, "decode_with_flash_grad", counted)
     rng = np.random.default_rng(8)
     b, s, hq, hkv, d = 2, 29, 4, 2, 16
     q, k, v = (rng.standard_normal(sh) for sh in ((b, 1, hq, d), (b, s, hkv, d), (b, s, hkv, d)))
@@ -261,7 +267,7 @@ def test_flash_attn2_decode_with_mask_keeps_the_flash_kernels(monkeypatch: pytes
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("decode path taken with a mask")
 
-    monkeypatch.setattr(paged_ops, "decode_with_flash_grad", fail)
+    monkeypatch.setattr(decode_ops, "decode_with_flash_grad", fail)
     rng = np.random.default_rng(9)
     q, k, v = (rng.standard_normal(sh) for sh in ((1, 1, 2, 16), (1, 21, 1, 16), (1, 21, 1, 16)))
     mask = rng.random((1, 1, 1, 21)) > 0.3

@@ -19,6 +19,7 @@ from jaxattn.backend.device import DeviceInfo
 from jaxattn.backend.metadata import AttentionMetadata
 from jaxattn.backend.problem import AttentionProblem
 from jaxattn.testing import oracle
+from jaxattn_triton.decode import ops as decode_ops
 from jaxattn_triton.decode.impl import TritonDecodeAttention
 from jaxattn_triton.paged import ops as paged_ops
 from jaxattn_triton.paged.impl import TritonPagedDecode, TritonRaggedPagedAttention
@@ -125,7 +126,7 @@ def test_dense_decode_broadcast_scales(scale_shape: tuple[int, ...]) -> None:
                 scale[row, n:] = np.nan
         values.append((narrow, scale, deq))
     (kq, ks, kd), (vq, vs, vd) = values
-    out = paged_ops.dense_decode(
+    out = decode_ops.dense_decode(
         jnp.asarray(q), jnp.asarray(kq), jnp.asarray(vq), jnp.asarray(lengths), causal=True,
         k_scale=jnp.asarray(ks), v_scale=jnp.asarray(vs), interpret=True,
     )  # fmt: skip

@@ -30,6 +30,7 @@ from jaxattn.discovery.plugins import isolated_registry, registry
 from jaxattn.errors import UnsupportedError
 from jaxattn.selection.lookup import new_impl
 from jaxattn.testing import oracle
+from jaxattn_triton.decode import ops as decode_ops
 from jaxattn_triton.decode.impl import MAX_DECODE_QUERIES, TritonDecodeAttention
 from jaxattn_triton.flash import impl as impl_module
 from jaxattn_triton.flash.impl import TritonFlashAttention
@@ -408,13 +409,13 @@ def test_flash_attn2_runs_kv_lengths_through_dense_decode_with_gradients(
     from .test_conformance import InterpretedTritonFlash
 
     calls: list[Any] = []
-    original = paged_ops.decode_with_flash_grad
+    original = decode_ops.decode_with_flash_grad
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(args[3])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(paged_ops, "decode_with_flash_grad", counted)
+    monkeypatch.setattr(decode_ops, "decode_with_flash_grad", counted)
     rng = np.random.default_rng(5)
     q, k, v = (rng.standard_normal(sh) for sh in ((2, 1, 4, 16), (2, s, 2, 16), (2, s, 2, 16)))
     dout = rng.standard_normal((2, 1, 4, 16))

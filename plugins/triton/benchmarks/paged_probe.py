@@ -283,7 +283,7 @@ def measure(case: Case, cands: list[Candidate], rows: list[dict[str, Any]], dead
 
 def patterns(case: Case) -> list[Candidate]:
     """Pure reads by access pattern, beside cuDNN, the reduction and our two decode kernels."""
-    from jaxattn_triton.paged.ops import dense_decode
+    from jaxattn_triton.decode.ops import dense_decode
 
     def reduction(k: jax.Array, v: jax.Array) -> jax.Array:
         return jnp.sum(k, dtype=jnp.float32) + jnp.sum(v, dtype=jnp.float32)

@@ -72,8 +72,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from jaxattn_triton.decode.ops import dense_decode  # noqa: E402
 from jaxattn_triton.paged import launch as LP  # noqa: E402
-from jaxattn_triton.paged.ops import dense_decode, paged_decode, ragged_paged  # noqa: E402
+from jaxattn_triton.paged.ops import paged_decode, ragged_paged  # noqa: E402
 
 RESULTS: dict[str, Any] = {}
 Array = jax.Array

@@ -1,2 +1,3 @@
-"""``autoregressive_decodeattn``: the impl (``impl``). Its kernel is the split-K paged kernel, reading
-the dense cache as one page per sequence (``jaxattn_triton.paged.ops.dense_decode``)."""
+"""``autoregressive_decodeattn``: the impl (``impl``), its JAX entry points (``ops``: ``dense_decode``,
+``decode_with_flash_grad``) and their NumPy reference (``reference``). The kernel is the split-K
+kernel of ``paged``, reading the dense cache in place in its dense layout (no page table)."""

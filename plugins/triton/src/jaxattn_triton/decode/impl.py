@@ -2,8 +2,8 @@
 
 The seed's decode mechanism: a few queries per sequence (T <= 16: a decode step, speculative
 decoding) over a dense ``(B, S, Hkv, D)`` cache, optionally holding ``kv_lengths[b]`` valid
-tokens per sequence. It runs ``paged.ops.dense_decode``'s kernel (the paged kernel with the
-cache seen as one page per sequence, no copy): the whole GQA group of a sequence's queries in
+tokens per sequence. It runs ``decode.ops.dense_decode`` (the split-K kernel reading the
+cache in its dense layout, no copy): the whole GQA group of a sequence's queries in
 one program, the keys cut into enough splits to fill the GPU, merged in the same launch by
 the split that finishes last.
 
@@ -13,13 +13,13 @@ forward only (no gradient flows into integer or float8 values).
 
 Gradients are exact: the backward is FlashAttention-2's (this package's ``ops``), run on the
 split-K forward's output and log-sum-exp; with ``kv_lengths`` it takes the visibility as a
-``(B, 1, T, S)`` mask built from the lengths (``paged.ops.decode_with_flash_grad``).
+``(B, 1, T, S)`` mask built from the lengths (``decode.ops.decode_with_flash_grad``).
 
 Declined, with reasons: masks, biases and segment ids (the split-K kernel reads none;
 flash_attn2 runs them), dropout, attention weights, T > 16 (flash_attn2 or cudnn run longer
 queries), float32 (TF32 products), a softmax dtype other than float32.
 
-This module imports neither triton nor jax_triton: ``paged.ops`` loads on the first call.
+This module imports neither triton nor jax_triton: ``decode.ops`` loads on the first call.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class TritonDecodeAttention(AttentionImpl, declaration=DECODE):
 
     def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
         from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads
-        from jaxattn_triton.paged.ops import decode_with_flash_grad, dense_decode
+        from jaxattn_triton.decode.ops import decode_with_flash_grad, dense_decode
 
         q, k, v, causal = call.q, call.k, call.v, call.causal
         # A +inf sink: the kernel gets a finite one and the heads it absorbs are zeroed (jaxattn.backend.sinks).

@@ -73,7 +73,7 @@ class TritonFlashAttention(AttentionImpl, declaration=FLASH_ATTN2):
             sinks=sinks is not None,
         )  # fmt: skip
         if _split_k_decode(q, k, mask, bias, segments, kv_lengths):
-            from jaxattn_triton.paged.ops import decode_with_flash_grad
+            from jaxattn_triton.decode.ops import decode_with_flash_grad
 
             # Split-K over the keys (one program per query head would leave the GPU idle);
             # its gradient is the flash backward, on this forward's output and lse (with
