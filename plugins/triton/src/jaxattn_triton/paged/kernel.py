@@ -226,9 +226,19 @@ def _paged_sweep(
             if MASK:
                 # The mask_mod's bits of this tile (paged.visibility), before any K/V load: a
                 # column no row of the block sees is not read (it may hold NaN).
-                words = tl.load(mw_rows[:, None] + (offs_n // 32)[None, :], mask=row_ok[:, None] & live_n[None, :],
-                                other=0)  # fmt: skip
-                seen = ((words >> (offs_n % 32)[None, :]) & 1) != 0
+                # A tile spans NW words of each row, loaded as NW row vectors (a word per row, not
+                # a word address per element: those took 64 registers a thread at 64 x 64).
+                NW: tl.constexpr = (BLOCK_N + 31) // 32
+                w_first = start_n // 32
+                col_word = offs_n // 32 - w_first
+                col_bit = offs_n % 32
+                seen = (col_word[None, :] < 0) & row_ok[:, None]  # all False, the tile's shape
+                for w_k in tl.static_range(NW):
+                    # (The word's bound as a row vector: the interpreter takes no scalar in a mask.)
+                    w_ok = row_ok & (pos * 0 + (w_first + w_k) * 32 < hi)
+                    words = tl.load(mw_rows + (w_first + w_k), mask=w_ok, other=0)
+                    seen |= (col_word[None, :] == w_k) & (((words[:, None] >> col_bit[None, :]) & 1) != 0)
+                seen &= live_n[None, :]
                 if KV_HEADS > 1:
                     seen &= own_head
                 live_n &= tl.max(seen.to(tl.int32), 0) > 0
