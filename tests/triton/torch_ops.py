@@ -41,6 +41,9 @@ class TorchInputs:
         self.kseg = dummy(torch.int32) if kv_segment_ids is None else kv_segment_ids.to(torch.int32).contiguous()
         self.sinks = dummy(torch.float32) if sinks is None else sinks.to(torch.float32).contiguous()
 
+        # A mask_mod's bits, seen keys and tile lists (flash.ops): none here.
+        self.no_mod = [dummy(torch.int32)] * 3
+
     def kernel_inputs(self) -> list[torch.Tensor]:
         return [self.mask, self.bias, self.qseg, self.kseg]
 
@@ -56,7 +59,7 @@ def forward(
     """Returns ``(out (B, T, Hq, Dv), lse (B, Hq, T) float32, natural log, sinks excluded)``."""
     out, lse = run_launch(
         L.forward(spec, tiles.fwd),
-        [q.contiguous(), k.contiguous(), v.contiguous(), *extra.kernel_inputs(), extra.sinks],
+        [q.contiguous(), k.contiguous(), v.contiguous(), *extra.kernel_inputs(), extra.sinks, *extra.no_mod],
     )
     return out, lse
 
@@ -82,7 +85,7 @@ def backward(
     q, k, v, dout = (x.contiguous() for x in (q, k, v, dout))
     dlse = torch.zeros_like(lse) if dlse is None else dlse.to(torch.float32).contiguous()
     delta, lse_b, dsink_rows = run_launch(L.preprocess(spec), [out.contiguous(), dout, lse, dlse, extra.sinks])
-    common = [q, k, v, *extra.kernel_inputs(), dout, lse_b, delta]
+    common = [q, k, v, *extra.kernel_inputs(), dout, lse_b, delta, *extra.no_mod]
     if tiles.dkdv_split:
         _, dv, _, _ = run_launch(L.dkdv(spec, tiles.dkdv, part=L.PART_DV), common)
         dk, _, dbias_full, dq_acc = run_launch(L.dkdv(spec, tiles.dkdv, tiles.dq_mode, L.PART_DK), common)

@@ -9,6 +9,7 @@ e.g. ``pip install --target /tmp/t36 --no-deps triton==3.6.0`` and
 
     python3 plugins/triton/benchmarks/triton_compile_check.py            # the tuning candidates
     python3 plugins/triton/benchmarks/triton_compile_check.py --d 256    # one head dim
+    python3 plugins/triton/benchmarks/triton_compile_check.py --mod      # with a mask_mod's bits and tile lists
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ SMEM_LIMIT = 232448
 def _pointer_types(kind: str, dtype: str) -> list[str]:
     dt = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}[dtype]
     if kind == "fwd":
-        return [dt, dt, dt, "*i8", "*fp32", "*i32", "*i32", "*fp32", dt, "*fp32"]
-    ins = [dt, dt, dt, "*i8", "*fp32", "*i32", "*i32", dt, "*fp32", "*fp32"]
+        return [dt, dt, dt, "*i8", "*fp32", "*i32", "*i32", "*fp32", "*i32", "*i32", "*i32", dt, "*fp32"]
+    # ... then a mask_mod's bits, seen keys and tile lists (int32), then the outputs.
+    ins = [dt, dt, dt, "*i8", "*fp32", "*i32", "*i32", dt, "*fp32", "*fp32", "*i32", "*i32", "*i32"]
     return ins + ([dt, dt, "*fp32", "*fp32"] if kind == "dkdv" else [dt])
 
 
@@ -98,12 +100,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--d", type=int, action="append", help="head dims (default 64, 128, 256)")
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--mod", action="store_true", help="a mask_mod's kernels (bits of every batch and head)")
     a = ap.parse_args()
     print(f"triton {triton.__version__}", flush=True)
     for d in a.d or (64, 128, 256):
         spec = AttnSpec(
             batch=4, seq_q=4096, seq_k=4096, heads_q=32, heads_kv=32, head_dim=d, head_dim_v=d,
-            dtype="bfloat16", softmax_scale=d**-0.5, causal=a.causal,
+            dtype="bfloat16", softmax_scale=d**-0.5, causal=a.causal and not a.mod,
+            mod_shape=(4, 32) if a.mod else None,
         )  # fmt: skip
         for name, cands in tuning.candidates(spec).items():
             for t in cands:

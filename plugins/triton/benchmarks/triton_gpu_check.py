@@ -318,13 +318,14 @@ def _prepared_measure(spec: AttnSpec, rows: list[dict[str, Any]], t0: float) -> 
         jnp.zeros((1,), jnp.int32),
     )
     sinks = jnp.zeros((1,), jnp.float32)
+    no_mod = (jnp.zeros((1,), jnp.int32),) * 3  # a mask_mod's bits, seen keys, tile lists: none
     base = tuning.default_tiles(spec, "9.0")
-    out, lse = jax.jit(lambda *a: _execute(L.forward(spec, base.fwd), a, False))(q, k, v, *dummies, sinks)
+    out, lse = jax.jit(lambda *a: _execute(L.forward(spec, base.fwd), a, False))(q, k, v, *dummies, sinks, *no_mod)
     dout = jax.random.normal(jax.random.PRNGKey(1), out.shape, out.dtype)
     delta, lse_b, _ = jax.jit(lambda *a: _execute(L.preprocess(spec), a, False))(
         out, dout, lse, jnp.zeros_like(lse), sinks
     )
-    common = (q, k, v, *dummies, dout, lse_b, delta)
+    common = (q, k, v, *dummies, dout, lse_b, delta, *no_mod)
     ref: dict[str, Any] = {}
 
     def measure(t: L.Tiles, name: str) -> float:
@@ -333,7 +334,7 @@ def _prepared_measure(spec: AttnSpec, rows: list[dict[str, Any]], t0: float) -> 
         err = None
         if name == "fwd":
             fn = jax.jit(lambda *a: _execute(L.forward(spec, t.fwd), a, False)[0])
-            sec = bu.time_jax(fn, q, k, v, *dummies, sinks, reps=10)
+            sec = bu.time_jax(fn, q, k, v, *dummies, sinks, *no_mod, reps=10)
         elif name == "dkdv":
             fn = jax.jit(lambda *a: _execute(L.dkdv(spec, t.dkdv), a, False)[:2])
             sec = bu.time_jax(fn, *common, reps=10)

@@ -83,17 +83,18 @@ def measure_kernels(
         jnp.zeros((1,), jnp.int32),
     )
     sinks = jnp.zeros((1,), jnp.float32)
+    no_mod = (jnp.zeros((1,), jnp.int32),) * 3  # a mask_mod's bits, seen keys, tile lists: none
     fwd = jax.jit(lambda *a: _execute(L.forward(spec, tiles.fwd), a, False))
     result = {}
     if "fwd" in kernels:
-        result["fwd"] = time_jax(fwd, q, k, v, *dummies, sinks, reps=reps)
+        result["fwd"] = time_jax(fwd, q, k, v, *dummies, sinks, *no_mod, reps=reps)
     if not {"dkdv", "dq", "dkdv_atomic", "dkdv_split"} & set(kernels):
         return result
-    out, lse = fwd(q, k, v, *dummies, sinks)
+    out, lse = fwd(q, k, v, *dummies, sinks, *no_mod)
     dout = jax.random.normal(jax.random.PRNGKey(1), out.shape, out.dtype)
     pre = jax.jit(lambda *a: _execute(L.preprocess(spec), a, False))
     delta, lse_b, _ = pre(out, dout, lse, jnp.zeros_like(lse), sinks)
-    common = (q, k, v, *dummies, dout, lse_b, delta)
+    common = (q, k, v, *dummies, dout, lse_b, delta, *no_mod)
     if "dkdv" in kernels:
         dkdv = jax.jit(lambda *a: _execute(L.dkdv(spec, tiles.dkdv), a, False))
         result["dkdv"] = time_jax(dkdv, *common, reps=reps)

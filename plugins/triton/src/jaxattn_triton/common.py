@@ -111,6 +111,7 @@ def scores(
     bias_ptr,
     qseg_ptr,
     kseg_ptr,
+    bits_ptr,
     stride_mt,
     stride_ms,
     stride_bt,
@@ -129,6 +130,8 @@ def scores(
     HAS_BIAS: tl.constexpr,
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_MOD: tl.constexpr,
+    WORDS: tl.constexpr,
 ):
     """Mask raw ``q.k`` products; base-2 logits are ``s * QK_SCALE`` (see the kernels).
 
@@ -139,6 +142,9 @@ def scores(
     transposed in dK/dV), so one helper serves both. ``EDGE`` asks for the window and
     tail masks (tiles at the edge of the visible band). Also returns ``tanh(x / c)`` for
     the soft-cap derivative (the raw product when there is no cap; callers ignore it).
+    ``HAS_MOD``: a mask_mod's packed visibility (``jaxattn.masks.mask_bits``: ``WORDS`` int32
+    words a query row, key ``32 w + j`` at bit j of word w) hides keys of a partial tile
+    (``EDGE``); a full tile has no element mask at all.
     """
     if HAS_SOFTCAP:
         th = tanh_f32(qk * (SM_SCALE / SOFTCAP))
@@ -163,8 +169,20 @@ def scores(
     if HAS_MASK:
         m = tl.load(mask_ptr + rows * stride_mt + cols * stride_ms, mask=inb, other=0)
         s = tl.where(m != 0, s, float("-inf"))
+    if HAS_MOD and EDGE:
+        w = tl.load(bits_ptr + rows * WORDS + cols // 32, mask=inb, other=0)
+        s = tl.where(((w >> (cols % 32)) & 1) != 0, s, float("-inf"))
     if HAS_SEG:
         qs = tl.load(qseg_ptr + rows, mask=rows < T, other=-1)
         ks = tl.load(kseg_ptr + cols, mask=cols < S, other=-2)
         s = tl.where(qs == ks, s, float("-inf"))
     return s, th
+
+
+@triton.jit
+def seen_keys(seen_ptr, offs_n, S: tl.constexpr):
+    """Which keys ``offs_n`` some query of this (batch, KV head) sees under a mask_mod (words
+    packed as its bits). The others may hold anything (NaN: the contract says they are unread),
+    and a product with zero would carry it: they are loaded as zeros."""
+    w = tl.load(seen_ptr + offs_n // 32, mask=offs_n < S, other=0)
+    return ((w >> (offs_n % 32)) & 1) != 0

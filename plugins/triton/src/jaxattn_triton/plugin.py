@@ -39,6 +39,7 @@ FLASH_ATTN2 = ImplRef(
         Feature.CAUSAL, Feature.DECODE, Feature.MASK, Feature.BIAS, Feature.GQA, Feature.CROSS, Feature.VALUE_DIM,
         Feature.SLIDING_WINDOW, Feature.SEGMENT_IDS, Feature.SOFT_CAP, Feature.SINKS, Feature.GRAD, Feature.LSE,
         Feature.KV_LENGTHS,  # on the split-K decode path only (see impl.kv_lengths_reasons)
+        Feature.MASK_MOD,  # evaluated in JAX into packed bits and tile lists (flash.ops.mod_bits)
     },
 )
 

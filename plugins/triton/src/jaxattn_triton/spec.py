@@ -20,7 +20,9 @@ class AttnSpec:
     ``window`` is ``(left, right)`` relative to the bottom-right aligned query position,
     either side ``None`` when unbounded; ``causal`` is folded into it by
     :attr:`window_right`. ``mask_shape``/``bias_shape`` are rank-4 shapes broadcastable
-    to ``(B, Hq, T, S)`` (each dim 1 or full).
+    to ``(B, Hq, T, S)`` (each dim 1 or full). ``mod_shape``: with a mask_mod, the leading
+    ``(B|1, Hq|1)`` of its packed bits (``jaxattn.masks.mask_bits``), into which the call's
+    causal rule, window, segment ids and mask are folded (those fields are then unset).
     """
 
     batch: int
@@ -39,6 +41,7 @@ class AttnSpec:
     bias_shape: Shape4 | None = None
     segments: bool = False
     sinks: bool = False
+    mod_shape: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.heads_q % self.heads_kv:
@@ -49,6 +52,11 @@ class AttnSpec:
                 len(shape) != 4 or any(d not in (1, f) for d, f in zip(shape, full, strict=True))
             ):
                 raise ValueError(f"{name} shape {shape} does not broadcast to {full}")
+
+    @property
+    def words(self) -> int:
+        """int32 words of a mask_mod's bits per query row: 32 keys each."""
+        return -(-self.seq_k // 32)
 
     @property
     def group(self) -> int:

@@ -128,6 +128,7 @@ def shape_class(spec: AttnSpec) -> str:
             ("mask", spec.mask_shape is not None),
             ("bias", spec.bias_shape is not None),
             ("seg", spec.segments),
+            ("mod", spec.mod_shape is not None),
             ("cap", spec.softcap is not None),
         )
         if on

@@ -22,7 +22,9 @@
   forward (used when dQ is not fused).
 
 Probabilities are recomputed from the saved log-sum-exp; the tile ranges and element
-masks are the forward's (``common.py``), so masked tiles are skipped here too.
+masks are the forward's (``common.py``), so masked tiles are skipped here too. With a
+mask_mod each kernel walks its own tile lists (``ops.tile_lists``: dK/dV per key tile,
+dQ per query tile), as the forward does.
 """
 
 import triton
@@ -34,6 +36,7 @@ from jaxattn_triton.common import (
     mul_rounded,
     query_tile_key_range,
     scores,
+    seen_keys,
 )
 
 
@@ -122,6 +125,8 @@ def _dkdv_sweep(
     dq_ptr,
     qseg_ptr,
     kseg_ptr,
+    bits_ptr,
+    list_ptr,
     stride_qt,
     stride_dot,
     stride_mt,
@@ -147,6 +152,8 @@ def _dkdv_sweep(
     HAS_BIAS: tl.constexpr,
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_MOD: tl.constexpr,
+    WORDS: tl.constexpr,
     ASM: tl.constexpr,
     FUSE_DQ: tl.constexpr,
     PART: tl.constexpr,
@@ -155,13 +162,18 @@ def _dkdv_sweep(
     BLOCK_DV: tl.constexpr,
 ):
     TAIL_M: tl.constexpr = EDGE and (T % BLOCK_M != 0)
+    # With a mask_mod, [lo, hi) indexes the key tile's list of query tiles (partial or full).
+    STEP: tl.constexpr = 1 if HAS_MOD else BLOCK_M
     DO_DV: tl.constexpr = PART != 2
     DO_DK: tl.constexpr = PART != 1
     # See ``scores``: the logit scale is folded into exp2's argument on the plain path.
     SCALED: tl.constexpr = HAS_SOFTCAP or HAS_BIAS
     QK_SCALE: tl.constexpr = 1.0 * SCALED + SM_SCALE * LOG2E * (1 - SCALED)
-    for start_m in range(lo, hi, BLOCK_M):
-        start_m = tl.multiple_of(start_m, BLOCK_M)
+    for it in range(lo, hi, STEP):
+        if HAS_MOD:
+            start_m = tl.multiple_of(tl.load(list_ptr + it) * BLOCK_M, BLOCK_M)
+        else:
+            start_m = tl.multiple_of(it, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q_ptrs = q_ptr + offs_m[:, None] * stride_qt + offs_d[None, :]
         do_ptrs = do_ptr + offs_m[:, None] * stride_dot + offs_dv[None, :]
@@ -182,10 +194,10 @@ def _dkdv_sweep(
         # Transposed orientation ([keys, queries]) so dK/dV come out of plain dots.
         qk_t = tl.dot(k, tl.trans(q))
         s_t, th_t = scores(
-            qk_t, offs_m[None, :], cols, mask_ptr, bias_ptr, qseg_ptr, kseg_ptr,
+            qk_t, offs_m[None, :], cols, mask_ptr, bias_ptr, qseg_ptr, kseg_ptr, bits_ptr,
             stride_mt, stride_ms, stride_bt, stride_bs,
             SM_SCALE, SOFTCAP, T, S, DIAG, LEFT, RIGHT, EDGE,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS,
         )  # fmt: skip
         # No probability exceeds 1: the cap keeps an lse that lost an ulp against the max (its
         # trip through natural units; past ~2^32 an ulp alone overflows exp2) finite.
@@ -228,6 +240,9 @@ def attn_bwd_dkdv_kernel(
     DOut,
     LseB,
     Delta,
+    Bits,
+    Seen,
+    List,
     DK,
     DV_,
     DBias,
@@ -258,6 +273,13 @@ def attn_bwd_dkdv_kernel(
     stride_bh: tl.constexpr,
     stride_bt: tl.constexpr,
     stride_bs: tl.constexpr,
+    stride_wb: tl.constexpr,
+    stride_wh: tl.constexpr,
+    stride_sb: tl.constexpr,
+    stride_sh: tl.constexpr,
+    stride_lb: tl.constexpr,
+    stride_lh: tl.constexpr,
+    stride_lr: tl.constexpr,
     HQ: tl.constexpr,
     GROUP: tl.constexpr,
     T: tl.constexpr,
@@ -274,6 +296,8 @@ def attn_bwd_dkdv_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_MOD: tl.constexpr,
+    WORDS: tl.constexpr,
     ASM: tl.constexpr,
     FUSE_DQ: tl.constexpr,
     PART: tl.constexpr,
@@ -295,7 +319,13 @@ def attn_bwd_dkdv_kernel(
 
     k_ptrs = K + b64 * stride_kb + hkv64 * stride_kh + cols * stride_kn + offs_d[None, :]
     v_ptrs = V + b64 * stride_vb + hkv64 * stride_vh + cols * stride_vn + offs_dv[None, :]
-    if S % BLOCK_N != 0 or D != BLOCK_D or DV != BLOCK_DV:
+    if HAS_MOD:
+        # Keys no query of this (batch, KV head) sees are never read (zeros: NaN there would
+        # reach dQ through dS @ K and dK through V's products).
+        live = seen_keys(Seen + b64 * stride_sb + hkv64 * stride_sh, offs_n, S)[:, None]
+        k = tl.load(k_ptrs, mask=live & (offs_d[None, :] < D), other=0.0)
+        v = tl.load(v_ptrs, mask=live & (offs_dv[None, :] < DV), other=0.0)
+    elif S % BLOCK_N != 0 or D != BLOCK_D or DV != BLOCK_DV:
         k = tl.load(k_ptrs, mask=(cols < S) & (offs_d[None, :] < D), other=0.0)
         v = tl.load(v_ptrs, mask=(cols < S) & (offs_dv[None, :] < DV), other=0.0)
     else:
@@ -306,7 +336,8 @@ def attn_bwd_dkdv_kernel(
     qseg_ptr = QSeg + b64 * T
     kseg_ptr = KSeg + b64 * S
 
-    lo, full_lo, full_hi, hi = key_tile_query_range(n0, T, S, DIAG, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+    if not HAS_MOD:
+        lo, full_lo, full_hi, hi = key_tile_query_range(n0, T, S, DIAG, LEFT, RIGHT, BLOCK_M, BLOCK_N)
     for g in range(GROUP):
         h64 = hkv64 * GROUP + g
         q_ptr = Q + b64 * stride_qb + h64 * stride_qh
@@ -319,29 +350,37 @@ def attn_bwd_dkdv_kernel(
         dbias_ptr = DBias + row_ptr * S
         # The dQ accumulator has q's (B, T, Hq, D) layout, in float32.
         dq_ptr = DQAcc + b64 * stride_qb + h64 * stride_qh
+        bits_ptr = Bits + b64 * stride_wb + h64 * stride_wh
+        list_ptr = List + b64 * stride_lb + h64 * stride_lh + tl.program_id(0) * stride_lr
+        if HAS_MOD:
+            # This head's list for the key tile (ops.tile_lists): partial query tiles, then full.
+            n_part = tl.load(list_ptr)
+            n_all = n_part + tl.load(list_ptr + 1)
+            lo, full_lo, full_hi, hi = 0, n_part, n_all, n_all
+            list_ptr += 2
         dk, dv = _dkdv_sweep(
             dk, dv, k, v, cols, lo, full_lo, q_ptr, do_ptr, LseB + row_ptr, Delta + row_ptr,
-            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, stride_qt, stride_dot,
-            stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
+            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, bits_ptr, list_ptr, stride_qt,
+            stride_dot, stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
             SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, FUSE_DQ, PART,
-            BLOCK_M, BLOCK_D, BLOCK_DV,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM, FUSE_DQ,
+            PART, BLOCK_M, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
         dk, dv = _dkdv_sweep(
             dk, dv, k, v, cols, full_lo, full_hi, q_ptr, do_ptr, LseB + row_ptr, Delta + row_ptr,
-            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, stride_qt, stride_dot,
-            stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
+            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, bits_ptr, list_ptr, stride_qt,
+            stride_dot, stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
             SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, FUSE_DQ, PART,
-            BLOCK_M, BLOCK_D, BLOCK_DV,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM, FUSE_DQ,
+            PART, BLOCK_M, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
         dk, dv = _dkdv_sweep(
             dk, dv, k, v, cols, full_hi, hi, q_ptr, do_ptr, LseB + row_ptr, Delta + row_ptr,
-            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, stride_qt, stride_dot,
-            stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
+            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, bits_ptr, list_ptr, stride_qt,
+            stride_dot, stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
             SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, FUSE_DQ, PART,
-            BLOCK_M, BLOCK_D, BLOCK_DV,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM, FUSE_DQ,
+            PART, BLOCK_M, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
 
     dk_ptrs = DK + b64 * stride_dkb + hkv64 * stride_dkh + cols * stride_dkn + offs_d[None, :]
@@ -375,6 +414,9 @@ def _dq_sweep(
     bias_ptr,
     qseg_ptr,
     kseg_ptr,
+    bits_ptr,
+    seen_ptr,
+    list_ptr,
     stride_kn,
     stride_vn,
     stride_mt,
@@ -399,21 +441,31 @@ def _dq_sweep(
     HAS_BIAS: tl.constexpr,
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_MOD: tl.constexpr,
+    WORDS: tl.constexpr,
     ASM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
     TAIL_N: tl.constexpr = EDGE and (S % BLOCK_N != 0)
+    STEP: tl.constexpr = 1 if HAS_MOD else BLOCK_N  # see _fwd_sweep
     # See ``scores``: the logit scale is folded into exp2's argument on the plain path.
     SCALED: tl.constexpr = HAS_SOFTCAP or HAS_BIAS
     QK_SCALE: tl.constexpr = 1.0 * SCALED + SM_SCALE * LOG2E * (1 - SCALED)
-    for start_n in range(lo, hi, BLOCK_N):
-        start_n = tl.multiple_of(start_n, BLOCK_N)
+    for it in range(lo, hi, STEP):
+        if HAS_MOD:
+            start_n = tl.multiple_of(tl.load(list_ptr + it) * BLOCK_N, BLOCK_N)
+        else:
+            start_n = tl.multiple_of(it, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k_ptrs = k_ptr + offs_n[:, None] * stride_kn + offs_d[None, :]
         v_ptrs = v_ptr + offs_n[:, None] * stride_vn + offs_dv[None, :]
-        if TAIL_N:
+        if HAS_MOD and EDGE:
+            live = seen_keys(seen_ptr, offs_n, S)[:, None]
+            k = tl.load(k_ptrs, mask=live & (offs_d[None, :] < D), other=0.0)
+            v = tl.load(v_ptrs, mask=live & (offs_dv[None, :] < DV), other=0.0)
+        elif TAIL_N:
             k = tl.load(k_ptrs, mask=(offs_n[:, None] < S) & (offs_d[None, :] < D), other=0.0)
             v = tl.load(v_ptrs, mask=(offs_n[:, None] < S) & (offs_dv[None, :] < DV), other=0.0)
         elif D != BLOCK_D or DV != BLOCK_DV:
@@ -424,10 +476,10 @@ def _dq_sweep(
             v = tl.load(v_ptrs)
         qk = tl.dot(q, tl.trans(k))
         s, th = scores(
-            qk, rows, offs_n[None, :], mask_ptr, bias_ptr, qseg_ptr, kseg_ptr,
+            qk, rows, offs_n[None, :], mask_ptr, bias_ptr, qseg_ptr, kseg_ptr, bits_ptr,
             stride_mt, stride_ms, stride_bt, stride_bs,
             SM_SCALE, SOFTCAP, T, S, DIAG, LEFT, RIGHT, EDGE,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS,
         )  # fmt: skip
         p = tl.exp2(tl.minimum(mul_rounded(s, QK_SCALE, ASM) - lse[:, None], 0.0))  # see _dkdv_sweep
         dp = tl.dot(do, tl.trans(v))
@@ -450,6 +502,9 @@ def attn_bwd_dq_kernel(
     DOut,
     LseB,
     Delta,
+    Bits,
+    Seen,
+    List,
     DQ,
     stride_qb: tl.constexpr,
     stride_qt: tl.constexpr,
@@ -474,6 +529,13 @@ def attn_bwd_dq_kernel(
     stride_bh: tl.constexpr,
     stride_bt: tl.constexpr,
     stride_bs: tl.constexpr,
+    stride_wb: tl.constexpr,
+    stride_wh: tl.constexpr,
+    stride_sb: tl.constexpr,
+    stride_sh: tl.constexpr,
+    stride_lb: tl.constexpr,
+    stride_lh: tl.constexpr,
+    stride_lr: tl.constexpr,
     HQ: tl.constexpr,
     GROUP: tl.constexpr,
     T: tl.constexpr,
@@ -490,6 +552,8 @@ def attn_bwd_dq_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_MOD: tl.constexpr,
+    WORDS: tl.constexpr,
     ASM: tl.constexpr,
     REVERSE_M: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -533,24 +597,36 @@ def attn_bwd_dq_kernel(
     kseg_ptr = KSeg + b64 * S
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    lo, full_lo, full_hi, hi = query_tile_key_range(m0, S, DIAG, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+    bits_ptr = Bits + b64 * stride_wb + h64 * stride_wh
+    seen_ptr = Seen + b64 * stride_sb + hkv64 * stride_sh
+    list_ptr = List + b64 * stride_lb + h64 * stride_lh + pid_m * stride_lr
+    if HAS_MOD:
+        n_part = tl.load(list_ptr)  # see attn_fwd_kernel
+        n_all = n_part + tl.load(list_ptr + 1)
+        lo, full_lo, full_hi, hi = 0, n_part, n_all, n_all
+        list_ptr += 2
+    else:
+        lo, full_lo, full_hi, hi = query_tile_key_range(m0, S, DIAG, LEFT, RIGHT, BLOCK_M, BLOCK_N)
     dq = _dq_sweep(
         dq, q, do, lse, delta, rows, lo, full_lo, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr,
-        kseg_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs, offs_d, offs_dv,
-        SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, BLOCK_N, BLOCK_D, BLOCK_DV,
+        kseg_ptr, bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt,
+        stride_bs, offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     dq = _dq_sweep(
         dq, q, do, lse, delta, rows, full_lo, full_hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr,
-        kseg_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs, offs_d, offs_dv,
-        SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, BLOCK_N, BLOCK_D, BLOCK_DV,
+        kseg_ptr, bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt,
+        stride_bs, offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     dq = _dq_sweep(
         dq, q, do, lse, delta, rows, full_hi, hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr,
-        kseg_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs, offs_d, offs_dv,
-        SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, BLOCK_N, BLOCK_D, BLOCK_DV,
+        kseg_ptr, bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt,
+        stride_bs, offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
 
     dq = dq * SM_SCALE

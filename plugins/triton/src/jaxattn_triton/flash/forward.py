@@ -7,7 +7,10 @@ One program handles ``BLOCK_M`` query rows of one (batch, query head). Key/value
 are visited in three sweeps: masked tiles at the left edge of the visible band, fully
 visible tiles with no element mask (the hot loop), masked tiles at the right edge
 (the causal diagonal, the window edge, the key tail). Tiles outside the band are
-never loaded, so causal and windowed attention cost what they compute.
+never loaded, so causal and windowed attention cost what they compute. With a mask_mod
+(``HAS_MOD``) the sweeps walk the query tile's list instead (``ops.tile_lists``): its
+partial key tiles, masked by the packed bits, then its full ones, unmasked; empty tiles
+are not on it.
 
 All tensors are addressed by raw pointers and strides (last dimension contiguous), so
 the same kernel runs from JAX (jax_triton) and on torch tensors (interpreter or GPU).
@@ -22,6 +25,7 @@ from jaxattn_triton.common import (
     mul_rounded,
     query_tile_key_range,
     scores,
+    seen_keys,
 )
 
 
@@ -40,6 +44,9 @@ def _fwd_sweep(
     bias_ptr,
     qseg_ptr,
     kseg_ptr,
+    bits_ptr,
+    seen_ptr,
+    list_ptr,
     stride_kn,
     stride_vn,
     stride_mt,
@@ -64,6 +71,8 @@ def _fwd_sweep(
     HAS_BIAS: tl.constexpr,
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_MOD: tl.constexpr,
+    WORDS: tl.constexpr,
     ASM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -73,15 +82,24 @@ def _fwd_sweep(
     # without one skips the guard that keeps exp2(-inf - -inf) from producing NaN.
     MAY_BE_EMPTY: tl.constexpr = EDGE or HAS_MASK or HAS_SEG or HAS_BIAS
     TAIL_N: tl.constexpr = EDGE and (S % BLOCK_N != 0)
+    # With a mask_mod, [lo, hi) indexes the query tile's list of key tiles (partial or full).
+    STEP: tl.constexpr = 1 if HAS_MOD else BLOCK_N
     # See ``scores``: the logit scale is folded into exp2's argument on the plain path.
     SCALED: tl.constexpr = HAS_SOFTCAP or HAS_BIAS
     QK_SCALE: tl.constexpr = 1.0 * SCALED + SM_SCALE * LOG2E * (1 - SCALED)
-    for start_n in range(lo, hi, BLOCK_N):
-        start_n = tl.multiple_of(start_n, BLOCK_N)
+    for it in range(lo, hi, STEP):
+        if HAS_MOD:
+            start_n = tl.multiple_of(tl.load(list_ptr + it) * BLOCK_N, BLOCK_N)
+        else:
+            start_n = tl.multiple_of(it, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k_ptrs = k_ptr + offs_n[:, None] * stride_kn + offs_d[None, :]
         v_ptrs = v_ptr + offs_n[:, None] * stride_vn + offs_dv[None, :]
-        if TAIL_N:
+        if HAS_MOD and EDGE:
+            live = seen_keys(seen_ptr, offs_n, S)[:, None]
+            k = tl.load(k_ptrs, mask=live & (offs_d[None, :] < D), other=0.0)
+            v = tl.load(v_ptrs, mask=live & (offs_dv[None, :] < DV), other=0.0)
+        elif TAIL_N:
             k = tl.load(k_ptrs, mask=(offs_n[:, None] < S) & (offs_d[None, :] < D), other=0.0)
             v = tl.load(v_ptrs, mask=(offs_n[:, None] < S) & (offs_dv[None, :] < DV), other=0.0)
         elif D != BLOCK_D or DV != BLOCK_DV:
@@ -92,10 +110,10 @@ def _fwd_sweep(
             v = tl.load(v_ptrs)
         qk = tl.dot(q, tl.trans(k))
         s, _ = scores(
-            qk, rows, offs_n[None, :], mask_ptr, bias_ptr, qseg_ptr, kseg_ptr,
+            qk, rows, offs_n[None, :], mask_ptr, bias_ptr, qseg_ptr, kseg_ptr, bits_ptr,
             stride_mt, stride_ms, stride_bt, stride_bs,
             SM_SCALE, SOFTCAP, T, S, DIAG, LEFT, RIGHT, EDGE,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS,
         )  # fmt: skip
         m_new = tl.maximum(m_i, tl.max(s, 1) * QK_SCALE)
         if MAY_BE_EMPTY:
@@ -121,6 +139,9 @@ def attn_fwd_kernel(
     QSeg,
     KSeg,
     Sink,
+    Bits,
+    Seen,
+    List,
     Out,
     Lse,
     stride_qb: tl.constexpr,
@@ -143,6 +164,13 @@ def attn_fwd_kernel(
     stride_bh: tl.constexpr,
     stride_bt: tl.constexpr,
     stride_bs: tl.constexpr,
+    stride_wb: tl.constexpr,
+    stride_wh: tl.constexpr,
+    stride_sb: tl.constexpr,
+    stride_sh: tl.constexpr,
+    stride_lb: tl.constexpr,
+    stride_lh: tl.constexpr,
+    stride_lr: tl.constexpr,
     HQ: tl.constexpr,
     GROUP: tl.constexpr,
     T: tl.constexpr,
@@ -160,6 +188,8 @@ def attn_fwd_kernel(
     HAS_SEG: tl.constexpr,
     HAS_SINK: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_MOD: tl.constexpr,
+    WORDS: tl.constexpr,
     ASM: tl.constexpr,
     REVERSE_M: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -204,24 +234,38 @@ def attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
-    lo, full_lo, full_hi, hi = query_tile_key_range(m0, S, DIAG, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+    bits_ptr = Bits + b64 * stride_wb + h64 * stride_wh
+    seen_ptr = Seen + b64 * stride_sb + hkv64 * stride_sh
+    list_ptr = List + b64 * stride_lb + h64 * stride_lh + pid_m * stride_lr
+    if HAS_MOD:
+        # The query tile's list (ops.tile_lists): its partial key tiles, then its full ones;
+        # empty tiles are not on it.
+        n_part = tl.load(list_ptr)
+        n_all = n_part + tl.load(list_ptr + 1)
+        lo, full_lo, full_hi, hi = 0, n_part, n_all, n_all
+        list_ptr += 2
+    else:
+        lo, full_lo, full_hi, hi = query_tile_key_range(m0, S, DIAG, LEFT, RIGHT, BLOCK_M, BLOCK_N)
     acc, l_i, m_i = _fwd_sweep(
         acc, l_i, m_i, q, rows, lo, full_lo, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr, kseg_ptr,
-        stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs, offs_d, offs_dv,
-        SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, BLOCK_N, BLOCK_D, BLOCK_DV,
+        bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs,
+        offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_sweep(
-        acc, l_i, m_i, q, rows, full_lo, full_hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr,
-        kseg_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs, offs_d, offs_dv,
-        SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, BLOCK_N, BLOCK_D, BLOCK_DV,
+        acc, l_i, m_i, q, rows, full_lo, full_hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr, kseg_ptr,
+        bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs,
+        offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_sweep(
         acc, l_i, m_i, q, rows, full_hi, hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr, kseg_ptr,
-        stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs, offs_d, offs_dv,
-        SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, ASM, BLOCK_N, BLOCK_D, BLOCK_DV,
+        bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs,
+        offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
 
     # Log-sum-exp over real keys only (sinks excluded), natural units; -inf for rows

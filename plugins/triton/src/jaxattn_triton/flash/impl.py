@@ -22,6 +22,11 @@ WHY_NOT: dict[Feature, str] = {
         "dropout_rng); impl='vanilla' runs it"
     ),
     Feature.WEIGHTS: "flash attention never forms the (B, Hq, T, S) probabilities",
+    Feature.SCORE_MOD: (
+        "flash_attn2 (Triton) cannot run a score_mod: a Triton kernel cannot execute a traced JAX function, "
+        "and a score rewrites every logit (a mask_mod is evaluated in JAX into packed bits the kernels read; "
+        "a score cannot be precomputed without the (B, Hq, T, S) array); blockwise or vanilla runs it"
+    ),
 }
 
 
@@ -44,6 +49,9 @@ class TritonFlashAttention(AttentionImpl, declaration=FLASH_ATTN2):
             if name.startswith("block") and (value < 16 or value & (value - 1)):
                 reasons.append(f"metadata.{name}={value}: Triton tiles must be powers of two >= 16")
         reasons += kv_lengths_reasons(problem)
+        if problem.mask_mod and problem.kv_lengths:
+            reasons.append("flash_attn2 (Triton) takes no kv_lengths with a mask_mod: fold the lengths into it "
+                           "(kv_idx < lengths[b])")
         if not self.interpret:
             reasons += kernel_library_reasons(self.device)
         return reasons
@@ -62,6 +70,10 @@ class TritonFlashAttention(AttentionImpl, declaration=FLASH_ATTN2):
             raise NotImplementedError(WHY_NOT[Feature.DROPOUT])
         segments = call.q_segment_ids is not None
         kv_lengths = call.kv_lengths
+        if call.mask_mod is not None:
+            if kv_lengths is not None:  # declined by the call; a direct forward_* call must not drop them
+                raise NotImplementedError("flash_attn2 (Triton) takes no kv_lengths with a mask_mod")
+            return self._forward_mask_mod(call, sinks, absorbed)
         if kv_lengths is not None and not _split_k_decode(q, k, mask, bias, segments, kv_lengths):
             # The call declined it already; a direct forward_* call must not drop the lengths.
             raise NotImplementedError(KV_LENGTHS_ONLY_DECODE)
@@ -96,6 +108,30 @@ class TritonFlashAttention(AttentionImpl, declaration=FLASH_ATTN2):
             tiles=tiles, interpret=self.interpret,
         )  # fmt: skip
         return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 2), softmax_lse=lse)
+
+    def _forward_mask_mod(self, call: AttentionCall, sinks: Any, absorbed: Any) -> AttentionOutput:
+        """The flash kernels with the mask_mod evaluated in JAX (``ops.mod_bits``: packed bits with
+        the call's causal rule, window, segment ids and mask ANDed in; ``block_mask=`` lends its bits
+        when built with ``bits=True``), each kernel skipping the tiles its lists leave out."""
+        from jaxattn.backend import zero_absorbed_heads
+        from jaxattn_triton.flash.ops import flash_attention
+
+        out, lse = flash_attention(
+            call.q, call.k, call.v, mask=call.mask, bias=call.bias, causal=call.causal,
+            sliding_window=call.sliding_window, q_segment_ids=call.q_segment_ids,
+            kv_segment_ids=call.kv_segment_ids, softmax_scale=call.softmax_scale,
+            logits_soft_cap=call.logits_soft_cap, softmax_aux=sinks, mask_mod=call.mask_mod,
+            block_mask=call.block_mask, interpret=self.interpret, overrides=self._overrides(),
+        )  # fmt: skip
+        return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 2), softmax_lse=lse)
+
+    def notes(self, problem: AttentionProblem) -> list[str]:
+        if not problem.mask_mod:
+            return []
+        return ["mask_mod evaluated in JAX into packed bits (32 keys a word; a block_mask built with bits=True "
+                "lends its own), the call's causal rule, window, segment ids and mask ANDed in; each kernel "
+                "classifies its own tiles from them: empty tiles skipped, full ones without mask arithmetic, "
+                "partial ones read the bits"]
 
     def backward_from_residuals(self, q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, d_lse: Any,
                                 **features: Any) -> tuple[Any, Any, Any]:

@@ -84,6 +84,39 @@ def _broadcast_strides(prefix: str, shape: tuple[int, int, int, int] | None) -> 
     return {f"stride_{prefix}{n}": s for n, s in zip("bhts", strides, strict=True)}
 
 
+def mod_lists_shape(spec: AttnSpec, tiles: KernelTiles, by_keys: bool = False) -> tuple[int, int, int, int]:
+    """The tile lists' shape under a mask_mod (``ops.tile_lists``): per (B|1, Hq|1) and query tile
+    (``by_keys``: key tile, the dK/dV kernel's), the count of partial and of full tiles of the
+    other axis, then their indices, partial first; empty tiles are not listed."""
+    assert spec.mod_shape is not None
+    nq, nk = _cdiv(spec.seq_q, tiles.block_m), _cdiv(spec.seq_k, tiles.block_n)
+    rows, cols = (nk, nq) if by_keys else (nq, nk)
+    return (*spec.mod_shape, rows, cols + 2)
+
+
+def _mod(spec: AttnSpec, tiles: KernelTiles, by_keys: bool = False) -> dict[str, Any]:
+    """Strides of the mask_mod's bits ``(B|1, Hq|1, T, WORDS)``, the keys seen per (batch, KV
+    head) ``(B|1, Hkv|1, WORDS)`` and the tile lists (zeros, and dummies, without one)."""
+    if spec.mod_shape is None:
+        zeros = ("stride_wb", "stride_wh", "stride_sb", "stride_sh", "stride_lb", "stride_lh", "stride_lr")
+        return {**dict.fromkeys(zeros, 0), "HAS_MOD": False, "WORDS": 1}
+    words = spec.words
+    bb, bh = spec.mod_shape
+    sb, sh, _ = contiguous_strides((bb, spec.heads_kv if bh > 1 else 1, words))
+    lb, lh, lr, _ = contiguous_strides(mod_lists_shape(spec, tiles, by_keys))
+    return {
+        "stride_wb": bh * spec.seq_q * words if bb > 1 else 0,
+        "stride_wh": spec.seq_q * words if bh > 1 else 0,
+        "stride_sb": sb,
+        "stride_sh": sh,
+        "stride_lb": lb,
+        "stride_lh": lh,
+        "stride_lr": lr,
+        "HAS_MOD": True,
+        "WORDS": words,
+    }
+
+
 def _features(spec: AttnSpec) -> dict[str, Any]:
     left, right = spec.window_left, spec.window_right
     return {
@@ -120,7 +153,8 @@ def _shapes(spec: AttnSpec) -> dict[str, tuple[int, int, int, int]]:
 
 
 def forward(spec: AttnSpec, tiles: KernelTiles) -> Launch:
-    """Inputs: q, k, v, mask(int8), bias, q_seg, kv_seg, sinks(f32). Outputs: out, lse."""
+    """Inputs: q, k, v, mask(int8), bias, q_seg, kv_seg, sinks(f32), bits, seen, list (int32,
+    dummies without a mask_mod). Outputs: out, lse."""
     from jaxattn_triton.flash.forward import attn_fwd_kernel
 
     sh = _shapes(spec)
@@ -132,9 +166,10 @@ def forward(spec: AttnSpec, tiles: KernelTiles) -> Launch:
         **_broadcast_strides("m", spec.mask_shape),
         **_broadcast_strides("b", spec.bias_shape),
         **_features(spec),
+        **_mod(spec, tiles),
         "HAS_SINK": spec.sinks,
         # Heavy query tiles first only pays when later tiles do more work.
-        "REVERSE_M": spec.window_right is not None,
+        "REVERSE_M": spec.window_right is not None and spec.mod_shape is None,
         "BLOCK_M": tiles.block_m,
         "BLOCK_N": tiles.block_n,
     }
@@ -181,7 +216,8 @@ def preprocess(spec: AttnSpec) -> Launch:
 
 
 def dkdv(spec: AttnSpec, tiles: KernelTiles, dq_mode: int = DQ_KERNEL, part: int = PART_BOTH) -> Launch:
-    """Inputs: q, k, v, mask, bias, q_seg, kv_seg, dout, lse_b, delta. Outputs: dk, dv, dbias, dq_acc.
+    """Inputs: q, k, v, mask, bias, q_seg, kv_seg, dout, lse_b, delta, bits, seen, list (by key
+    tiles). Outputs: dk, dv, dbias, dq_acc.
 
     dbias is a dense ``(B, Hq, T, S)`` float32 buffer when there is a bias (zeroed, since
     skipped tiles are never written), a one-element dummy otherwise. With ``DQ_ATOMIC``,
@@ -209,6 +245,7 @@ def dkdv(spec: AttnSpec, tiles: KernelTiles, dq_mode: int = DQ_KERNEL, part: int
         **_broadcast_strides("m", spec.mask_shape),
         **_broadcast_strides("b", spec.bias_shape),
         **_features(spec),
+        **_mod(spec, tiles, by_keys=True),
         "FUSE_DQ": fuse,
         "PART": part,
         "BLOCK_M": tiles.block_m,
@@ -232,7 +269,7 @@ def dkdv(spec: AttnSpec, tiles: KernelTiles, dq_mode: int = DQ_KERNEL, part: int
 
 
 def dq(spec: AttnSpec, tiles: KernelTiles) -> Launch:
-    """Inputs: q, k, v, mask, bias, q_seg, kv_seg, dout, lse_b, delta. Outputs: dq."""
+    """Inputs: q, k, v, mask, bias, q_seg, kv_seg, dout, lse_b, delta, bits, seen, list. Outputs: dq."""
     from jaxattn_triton.flash.backward import attn_bwd_dq_kernel
 
     sh = _shapes(spec)
@@ -245,7 +282,8 @@ def dq(spec: AttnSpec, tiles: KernelTiles) -> Launch:
         **_broadcast_strides("m", spec.mask_shape),
         **_broadcast_strides("b", spec.bias_shape),
         **_features(spec),
-        "REVERSE_M": spec.window_right is not None,
+        **_mod(spec, tiles),
+        "REVERSE_M": spec.window_right is not None and spec.mod_shape is None,
         "BLOCK_M": tiles.block_m,
         "BLOCK_N": tiles.block_n,
     }

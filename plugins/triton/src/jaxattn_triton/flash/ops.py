@@ -72,8 +72,12 @@ def _flash(
     mask: Array,
     qseg: Array,
     kseg: Array,
+    bits: Array,
+    seen: Array,
 ) -> tuple[Array, Array]:
-    out, lse = _execute(L.forward(spec, tiles.fwd), [q, k, v, mask, bias, qseg, kseg, sinks], interpret)
+    lists = tile_lists(spec, tiles.fwd, bits)
+    out, lse = _execute(L.forward(spec, tiles.fwd), [q, k, v, mask, bias, qseg, kseg, sinks, bits, seen, lists],
+                        interpret)
     return out, lse
 
 
@@ -89,9 +93,11 @@ def _flash_fwd(
     mask: Array,
     qseg: Array,
     kseg: Array,
+    bits: Array,
+    seen: Array,
 ) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
-    out, lse = _flash(spec, tiles, interpret, q, k, v, bias, sinks, mask, qseg, kseg)
-    return (out, lse), (q, k, v, bias, sinks, mask, qseg, kseg, out, lse)
+    out, lse = _flash(spec, tiles, interpret, q, k, v, bias, sinks, mask, qseg, kseg, bits, seen)
+    return (out, lse), (q, k, v, bias, sinks, mask, qseg, kseg, bits, seen, out, lse)
 
 
 def _flash_bwd(
@@ -101,20 +107,21 @@ def _flash_bwd(
     residuals: tuple[Array, ...],
     cotangents: tuple[Array, Array],
 ) -> tuple[Array | None, ...]:
-    q, k, v, bias, sinks, mask, qseg, kseg, out, lse = residuals
+    q, k, v, bias, sinks, mask, qseg, kseg, bits, seen, out, lse = residuals
     dout, dlse = cotangents
     dout = dout.astype(q.dtype)
     delta, lse_b, dsink_rows = _execute(
         L.preprocess(spec), [out, dout, lse, dlse.astype(jnp.float32), sinks], interpret
     )
-    common = [q, k, v, mask, bias, qseg, kseg, dout, lse_b, delta]
+    common = [q, k, v, mask, bias, qseg, kseg, dout, lse_b, delta, bits, seen]
+    by_keys = [*common, tile_lists(spec, tiles.dkdv, bits, by_keys=True)]
     if tiles.dkdv_split:
-        _, dv, _, _ = _execute(L.dkdv(spec, tiles.dkdv, part=L.PART_DV), common, interpret)
-        dk, _, dbias_full, dq_acc = _execute(L.dkdv(spec, tiles.dkdv, tiles.dq_mode, L.PART_DK), common, interpret)
+        _, dv, _, _ = _execute(L.dkdv(spec, tiles.dkdv, part=L.PART_DV), by_keys, interpret)
+        dk, _, dbias_full, dq_acc = _execute(L.dkdv(spec, tiles.dkdv, tiles.dq_mode, L.PART_DK), by_keys, interpret)
     else:
-        dk, dv, dbias_full, dq_acc = _execute(L.dkdv(spec, tiles.dkdv, tiles.dq_mode), common, interpret)
+        dk, dv, dbias_full, dq_acc = _execute(L.dkdv(spec, tiles.dkdv, tiles.dq_mode), by_keys, interpret)
     if tiles.dq_mode == L.DQ_KERNEL:
-        (dq,) = _execute(L.dq(spec, tiles.dq), common, interpret)
+        (dq,) = _execute(L.dq(spec, tiles.dq), [*common, tile_lists(spec, tiles.dq, bits)], interpret)
     else:
         dq = (dq_acc * spec.softmax_scale).astype(q.dtype)
     if spec.bias_shape is not None:
@@ -125,8 +132,8 @@ def _flash_bwd(
         dsinks = jnp.sum(dsink_rows, axis=(0, 2)).astype(sinks.dtype)
     else:
         dsinks = jnp.zeros_like(sinks)
-    # mask and segment ids are integer inputs: no cotangent.
-    return dq, dk, dv, dbias, dsinks, None, None, None
+    # mask, segment ids and a mask_mod's bits are integer inputs: no cotangent.
+    return dq, dk, dv, dbias, dsinks, None, None, None, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -145,6 +152,7 @@ def make_spec(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sinks: bool = False,
+    mod_shape: tuple[int, int] | None = None,
 ) -> AttnSpec:
     """The :class:`AttnSpec` of a call, from arrays or ``ShapeDtypeStruct``s."""
     b, t, hq, d = (int(x) for x in q.shape)
@@ -174,6 +182,7 @@ def make_spec(
         bias_shape=rank4(bias),
         segments=segments,
         sinks=sinks,
+        mod_shape=mod_shape,
     )
 
 
@@ -191,16 +200,26 @@ def flash_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     softmax_aux: Array | None = None,
+    mask_mod: Any = None,
+    block_mask: Any = None,
     tiles: L.Tiles | None = None,
     interpret: bool = False,
+    overrides: dict[str, int] | None = None,
 ) -> tuple[Array, Array]:
     """Attention output ``(B, T, Hq, Dv)`` and log-sum-exp ``(B, Hq, T)`` (float32).
 
     Differentiable in q, k, v, bias, softmax_aux (and through the log-sum-exp).
-    ``tiles`` overrides the tuned tile sizes.
+    ``tiles`` overrides the tuned tile sizes (``overrides``: the metadata's, applied to them).
+    ``mask_mod`` (``jaxattn.masks``): see ``mod_bits``; ``block_mask`` lends its bits when
+    built with ``bits=True``.
     """
     if (q_segment_ids is None) != (kv_segment_ids is None):
         raise ValueError("pass both q_segment_ids and kv_segment_ids, or neither")
+    if mask_mod is not None:
+        bits = mod_bits(q, k, mask_mod, block_mask, mask=mask, causal=causal, sliding_window=sliding_window,
+                        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+        mask = q_segment_ids = kv_segment_ids = sliding_window = None  # folded into the bits
+        causal = False
     spec = make_spec(
         q,
         k,
@@ -213,14 +232,90 @@ def flash_attention(
         softmax_scale=softmax_scale,
         logits_soft_cap=logits_soft_cap,
         sinks=softmax_aux is not None,
+        mod_shape=None if mask_mod is None else (int(bits.shape[0]), int(bits.shape[1])),
     )
     if tiles is None:
         from jaxattn_triton.tuning import tiles_for
 
-        tiles = tiles_for(spec, interpret=interpret)
+        tiles = tiles_for(spec, interpret=interpret, overrides=overrides)
     bias_arg, sinks, mask_arg, qseg, kseg = _optional_args(mask, bias, q_segment_ids, kv_segment_ids, softmax_aux)
-    out, lse = _flash(spec, tiles, interpret, q, k, v, bias_arg, sinks, mask_arg, qseg, kseg)
+    if mask_mod is None:
+        bits = seen = jnp.zeros((1,), jnp.int32)
+    else:
+        seen = seen_keys(bits, spec.heads_kv)
+    out, lse = _flash(spec, tiles, interpret, q, k, v, bias_arg, sinks, mask_arg, qseg, kseg, bits, seen)
     return out, lse
+
+
+def mod_bits(q: Any, k: Any, mask_mod: Any, block_mask: Any = None, *, mask: Array | None = None,
+             causal: bool = False, sliding_window: int | tuple[int | None, int | None] | None = None,
+             q_segment_ids: Array | None = None, kv_segment_ids: Array | None = None) -> Array:
+    """A mask_mod's packed visibility (``jaxattn.masks.mask_bits``, int32 ``(B|1, Hq|1, T,
+    ceil(S / 32))``) with the call's other rules ANDed in: the causal rule and window (bottom-right,
+    as the kernels apply them), segment ids and a boolean mask. The kernels then apply one rule,
+    exactly, whatever the mask_mod computes (captured arrays, b and h, under jit). A ``block_mask``
+    built with ``bits=True`` gives its bits (the mask_mod is not evaluated again; the other rules
+    are); its tile kinds are not read: each kernel classifies its own tiles from the bits."""
+    from jaxattn import masks
+
+    b, t, hq, _ = (int(n) for n in q.shape)
+    s = int(k.shape[1])
+    spec = make_spec(q, k, k, causal=causal, sliding_window=sliding_window)
+    left, right, diag = spec.window_left, spec.window_right, s - t
+    rules: list[Any] = []
+    if left is not None:
+        rules.append(lambda b_, h_, qi, kv: kv >= qi + (diag - left))
+    if right is not None:
+        rules.append(lambda b_, h_, qi, kv: kv <= qi + (diag + right))
+    if q_segment_ids is not None and kv_segment_ids is not None:
+        qs, ks = jnp.asarray(q_segment_ids), jnp.asarray(kv_segment_ids)
+        rules.append(lambda b_, h_, qi, kv: qs[b_, qi] == ks[b_, kv])
+    if mask is not None:
+        m4 = jnp.asarray(mask, bool).reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+
+        def dense(b_: Any, h_: Any, qi: Any, kv: Any) -> Any:  # size-1 dims stay 1 in the bits
+            return m4[tuple(0 if n == 1 else i for n, i in zip(m4.shape, (b_, h_, qi, kv), strict=True))]
+
+        rules.append(dense)
+    given = None if block_mask is None else block_mask.bits
+    if given is None:
+        return jnp.asarray(masks.mask_bits(masks.and_(mask_mod, *rules), b, hq, t, s))
+    return jnp.asarray(given) if not rules else given & masks.mask_bits(masks.and_(*rules), b, hq, t, s)
+
+
+def seen_keys(bits: Array, heads_kv: int) -> Array:
+    """The keys some query of each (batch, KV head) sees: the bits ORed over rows and the heads
+    of a GQA group, int32 ``(B|1, Hkv|1, WORDS)``. The kernels load only these keys of a partial
+    tile (the others may hold NaN: the contract says they are unread)."""
+    lead0, lead1, t, words = (int(n) for n in bits.shape)
+    grouped = bits.reshape(lead0, heads_kv if lead1 > 1 else 1, -1, t, words)
+    seen: Array = jax.lax.reduce(grouped, np.int32(0), jax.lax.bitwise_or, (2, 3))
+    return seen
+
+
+def tile_lists(spec: AttnSpec, tiles: L.KernelTiles, bits: Array, by_keys: bool = False) -> Array:
+    """A kernel's tiles to visit under a mask_mod, from its bits (``jaxattn.masks.from_bits`` at
+    the kernel's tile sizes): int32 ``launch.mod_lists_shape``, per query tile (``by_keys``: key
+    tile) the number of partial and of full tiles, then their indices (partial first, ascending).
+    Empty tiles are not listed, so never loaded. Tiles past T or S are partial at most: a full
+    tile is read unmasked. A one-element dummy without a mask_mod."""
+    if spec.mod_shape is None:
+        return jnp.zeros((1,), jnp.int32)
+    from jaxattn import masks
+
+    kind = masks.from_bits(bits, spec.seq_k, block_q=tiles.block_m, block_kv=tiles.block_n).kind
+    nq, nk = int(kind.shape[2]), int(kind.shape[3])
+    tail = (jnp.arange(nq) == nq - 1)[:, None] & (spec.seq_q % tiles.block_m != 0)
+    tail |= (jnp.arange(nk) == nk - 1)[None, :] & (spec.seq_k % tiles.block_n != 0)
+    kind = jnp.where(tail & (kind == masks.FULL), masks.PARTIAL, kind)
+    if by_keys:
+        kind = jnp.swapaxes(kind, 2, 3)
+    rank = jnp.where(kind == masks.PARTIAL, 0, jnp.where(kind == masks.FULL, 1, 2))
+    order = jnp.argsort(rank, axis=-1, stable=True).astype(jnp.int32)
+    counts = jnp.stack([jnp.sum(kind == masks.PARTIAL, -1), jnp.sum(kind == masks.FULL, -1)], -1).astype(jnp.int32)
+    out = jnp.concatenate([counts, order], -1)
+    assert out.shape == L.mod_lists_shape(spec, tiles, by_keys), (out.shape, spec, tiles)
+    return out
 
 
 def flash_attention_backward(
@@ -255,7 +350,9 @@ def flash_attention_backward(
                      softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap)
     tiles = tiles_for(spec, interpret=interpret, overrides=overrides)
     bias_arg, sinks, mask_arg, qseg, kseg = _optional_args(mask, None, q_segment_ids, kv_segment_ids, None)
-    residuals = (q, k, v, bias_arg, sinks, mask_arg, qseg, kseg, out.astype(q.dtype), lse.astype(jnp.float32))
+    none = jnp.zeros((1,), jnp.int32)  # no mask_mod: no bits, no seen keys
+    residuals = (q, k, v, bias_arg, sinks, mask_arg, qseg, kseg, none, none, out.astype(q.dtype),
+                 lse.astype(jnp.float32))
     dq, dk, dv = _flash_bwd(spec, tiles, interpret, residuals, (d_out, d_lse))[:3]
     return dq, dk, dv  # type: ignore[return-value]  # never None: q, k and v are differentiable
 

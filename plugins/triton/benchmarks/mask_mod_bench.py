@@ -1,0 +1,154 @@
+"""GPU benchmark of ``flash_attn2`` (Triton) with a ``mask_mod``: packed documents, forward + backward.
+
+Run on a CUDA machine (H100/H200, jax-triton and jaxattn-bench importable) from the repository root:
+
+    python3 plugins/triton/benchmarks/mask_mod_bench.py                  # 16k tokens, 8 documents
+    python3 plugins/triton/benchmarks/mask_mod_bench.py --json OUT.json --tokens 16384 --docs 8
+    python3 plugins/triton/benchmarks/mask_mod_bench.py --smoke   # CPU: tiny, blockwise and vanilla stand in
+
+One sequence of ``--tokens`` tokens packed as ``--docs`` documents (equal lengths; ``--uneven``:
+lengths 1..docs in proportion), causal within each, bf16, D 128, 32 heads (GQA off), through
+jaxattn's dispatch (``jaxattn.attention``), each ``jax.jit(jax.grad(...))`` of q, k and v timed as
+``jaxattn bench`` does (``triton_measure.time_jax``). Rows:
+
+* ``flash_attn2 mask_mod``: ``mask_mod=and_(causal(), document(ids))`` with a ``block_mask`` built
+  once with ``bits=True`` outside the step (as a model shares it between layers);
+* ``flash_attn2 mask_mod, bits per call``: the same without ``block_mask`` (the bits are built in
+  every step);
+* ``flash_attn2 causal``: its own dense causal kernel over all 16k tokens (no mask_mod);
+* ``flash_attn2 segment ids``: its native segment-id path with ``causal=True`` (the same visibility);
+* ``cudnn dense mask``: cuDNN given the same visibility as a dense boolean ``(1, 1, T, S)`` mask.
+
+TFLOP/s count the visible pairs only (``4 * B * H * D * pairs``, forward + backward 3.5 x the
+forward), so a skipped tile is no work: the ratio of ``flash_attn2 mask_mod`` to ``flash_attn2
+causal`` is issue 50's "at least 0.9x its own dense causal", the ratio to ``cudnn dense mask``
+its "at least 2.5x cuDNN". Outputs are compared with cuDNN's (max abs difference) before timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from triton_measure import time_jax
+
+import jaxattn
+from jaxattn import masks
+
+
+def doc_lengths(tokens: int, docs: int, uneven: bool) -> list[int]:
+    weights = np.arange(1, docs + 1) if uneven else np.ones(docs)
+    lengths = np.floor(weights / weights.sum() * tokens).astype(int)
+    lengths[-1] += tokens - lengths.sum()
+    return [int(n) for n in lengths]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--docs", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--uneven", action="store_true", help="document lengths 1..docs in proportion")
+    ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument("--smoke", action="store_true", help="the script's own check on a CPU: 512 tokens, 2 heads, "
+                    "D 16, blockwise for flash_attn2 and vanilla for cudnn")
+    a = ap.parse_args()
+    stand_in = {"flash_attn2": "blockwise", "cudnn": "vanilla"} if a.smoke else {}
+    if a.smoke:
+        a.tokens, a.heads, a.dim, a.reps = 512, 2, 16, 2
+
+    t, h, d = a.tokens, a.heads, a.dim
+    lengths = doc_lengths(t, a.docs, a.uneven)
+    ids = jnp.asarray(np.repeat(np.arange(a.docs), lengths)[None], jnp.int32)  # (1, T)
+    keys = jax.random.split(jax.random.key(0), 4)
+    q, k, v, dout = (jax.random.normal(kk, (1, t, h, d), jnp.bfloat16) for kk in keys)
+    dense = jnp.asarray((ids[0][:, None] == ids[0][None, :]) & np.tri(t, dtype=bool))[None, None]
+    doc_pairs = sum(n * (n + 1) // 2 for n in lengths)
+    causal_pairs = t * (t + 1) // 2
+
+    t0 = time.perf_counter()
+    build = jax.jit(lambda ids: masks.block_mask(masks.and_(masks.causal(), masks.document(ids)), 1, 1, t, t,
+                                                 bits=True))
+    bm = jax.block_until_ready(build(ids))
+    bits_ms = (time.perf_counter() - t0) * 1e3
+    bits_sec = time_jax(build, ids, reps=a.reps)
+
+    def doc_mod(arrs: dict[str, Any]) -> Any:  # the ids traced, as in a model
+        return masks.and_(masks.causal(), masks.document(arrs["ids"]))
+
+    # name -> (the arrays given to the step -> attention's keywords, visible pairs). The arrays are
+    # arguments of the jitted step, never constants folded into it.
+    rows: list[tuple[str, Any, int]] = [
+        ("flash_attn2 mask_mod", lambda r: {"impl": "flash_attn2", "mask_mod": doc_mod(r), "block_mask": r["bm"]},
+         doc_pairs),
+        ("flash_attn2 mask_mod, bits per call", lambda r: {"impl": "flash_attn2", "mask_mod": doc_mod(r)}, doc_pairs),
+        ("flash_attn2 causal", lambda r: {"impl": "flash_attn2", "causal": True}, causal_pairs),
+        ("flash_attn2 segment ids", lambda r: {"impl": "flash_attn2", "causal": True, "q_segment_ids": r["ids"],
+                                               "kv_segment_ids": r["ids"]}, doc_pairs),
+        ("cudnn dense mask", lambda r: {"impl": "cudnn", "mask": r["dense"]}, doc_pairs),
+    ]
+    arrs = {"ids": ids, "bm": bm, "dense": dense}
+    results: dict[str, dict[str, Any]] = {}
+    outs: dict[str, Any] = {}
+    print(f"{jax.devices()[0].device_kind}: T=S={t} as {a.docs} documents {lengths[:4]}..., Hq=Hkv={h}, D={d}, "
+          f"bf16; visible pairs {doc_pairs:,} ({doc_pairs / causal_pairs:.3f} of causal)", flush=True)
+    print(f"block_mask(bits=True) build: {bits_sec * 1e3:.3f} ms a call ({bits_ms:.0f} ms first, compile included); "
+          f"tiles at 128x128 (empty, partial, full) {bm.counts()}", flush=True)
+    for name, kwargs, pairs in rows:
+        try:
+            def call(q: Any, k: Any, v: Any, r: dict[str, Any], kwargs: Any = kwargs) -> Any:
+                kw = kwargs(r)
+                return jaxattn.attention(q, k, v, **{**kw, "impl": stand_in.get(kw["impl"], kw["impl"])})
+
+            def loss(q: Any, k: Any, v: Any, r: dict[str, Any], call: Any = call) -> Any:
+                return jnp.sum(call(q, k, v, r).astype(jnp.float32) * dout.astype(jnp.float32))
+
+            step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+            fwd = jax.jit(call)
+            t0 = time.perf_counter()
+            outs[name] = np.asarray(fwd(q, k, v, arrs), np.float32)
+            jax.block_until_ready(step(q, k, v, arrs))
+            compile_s = time.perf_counter() - t0
+            sec = time_jax(step, q, k, v, arrs, reps=a.reps)
+            flops = 4.0 * h * d * pairs * 3.5
+            results[name] = {"ms": sec * 1e3, "tflops": flops / sec / 1e12, "compile_s": compile_s, "pairs": pairs}
+        except Exception as err:  # a backend that declines or fails is a row of the table
+            results[name] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+        print(f"  {name}: {results[name]}", flush=True)
+
+    ref = outs.get("cudnn dense mask")
+    mine = results.get("flash_attn2 mask_mod", {})
+    print()
+    print(f"{'row':38s} {'ms fwd+bwd':>11s} {'TFLOP/s':>8s} {'mask_mod/row':>12s} {'max|out - cudnn|':>17s}")
+    for name, _, _ in rows:
+        r = results[name]
+        if "error" in r:
+            print(f"{name:38s} {r['error'][:80]}")
+            continue
+        vs = f"{mine['tflops'] / r['tflops']:.2f}" if "tflops" in mine else "-"
+        diff = f"{np.max(np.abs(outs[name] - ref)):.3g}" if ref is not None and name in outs else "-"
+        print(f"{name:38s} {r['ms']:11.3f} {r['tflops']:8.1f} {vs:>12s} {diff:>17s}")
+    if "tflops" in mine:
+        for other, target in (("flash_attn2 causal", 0.9), ("cudnn dense mask", 2.5)):
+            if "tflops" in results.get(other, {}):
+                ratio = mine["tflops"] / results[other]["tflops"]
+                print(f"mask_mod / {other}: {ratio:.2f}x TFLOP/s on visible pairs (issue 50's target for "
+                      f"mosaic_flash: >= {target}x)")
+    if a.json:
+        a.json.write_text(json.dumps({"tokens": t, "docs": lengths, "heads": h, "dim": d, "bits_ms": bits_sec * 1e3,
+                                      "rows": results, "device": jax.devices()[0].device_kind}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
