@@ -40,7 +40,10 @@ in the core so both read the same words; raised by 5 to 5,745 for the layer pack
 (``backend/``, ``discovery/``, ``selection/``, ``api/``): their longer import paths wrap onto more lines;
 raised by 40 to 5,785 for the paged call's straight path (issue 47: its checks that read no values
 memoised per call signature, keyed on everything they read, as a dense call's are; its arrays'
-values checked on every call, in one vectorised pass).
+values checked on every call, in one vectorised pass); raised by 15 to 5,800 for ``sliding_window``
+one type on both calls (``PagedCall`` holds the dense call's ``(left, right)`` pair) and the
+declaration a windowed paged backend makes of the form it reads (``PagedAttentionImpl.window_pair``:
+refused when it loads without one; the int left handed to a forward that declares it).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5785
+BUDGET = 5800
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

@@ -353,3 +353,65 @@ def test_a_window_of_w_shows_the_query_and_the_w_keys_before_it(w: int) -> None:
         assert (seen(w)[row] == want).all(), (row, seen(w)[row, 0])
     for right in (0, 2):
         np.testing.assert_array_equal(seen((w, right)), seen(w))
+
+
+# -- sliding_window: the call holds the dense call's (left, right) pair ----------------------
+
+class _WindowSeen(PagedAttentionImpl):
+    """A windowed paged backend that records the ``call.sliding_window`` its forward receives."""
+
+    features: ClassVar = frozenset({Feature.GQA, Feature.SLIDING_WINDOW, Feature.MULTI_TOKEN, Feature.RAGGED})
+    seen: ClassVar[list[Any]] = []
+
+    def forward(self, call: Any) -> Any:
+        type(self).seen.append(call.sliding_window)
+        return jaxattn.backend.AttentionOutput(attention_outputs=jnp.zeros((*call.q.shape[:2], 8), call.q.dtype))
+
+
+class PairWindow(_WindowSeen):
+    window_pair = True
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "pair_window"
+
+
+class IntWindow(_WindowSeen):
+    window_pair = False  # the compatibility form: the forward is handed the int left window
+
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "int_window"
+
+
+class UnsaidWindow(_WindowSeen):
+    @classmethod
+    def get_impl_name(cls) -> str:
+        return "unsaid_window"
+
+
+@pytest.mark.parametrize(("window", "want"), [(3, (3, 0)), ((3, 0), (3, 0)), ((3, 5), (3, 0)), (10**12, (12, 0))])
+def test_a_paged_call_holds_the_window_as_a_left_zero_pair(window: Any, want: tuple[int, int]) -> None:
+    """Right is 0 whatever the caller gives (queries are causal); left is clamped to the 3 pages
+    of 4 tokens a sequence holds. The problem keeps the left window."""
+    a = ragged_args(num_seqs=np.asarray([2], np.int32), sliding_window=window)
+    arrays = [a.pop(n) for n in ("q", "k_pages", "v_pages", "page_table", "kv_lengths")]
+    call = PagedReference().validate(*arrays, **a)
+    assert call.sliding_window == want and call.problem.sliding_window == want[0]
+
+
+@pytest.mark.parametrize(("impl_cls", "want"), [(PairWindow, (3, 0)), (IntWindow, 3)])
+def test_a_windowed_paged_backend_reads_the_form_it_declares(impl_cls: type[_WindowSeen], want: Any) -> None:
+    jaxattn.register_impl(impl_cls)
+    impl_cls.seen.clear()
+    call_ragged(sliding_window=3, impl=impl_cls.get_impl_name())
+    call_ragged(impl=impl_cls.get_impl_name())
+    assert impl_cls.seen == [want, None]
+
+
+def test_a_windowed_paged_backend_that_says_no_form_is_refused_when_registered() -> None:
+    from jaxattn.backend import DeclarationError
+
+    with pytest.raises(DeclarationError, match=r"Feature.SLIDING_WINDOW but not which call.sliding_window.*"
+                       r"window_pair = True for the \(left, 0\) pair, or window_pair = False"):
+        jaxattn.register_impl(UnsaidWindow)

@@ -124,6 +124,10 @@ def forward_problems(cls: Any, base: type) -> list[str]:
             if missing:
                 out.append(f"{_shown(cls, name)} takes no argument {', '.join(missing)}: a declared feature must be "
                            "a named parameter, or **ignore would drop it")
+    if mine and cls.kind == "paged" and Feature.SLIDING_WINDOW in cls.features and cls.window_pair is None:
+        out.append("it declares Feature.SLIDING_WINDOW but not which call.sliding_window its forward reads: set "
+                   "window_pair = True for the (left, 0) pair, or window_pair = False for the int left window "
+                   "(PagedAttentionImpl.window_pair)")
     return out
 
 

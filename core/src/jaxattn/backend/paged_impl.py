@@ -17,7 +17,8 @@ with ``kv_layout="combined"`` ``k_pages`` is JAX's TPU layout ``(num_pages, page
 broadcastable against ``(num_pages, page_size, Hkv)`` (``jaxattn.backend.quantize``); other calls have no
 scales. ``num_seqs`` is an int32 array of shape (1,), its value also ``static_num_seqs``
 when known before tracing; ``queries_per_seq`` is T when every sequence has T queries
-(cu_q_lens = arange * T), None for a ragged batch. The output is ``(num_tokens, Hq, Dv)``;
+(cu_q_lens = arange * T), None for a ragged batch; ``sliding_window`` is None or the pair
+``(left, 0)`` (``PagedAttentionImpl.window_pair``). The output is ``(num_tokens, Hq, Dv)``;
 rows past ``cu_q_lens[num_seqs]`` and rows that see no key are zeros. Semantics: docs/contract.md.
 """
 
@@ -25,9 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from .base import Backend
+from .base import Backend, Forward
 from .call import PagedCall
 from .metadata import axis_tuple, describe_axes
 from .paged_validation import resolve_paged_call
@@ -43,6 +44,11 @@ class PagedAttentionImpl(Backend[PagedProblem]):
     """Base class of backends over a paged KV cache. Subclass it, declare capabilities, override forwards."""
 
     kind = "paged"
+    #: Which ``call.sliding_window`` the forward reads, said by a backend that declares
+    #: ``Feature.SLIDING_WINDOW``: True, the call's ``(left, 0)`` pair; False, the int left (a
+    #: compatibility form: ``route`` hands the forward a copy of the call holding the int). Left
+    #: None with the feature declared, the class is refused when it loads (``backend.forms``).
+    window_pair: ClassVar[bool | None] = None
 
     def not_supported_reasons(self, problem: PagedProblem) -> list[str]:
         reasons = self.declared_reasons(problem)
@@ -55,6 +61,19 @@ class PagedAttentionImpl(Backend[PagedProblem]):
             reasons.append(f"Hkv={problem.heads_kv} KV heads do not split over mesh axis {describe_axes(heads)} of "
                            f"size {n} (AttentionMetadata.head_axis): each device must hold whole KV heads' pages")
         return reasons
+
+    def route(self) -> Forward:
+        """``Backend.route``; for ``window_pair = False``, the forward given the int left window."""
+        forward = super().route()
+        if self.window_pair is not False:
+            return forward
+
+        def left_window(call: PagedCall) -> AttentionOutput:
+            window = call.sliding_window
+            return forward(call if window is None else call.replace(sliding_window=window[0]))
+
+        left_window.__name__ = getattr(forward, "__name__", "forward")
+        return left_window
 
     def validate(self, q: Any, k_pages: Any, v_pages: Any, page_table: Any, kv_lengths: Any, *,
                 prepare: bool = False, **features: Any) -> PagedCall:

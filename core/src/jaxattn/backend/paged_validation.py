@@ -306,6 +306,6 @@ def resolve_paged_call(
         problem=problem, metadata=md, q=q, k_pages=k_pages, v_pages=v_pages, page_table=page_table,
         kv_lengths=kv_lengths, cu_q_lens=cu_q_lens, num_seqs=num_seqs, kv_layout=problem.kv_layout,
         queries_per_seq=queries_per_seq, softmax_scale=scale, logits_soft_cap=problem.logits_soft_cap,
-        sliding_window=problem.sliding_window, softmax_aux=softmax_aux, k_scale=k_scale, v_scale=v_scale,
-        static_num_seqs=count, mask_mod=mask_mod,
+        sliding_window=None if problem.sliding_window is None else (problem.sliding_window, 0),
+        softmax_aux=softmax_aux, k_scale=k_scale, v_scale=v_scale, static_num_seqs=count, mask_mod=mask_mod,
     )

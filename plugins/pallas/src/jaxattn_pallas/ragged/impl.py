@@ -32,6 +32,7 @@ class PallasRaggedPagedAttention(PallasPagedBase, declaration=PALLAS_RAGGED_PAGE
     quantized_why: ClassVar[str] = (
         "JAX's ragged_paged_attention takes k_scale and v_scale as Python floats (one static scale per tensor), "
         "never an array of scales per head or token, nor one traced under jit")
+    window_pair = True  # the forward reads the call's (left, 0) pair
 
     def _facts(self, problem: PagedProblem) -> dict[str, Any]:
         # An unsupported dtype is the declarations' to decline; the kernel's other rules do not
@@ -75,7 +76,8 @@ class PallasRaggedPagedAttention(PallasPagedBase, declaration=PALLAS_RAGGED_PAGE
         def run(q: Any, k: Any, v: Any, kv: Any, table: Any, lengths: Any, cu: Any, n: Any) -> Any:
             return ragged_paged_attention(
                 q, k, v, table, lengths, cu, n, kv_pages=kv, softmax_scale=call.softmax_scale,
-                logits_soft_cap=call.logits_soft_cap, window_left=call.sliding_window,
+                logits_soft_cap=call.logits_soft_cap,
+                window_left=None if call.sliding_window is None else call.sliding_window[0],
                 sinks=call.softmax_aux, interpret=self.metadata.interpret,
             )
 

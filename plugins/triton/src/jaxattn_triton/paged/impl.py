@@ -49,6 +49,8 @@ class _TritonPaged(PagedAttentionImpl):
 
     #: Run the kernels in the Triton interpreter through a host callback (tests only).
     interpret: ClassVar[bool] = False
+    window_pair = True  # the forward reads the call's (left, 0) pair
+
     def instead(self) -> str:
         return "instead: " + _REFERENCE
 
@@ -111,7 +113,7 @@ class _TritonPaged(PagedAttentionImpl):
             k, v, cache = call.k_pages, call.v_pages, {}
         kw: dict[str, Any] = {
             "softmax_scale": call.softmax_scale, "logits_soft_cap": call.logits_soft_cap,
-            "window_left": call.sliding_window, "sinks": sinks,
+            "window_left": None if call.sliding_window is None else call.sliding_window[0], "sinks": sinks,
             "interpret": self.interpret, "k_scale": call.k_scale, "v_scale": call.v_scale,
             **cache,
         }  # fmt: skip

@@ -20,6 +20,8 @@ __all__ = ["PagedReference"]
 class PagedReference(PagedAttentionImpl, declaration=VANILLA_PAGED):
     """Gathers each sequence's pages, then attends: every paged feature, every platform."""
 
+    window_pair = True  # paged_reference takes the call's (left, 0)
+
     def notes(self, problem: PagedProblem) -> list[str]:
         if problem.kv_dtype is None:
             return []

@@ -134,7 +134,7 @@ def paged_reference(
     queries_per_seq: int | None,
     softmax_scale: float,
     logits_soft_cap: float | None = None,
-    sliding_window: int | None = None,
+    sliding_window: tuple[int, int] | None = None,
     softmax_aux: Array | None = None,
     softmax_dtype: Any = jnp.float32,
     k_scale: Array | None = None,
@@ -163,7 +163,7 @@ def paged_reference(
         t = queries_per_seq
         res = vanilla_attention(
             q.reshape(n, t, hq, -1), k_seq, v_seq, causal=True, kv_lengths=lengths,
-            sliding_window=None if sliding_window is None else (sliding_window, 0), softmax_scale=softmax_scale,
+            sliding_window=sliding_window, softmax_scale=softmax_scale,
             logits_soft_cap=logits_soft_cap, softmax_aux=softmax_aux, softmax_dtype=softmax_dtype,
         )
         out = res.output.reshape(num_tokens, hq, -1)
@@ -180,5 +180,6 @@ def paged_reference(
         hkv = k_seq.shape[2]
         aux = aux.astype(sdtype).reshape(hkv, hq // hkv)
     out = _ragged(q, k_seq, v_seq, seq, pos, valid, lengths, scale=softmax_scale, cap=logits_soft_cap,
-                  window=sliding_window, aux=aux, sdtype=sdtype, mask_mod=mask_mod)
+                  window=None if sliding_window is None else sliding_window[0], aux=aux, sdtype=sdtype,
+                  mask_mod=mask_mod)
     return zero_absorbed_heads(jnp.where(valid[:, None, None], out, 0), absorbed, 1).astype(out_dtype)
