@@ -144,6 +144,128 @@ def _and(a: Array | None, b: Array) -> Array:
     return b if a is None else a & b
 
 
+class _Steps(NamedTuple):
+    """What every key step of one ``decode_attention`` call reads (``_attend``, ``_combine``)."""
+
+    k: Array
+    v: Array
+    qt: Array  # the query rows of each KV head side by side: (B * nc, D, Hkv * R)
+    lengths: Array | None
+    pos: Array  # (B, R): each row's position
+    dims: tuple[int, int, int, int, int, int, int]  # b, s, hkv, d, dv, r, keys
+    plan: DecodePlan
+    dtypes: tuple[Any, Any, Any]  # cdtype (the product's), sdtype (the softmax's), adtype (accumulation)
+    scale: float
+    unscaled: bool
+    factor: Array
+    soft_cap: float | None
+    lowest: Array
+    window: tuple[int, int] | None
+    cuts: tuple[bool, bool, bool, bool]  # shifted, causal for T > 1, the window's left and right edges
+
+
+def _seen_max(m: Array, fallback: Any, lowest: Array) -> Array:
+    """``m`` where some key was seen (finite and above ``lowest``), else ``fallback``."""
+    return jnp.where(jnp.isfinite(m) & (m > lowest), m, fallback)
+
+
+def _keep(c: _Steps, n: Array, start: Array) -> Array | None:
+    """``(B|1, nc, sc, 1, R|1)``: which keys of step n (read from ``start``) each row sees."""
+    nc, sc, keys = c.plan.num_chunks, c.plan.chunk, c.dims[6]
+    shifted, cut_causal, cut_left, cut_right = c.cuts
+    lengths, window = c.lengths, c.window
+    j = (start + jnp.arange(keys, dtype=jnp.int32)).reshape(1, nc, sc, 1, 1)
+    p_ = c.pos[:, None, None, None, :]  # (B, 1, 1, 1, R)
+    keep: Array | None = None
+    if shifted:  # keys an earlier step counted
+        keep = j >= n * keys
+    if lengths is not None:  # a query at a negative position (T > L) is no token: it sees nothing
+        keep = _and(keep, (j < lengths[:, None, None, None, None]) & (p_ >= 0))
+    if cut_causal:
+        keep = _and(keep, j <= p_)
+    if cut_left and window is not None:
+        keep = _and(keep, j >= p_ - window[0])
+    if cut_right and window is not None:
+        keep = _and(keep, j <= p_ + window[1])
+    return keep
+
+
+def _attend(c: _Steps, n: Array) -> tuple[Array, Array, Array]:
+    """Step n's chunks: ``(m, l, o)`` of shapes (B, nc, Hkv, R) and (B, nc, Hkv, R, Dv)."""
+    b, s, hkv, d, dv, r, keys = c.dims
+    nc, sc = c.plan.num_chunks, c.plan.chunk
+    cdtype, sdtype, adtype = c.dtypes
+    lengths = c.lengths
+    first = n * keys
+    start = jnp.minimum(first, s - keys)  # the last step ends at S: no padded copy
+    kb = lax.dynamic_slice_in_dim(c.k, start, keys, axis=1).reshape(b * nc, sc, hkv, d)
+    vb = lax.dynamic_slice_in_dim(c.v, start, keys, axis=1).reshape(b * nc, sc, hkv, dv)
+    if lengths is not None:
+        # Past a length the cache may hold NaN: hidden logits are -inf, but p = 0 times a NaN
+        # value is NaN in P @ V (and dS = 0 times a NaN key in dq), so a select zeroes them.
+        live = (start + jnp.arange(keys, dtype=jnp.int32)).reshape(1, nc, sc) < lengths[:, None, None]
+        live = live.reshape(b * nc, sc, 1, 1)
+        kb = jnp.where(live, kb, jnp.zeros((), kb.dtype))
+        vb = jnp.where(live, vb, jnp.zeros((), vb.dtype))
+    x = _logits(kb.astype(cdtype), c.qt, sdtype)  # (B * nc, sc, Hkv, R)
+    if not c.unscaled:
+        x = x * jnp.asarray(c.scale, sdtype)
+    if c.soft_cap is not None:
+        cap = jnp.asarray(c.soft_cap, sdtype)
+        x = cap * jnp.tanh(x / cap)
+    keep = _keep(c, n, start)
+    if keep is not None:
+        keep = jnp.broadcast_to(keep, (b, nc, sc, 1, keep.shape[-1]))
+        keep = keep.reshape(b * nc, sc, 1, keep.shape[-1])
+    low = jnp.asarray(jnp.finfo(x.dtype).min, x.dtype)  # the softmax dtype's own lowest
+    hidden = x if keep is None else jnp.where(keep, x, low)
+    m = lax.stop_gradient(jnp.max(hidden, axis=1))  # (B * nc, Hkv, R); a shift: no gradient
+    seen = jnp.isfinite(m) & (m > low)
+    m_safe = jnp.where(seen, m, 0)
+    exponent = (x - m_safe[:, None]) * c.factor
+    p = jnp.exp(exponent if keep is None else jnp.where(keep, exponent, c.lowest))
+    m = jnp.where(seen, m.astype(adtype), c.lowest)
+    l_c = jnp.sum(p, axis=1, dtype=adtype)
+    o_c = _weighted_values(p, vb, adtype)  # (B * nc, Hkv, R, Dv)
+    return (m.astype(adtype).reshape(b, nc, hkv, r), l_c.reshape(b, nc, hkv, r),
+            o_c.reshape(b, nc, hkv, r, dv))
+
+
+def _combine(c: _Steps, m_c: Array, l_c: Array, o_c: Array,
+             run: tuple[Array, Array, Array] | None = None) -> tuple[Array, Array, Array]:
+    """The split-K combine: chunk partials (and the running ones) rescaled to one max."""
+    m_new = jnp.max(m_c, axis=1) if run is None else jnp.maximum(run[0], jnp.max(m_c, axis=1))
+    safe = _seen_max(m_new, 0, c.lowest)
+    w_c = jnp.exp((_seen_max(m_c, safe[:, None], c.lowest) - safe[:, None]) * c.factor)
+    l_new = jnp.sum(w_c * l_c, axis=1)
+    o_new = jnp.sum(w_c[..., None] * o_c, axis=1)
+    if run is not None:
+        w_run = jnp.exp((_seen_max(run[0], safe, c.lowest) - safe) * c.factor)
+        l_new, o_new = w_run * run[1] + l_new, w_run[..., None] * run[2] + o_new
+    return m_new, l_new, o_new
+
+
+def _run_steps(c: _Steps, lo: Array, hi: Array) -> tuple[Array, Array, Array]:
+    """Every key step, combined: the running ``(m, l, o)`` of (B, Hkv, R) and (B, Hkv, R, Dv);
+    a step no query sees a key of (outside ``lo .. hi``) is skipped."""
+    b, _, hkv, _, dv, r, keys = c.dims
+
+    def scan_step(run: tuple[Array, Array, Array], n: Array) -> tuple[tuple[Array, Array, Array], None]:
+        seen = (n * keys < hi) & ((n + 1) * keys > lo)  # some query can see a key of this step
+        return lax.cond(seen, lambda run: _combine(c, *_attend(c, n), run), lambda run: run, run), None
+
+    if c.plan.steps == 1:  # one step over the whole cache: nothing to skip, no loop
+        return _combine(c, *_attend(c, jnp.int32(0)))
+    adtype = c.dtypes[2]
+    init = (
+        jnp.full((b, hkv, r), c.lowest, adtype),
+        jnp.zeros((b, hkv, r), adtype),
+        jnp.zeros((b, hkv, r, dv), adtype),
+    )
+    run, _ = lax.scan(scan_step, init, jnp.arange(c.plan.steps, dtype=jnp.int32))
+    return run
+
+
 def decode_attention(
     q: ArrayLike,
     k: ArrayLike,
@@ -185,7 +307,7 @@ def decode_attention(
     # would turn a hidden key's -inf into NaN (-inf * 0), and such logits cannot be large.
     unscaled = logits_soft_cap is None and scale >= float(jnp.finfo(sdtype).tiny)
     factor = jnp.asarray(scale if unscaled else 1.0, adtype)
-    nc, sc, keys = plan.num_chunks, plan.chunk, plan.step_keys
+    nc, keys = plan.num_chunks, plan.step_keys
 
     lengths = None if kv_lengths is None else jnp.clip(jnp.asarray(kv_lengths).astype(jnp.int32), 0, s)
     ends = jnp.full((b,), s, jnp.int32) if lengths is None else lengths
@@ -205,100 +327,17 @@ def decode_attention(
     # -inf: jax.debug_infs(True) flags every -inf an operation makes. Such a chunk's sum and
     # values are exactly 0, so its weight in the combine only has to be finite.
     lowest = jnp.asarray(jnp.finfo(adtype).min, adtype)
-
-    def seen_max(m: Array, fallback: Any) -> Array:
-        """``m`` where some key was seen (finite and above ``lowest``), else ``fallback``."""
-        return jnp.where(jnp.isfinite(m) & (m > lowest), m, fallback)
-
     # Which rules can hide a key of a step (others are left out of the program): the shifted
     # last step's overlap, the lengths, causal for T > 1, and the window's edges where they cut.
-    shifted = s % keys != 0
-    cut_causal = causal and t > 1
-    cut_left = window is not None and window[0] < s - 1
-    cut_right = window is not None and window[1] < t - 1
-
-    def _keep(n: Array, start: Array) -> Array | None:
-        """``(B|1, nc, sc, 1, R|1)``: which keys of step n (read from ``start``) each row sees."""
-        j = (start + jnp.arange(keys, dtype=jnp.int32)).reshape(1, nc, sc, 1, 1)
-        p_ = pos[:, None, None, None, :]  # (B, 1, 1, 1, R)
-        keep: Array | None = None
-        if shifted:  # keys an earlier step counted
-            keep = j >= n * keys
-        if lengths is not None:  # a query at a negative position (T > L) is no token: it sees nothing
-            keep = _and(keep, (j < lengths[:, None, None, None, None]) & (p_ >= 0))
-        if cut_causal:
-            keep = _and(keep, j <= p_)
-        if cut_left and window is not None:
-            keep = _and(keep, j >= p_ - window[0])
-        if cut_right and window is not None:
-            keep = _and(keep, j <= p_ + window[1])
-        return keep
-
-    def attend(n: Array) -> tuple[Array, Array, Array]:
-        """Step n's chunks: ``(m, l, o)`` of shapes (B, nc, Hkv, R) and (B, nc, Hkv, R, Dv)."""
-        first = n * keys
-        start = jnp.minimum(first, s - keys)  # the last step ends at S: no padded copy
-        kb = lax.dynamic_slice_in_dim(k, start, keys, axis=1).reshape(b * nc, sc, hkv, d)
-        vb = lax.dynamic_slice_in_dim(v, start, keys, axis=1).reshape(b * nc, sc, hkv, dv)
-        if lengths is not None:
-            # Past a length the cache may hold NaN: hidden logits are -inf, but p = 0 times a NaN
-            # value is NaN in P @ V (and dS = 0 times a NaN key in dq), so a select zeroes them.
-            live = (start + jnp.arange(keys, dtype=jnp.int32)).reshape(1, nc, sc) < lengths[:, None, None]
-            live = live.reshape(b * nc, sc, 1, 1)
-            kb = jnp.where(live, kb, jnp.zeros((), kb.dtype))
-            vb = jnp.where(live, vb, jnp.zeros((), vb.dtype))
-        x = _logits(kb.astype(cdtype), qt, sdtype)  # (B * nc, sc, Hkv, R)
-        if not unscaled:
-            x = x * jnp.asarray(scale, sdtype)
-        if logits_soft_cap is not None:
-            cap = jnp.asarray(logits_soft_cap, sdtype)
-            x = cap * jnp.tanh(x / cap)
-        keep = _keep(n, start)
-        if keep is not None:
-            keep = jnp.broadcast_to(keep, (b, nc, sc, 1, keep.shape[-1]))
-            keep = keep.reshape(b * nc, sc, 1, keep.shape[-1])
-        low = jnp.asarray(jnp.finfo(x.dtype).min, x.dtype)  # the softmax dtype's own lowest
-        hidden = x if keep is None else jnp.where(keep, x, low)
-        m = lax.stop_gradient(jnp.max(hidden, axis=1))  # (B * nc, Hkv, R); a shift: no gradient
-        seen = jnp.isfinite(m) & (m > low)
-        m_safe = jnp.where(seen, m, 0)
-        exponent = (x - m_safe[:, None]) * factor
-        p = jnp.exp(exponent if keep is None else jnp.where(keep, exponent, lowest))
-        m = jnp.where(seen, m.astype(adtype), lowest)
-        l_c = jnp.sum(p, axis=1, dtype=adtype)
-        o_c = _weighted_values(p, vb, adtype)  # (B * nc, Hkv, R, Dv)
-        return (m.astype(adtype).reshape(b, nc, hkv, r), l_c.reshape(b, nc, hkv, r),
-                o_c.reshape(b, nc, hkv, r, dv))
-
-    def combine(m_c: Array, l_c: Array, o_c: Array,
-                run: tuple[Array, Array, Array] | None = None) -> tuple[Array, Array, Array]:
-        """The split-K combine: chunk partials (and the running ones) rescaled to one max."""
-        m_new = jnp.max(m_c, axis=1) if run is None else jnp.maximum(run[0], jnp.max(m_c, axis=1))
-        safe = seen_max(m_new, 0)
-        w_c = jnp.exp((seen_max(m_c, safe[:, None]) - safe[:, None]) * factor)
-        l_new = jnp.sum(w_c * l_c, axis=1)
-        o_new = jnp.sum(w_c[..., None] * o_c, axis=1)
-        if run is not None:
-            w_run = jnp.exp((seen_max(run[0], safe) - safe) * factor)
-            l_new, o_new = w_run * run[1] + l_new, w_run[..., None] * run[2] + o_new
-        return m_new, l_new, o_new
-
-    def scan_step(run: tuple[Array, Array, Array], n: Array) -> tuple[tuple[Array, Array, Array], None]:
-        seen = (n * keys < hi) & ((n + 1) * keys > lo)  # some query can see a key of this step
-        return lax.cond(seen, lambda run: combine(*attend(n), run), lambda run: run, run), None
-
-    if plan.steps == 1:  # one step over the whole cache: nothing to skip, no loop
-        m_run, l_run, o_run = combine(*attend(jnp.int32(0)))
-    else:
-        init = (
-            jnp.full((b, hkv, r), lowest, adtype),
-            jnp.zeros((b, hkv, r), adtype),
-            jnp.zeros((b, hkv, r, dv), adtype),
-        )
-        (m_run, l_run, o_run), _ = lax.scan(scan_step, init, jnp.arange(plan.steps, dtype=jnp.int32))
+    cuts = (s % keys != 0, causal and t > 1, window is not None and window[0] < s - 1,
+            window is not None and window[1] < t - 1)
+    steps = _Steps(k=k, v=v, qt=qt, lengths=lengths, pos=pos, dims=(b, s, hkv, d, dv, r, keys), plan=plan,
+                   dtypes=(cdtype, sdtype, adtype), scale=scale, unscaled=unscaled, factor=factor,
+                   soft_cap=logits_soft_cap, lowest=lowest, window=window, cuts=cuts)
+    m_run, l_run, o_run = _run_steps(steps, lo, hi)
 
     has = l_run > 0
-    m_safe = seen_max(m_run, 0) * factor
+    m_safe = _seen_max(m_run, 0, lowest) * factor
     lse = jnp.where(has, m_safe + jnp.log(jnp.where(has, l_run, 1)), -jnp.inf)
     if aux is None:
         out = o_run / jnp.where(has, l_run, 1)[..., None]
