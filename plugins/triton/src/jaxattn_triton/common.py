@@ -132,6 +132,8 @@ def scores(
     HAS_SOFTCAP: tl.constexpr,
     HAS_MOD: tl.constexpr,
     WORDS: tl.constexpr,
+    col0,
+    NCOL: tl.constexpr,
 ):
     """Mask raw ``q.k`` products; base-2 logits are ``s * QK_SCALE`` (see the kernels).
 
@@ -144,7 +146,7 @@ def scores(
     the soft-cap derivative (the raw product when there is no cap; callers ignore it).
     ``HAS_MOD``: a mask_mod's packed visibility (``jaxattn.masks.mask_bits``: ``WORDS`` int32
     words a query row, key ``32 w + j`` at bit j of word w) hides keys of a partial tile
-    (``EDGE``); a full tile has no element mask at all.
+    (``EDGE``: ``NCOL`` keys from ``col0``); a full tile has no element mask at all.
     """
     if HAS_SOFTCAP:
         th = tanh_f32(qk * (SM_SCALE / SOFTCAP))
@@ -170,8 +172,20 @@ def scores(
         m = tl.load(mask_ptr + rows * stride_mt + cols * stride_ms, mask=inb, other=0)
         s = tl.where(m != 0, s, float("-inf"))
     if HAS_MOD and EDGE:
-        w = tl.load(bits_ptr + rows * WORDS + cols // 32, mask=inb, other=0)
-        s = tl.where(((w >> (cols % 32)) & 1) != 0, s, float("-inf"))
+        # The tile's NW words of each query row, loaded as NW vectors over the rows (a word
+        # address per element takes a register per element: it spilled at D 256).
+        NW: tl.constexpr = (NCOL + 31) // 32
+        w0 = col0 // 32
+        col_word = cols // 32 - w0
+        col_bit = cols % 32
+        row_ok = rows < T
+        seen = (col_word < 0) & row_ok  # all False, the tile's shape
+        for w_k in tl.static_range(NW):
+            # (The word's bound as a vector: the interpreter takes no scalar in a mask.)
+            words = tl.load(bits_ptr + rows * WORDS + (w0 + w_k), mask=row_ok & (rows * 0 + w0 + w_k < WORDS),
+                            other=0)  # fmt: skip
+            seen |= (col_word == w_k) & (((words >> col_bit) & 1) != 0)
+        s = tl.where(seen, s, float("-inf"))
     if HAS_SEG:
         qs = tl.load(qseg_ptr + rows, mask=rows < T, other=-1)
         ks = tl.load(kseg_ptr + cols, mask=cols < S, other=-2)

@@ -127,6 +127,7 @@ def _dkdv_sweep(
     kseg_ptr,
     bits_ptr,
     list_ptr,
+    n0,
     stride_qt,
     stride_dot,
     stride_mt,
@@ -158,6 +159,7 @@ def _dkdv_sweep(
     FUSE_DQ: tl.constexpr,
     PART: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
@@ -197,7 +199,7 @@ def _dkdv_sweep(
             qk_t, offs_m[None, :], cols, mask_ptr, bias_ptr, qseg_ptr, kseg_ptr, bits_ptr,
             stride_mt, stride_ms, stride_bt, stride_bs,
             SM_SCALE, SOFTCAP, T, S, DIAG, LEFT, RIGHT, EDGE,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, n0, BLOCK_N,
         )  # fmt: skip
         # No probability exceeds 1: the cap keeps an lse that lost an ulp against the max (its
         # trip through natural units; past ~2^32 an ulp alone overflows exp2) finite.
@@ -360,27 +362,27 @@ def attn_bwd_dkdv_kernel(
             list_ptr += 2
         dk, dv = _dkdv_sweep(
             dk, dv, k, v, cols, lo, full_lo, q_ptr, do_ptr, LseB + row_ptr, Delta + row_ptr,
-            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, bits_ptr, list_ptr, stride_qt,
+            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, bits_ptr, list_ptr, n0, stride_qt,
             stride_dot, stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
             SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
             HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM, FUSE_DQ,
-            PART, BLOCK_M, BLOCK_D, BLOCK_DV,
+            PART, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
         dk, dv = _dkdv_sweep(
             dk, dv, k, v, cols, full_lo, full_hi, q_ptr, do_ptr, LseB + row_ptr, Delta + row_ptr,
-            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, bits_ptr, list_ptr, stride_qt,
+            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, bits_ptr, list_ptr, n0, stride_qt,
             stride_dot, stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
             SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
             HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM, FUSE_DQ,
-            PART, BLOCK_M, BLOCK_D, BLOCK_DV,
+            PART, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
         dk, dv = _dkdv_sweep(
             dk, dv, k, v, cols, full_hi, hi, q_ptr, do_ptr, LseB + row_ptr, Delta + row_ptr,
-            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, bits_ptr, list_ptr, stride_qt,
+            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, bits_ptr, list_ptr, n0, stride_qt,
             stride_dot, stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
             SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
             HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM, FUSE_DQ,
-            PART, BLOCK_M, BLOCK_D, BLOCK_DV,
+            PART, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
 
     dk_ptrs = DK + b64 * stride_dkb + hkv64 * stride_dkh + cols * stride_dkn + offs_d[None, :]
@@ -479,7 +481,7 @@ def _dq_sweep(
             qk, rows, offs_n[None, :], mask_ptr, bias_ptr, qseg_ptr, kseg_ptr, bits_ptr,
             stride_mt, stride_ms, stride_bt, stride_bs,
             SM_SCALE, SOFTCAP, T, S, DIAG, LEFT, RIGHT, EDGE,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, start_n, BLOCK_N,
         )  # fmt: skip
         p = tl.exp2(tl.minimum(mul_rounded(s, QK_SCALE, ASM) - lse[:, None], 0.0))  # see _dkdv_sweep
         dp = tl.dot(do, tl.trans(v))

@@ -113,7 +113,7 @@ def _fwd_sweep(
             qk, rows, offs_n[None, :], mask_ptr, bias_ptr, qseg_ptr, kseg_ptr, bits_ptr,
             stride_mt, stride_ms, stride_bt, stride_bs,
             SM_SCALE, SOFTCAP, T, S, DIAG, LEFT, RIGHT, EDGE,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, start_n, BLOCK_N,
         )  # fmt: skip
         m_new = tl.maximum(m_i, tl.max(s, 1) * QK_SCALE)
         if MAY_BE_EMPTY:
