@@ -288,6 +288,19 @@ def test_visibility_words_and_bounds() -> None:
     assert (np.asarray(one_head)[6:10] == [0, 64, 0, 32]).all()
 
 
+def test_bounds_of_words() -> None:
+    """Per token: the words some head sees (``[lo, hi)``) and the first run every head sees in full."""
+    from jaxattn_triton.paged.visibility import _bounds
+
+    rows = [[0, 5, -1, -1, 3, -1], [0] * 6, [-1] * 6, [7, 0, 0, 0, 0, 0]]
+    words = jnp.asarray(np.asarray(rows, np.int32)[None])  # (heads, tokens, words)
+    want = [[1, 6, 2, 4], [0, 0, 0, 0], [0, 6, 0, 6], [0, 1, 0, 0]]
+    np.testing.assert_array_equal(np.asarray(_bounds(words)), np.asarray(want) * 32)
+    # Two heads: a word is full only when every head sees all of it.
+    two = jnp.asarray(np.asarray([[[-1, -1, 0]], [[-1, 1, 0]]], np.int32))
+    np.testing.assert_array_equal(np.asarray(_bounds(two)), [[0, 64, 0, 32]])
+
+
 # -- on a GPU ----------------------------------------------------------------------------------
 
 

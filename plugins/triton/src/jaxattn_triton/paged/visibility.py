@@ -81,15 +81,18 @@ def visibility_words(
 
 def _bounds(words: Array) -> Array:
     """``(num_tokens, 4)``: ``lo, hi, full_lo, full_hi`` in keys, at word granularity (module
-    docstring). Reductions only (no scan), so that building them costs little beside the kernel."""
+    docstring). Plain min/max reductions over the words (no scan, no argmax): the first three read
+    the words in one fused pass on a GPU, the run's end in a second, so that building them costs
+    little beside the kernel."""
     width = words.shape[-1]
     some = jnp.any(words != 0, axis=0)  # (N, W): a key some head sees
     every = jnp.all(words == -1, axis=0)  # (N, W): all 32 keys seen by every head
     idx = jnp.arange(width, dtype=jnp.int32)
-    seen, full = jnp.any(some, axis=1), jnp.any(every, axis=1)
-    lo = jnp.where(seen, jnp.argmax(some, axis=1), 0)
-    hi = jnp.where(seen, width - jnp.argmax(some[:, ::-1], axis=1), 0)
-    full_lo = jnp.where(full, jnp.argmax(every, axis=1), 0)
-    after = (idx >= full_lo[:, None]) & ~every  # the first word past the run that is not full
-    full_hi = jnp.where(full, jnp.where(jnp.any(after, axis=1), jnp.argmax(after, axis=1), width), 0)
+    lo = jnp.min(jnp.where(some, idx, width), axis=1)
+    hi = jnp.max(jnp.where(some, idx + 1, 0), axis=1)
+    full_lo = jnp.min(jnp.where(every, idx, width), axis=1)
+    # The run ends at the first word past its start that is not full (or at the last word).
+    full_hi = jnp.min(jnp.where(~every & (idx >= full_lo[:, None]), idx, width), axis=1)
+    run = full_lo < width  # some word is full: [full_lo, full_hi) is non-empty
+    lo, full_lo, full_hi = jnp.where(hi > 0, lo, 0), jnp.where(run, full_lo, 0), jnp.where(run, full_hi, 0)
     return jnp.stack([lo, hi, full_lo, full_hi], axis=1).astype(jnp.int32) * 32
