@@ -53,26 +53,26 @@ def test_get_optimal_config_raises_when_no_backend_is_installed() -> None:
         jaxattn.get_optimal_config()
 
 
-class _HandsOffWithoutATarget(AttentionImpl):
-    """Says it hands every call on, but names no impl to hand it to."""
+class _FallsBackWithoutATarget(AttentionImpl):
+    """Says it falls back for every call, but names no impl to fall back on."""
 
     @classmethod
     def get_impl_name(cls) -> str:
-        return "hands_off"
+        return "falls_back"
 
     def fallback_reasons(self, problem: Any) -> list[str]:
         return ["always"]
 
 
 @pytest.mark.usefixtures("empty_registry")
-def test_a_hand_off_goes_only_to_a_declared_fallback_impl() -> None:
+def test_a_fallback_goes_only_to_a_declared_fallback_impl() -> None:
     import jax
 
-    jaxattn.register_impl(_HandsOffWithoutATarget)
+    jaxattn.register_impl(_FallsBackWithoutATarget)
     q = jax.numpy.ones((1, 8, 2, 16))
     # Before: the core handed such calls to "vanilla" by name, installed or not.
     with pytest.raises(jaxattn.JaxattnError, match="declares no fallback_impl"):
-        jaxattn.attention(q, q, q, impl="hands_off")
+        jaxattn.attention(q, q, q, impl="falls_back")
 
 
 def test_info_json_names_every_library_and_each_plugins_origin(capsys: pytest.CaptureFixture[str]) -> None:

@@ -203,17 +203,17 @@ def test_fallback_is_visible_and_refusable(caplog: pytest.LogCaptureFixture) -> 
     q, k, v = qkv(hkv=2)
     PlainImpl.calls.clear()
     with caplog.at_level("INFO", logger="jaxattn"):
-        out = jaxattn.attention(q, k, v, impl="handoff")
-        jaxattn.attention(q, k, v, impl="handoff")
+        out = jaxattn.attention(q, k, v, impl="falls_back")
+        jaxattn.attention(q, k, v, impl="falls_back")
     np.testing.assert_allclose(out, oracle(q, k, v), atol=2e-5)
-    assert sum("hands" in r.message for r in caplog.records) == 1  # logged once
+    assert sum("falls back" in r.message for r in caplog.records) == 1  # logged once
     ex = jaxattn.explain(q, k, v)
     assert ex.chosen == "plain"  # auto prefers an impl that runs the call itself
-    handoff = next(c for c in ex.candidates if c.name == "handoff")
-    assert handoff.fallback == ("GQA is handed off",)
+    falls_back = next(c for c in ex.candidates if c.name == "falls_back")
+    assert falls_back.fallback == ("GQA falls back",)
     strict = AttentionMetadata(allow_fallback=False)
     with pytest.raises(UnsupportedError, match="allow_fallback=False"):
-        jaxattn.attention(q, k, v, impl="handoff", metadata=strict)
+        jaxattn.attention(q, k, v, impl="falls_back", metadata=strict)
 
 
 def test_auto_logs_choice_once_per_signature(caplog: pytest.LogCaptureFixture) -> None:

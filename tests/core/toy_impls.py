@@ -73,17 +73,17 @@ class CudaOnlyImpl(PlainImpl):
 
 
 class FallbackImpl(PlainImpl):
-    """Runs MHA itself and hands GQA to "plain", like splash's seed behaviour."""
+    """Runs MHA itself and falls back on "plain" for GQA, like splash's seed behaviour."""
 
     priority: ClassVar[int] = 20
     fallback_impl: ClassVar[str | None] = "plain"
 
     @classmethod
     def get_impl_name(cls) -> str:
-        return "handoff"
+        return "falls_back"
 
     def fallback_reasons(self, problem: Any) -> list[str]:
-        return ["GQA is handed off"] if problem.heads_q != problem.heads_kv else []
+        return ["GQA falls back"] if problem.heads_q != problem.heads_kv else []
 
 
 class OddBackwardImpl(PlainImpl):

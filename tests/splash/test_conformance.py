@@ -2,7 +2,7 @@
 
 Splash tiles by the 128-lane width and hands head dims that are not multiples of 128 to
 vanilla (as the seed does), so the matrix's small head dims are raised to 128 here (and a
-distinct value head dim to 256); the decode case still exercises that hand-off. Forward
+distinct value head dim to 256); the decode case still exercises that fallback. Forward
 and gradients against the float64 oracle: every case in float32, a subset in bfloat16
 (``JAXATTN_CONFORMANCE=full`` runs everything in both). Masks, biases and dropout are
 declined, which the suite checks too.

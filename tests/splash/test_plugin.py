@@ -62,18 +62,18 @@ def _inputs(t: int, s: int, d: int) -> tuple[np.ndarray, ...]:
 def test_fallback_to_vanilla_is_visible_and_exact(
     t: int, d: int, why: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The core logs each hand-off once per process, when it plans the call (the plan is then
+    # The core logs each fallback once per process, when it plans the call (the plan is then
     # memoised on the impl jaxattn.get_impl built); other tests may have had this one.
     monkeypatch.setattr(compose, "_logged", set())
     api._composed.cache_clear()
     q, k, v = _inputs(t, 11, d)
     args = [jnp.asarray(a, jnp.float32) for a in (q, k, v)]
     explained = str(jaxattn.explain(*args, impl="splash", causal=True, metadata=INTERPRET))
-    assert "hands to vanilla" in explained and why in explained
+    assert "falls back on vanilla" in explained and why in explained
     with caplog.at_level(logging.INFO, logger="jaxattn"):
         out = jaxattn.attention(*args, impl="splash", causal=True, metadata=INTERPRET)
         jaxattn.attention(*args, impl="splash", causal=True, metadata=INTERPRET)
-    lines = [r.getMessage() for r in caplog.records if "hands" in r.getMessage() and why in r.getMessage()]
+    lines = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage() and why in r.getMessage()]
     assert len(lines) == 1, lines  # logged once, not per call
     np.testing.assert_allclose(np.asarray(out), oracle.attention(q, k, v, causal=True).output, atol=1e-5)
 

@@ -3,7 +3,7 @@
 
 This is where the layers meet: names are resolved by the selection layer (``lookup``,
 ``dispatch``), and what runs is composed here: every impl ``get_impl`` returns carries the
-``COMPOSED`` composition (hand-off and sharding, ``jaxattn.api.compose``), and "auto" gets this
+``COMPOSED`` composition (fallback and sharding, ``jaxattn.api.compose``), and "auto" gets this
 module's ``get_impl`` to build its choices and ``SplitGradImpl`` to give a call's backward its
 own backend. A call is validated once, here, into one call object (``jaxattn.backend.call``), which the
 impl runs (``Backend.run``: its plan for the problem, then the forward).
@@ -66,8 +66,8 @@ def get_impl(name: str | AttentionMechanisms, metadata: AttentionMetadata | None
     A dense name gives an ``AttentionImpl``, a paged one (``page_attention``,
     ``ragged_page_attention_v3``...) a ``PagedAttentionImpl`` (typed ``Any``: the name decides).
     ``"auto"`` gives an impl that picks the best backend per call, of op ``kind`` ("dense" or
-    "paged"). The impl hands calls
-    to its ``fallback_impl`` where it says so and runs under ``shard_map`` when the metadata
+    "paged"). The impl falls back
+    on its ``fallback_impl`` where it says so and runs under ``shard_map`` when the metadata
     carries a mesh.
     """
     key = normalize_name(name, "name")

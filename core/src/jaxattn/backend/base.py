@@ -9,7 +9,7 @@ over a paged KV cache, ``jaxattn.backend.paged_impl``); their calls and forwards
 is here.
 
 A call runs on a straight path: ``run(call)`` looks up the call's ``Plan``, decided once per
-problem (``plan``: decline with every reason, hand-off, sharding, the gradient guard, the routed
+problem (``plan``: decline with every reason, fallback, sharding, the gradient guard, the routed
 forward), and calls the forward on the call object (``jaxattn.backend.call``). Hand-off to
 ``fallback_impl`` and ``shard_map`` over a mesh are the ``composition`` that ``jaxattn.get_impl``
 gives the instances it builds (``jaxattn.api.compose``); a backend constructed directly has none and
@@ -117,7 +117,7 @@ class Plan:
     """How calls of one problem run, decided once (``Backend.plan``) and memoised per problem."""
 
     #: The forward to call on the call object: routed for the platform, maybe under
-    #: ``shard_map``, maybe guarding against gradients, maybe another backend's (a hand-off).
+    #: ``shard_map``, maybe guarding against gradients, maybe another backend's (a fallback).
     forward: Forward
     #: The backend whose kernel runs (errors name it).
     name: str
@@ -148,12 +148,12 @@ class Plan:
 class Composition:
     """What surrounds a kernel for the backends ``jaxattn.get_impl`` builds (``jaxattn.api.compose``).
 
-    ``hand_off(impl, problem, reasons)`` is the backend that runs a call ``impl`` hands to its
-    ``fallback_impl`` (``reasons``: its ``fallback_reasons``); ``shard(impl)`` is ``impl``'s routed
+    ``fallback(impl, problem, reasons)`` is the backend that runs a call ``impl`` falls back on its
+    ``fallback_impl`` for (``reasons``: its ``fallback_reasons``); ``shard(impl)`` is ``impl``'s routed
     forward under ``shard_map`` over the batch and head axes of its metadata's mesh.
     """
 
-    hand_off: Callable[[Backend[Any], Any, list[str]], Backend[Any]]
+    fallback: Callable[[Backend[Any], Any, list[str]], Backend[Any]]
     shard: Callable[[Backend[Any]], Forward]
 
 
@@ -175,7 +175,7 @@ class Backend(Generic[P]):
     why_not: ClassVar[Mapping[Feature, str]] = {}
     #: Higher wins, both for "auto" and among providers of one name on one platform.
     priority: ClassVar[int] = 0
-    #: Name of the impl this one hands calls to when ``fallback_reasons`` is non-empty.
+    #: Name of the impl this one falls back on for calls when ``fallback_reasons`` is non-empty.
     fallback_impl: ClassVar[str | None] = None
     #: One line for listings.
     description: ClassVar[str] = ""
@@ -336,7 +336,7 @@ class Backend(Generic[P]):
 
     def direct_reasons(self, problem: P) -> list[str]:
         """Why a backend constructed directly (no ``composition``) cannot run ``problem``: a mesh
-        to shard over, or a hand-off to ``fallback_impl``; empty for one ``jaxattn.get_impl`` built."""
+        to shard over, or a fallback to ``fallback_impl``; empty for one ``jaxattn.get_impl`` built."""
         if self.composition is not None:
             return []
         reasons = []
@@ -347,7 +347,7 @@ class Backend(Generic[P]):
                 "directly, so nothing wraps its kernel in shard_map; build it with jaxattn.get_impl(name, metadata)"
             )
         if md.allow_fallback:
-            reasons += [f"{r} (would hand the call to {self.fallback_impl}, which only an impl built by "
+            reasons += [f"{r} (would fall back on {self.fallback_impl}, which only an impl built by "
                         "jaxattn.get_impl can do)" for r in self.fallback_reasons(problem)]
         return reasons
 
@@ -358,7 +358,7 @@ class Backend(Generic[P]):
         that it never names one whose call raises. The base class checks nothing."""
 
     def decline(self, problem: P) -> None:
-        """Raise one ``UnsupportedError`` with every reason this call cannot run (hand-off and mesh too)."""
+        """Raise one ``UnsupportedError`` with every reason this call cannot run (fallback and mesh too)."""
         reasons = self.reasons_to_decline(problem) + self.direct_reasons(problem)
         if reasons:
             raise UnsupportedError(self.name(), reasons)
@@ -377,7 +377,7 @@ class Backend(Generic[P]):
         """Decide how calls of ``problem`` run here, once (``run`` memoises it per problem).
 
         Declines the call (one ``UnsupportedError`` with every reason), else: the forward of
-        this backend, or of its ``fallback_impl`` for a call it hands off (logged once); under
+        this backend, or of its ``fallback_impl`` for a call it falls back on (logged once); under
         ``shard_map`` when the metadata carries a mesh; guarded so that differentiating a call
         whose backward the backend cannot run raises its ``grad_reasons``.
         """
@@ -386,7 +386,7 @@ class Backend(Generic[P]):
         impl: Backend[Any] = self
         why = self.fallback_reasons(problem)
         if why and self.composition is not None:  # without one, decline() refused the call
-            impl = self.composition.hand_off(self, problem, why)
+            impl = self.composition.fallback(self, problem, why)
         forward = impl.route()
         if self.composition is not None and impl.metadata.mesh is not None and not impl.sequence_parallel:
             forward = self.composition.shard(impl)

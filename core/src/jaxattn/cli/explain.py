@@ -289,7 +289,7 @@ def render(explanation: Any, out: Printer) -> None:
         # How the chosen one runs it (its layout, kernel, backward: impl.notes) follows.
         notes = ([c.rank_reason] if c.rank_reason else []) + list(c.reasons) + (list(c.notes) if c.chosen else [])
         if c.fallback and not c.reasons:
-            notes += [f"hands the call to {c.fallback_impl}: {r}" for r in c.fallback]
+            notes += [f"falls back on {c.fallback_impl}: {r}" for r in c.fallback]
         table.add("*" if c.chosen else "", c.name, c.status, c.priority, c.origin,
                   "\n".join(notes) or None)
     out.table(table)

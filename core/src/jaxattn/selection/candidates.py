@@ -17,7 +17,7 @@ class Candidate:
     priority: int
     platforms: tuple[str, ...]
     reasons: tuple[str, ...] = ()
-    fallback: tuple[str, ...] = ()  # set when it would hand the call to another impl
+    fallback: tuple[str, ...] = ()  # set when it would fall back on another impl
     fallback_impl: str | None = None
     notes: tuple[str, ...] = ()  # how an accepted impl would run the call
     here: bool = True

@@ -102,7 +102,7 @@ def call_impl_name(impl: str | AttentionMechanisms | None = None, kind: str = "d
 
 
 def _rank_key(candidate: Candidate) -> tuple[int, int, str]:
-    # A candidate that would hand the call to another impl ranks after those that run it themselves.
+    # A candidate that would fall back on another impl ranks after those that run it themselves.
     return (-candidate.priority, len(candidate.fallback) > 0, candidate.name)
 
 
@@ -397,7 +397,8 @@ class Explanation:
             lines += [line for r in c.reasons for line in wrapped("       - ", r)]
             lines += [line for n in c.notes for line in wrapped("       . ", n)]
             if c.fallback and not c.reasons:
-                lines += [line for r in c.fallback for line in wrapped("       ~ ", f"hands to {c.fallback_impl}: {r}")]
+                lines += [line for r in c.fallback
+                          for line in wrapped("       ~ ", f"falls back on {c.fallback_impl}: {r}")]
         return "\n".join(lines)
 
 

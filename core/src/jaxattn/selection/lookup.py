@@ -1,7 +1,7 @@
 """Finding implementations by name: providers here, instances, ``list_impls``, ``register_impl``.
 
 Resolution only: the instances built here run their own kernel (they have no ``composition``);
-``jaxattn.get_impl`` (``jaxattn.api.calls``) gives users instances composed with hand-off and sharding.
+``jaxattn.get_impl`` (``jaxattn.api.calls``) gives users instances composed with fallback and sharding.
 """
 
 from __future__ import annotations
