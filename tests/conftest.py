@@ -57,7 +57,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: in the environment, which the workers and subprocesses inherit (jax reads it at start).
 XLA_CACHE_SETTINGS: dict[str, float | int] = {
     "jax_persistent_cache_min_compile_time_secs": 0.0,
-    "jax_persistent_cache_min_entry_size_bytes": 0,
+    # -1: no minimum size, and jax may not raise it for the filesystem (0 lets it).
+    "jax_persistent_cache_min_entry_size_bytes": -1,
 }
 #: Names the cache's directory; made (and removed at the end) by the first process without it.
 XLA_CACHE_DIR = "JAX_COMPILATION_CACHE_DIR"

@@ -68,7 +68,7 @@ from .compare import assert_close, to_float64
 from .contract import assert_forward_form, assert_output_contract
 from .mod_conformance import ModConformance
 from .quantized_cases import QUANTIZED_DENSE_CASES, QuantizedCase, quantize_dense_inputs, quantized_to_jax
-from .quick_jit import compiler_options_for_tests
+from .quick_jit import compiler_options_for_tests, eager_test_options
 
 __all__ = ["ConformanceSuite"]
 
@@ -315,7 +315,10 @@ class ConformanceSuite(ModConformance):
             return out, grads
 
         if how == "eager" or (how == "test_jit" and not self.jit):
-            compiled = run
+            def compiled(diff: dict[str, jax.Array], fixed: dict[str, Any]) -> tuple[AttentionOutput,
+                                                                                     dict[str, jax.Array]]:
+                with eager_test_options():  # each op's own compile: the test options, as a jit's
+                    return run(diff, fixed)
         else:
             key = (type(self), how, tuple(diff_names), tuple(sorted(features.items())))
             if key in _programs:

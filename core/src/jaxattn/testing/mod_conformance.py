@@ -32,6 +32,7 @@ from . import oracle
 from .cases import static_features
 from .compare import assert_close
 from .mod_cases import MOD_CASES, MOD_PARAMS, ModCase, build_mods, make_mod_inputs, score_factory
+from .quick_jit import eager_test_options
 
 __all__ = ["BLOCK_MASK_BLOCKS", "ModConformance"]
 
@@ -131,8 +132,10 @@ class ModConformance:
             nan = poisoned(np.nan)
             out, grads = jitted({n: nan[n] for n in diff_names}, {n: a for n, a in nan.items() if n not in diff_names})
             # Eagerly in the suite's eager dtypes only (the same code in every dtype).
-            eager = self._mod_call(case, poisoned(np.inf), features, with_block_mask=False) \
-                if suite.runs_eager(dtype) else None
+            eager = None
+            if suite.runs_eager(dtype):
+                with eager_test_options():
+                    eager = self._mod_call(case, poisoned(np.inf), features, with_block_mask=False)
         suite._check_forward_out(out, ref, dtype, f"jit, block_mask, NaN at unseen keys: {label}")
         if eager is not None:
             suite._check_forward_out(eager, ref, dtype, f"eager, +Inf at unseen keys: {label}")

@@ -24,6 +24,7 @@ declines) under ``jax_enable_x64``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -47,7 +48,7 @@ from .conformance import STRICT_MODES
 from .contract import assert_forward_form, assert_output_contract
 from .paged_cases import PagedCase, make_paged_inputs, paged_cases_for, paged_features, poison_unread, query_counts
 from .quantized_cases import QUANTIZED_PAGED_CASES, QuantizedCase, quantize_paged_inputs, quantized_to_jax
-from .quick_jit import compiler_options_for_tests
+from .quick_jit import compiler_options_for_tests, eager_test_options
 
 __all__ = ["PagedConformanceSuite"]
 
@@ -219,7 +220,8 @@ class PagedConformanceSuite:
             return impl(q, k_pages, v_pages, page_table, kv_lengths, **traced, **static).attention_outputs
 
         if how == "eager" or (how == "test_jit" and not self.jit):
-            return call(args, traced)
+            with eager_test_options():  # each op's own compile: the test options, as a jit's
+                return call(args, traced)
         # One jitted function per program: a run on other data (the poisons, another table of
         # the same shapes, another dtype) reuses the traced and compiled program.
         key = (type(self), case, how, repr(sorted(static.items())))
@@ -341,8 +343,9 @@ class PagedConformanceSuite:
             return jaxattn.paged_attention(q, k_pages, v_pages, page_table, kv_lengths, kv_pages=kv_pages,
                                            softmax_aux=softmax_aux, impl=impl, **features)
 
-        run = call if self.runs_eager(dtype) else jax.jit(call, compiler_options=compiler_options_for_tests())
-        with jax.default_matmul_precision("highest"):
+        eager = self.runs_eager(dtype)
+        run = call if eager else jax.jit(call, compiler_options=compiler_options_for_tests())
+        with jax.default_matmul_precision("highest"), eager_test_options() if eager else contextlib.nullcontext():
             got = run(q, arrays.get("k_pages"), arrays.get("v_pages"), arrays["page_table"], arrays["kv_lengths"],
                       arrays.get("kv_pages"), arrays.get("softmax_aux"))
         want = self._expected(paged_case, np_arrays).reshape(b, t, paged_case.hq, -1)

@@ -7,12 +7,13 @@ worse still: every primitive is compiled on its own. Elsewhere this is plain ``j
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import jax
 
-__all__ = ["CPU_TEST_COMPILER_OPTIONS", "compiler_options_for_tests", "quick_jit"]
+__all__ = ["CPU_TEST_COMPILER_OPTIONS", "compiler_options_for_tests", "eager_test_options", "quick_jit"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,3 +32,33 @@ def quick_jit(fn: F, **jit_kwargs: Any) -> F:
     """``jax.jit(fn, **jit_kwargs)`` with ``compiler_options_for_tests()`` unless given."""
     jit_kwargs.setdefault("compiler_options", compiler_options_for_tests())
     return jax.jit(fn, **jit_kwargs)  # type: ignore[return-value]
+
+
+#: jax's switch for the options above in every compile (eager calls take no compiler options).
+_FAST_COMPILE_FLAG = "jax_disable_most_optimizations"
+
+
+@contextlib.contextmanager
+def eager_test_options() -> Iterator[None]:
+    """Eager calls inside compile each op with ``CPU_TEST_COMPILER_OPTIONS`` on a CPU.
+
+    An eager call compiles every op it meets on its own, with XLA's default options (no
+    ``compiler_options`` reach them); jax's ``jax_disable_most_optimizations`` flag turns
+    LLVM's optimisations off for those compiles as the options above do for a jitted test
+    program: about a sixth less time in a conformance suite's eager runs. The ops and their
+    order (what an eager run checks) are the same; XLA's default options stay checked by the
+    suites' forward-only ``jax.jit`` runs. Elsewhere, or on a jax without the flag, a no-op.
+    """
+    if jax.default_backend() != "cpu":
+        yield
+        return
+    try:
+        before = bool(jax.config.read(_FAST_COMPILE_FLAG))
+        jax.config.update(_FAST_COMPILE_FLAG, True)
+    except AttributeError:  # a jax without the flag
+        yield
+        return
+    try:
+        yield
+    finally:
+        jax.config.update(_FAST_COMPILE_FLAG, before)
