@@ -22,7 +22,7 @@ import pytest
 import jaxattn
 from jaxattn import AttentionImpl, Feature, ImplRef
 from jaxattn.backend.declaration import CLASS_FIELDS, DeclarationError
-from jaxattn.backend.names import FIRST_PARTY, PROVIDERS, install_hint
+from jaxattn.backend.names import DISTRIBUTIONS, FIRST_PARTY, install_hint
 from jaxattn.backend.paged_impl import PagedAttentionImpl
 from jaxattn.cli import main as cli_main
 from jaxattn.discovery.plugins import isolated_registry, problems, registry
@@ -263,16 +263,16 @@ def test_every_first_party_impl_binds_to_the_declaration_that_names_it() -> None
 
 
 def test_the_core_table_of_known_names_is_what_the_first_party_plugins_declare() -> None:
-    """``names.PROVIDERS`` (which distribution brings a name no installed plugin provides) restates
+    """``names.DISTRIBUTIONS`` (which distribution brings a name no installed plugin provides) restates
     nothing: every name an installed first-party plugin declares is listed under its distribution,
     and nothing more is listed for an installed one."""
     with isolated_registry(discover=True):
         declared = {(name, p.distribution) for p in registry().providers if p.first_party for name in p.names}
     installed = {dist for _, dist in declared}
     assert installed >= {"jaxattn-vanilla", "jaxattn-sdpa"}
-    listed = {(name, dist) for name, dists in PROVIDERS.items() for dist in dists if dist in installed}
+    listed = {(name, dist) for name, dists in DISTRIBUTIONS.items() for dist in dists if dist in installed}
     assert listed == declared
-    assert {dist for dists in PROVIDERS.values() for dist in dists} == FIRST_PARTY
+    assert {dist for dists in DISTRIBUTIONS.values() for dist in dists} == FIRST_PARTY
 
 
 def test_install_hints_come_from_the_extras_of_jaxattn() -> None:

@@ -1,6 +1,6 @@
 """The implementation names every jaxattn release understands (the seed's ``AttentionMechanisms``).
 
-A name is *known* when it is a member here or a name ``PROVIDERS`` lists, whether or not an
+A name is *known* when it is a member here or a name ``DISTRIBUTIONS`` lists, whether or not an
 installed plugin provides it: asking for a known name that nothing here provides says which
 distributions bring it and how to install them, instead of "unknown attention impl".
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
-__all__ = ["FIRST_PARTY", "PROVIDERS", "AttentionMechanisms", "install_hint", "normalize_name"]
+__all__ = ["DISTRIBUTIONS", "FIRST_PARTY", "AttentionMechanisms", "install_hint", "normalize_name"]
 
 
 class AttentionMechanisms(StrEnum):
@@ -50,8 +50,8 @@ _NAMES: dict[str, tuple[str, ...]] = {
     "jaxattn-ring": ("ring",),
 }
 
-#: Which first-party distributions provide each name they declare (third parties may add more).
-PROVIDERS: dict[str, tuple[str, ...]] = {
+#: The first-party distributions that provide each name, by name (third parties may add more).
+DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     name: tuple(dist for dist, declared in _NAMES.items() if name in declared) for names in _NAMES.values()
     for name in names
 }

@@ -12,7 +12,7 @@ from typing import Any
 from ..backend.base import Backend, resolve_platform
 from ..backend.device import DeviceInfo, detect_device
 from ..backend.metadata import DEFAULT_METADATA, AttentionMetadata
-from ..backend.names import PROVIDERS, AttentionMechanisms, install_hint, normalize_name
+from ..backend.names import DISTRIBUTIONS, AttentionMechanisms, install_hint, normalize_name
 from ..discovery.plugins import plugin_records, register_impl_class, registry
 from ..discovery.registry import ImplInfo, Provider
 from ..errors import ImplNotFoundError, PluginError
@@ -62,7 +62,7 @@ def _not_found(name: str, platform: str, vendor: str | None, md: AttentionMetada
             err = PluginError(f"plugin {record.name!r} ({record.distribution}) is installed but broken: "
                               f"{record.reason}")
             return err  # type: ignore[return-value]
-    if distributions := PROVIDERS.get(name):
+    if distributions := DISTRIBUTIONS.get(name):
         return ImplNotFoundError(
             f"{name!r} is a known attention mechanism, but no installed plugin provides it. It comes with "
             f"{install_hint(distributions)}. Available here: {here}. `jaxattn list` shows what is installed."
