@@ -255,21 +255,21 @@ def test_bf16_terms_carry_float32_and_float16() -> None:
     assert np.isinf(hi[3]) and not mid.any() and not lo.any()
 
 
-def test_plans() -> None:
-    plan = paged_decode_rules.plan_paged_kernel(dtype="bfloat16", num_kv_heads=2, head_dim=128, v_head_dim=128,
+def test_tilings() -> None:
+    tiling = paged_decode_rules.paged_kernel_tiling(dtype="bfloat16", num_kv_heads=2, head_dim=128, v_head_dim=128,
                                                 page_size=16, num_pages=100, pages_per_seq=64)
-    assert (plan.terms, plan.head_dim, plan.pages_per_compute_block, plan.pages_per_seq) == (1, 128, 32, 64)
-    assert plan.cache_copy_bytes == 2 * 2 * 100 * 16 * 128 * 2
+    assert (tiling.terms, tiling.head_dim, tiling.pages_per_compute_block, tiling.pages_per_seq) == (1, 128, 32, 64)
+    assert tiling.cache_copy_bytes == 2 * 2 * 100 * 16 * 128 * 2
     # A prime table width is padded to whole blocks; float32 takes three terms, padded to 128 lanes.
-    odd = paged_decode_rules.plan_paged_kernel(dtype="float32", num_kv_heads=1, head_dim=40, v_head_dim=24,
+    odd = paged_decode_rules.paged_kernel_tiling(dtype="float32", num_kv_heads=1, head_dim=40, v_head_dim=24,
                                                page_size=16, num_pages=9, pages_per_seq=37)
     assert (odd.terms, odd.head_dim, odd.pages_per_compute_block, odd.pages_per_seq) == (3, 128, 32, 64)
-    small = paged_decode_rules.plan_paged_kernel(dtype="float16", num_kv_heads=1, head_dim=100, v_head_dim=100,
+    small = paged_decode_rules.paged_kernel_tiling(dtype="float16", num_kv_heads=1, head_dim=100, v_head_dim=100,
                                                  page_size=4, num_pages=9, pages_per_seq=5,
                                                  pages_per_compute_block=2)
     assert (small.terms, small.head_dim, small.pages_per_compute_block, small.pages_per_seq) == (2, 256, 2, 6)
     with pytest.raises(ValueError, match="float64"):
-        paged_decode_rules.plan_paged_kernel(dtype="float64", num_kv_heads=1, head_dim=8, v_head_dim=8, page_size=4,
+        paged_decode_rules.paged_kernel_tiling(dtype="float64", num_kv_heads=1, head_dim=8, v_head_dim=8, page_size=4,
                                              num_pages=2, pages_per_seq=1)
 
 

@@ -318,9 +318,10 @@ def test_heads_and_groups_padded_where_the_kernel_would_not_tile(kernel: str) ->
     # zero KV head is added; bfloat16 12:2 would take the kernel's untiled fallback (the
     # case upstream reports broken), so each group of 6 query heads is padded to 8.
     for dtype, hq, hkv, expect in (("float32", 6, 3, (4, 2)), ("bfloat16", 12, 2, (2, 8))):
-        plan = ragged_rules.plan_ragged(q_dtype=dtype, kv_dtype=dtype, num_q_heads=hq, num_kv_heads=hkv, head_dim=16,
-                                       v_head_dim=16, layout="combined", page_size=4, pages_per_seq=3, num_tokens=5)
-        assert (plan.num_kv_heads, plan.q_per_kv) == expect
+        tiling = ragged_rules.ragged_tiling(q_dtype=dtype, kv_dtype=dtype, num_q_heads=hq, num_kv_heads=hkv,
+                                            head_dim=16, v_head_dim=16, layout="combined", page_size=4, pages_per_seq=3,
+                                            num_tokens=5)
+        assert (tiling.num_kv_heads, tiling.q_per_kv) == expect
         c = _make_case([(2, 5), (3, 8)], hq=hq, hkv=hkv, d=16, dtype=dtype, seed=3)
         for layout in ("separate", "combined"):
             _check(_ragged(c, layout, softmax_scale=0.25), _oracle(c, scale=0.25), dtype, kernel)
@@ -579,28 +580,28 @@ def test_head_tiling_mirrors_the_kernel(q_dtype: str, kv_dtype: str) -> None:
             assert mine == theirs, (hkv, group)
 
 
-def test_plans() -> None:
-    plan = ragged_rules.plan_ragged(**_facts(pages_per_seq=64, num_tokens=70))
-    assert plan == ragged_rules.RaggedPlan(head_dim=128, num_kv_heads=2, q_per_kv=4, num_queries_per_block=32,
+def test_tilings() -> None:
+    tiling = ragged_rules.ragged_tiling(**_facts(pages_per_seq=64, num_tokens=70))
+    assert tiling == ragged_rules.RaggedTiling(head_dim=128, num_kv_heads=2, q_per_kv=4, num_queries_per_block=32,
                                           num_kv_pages_per_block=16, num_tokens=96, sliding_window=None,
                                           cache_copy=None)
     # Small calls get small blocks; a big page shrinks the KV block to the VMEM budget.
-    small = ragged_rules.plan_ragged(**_facts(pages_per_seq=3, num_tokens=5, window_left=4))
+    small = ragged_rules.ragged_tiling(**_facts(pages_per_seq=3, num_tokens=5, window_left=4))
     assert (small.num_queries_per_block, small.num_kv_pages_per_block, small.num_tokens) == (5, 3, 5)
     assert small.sliding_window == 5
-    big = ragged_rules.plan_ragged(**_facts(q_dtype="float32", kv_dtype="float32", page_size=1024, head_dim=256,
+    big = ragged_rules.ragged_tiling(**_facts(q_dtype="float32", kv_dtype="float32", page_size=1024, head_dim=256,
                                            v_head_dim=256, pages_per_seq=64, num_tokens=8))
     assert big.num_kv_pages_per_block == 1
-    explicit = ragged_rules.plan_ragged(**_facts(pages_per_seq=3, num_tokens=5, num_queries_per_block=4,
+    explicit = ragged_rules.ragged_tiling(**_facts(pages_per_seq=3, num_tokens=5, num_queries_per_block=4,
                                                 num_kv_pages_per_block=9))
     assert (explicit.num_queries_per_block, explicit.num_kv_pages_per_block, explicit.num_tokens) == (4, 3, 8)
     # What copies the cache, said once per call.
-    separate = ragged_rules.plan_ragged(**_facts(layout="separate", head_dim=64, v_head_dim=32, pages_per_seq=1,
+    separate = ragged_rules.ragged_tiling(**_facts(layout="separate", head_dim=64, v_head_dim=32, pages_per_seq=1,
                                                 num_tokens=1))
     assert separate.cache_copy is not None and "interleaved" in separate.cache_copy
     assert "64 (K) and 32 (V) to 128" in separate.cache_copy
     with pytest.raises(ValueError, match="page_size"):
-        ragged_rules.plan_ragged(**_facts(page_size=0, pages_per_seq=1, num_tokens=1))
+        ragged_rules.ragged_tiling(**_facts(page_size=0, pages_per_seq=1, num_tokens=1))
 
 
 # --- the registered backend over the emulated kernel --------------------------------------

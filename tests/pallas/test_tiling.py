@@ -1,10 +1,10 @@
-"""The TPU tile planner the flash and splash plugins share (pure Python)."""
+"""The TPU tiler the flash and splash plugins share (pure Python)."""
 
 from __future__ import annotations
 
 import pytest
 
-from jaxattn_pallas.common import DEFAULT_CAP, LANES, divisor_tile, plan_axis, round_up, sublanes_for
+from jaxattn_pallas.common import DEFAULT_CAP, LANES, axis_tiling, divisor_tile, round_up, sublanes_for
 
 
 def test_quanta() -> None:
@@ -13,17 +13,17 @@ def test_quanta() -> None:
 
 
 def test_default_tiles_grow_to_the_cap_when_padding_is_cheap() -> None:
-    assert plan_axis(300, 16, None, None, names=("a", "b"), kernel="k") == (304, 304, 304)  # one tile
-    assert plan_axis(4096, LANES, None, None, names=("a", "b"), kernel="k") == (4096, DEFAULT_CAP, DEFAULT_CAP)
+    assert axis_tiling(300, 16, None, None, names=("a", "b"), kernel="k") == (304, 304, 304)  # one tile
+    assert axis_tiling(4096, LANES, None, None, names=("a", "b"), kernel="k") == (4096, DEFAULT_CAP, DEFAULT_CAP)
     # 640 keys: 512 would pad to 1024 (60%), 256 to 768 (20%), so 128 and no padding
-    assert plan_axis(640, LANES, None, None, names=("a", "b"), kernel="k") == (640, 128, 128)
+    assert axis_tiling(640, LANES, None, None, names=("a", "b"), kernel="k") == (640, 128, 128)
 
 
 def test_explicit_tiles_win_are_clamped_and_checked() -> None:
-    assert plan_axis(256, LANES, 1024, None, names=("a", "b"), kernel="k") == (256, 256, 256)
-    assert plan_axis(1024, LANES, 256, 384, names=("a", "b"), kernel="k") == (1536, 256, 384)  # lcm padding
+    assert axis_tiling(256, LANES, 1024, None, names=("a", "b"), kernel="k") == (256, 256, 256)
+    assert axis_tiling(1024, LANES, 256, 384, names=("a", "b"), kernel="k") == (1536, 256, 384)  # lcm padding
     with pytest.raises(ValueError, match="b=100 must be a positive multiple of 128 for the splash kernel"):
-        plan_axis(1024, LANES, None, 100, names=("a", "b"), kernel="splash kernel")
+        axis_tiling(1024, LANES, None, 100, names=("a", "b"), kernel="splash kernel")
 
 
 def test_divisor_tile() -> None:

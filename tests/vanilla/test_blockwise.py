@@ -24,10 +24,10 @@ from jaxattn.testing.conformance import ConformanceSuite
 from jaxattn.testing.quick_jit import compiler_options_for_tests, quick_jit
 from jaxattn_vanilla.blockwise.impl import BlockwiseAttention
 from jaxattn_vanilla.blockwise.kernel import (
+    block_tiling,
     blockwise_attention,
     default_block,
     key_block_ranges,
-    plan_blocks,
     query_block_range,
 )
 from jaxattn_vanilla.plugin import BLOCKWISE
@@ -155,19 +155,19 @@ def test_plan_visits_exactly_the_tiles_with_a_visible_key() -> None:
         bq, bk = (int(x) for x in rng.integers(1, 12, 2))
         causal = bool(rng.integers(2))
         window = None if rng.integers(3) == 0 else (int(rng.integers(0, 10)), int(rng.integers(0, 10)))
-        plan = plan_blocks(t, s, bq, bk, causal=causal, window=window)
-        forward = {(i, plan.k_first[i] + n) for i in range(plan.num_q) for n in range(plan.k_count[i])}
-        backward = {(plan.q_first[j] + n, j) for j in range(plan.num_k) for n in range(plan.q_count[j])}
-        want = _visible_tiles(t, s, plan.block_q, plan.block_k, causal, window)
+        tiling = block_tiling(t, s, bq, bk, causal=causal, window=window)
+        forward = {(i, tiling.k_first[i] + n) for i in range(tiling.num_q) for n in range(tiling.k_count[i])}
+        backward = {(tiling.q_first[j] + n, j) for j in range(tiling.num_k) for n in range(tiling.q_count[j])}
+        want = _visible_tiles(t, s, tiling.block_q, tiling.block_k, causal, window)
         label = f"t={t} s={s} blocks={bq}x{bk} causal={causal} window={window}"
         assert forward == want, label
         assert backward == want, label
 
 
 def test_causal_and_window_skip_most_tiles() -> None:
-    causal = plan_blocks(4096, 4096, 512, 512, causal=True)
+    causal = block_tiling(4096, 4096, 512, 512, causal=True)
     assert (causal.tiles_visited, causal.num_q * causal.num_k) == (36, 64)
-    window = plan_blocks(4096, 4096, 512, 512, causal=True, window=(512, 0))
+    window = block_tiling(4096, 4096, 512, 512, causal=True, window=(512, 0))
     assert window.tiles_visited == 15  # the diagonal and the one before it
 
 
@@ -459,44 +459,44 @@ def _random_tiling(rng: np.random.Generator) -> tuple[int, int, int, int, bool, 
 
 
 def test_plan_with_kv_lengths_covers_every_length() -> None:
-    """The static plan keeps a tile whenever some length 0..S can see a key in it (causal and the
+    """The static tiling keeps a tile whenever some length 0..S can see a key in it (causal and the
     window's right edge still skip; its left edge does not)."""
     rng = np.random.default_rng(12)
     for _ in range(200):
         t, s, bq, bk, causal, window = _random_tiling(rng)
-        plan = plan_blocks(t, s, bq, bk, causal=causal, window=window, kv_lengths=True)
-        planned = {(i, plan.k_first[i] + n) for i in range(plan.num_q) for n in range(plan.k_count[i])}
+        tiling = block_tiling(t, s, bq, bk, causal=causal, window=window, kv_lengths=True)
+        tiled = {(i, tiling.k_first[i] + n) for i in range(tiling.num_q) for n in range(tiling.k_count[i])}
         lengths = np.arange(s + 1)
         vis = oracle.visibility(s + 1, 1, t, s, causal=causal, sliding_window=window, kv_lengths=lengths)
-        assert _tiles_of(vis.any(axis=(0, 1)), plan.block_q, plan.block_k) <= planned, (t, s, bq, bk, causal, window)
+        assert _tiles_of(vis.any(axis=(0, 1)), tiling.block_q, tiling.block_k) <= tiled, (t, s, bq, bk, causal, window)
     # Causal still skips the tiles above the S-aligned diagonal.
-    plan = plan_blocks(64, 64, 16, 16, causal=True, kv_lengths=True)
-    assert plan.tiles_visited == 10
+    tiling = block_tiling(64, 64, 16, 16, causal=True, kv_lengths=True)
+    assert tiling.tiles_visited == 10
 
 
 def test_run_time_ranges_are_safe_and_tight_for_one_sequence() -> None:
     """The tiles the loops visit for given lengths: every tile with a visible key (any batch),
     and only those for a batch of one (forward's key ranges and backward's query ranges)."""
-    def visited(plan: Any, causal: bool, window: tuple[int, int] | None, lengths: Any, xp: Any) -> list[Any]:
-        first, last = key_block_ranges(plan, lengths, causal=causal, window=window, xp=xp)
-        return [np.asarray(x) for x in (first, last, *query_block_range(first, last, xp.arange(plan.num_k), xp=xp))]
+    def visited(tiling: Any, causal: bool, window: tuple[int, int] | None, lengths: Any, xp: Any) -> list[Any]:
+        first, last = key_block_ranges(tiling, lengths, causal=causal, window=window, xp=xp)
+        return [np.asarray(x) for x in (first, last, *query_block_range(first, last, xp.arange(tiling.num_k), xp=xp))]
 
     rng = np.random.default_rng(13)
     for n in range(300):
         t, s, bq, bk, causal, window = _random_tiling(rng)
-        plan = plan_blocks(t, s, bq, bk, causal=causal, window=window, kv_lengths=True)
+        tiling = block_tiling(t, s, bq, bk, causal=causal, window=window, kv_lengths=True)
         for lengths in (rng.integers(0, s + 1, 1), rng.integers(0, s + 1, 3)):
             # The rule on the host (NumPy); jnp (what the loops run) on a few, eagerly: it compiles
             # every primitive per shape.
-            first, last, starts, counts = visited(plan, causal, window, lengths.astype(np.int32), np)
+            first, last, starts, counts = visited(tiling, causal, window, lengths.astype(np.int32), np)
             if n < 4:
-                for mine, theirs in zip(visited(plan, causal, window, jnp.asarray(lengths, jnp.int32), jnp),
+                for mine, theirs in zip(visited(tiling, causal, window, jnp.asarray(lengths, jnp.int32), jnp),
                                         (first, last, starts, counts), strict=True):
                     np.testing.assert_array_equal(mine, theirs)
-            backward = {(i, j) for j in range(plan.num_k) for i in range(starts[j], starts[j] + counts[j])}
-            forward = {(i, j) for i in range(plan.num_q) for j in range(first[i], last[i] + 1)}
+            backward = {(i, j) for j in range(tiling.num_k) for i in range(starts[j], starts[j] + counts[j])}
+            forward = {(i, j) for i in range(tiling.num_q) for j in range(first[i], last[i] + 1)}
             vis = oracle.visibility(len(lengths), 1, t, s, causal=causal, sliding_window=window, kv_lengths=lengths)
-            want = _tiles_of(vis.any(axis=(0, 1)), plan.block_q, plan.block_k)
+            want = _tiles_of(vis.any(axis=(0, 1)), tiling.block_q, tiling.block_k)
             label = f"t={t} s={s} blocks={bq}x{bk} causal={causal} window={window} lengths={lengths.tolist()}"
             assert want <= forward and want <= backward, label
             if len(lengths) == 1:

@@ -25,7 +25,7 @@ from jaxattn.testing.compare import assert_close
 from jaxattn.testing.conformance import ConformanceSuite
 from jaxattn.testing.quick_jit import quick_jit
 from jaxattn_vanilla.decode.impl import MAX_DECODE_QUERIES, MAX_STREAMED_ROWS, DecodeAttention
-from jaxattn_vanilla.decode.kernel import decode_attention, plan_decode
+from jaxattn_vanilla.decode.kernel import decode_attention, decode_tiling
 from jaxattn_vanilla.plugin import DECODE
 
 
@@ -123,12 +123,12 @@ def _close(got: Any, want: Any, tol: float, what: str) -> None:
     (37, 3, 10, (10, 2, 4)),  # steps of 10 (the last shifted to end at 37), chunks of 5
     (8, 2, 100, (8, 2, 1)),  # a step never exceeds the cache
 ])
-def test_plan_decode(s: int, chunks: int | None, step: int | None, want: tuple[int, int, int]) -> None:
-    plan = plan_decode(s, chunks, step)
-    assert (plan.step_keys, plan.num_chunks, plan.steps) == want
-    assert plan.chunk * plan.num_chunks == plan.step_keys and plan.steps * plan.step_keys >= s
+def test_decode_tiling(s: int, chunks: int | None, step: int | None, want: tuple[int, int, int]) -> None:
+    tiling = decode_tiling(s, chunks, step)
+    assert (tiling.step_keys, tiling.num_chunks, tiling.steps) == want
+    assert tiling.chunk * tiling.num_chunks == tiling.step_keys and tiling.steps * tiling.step_keys >= s
     with pytest.raises(ValueError, match="positive"):
-        plan_decode(s, 0)
+        decode_tiling(s, 0)
 
 
 CUTS = [(1, None), (4, None), (2, 5), (3, 7), (1, 4), (5, 10)]  # (num_chunks, step)
@@ -158,7 +158,7 @@ def test_split_k_combine_at_lengths_that_are_not_chunk_multiples(
             return jnp.sum(res.output * d_out), res
 
         grads, res = quick_jit(jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True))(q, k, v, aux)
-        label = f"cut {chunks}x{step} {plan_decode(s, chunks, step)}"
+        label = f"cut {chunks}x{step} {decode_tiling(s, chunks, step)}"
         _close(res.output, ref.output, 1e-5, f"output {label}")
         _close(res.lse, ref.lse, 1e-5, f"lse {label}")
         for name, got, want in zip(("dq", "dk", "dv", "daux"), grads,

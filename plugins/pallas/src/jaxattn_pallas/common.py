@@ -2,7 +2,7 @@
 the TPU tile rules (``flash/`` and the splash plugin) and the base class of the two paged impls
 (``ragged/`` and ``decode/``).
 
-Tile planning, in pure Python: a sequence axis gets a padded length, a forward tile and a
+Tiling, in pure Python: a sequence axis gets a padded length, a forward tile and a
 backward tile. The rules the TPU kernels share: a tile is a multiple of its ``quantum`` (128
 lanes for keys; for query rows 8 sublanes of 32-bit values, 16 for 16-bit dtypes, or 128 where a
 kernel puts queries on lanes), it divides the padded length, and it is no longer than the
@@ -29,8 +29,16 @@ from typing import Any, ClassVar
 
 from jaxattn.backend import PagedAttentionImpl, PagedProblem
 
-__all__ = ["DEFAULT_CAP", "LANES", "MAX_PAD_FRACTION", "PallasPagedBase", "divisor_tile", "plan_axis", "round_up",
-           "sublanes_for"]
+__all__ = [
+    "DEFAULT_CAP",
+    "LANES",
+    "MAX_PAD_FRACTION",
+    "PallasPagedBase",
+    "axis_tiling",
+    "divisor_tile",
+    "round_up",
+    "sublanes_for",
+]
 
 LANES = 128
 #: Largest default tile: 512x512 float32 logits (1 MiB) plus the q/k/v tiles, double buffered,
@@ -66,7 +74,7 @@ def divisor_tile(length: int, quantum: int, cap: int) -> int:
     return max((t for t in range(quantum, min(cap, length) + 1, quantum) if length % t == 0), default=quantum)
 
 
-def plan_axis(n: int, quantum: int, fwd: int | None, bwd: int | None, *, cap: int = DEFAULT_CAP,
+def axis_tiling(n: int, quantum: int, fwd: int | None, bwd: int | None, *, cap: int = DEFAULT_CAP,
               names: tuple[str, str], kernel: str) -> tuple[int, int, int]:
     """``(padded length, forward tile, backward tile)`` of one sequence axis of ``n``.
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from jaxattn.backend import AttentionCall, AttentionImpl, AttentionOutput, AttentionProblem, DeviceInfo
 
-from .blocks import LANES, plan_splash
+from .blocks import LANES, splash_tiling
 from .plugin import SPLASH
 
 __all__ = ["SplashAttention"]
@@ -38,7 +38,7 @@ class SplashAttention(AttentionImpl, declaration=SPLASH):
                            "traced array (build it from concrete arrays, outside jax.jit) and not vary with b; "
                            "blockwise runs any mask_mod")
         try:
-            plan_splash(problem.seq_q, problem.seq_k, **self.metadata.block_sizes)
+            splash_tiling(problem.seq_q, problem.seq_k, **self.metadata.block_sizes)
         except ValueError as err:
             reasons.append(f"metadata: {err}")
         return reasons

@@ -38,7 +38,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel
 
-from .blocks import SplashPlan, plan_splash
+from .blocks import SplashTiling, splash_tiling
 
 __all__ = ["build_kernel", "splash_attention"]
 
@@ -63,7 +63,7 @@ def _static_mask(
     return splash.FullMask(shape)
 
 
-def mod_grid(mask_mod: Any, hq: int, t: int, s: int, plan: SplashPlan, causal: bool,
+def mod_grid(mask_mod: Any, hq: int, t: int, s: int, tiling: SplashTiling, causal: bool,
              window: tuple[int, int] | None, offset: int) -> np.ndarray:
     """``(Hq, q_len, kv_len)`` bool on the host: the static mask_mod (raw positions, for b = 0)
     ANDed with causal and the window (bottom-right, ``offset = S - T``); padded keys hidden,
@@ -78,7 +78,7 @@ def mod_grid(mask_mod: Any, hq: int, t: int, s: int, plan: SplashPlan, causal: b
         seen = seen & (j <= i)
     if window is not None:
         seen = seen & (j >= i - window[0]) & (j <= i + (0 if causal else window[1]))
-    grid = np.zeros((hq, plan.q_len, plan.kv_len), bool)
+    grid = np.zeros((hq, tiling.q_len, tiling.kv_len), bool)
     grid[:, :t, :s] = seen
     grid[:, t:, :s] = True
     return grid
@@ -88,7 +88,7 @@ def mod_grid(mask_mod: Any, hq: int, t: int, s: int, plan: SplashPlan, causal: b
 def build_kernel(
     heads: int,
     mqa: bool,
-    plan: SplashPlan,
+    tiling: SplashTiling,
     causal: bool,
     window: tuple[int, int] | None,
     offset: int,
@@ -106,20 +106,20 @@ def build_kernel(
     """
     if mask_mod is not None and mod_shape is not None:
         hq, t, s = mod_shape
-        grid = mod_grid(mask_mod, hq, t, s, plan, causal, window, offset)
+        grid = mod_grid(mask_mod, hq, t, s, tiling, causal, window, offset)
         per_head = [splash.NumpyMask(grid[h]) for h in range(hq)]
         masks_of_heads: list[splash.Mask] = [per_head[h % hq] for h in range(heads)]
     else:
-        masks_of_heads = [_static_mask((plan.q_len, plan.kv_len), causal, window, offset)] * heads
+        masks_of_heads = [_static_mask((tiling.q_len, tiling.kv_len), causal, window, offset)] * heads
     block_sizes = splash.BlockSizes(
-        block_q=plan.block_q,
-        block_kv=plan.block_kv,
-        block_kv_compute=plan.block_kv,
-        block_q_dkv=plan.block_q_bwd,
-        block_kv_dkv=plan.block_kv_bwd,
-        block_kv_dkv_compute=plan.block_kv_bwd,
-        block_q_dq=plan.block_q_bwd,
-        block_kv_dq=plan.block_kv_bwd,
+        block_q=tiling.block_q,
+        block_kv=tiling.block_kv,
+        block_kv_compute=tiling.block_kv,
+        block_q_dkv=tiling.block_q_bwd,
+        block_kv_dkv=tiling.block_kv_bwd,
+        block_kv_dkv_compute=tiling.block_kv_bwd,
+        block_q_dq=tiling.block_q_bwd,
+        block_kv_dq=tiling.block_kv_bwd,
     )
     make = splash.make_splash_mqa if mqa else splash.make_splash_mha
     with jax.ensure_compile_time_eval():
@@ -218,13 +218,13 @@ def splash_attention(
         kv_segment_ids if has_segments else None,
     )
 
-    plan = plan_splash(t, s, **(block_sizes or {}))
-    tail_q, tail_k = plan.q_len - t, plan.kv_len - s
+    tiling = splash_tiling(t, s, **(block_sizes or {}))
+    tail_q, tail_k = tiling.q_len - t, tiling.kv_len - s
     mqa = hkv == 1 and hq > 1
     mod = {}
     if mask_mod is not None:
         mod = {"mask_mod": mask_mod, "mod_shape": (hq, t, s)}
-        grid = mod_grid(mask_mod, hq, t, s, plan, causal, sliding_window, s - t)[:, :t, :s]
+        grid = mod_grid(mask_mod, hq, t, s, tiling, causal, sliding_window, s - t)[:, :t, :s]
         rows = jnp.asarray(grid.any(axis=-1))[None]  # (1, Hq, T): rows that see a key
         valid = rows if valid is None else valid & rows
         seen = jnp.asarray(grid.reshape(hkv, hq // hkv, t, s))  # keys no query of a KV head sees: zeros
@@ -251,8 +251,8 @@ def splash_attention(
         segments = splash.SegmentIds(q=_pad_axis(q_ids, 1, 0, tail_q), kv=kv_ids)
     elif tail_k and not causal:
         segments = splash.SegmentIds(
-            q=jnp.zeros((b, plan.q_len), jnp.int32),
-            kv=jnp.broadcast_to((jnp.arange(plan.kv_len) >= s).astype(jnp.int32), (b, plan.kv_len)),
+            q=jnp.zeros((b, tiling.q_len), jnp.int32),
+            kv=jnp.broadcast_to((jnp.arange(tiling.kv_len) >= s).astype(jnp.int32), (b, tiling.kv_len)),
         )
 
     soft_cap = None if logits_soft_cap is None else float(logits_soft_cap)
@@ -263,15 +263,15 @@ def splash_attention(
     if segments is None:
         # One kernel over B * Hq heads: the batch folds into the heads (query head
         # b * Hq + h reads kv head b * Hkv + h // G, which is splash's own grouping).
-        kernel = build_kernel(b * hq, False, plan, causal, sliding_window, s - t, soft_cap, interpret, **mod)
-        fold = (b * hq, plan.q_len, -1)
-        kf, vf = kh.reshape(b * hkv, plan.kv_len, -1), vh.reshape(b * hkv, plan.kv_len, -1)
+        kernel = build_kernel(b * hq, False, tiling, causal, sliding_window, s - t, soft_cap, interpret, **mod)
+        fold = (b * hq, tiling.q_len, -1)
+        kf, vf = kh.reshape(b * hkv, tiling.kv_len, -1), vh.reshape(b * hkv, tiling.kv_len, -1)
         folded_sinks = None if sinks is None else jnp.tile(sinks, b)
         out = _output(kernel(qh.reshape(fold), kf, vf, None, folded_sinks))
-        out = out.reshape(b, hq, plan.q_len, -1)
+        out = out.reshape(b, hq, tiling.q_len, -1)
     else:
         # Segment ids are per batch element: one kernel call per element.
-        kernel = build_kernel(hq, mqa, plan, causal, sliding_window, s - t, soft_cap, interpret, **mod)
+        kernel = build_kernel(hq, mqa, tiling, causal, sliding_window, s - t, soft_cap, interpret, **mod)
         if mqa:
             kh, vh = kh[:, 0], vh[:, 0]  # make_splash_mqa takes (S, D) keys
         if interpret:

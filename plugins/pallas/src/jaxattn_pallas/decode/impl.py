@@ -16,7 +16,7 @@ from jaxattn.backend import AttentionOutput, PagedCall, PagedProblem
 
 from ..common import PallasPagedBase
 from ..plugin import PALLAS_PAGE_ATTENTION
-from .rules import plan_paged_kernel
+from .rules import paged_kernel_tiling
 
 __all__ = ["PallasPagedDecode"]
 
@@ -58,17 +58,17 @@ class PallasPagedDecode(PallasPagedBase, declaration=PALLAS_PAGE_ATTENTION):
                     f"{self.instead()}"]
         return []
 
-    def _plan(self, problem: PagedProblem) -> Any:
+    def _tiling(self, problem: PagedProblem) -> Any:
         dtype = self.compute_dtype(problem)
-        return plan_paged_kernel(dtype=dtype if dtype in self.dtypes else "float32", num_kv_heads=problem.heads_kv,
+        return paged_kernel_tiling(dtype=dtype if dtype in self.dtypes else "float32", num_kv_heads=problem.heads_kv,
                                  head_dim=problem.head_dim, v_head_dim=problem.head_dim_v,
                                  page_size=problem.page_size, num_pages=problem.num_pages,
                                  pages_per_seq=problem.pages_per_seq)
 
     def notes(self, problem: PagedProblem) -> list[str]:
-        plan = self._plan(problem)
-        return [plan.describe_copy(self.compute_dtype(problem), problem.kv_layout),
-                f"blocks of {plan.pages_per_compute_block} pages"]
+        tiling = self._tiling(problem)
+        return [tiling.describe_copy(self.compute_dtype(problem), problem.kv_layout),
+                f"blocks of {tiling.pages_per_compute_block} pages"]
 
     def forward_tpu(self, call: PagedCall) -> AttentionOutput:
         from .kernel import paged_attention_decode

@@ -8,7 +8,7 @@ meets the contract on top of it; in short, per call:
 * **copies**: the whole KV cache (every page of the pool, used or not) into the kernel's
   layout, transposed (separate layout) or de-interleaved (combined layout), split into
   bfloat16 terms for float32/float16 caches (exactness, see the rules module) and zero-padded
-  to a multiple of 128 in the head dim; ``PagedKernelPlan.describe_copy`` says how many bytes.
+  to a multiple of 128 in the head dim; ``PagedKernelTiling.describe_copy`` says how many bytes.
   The kernel cannot read the contract's layouts in place, so there is no way around the copy:
   on a real TPU the ragged kernel (:mod:`jaxattn_pallas.ragged.kernel`), which reads the combined
   layout in place, is the faster choice, and jaxattn ranks it first;
@@ -38,9 +38,9 @@ from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kern
 from jaxattn.backend import InvalidInputError, UnsupportedError, traced_under, x64_off
 
 from ..ragged.kernel import cache_facts
-from .rules import PagedKernelPlan, plan_paged_kernel
+from .rules import PagedKernelTiling, paged_kernel_tiling
 
-__all__ = ["live_rows", "paged_attention_decode", "plan_for"]
+__all__ = ["live_rows", "paged_attention_decode", "tiling_for"]
 
 _NAME = "pallas_paged_attention_decode"
 
@@ -62,11 +62,11 @@ def bf16_terms(x: jax.Array, terms: int) -> list[jax.Array]:
     return out
 
 
-def _kernel_layout(pages: jax.Array, plan: PagedKernelPlan) -> jax.Array:
+def _kernel_layout(pages: jax.Array, tiling: PagedKernelTiling) -> jax.Array:
     """``(num_pages, page_size, Hkv, d)`` -> ``(Hkv, num_pages, page_size, D')`` bfloat16: the copy."""
     pages = jnp.transpose(pages, (2, 0, 1, 3))
-    parts = bf16_terms(pages, plan.terms)
-    width = plan.head_dim - plan.terms * pages.shape[-1]
+    parts = bf16_terms(pages, tiling.terms)
+    width = tiling.head_dim - tiling.terms * pages.shape[-1]
     if width:
         parts.append(jnp.zeros((*pages.shape[:-1], width), jnp.bfloat16))
     return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
@@ -87,11 +87,11 @@ def live_rows(table: jax.Array, lengths: jax.Array, num_pages: int, page_size: i
     return jnp.zeros((num_pages, page_size), jnp.int32).at[table].max(read) > 0
 
 
-def plan_for(q: jax.Array, k_pages: jax.Array | None, v_pages: jax.Array | None, page_table: jax.Array, *,
-             kv_pages: jax.Array | None = None, pages_per_compute_block: int | None = None) -> PagedKernelPlan:
-    """The plan of a call with these arrays (shapes and dtypes only)."""
+def tiling_for(q: jax.Array, k_pages: jax.Array | None, v_pages: jax.Array | None, page_table: jax.Array, *,
+             kv_pages: jax.Array | None = None, pages_per_compute_block: int | None = None) -> PagedKernelTiling:
+    """The tiling of a call with these arrays (shapes and dtypes only)."""
     _, hkv, dv, page_size, num_pages, _ = cache_facts(q.shape[-1], k_pages, v_pages, kv_pages)
-    return plan_paged_kernel(dtype=jnp.dtype(q.dtype).name, num_kv_heads=hkv, head_dim=q.shape[-1], v_head_dim=dv,
+    return paged_kernel_tiling(dtype=jnp.dtype(q.dtype).name, num_kv_heads=hkv, head_dim=q.shape[-1], v_head_dim=dv,
                              page_size=page_size, num_pages=num_pages, pages_per_seq=page_table.shape[1],
                              pages_per_compute_block=pages_per_compute_block)
 
@@ -134,7 +134,7 @@ def paged_attention_decode(
         raise InvalidInputError("page_table", f"expected page_table ({b}, pages_per_seq) and kv_lengths ({b},), got "
                                 f"{page_table.shape} and {kv_lengths.shape}")
     try:
-        plan = plan_for(q, k_pages, v_pages, page_table, kv_pages=kv_pages,
+        tiling = tiling_for(q, k_pages, v_pages, page_table, kv_pages=kv_pages,
                         pages_per_compute_block=pages_per_compute_block)
     except ValueError as err:
         raise UnsupportedError(_NAME, [str(err)]) from None
@@ -148,22 +148,22 @@ def paged_attention_decode(
     lengths = jnp.clip(kv_lengths.astype(jnp.int32), 0, pages_per_seq * page_size)
     lengths = jnp.where(jnp.arange(b, dtype=jnp.int32) < n, lengths, 0)
     table = jnp.clip(page_table.astype(jnp.int32), 0, num_pages - 1)
-    table = jnp.pad(table, ((0, 0), (0, plan.pages_per_seq - pages_per_seq)))
+    table = jnp.pad(table, ((0, 0), (0, tiling.pages_per_seq - pages_per_seq)))
 
     if kv_pages is not None:
         k_pages, v_pages = kv_pages[:, :, 0::2], kv_pages[:, :, 1::2]
     assert k_pages is not None
     assert v_pages is not None
     live = live_rows(table, lengths, num_pages, page_size)[:, :, None, None]
-    k = _kernel_layout(jnp.where(live, k_pages, jnp.zeros((), k_pages.dtype)), plan)
-    v = _kernel_layout(jnp.where(live, v_pages, jnp.zeros((), v_pages.dtype)), plan)
+    k = _kernel_layout(jnp.where(live, k_pages, jnp.zeros((), k_pages.dtype)), tiling)
+    v = _kernel_layout(jnp.where(live, v_pages, jnp.zeros((), v_pages.dtype)), tiling)
     qk = q.astype(jnp.float32) * jnp.float32(softmax_scale)
-    qk = jnp.concatenate([qk] * plan.terms + [jnp.zeros((b, hq, plan.head_dim - plan.terms * d), jnp.float32)],
+    qk = jnp.concatenate([qk] * tiling.terms + [jnp.zeros((b, hq, tiling.head_dim - tiling.terms * d), jnp.float32)],
                          axis=-1)
 
     kernel = functools.partial(
         pa_kernel.paged_attention,
-        pages_per_compute_block=plan.pages_per_compute_block,
+        pages_per_compute_block=tiling.pages_per_compute_block,
         attn_logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
     )
     # The kernel indexes in int32 (it breaks under jax_enable_x64); interpret mode runs it on a CPU.
@@ -172,7 +172,7 @@ def paged_attention_decode(
 
     # q was launched as float32, so the kernel's output is float32: sum the terms' column
     # blocks (smallest first), then drop the padding.
-    total = out[..., (plan.terms - 1) * dv : plan.terms * dv]
-    for t in range(plan.terms - 2, -1, -1):
+    total = out[..., (tiling.terms - 1) * dv : tiling.terms * dv]
+    for t in range(tiling.terms - 2, -1, -1):
         total = total + out[..., t * dv : (t + 1) * dv]
     return jnp.where(lengths[:, None, None] > 0, total, jnp.zeros((), total.dtype)).astype(q.dtype)

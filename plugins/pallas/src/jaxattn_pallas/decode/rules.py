@@ -21,7 +21,7 @@ The kernel, ``jax.experimental.pallas.ops.tpu.paged_attention`` (same source in 
   skipped with "This kernel has data races that need to be fixed". jaxattn ranks it below the
   ragged kernel on a TPU for that reason and for the copy below.
 
-What the wrapper does about it (:class:`PagedKernelPlan` records it per call):
+What the wrapper does about it (:class:`PagedKernelTiling` records it per call):
 
 * **a copy of the whole cache on every call**: K and V are transposed into the kernel's
   ``(Hkv, num_pages, page_size, D')`` (from the separate layout, or de-interleaved from the
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["BLOCK_TOKENS", "LANES", "SUPPORTED_DTYPES", "TERMS", "PagedKernelPlan", "plan_paged_kernel"]
+__all__ = ["BLOCK_TOKENS", "LANES", "SUPPORTED_DTYPES", "TERMS", "PagedKernelTiling", "paged_kernel_tiling"]
 
 LANES = 128
 #: Tokens per compute block the wrapper aims for (upstream's test reads 512-token blocks).
@@ -59,7 +59,7 @@ _ITEMSIZE_BF16 = 2
 
 
 @dataclasses.dataclass(frozen=True)
-class PagedKernelPlan:
+class PagedKernelTiling:
     """What the kernel is given for one call."""
 
     terms: int  # bfloat16 terms per K/V value
@@ -80,7 +80,7 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
-def plan_paged_kernel(
+def paged_kernel_tiling(
     *,
     dtype: str,
     num_kv_heads: int,
@@ -90,7 +90,7 @@ def plan_paged_kernel(
     num_pages: int,
     pages_per_seq: int,
     pages_per_compute_block: int | None = None,
-) -> PagedKernelPlan:
+) -> PagedKernelTiling:
     """The kernel's view of a call. Raises ``ValueError`` for a dtype the wrapper does not take
     or a non-positive ``pages_per_compute_block``.
 
@@ -106,7 +106,7 @@ def plan_paged_kernel(
     width = max(pages_per_seq, 1)
     block = pages_per_compute_block or max(1, BLOCK_TOKENS // max(page_size, 1))
     block = min(block, width)
-    return PagedKernelPlan(
+    return PagedKernelTiling(
         terms=terms,
         head_dim=d,
         pages_per_seq=-(-width // block) * block,

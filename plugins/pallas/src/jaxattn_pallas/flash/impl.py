@@ -9,7 +9,7 @@ from __future__ import annotations
 from jaxattn.backend import AttentionCall, AttentionImpl, AttentionOutput, AttentionProblem
 
 from ..plugin import PALLAS_FLASH
-from .rules import plan_flash
+from .rules import flash_tiling
 
 __all__ = ["PallasFlashAttention"]
 
@@ -30,7 +30,7 @@ class PallasFlashAttention(AttentionImpl, declaration=PALLAS_FLASH):
                 f"softmax_dtype={self.metadata.softmax_dtype!r} cannot be honoured"
             )
         try:
-            plan_flash(
+            flash_tiling(
                 problem.seq_q,
                 problem.seq_k,
                 itemsize=_ITEMSIZE.get(self.compute_dtype(problem), 4),

@@ -36,7 +36,7 @@ from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 
 from jaxattn.backend import traced_under, x64_off
 
-from .rules import LANES, FlashPlan, plan_flash
+from .rules import LANES, FlashTiling, flash_tiling
 
 __all__ = ["flash_attention", "kernel_block_sizes"]
 
@@ -48,20 +48,20 @@ _MASKED_LOGIT = -1e30
 _MAX_BIAS_MAGNITUDE = 1e37  # |bias / scale| bound, far from float32 overflow
 
 
-def kernel_block_sizes(plan: FlashPlan) -> tpu_flash.BlockSizes:
-    """The kernel's BlockSizes for a plan (forward and both backward kernels)."""
+def kernel_block_sizes(tiling: FlashTiling) -> tpu_flash.BlockSizes:
+    """The kernel's BlockSizes for a tiling (forward and both backward kernels)."""
     return tpu_flash.BlockSizes(
-        block_q=plan.block_q,
-        block_k_major=plan.block_k,
-        block_k=plan.block_k,
+        block_q=tiling.block_q,
+        block_k_major=tiling.block_k,
+        block_k=tiling.block_k,
         block_b=1,
-        block_q_major_dkv=plan.block_q_bwd,
-        block_k_major_dkv=plan.block_k_bwd,
-        block_k_dkv=plan.block_k_bwd,
-        block_q_dkv=plan.block_q_bwd,
-        block_k_major_dq=plan.block_k_bwd,
-        block_k_dq=plan.block_k_bwd,
-        block_q_dq=plan.block_q_bwd,
+        block_q_major_dkv=tiling.block_q_bwd,
+        block_k_major_dkv=tiling.block_k_bwd,
+        block_k_dkv=tiling.block_k_bwd,
+        block_q_dkv=tiling.block_q_bwd,
+        block_k_major_dq=tiling.block_k_bwd,
+        block_k_dq=tiling.block_k_bwd,
+        block_q_dq=tiling.block_q_bwd,
     )
 
 
@@ -206,9 +206,9 @@ def flash_attention(
         dp = -(-dp // LANES) * LANES
     qh, kh, vh = _pad_axis(qh, 3, 0, dp - d), _pad_axis(kh, 3, 0, dp - d), _pad_axis(vh, 3, 0, dp - dv)
 
-    plan = plan_flash(front_pad + rows, s, itemsize=jnp.dtype(q.dtype).itemsize, **(block_sizes or {}))
-    tail_q = plan.q_len - front_pad - rows
-    tail_k = plan.kv_len - s
+    tiling = flash_tiling(front_pad + rows, s, itemsize=jnp.dtype(q.dtype).itemsize, **(block_sizes or {}))
+    tail_q = tiling.q_len - front_pad - rows
+    tail_k = tiling.kv_len - s
     qh = _pad_axis(qh, 2, front_pad, tail_q)
     kh, vh = _pad_axis(kh, 2, 0, tail_k), _pad_axis(vh, 2, 0, tail_k)
     if ab is not None:
@@ -224,15 +224,15 @@ def flash_attention(
         segments = tpu_flash.SegmentIds(q=_pad_axis(q_ids, 1, front_pad, tail_q), kv=kv_ids)
     elif tail_k and not kernel_causal and ab is None:
         segments = tpu_flash.SegmentIds(
-            q=jnp.zeros((b, plan.q_len), jnp.int32),
-            kv=(jnp.arange(plan.kv_len) >= s).astype(jnp.int32)[None].repeat(b, axis=0),
+            q=jnp.zeros((b, tiling.q_len), jnp.int32),
+            kv=(jnp.arange(tiling.kv_len) >= s).astype(jnp.int32)[None].repeat(b, axis=0),
         )
 
     kernel = functools.partial(
         tpu_flash.flash_attention,
         causal=kernel_causal,
         sm_scale=scale,
-        block_sizes=kernel_block_sizes(plan),
+        block_sizes=kernel_block_sizes(tiling),
     )
     # The kernel indexes in int32 (it breaks under jax_enable_x64); interpret mode runs it on a CPU.
     contexts = (x64_off, pltpu.force_tpu_interpret_mode) if interpret else (x64_off,)

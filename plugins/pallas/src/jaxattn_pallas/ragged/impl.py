@@ -56,11 +56,11 @@ class PallasRaggedPagedAttention(PallasPagedBase, declaration=PALLAS_RAGGED_PAGE
 
     def notes(self, problem: PagedProblem) -> list[str]:
         facts = self._facts(problem)
-        plan = ragged_rules.plan_ragged(**facts, pages_per_seq=problem.pages_per_seq, num_tokens=problem.num_tokens,
+        tiling = ragged_rules.ragged_tiling(**facts, pages_per_seq=problem.pages_per_seq, num_tokens=problem.num_tokens,
                                        window_left=problem.sliding_window)
-        copy = (f"copies the whole KV cache per call ({plan.cache_copy})" if plan.cache_copy
+        copy = (f"copies the whole KV cache per call ({tiling.cache_copy})" if tiling.cache_copy
                 else "reads the combined KV cache in place")
-        return [copy, f"blocks: {plan.num_queries_per_block} query rows x {plan.num_kv_pages_per_block} pages"]
+        return [copy, f"blocks: {tiling.num_queries_per_block} query rows x {tiling.num_kv_pages_per_block} pages"]
 
     def forward_tpu(self, call: PagedCall) -> AttentionOutput:
         import jax.numpy as jnp

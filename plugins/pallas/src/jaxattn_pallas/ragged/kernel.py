@@ -9,7 +9,7 @@
   (every page, used or not) on every call. Head dims off a multiple of 128 and KV head
   counts that do not tile are zero-padded as part of that conversion, and for the
   combined layout they make a whole-cache copy of their own.
-  ``ragged_rules.plan_ragged(...).cache_copy`` says which calls copy, and
+  ``ragged_rules.ragged_tiling(...).cache_copy`` says which calls copy, and
   ``ragged_reasons(allow_cache_copy=False)`` refuses them;
 * query heads: per KV head group, padded with zero heads where the kernel would otherwise
   leave its tiled path (q is small; the cache is not touched); dummy heads' outputs and
@@ -27,7 +27,7 @@
   averages masked keys there. Query rows are padded to a whole number of query blocks;
 * cache contents no query reads (rows past a length, pages past a last page) may be NaN: the
   kernel itself selects K and V rows past each length to zero before its products;
-* block sizes are chosen here (:func:`ragged_rules.plan_ragged`) or given by the caller:
+* block sizes are chosen here (:func:`ragged_rules.ragged_tiling`) or given by the caller:
   the kernel's own tuned table raises off TPU and on TPU v2/v3.
 
 Declined (``ragged_rules.ragged_reasons`` lists them): attention sinks, float16 and other
@@ -51,7 +51,7 @@ from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
 from jaxattn.backend import InvalidInputError, UnsupportedError
 
 from . import rules as ragged_rules
-from .rules import Layout, RaggedPlan
+from .rules import Layout, RaggedTiling
 
 __all__ = ["ragged_paged_attention"]
 
@@ -93,18 +93,18 @@ def cache_facts(
     return "separate", hkv, v_pages.shape[3], page_size, num_pages, jnp.dtype(k_pages.dtype).name
 
 
-def _combined_cache(plan: RaggedPlan, k_pages: jax.Array | None, v_pages: jax.Array | None,
+def _combined_cache(tiling: RaggedTiling, k_pages: jax.Array | None, v_pages: jax.Array | None,
                     kv_pages: jax.Array | None) -> jax.Array:
     if kv_pages is not None:
         _, _, combined, d = kv_pages.shape
         # Extra heads go after the real ones: K head h stays at 2h, V head h at 2h + 1.
-        return _pad(kv_pages, (0, 0, 2 * plan.num_kv_heads - combined, plan.head_dim - d))
+        return _pad(kv_pages, (0, 0, 2 * tiling.num_kv_heads - combined, tiling.head_dim - d))
     assert k_pages is not None
     assert v_pages is not None
     num_pages, page_size, hkv, d = k_pages.shape
-    k = _pad(k_pages, (0, 0, plan.num_kv_heads - hkv, plan.head_dim - d))
-    v = _pad(v_pages, (0, 0, plan.num_kv_heads - hkv, plan.head_dim - v_pages.shape[3]))
-    return jnp.stack([k, v], axis=3).reshape(num_pages, page_size, 2 * plan.num_kv_heads, plan.head_dim)
+    k = _pad(k_pages, (0, 0, tiling.num_kv_heads - hkv, tiling.head_dim - d))
+    v = _pad(v_pages, (0, 0, tiling.num_kv_heads - hkv, tiling.head_dim - v_pages.shape[3]))
+    return jnp.stack([k, v], axis=3).reshape(num_pages, page_size, 2 * tiling.num_kv_heads, tiling.head_dim)
 
 
 def _visible_rows(cu_q_lens: jax.Array, kv_lengths: jax.Array, n_seqs: jax.Array, num_tokens: int) -> jax.Array:
@@ -164,7 +164,7 @@ def run_ragged(
         # Nothing to compute, or no key anywhere: every row is zeros by the contract.
         return jnp.zeros(out_shape, q.dtype)
 
-    plan = ragged_rules.plan_ragged(
+    tiling = ragged_rules.ragged_tiling(
         q_dtype=jnp.dtype(q.dtype).name, kv_dtype=kv_dtype, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
         head_dim=head_dim, v_head_dim=v_head_dim, layout=layout, page_size=page_size, pages_per_seq=pages_per_seq,
         num_tokens=num_tokens, window_left=window_left, num_queries_per_block=num_queries_per_block,
@@ -172,10 +172,10 @@ def run_ragged(
     )
     group = num_q_heads // num_kv_heads
     qk = q.reshape(num_tokens, num_kv_heads, group, head_dim)
-    qk = _pad(qk, (plan.num_tokens - num_tokens, plan.num_kv_heads - num_kv_heads, plan.q_per_kv - group,
-                   plan.head_dim - head_dim))
-    qk = qk.reshape(plan.num_tokens, plan.num_q_heads, plan.head_dim)
-    kv = _combined_cache(plan, k_pages, v_pages, kv_pages)
+    qk = _pad(qk, (tiling.num_tokens - num_tokens, tiling.num_kv_heads - num_kv_heads, tiling.q_per_kv - group,
+                   tiling.head_dim - head_dim))
+    qk = qk.reshape(tiling.num_tokens, tiling.num_q_heads, tiling.head_dim)
+    kv = _combined_cache(tiling, k_pages, v_pages, kv_pages)
 
     lengths = kv_lengths.astype(jnp.int32)
     cu = cu_q_lens.astype(jnp.int32)
@@ -187,10 +187,10 @@ def run_ragged(
     kernel = functools.partial(
         rpa_kernel.ragged_paged_attention,
         sm_scale=float(softmax_scale),
-        sliding_window=plan.sliding_window,
+        sliding_window=tiling.sliding_window,
         soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
-        num_kv_pages_per_block=plan.num_kv_pages_per_block,
-        num_queries_per_block=plan.num_queries_per_block,
+        num_kv_pages_per_block=tiling.num_kv_pages_per_block,
+        num_queries_per_block=tiling.num_queries_per_block,
         vmem_limit_bytes=vmem_limit_bytes,
     )
     args: tuple[Any, ...] = (qk, kv, kernel_lengths, table, cu, kernel_seqs.reshape(1))
@@ -200,7 +200,7 @@ def run_ragged(
     else:
         out = kernel(*args)
 
-    out = out.reshape(plan.num_tokens, plan.num_kv_heads, plan.q_per_kv, plan.head_dim)
+    out = out.reshape(tiling.num_tokens, tiling.num_kv_heads, tiling.q_per_kv, tiling.head_dim)
     out = out[:num_tokens, :num_kv_heads, :group, :v_head_dim].reshape(out_shape)
     visible = _visible_rows(cu, lengths, n_seqs, num_tokens)
     return jnp.where(visible[:, None, None], out, jnp.zeros((), out.dtype))

@@ -35,7 +35,7 @@ read from its source and checked by lowering it for TPU from a CPU host:
   sequence, shifting the whole cache, and a window would hide it): they are declined;
 * its tuned block sizes come from a table keyed on the TPU generation that raises off TPU
   and on TPU v2/v3 (upstream tests skip below v4); the wrappers always pass their own
-  block sizes (:func:`plan_ragged`), so that lookup never runs, and decline v2/v3;
+  block sizes (:func:`ragged_tiling`), so that lookup never runs, and decline v2/v3;
 * TPU interpret mode cannot run it: the kernel reshapes (and, for bfloat16, bitcasts)
   VMEM refs, which the interpreter's ref accessor does not model ("'ReshapeTransform'
   object has no attribute 'indices'" on jax 0.10.2; the accessor is unchanged in 0.11.2),
@@ -71,12 +71,12 @@ __all__ = [
     "MAX_DEFAULT_KV_PAGES_PER_BLOCK",
     "SUPPORTED_DTYPES",
     "Layout",
-    "RaggedPlan",
+    "RaggedTiling",
     "installed_jax_version",
     "kernel_heads_per_block",
     "paged_decode_reasons",
-    "plan_ragged",
     "ragged_reasons",
+    "ragged_tiling",
 ]
 
 Layout = Literal["separate", "combined"]
@@ -137,7 +137,7 @@ def kernel_heads_per_block(num_q_heads: int, num_kv_heads: int, q_dtype: str, kv
 
 
 @dataclasses.dataclass(frozen=True)
-class RaggedPlan:
+class RaggedTiling:
     """What the kernel is given for one call: padded sizes, block sizes, its window."""
 
     head_dim: int  # D of q, k and v as the kernel sees them (a multiple of 128)
@@ -248,13 +248,13 @@ def ragged_reasons(
     if tpu_generation is not None and tpu_generation < 4:
         reasons.append(f"{_KERNEL} needs TPU v4 or newer (upstream raises and skips its tests below v4)")
     if not reasons and not allow_cache_copy:
-        plan = plan_ragged(
+        tiling = ragged_tiling(
             q_dtype=q_dtype, kv_dtype=kv_dtype, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim, v_head_dim=v_head_dim, layout=layout, page_size=page_size,
             pages_per_seq=1, num_tokens=1, window_left=window_left,
         )
-        if plan.cache_copy is not None:
-            reasons.append(f"would copy the whole KV cache ({plan.cache_copy})")
+        if tiling.cache_copy is not None:
+            reasons.append(f"would copy the whole KV cache ({tiling.cache_copy})")
     return reasons
 
 
@@ -272,7 +272,7 @@ def _default_kv_pages(pages_per_seq: int, page_size: int, combined_per_block: in
     return max(1, min(pages_per_seq, MAX_DEFAULT_KV_PAGES_PER_BLOCK, fits))
 
 
-def plan_ragged(
+def ragged_tiling(
     *,
     q_dtype: str,
     kv_dtype: str,
@@ -287,7 +287,7 @@ def plan_ragged(
     window_left: int | None = None,
     num_queries_per_block: int | None = None,
     num_kv_pages_per_block: int | None = None,
-) -> RaggedPlan:
+) -> RaggedTiling:
     """The kernel's view of a call. Raises ``ValueError`` listing every shape reason it
     cannot run (feature, platform and interpret reasons are :func:`ragged_reasons`' job).
 
@@ -332,7 +332,7 @@ def plan_ragged(
     bkv = num_kv_pages_per_block or _default_kv_pages(pages_per_seq, page_size, combined_per_block, d,
                                                       _BITS[kv_dtype] // 8)
     bkv = max(1, min(bkv, pages_per_seq))
-    return RaggedPlan(
+    return RaggedTiling(
         head_dim=d,
         num_kv_heads=hkv,
         q_per_kv=g,

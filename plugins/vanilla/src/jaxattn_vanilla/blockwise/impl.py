@@ -10,10 +10,10 @@ from ..plugin import BLOCKWISE
 from .kernel import (
     DEFAULT_BLOCK_K,
     DEFAULT_BLOCK_Q,
+    block_tiling,
     blockwise_attention,
     blockwise_backward,
     default_block,
-    plan_blocks,
 )
 
 __all__ = ["BlockwiseAttention"]
@@ -46,13 +46,13 @@ class BlockwiseAttention(AttentionImpl, declaration=BLOCKWISE):
 
     def notes(self, problem: AttentionProblem) -> list[str]:
         bq, bk, bq_bwd, bk_bwd = self._blocks(problem)
-        plan = plan_blocks(problem.seq_q, problem.seq_k, bq, bk, causal=problem.causal,
+        tiling = block_tiling(problem.seq_q, problem.seq_k, bq, bk, causal=problem.causal,
                            window=problem.sliding_window, kv_lengths=problem.kv_lengths)
-        grid = plan.num_q * plan.num_k
-        skipped = "" if plan.tiles_visited == grid else " (the rest are hidden by causal/window)"
+        grid = tiling.num_q * tiling.num_k
+        skipped = "" if tiling.tiles_visited == grid else " (the rest are hidden by causal/window)"
         at_most = "at most " if problem.kv_lengths else ""
-        tiles = f"{at_most}{plan.tiles_visited} of {grid} tiles computed{skipped}"
-        notes = [f"blocks {plan.block_q}x{plan.block_k}: {tiles}"]
+        tiles = f"{at_most}{tiling.tiles_visited} of {grid} tiles computed{skipped}"
+        notes = [f"blocks {tiling.block_q}x{tiling.block_k}: {tiles}"]
         if problem.kv_lengths:
             notes.append("kv_lengths: tiles past the batch's longest sequence (or left of its shortest's "
                          "window) are skipped at run time")

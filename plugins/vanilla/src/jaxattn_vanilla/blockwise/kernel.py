@@ -57,13 +57,13 @@ from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads
 __all__ = [
     "DEFAULT_BLOCK_K",
     "DEFAULT_BLOCK_Q",
-    "BlockPlan",
+    "BlockTiling",
     "BlockwiseResult",
+    "block_tiling",
     "blockwise_attention",
     "blockwise_backward",
     "default_block",
     "key_block_ranges",
-    "plan_blocks",
     "query_block_range",
 ]
 
@@ -111,7 +111,7 @@ def _key_span(rows: tuple[int, int], t: int, s: int, causal: bool,
 
 
 @dataclasses.dataclass(frozen=True)
-class BlockPlan:
+class BlockTiling:
     """The tiling of one call: block sizes, padded lengths and the tiles each loop visits.
 
     ``k_first[i]`` / ``k_count[i]``: the key blocks query block ``i`` visits (forward and the
@@ -154,8 +154,8 @@ class BlockPlan:
         return all(c == self.num_k for c in self.k_count)
 
 
-def plan_blocks(t: int, s: int, block_q: int, block_k: int, *, causal: bool = False,
-                window: tuple[int, int] | None = None, kv_lengths: bool = False) -> BlockPlan:
+def block_tiling(t: int, s: int, block_q: int, block_k: int, *, causal: bool = False,
+                window: tuple[int, int] | None = None, kv_lengths: bool = False) -> BlockTiling:
     """Tiles of a ``(t, s)`` problem with blocks capped at the lengths; pure Python.
 
     ``kv_lengths``: the tiles any per-sequence length ``0..S`` can need (see ``_key_span``).
@@ -180,7 +180,7 @@ def plan_blocks(t: int, s: int, block_q: int, block_k: int, *, causal: bool = Fa
         seen = [i for i in range(nq) if k_count[i] and k_first[i] <= j < k_first[i] + k_count[i]]
         q_first.append(seen[0] if seen else 0)
         q_count.append(seen[-1] - seen[0] + 1 if seen else 0)
-    return BlockPlan(t, s, bq, bk, tuple(k_first), tuple(k_count), tuple(q_first), tuple(q_count))
+    return BlockTiling(t, s, bq, bk, tuple(k_first), tuple(k_count), tuple(q_first), tuple(q_count))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,7 +214,7 @@ class _Mods(NamedTuple):
 
 
 class _Padded(NamedTuple):
-    """One call's arrays, padded to the plan's lengths, in the layouts the tiles slice."""
+    """One call's arrays, padded to the tiling's lengths, in the layouts the tiles slice."""
 
     q: Array  # (B, Tp, Hkv, G, D)
     k: Array  # (B, Sp, Hkv, D)
@@ -250,40 +250,40 @@ def _split_heads(x: Array, hq: int, hkv: int, name: str) -> Array:
     raise ValueError(f"{name}: head dim {h} is neither 1 nor Hq={hq}")
 
 
-def _pad_bt(x: Array | None, plan: BlockPlan, value: Any) -> Array | None:
+def _pad_bt(x: Array | None, tiling: BlockTiling, value: Any) -> Array | None:
     """Pad the T and S axes of a split mask/bias where they are full (size-1 axes broadcast)."""
     if x is None:
         return None
     if x.shape[-2] != 1:
-        x = _pad_to(x, -2 % x.ndim, plan.t_padded, value)
+        x = _pad_to(x, -2 % x.ndim, tiling.t_padded, value)
     if x.shape[-1] != 1:
-        x = _pad_to(x, -1 % x.ndim, plan.s_padded, value)
+        x = _pad_to(x, -1 % x.ndim, tiling.s_padded, value)
     return x
 
 
-def _pad_inputs(plan: BlockPlan, q: Array, k: Array, v: Array, bias: Array | None, mask: Array | None,
+def _pad_inputs(tiling: BlockTiling, q: Array, k: Array, v: Array, bias: Array | None, mask: Array | None,
                 q_seg: Array | None, kv_seg: Array | None, kv_len: Array | None) -> _Padded:
     b, t, hq, d = q.shape
     hkv = k.shape[2]
     qg = q.reshape(b, t, hkv, hq // hkv, d)
     return _Padded(
-        q=_pad_to(qg, 1, plan.t_padded),
-        k=_pad_to(k, 1, plan.s_padded),
-        v=_pad_to(v, 1, plan.s_padded),
-        bias=_pad_bt(bias, plan, 0),
-        mask=_pad_bt(mask, plan, False),
-        q_seg=None if q_seg is None else _pad_to(q_seg, 1, plan.t_padded),
-        kv_seg=None if kv_seg is None else _pad_to(kv_seg, 1, plan.s_padded),
+        q=_pad_to(qg, 1, tiling.t_padded),
+        k=_pad_to(k, 1, tiling.s_padded),
+        v=_pad_to(v, 1, tiling.s_padded),
+        bias=_pad_bt(bias, tiling, 0),
+        mask=_pad_bt(mask, tiling, False),
+        q_seg=None if q_seg is None else _pad_to(q_seg, 1, tiling.t_padded),
+        kv_seg=None if kv_seg is None else _pad_to(kv_seg, 1, tiling.s_padded),
         kv_len=kv_len,
     )
 
 
-def _tile(x: Array, r0: Array, c0: Array, plan: BlockPlan) -> Array:
+def _tile(x: Array, r0: Array, c0: Array, tiling: BlockTiling) -> Array:
     """The ``(.., bq|1, bk|1)`` tile of a split mask/bias; broadcast axes are not sliced."""
     if x.shape[-2] != 1:
-        x = lax.dynamic_slice_in_dim(x, r0, plan.block_q, axis=x.ndim - 2)
+        x = lax.dynamic_slice_in_dim(x, r0, tiling.block_q, axis=x.ndim - 2)
     if x.shape[-1] != 1:
-        x = lax.dynamic_slice_in_dim(x, c0, plan.block_k, axis=x.ndim - 1)
+        x = lax.dynamic_slice_in_dim(x, c0, tiling.block_k, axis=x.ndim - 1)
     return x
 
 
@@ -291,60 +291,60 @@ def _and(a: Array | None, b: Array) -> Array:
     return b if a is None else jnp.logical_and(a, b)
 
 
-def _visible(st: _Static, plan: BlockPlan, pd: _Padded, r0: Array, c0: Array) -> Array | None:
+def _visible(st: _Static, tiling: BlockTiling, pd: _Padded, r0: Array, c0: Array) -> Array | None:
     """Boolean broadcastable to the tile ``(B, Hkv, G, bq, bk)``, True = attend; None if all."""
     # At the tile's rank 5, so that no operand needs rank promotion (which
     # jax_numpy_rank_promotion="raise" refuses).
-    shape = (1, 1, 1, plan.block_q, plan.block_k)
+    shape = (1, 1, 1, tiling.block_q, tiling.block_k)
     rows = r0 + lax.broadcasted_iota(jnp.int32, shape, 3)
     cols = c0 + lax.broadcasted_iota(jnp.int32, shape, 4)
-    offset = plan.s - plan.t
+    offset = tiling.s - tiling.t
     keep: Array | None = None
-    if plan.t_padded != plan.t:
+    if tiling.t_padded != tiling.t:
         # Padded query rows are hidden too, so that their (discarded) logits can never
         # overflow into a NaN that a backward multiplication by zero would not remove.
-        keep = _and(keep, rows < plan.t)
+        keep = _and(keep, rows < tiling.t)
     aligned: Array = rows + offset
     if pd.kv_len is not None:
         # A cache of capacity S: each sequence ends at its own length (which also hides the
         # padded columns), and causal / the window align to it. (B, 1, 1, bq, bk).
         length = pd.kv_len[:, None, None, None, None]
-        aligned = rows + (length - plan.t)
+        aligned = rows + (length - tiling.t)
         # A query at a negative position (T > L) is no token of the sequence: it sees nothing.
         keep = _and(keep, (cols < length) & (aligned >= 0))
-    elif plan.s_padded != plan.s:
-        keep = _and(keep, cols < plan.s)
+    elif tiling.s_padded != tiling.s:
+        keep = _and(keep, cols < tiling.s)
     if st.causal:
         keep = _and(keep, cols <= aligned)
     if st.window is not None:
         left, right = st.window
         keep = _and(keep, (cols >= aligned - left) & (cols <= aligned + right))
     if pd.mask is not None:
-        keep = _and(keep, _tile(pd.mask, r0, c0, plan))
+        keep = _and(keep, _tile(pd.mask, r0, c0, tiling))
     if pd.q_seg is not None and pd.kv_seg is not None:
-        qs = lax.dynamic_slice_in_dim(pd.q_seg, r0, plan.block_q, axis=1)
-        ks = lax.dynamic_slice_in_dim(pd.kv_seg, c0, plan.block_k, axis=1)
+        qs = lax.dynamic_slice_in_dim(pd.q_seg, r0, tiling.block_q, axis=1)
+        ks = lax.dynamic_slice_in_dim(pd.kv_seg, c0, tiling.block_k, axis=1)
         keep = _and(keep, (qs[:, :, None] == ks[:, None, :])[:, None, None])
     if st.mask_fn is not None:
-        seen = jnp.asarray(st.mask_fn(*_tile_index(plan, pd, r0, c0), *pd.mask_consts), dtype=bool)
-        keep = _and(keep, _grouped(seen, pd, plan))
+        seen = jnp.asarray(st.mask_fn(*_tile_index(tiling, pd, r0, c0), *pd.mask_consts), dtype=bool)
+        keep = _and(keep, _grouped(seen, pd, tiling))
     return keep
 
 
-def _tile_index(plan: BlockPlan, pd: _Padded, r0: Any, c0: Any) -> tuple[Array, Array, Array, Array]:
+def _tile_index(tiling: BlockTiling, pd: _Padded, r0: Any, c0: Any) -> tuple[Array, Array, Array, Array]:
     """A mask_mod's arguments for one tile: ``b (B,1,1,1)``, ``h (1,Hq,1,1)``, ``q_idx (1,1,bq,1)``,
     ``kv_idx (1,1,1,bk)``, raw positions; padded rows and columns repeat the last (and are hidden)."""
     b, hq = pd.q.shape[0], pd.q.shape[2] * pd.q.shape[3]
-    rows = r0 + lax.broadcasted_iota(jnp.int32, (1, 1, plan.block_q, 1), 2)
-    cols = c0 + lax.broadcasted_iota(jnp.int32, (1, 1, 1, plan.block_k), 3)
+    rows = r0 + lax.broadcasted_iota(jnp.int32, (1, 1, tiling.block_q, 1), 2)
+    cols = c0 + lax.broadcasted_iota(jnp.int32, (1, 1, 1, tiling.block_k), 3)
     return (jnp.arange(b, dtype=jnp.int32).reshape(b, 1, 1, 1), jnp.arange(hq, dtype=jnp.int32).reshape(1, hq, 1, 1),
-            jnp.minimum(rows, plan.t - 1), jnp.minimum(cols, plan.s - 1))
+            jnp.minimum(rows, tiling.t - 1), jnp.minimum(cols, tiling.s - 1))
 
 
-def _grouped(x: Array, pd: _Padded, plan: BlockPlan) -> Array:
+def _grouped(x: Array, pd: _Padded, tiling: BlockTiling) -> Array:
     """A ``(B|1, Hq|1, bq, bk)``-broadcastable tile as ``(B|1, Hkv|1, G|1, bq, bk)``."""
     x = x.reshape((1,) * (4 - x.ndim) + x.shape)
-    x = jnp.broadcast_to(x, (x.shape[0], x.shape[1], plan.block_q, plan.block_k))
+    x = jnp.broadcast_to(x, (x.shape[0], x.shape[1], tiling.block_q, tiling.block_k))
     return _split_heads(x, pd.q.shape[2] * pd.q.shape[3], pd.q.shape[2], "mask_mod")
 
 
@@ -357,30 +357,30 @@ def _select_seen(keep: Array, kb: Array, vb: Array) -> tuple[Array, Array]:
     return jnp.where(seen, kb, jnp.zeros((), kb.dtype)), jnp.where(seen, vb, jnp.zeros((), vb.dtype))
 
 
-def _kv_tiles(plan: BlockPlan, pd: _Padded, c0: Array) -> tuple[Array, Array]:
+def _kv_tiles(tiling: BlockTiling, pd: _Padded, c0: Array) -> tuple[Array, Array]:
     """K and V of key block ``c0``; with lengths, positions past them are zeros.
 
     A cache may hold anything past a length, NaN and Inf included (the contract): the logits'
     mask hides such keys from the softmax, but ``p = 0`` times a NaN value is NaN in ``P @ V``
     (and ``dS = 0`` times a NaN key in ``dq``), so they are replaced with a select.
     """
-    kb = lax.dynamic_slice_in_dim(pd.k, c0, plan.block_k, axis=1)
-    vb = lax.dynamic_slice_in_dim(pd.v, c0, plan.block_k, axis=1)
+    kb = lax.dynamic_slice_in_dim(pd.k, c0, tiling.block_k, axis=1)
+    vb = lax.dynamic_slice_in_dim(pd.v, c0, tiling.block_k, axis=1)
     if pd.kv_len is None:
         return kb, vb
-    live = (c0 + lax.broadcasted_iota(jnp.int32, (1, plan.block_k), 1)) < pd.kv_len[:, None]  # (B, bk)
+    live = (c0 + lax.broadcasted_iota(jnp.int32, (1, tiling.block_k), 1)) < pd.kv_len[:, None]  # (B, bk)
     live = live[:, :, None, None]
     return jnp.where(live, kb, jnp.zeros((), kb.dtype)), jnp.where(live, vb, jnp.zeros((), vb.dtype))
 
 
-def _logits(st: _Static, plan: BlockPlan, pd: _Padded, qb: Array, kb: Array, vb: Array, r0: Array, c0: Array,
+def _logits(st: _Static, tiling: BlockTiling, pd: _Padded, qb: Array, kb: Array, vb: Array, r0: Array, c0: Array,
             sdtype: Any, pullback: bool = False) -> tuple[Array, Array | None, Any, Array, Array]:
     """Masked logits of one tile ``(B, Hkv, G, bq, bk)`` (-inf where hidden); with a soft cap,
     ``tanh(x / cap)`` (for the cap's derivative ``1 - tanh**2``); with a score_mod and
     ``pullback``, its VJP at the tile (``(d scores) -> (d scores before it, d its constants)``);
     and the tile's K and V (with a mask_mod, zeros at keys the tile does not see). Without a
     cap, a bias or a score_mod they are not yet scaled (``_unscaled``): see ``_factor``."""
-    keep = _visible(st, plan, pd, r0, c0)
+    keep = _visible(st, tiling, pd, r0, c0)
     if st.mask_fn is not None and keep is not None:
         kb, vb = _select_seen(keep, kb, vb)
     x = jnp.einsum("bqkgd,bskd->bkgqs", qb, kb, precision=st.precision, preferred_element_type=sdtype)
@@ -392,10 +392,10 @@ def _logits(st: _Static, plan: BlockPlan, pd: _Padded, qb: Array, kb: Array, vb:
         th = jnp.tanh(x / cap)
         x = cap * th
     if pd.bias is not None:
-        x = x + _tile(pd.bias, r0, c0, plan).astype(sdtype)
+        x = x + _tile(pd.bias, r0, c0, tiling).astype(sdtype)
     pull = None
     if st.score_fn is not None:
-        index = _tile_index(plan, pd, r0, c0)
+        index = _tile_index(tiling, pd, r0, c0)
         shape = x.shape
 
         def modded(x4: Array, consts: tuple[Any, ...]) -> Array:
@@ -427,8 +427,8 @@ def _factor(st: _Static, pd: _Padded, dtype: Any) -> Array:
     return jnp.asarray(st.scale if _unscaled(st, pd, dtype) else 1.0, dtype)
 
 
-def _dropout_keep(st: _Static, rng: Array, plan: BlockPlan, i: Array, j: Array, shape: tuple[int, ...]) -> Array:
-    key = jax.random.fold_in(rng, i * plan.num_k + j)
+def _dropout_keep(st: _Static, rng: Array, tiling: BlockTiling, i: Array, j: Array, shape: tuple[int, ...]) -> Array:
+    key = jax.random.fold_in(rng, i * tiling.num_k + j)
     return jax.random.bernoulli(key, 1.0 - st.dropout_prob, shape)
 
 
@@ -438,18 +438,18 @@ def _dtypes(st: _Static, q: Array) -> tuple[Any, Any]:
     return sdtype, jnp.promote_types(sdtype, jnp.float32)
 
 
-def _loop(plan_dense: bool, first: Array, count: Array, idx: Array, n_static: int, body: Any, init: Any) -> Any:
+def _loop(dense_loop: bool, first: Array, count: Array, idx: Array, n_static: int, body: Any, init: Any) -> Any:
     """``fori_loop`` over a block range: static bounds when every block is visited, else the
-    range looked up in the plan's table (a while loop; the custom VJP never differentiates it)."""
-    if plan_dense:
+    range looked up in the tiling's table (a while loop; the custom VJP never differentiates it)."""
+    if dense_loop:
         return lax.fori_loop(0, n_static, body, init)
     start = first[idx]
     return lax.fori_loop(0, count[idx], lambda n, c: body(start + n, c), init)
 
 
-def key_block_ranges(plan: BlockPlan, kv_len: Array, *, causal: bool, window: tuple[int, int] | None,
+def key_block_ranges(tiling: BlockTiling, kv_len: Array, *, causal: bool, window: tuple[int, int] | None,
                      xp: Any = jnp) -> tuple[Array, Array]:
-    """``(first, last)`` ``(num_q,)``: each query block's key blocks, the plan's narrowed to the
+    """``(first, last)`` ``(num_q,)``: each query block's key blocks, the tiling's narrowed to the
     batch's lengths (inclusive; empty where first > last).
 
     Query rows ``r0..r1`` of sequence b sit at ``L_b - T + r``; over the batch the visible keys
@@ -457,24 +457,24 @@ def key_block_ranges(plan: BlockPlan, kv_len: Array, *, causal: bool, window: tu
     none when ``max(L) - T + r1 < 0`` (rows at negative positions see nothing).
     ``xp``: the array namespace (``numpy`` evaluates the same rule on the host, for tests).
     """
-    i = xp.arange(plan.num_q, dtype=xp.int32)
-    r0 = i * plan.block_q
-    r1 = xp.minimum(r0 + plan.block_q, plan.t) - 1
+    i = xp.arange(tiling.num_q, dtype=xp.int32)
+    r0 = i * tiling.block_q
+    r1 = xp.minimum(r0 + tiling.block_q, tiling.t) - 1
     shortest, longest = xp.min(kv_len), xp.max(kv_len)
     lo = xp.zeros_like(i)
     hi = xp.broadcast_to(longest - 1, i.shape)
     if causal:
-        hi = xp.minimum(hi, longest - plan.t + r1)
+        hi = xp.minimum(hi, longest - tiling.t + r1)
     # A row at a negative position (T > L) is no token of its sequence and sees nothing, causal
     # or not (docs/contract.md): a block of such rows in every sequence visits no key block.
-    hi = xp.where(longest - plan.t + r1 < 0, -1, hi)
+    hi = xp.where(longest - tiling.t + r1 < 0, -1, hi)
     if window is not None:
         left, right = window
-        lo = xp.maximum(lo, shortest - plan.t + r0 - left)
-        hi = xp.minimum(hi, longest - plan.t + r1 + right)
-    first = xp.asarray(plan.k_first, xp.int32)
-    last = first + xp.asarray(plan.k_count, xp.int32) - 1
-    return xp.maximum(first, lo // plan.block_k), xp.minimum(last, hi // plan.block_k)  # floor: hi < 0 is empty
+        lo = xp.maximum(lo, shortest - tiling.t + r0 - left)
+        hi = xp.minimum(hi, longest - tiling.t + r1 + right)
+    first = xp.asarray(tiling.k_first, xp.int32)
+    last = first + xp.asarray(tiling.k_count, xp.int32) - 1
+    return xp.maximum(first, lo // tiling.block_k), xp.minimum(last, hi // tiling.block_k)  # floor: hi < 0 is empty
 
 
 def query_block_range(first: Array, last: Array, j: Array, xp: Any = jnp) -> tuple[Array, Array]:
@@ -494,13 +494,13 @@ def _run(start: Array, count: Array, body: Any, init: Any) -> Any:
     return lax.fori_loop(0, count, lambda n, c: body(start + n, c), init)
 
 
-def _visit_table(plan: BlockPlan, tiles: Array, ranges: tuple[Array, Array] | None) -> Array:
-    """``(num_q, num_k)`` bool: the tiles to compute, those the plan's ranges (static, or narrowed
+def _visit_table(tiling: BlockTiling, tiles: Array, ranges: tuple[Array, Array] | None) -> Array:
+    """``(num_q, num_k)`` bool: the tiles to compute, those the tiling's ranges (static, or narrowed
     to the lengths) and the mask_mod's block mask both leave."""
     import numpy as np
 
-    j = np.arange(plan.num_k)[None, :]
-    first, count = np.asarray(plan.k_first)[:, None], np.asarray(plan.k_count)[:, None]
+    j = np.arange(tiling.num_k)[None, :]
+    first, count = np.asarray(tiling.k_first)[:, None], np.asarray(tiling.k_count)[:, None]
     visit = jnp.logical_and(tiles, jnp.asarray((j >= first) & (j < first + count)))
     if ranges is not None:
         lo, hi = ranges
@@ -522,20 +522,20 @@ def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux:
     s, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
     g = hq // hkv
     sdtype, adtype = _dtypes(st, q)
-    plan = plan_blocks(t, s, *st.fwd_blocks, causal=st.causal, window=st.window, kv_lengths=kv_len is not None)
-    pd = _pad_inputs(plan, q, k, v, bias, mask, q_seg, kv_seg, kv_len)
+    tiling = block_tiling(t, s, *st.fwd_blocks, causal=st.causal, window=st.window, kv_lengths=kv_len is not None)
+    pd = _pad_inputs(tiling, q, k, v, bias, mask, q_seg, kv_seg, kv_len)
     if mods is not None:
         pd = pd._replace(mask_consts=mods.mask_consts, score_consts=mods.score_consts)
-    bq, bk = plan.block_q, plan.block_k
+    bq, bk = tiling.block_q, tiling.block_k
     factor = _factor(st, pd, sdtype)
-    first = jnp.asarray(plan.k_first, jnp.int32)
-    count = jnp.asarray(plan.k_count, jnp.int32)
+    first = jnp.asarray(tiling.k_first, jnp.int32)
+    count = jnp.asarray(tiling.k_count, jnp.int32)
     if kv_len is not None:
-        first, last = key_block_ranges(plan, kv_len, causal=st.causal, window=st.window)
+        first, last = key_block_ranges(tiling, kv_len, causal=st.causal, window=st.window)
         count = jnp.maximum(last - first + 1, 0)
     table = None
     if mods is not None and mods.tiles is not None:  # the block mask's tiles, in a table per query block
-        table = _order(_visit_table(plan, mods.tiles, None if kv_len is None else (first, last)))
+        table = _order(_visit_table(tiling, mods.tiles, None if kv_len is None else (first, last)))
 
     def q_block(_: None, i: Array) -> tuple[None, tuple[Array, Array]]:
         r0 = i * bq
@@ -544,8 +544,8 @@ def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux:
         def step(j: Array, state: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
             m, total, acc = state
             c0 = j * bk
-            kb, vb = _kv_tiles(plan, pd, c0)
-            x, _, _, kb, vb = _logits(st, plan, pd, qb, kb, vb, r0, c0, sdtype)
+            kb, vb = _kv_tiles(tiling, pd, c0)
+            x, _, _, kb, vb = _logits(st, tiling, pd, qb, kb, vb, r0, c0, sdtype)
             m_new = jnp.maximum(m, jnp.max(x, axis=-1))  # in x's units (see _factor)
             # A row with nothing visible so far shifts by 0, not -inf: exp() then gives 0, not NaN.
             m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0)
@@ -553,7 +553,7 @@ def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux:
             alpha = jnp.exp((m - m_safe) * factor)
             total = alpha * total + jnp.sum(p, axis=-1, dtype=adtype)
             if rng is not None:
-                keep = _dropout_keep(st, rng, plan, i, j, p.shape)
+                keep = _dropout_keep(st, rng, tiling, i, j, p.shape)
                 p = jnp.where(keep, p / jnp.asarray(1.0 - st.dropout_prob, p.dtype), 0)
             pv = jnp.einsum("bkgqs,bskd->bkgqd", p.astype(v.dtype), vb, precision=st.precision,
                             preferred_element_type=adtype)
@@ -570,7 +570,7 @@ def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux:
         elif kv_len is not None:
             m, total, acc = _run(first[i], count[i], step, init)
         else:
-            m, total, acc = _loop(plan.dense, first, count, i, plan.num_k, step, init)
+            m, total, acc = _loop(tiling.dense, first, count, i, tiling.num_k, step, init)
         m_safe = (jnp.where(jnp.isfinite(m), m, 0) * factor).astype(adtype)
         has = total > 0
         lse = jnp.where(has, m_safe + jnp.log(jnp.where(has, total, 1)), -jnp.inf)
@@ -584,10 +584,10 @@ def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux:
             out = acc * jnp.where(has, 1 / (total + sink), 0)[..., None]
         return None, (out, lse)
 
-    _, (out, lse) = lax.scan(q_block, None, jnp.arange(plan.num_q, dtype=jnp.int32))
+    _, (out, lse) = lax.scan(q_block, None, jnp.arange(tiling.num_q, dtype=jnp.int32))
     # (nq, B, Hkv, G, bq, Dv) -> (B, nq, bq, Hkv, G, Dv) -> (B, T, Hq, Dv)
-    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(b, plan.t_padded, hq, dv)[:, :t]
-    lse = lse.transpose(1, 2, 3, 0, 4).reshape(b, hq, plan.t_padded)[..., :t]
+    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(b, tiling.t_padded, hq, dv)[:, :t]
+    lse = lse.transpose(1, 2, 3, 0, 4).reshape(b, hq, tiling.t_padded)[..., :t]
     return out, lse
 
 
@@ -606,11 +606,11 @@ def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux
     s, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
     g = hq // hkv
     sdtype, adtype = _dtypes(st, q)
-    plan = plan_blocks(t, s, *st.bwd_blocks, causal=st.causal, window=st.window, kv_lengths=kv_len is not None)
-    pd = _pad_inputs(plan, q, k, v, bias, mask, q_seg, kv_seg, kv_len)
+    tiling = block_tiling(t, s, *st.bwd_blocks, causal=st.causal, window=st.window, kv_lengths=kv_len is not None)
+    pd = _pad_inputs(tiling, q, k, v, bias, mask, q_seg, kv_seg, kv_len)
     if mods is not None:
         pd = pd._replace(mask_consts=mods.mask_consts, score_consts=mods.score_consts)
-    bq, bk = plan.block_q, plan.block_k
+    bq, bk = tiling.block_q, tiling.block_k
     factor = _factor(st, pd, sdtype)
 
     lse_g = lse.reshape(b, hkv, g, t).astype(adtype)
@@ -630,29 +630,29 @@ def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux
         sink = jnp.exp(aux_g - big)  # the sink's probability; big >= aux, so finite
         daux = (-jnp.sum(sink * delta, axis=(0, 3))).reshape(hq).astype(aux.dtype)
 
-    big_p = _pad_to(jnp.where(jnp.isfinite(big), big, 0), 3, plan.t_padded)
-    row_p = _pad_to(row, 3, plan.t_padded)
-    do_p = _pad_to(dout.reshape(b, t, hkv, g, dv), 1, plan.t_padded)
-    first = jnp.asarray(plan.q_first, jnp.int32)
-    count = jnp.asarray(plan.q_count, jnp.int32)
-    dense = all(c == plan.num_q for c in plan.q_count)
-    ranges = None if kv_len is None else key_block_ranges(plan, kv_len, causal=st.causal, window=st.window)
+    big_p = _pad_to(jnp.where(jnp.isfinite(big), big, 0), 3, tiling.t_padded)
+    row_p = _pad_to(row, 3, tiling.t_padded)
+    do_p = _pad_to(dout.reshape(b, t, hkv, g, dv), 1, tiling.t_padded)
+    first = jnp.asarray(tiling.q_first, jnp.int32)
+    count = jnp.asarray(tiling.q_count, jnp.int32)
+    dense = all(c == tiling.num_q for c in tiling.q_count)
+    ranges = None if kv_len is None else key_block_ranges(tiling, kv_len, causal=st.causal, window=st.window)
     scale = jnp.asarray(st.scale, adtype)
     inv_keep = 1.0 / (1.0 - st.dropout_prob)
 
-    dq0 = jnp.zeros((b, plan.t_padded, hkv, g, d), adtype)
+    dq0 = jnp.zeros((b, tiling.t_padded, hkv, g, d), adtype)
     db0 = None if not (want_dbias and pd.bias is not None) else jnp.zeros(pd.bias.shape, adtype)
     # The score_mod's constants' gradients, summed over the tiles (zeros of each; None for integers).
     dc0 = tuple(jnp.zeros(jnp.shape(c), adtype) if jnp.issubdtype(jnp.result_type(c), jnp.inexact) else None
                 for c in pd.score_consts)
     table = None
     if mods is not None and mods.tiles is not None:  # per key block, the query blocks that see it
-        table = _order(_visit_table(plan, mods.tiles, ranges).T)
+        table = _order(_visit_table(tiling, mods.tiles, ranges).T)
 
     def k_block(carry: tuple[Array, Array | None, Any], j: Array) -> tuple[tuple[Array, Array | None, Any],
                                                                           tuple[Array, Array]]:
         c0 = j * bk
-        kb0, vb0 = _kv_tiles(plan, pd, c0)
+        kb0, vb0 = _kv_tiles(tiling, pd, c0)
 
         def step(i: Array, state: tuple[Array, Array, Array, Array | None, Any]) -> tuple[Array, Array, Array,
                                                                                            Array | None, Any]:
@@ -662,14 +662,14 @@ def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux
             dob = lax.dynamic_slice_in_dim(do_p, r0, bq, axis=1)
             big_b = lax.dynamic_slice_in_dim(big_p, r0, bq, axis=3)
             row_b = lax.dynamic_slice_in_dim(row_p, r0, bq, axis=3)
-            x, th, pull, kb, vb = _logits(st, plan, pd, qb, kb0, vb0, r0, c0, sdtype, pullback=True)
+            x, th, pull, kb, vb = _logits(st, tiling, pd, qb, kb0, vb0, r0, c0, sdtype, pullback=True)
             # No probability exceeds 1. XLA may fuse x * factor - big into a multiply-add (see
             # _factor): the cap keeps that gap, past ~2^32, from overflowing exp().
             p = jnp.exp(jnp.minimum(x.astype(adtype) * factor - big_b[..., None], 0))
             dp = jnp.einsum("bqkgd,bskd->bkgqs", dob.astype(v.dtype), vb, precision=st.precision,
                             preferred_element_type=adtype)
             if rng is not None:
-                keep = _dropout_keep(st, rng, plan, i, j, p.shape)
+                keep = _dropout_keep(st, rng, tiling, i, j, p.shape)
                 pz = jnp.where(keep, p * inv_keep, 0)
                 dp = jnp.where(keep, dp * inv_keep, 0)
             else:
@@ -703,13 +703,13 @@ def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux
         elif ranges is not None:
             dk, dvv, dq, db, dc = _run(*query_block_range(*ranges, j), step, init)
         else:
-            dk, dvv, dq, db, dc = _loop(dense, first, count, j, plan.num_q, step, init)
+            dk, dvv, dq, db, dc = _loop(dense, first, count, j, tiling.num_q, step, init)
         return (dq, db, dc), (dk, dvv)
 
-    (dq, db, dc), (dk, dvv) = lax.scan(k_block, (dq0, db0, dc0), jnp.arange(plan.num_k, dtype=jnp.int32))
+    (dq, db, dc), (dk, dvv) = lax.scan(k_block, (dq0, db0, dc0), jnp.arange(tiling.num_k, dtype=jnp.int32))
     dq = dq[:, :t].reshape(b, t, hq, d).astype(q.dtype)
-    dk = dk.transpose(1, 0, 2, 3, 4).reshape(b, plan.s_padded, hkv, d)[:, :s].astype(k.dtype)
-    dvv = dvv.transpose(1, 0, 2, 3, 4).reshape(b, plan.s_padded, hkv, dv)[:, :s].astype(v.dtype)
+    dk = dk.transpose(1, 0, 2, 3, 4).reshape(b, tiling.s_padded, hkv, d)[:, :s].astype(k.dtype)
+    dvv = dvv.transpose(1, 0, 2, 3, 4).reshape(b, tiling.s_padded, hkv, dv)[:, :s].astype(v.dtype)
     dbias = None
     if db is not None and bias is not None:
         if db.shape[3] != 1:
@@ -849,7 +849,7 @@ def blockwise_attention(
         if dropout_rng is None:
             raise ValueError("dropout_prob > 0 needs dropout_rng")
         rng = dropout_rng
-    # Capped here as plan_blocks caps them, so that equal effective blocks compare equal.
+    # Capped here as block_tiling caps them, so that equal effective blocks compare equal.
     fwd = (min(block_q or default_block(t, DEFAULT_BLOCK_Q), t), min(block_k or default_block(s, DEFAULT_BLOCK_K), s))
     if block_mask is not None:
         fwd = (int(block_mask.block_q), int(block_mask.block_kv))

@@ -31,7 +31,7 @@ from jaxattn.backend import AttentionCall, AttentionImpl, AttentionOutput, Atten
 
 from ..blockwise.kernel import DEFAULT_BLOCK_K, blockwise_attention
 from ..plugin import DECODE
-from .kernel import decode_attention, plan_decode
+from .kernel import decode_attention, decode_tiling
 
 __all__ = ["MAX_DECODE_QUERIES", "MAX_STREAMED_ROWS", "DecodeAttention"]
 
@@ -95,9 +95,9 @@ class DecodeAttention(AttentionImpl, declaration=DECODE):
         if rows > MAX_STREAMED_ROWS:
             return [f"{rows} query rows per KV head (> {MAX_STREAMED_ROWS}): blockwise's tiled kernel runs it"]
         chunks, step = self._cut(problem.seq_k)
-        plan = plan_decode(problem.seq_k, chunks, step)
-        cut = f"{plan.num_chunks} chunk{'s' if plan.num_chunks > 1 else ''} of {plan.chunk} keys"
-        steps = "" if plan.steps == 1 else f" per step, {plan.steps} steps (steps no query sees are skipped)"
+        tiling = decode_tiling(problem.seq_k, chunks, step)
+        cut = f"{tiling.num_chunks} chunk{'s' if tiling.num_chunks > 1 else ''} of {tiling.chunk} keys"
+        steps = "" if tiling.steps == 1 else f" per step, {tiling.steps} steps (steps no query sees are skipped)"
         notes = [f"split-K over the cache: {cut}{steps}; the query heads of each KV head packed together"]
         if self._skips_by_tiles(problem.seq_k, problem.kv_lengths):
             notes.append("when the longest sequence fills at most half the cache: blockwise's tiles up to it "

@@ -51,7 +51,7 @@ from jax.typing import ArrayLike
 
 from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads
 
-__all__ = ["DecodePlan", "DecodeResult", "decode_attention", "plan_decode"]
+__all__ = ["DecodeResult", "DecodeTiling", "decode_attention", "decode_tiling"]
 
 Array = jax.Array
 
@@ -65,7 +65,7 @@ class DecodeResult(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class DecodePlan:
+class DecodeTiling:
     """How the S keys are cut: ``steps`` scan steps of ``step_keys`` keys, each split into
     ``num_chunks`` chunks of ``chunk`` keys. Step ``n`` reads keys ``[start, start + step_keys)``
     with ``start = min(n * step_keys, S - step_keys)`` (the last step is shifted left to end
@@ -84,7 +84,7 @@ class DecodePlan:
         return -(-self.s // self.step_keys)
 
 
-def plan_decode(s: int, num_chunks: int | None = None, step: int | None = None) -> DecodePlan:
+def decode_tiling(s: int, num_chunks: int | None = None, step: int | None = None) -> DecodeTiling:
     """Steps of ``min(step, S)`` keys (default S: one step), each cut into the largest number
     of equal chunks that is at most ``num_chunks`` (default 1) and divides the step."""
     step_keys = s if step is None else int(step)
@@ -93,7 +93,7 @@ def plan_decode(s: int, num_chunks: int | None = None, step: int | None = None) 
         raise ValueError(f"step and num_chunks must be positive, got {step} and {num_chunks}")
     step_keys = min(step_keys, s)
     chunks = max(c for c in range(1, min(want, step_keys) + 1) if step_keys % c == 0)
-    return DecodePlan(s=s, step_keys=step_keys, num_chunks=chunks)
+    return DecodeTiling(s=s, step_keys=step_keys, num_chunks=chunks)
 
 
 def _visible_range(t: int, s: int, lengths: Array | None, window: tuple[int, int] | None) -> tuple[Array, Array]:
@@ -153,7 +153,7 @@ class _Steps(NamedTuple):
     lengths: Array | None
     pos: Array  # (B, R): each row's position
     dims: tuple[int, int, int, int, int, int, int]  # b, s, hkv, d, dv, r, keys
-    plan: DecodePlan
+    tiling: DecodeTiling
     dtypes: tuple[Any, Any, Any]  # cdtype (the product's), sdtype (the softmax's), adtype (accumulation)
     scale: float
     unscaled: bool
@@ -171,7 +171,7 @@ def _seen_max(m: Array, fallback: Any, lowest: Array) -> Array:
 
 def _keep(c: _Steps, n: Array, start: Array) -> Array | None:
     """``(B|1, nc, sc, 1, R|1)``: which keys of step n (read from ``start``) each row sees."""
-    nc, sc, keys = c.plan.num_chunks, c.plan.chunk, c.dims[6]
+    nc, sc, keys = c.tiling.num_chunks, c.tiling.chunk, c.dims[6]
     shifted, cut_causal, cut_left, cut_right = c.cuts
     lengths, window = c.lengths, c.window
     j = (start + jnp.arange(keys, dtype=jnp.int32)).reshape(1, nc, sc, 1, 1)
@@ -193,7 +193,7 @@ def _keep(c: _Steps, n: Array, start: Array) -> Array | None:
 def _attend(c: _Steps, n: Array) -> tuple[Array, Array, Array]:
     """Step n's chunks: ``(m, l, o)`` of shapes (B, nc, Hkv, R) and (B, nc, Hkv, R, Dv)."""
     b, s, hkv, d, dv, r, keys = c.dims
-    nc, sc = c.plan.num_chunks, c.plan.chunk
+    nc, sc = c.tiling.num_chunks, c.tiling.chunk
     cdtype, sdtype, adtype = c.dtypes
     lengths = c.lengths
     first = n * keys
@@ -254,7 +254,7 @@ def _run_steps(c: _Steps, lo: Array, hi: Array) -> tuple[Array, Array, Array]:
         seen = (n * keys < hi) & ((n + 1) * keys > lo)  # some query can see a key of this step
         return lax.cond(seen, lambda run: _combine(c, *_attend(c, n), run), lambda run: run, run), None
 
-    if c.plan.steps == 1:  # one step over the whole cache: nothing to skip, no loop
+    if c.tiling.steps == 1:  # one step over the whole cache: nothing to skip, no loop
         return _combine(c, *_attend(c, jnp.int32(0)))
     adtype = c.dtypes[2]
     init = (
@@ -262,7 +262,7 @@ def _run_steps(c: _Steps, lo: Array, hi: Array) -> tuple[Array, Array, Array]:
         jnp.zeros((b, hkv, r), adtype),
         jnp.zeros((b, hkv, r, dv), adtype),
     )
-    run, _ = lax.scan(scan_step, init, jnp.arange(c.plan.steps, dtype=jnp.int32))
+    run, _ = lax.scan(scan_step, init, jnp.arange(c.tiling.steps, dtype=jnp.int32))
     return run
 
 
@@ -285,7 +285,7 @@ def decode_attention(
 
     q ``(B, T, Hq, D)``, k ``(B, S, Hkv, D)``, v ``(B, S, Hkv, Dv)``; ``kv_lengths (B,)``
     (values outside 0..S, which jit cannot check, are clamped); ``softmax_aux (Hq,)``.
-    ``num_chunks`` and ``step`` cut the keys (``plan_decode``).
+    ``num_chunks`` and ``step`` cut the keys (``decode_tiling``).
     """
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     b, t, hq, d = q.shape
@@ -298,7 +298,7 @@ def decode_attention(
     sdtype = jnp.promote_types(jnp.dtype(softmax_dtype), q.dtype)
     adtype = jnp.promote_types(sdtype, jnp.float32)
     scale = float(d) ** -0.5 if softmax_scale is None else float(softmax_scale)
-    plan = plan_decode(s, num_chunks, step)
+    tiling = decode_tiling(s, num_chunks, step)
     # Without a soft cap the logits keep their scale out until the max is subtracted, and the
     # running maxima are unscaled: XLA fuses ``x * scale - m`` into one multiply-add, whose
     # exact product sits up to half an ulp of the rounded max away, and past ~2^32 that gap
@@ -307,7 +307,7 @@ def decode_attention(
     # would turn a hidden key's -inf into NaN (-inf * 0), and such logits cannot be large.
     unscaled = logits_soft_cap is None and scale >= float(jnp.finfo(sdtype).tiny)
     factor = jnp.asarray(scale if unscaled else 1.0, adtype)
-    nc, keys = plan.num_chunks, plan.step_keys
+    nc, keys = tiling.num_chunks, tiling.step_keys
 
     lengths = None if kv_lengths is None else jnp.clip(jnp.asarray(kv_lengths).astype(jnp.int32), 0, s)
     ends = jnp.full((b,), s, jnp.int32) if lengths is None else lengths
@@ -331,7 +331,7 @@ def decode_attention(
     # last step's overlap, the lengths, causal for T > 1, and the window's edges where they cut.
     cuts = (s % keys != 0, causal and t > 1, window is not None and window[0] < s - 1,
             window is not None and window[1] < t - 1)
-    steps = _Steps(k=k, v=v, qt=qt, lengths=lengths, pos=pos, dims=(b, s, hkv, d, dv, r, keys), plan=plan,
+    steps = _Steps(k=k, v=v, qt=qt, lengths=lengths, pos=pos, dims=(b, s, hkv, d, dv, r, keys), tiling=tiling,
                    dtypes=(cdtype, sdtype, adtype), scale=scale, unscaled=unscaled, factor=factor,
                    soft_cap=logits_soft_cap, lowest=lowest, window=window, cuts=cuts)
     m_run, l_run, o_run = _run_steps(steps, lo, hi)
