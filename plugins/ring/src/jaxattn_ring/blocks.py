@@ -42,7 +42,7 @@ __all__ = [
     "Mode",
     "OwnBackwardKernel",
     "Residuals",
-    "RingPlan",
+    "RingTiling",
     "block",
     "block_grads",
     "block_problems",
@@ -75,7 +75,7 @@ def acc_dtype(dtype: Any) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class RingPlan:
+class RingTiling:
     """The static shape of one ring call (hashable: it keys jax's tracing caches)."""
 
     axis: AxisName
@@ -266,21 +266,21 @@ def _rows(x: Array, lo: int, hi: int) -> Array:
     return None if x is None else x[:, lo:hi]
 
 
-def _visibility(plan: RingPlan, index: Array, src: Array, mask: Array) -> Array:
+def _visibility(tiling: RingTiling, index: Array, src: Array, mask: Array) -> Array:
     """Boolean ``(B|1, H|1, Tl, Sl)``: the positional rules for this block, and the user mask's columns."""
-    q_pos = positions(plan.layout, index, plan.n, plan.t_local)[:, None] + plan.offset
-    k_pos = positions(plan.layout, src, plan.n, plan.s_local)[None, :]
-    visible = jnp.ones((plan.t_local, plan.s_local), bool)
-    if plan.causal:
+    q_pos = positions(tiling.layout, index, tiling.n, tiling.t_local)[:, None] + tiling.offset
+    k_pos = positions(tiling.layout, src, tiling.n, tiling.s_local)[None, :]
+    visible = jnp.ones((tiling.t_local, tiling.s_local), bool)
+    if tiling.causal:
         visible &= k_pos <= q_pos
-    if plan.window is not None:
-        left, right = plan.window
+    if tiling.window is not None:
+        left, right = tiling.window
         visible &= (k_pos >= q_pos - left) & (k_pos <= q_pos + right)
     visible = visible[None, None]
     if mask is not None:
         # A mask that arrived in zigzag order holds device src's keys in one contiguous run of columns.
-        order: Layout = "contiguous" if plan.arrived_zigzag else plan.layout
-        visible = visible & key_columns(mask, order, src, plan.n, plan.s_local)
+        order: Layout = "contiguous" if tiling.arrived_zigzag else tiling.layout
+        visible = visible & key_columns(mask, order, src, tiling.n, tiling.s_local)
     return visible
 
 
@@ -349,47 +349,48 @@ class _Backward(_Region):
         return jnp.pad(dq, [(0, 0), (c_q, 0), (0, 0), (0, 0)]), dk, dv
 
 
-def _dispatch(plan: RingPlan, op: _Forward | _Backward, mask: Array, *, index: Array, src: Array, first: bool) -> Any:
+def _dispatch(tiling: RingTiling, op: _Forward | _Backward, mask: Array, *, index: Array, src: Array,
+              first: bool) -> Any:
     """The part of the block of device ``src``'s keys that this device's queries see, through ``op``.
 
     The layout decides it: whole (full attention, or its own keys under causal), none, the early
     half of src's keys (zigzag, src earlier on the ring), or the late half of the queries
-    (zigzag, src later); per-block masks only where flags cannot say it (``plan.mode == "masked"``).
+    (zigzag, src later); per-block masks only where flags cannot say it (``tiling.mode == "masked"``).
     """
-    if plan.mode == "full":
+    if tiling.mode == "full":
         return op.whole()
-    if plan.mode == "masked":
-        visible = _visibility(plan, index, src, mask)
+    if tiling.mode == "masked":
+        visible = _visibility(tiling, index, src, mask)
         return jax.lax.cond(jnp.any(visible), lambda: op.whole(mask=visible), op.skip)
     if first:  # own keys: causal on the local order is causal on global positions in both layouts
         return op.whole(causal=True)
-    if plan.layout == "contiguous":  # earlier devices' keys are all visible, later ones' none
+    if tiling.layout == "contiguous":  # earlier devices' keys are all visible, later ones' none
         return jax.lax.cond(src < index, op.whole, op.skip)
     # Zigzag. Device src < index: both query chunks see all of src's early chunk, none of its late
     # one. Device src > index: only the late query chunk sees src's keys, all of them.
-    c_q, c_k = plan.t_local // 2, plan.s_local // 2
+    c_q, c_k = tiling.t_local // 2, tiling.s_local // 2
     return jax.lax.cond(src < index, lambda: op.key_prefix(c_k), lambda: op.row_suffix(c_q))
 
 
-def block(plan: RingPlan, kernel: BlockKernel, q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
+def block(tiling: RingTiling, kernel: BlockKernel, q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
           mask: Array, *, index: Array, src: Array, first: bool) -> tuple[Array, Array]:
     """Attention of this device's queries to the keys of device ``src`` (``first``: its own keys).
 
     Returns ``(output (B, Tl, H, Dv), lse (B, H, Tl))`` normalised over this block only.
     """
-    return _dispatch(plan, _Forward(kernel, q, k, v, q_ids, kv_ids), mask,  # type: ignore[no-any-return]
+    return _dispatch(tiling, _Forward(kernel, q, k, v, q_ids, kv_ids), mask,  # type: ignore[no-any-return]
                      index=index, src=src, first=first)
 
 
-def block_grads(plan: RingPlan, kernel: BlockKernel, q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
+def block_grads(tiling: RingTiling, kernel: BlockKernel, q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
                 mask: Array, res: Residuals, *, index: Array, src: Array, first: bool) -> tuple[Array, Array, Array]:
     """``(dq, dk, dv)`` of the block :func:`block` computes, from the ring's residuals ``res``
     (``kernel.residual_backward``): the kernel's backward alone, no block forward."""
-    return _dispatch(plan, _Backward(kernel, q, k, v, q_ids, kv_ids, res), mask,  # type: ignore[no-any-return]
+    return _dispatch(tiling, _Backward(kernel, q, k, v, q_ids, kv_ids, res), mask,  # type: ignore[no-any-return]
                      index=index, src=src, first=first)
 
 
-def block_problems(plan_mode: Mode, layout: Layout, local: AttentionProblem,
+def block_problems(ring_mode: Mode, layout: Layout, local: AttentionProblem,
                    mask_dims: tuple[int, int] | None) -> list[AttentionProblem]:
     """Every distinct call the per-block kernel gets, as problems (for choosing the kernel).
 
@@ -397,9 +398,9 @@ def block_problems(plan_mode: Mode, layout: Layout, local: AttentionProblem,
     """
     base = dataclasses.replace(local, causal=False, mask_shape=None, bias_shape=None, sliding_window=None,
                                sinks=False, dropout_prob=0.0)
-    if plan_mode == "full":
+    if ring_mode == "full":
         return [base]
-    if plan_mode == "masked":
+    if ring_mode == "masked":
         bm, hm = mask_dims or (1, 1)
         return [dataclasses.replace(base, mask_shape=(bm, hm, local.seq_q, local.seq_k))]
     problems = [dataclasses.replace(base, causal=True), base]

@@ -38,7 +38,7 @@ from jaxattn.backend import (
     zero_absorbed_heads,
 )
 
-from .blocks import BlockChoice, BlockKernel, Mode, RingPlan, block_problems, choose_kernel
+from .blocks import BlockChoice, BlockKernel, Mode, RingTiling, block_problems, choose_kernel
 from .comm import COMMS, Comm, choose_comm, describe, device_memory, gathered_bytes, requested_comm
 from .layout import LAYOUTS, Layout, from_zigzag, to_zigzag
 from .plugin import RING
@@ -112,7 +112,7 @@ class RingAttention(AttentionImpl, declaration=RING):
 
     def _setup(self, problem: AttentionProblem, axes: MeshAxes | None, n: int) -> _Setup:
         """Mode, layout, per-device problem and per-block kernel (or the reasons there is none)."""
-        mode = RingPlan.choose_mode(causal=problem.causal, window=problem.sliding_window,
+        mode = RingTiling.choose_mode(causal=problem.causal, window=problem.sliding_window,
                                     mask=problem.mask_shape is not None, t=problem.seq_q, s=problem.seq_k)
         layout = self._layout(problem.causal)
         bs = hs = 1
@@ -209,26 +209,26 @@ class RingAttention(AttentionImpl, declaration=RING):
             q, k, v, mask=mask, causal=causal, sliding_window=sliding_window, q_segment_ids=q_segment_ids,
             kv_segment_ids=kv_segment_ids, logits_soft_cap=logits_soft_cap, softmax_aux=softmax_aux,
         )
-        if axes is None:  # global sizes, for the plan's bottom-right offset
+        if axes is None:  # global sizes, for the tiling's bottom-right offset
             problem = dataclasses.replace(problem, seq_q=problem.seq_q * n, seq_k=problem.seq_k * n)
         setup = self._setup(problem, axes, n)
         if setup.kernel is None:
             raise UnsupportedError(self.name(), setup.reasons)
         self._check_sequence(problem, n, setup.layout, seq, axes is not None)
-        plan = RingPlan(axis=axis, n=n, layout=setup.layout, mode=setup.mode, t_local=problem.seq_q // n,
+        tiling = RingTiling(axis=axis, n=n, layout=setup.layout, mode=setup.mode, t_local=problem.seq_q // n,
                         s_local=problem.seq_k // n, causal=causal, window=sliding_window,
                         offset=problem.seq_k - problem.seq_q, arrived_zigzag=self._arrived_zigzag(),
                         comm=setup.comm)
         kernel = setup.kernel.kernel(softmax_scale, logits_soft_cap)
         args = (q, k, v, q_segment_ids, kv_segment_ids, mask, softmax_aux)
         if axes is None:
-            out, lse = _per_device(plan, make_ring(plan, kernel), *args)
+            out, lse = _per_device(tiling, make_ring(tiling, kernel), *args)
         else:
             specs = AttentionSpecs.from_axes(axes, shard_sequence=True)
             full = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
             in_specs = (specs.q, specs.kv, specs.kv, specs.q_ids, specs.kv_ids,
                         specs.broadcast(mask, full, shard_keys=False), specs.aux)
-            out, lse = _sharded_ring(*args, plan=plan, kernel=kernel, mesh=md.mesh, in_specs=in_specs,
+            out, lse = _sharded_ring(*args, tiling=tiling, kernel=kernel, mesh=md.mesh, in_specs=in_specs,
                                      out_specs=(specs.out, specs.lse))
         return AttentionOutput(attention_outputs=out, softmax_lse=lse)
 
@@ -248,16 +248,16 @@ class RingAttention(AttentionImpl, declaration=RING):
                 )
 
 
-def _per_device(plan: RingPlan, ring: Callable[..., tuple[Array, Array]], q: Array, k: Array, v: Array,
+def _per_device(tiling: RingTiling, ring: Callable[..., tuple[Array, Array]], q: Array, k: Array, v: Array,
                 q_ids: Array, kv_ids: Array, mask: Array, aux: Array) -> tuple[Array, Array]:
     """One device's ring on its shards (inside a ``shard_map``), natural order in and out."""
     # Two ppermutes of half a shard each way per array. Inputs that arrive in zigzag order
     # (ring_inputs) skip them; so do all-gathered K/V.
-    axis, n = plan.axis, plan.n
-    relayout = plan.layout == "zigzag" and not plan.arrived_zigzag
+    axis, n = tiling.axis, tiling.n
+    relayout = tiling.layout == "zigzag" and not tiling.arrived_zigzag
     if relayout:
         q, q_ids = (None if x is None else to_zigzag(x, 1, axis, n) for x in (q, q_ids))
-        if not plan.kv_natural:
+        if not tiling.kv_natural:
             k, v, kv_ids = (None if x is None else to_zigzag(x, 1, axis, n) for x in (k, v, kv_ids))
         if mask is not None and mask.shape[2] > 1:
             mask = to_zigzag(mask, 2, axis, n)
@@ -269,13 +269,13 @@ def _per_device(plan: RingPlan, ring: Callable[..., tuple[Array, Array]], q: Arr
 
 # Called eagerly (jax.grad included), a bare shard_map runs its body op by op: seconds for a toy
 # ring, where one program runs in milliseconds. The static arguments key jit's cache (the kernel's
-# impl by identity; get_impl caches instances), so eager calls of one plan, kernel and specs trace
+# impl by identity; get_impl caches instances), so eager calls of one tiling, kernel and specs trace
 # once. Under the caller's jit it nests; inline=True would not, but runs an eager gradient op by op.
-@functools.partial(jax.jit, static_argnames=("plan", "kernel", "mesh", "in_specs", "out_specs"))
+@functools.partial(jax.jit, static_argnames=("tiling", "kernel", "mesh", "in_specs", "out_specs"))
 def _sharded_ring(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array, aux: Array, *,
-                  plan: RingPlan, kernel: BlockKernel, mesh: Any, in_specs: tuple[Any, ...],
+                  tiling: RingTiling, kernel: BlockKernel, mesh: Any, in_specs: tuple[Any, ...],
                   out_specs: tuple[Any, Any]) -> tuple[Array, Array]:
-    body = functools.partial(_per_device, plan, make_ring(plan, kernel))
+    body = functools.partial(_per_device, tiling, make_ring(tiling, kernel))
     out_lse: tuple[Array, Array] = shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)(
         q, k, v, q_ids, kv_ids, mask, aux)
     return out_lse

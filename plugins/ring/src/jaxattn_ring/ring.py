@@ -1,6 +1,6 @@
 """The ring: K/V blocks travel around the sequence axis, partial results merge by log-sum-exp.
 
-Runs per device, inside ``shard_map`` (or the caller's own), on shards in the plan's layout.
+Runs per device, inside ``shard_map`` (or the caller's own), on shards in the tiling's layout.
 Step 0 attends to the device's own keys; each of the ``n - 1`` further steps attends to
 the K/V block (with its segment ids) that arrived from the previous device through
 ``ppermute``, while the next transfer is already under way. Each block's ``(o_b, lse_b)``
@@ -43,7 +43,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .blocks import BlockKernel, Residuals, RingPlan, acc_dtype, block, block_grads, gradient_kernel
+from .blocks import BlockKernel, Residuals, RingTiling, acc_dtype, block, block_grads, gradient_kernel
 from .layout import device_rows, put_device_rows
 
 __all__ = ["make_ring"]
@@ -51,27 +51,27 @@ __all__ = ["make_ring"]
 Array = Any
 
 
-def _permute(tree: Any, plan: RingPlan) -> Any:
+def _permute(tree: Any, tiling: RingTiling) -> Any:
     """Pass every array of ``tree`` to the next device on the ring."""
-    perm = [(d, (d + 1) % plan.n) for d in range(plan.n)]
-    return jax.tree_util.tree_map(lambda x: jax.lax.ppermute(x, plan.axis, perm), tree)
+    perm = [(d, (d + 1) % tiling.n) for d in range(tiling.n)]
+    return jax.tree_util.tree_map(lambda x: jax.lax.ppermute(x, tiling.axis, perm), tree)
 
 
-def _gather(tree: Any, plan: RingPlan) -> Any:
+def _gather(tree: Any, tiling: RingTiling) -> Any:
     """Every device's K/V (and key segment ids) along the sequence axis, in one collective."""
-    return jax.tree_util.tree_map(lambda x: jax.lax.all_gather(x, plan.axis, axis=1, tiled=True), tree)
+    return jax.tree_util.tree_map(lambda x: jax.lax.all_gather(x, tiling.axis, axis=1, tiled=True), tree)
 
 
-def _gathered_order(plan: RingPlan) -> Any:
+def _gathered_order(tiling: RingTiling) -> Any:
     """How device ``src``'s keys lie in the gathered arrays: in one run of rows (shards gathered in
     device order), or the layout's chunks of the global order (K/V that stayed natural)."""
-    return plan.layout if plan.kv_natural else "contiguous"
+    return tiling.layout if tiling.kv_natural else "contiguous"
 
 
-def _take(full: Any, src: Array, plan: RingPlan) -> Any:
-    """Device ``src``'s block (in the plan's layout) out of the gathered K/V."""
-    order = _gathered_order(plan)
-    return jax.tree_util.tree_map(lambda x: device_rows(x, order, src, plan.n, plan.s_local, 1), full)
+def _take(full: Any, src: Array, tiling: RingTiling) -> Any:
+    """Device ``src``'s block (in the tiling's layout) out of the gathered K/V."""
+    order = _gathered_order(tiling)
+    return jax.tree_util.tree_map(lambda x: device_rows(x, order, src, tiling.n, tiling.s_local, 1), full)
 
 
 def _bthd(x: Array) -> Array:
@@ -108,47 +108,47 @@ def _finish(q: Array, k: Array, v: Array, aux: Array, delta: Array, big_l_safe: 
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, d_aux
 
 
-def make_ring(plan: RingPlan, kernel: BlockKernel) -> Callable[..., Any]:
+def make_ring(tiling: RingTiling, kernel: BlockKernel) -> Callable[..., Any]:
     """``ring(q, k, v, q_ids, kv_ids, mask, aux) -> (output, lse)`` for one device's shards."""
 
     def run_block(kern: BlockKernel, q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array,
                   src: Array, first: bool) -> tuple[Array, Array]:
-        index = jax.lax.axis_index(plan.axis)
-        return block(plan, kern, q, k, v, q_ids, kv_ids, mask, index=index, src=src, first=first)
+        index = jax.lax.axis_index(tiling.axis)
+        return block(tiling, kern, q, k, v, q_ids, kv_ids, mask, index=index, src=src, first=first)
 
     def forward(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array,
                 aux: Array) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
-        index = jax.lax.axis_index(plan.axis)
+        index = jax.lax.axis_index(tiling.axis)
 
         def attend(kv: tuple[Array, Array, Array], s: Any, first: bool) -> tuple[Array, Array]:
             k_blk, v_blk, ids_blk = kv
-            return run_block(kernel, q, k_blk, v_blk, q_ids, ids_blk, mask, (index - s) % plan.n, first)
+            return run_block(kernel, q, k_blk, v_blk, q_ids, ids_blk, mask, (index - s) % tiling.n, first)
 
         def step(carry: Any, s: Array) -> tuple[Any, None]:
             o, lse, kv = carry
             # The next block's transfer does not depend on this block's attention: XLA runs
             # the two at once (an asynchronous collective-permute).
-            nxt = _permute(kv, plan)
+            nxt = _permute(kv, tiling)
             o, lse = _merge(o, lse, *attend(kv, s, False))
             return (o, lse, nxt), None
 
         def gathered_step(carry: Any, s: Array) -> tuple[Any, None]:
             o, lse = carry
-            return _merge(o, lse, *attend(_take(full, (index - s) % plan.n, plan), s, False)), None
+            return _merge(o, lse, *attend(_take(full, (index - s) % tiling.n, tiling), s, False)), None
 
         kv = (k, v, kv_ids)
-        if plan.comm == "all_gather":
-            full = _gather(kv, plan)
-            o_b, lse = attend(_take(full, index, plan), 0, True)
+        if tiling.comm == "all_gather":
+            full = _gather(kv, tiling)
+            o_b, lse = attend(_take(full, index, tiling), 0, True)
             o = o_b.astype(acc_dtype(q.dtype))
-            (o, lse), _ = jax.lax.scan(gathered_step, (o, lse), jnp.arange(1, plan.n))
+            (o, lse), _ = jax.lax.scan(gathered_step, (o, lse), jnp.arange(1, tiling.n))
         else:
-            nxt = _permute(kv, plan) if plan.n > 1 else kv
+            nxt = _permute(kv, tiling) if tiling.n > 1 else kv
             o_b, lse = attend(kv, 0, True)
             o = o_b.astype(acc_dtype(q.dtype))
-            if plan.n > 1:  # steps 1 .. n-2 pass the block on; the last one only attends
-                (o, lse, kv), _ = jax.lax.scan(step, (o, lse, nxt), jnp.arange(1, plan.n - 1))
-                o, lse = _merge(o, lse, *attend(kv, plan.n - 1, False))
+            if tiling.n > 1:  # steps 1 .. n-2 pass the block on; the last one only attends
+                (o, lse, kv), _ = jax.lax.scan(step, (o, lse, nxt), jnp.arange(1, tiling.n - 1))
+                o, lse = _merge(o, lse, *attend(kv, tiling.n - 1, False))
         big_l = _denominator(lse, aux)
         out = o * _bthd(jnp.exp(lse - _finite_or_zero(big_l)))
         residuals = (q, k, v, q_ids, kv_ids, mask, aux, out, lse, big_l)
@@ -163,15 +163,15 @@ def make_ring(plan: RingPlan, kernel: BlockKernel) -> Callable[..., Any]:
         delta = jnp.swapaxes(jnp.sum(d_out * out, axis=-1), 1, 2)  # D = rowsum(dO * O), (B, H, T)
         lse_safe, big_l_safe = _finite_or_zero(lse), _finite_or_zero(big_l)
         kern = gradient_kernel(kernel, q, k, v)
-        index = jax.lax.axis_index(plan.axis)
+        index = jax.lax.axis_index(tiling.axis)
         # The lse cotangent in terms of L: exp(S - lse) d_lse = exp(S - L) exp(L - lse) d_lse.
         res = Residuals(out, big_l_safe, d_out, jnp.exp(big_l_safe - lse_safe) * d_lse)
 
         def grads(kv: tuple[Array, Array, Array], s: Any, first: bool) -> tuple[Array, Array, Array]:
             k_blk, v_blk, ids_blk = kv
-            src = (index - s) % plan.n
+            src = (index - s) % tiling.n
             if kern.residual_backward:
-                return block_grads(plan, kern, q, k_blk, v_blk, q_ids, ids_blk, mask, res, index=index, src=src,
+                return block_grads(tiling, kern, q, k_blk, v_blk, q_ids, ids_blk, mask, res, index=index, src=src,
                                    first=first)
 
             def f(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
@@ -188,40 +188,40 @@ def make_ring(plan: RingPlan, kernel: BlockKernel) -> Callable[..., Any]:
         def step(carry: Any, s: Array) -> tuple[Any, None]:
             # Holding block index-s; the accumulators arriving now belong to it too.
             dq, kv, dkv = carry
-            nxt = _permute(kv, plan)
-            dkv = _permute(dkv, plan)  # needed only after this block's gradients: overlaps them
+            nxt = _permute(kv, tiling)
+            dkv = _permute(dkv, tiling)  # needed only after this block's gradients: overlaps them
             g_q, g_k, g_v = grads(kv, s, False)
             return (dq + g_q, nxt, (dkv[0] + g_k, dkv[1] + g_v)), None
 
         def gathered_step(carry: Any, s: Array) -> tuple[Any, None]:
             # Each device computes each source's block once: its gradients replace zeros.
             dq, dk, dv = carry
-            src = (index - s) % plan.n
-            g_q, g_k, g_v = grads(_take(full, src, plan), s, False)
+            src = (index - s) % tiling.n
+            g_q, g_k, g_v = grads(_take(full, src, tiling), s, False)
             return (dq + g_q, put(dk, g_k, src), put(dv, g_v, src)), None
 
         def put(x: Array, rows: Array, src: Array) -> Array:
-            return put_device_rows(x, rows.astype(acc), _gathered_order(plan), src, plan.n, plan.s_local, 1)
+            return put_device_rows(x, rows.astype(acc), _gathered_order(tiling), src, tiling.n, tiling.s_local, 1)
 
         kv = (k, v, kv_ids)
-        if plan.comm == "all_gather":
+        if tiling.comm == "all_gather":
             # K/V gathered again rather than kept from the forward: residuals stay O(S/n) per device.
-            full = _gather(kv, plan)
-            dq, g_k, g_v = grads(_take(full, index, plan), 0, True)
+            full = _gather(kv, tiling)
+            dq, g_k, g_v = grads(_take(full, index, tiling), 0, True)
             dk = put(jnp.zeros(full[0].shape, acc), g_k, index)
             dv = put(jnp.zeros(full[1].shape, acc), g_v, index)
-            (dq, dk, dv), _ = jax.lax.scan(gathered_step, (dq.astype(acc), dk, dv), jnp.arange(1, plan.n))
+            (dq, dk, dv), _ = jax.lax.scan(gathered_step, (dq.astype(acc), dk, dv), jnp.arange(1, tiling.n))
             # One reduce-scatter brings every device its own keys' gradients, summed over the queries.
-            dk, dv = (jax.lax.psum_scatter(x, plan.axis, scatter_dimension=1, tiled=True) for x in (dk, dv))
+            dk, dv = (jax.lax.psum_scatter(x, tiling.axis, scatter_dimension=1, tiled=True) for x in (dk, dv))
             return _finish(q, k, v, aux, delta, big_l_safe, acc, dq, dk, dv)
-        nxt = _permute(kv, plan) if plan.n > 1 else kv
+        nxt = _permute(kv, tiling) if tiling.n > 1 else kv
         dq, dk, dv = grads(kv, 0, True)
-        if plan.n > 1:
-            (dq, kv, dkv), _ = jax.lax.scan(step, (dq, nxt, (dk, dv)), jnp.arange(1, plan.n - 1))
-            dk, dv = _permute(dkv, plan)
-            g_q, g_k, g_v = grads(kv, plan.n - 1, False)
+        if tiling.n > 1:
+            (dq, kv, dkv), _ = jax.lax.scan(step, (dq, nxt, (dk, dv)), jnp.arange(1, tiling.n - 1))
+            dk, dv = _permute(dkv, tiling)
+            g_q, g_k, g_v = grads(kv, tiling.n - 1, False)
             # The n-th pass of the accumulators brings each device's own dK/dV home.
-            dq, (dk, dv) = dq + g_q, _permute((dk + g_k, dv + g_v), plan)
+            dq, (dk, dv) = dq + g_q, _permute((dk + g_k, dv + g_v), tiling)
         return _finish(q, k, v, aux, delta, big_l_safe, acc, dq, dk, dv)
 
     @jax.custom_vjp
