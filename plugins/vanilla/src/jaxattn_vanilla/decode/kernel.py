@@ -154,7 +154,7 @@ class _Steps(NamedTuple):
     pos: Array  # (B, R): each row's position
     dims: tuple[int, int, int, int, int, int, int]  # b, s, hkv, d, dv, r, keys
     tiling: DecodeTiling
-    dtypes: tuple[Any, Any, Any]  # cdtype (the product's), sdtype (the softmax's), adtype (accumulation)
+    precisions: tuple[Any, Any, Any]  # cdtype (the product's), sdtype (the softmax's), adtype (accumulation)
     scale: float
     unscaled: bool
     factor: Array
@@ -194,7 +194,7 @@ def _attend(c: _Steps, n: Array) -> tuple[Array, Array, Array]:
     """Step n's chunks: ``(m, l, o)`` of shapes (B, nc, Hkv, R) and (B, nc, Hkv, R, Dv)."""
     b, s, hkv, d, dv, r, keys = c.dims
     nc, sc = c.tiling.num_chunks, c.tiling.chunk
-    cdtype, sdtype, adtype = c.dtypes
+    cdtype, sdtype, adtype = c.precisions
     lengths = c.lengths
     first = n * keys
     start = jnp.minimum(first, s - keys)  # the last step ends at S: no padded copy
@@ -256,7 +256,7 @@ def _run_steps(c: _Steps, lo: Array, hi: Array) -> tuple[Array, Array, Array]:
 
     if c.tiling.steps == 1:  # one step over the whole cache: nothing to skip, no loop
         return _combine(c, *_attend(c, jnp.int32(0)))
-    adtype = c.dtypes[2]
+    adtype = c.precisions[2]
     init = (
         jnp.full((b, hkv, r), c.lowest, adtype),
         jnp.zeros((b, hkv, r), adtype),
@@ -332,7 +332,7 @@ def decode_attention(
     cuts = (s % keys != 0, causal and t > 1, window is not None and window[0] < s - 1,
             window is not None and window[1] < t - 1)
     steps = _Steps(k=k, v=v, qt=qt, lengths=lengths, pos=pos, dims=(b, s, hkv, d, dv, r, keys), tiling=tiling,
-                   dtypes=(cdtype, sdtype, adtype), scale=scale, unscaled=unscaled, factor=factor,
+                   precisions=(cdtype, sdtype, adtype), scale=scale, unscaled=unscaled, factor=factor,
                    soft_cap=logits_soft_cap, lowest=lowest, window=window, cuts=cuts)
     m_run, l_run, o_run = _run_steps(steps, lo, hi)
 
