@@ -159,7 +159,7 @@ def test_core_modules_do_not_import_the_package_root() -> None:
 
 def test_the_core_imports_no_plugin() -> None:
     """The core names no plugin distribution: selection takes tuning records through the hook
-    of ``jaxattn.selection.tuning``; the tuning file, its reading and writing, are jaxattn-bench's."""
+    of ``jaxattn.selection.tuning``; the tuning cache, its reading and writing, are jaxattn-bench's."""
     offenders = []
     for path in modules_of(CORE).values():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

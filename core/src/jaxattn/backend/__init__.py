@@ -18,7 +18,7 @@ private module or name. The names come in groups, each a step further from a bas
 - **composition**, for plugins that run other impls (ring): ``get_impl``, ``available_here``,
   and the mesh helpers of ``jaxattn.sharding``;
 - **tuning**: what the ``jaxattn_tuning_records`` hook returns and how a plugin reads its
-  section of the tuning file; the key of a call class (``problem_key``), a record's check
+  section of the tuning cache; the key of a call class (``problem_key``), a record's check
   (``parse_measurement``), and the files a ``jaxattn_tuning_priors`` hook returns
   (``package_priors``);
 - **selection probes**, for tools that measure auto: ``choose``, ``evaluate``, ``AutoAttention``.

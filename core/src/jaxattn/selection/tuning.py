@@ -3,7 +3,7 @@
 Measured timings come from plugins, two ways, in this order of precedence:
 
 - the user's **tuning records**, through the hook ``jaxattn_tuning_records``: jaxattn-bench
-  reads the tuning file that its ``jaxattn tune`` writes (its format, place and checks live
+  reads the tuning cache that its ``jaxattn tune`` writes (its format, place and checks live
   beside the writer, in ``jaxattn_bench.records``);
 - **shipped priors**, through the hook ``jaxattn_tuning_priors``: package-data files in which
   each plugin ships what it measured about its own impls, per device generation and call

@@ -108,7 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="also time jax.experimental.pallas.ops.gpu.attention.mha (CUDA GPUs)")
     which.add_argument("--reference", help="backend the ratios are relative to (default: cudnn, else vanilla)")
     which.add_argument("--tune", action="store_true",
-                       help="store the impls' timings in the tuning cache, then time auto with them")
+                       help="write the impls' timings to the tuning cache as tuning records, then time auto with them")
     add_run_arguments(parser)
     parser.add_argument("--overhead", action="store_true",
                         help="instead: measure what impl='auto' adds per call over the impl it picks (eager, jit)")

@@ -1,5 +1,5 @@
 """Entry-point module of jaxattn-bench: adds ``jaxattn bench``, ``tune`` and ``demo``, and hands "auto"
-the tuning file's records (imports no jax)."""
+the tuning cache's records (imports no jax)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Turning benchmark results into tuning-cache measurements (``jaxattn tune``, ``bench --tune``)."""
+"""Turning benchmark results into tuning records (``jaxattn tune``, ``bench --tune``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The tuning file: measured timings, one JSON file per user, read for "auto" and written by
+"""The tuning cache: tuning records (measured timings), one JSON file per user, read for "auto" and written by
 ``jaxattn tune`` (``jaxattn_bench.store``). Its format, place and checks live here, beside the
 writer; the core sees it only through the hook ``jaxattn_tuning_records`` (:class:`FileRecords`).
 
@@ -7,8 +7,8 @@ Where: ``$JAXATTN_CACHE_DIR/tuning.json`` when set, else the platform's per-user
 on macOS, ``%LOCALAPPDATA%\\jaxattn\\Cache`` on Windows).
 
 The file holds one section per :class:`~jaxattn_bench.keys.Environment`, so a home folder
-shared by machines with different GPUs keeps each one's results; only the section of this
-process's environment is ever used. A file that cannot be read, or that has results only for
+shared by machines with different GPUs keeps each one's records; only the section of this
+process's environment is ever used. A file that cannot be read, or that has records only for
 other jax versions of this device, is ignored with a ``jaxattn.backend.TuningCacheWarning``,
 never an error: a cache can make "auto" faster, never make a call fail.
 
@@ -51,7 +51,7 @@ FILENAME = "tuning.json"
 
 
 def default_cache_path() -> Path:
-    """The tuning file for this user (see the module docstring for the search order)."""
+    """The tuning cache for this user (see the module docstring for the search order)."""
     override = os.environ.get("JAXATTN_CACHE_DIR", "").strip()
     if override:
         return Path(override).expanduser() / FILENAME
@@ -219,7 +219,7 @@ def active_cache() -> TuningCache:
 
 
 class FileRecords:
-    """What the hook hands the core (``jaxattn.backend.TuningRecords``): the active file's records."""
+    """What the hook hands the core (``jaxattn.backend.TuningRecords``): the active cache's records."""
 
     def results(self, problem: AttentionProblem) -> tuple[str, Mapping[str, Measurement]] | None:
         entry = active_cache().lookup(problem)

@@ -4,7 +4,7 @@
 hands "auto" its records; this module writes it in that format. :class:`TuningStore` is that
 ``TuningCache`` with the writing methods: ``record`` measurements of a problem, ``update_plugin``
 a plugin's own object (the Triton plugin's kernel tiles), then ``save`` atomically, after
-which "auto" in this process sees the new results at once.
+which "auto" in this process sees the new records at once.
 
 Several processes may save at once (a tuning job per device, a Triton plugin storing its tiles
 while ``jaxattn tune`` runs): ``save`` holds an exclusive lock on ``<file>.lock`` (``fcntl``'s,

@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated impls to measure (default: every impl usable here)")
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--show", action="store_true", help="print the tuning cache of this device, measure nothing")
-    what.add_argument("--clear", action="store_true", help="forget this device's measurements")
+    what.add_argument("--clear", action="store_true", help="forget this device's tuning records")
 
 
 def run(args: argparse.Namespace) -> int:
