@@ -142,7 +142,7 @@ def test_explain_paged_and_ragged_rank_only_paged_impls(capsys: pytest.CaptureFi
     decode = run_json(capsys, "explain", "--paged", "-b", "4", "-t", "1", "-s", "300", "--heads-q", "8",
                       "--heads-kv", "2", "--page-size", "16", "--window", "64")
     assert decode["problem"]["queries_per_seq"] == 1 and decode["problem"]["pages_per_seq"] == 19
-    assert decode["problem"]["sliding_window"] == 64
+    assert decode["problem"]["sliding_window"] == [64, 0]  # the dense problem's (left, right)
     assert {c["name"] for c in decode["candidates"]} == {"vanilla_paged", "decode_only"}
     assert decode["chosen"] == "decode_only"  # the higher priority
     code, out, _ = run_cli(capsys, "explain", "--ragged", "-b", "3", "-t", "40", "-s", "128", "--combined",

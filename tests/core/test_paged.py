@@ -358,13 +358,15 @@ def test_a_window_of_w_shows_the_query_and_the_w_keys_before_it(w: int) -> None:
 # -- sliding_window: the call holds the dense call's (left, right) pair ----------------------
 
 class _WindowSeen(PagedAttentionImpl):
-    """A windowed paged backend that records the ``call.sliding_window`` its forward receives."""
+    """A windowed paged backend that records the ``sliding_window`` its forward receives (on the
+    call and on its problem), and the problem's its hooks are asked about."""
 
     features: ClassVar = frozenset({Feature.GQA, Feature.SLIDING_WINDOW, Feature.MULTI_TOKEN, Feature.RAGGED})
     seen: ClassVar[list[Any]] = []
+    asked: ClassVar[list[tuple[str, Any]]] = []
 
     def forward(self, call: Any) -> Any:
-        type(self).seen.append(call.sliding_window)
+        type(self).seen.append((call.sliding_window, call.problem.sliding_window))
         return jaxattn.backend.AttentionOutput(attention_outputs=jnp.zeros((*call.q.shape[:2], 8), call.q.dtype))
 
 
@@ -375,13 +377,31 @@ class PairWindow(_WindowSeen):
     def get_impl_name(cls) -> str:
         return "pair_window"
 
+    def not_supported_reasons(self, problem: Any) -> list[str]:
+        type(self).asked.append(("reasons", problem.sliding_window))
+        window = problem.sliding_window
+        return super().not_supported_reasons(problem) + ([] if window is None or window[0] <= 8 else ["wide"])
+
 
 class IntWindow(_WindowSeen):
-    window_pair = False  # the compatibility form: the forward is handed the int left window
+    """The compatibility form: hooks and forward written against the int left window, as third-party
+    backends were before the problem held the pair."""
+
+    window_pair = False
 
     @classmethod
     def get_impl_name(cls) -> str:
         return "int_window"
+
+    def not_supported_reasons(self, problem: Any) -> list[str]:
+        type(self).asked.append(("reasons", problem.sliding_window))
+        window = problem.sliding_window  # an int compared as one: a pair here would raise TypeError
+        wide = [] if window is None or window <= 8 else [f"a window of {window} keys is wider than 8"]
+        return super().not_supported_reasons(problem) + wide + self.notes(problem)[1:]  # a hook calling a hook
+
+    def notes(self, problem: Any) -> list[str]:
+        type(self).asked.append(("notes", problem.sliding_window))
+        return [f"window {problem.sliding_window}"]
 
 
 class UnsaidWindow(_WindowSeen):
@@ -397,16 +417,37 @@ def test_a_paged_call_holds_the_window_as_a_left_zero_pair(window: Any, want: tu
     a = ragged_args(num_seqs=np.asarray([2], np.int32), sliding_window=window)
     arrays = [a.pop(n) for n in ("q", "k_pages", "v_pages", "page_table", "kv_lengths")]
     call = PagedReference().validate(*arrays, **a)
-    assert call.sliding_window == want and call.problem.sliding_window == want[0]
+    assert call.sliding_window == want and call.problem.sliding_window == want
 
 
 @pytest.mark.parametrize(("impl_cls", "want"), [(PairWindow, (3, 0)), (IntWindow, 3)])
 def test_a_windowed_paged_backend_reads_the_form_it_declares(impl_cls: type[_WindowSeen], want: Any) -> None:
+    """On the call and on its problem, in the forward and in the hooks the class overrides."""
     jaxattn.register_impl(impl_cls)
     impl_cls.seen.clear()
+    impl_cls.asked.clear()
     call_ragged(sliding_window=3, impl=impl_cls.get_impl_name())
     call_ragged(impl=impl_cls.get_impl_name())
-    assert impl_cls.seen == [want, None]
+    assert impl_cls.seen == [(want, want), (None, None)]
+    assert {w for hook, w in impl_cls.asked if hook == "reasons"} == {want, None}
+    assert {w for _, w in impl_cls.asked} == {want, None}  # IntWindow's notes, called by its reasons, too
+
+
+def test_an_int_window_backend_declines_and_explains_in_its_own_form() -> None:
+    """``window_pair = False``: auto, ``explain_paged`` and ``supports`` ask its hooks about the int
+    left window (its comparisons run), while the problem that ``explain`` reports keeps the pair."""
+    jaxattn.register_impl(IntWindow)
+    a = ragged_args(sliding_window=(12, 0))
+    arrays = [a.pop(n) for n in ("q", "k_pages", "v_pages", "page_table", "kv_lengths")]
+    cu, n = a.pop("cu_q_lens"), np.asarray([a.pop("num_seqs")], np.int32)
+    ex = jaxattn.explain_paged(*arrays, cu, n, impl="int_window", **a)
+    (cand,) = [c for c in ex.candidates if c.name == "int_window"]
+    assert cand.reasons == ("a window of 12 keys is wider than 8",) and ex.problem.sliding_window == (12, 0)
+    assert IntWindow().supports(*arrays, cu_q_lens=cu, num_seqs=n, **a) == ["a window of 12 keys is wider than 8"]
+    with pytest.raises(UnsupportedError, match="a window of 12 keys is wider than 8"):
+        call_ragged(sliding_window=12, impl="int_window")
+    narrow = jaxattn.explain_paged(*arrays, cu, n, impl="int_window", sliding_window=5)
+    assert narrow.chosen == "int_window" and "window 5" in next(c for c in narrow.candidates if c.chosen).notes
 
 
 def test_a_windowed_paged_backend_that_says_no_form_is_refused_when_registered() -> None:

@@ -116,7 +116,8 @@ def test_declines_on_a_cpu_with_the_platform() -> None:
     [
         paged_problem(),
         paged_problem(kv_layout="combined", page_size=64),
-        paged_problem(queries_per_seq=4, num_tokens=64, sliding_window=1024, logits_soft_cap=30.0, sinks=True),
+        paged_problem(queries_per_seq=4, num_tokens=64, sliding_window=(1024, 0), logits_soft_cap=30.0,
+                      sinks=True),
         paged_problem(heads_q=8, heads_kv=8, head_dim=256, head_dim_v=256, dtype="float16", page_size=5),
         paged_problem(head_dim=192, head_dim_v=64, heads_kv=1),
     ],
@@ -128,7 +129,8 @@ def test_paged_backends_accept_uniform_calls_on_an_h100(problem: PagedProblem) -
 
 @pytest.mark.usefixtures("kernels_installed")
 def test_ragged_batches_run_on_ragged_page_attention_only() -> None:
-    ragged = paged_problem(queries_per_seq=None, num_tokens=700, sliding_window=128, sinks=True, logits_soft_cap=50.0)
+    ragged = paged_problem(queries_per_seq=None, num_tokens=700, sliding_window=(128, 0), sinks=True,
+                           logits_soft_cap=50.0)
     assert TritonRaggedPagedAttention(MD, H100).not_supported_reasons(ragged) == []
     reasons = TritonPagedDecode(MD, H100).not_supported_reasons(ragged)
     assert any("ragged_page_attention_v3 runs them" in r for r in reasons), reasons

@@ -121,9 +121,10 @@ class PagedCall:
     queries_per_seq: int | None = None  # T when every sequence has T queries, None for a ragged batch
     softmax_scale: float = 1.0
     logits_soft_cap: float | None = None
-    #: ``(left, 0)``, the dense call's type: left keys a query sees before itself (clamped to the
-    #: longest context); right is 0, queries being causal. A backend declaring ``window_pair = False``
-    #: receives the int left instead (``PagedAttentionImpl.window_pair``).
+    #: ``(left, 0)``, the dense call's type (``problem.sliding_window``): left keys a query sees
+    #: before itself (clamped to the longest context); right is 0, queries being causal. A backend
+    #: declaring ``window_pair = False`` receives the int left instead, here and on the problem
+    #: (``PagedAttentionImpl.window_pair``).
     sliding_window: tuple[int, int] | None = None
     softmax_aux: Any = None
     k_scale: Any = None  # float32 rank 3 for a quantized cache

@@ -17,16 +17,20 @@ with ``kv_layout="combined"`` ``k_pages`` is JAX's TPU layout ``(num_pages, page
 broadcastable against ``(num_pages, page_size, Hkv)`` (``jaxattn.backend.quantize``); other calls have no
 scales. ``num_seqs`` is an int32 array of shape (1,), its value also ``static_num_seqs``
 when known before tracing; ``queries_per_seq`` is T when every sequence has T queries
-(cu_q_lens = arange * T), None for a ragged batch; ``sliding_window`` is None or the pair
-``(left, 0)`` (``PagedAttentionImpl.window_pair``). The output is ``(num_tokens, Hq, Dv)``;
-rows past ``cu_q_lens[num_seqs]`` and rows that see no key are zeros. Semantics: docs/contract.md.
+(cu_q_lens = arange * T), None for a ragged batch; ``sliding_window`` (on the call and on its
+``problem``) is None or the pair ``(left, 0)`` (``PagedAttentionImpl.window_pair``). The output
+is ``(num_tokens, Hq, Dv)``; rows past ``cu_q_lens[num_seqs]`` and rows that see no key are
+zeros. Semantics: docs/contract.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from .base import Backend, Forward
 from .call import PagedCall
@@ -39,16 +43,46 @@ if TYPE_CHECKING:
 
 __all__ = ["PagedAttentionImpl", "PagedCall"]
 
+#: The methods of a backend that are handed a problem first (``not_supported_reasons``, ``notes``,
+#: ``fallback_reasons``, ``check_call``...): those a ``window_pair = False`` class overrides are
+#: asked with the int left window. Read off ``Backend``, so that a hook added there is covered.
+_PROBLEM_HOOKS = tuple(name for name, f in vars(Backend).items()
+                       if inspect.isfunction(f) and list(inspect.signature(f).parameters)[1:2] == ["problem"])
+
+
+def _left_window(problem: PagedProblem) -> PagedProblem:
+    """``problem`` as a ``window_pair = False`` backend reads it: its window the int left."""
+    window = problem.sliding_window  # None, or already the int (a hook calling another): as it is
+    # Outside the field's annotation on purpose: the form those hooks were written against.
+    return dataclasses.replace(problem, sliding_window=cast(Any, window[0])) if isinstance(window, tuple) else problem
+
+
+def _asked_with_left_window(hook: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(hook)
+    def asked(self: PagedAttentionImpl, problem: PagedProblem, *args: Any, **kwargs: Any) -> Any:
+        return hook(self, _left_window(problem), *args, **kwargs)
+
+    return asked
+
 
 class PagedAttentionImpl(Backend[PagedProblem]):
     """Base class of backends over a paged KV cache. Subclass it, declare capabilities, override forwards."""
 
     kind = "paged"
-    #: Which ``call.sliding_window`` the forward reads, said by a backend that declares
-    #: ``Feature.SLIDING_WINDOW``: True, the call's ``(left, 0)`` pair; False, the int left (a
-    #: compatibility form: ``route`` hands the forward a copy of the call holding the int). Left
-    #: None with the feature declared, the class is refused when it loads (``backend.forms``).
+    #: Which ``sliding_window`` the backend reads, said by one that declares
+    #: ``Feature.SLIDING_WINDOW``: True, the ``(left, 0)`` pair that the call and its problem hold;
+    #: False, the int left (a compatibility form: ``route`` hands the forward a copy of the call,
+    #: and of its problem, holding the int, and the problem hooks the class overrides are asked
+    #: about such a copy). Left None with the feature declared, the class is refused when it loads
+    #: (``backend.forms``).
     window_pair: ClassVar[bool | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.window_pair is False:  # hooks written against the int window keep reading one
+            for name in _PROBLEM_HOOKS:
+                if inspect.isfunction(hook := vars(cls).get(name)):
+                    setattr(cls, name, _asked_with_left_window(hook))
 
     def not_supported_reasons(self, problem: PagedProblem) -> list[str]:
         reasons = self.declared_reasons(problem)
@@ -63,14 +97,16 @@ class PagedAttentionImpl(Backend[PagedProblem]):
         return reasons
 
     def route(self) -> Forward:
-        """``Backend.route``; for ``window_pair = False``, the forward given the int left window."""
+        """``Backend.route``; for ``window_pair = False``, the forward given the int left window
+        (on the call and on its problem)."""
         forward = super().route()
         if self.window_pair is not False:
             return forward
 
         def left_window(call: PagedCall) -> AttentionOutput:
             window = call.sliding_window
-            return forward(call if window is None else call.replace(sliding_window=window[0]))
+            return forward(call if window is None else
+                           call.replace(sliding_window=window[0], problem=_left_window(call.problem)))
 
         left_window.__name__ = getattr(forward, "__name__", "forward")
         return left_window

@@ -205,7 +205,8 @@ def _check(q: Any, k_pages: Any, v_pages: Any, kv_pages: Any, page_table: Any, k
     check_sinks(softmax_aux, hq)
     scale = positive("softmax_scale", softmax_scale if softmax_scale is not None else md.softmax_scale)
     cap = positive("logits_soft_cap", logits_soft_cap if logits_soft_cap is not None else md.logits_soft_cap)
-    window = _window(sliding_window, pages_per_seq * page_size)
+    left = _window(sliding_window, pages_per_seq * page_size)
+    window = None if left is None else (left, 0)
     problem = PagedProblem(
         num_seqs=n, num_tokens=num_tokens, queries_per_seq=queries_per_seq, heads_q=hq, heads_kv=hkv, head_dim=d,
         head_dim_v=dv, dtype=dtype_name(md.runtime_dtype or q.dtype), page_size=page_size, num_pages=num_pages,
@@ -306,6 +307,6 @@ def resolve_paged_call(
         problem=problem, metadata=md, q=q, k_pages=k_pages, v_pages=v_pages, page_table=page_table,
         kv_lengths=kv_lengths, cu_q_lens=cu_q_lens, num_seqs=num_seqs, kv_layout=problem.kv_layout,
         queries_per_seq=queries_per_seq, softmax_scale=scale, logits_soft_cap=problem.logits_soft_cap,
-        sliding_window=None if problem.sliding_window is None else (problem.sliding_window, 0),
+        sliding_window=problem.sliding_window,
         softmax_aux=softmax_aux, k_scale=k_scale, v_scale=v_scale, static_num_seqs=count, mask_mod=mask_mod,
     )

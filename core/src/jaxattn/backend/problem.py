@@ -178,7 +178,10 @@ class PagedProblem:
     num_pages: int
     pages_per_seq: int
     kv_layout: str = "separate"  # "separate" (k_pages, v_pages) or "combined" (kv_pages)
-    sliding_window: int | None = None  # keys a query sees before itself (left window)
+    #: ``(left, 0)``, the dense problem's type: left keys a query sees before itself (clamped to
+    #: the longest context), right 0, queries being causal. The hooks of a backend declaring
+    #: ``window_pair = False`` are asked about a copy holding the int left (``PagedAttentionImpl``).
+    sliding_window: tuple[int, int] | None = None
     logits_soft_cap: float | None = None
     sinks: bool = False
     needs_grad: bool = False

@@ -26,13 +26,18 @@ _INTERPRET = (
 )
 
 
+def _left(window: tuple[int, int] | None) -> int | None:
+    """The kernel's ``window_left`` of the ``(left, 0)`` pair a call and its problem hold."""
+    return None if window is None else window[0]
+
+
 class PallasRaggedPagedAttention(PallasPagedBase, declaration=PALLAS_RAGGED_PAGE_ATTENTION):
     """Ragged paged attention on TPU (jax.experimental.pallas.ops.tpu.ragged_paged_attention)."""
 
     quantized_why: ClassVar[str] = (
         "JAX's ragged_paged_attention takes k_scale and v_scale as Python floats (one static scale per tensor), "
         "never an array of scales per head or token, nor one traced under jit")
-    window_pair = True  # the forward reads the call's (left, 0) pair
+    window_pair = True  # the reasons and the forward read the (left, 0) pair of the problem and the call
 
     def _facts(self, problem: PagedProblem) -> dict[str, Any]:
         # An unsupported dtype is the declarations' to decline; the kernel's other rules do not
@@ -47,7 +52,7 @@ class PallasRaggedPagedAttention(PallasPagedBase, declaration=PALLAS_RAGGED_PAGE
 
     def kernel_reasons(self, problem: PagedProblem) -> list[str]:
         # Sinks are declined by the declarations (no Feature.SINKS), so not asked again here.
-        asked = {**self._facts(problem), "window_left": problem.sliding_window,
+        asked = {**self._facts(problem), "window_left": _left(problem.sliding_window),
                  "logits_soft_cap": problem.logits_soft_cap, "tpu_generation": self.generation()}
         reasons = ragged_rules.ragged_reasons(**asked)
         interpret = self.platform == "tpu" and self.metadata.interpret
@@ -57,7 +62,7 @@ class PallasRaggedPagedAttention(PallasPagedBase, declaration=PALLAS_RAGGED_PAGE
     def notes(self, problem: PagedProblem) -> list[str]:
         facts = self._facts(problem)
         tiling = ragged_rules.ragged_tiling(**facts, pages_per_seq=problem.pages_per_seq, num_tokens=problem.num_tokens,
-                                       window_left=problem.sliding_window)
+                                       window_left=_left(problem.sliding_window))
         copy = (f"copies the whole KV cache per call ({tiling.cache_copy})" if tiling.cache_copy
                 else "reads the combined KV cache in place")
         return [copy, f"blocks: {tiling.num_queries_per_block} query rows x {tiling.num_kv_pages_per_block} pages"]
@@ -77,7 +82,7 @@ class PallasRaggedPagedAttention(PallasPagedBase, declaration=PALLAS_RAGGED_PAGE
             return ragged_paged_attention(
                 q, k, v, table, lengths, cu, n, kv_pages=kv, softmax_scale=call.softmax_scale,
                 logits_soft_cap=call.logits_soft_cap,
-                window_left=None if call.sliding_window is None else call.sliding_window[0],
+                window_left=_left(call.sliding_window),
                 sinks=call.softmax_aux, interpret=self.metadata.interpret,
             )
 
