@@ -452,7 +452,7 @@ def main() -> int:
     ap.add_argument("--config", action="append", default=[],
                     help="BQ,BKV,STAGES,PINGPONG(0/1)[,OVERLAP(0/1)[,EXP2_FMA_COLS[,LEAN_BARRIERS(0/1)"
                          "[,PASS_TURNS(0/1)[,NAMED_BARRIERS(0/1)[,STORE_READ_WAIT(0/1)[,PERSISTENT(0/1)[,CTAS"
-                         "[,Q_GROUP[,Q_DOUBLE(0/1)[,SPLIT_TAIL(0/1)[,PLANNED(0/1)]]]]]]]]]]]] "
+                         "[,Q_GROUP[,Q_DOUBLE(0/1)[,SPLIT_TAIL(0/1)[,SCHEDULED(0/1)]]]]]]]]]]]] "
                          "(kernel.Config's fields in order) "
                          "timed with --sweep instead of SWEEP, and checked "
                          "at head dim 128 with --check (repeatable)")

@@ -136,10 +136,10 @@ CONFIGS = {
     # 3 and 2 blocks (the second with the key tail); CASES[10]'s 128 on 7 leave 2, in pieces of 2.
     "persistent-5-ctas-split-tail": {"persistent": True, "ctas": 5, "q_double": True, "split_tail": True},
     "persistent-7-ctas-split-tail-turns": {"persistent": True, "ctas": 7, "split_tail": True, "pass_turns": True},
-    # Causal tiles as planned (full attention: the snake), with both Q slots; on 3 CTAs, many
+    # Causal tiles as scheduled (full attention: the snake), with both Q slots; on 3 CTAs, many
     # tiles each and CTAs of unequal counts.
-    "persistent-planned": {"persistent": True, "q_double": True, "planned": True},
-    "persistent-3-ctas-planned-turns": {"persistent": True, "ctas": 3, "planned": True, "pass_turns": True},
+    "persistent-scheduled": {"persistent": True, "q_double": True, "scheduled": True},
+    "persistent-3-ctas-scheduled-turns": {"persistent": True, "ctas": 3, "scheduled": True, "pass_turns": True},
     # One CTA per tile with its last wave cut: a 1-D grid (CASES[4]: 12 tiles, 2 pieces each).
     "split-tail": {"split_tail": True},
     "kv192-split-tail": {"block_kv": 192, "split_tail": True},
@@ -385,7 +385,7 @@ def test_a_sliding_window_in_each_kernel_configuration(b: int, t: int, s: int, h
                                                         causal: bool, dtype: str, window: tuple[int, int],
                                                         config: str) -> None:
     # Under jax.jit: each schedule's band of key blocks, the second consumer's release of the
-    # blocks left of its rows, tile plans and rounds of a persistent CTA over windowed tiles.
+    # blocks left of its rows, tile schedules and rounds of a persistent CTA over windowed tiles.
     from jaxattn_mosaic.kernel import Config, mosaic_attention_forward
 
     x = _make(b, t, s, hq, hkv, d, dtype, seed=8)

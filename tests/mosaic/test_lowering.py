@@ -72,12 +72,12 @@ def test_the_default_schedule_is_persistent_where_its_tiles_fit() -> None:
     # Two Q slots and an output tile per consumer beside the K/V ring: D <= 128 below 16k keys.
     for d, causal, kv_len in ((64, False, 4096), (128, False, 1024), (128, True, 8192), (64, True, 0)):
         cfg = K.default_config(d, causal=causal, kv_len=kv_len)
-        assert cfg.persistent and cfg.q_double and cfg.planned, (d, causal, kv_len)
+        assert cfg.persistent and cfg.q_double and cfg.scheduled, (d, causal, kv_len)
         assert cfg.q_group == 0  # all of a head's query tiles in turn
     for d, causal, kv_len in ((256, False, 4096), (256, True, 1024), (128, False, K.WIDE_KV_FROM),
                               (128, True, K.WIDE_KV_FROM), (64, True, K.WIDE_KV_FROM), (64, False, 32768)):
         cfg = K.default_config(d, causal=causal, kv_len=kv_len)
-        assert not cfg.persistent and not cfg.planned, (d, causal, kv_len)
+        assert not cfg.persistent and not cfg.scheduled, (d, causal, kv_len)
     # Tiles given (AttentionMetadata's block sizes) keep the schedule only where it still fits.
     assert not K.default_config(128, kv_len=4096, block_kv=192).persistent
     assert K.default_config(128, kv_len=4096, block_kv=64, stages=3).persistent
@@ -122,8 +122,8 @@ CONFIGS = [K.Config(pingpong=False), K.Config(overlap=True), K.Config(overlap=Tr
            K.Config(persistent=True, ctas=3, q_group=2, q_double=True),
            K.Config(persistent=True, q_double=True, split_tail=True),
            K.Config(persistent=True, ctas=5, split_tail=True), K.Config(split_tail=True),
-           K.Config(block_kv=192, split_tail=True), K.Config(persistent=True, q_double=True, planned=True),
-           K.Config(persistent=True, ctas=3, planned=True, pass_turns=True)]
+           K.Config(block_kv=192, split_tail=True), K.Config(persistent=True, q_double=True, scheduled=True),
+           K.Config(persistent=True, ctas=3, scheduled=True, pass_turns=True)]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -149,7 +149,7 @@ def test_schedules_that_cannot_run_are_refused() -> None:
                      ({"named_barriers": True, "stages": 6}, "at most 5"),
                      ({"persistent": True, "overlap": True}, "persistent"), ({"ctas": -1}, "ctas"),
                      ({"q_double": True}, "q_double"), ({"q_group": -1}, "q_group"),
-                     ({"planned": True}, "planned")):
+                     ({"scheduled": True}, "scheduled")):
         with pytest.raises(ValueError, match=why):
             K.Config(**bad)  # type: ignore[arg-type]
 
@@ -244,7 +244,7 @@ def test_a_soft_cap_lowers_in_the_backward_which_the_impl_takes_at_any_length(ca
 
 
 @pytest.mark.parametrize("config", [None, K.Config(), K.Config(block_kv=192), K.Config(
-    persistent=True, ctas=3, q_double=True, planned=True, pass_turns=True, named_barriers=True)], ids=str)
+    persistent=True, ctas=3, q_double=True, scheduled=True, pass_turns=True, named_barriers=True)], ids=str)
 @pytest.mark.parametrize(("causal", "window"), [(True, (100, 0)), (False, (64, 200)), (False, (0, None))])
 def test_a_sliding_window_lowers_in_the_forward(config: K.Config | None, causal: bool,
                                                  window: tuple[int, int | None]) -> None:

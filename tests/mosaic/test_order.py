@@ -1,8 +1,8 @@
-"""The persistent kernel's schedule, on a CPU: its tile order (``Config.q_group``: each tile
+"""The persistent kernel's work, on a CPU: its tile order (``Config.q_group``: each tile
 once, chunks of query tiles in turn, and every (batch, head) of a chunk before the next chunk),
 the last round's split (``Config.split_tail``: how many pieces, and the merge of a tile's
-pieces against the float64 oracle over all keys), and the plan of a causal launch's tiles
-(``Config.planned``: each tile once, the CTAs' work within 0.5% where the snake leaves 3%)."""
+pieces against the float64 oracle over all keys), and the schedule of a causal launch's tiles
+(``Config.scheduled``: each tile once, the CTAs' work within 0.5% where the snake leaves 3%)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from jaxattn.testing import oracle
 from jaxattn_mosaic.blocks import KeyBlocks
-from jaxattn_mosaic.kernel import launch_order, merge_pieces, persistent_order, plan_tiles, tail_split
+from jaxattn_mosaic.kernel import launch_order, merge_pieces, persistent_order, schedule_tiles, tail_split
 
 
 @pytest.mark.parametrize("jit", [False, True])
@@ -69,24 +69,25 @@ def _snake_work(costs: tuple[int, ...], pairs: int, n_ctas: int) -> np.ndarray:
 @pytest.mark.parametrize(("batch", "heads", "seq", "n_ctas"), [
     (4, 32, 4096, 132), (2, 16, 8192, 132), (1, 32, 8192, 132), (4, 8, 4096, 132), (2, 3, 1000 // 128 * 128, 5),
     (1, 2, 512, 7), (1, 1, 256, 2)])
-def test_the_plan_runs_each_tile_once_and_evens_the_ctas_work(batch: int, heads: int, seq: int, n_ctas: int) -> None:
+def test_the_schedule_runs_each_tile_once_and_evens_the_ctas_work(batch: int, heads: int, seq: int,
+                                                                    n_ctas: int) -> None:
     costs = _causal_costs(seq)
     n_q, pairs = len(costs), batch * heads
-    plan = plan_tiles(costs, pairs=pairs, n_ctas=n_ctas)
-    counts = plan[:, 0]
-    assert plan.dtype == np.int32 and plan.shape == (n_ctas, 1 + counts.max())
-    tiles = [t for c in range(n_ctas) for t in plan[c, 1 : 1 + counts[c]].tolist()]
+    schedule = schedule_tiles(costs, pairs=pairs, n_ctas=n_ctas)
+    counts = schedule[:, 0]
+    assert schedule.dtype == np.int32 and schedule.shape == (n_ctas, 1 + counts.max())
+    tiles = [t for c in range(n_ctas) for t in schedule[c, 1 : 1 + counts[c]].tolist()]
     assert sorted(tiles) == list(range(pairs * n_q))
-    assert not plan[:, 1:][np.arange(plan.shape[1] - 1)[None, :] >= counts[:, None]].any()  # zeros past a count
-    work = np.array([sum(costs[t % n_q] + 1 for t in plan[c, 1 : 1 + counts[c]]) for c in range(n_ctas)])
+    assert not schedule[:, 1:][np.arange(schedule.shape[1] - 1)[None, :] >= counts[:, None]].any()  # zeros past a count
+    work = np.array([sum(costs[t % n_q] + 1 for t in schedule[c, 1 : 1 + counts[c]]) for c in range(n_ctas)])
     assert work.sum() == sum(costs) * pairs + pairs * n_q
-    if n_ctas == 132:  # the shapes the plan is for: 4k-8k keys, 128-row tiles on an H100's SMs
+    if n_ctas == 132:  # the shapes the schedule is for: 4k-8k keys, 128-row tiles on an H100's SMs
         snake = _snake_work(costs, pairs, n_ctas)
-        assert snake.max() / snake.mean() > 1.03  # what the plan is for
+        assert snake.max() / snake.mean() > 1.03  # what the schedule is for
         assert work.max() / work.mean() < 1.005
 
 
-def test_the_plan_keeps_list_schedulings_bound_at_any_shape() -> None:
+def test_the_schedule_keeps_list_schedulings_bound_at_any_shape() -> None:
     # Handing each tile to the least loaded CTA leaves no CTA more than one tile over the
     # mean: the busiest's last tile started when it was the least loaded (Graham's bound).
     rng = np.random.default_rng(0)
@@ -98,26 +99,26 @@ def test_the_plan_keeps_list_schedulings_bound_at_any_shape() -> None:
                            offset=int(rng.integers(-seq // 2, seq // 2)))
         costs = tuple(blocks.seen_before((n_q - i) * rows) for i in range(n_q))
         n_ctas = min(n_ctas, batch * heads * n_q)
-        plan = plan_tiles(costs, pairs=batch * heads, n_ctas=n_ctas)
-        counts = plan[:, 0]
+        schedule = schedule_tiles(costs, pairs=batch * heads, n_ctas=n_ctas)
+        counts = schedule[:, 0]
         assert (counts >= 1).all() and counts.sum() == batch * heads * n_q
-        work = [sum(costs[t % n_q] + 1 for t in plan[c, 1 : 1 + counts[c]]) for c in range(n_ctas)]
+        work = [sum(costs[t % n_q] + 1 for t in schedule[c, 1 : 1 + counts[c]]) for c in range(n_ctas)]
         assert max(work) <= sum(work) / n_ctas + max(costs) + 1
 
 
-def test_the_plan_runs_a_ctas_tiles_heaviest_first_a_few_heads_at_a_time() -> None:
+def test_the_schedule_runs_a_ctas_tiles_heaviest_first_a_few_heads_at_a_time() -> None:
     costs = _causal_costs(4096)  # 32 query tiles: groups of round(132 / 32) = 4 heads
     n_q = len(costs)
-    plan = plan_tiles(costs, pairs=128, n_ctas=132)
+    schedule = schedule_tiles(costs, pairs=128, n_ctas=132)
     for c in range(132):
-        mine = plan[c, 1 : 1 + plan[c, 0]]
+        mine = schedule[c, 1 : 1 + schedule[c, 0]]
         groups = mine // n_q // 4
         assert np.all(np.diff(groups) >= 0)  # group by group
         within = mine % n_q
         assert np.all(np.diff(within)[np.diff(groups) == 0] > 0)  # heaviest first within one
     # The tiles every CTA starts with: the first group's 128, then the next group's heaviest 4,
     # so the CTAs at work at once read 8 heads' K/V, not 132.
-    first = plan[:, 1]
+    first = schedule[:, 1]
     assert sorted(set((first // n_q).tolist())) == list(range(8))
 
 

@@ -200,13 +200,13 @@ def test_explain_says_the_forwards_tiles_and_schedule(kw: dict[str, object], sum
 
 @pytest.mark.parametrize(("kw", "note"), [
     # B4 S4k MHA causal: 4096 tiles of 1-32 key blocks on 132 SMs, 4 heads at a time.
-    ({"batch": 4, "heads_kv": 32, "causal": True}, "forward's causal tiles: planned over 132 SMs, heaviest first, "
+    ({"batch": 4, "heads_kv": 32, "causal": True}, "forward's causal tiles: scheduled over 132 SMs, heaviest first, "
                                                    "a few heads at a time; the busiest SM has 0.2% more key "
                                                    "blocks than the mean"),
     ({"batch": 4, "heads_kv": 32}, None),  # full attention: tiles of one size, in turn
     ({"batch": 1, "seq_q": 16384, "seq_k": 16384, "causal": True}, None),  # one CTA per tile from 16k keys
 ])  # fmt: skip
-def test_explain_says_how_causal_tiles_are_planned(kw: dict[str, object], note: str | None) -> None:
+def test_explain_says_how_causal_tiles_are_scheduled(kw: dict[str, object], note: str | None) -> None:
     impl = MosaicFlashAttention(AttentionMetadata(), H100)
     said = [n for n in impl.notes(_problem(**kw)) if n.startswith("forward's causal tiles")]
     assert said == ([note] if note else [])

@@ -128,7 +128,7 @@ class KeyBlocks:
 
     def seen_before(self, row_end: Any) -> Any:
         """Blocks up to the last holding a key that rows < ``row_end`` may see: traced in a
-        kernel, or a Python int on the host (a persistent kernel's plan, ``kernel.plan_tiles``)."""
+        kernel, or a Python int on the host (a persistent kernel's schedule, ``kernel.schedule_tiles``)."""
         ahead = self.ahead
         if isinstance(row_end, int):
             if ahead is None:

@@ -186,7 +186,7 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
     def notes(self, problem: AttentionProblem) -> list[str]:
         # Only an impl that runs the call is asked (on a Hopper GPU, where its forward imports
         # the kernel module anyway).
-        from jaxattn_mosaic.kernel import plan_work, sm_count, tail_pieces, tile_plan
+        from jaxattn_mosaic.kernel import schedule_work, sm_count, tail_pieces, tile_schedule
 
         cfg = self._config(problem)
         said = [f"forward: {cfg.summary()}"]
@@ -200,11 +200,11 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
         if cut:
             said.append(f"forward's last round: {cut} tiles, each cut by keys into {pieces} pieces for "
                         "the idle SMs and merged by their log-sum-exps")
-        planned = tile_plan(cfg, **shape)
-        if planned is not None:
-            work = plan_work(*planned)
+        scheduled = tile_schedule(cfg, **shape)
+        if scheduled is not None:
+            work = schedule_work(*scheduled)
             over = max(work) / (sum(work) / len(work)) - 1
-            said.append(f"forward's causal tiles: planned over {len(work)} SMs, heaviest first, a few heads at "
+            said.append(f"forward's causal tiles: scheduled over {len(work)} SMs, heaviest first, a few heads at "
                         f"a time; the busiest SM has {100 * over:.1f}% more key blocks than the mean")
         try:
             chosen, _ = self._backward(problem)

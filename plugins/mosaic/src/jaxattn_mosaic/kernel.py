@@ -17,8 +17,8 @@ Design (one CTA = three warpgroups):
   the other's two GEMMs hold the tensor cores (with ``Config.pass_turns`` they pass turns
   instead of meeting: a consumer waits only before its P V, for the other's Q K^T);
 * with ``Config.persistent`` (the default at D <= 128 below 16k keys) one CTA per SM loops
-  over the tiles in ``Config.q_group``'s order (causal, with ``Config.planned``: the tiles a
-  plan made when the call is traced gives it): the K/V ring runs on across tiles, and with
+  over the tiles in ``Config.q_group``'s order (causal, with ``Config.scheduled``: the tiles
+  a schedule made when the call is traced gives it): the K/V ring runs on across tiles, and with
   ``Config.q_double`` each consumer loads its next tile's Q into a second slot while it runs;
 * with ``Config.named_barriers``, "consumed" slots (and the turns) are signalled with the
   SM's hardware named barriers instead of mbarriers in shared memory;
@@ -168,13 +168,14 @@ class Config:
     #: attention over its keys (output and LSE in float32), and a tile's pieces are merged
     #: after the kernel by their LSEs. One CTA per tile then takes a 1-D grid (``launch_order``).
     split_tail: bool = False
-    #: (persistent, causal) Each CTA takes the tiles a plan made when the call is traced gives
-    #: it (``plan_tiles``), not the snake: the (batch, head) pairs in groups of as many as
-    #: make about one round of CTAs, each group's tiles heaviest first, each tile to the CTA
-    #: the plan's clock frees first. A snake of a head's tiles leaves the busiest CTA 3.1% over
-    #: the mean in work at 1k-8k keys; the plan, under 1% at 4k-8k keys (0.05-0.2% at D = 128),
-    #: with few heads at once (``plugins/mosaic/benchmarks/mosaic_plan.py``).
-    planned: bool = False
+    #: (persistent, causal) Each CTA takes the tiles a schedule made when the call is traced
+    #: gives it (``schedule_tiles``), not the snake: the (batch, head) pairs in groups of as
+    #: many as make about one round of CTAs, each group's tiles heaviest first, each tile to the
+    #: CTA the schedule's clock frees first. A snake of a head's tiles leaves the busiest CTA
+    #: 3.1% over the mean in work at 1k-8k keys; the schedule, under 1% at 4k-8k keys
+    #: (0.05-0.2% at D = 128), with few heads at once
+    #: (``plugins/mosaic/benchmarks/mosaic_schedule.py``).
+    scheduled: bool = False
 
     def summary(self) -> str:
         """The tiles and the schedule in one line (``jaxattn explain`` shows it)."""
@@ -201,8 +202,8 @@ class Config:
                              f"of its own): set pingpong=True and overlap=False, got {self}")
         if self.persistent and self.overlap:
             raise ValueError(f"persistent is built for the ping-pong loop only, not with overlap: {self}")
-        if self.planned and not self.persistent:
-            raise ValueError(f"planned assigns a persistent CTA its tiles: set persistent=True, got {self}")
+        if self.scheduled and not self.persistent:
+            raise ValueError(f"scheduled assigns a persistent CTA its tiles: set persistent=True, got {self}")
         if self.q_double and not self.persistent:
             raise ValueError(f"q_double serves a persistent CTA's next tile: set persistent=True, got {self}")
         if self.q_group < 0:
@@ -241,7 +242,7 @@ def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, bloc
     ``WIDE_KV_FROM`` keys the kernel is persistent with two Q slots per consumer wherever those
     and the output's own tile fit (D <= 128 at the default tiles): measured on an H100 up to 4%
     faster at 4k-8k keys and 6-30% at 1k-2k, a head's tiles taken together (docs/bench.md);
-    causal, with its tiles planned (``Config.planned``), 2-4% faster again at 4k-8k keys.
+    causal, with its tiles scheduled (``Config.scheduled``), 2-4% faster again at 4k-8k keys.
 
     With a sliding window (``window``'s sides that cut, ``blocks.window_sides``) the keys a row
     sees stand for the key length: a tile's CTA streams only their band.
@@ -263,12 +264,12 @@ def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, bloc
     # The last round cut by keys where persistent: measured 0.1-1.6% faster at 2k-8k keys, 2-5%
     # with few tiles. One CTA per tile, at 16k keys, it measured 0.2-0.8% slower (its last wave
     # starts staggered, as CTAs before it end): not there.
-    # Causal tiles planned where persistent: by medians (minima) of nine interleaved rounds on
+    # Causal tiles scheduled where persistent: by medians (minima) of nine interleaved rounds on
     # an H100, D = 128, 4.4% (1.2%) faster at B4 S4k, 3.7% (2.0%) at B2 S8k, 2.8% (2.8%) at
     # S8k GQA 4, a tie at 1k-2k; D = 64 0.5% (0.2%) at S4k, 1.8% (2.7%) at S8k. At 16k keys,
-    # persistent and planned, 1.3% slower than one CTA per tile: not there.
+    # persistent and scheduled, 1.3% slower than one CTA per tile: not there.
     return Config(block_q=bq, block_kv=bkv, stages=n_stages, persistent=persistent, q_double=persistent,
-                  split_tail=persistent, planned=persistent)
+                  split_tail=persistent, scheduled=persistent)
 
 
 def tail_split(n_tiles: int, n_ctas: int, n_blocks: int) -> int:
@@ -320,13 +321,13 @@ _ROUND = 12582912.0
 _ROUND_BITS: int = struct.unpack("<i", struct.pack("<f", _ROUND))[0]
 
 
-#: What a planned tile costs beside its key blocks (its epilogue, its next Q), in blocks.
-PLAN_TILE_COST = 1
+#: What a scheduled tile costs beside its key blocks (its epilogue, its next Q), in blocks.
+SCHEDULE_TILE_COST = 1
 
 
 @functools.lru_cache(maxsize=64)
-def plan_tiles(costs: tuple[int, ...], *, pairs: int, n_ctas: int) -> np.ndarray:
-    """``Config.planned``: which tiles each of ``n_ctas`` persistent CTAs runs, in order, as
+def schedule_tiles(costs: tuple[int, ...], *, pairs: int, n_ctas: int) -> np.ndarray:
+    """``Config.scheduled``: which tiles each of ``n_ctas`` persistent CTAs runs, in order, as
     an int32 array ``(n_ctas, 1 + rounds)``: a CTA's count of tiles, then the tiles (the
     rest zeros). A tile is ``t = pair * n_q + i`` (``persistent_order`` with a head's tiles
     together), ``i`` counting from the heaviest; ``costs[i]`` is its key blocks.
@@ -346,28 +347,30 @@ def plan_tiles(costs: tuple[int, ...], *, pairs: int, n_ctas: int) -> np.ndarray
             for pair in group:
                 work, cta = heapq.heappop(clock)
                 lists[cta].append(pair * n_q + i)
-                heapq.heappush(clock, (work + costs[i] + PLAN_TILE_COST, cta))
-    plan = np.zeros((n_ctas, 1 + max(map(len, lists))), np.int32)
+                heapq.heappush(clock, (work + costs[i] + SCHEDULE_TILE_COST, cta))
+    schedule = np.zeros((n_ctas, 1 + max(map(len, lists))), np.int32)
     for cta, tiles in enumerate(lists):
-        plan[cta, 0] = len(tiles)
-        plan[cta, 1 : 1 + len(tiles)] = tiles
-    plan.flags.writeable = False
-    return plan
+        schedule[cta, 0] = len(tiles)
+        schedule[cta, 1 : 1 + len(tiles)] = tiles
+    schedule.flags.writeable = False
+    return schedule
 
 
-def plan_work(plan: np.ndarray, costs: tuple[int, ...], per_tile: float = PLAN_TILE_COST) -> list[float]:
-    """Each CTA's work under ``plan`` (``plan_tiles``): its tiles' key blocks, plus ``per_tile``
-    a tile (the plan's own cost model by default; another, to see how the plan holds up)."""
+def schedule_work(schedule: np.ndarray, costs: tuple[int, ...],
+                  per_tile: float = SCHEDULE_TILE_COST) -> list[float]:
+    """Each CTA's work under ``schedule`` (``schedule_tiles``): its tiles' key blocks, plus
+    ``per_tile`` a tile (the schedule's own cost model by default; another, to see how the
+    schedule holds up)."""
     n_q = len(costs)
-    return [sum(costs[t % n_q] + per_tile for t in row[1 : 1 + row[0]]) for row in plan.tolist()]
+    return [sum(costs[t % n_q] + per_tile for t in row[1 : 1 + row[0]]) for row in schedule.tolist()]
 
 
-def tile_plan(cfg: Config, *, batch: int, heads: int, t_len: int, s_len: int, causal: bool,
-              sms: int, window: Window = NO_WINDOW) -> tuple[np.ndarray, tuple[int, ...]] | None:
-    """A call's ``Config.planned`` plan (``plan_tiles``) on ``sms`` SMs and the key blocks of
-    its query tiles, last (heaviest) first: the one account the kernel runs and ``jaxattn
-    explain`` tells; ``None`` where the tiles are not planned (not persistent, or not causal)."""
-    if not (cfg.persistent and cfg.planned and causal):
+def tile_schedule(cfg: Config, *, batch: int, heads: int, t_len: int, s_len: int, causal: bool,
+                  sms: int, window: Window = NO_WINDOW) -> tuple[np.ndarray, tuple[int, ...]] | None:
+    """A call's tile schedule (``Config.scheduled``, ``schedule_tiles``) on ``sms`` SMs and the key
+    blocks of its query tiles, last (heaviest) first: the one account the kernel runs and ``jaxattn
+    explain`` tells; ``None`` where the tiles are not scheduled (not persistent, or not causal)."""
+    if not (cfg.persistent and cfg.scheduled and causal):
         return None
     n_q = cdiv(t_len, 2 * cfg.block_q)
     blocks = KeyBlocks(s_len=s_len, block=cfg.block_kv, causal=True, offset=s_len - t_len, left=window[0],
@@ -375,7 +378,7 @@ def tile_plan(cfg: Config, *, batch: int, heads: int, t_len: int, s_len: int, ca
     rows = 2 * cfg.block_q
     costs = tuple(blocks.seen_before((n_q - i) * rows) - blocks.first_seen((n_q - 1 - i) * rows) for i in range(n_q))
     n_ctas = min(batch * heads * n_q, cfg.ctas or sms)
-    return plan_tiles(costs, pairs=batch * heads, n_ctas=n_ctas), costs
+    return schedule_tiles(costs, pairs=batch * heads, n_ctas=n_ctas), costs
 
 
 def exp2_fma(x: Any) -> Any:
@@ -511,7 +514,7 @@ class _Launch:
     n_items: int
     n_ctas: int
     n_rounds: int
-    plan: Any  # the CTAs' planned tiles (Config.planned), or None
+    schedule: Any  # the CTAs' scheduled tiles (Config.scheduled), or None
     chunk: int
     q_slots: int
     o_staged: bool
@@ -545,13 +548,13 @@ def _launch(q: Any, k: Any, *, causal: bool, scale: float, s_len: int, t_len: in
     n_parts = cut * pieces
     n_items = n_whole + n_parts
     n_ctas = min(n_items, cfg.ctas or sms)
-    planned = tile_plan(cfg, batch=batch, heads=hq, t_len=t_len, s_len=s_len, causal=causal, sms=sms,
-                        window=window)
-    plan = None if planned is None else planned[0]
+    scheduled = tile_schedule(cfg, batch=batch, heads=hq, t_len=t_len, s_len=s_len, causal=causal, sms=sms,
+                              window=window)
+    schedule = None if scheduled is None else scheduled[0]
     # Query tiles per chunk of the persistent order: the largest divisor of their count up to
-    # q_group; a head's tiles together where the CTAs' tiles are planned (Config.planned).
+    # q_group; a head's tiles together where the CTAs' tiles are scheduled (Config.scheduled).
     chunk = max(g for g in range(1, n_q_tiles + 1)
-                if n_q_tiles % g == 0 and g <= (cfg.q_group if cfg.q_group and plan is None else n_q_tiles))
+                if n_q_tiles % g == 0 and g <= (cfg.q_group if cfg.q_group and schedule is None else n_q_tiles))
 
     # A persistent kernel's own output tiles (one per consumer) if they fit beside Q's and the
     # K/V ring; with ``q_double``, two Q slots per consumer where they fit with those.
@@ -563,7 +566,7 @@ def _launch(q: Any, k: Any, *, causal: bool, scale: float, s_len: int, t_len: in
                    group=hq // k.shape[2], head_dim=head_dim, t_pad=t_pad, n_q_tiles=n_q_tiles, blocks=blocks,
                    stages=stages, n_tiles=n_tiles, n_whole=n_whole, pieces=pieces,
                    per_piece=cdiv(blocks.count, pieces), n_parts=n_parts, n_items=n_items, n_ctas=n_ctas,
-                   n_rounds=cdiv(n_items, n_ctas), plan=plan, chunk=chunk, q_slots=q_slots,
+                   n_rounds=cdiv(n_items, n_ctas), schedule=schedule, chunk=chunk, q_slots=q_slots,
                    o_staged=cfg.persistent and fits(q_slots))
 
 
@@ -596,7 +599,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         num_threads=3,
         thread_name="wg",
         compiler_params=params,
-    )(q, k, v, *(() if lz.plan is None else (jnp.asarray(lz.plan),)))
+    )(q, k, v, *(() if lz.schedule is None else (jnp.asarray(lz.schedule),)))
     if n_parts:
         last = jnp.arange(lz.n_whole, lz.n_tiles, dtype=jnp.int32)
         tail = (persistent_order(last, batch=batch, heads=hq, chunk=lz.chunk) if cfg.persistent
@@ -607,7 +610,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
 def _entry(lz: _Launch, q_ref: Any, k_ref: Any, v_ref: Any, *refs: Any) -> None:
     """The kernel: its shared memory and barriers, then the body (``_Body``) in their scope."""
-    plan_ref, (out_ref, lse_ref, *parts) = (refs[0], refs[1:]) if lz.plan is not None else (None, refs)
+    schedule_ref, (out_ref, lse_ref, *parts) = (refs[0], refs[1:]) if lz.schedule is not None else (None, refs)
     bq, bkv, head_dim, dtype, stages, q_slots, cfg = lz.bq, lz.bkv, lz.head_dim, lz.dtype, lz.stages, lz.q_slots, lz.cfg
     smem = [
         plgpu.SMEM((2 * q_slots, bq, head_dim), dtype, transforms=TRANSFORMS),
@@ -616,7 +619,7 @@ def _entry(lz: _Launch, q_ref: Any, k_ref: Any, v_ref: Any, *refs: Any) -> None:
         *([plgpu.SMEM((2, bq, head_dim), dtype, transforms=TRANSFORMS)] if lz.o_staged else []),
     ]
     pl.run_scoped(
-        lambda *scoped: _Body(lz, (q_ref, k_ref, v_ref, plan_ref, out_ref, lse_ref), parts, scoped).run(),
+        lambda *scoped: _Body(lz, (q_ref, k_ref, v_ref, schedule_ref, out_ref, lse_ref), parts, scoped).run(),
         smem,
         (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
          plgpu.Barrier(num_barriers=2 * q_slots)),
@@ -637,7 +640,7 @@ class _Body:
 
     def __init__(self, lz: _Launch, refs: tuple[Any, ...], parts: Any, scoped: Any) -> None:
         self.lz, self.cfg = lz, lz.cfg
-        self.q_ref, self.k_ref, self.v_ref, self.plan_ref, self.out_ref, self.lse_ref = refs
+        self.q_ref, self.k_ref, self.v_ref, self.schedule_ref, self.out_ref, self.lse_ref = refs
         self.parts = parts
         (self.q_smem2, self.k_smem, self.v_smem, *self.o_smem2), (self.k_ready, self.v_ready, self.q_ready), \
             (self.k_free, self.v_free), self.sched, *extra = scoped
@@ -648,9 +651,9 @@ class _Body:
             self.v_free = NamedBarriers(_NAMED_SLOTS + lz.stages, lz.stages, _SLOT_THREADS)
         self.wg = lax.axis_index("wg")
         self.cta: Any = None
-        if self.plan_ref is not None:
+        if self.schedule_ref is not None:
             self.cta = lax.axis_index("cta")
-            self.rounds: Any = self.plan_ref[self.cta, 0]
+            self.rounds: Any = self.schedule_ref[self.cta, 0]
         elif self.cfg.persistent:
             self.cta = lax.axis_index("cta")
             self.rounds = (lz.n_rounds - 1) + (self.tile_of(lz.n_rounds - 1) < lz.n_items).astype(jnp.int32)
@@ -707,8 +710,8 @@ class _Body:
     def tile_of(self, r: Any) -> Any:
         """The item this CTA runs in round ``r``."""
         lz, cta = self.lz, self.cta
-        if self.plan_ref is not None:
-            return self.plan_ref[cta, r + 1]
+        if self.schedule_ref is not None:
+            return self.schedule_ref[cta, r + 1]
         if self.cfg.persistent:
             # A snake: CTA c takes the c-th tile of even rounds and the c-th from the end of
             # odd ones, so a CTA given a round's heaviest causal tile gets the next round's

@@ -1,12 +1,12 @@
 """How evenly a causal persistent launch spreads its work over the SMs: the snake of a head's
-tiles against ``Config.planned``'s plan, on any host (no GPU; the kernel module only lowers).
+tiles against ``Config.scheduled``'s schedule, on any host (no GPU; the kernel module only lowers).
 
-    python3 plugins/mosaic/benchmarks/mosaic_plan.py [--sms 132]
+    python3 plugins/mosaic/benchmarks/mosaic_schedule.py [--sms 132]
 
 For each causal shape of the matrix below 16k keys (the default tiles), the busiest CTA's key
 blocks over the mean (each tile costing its blocks plus one), under the snake the persistent
-kernel used before and under the plan (``kernel.tile_plan``, what the kernel runs). Then the
-plan, made with that cost model, counted under others: no cost per tile, three blocks per tile,
+kernel used before and under the schedule (``kernel.tile_schedule``, what the kernel runs). Then the
+schedule, made with that cost model, counted under others: no cost per tile, three blocks per tile,
 and the diagonal block at twice the cost. A launch ends with its busiest CTA, so the spread
 is what balance costs.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "plugins" / "mosaic" / "src"))
 
-from jaxattn_mosaic.kernel import PLAN_TILE_COST, default_config, plan_work, tile_plan
+from jaxattn_mosaic.kernel import SCHEDULE_TILE_COST, default_config, schedule_work, tile_schedule
 
 #: (B, S, Hq, D): the causal rows of mosaic_bench.py and of the tuned matrix below 16k keys.
 SHAPES = [(4, 4096, 32, 128), (2, 8192, 16, 128), (1, 8192, 32, 128), (4, 2048, 32, 128), (8, 1024, 32, 128),
@@ -46,22 +46,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sms", type=int, default=132, help="CTAs of the persistent launch (an H100 SXM's SMs)")
     a = ap.parse_args()
-    # The cost of a tile beside its blocks: the plan's own (PLAN_TILE_COST), then others.
-    models = {"model": PLAN_TILE_COST, "no cost a tile": 0, "3 a tile": 3, "diagonal x2": PLAN_TILE_COST + 1}
+    # The cost of a tile beside its blocks: the schedule's own (SCHEDULE_TILE_COST), then others.
+    models = {"model": SCHEDULE_TILE_COST, "no cost a tile": 0, "3 a tile": 3, "diagonal x2": SCHEDULE_TILE_COST + 1}
     print(f"causal, {a.sms} CTAs: the busiest CTA's key blocks over the mean (a tile: its blocks + 1)")
-    print("| B, S, Hq, D | tiles a head | heads a group | snake | plan | " + " | ".join(list(models)[1:]) + " |")
+    print("| B, S, Hq, D | tiles a head | heads a group | snake | schedule | " + " | ".join(list(models)[1:]) + " |")
     print("|---" * (4 + len(models)) + "|")
     for b, s, hq, d in SHAPES:
         cfg = default_config(d, causal=True, kv_len=s)
-        planned = tile_plan(cfg, batch=b, heads=hq, t_len=s, s_len=s, causal=True, sms=a.sms)
-        if planned is None:
+        scheduled = tile_schedule(cfg, batch=b, heads=hq, t_len=s, s_len=s, causal=True, sms=a.sms)
+        if scheduled is None:
             continue
-        plan, costs = planned
+        schedule, costs = scheduled
         n_q = len(costs)
-        cells = [f"{100 * spread(snake_work(costs, b * hq, plan.shape[0], PLAN_TILE_COST)):.1f}%"]
+        cells = [f"{100 * spread(snake_work(costs, b * hq, schedule.shape[0], SCHEDULE_TILE_COST)):.1f}%"]
         # A diagonal block at twice the cost is one more block a tile (every tile has one).
-        cells += [f"{100 * spread(plan_work(plan, costs, per_tile)):.2f}%" for per_tile in models.values()]
-        print(f"| {b}, {s}, {hq}, {d} | {n_q} | {max(1, round(plan.shape[0] / n_q))} | " + " | ".join(cells) + " |")
+        cells += [f"{100 * spread(schedule_work(schedule, costs, per_tile)):.2f}%" for per_tile in models.values()]
+        print(f"| {b}, {s}, {hq}, {d} | {n_q} | {max(1, round(schedule.shape[0] / n_q))} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
