@@ -200,3 +200,118 @@ def seen_keys(seen_ptr, offs_n, S: tl.constexpr):
     and a product with zero would carry it: they are loaded as zeros."""
     w = tl.load(seen_ptr + offs_n // 32, mask=offs_n < S, other=0)
     return ((w >> (offs_n % 32)) & 1) != 0
+
+
+@triton.jit
+def tile_list(list_ptr):
+    """``lo, full_lo, full_hi, hi, rest`` of a mask_mod's tile list (``flash.ops.tile_lists``):
+    its counts of partial and of full tiles, then their indices from ``rest``, partial first,
+    so ``[lo, full_lo)`` and ``[full_hi, hi)`` index the partial ones and ``[full_lo, full_hi)``
+    the full ones, in ``query_tile_key_range``'s terms (the second partial range is empty)."""
+    n_part = tl.load(list_ptr)
+    n_all = n_part + tl.load(list_ptr + 1)
+    return 0, n_part, n_all, n_all, list_ptr + 2
+
+
+@triton.jit
+def query_tile_walk(
+    list_ptr,
+    m0,
+    S: tl.constexpr,
+    DIAG: tl.constexpr,
+    LEFT: tl.constexpr,
+    RIGHT: tl.constexpr,
+    HAS_MOD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """``lo, full_lo, full_hi, hi, list_ptr`` of the walk over key tiles of query rows ``[m0, m0 +
+    BLOCK_M)``: with a mask_mod the query tile's list (``tile_list``: empty tiles are not on it,
+    ``list_ptr`` moved to its indices), else the key positions of ``query_tile_key_range``.
+    ``key_tile_scores`` takes a step of either."""
+    if HAS_MOD:
+        lo, full_lo, full_hi, hi, list_ptr = tile_list(list_ptr)
+    else:
+        lo, full_lo, full_hi, hi = query_tile_key_range(m0, S, DIAG, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+    return lo, full_lo, full_hi, hi, list_ptr
+
+
+@triton.jit
+def key_tile_scores(
+    it,
+    q,
+    rows,
+    k_ptr,
+    v_ptr,
+    mask_ptr,
+    bias_ptr,
+    qseg_ptr,
+    kseg_ptr,
+    bits_ptr,
+    seen_ptr,
+    list_ptr,
+    stride_kn,
+    stride_vn,
+    stride_mt,
+    stride_ms,
+    stride_bt,
+    stride_bs,
+    offs_d,
+    offs_dv,
+    SM_SCALE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    T: tl.constexpr,
+    S: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    DIAG: tl.constexpr,
+    LEFT: tl.constexpr,
+    RIGHT: tl.constexpr,
+    EDGE: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_MOD: tl.constexpr,
+    WORDS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    """Step ``it`` of a query tile's walk over key tiles (``query_tile_walk``; the forward's and
+    dQ's): ``s, th, k, v``, the tile's masked scores (``scores``) and its keys and values.
+
+    With a mask_mod ``it`` indexes the query tile's list, else it is the tile's first key. A
+    partial tile (``EDGE``) reads only the keys some query sees under a mask_mod, else the ones
+    below S; a full one reads without a key mask."""
+    TAIL_N: tl.constexpr = EDGE and (S % BLOCK_N != 0)
+    if HAS_MOD:
+        start_n = tl.multiple_of(tl.load(list_ptr + it) * BLOCK_N, BLOCK_N)
+    else:
+        start_n = tl.multiple_of(it, BLOCK_N)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k_ptrs = k_ptr + offs_n[:, None] * stride_kn + offs_d[None, :]
+    v_ptrs = v_ptr + offs_n[:, None] * stride_vn + offs_dv[None, :]
+    if HAS_MOD and EDGE:
+        live = seen_keys(seen_ptr, offs_n, S)[:, None]
+        k = tl.load(k_ptrs, mask=live & (offs_d[None, :] < D), other=0.0)
+        v = tl.load(v_ptrs, mask=live & (offs_dv[None, :] < DV), other=0.0)
+    elif TAIL_N:
+        k = tl.load(k_ptrs, mask=(offs_n[:, None] < S) & (offs_d[None, :] < D), other=0.0)
+        v = tl.load(v_ptrs, mask=(offs_n[:, None] < S) & (offs_dv[None, :] < DV), other=0.0)
+    elif D != BLOCK_D or DV != BLOCK_DV:
+        k = tl.load(k_ptrs, mask=offs_d[None, :] < D, other=0.0)
+        v = tl.load(v_ptrs, mask=offs_dv[None, :] < DV, other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    qk = tl.dot(q, tl.trans(k))
+    s, th = scores(
+        qk, rows, offs_n[None, :], mask_ptr, bias_ptr, qseg_ptr, kseg_ptr, bits_ptr,
+        stride_mt, stride_ms, stride_bt, stride_bs,
+        SM_SCALE, SOFTCAP, T, S, DIAG, LEFT, RIGHT, EDGE,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, start_n, BLOCK_N,
+    )  # fmt: skip
+    return s, th, k, v

@@ -26,7 +26,18 @@ import jax.numpy as jnp
 
 from jaxattn.backend import zero_past_lengths
 from jaxattn_triton.paged import launch as LP
-from jaxattn_triton.paged.ops import _cache_dtype, _execute_all, _forward, _int32, _num_sms, _scales, _sinks, _tiles
+from jaxattn_triton.paged.ops import (
+    _cache_dtype,
+    _execute_all,
+    _forward,
+    _int32,
+    _num_sms,
+    _scale_fields,
+    _scales,
+    _sinks,
+    _spec,
+    _tiles,
+)
 
 Array = jax.Array
 
@@ -51,7 +62,7 @@ def dense_spec(
     it cannot run."""
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError("dense_decode takes BTHD arrays: q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv)")
-    b, t, hq, d = (int(x) for x in q.shape)
+    b, t, _, d = (int(x) for x in q.shape)
     kb, s, hkv, kd = (int(x) for x in k.shape)
     if kb != b or kd != d or tuple(v.shape[:3]) != tuple(k.shape[:3]):
         raise ValueError(f"q {q.shape}, k {k.shape} and v {v.shape} do not match")
@@ -60,25 +71,15 @@ def dense_spec(
     if k.dtype != v.dtype:
         raise ValueError(f"k and v must share a dtype, got {k.dtype}, {v.dtype}")
     cache_dtype = _cache_dtype(q, k)
-    lead = (b, s, hkv)
-    if cache_dtype is None and (k_scale is not None or v_scale is not None):
-        raise ValueError("k_scale/v_scale scale a quantized cache (int8/float8); this cache is not quantized")
-    scale_fields: dict[str, Any] = {} if cache_dtype is None else {
-        name: None if x is None else LP.scale_strides(x.shape, lead, name)
-        for name, x in (("k_scale", k_scale), ("v_scale", v_scale))
-    }  # fmt: skip
+    scale_fields = _scale_fields(cache_dtype, k_scale, v_scale, (b, s, hkv))
     pair = (window, window) if isinstance(window, int) else window
     left, right = (None, None) if pair is None else pair
     if causal:
         right = 0 if right is None else min(int(right), 0)
-    return LP.PagedSpec(
-        num_tokens=b * t, max_seqs=b, q_len=t, heads_q=hq, heads_kv=hkv, head_dim=d,
-        head_dim_v=int(v.shape[3]), dtype=jnp.dtype(q.dtype).name, num_pages=b, page_size=s,
-        pages_per_seq=1, layout=LP.DENSE,
-        softmax_scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
-        softcap=None if logits_soft_cap is None else float(logits_soft_cap),
-        window_left=None if left is None else int(left), window_right=None if right is None else int(right),
-        sinks=sinks, cache_dtype=cache_dtype, **scale_fields,
+    return _spec(
+        q, (b, s, hkv), int(v.shape[3]), layout=LP.DENSE, max_seqs=b, q_len=t, pages_per_seq=1,
+        softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap, window_left=left, window_right=right,
+        sinks=sinks, cache_dtype=cache_dtype, scale_fields=scale_fields,
     )  # fmt: skip
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -148,29 +149,68 @@ def _cache_dtype(q: Any, k: Any) -> str | None:
     return None
 
 
-def _scales(
-    cache_dtype: str | None, k_scale: Any, v_scale: Any, lead: tuple[int, ...]
-) -> tuple[dict[str, Any], Array, Array]:
-    """``(PagedSpec fields, k_scale, v_scale)``: the scales' strides against ``lead`` (the cache's
-    shape without its last axis) and the scales as flat float32 arrays (one-element dummies
-    when absent: an unscaled quantized cache means its raw values)."""
+def _scale_fields(cache_dtype: str | None, k_scale: Any, v_scale: Any, lead: tuple[int, ...]) -> dict[str, Any]:
+    """The :class:`~jaxattn_triton.paged.launch.PagedSpec` fields of the scales (arrays, scalars or
+    ``ShapeDtypeStruct``s): their strides against ``lead``, the cache's shape without its last
+    axis (none for a cache that is not quantized, which takes no scale)."""
     if cache_dtype is None:
         if k_scale is not None or v_scale is not None:
             raise ValueError("k_scale/v_scale scale a quantized cache (int8/float8); this cache is not quantized")
-        dummy = jnp.zeros((1,), jnp.float32)
-        return {}, dummy, dummy
-    fields: dict[str, LP.ScaleStrides | None] = {}
-    arrays = []
-    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if scale is None:
-            fields[name] = None
-            arrays.append(jnp.zeros((1,), jnp.float32))
-            continue
-        arr = jnp.asarray(scale)
-        fields[name] = LP.scale_strides(arr.shape, lead, name)
-        # Flat and C-contiguous: the strides above index it; no broadcast copy is made.
-        arrays.append(jnp.reshape(arr.astype(jnp.float32), (-1,)))
+        return {}
+    return {
+        name: None if scale is None else LP.scale_strides(jnp.shape(scale), lead, name)
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale))
+    }
+
+
+def _scales(
+    cache_dtype: str | None, k_scale: Any, v_scale: Any, lead: tuple[int, ...]
+) -> tuple[dict[str, Any], Array, Array]:
+    """``(PagedSpec fields, k_scale, v_scale)``: :func:`_scale_fields` and the scales as flat
+    float32 arrays (one-element dummies when absent: an unscaled quantized cache means its raw
+    values)."""
+    fields = _scale_fields(cache_dtype, k_scale, v_scale, lead)
+    # Flat and C-contiguous: the strides index it; no broadcast copy is made.
+    arrays = [
+        jnp.zeros((1,), jnp.float32) if scale is None else jnp.reshape(jnp.asarray(scale).astype(jnp.float32), (-1,))
+        for scale in (k_scale, v_scale)
+    ]
     return fields, arrays[0], arrays[1]
+
+
+def _spec(
+    q: Any,
+    cache: tuple[int, int, int],
+    head_dim_v: int,
+    *,
+    layout: str,
+    max_seqs: int,
+    q_len: int | None,
+    pages_per_seq: int,
+    softmax_scale: float | None,
+    logits_soft_cap: float | None,
+    window_left: int | None,
+    window_right: int | None,
+    sinks: bool,
+    cache_dtype: str | None,
+    scale_fields: dict[str, Any],
+) -> LP.PagedSpec:
+    """The :class:`~jaxattn_triton.paged.launch.PagedSpec` of a call of the split-K kernel with
+    query ``q`` (tokens, or sequences by T, then ``(Hq, D)``) over a cache ``(num_pages,
+    page_size, heads_kv)`` by ``head_dim_v`` (a dense one: a page per sequence); raises
+    ``ValueError`` with the reasons it cannot run. The softmax scale defaults to ``D**-0.5``."""
+    num_pages, page_size, heads_kv = cache
+    *lead, heads_q, d = (int(x) for x in q.shape)
+    return LP.PagedSpec(
+        num_tokens=math.prod(lead), max_seqs=max_seqs, q_len=q_len, heads_q=heads_q, heads_kv=heads_kv,
+        head_dim=d, head_dim_v=int(head_dim_v), dtype=jnp.dtype(q.dtype).name, num_pages=num_pages,
+        page_size=page_size, pages_per_seq=pages_per_seq, layout=layout,
+        softmax_scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
+        softcap=None if logits_soft_cap is None else float(logits_soft_cap),
+        window_left=None if window_left is None else int(window_left),
+        window_right=None if window_right is None else int(window_right),
+        sinks=sinks, cache_dtype=cache_dtype, **scale_fields,
+    )  # fmt: skip
 
 
 def _tiles(spec: LP.PagedSpec, tiles: LP.PagedTiles | None, num_splits: int | None) -> LP.PagedTiles:
@@ -218,14 +258,11 @@ def paged_decode(
     num_seqs, t, hq, _ = q.shape
     if page_table.ndim != 2 or page_table.shape[0] != num_seqs:
         raise ValueError(f"page_table must be (num_seqs={num_seqs}, pages_per_seq), got {page_table.shape}")
-    spec = LP.PagedSpec(
-        num_tokens=num_seqs * t, max_seqs=num_seqs, q_len=t, heads_q=hq, heads_kv=hkv, head_dim=d,
-        head_dim_v=dv, dtype=jnp.dtype(q.dtype).name, num_pages=num_pages, page_size=page_size,
-        pages_per_seq=int(page_table.shape[1]), layout=layout,
-        softmax_scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
-        softcap=None if logits_soft_cap is None else float(logits_soft_cap),
-        window_left=None if window_left is None else int(window_left), window_right=0,
-        sinks=sinks is not None, cache_dtype=cache_dtype, **scale_fields,
+    spec = _spec(
+        q, (num_pages, page_size, hkv), dv, layout=layout, max_seqs=num_seqs, q_len=t,
+        pages_per_seq=int(page_table.shape[1]), softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap,
+        window_left=window_left, window_right=0, sinks=sinks is not None, cache_dtype=cache_dtype,
+        scale_fields=scale_fields,
     )  # fmt: skip
     table = _int32(page_table, "page_table", tuple(page_table.shape))
     lengths = _int32(kv_lengths, "kv_lengths", (num_seqs,))
@@ -288,14 +325,11 @@ def ragged_paged(
     if page_table.ndim != 2:
         raise ValueError(f"page_table must be (max_num_seqs, pages_per_seq), got {page_table.shape}")
     max_seqs = int(page_table.shape[0])
-    spec = LP.PagedSpec(
-        num_tokens=n, max_seqs=max_seqs, q_len=None, heads_q=hq, heads_kv=hkv, head_dim=d,
-        head_dim_v=dv, dtype=jnp.dtype(q.dtype).name, num_pages=num_pages, page_size=page_size,
-        pages_per_seq=int(page_table.shape[1]), layout=layout,
-        softmax_scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
-        softcap=None if logits_soft_cap is None else float(logits_soft_cap),
-        window_left=None if window_left is None else int(window_left), window_right=0,
-        sinks=sinks is not None, cache_dtype=cache_dtype, **scale_fields,
+    spec = _spec(
+        q, (num_pages, page_size, hkv), dv, layout=layout, max_seqs=max_seqs, q_len=None,
+        pages_per_seq=int(page_table.shape[1]), softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap,
+        window_left=window_left, window_right=0, sinks=sinks is not None, cache_dtype=cache_dtype,
+        scale_fields=scale_fields,
     )  # fmt: skip
     table = _int32(page_table, "page_table", tuple(page_table.shape))
     lengths = _int32(kv_lengths, "kv_lengths", (max_seqs,))
