@@ -409,6 +409,17 @@ def test_default_tiles_of_a_quantized_cache() -> None:
             tiles = LP.default_tiles(dataclasses.replace(spec, cache_dtype=fmt, k_scale=(0, 0, 0) if fmt else None))
             got = (tiles.block_n, tiles.num_warps, tiles.kv_heads, tiles.num_splits)
             assert got == (quantized if fmt else bf16), (batch, fmt, got)
+    # Short caches: a split keeps at least QUANT_SPLIT_KEYS (2048) keys of capacity, so 16
+    # sequences of 1k (and 2k) keys run unsplit, on 4 warps, and 4k takes 2 splits of 2 warps.
+    for pages, quantized in ((32, (64, 4, 1, 1)), (64, (64, 4, 1, 1)), (128, (64, 4, 1, 1)), (256, (64, 2, 1, 2)),
+                             (512, (64, 2, 1, 4))):  # fmt: skip
+        spec = LP.PagedSpec(
+            num_tokens=16, max_seqs=16, q_len=1, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
+            dtype="bfloat16", num_pages=16 * pages, page_size=16, pages_per_seq=pages, cache_dtype="int8",
+            k_scale=(0, 0, 0),
+        )  # fmt: skip
+        tiles = LP.default_tiles(spec)
+        assert (tiles.block_n, tiles.num_warps, tiles.kv_heads, tiles.num_splits) == quantized, (pages, tiles)
     prefill = LP.PagedSpec(
         num_tokens=2112, max_seqs=68, q_len=None, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
         dtype="bfloat16", num_pages=68 * 288, page_size=16, pages_per_seq=288,

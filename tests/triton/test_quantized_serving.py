@@ -56,9 +56,9 @@ def test_accepted_on_an_h100_and_explained(fmt: str) -> None:
 @pytest.mark.usefixtures("kernels_installed")
 def test_explain_says_how_the_kernel_tiles_the_call() -> None:
     # The tiles paged_ops picks for the call (launch_paged.default_tiles), said by explain: over
-    # an int8 cache 16 decode sequences take 2-warp programs, 4 key splits merged in the launch.
+    # an int8 cache 16 decode sequences of 8k keys take 2-warp programs, 4 key splits merged in the launch.
     impl = TritonPagedDecode(MD, H100)
-    quantized = [n for n in impl.notes(paged_problem(kv_dtype="int8")) if n.startswith("tiles:")]
+    quantized = [n for n in impl.notes(paged_problem(kv_dtype="int8", pages_per_seq=512)) if n.startswith("tiles:")]
     assert quantized == ["tiles: 1 query token(s) x 1 KV head a program, 64 keys a step, 2 warps; 4 key splits "
                          "merged in the launch; 512 programs on 132 SMs"], quantized
     wide = [n for n in impl.notes(paged_problem()) if n.startswith("tiles:")]

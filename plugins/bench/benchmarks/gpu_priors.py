@@ -12,9 +12,10 @@ make auto pick and its time against the fastest of the same run.
 
     python plugins/bench/benchmarks/gpu_priors.py OUT/gaps-*.json --merge --write
 
-``--merge`` adds a later run's figures (``gpu_priors.sh --gaps``) to those already shipped
-(``h200-bench.json``): a key, backend and mode measured again takes the new figure, every
-other shipped figure stays, and the priors files are written from the union.
+``--merge`` adds a later run's figures (``gpu_priors.sh --gaps``, or any ``jaxattn bench`` run
+of the matrix) to those already shipped (``h200-bench.json``): a key, backend and mode measured
+again takes the mean of its runs (``runs`` counts them), every other shipped figure stays, and
+the priors files are written from the union.
 """
 
 from __future__ import annotations
@@ -121,12 +122,19 @@ def main() -> None:
     parser.add_argument("--into", type=Path, help="with --write: write the priors into the packages under this "
                         "folder (an installed site, to time auto with them), not into the repository")
     parser.add_argument("--merge", action="store_true", help="add these figures to the shipped ones "
-                        "(priors/h200-bench.json); a key, backend and mode measured again takes the new figure")
+                        "(priors/h200-bench.json); a key, backend and mode measured again takes the mean of its runs")
     args = parser.parse_args()
     env, rows = load(args.json)
     if args.merge:
         shipped = json.loads(RAW.read_text())
+        before = {(r["key"], r["backend"], r["mode"]): r for r in shipped["rows"]}
         again = {(r["key"], r["backend"], r["mode"]) for r in rows}
+        for r in rows:  # measured again: the mean of the runs, so one run's noise does not flip a near tie
+            old = before.get((r["key"], r["backend"], r["mode"]))
+            if old is not None:
+                runs = old.get("runs", 1)
+                r["median_ms"] = round((old["median_ms"] * runs + r["median_ms"]) / (runs + 1), 5)
+                r["runs"] = runs + 1
         rows = [r for r in shipped["rows"] if (r["key"], r["backend"], r["mode"]) not in again] + rows
         env = env or shipped["environment"]
     entries = priors(rows)

@@ -143,7 +143,7 @@ def serving_matrix(*, quick: bool = False, dtype: str = "bfloat16", kv_dtype: st
     """The issue's targets: bf16, D=128, GQA 32/8, pages of 16 and 64, batch 16 and 64, 2k-64k
     tokens; plus mixed batches. ``quick``: tiny shapes for a CPU. With ``kv_dtype`` the
     quantized cache's targets: 8k-64k tokens, 16 and 64 sequences, pages of 16 and 64, two
-    mixed batches."""
+    mixed batches, then 16 sequences of 512-4k tokens."""
     if kv_dtype is not None:
         return [dataclasses.replace(s, kv_dtype=kv_dtype, granularity=granularity)
                 for s in _quantized_matrix(quick, dtype)]
@@ -171,12 +171,15 @@ def serving_matrix(*, quick: bool = False, dtype: str = "bfloat16", kv_dtype: st
 def _quantized_matrix(quick: bool, dtype: str) -> list[ServingShape]:
     if quick:
         return [ServingShape(4, 96, 4, 2, 32, 16, dtype), ServingShape(4, 96, 4, 2, 32, 16, dtype, prefill=2, chunk=24)]
-    # Pages of 16 first (the common size), the mixed batches, then pages of 64 and 64k contexts.
+    # Pages of 16 first (the common size), the mixed batches, then pages of 64 and 64k contexts;
+    # last, short contexts (512 to 4k tokens), where a quantized cache must not be slower than
+    # the 16-bit one.
     return [*(ServingShape(b, ctx, 32, 8, 128, 16, dtype) for b in (16, 64) for ctx in (8192, 32768)),
             ServingShape(64, 4096, 32, 8, 128, 16, dtype, prefill=4, chunk=512),
             ServingShape(32, 16384, 32, 8, 128, 64, dtype, prefill=2, chunk=2048),
             *(ServingShape(b, ctx, 32, 8, 128, 64, dtype) for b in (16, 64) for ctx in (8192, 32768)),
-            *(ServingShape(16, 65536, 32, 8, 128, ps, dtype) for ps in (16, 64))]
+            *(ServingShape(16, 65536, 32, 8, 128, ps, dtype) for ps in (16, 64)),
+            *(ServingShape(16, ctx, 32, 8, 128, 16, dtype) for ctx in (512, 1024, 2048, 4096))]
 
 
 @dataclasses.dataclass

@@ -231,6 +231,10 @@ def query_blocks(spec: PagedSpec, block_q: int, decode_q: int = 0) -> int:
     return spec.num_tokens // block_q + spec.max_seqs + 1
 
 
+#: Decode over a quantized cache: the fewest keys of capacity one key split keeps.
+QUANT_SPLIT_KEYS = 2048
+
+
 def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: int | None = None) -> PagedTiles:
     """Tiles for the H100/H200 class, and enough key splits to fill the SMs.
 
@@ -242,7 +246,7 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
     decode with enough sequences for several waves puts several KV heads in one program when
     that makes one nearly full wave. Decode over a quantized cache aims at about four programs
     per SM instead (one KV head x 64 tokens, 2 warps; splits to get there when the sequences
-    are few); prefill blocks over one take the 16-bit tiles, and a ragged batch's short sequences decode
+    are few and each split keeps ``QUANT_SPLIT_KEYS`` of the cache; short caches unsplit on 4 warps); prefill blocks over one take the 16-bit tiles, and a ragged batch's short sequences decode
     programs of their own (``PagedTiles.decode_q``).
     """
     chunks = _cdiv(spec.group, MAX_HEAD_CHUNK)
@@ -322,10 +326,20 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
         # 423.1 (740.2). The same reads with no attention at all (plugins/triton/benchmarks/paged_probe.py
         # --quant-floor) take 97.5-101 us at 16 x 8k: what is left above that is the kernel's
         # work, not its memory traffic.
+        #
+        # A split must keep at least QUANT_SPLIT_KEYS keys of the cache's capacity: below that
+        # the combine kernel and the second launch cost more than the balance buys, and a
+        # short cache (2k keys or fewer) runs unsplit on 4 warps. Measured on an H200 (16
+        # sequences, GQA 32/8, D=128, pages of 16, per-token scales; triton_paged_check.py
+        # --quant-sweep, the bf16 paged kernel in the same run), us per call int8 / e4m3, these
+        # tiles vs 4 (2 at 512) splits of 2 warps: 512 tokens 47.5 / 54.6 vs 64.8 / 65.8, 1k
+        # 61.1 / 58.7 vs 83.8 / 79.3, 2k 60.6 / 61.3 vs 79.1 / 54.8 (bf16 paged 54.9, 53.5,
+        # 56.0); at 8k the 4 splits stay (87.2 / 81.7 vs 158.9 / 168.3 unsplit).
         unsplit = max(1, query_blocks(spec, block_q) * spec.heads_kv * chunks)
         kv_heads = 1
-        num_splits = max(1, min((4 * num_sms) // unsplit, spec.capacity // 256, 64))
-        block_n, num_warps, num_stages = 64, 2, 3
+        num_splits = max(1, min((4 * num_sms) // unsplit, spec.capacity // QUANT_SPLIT_KEYS, 64))
+        block_n, num_stages = 64, 3
+        num_warps = 4 if spec.capacity <= QUANT_SPLIT_KEYS else 2
     decode_q = decode_block_n = 0
     if spec.quantized and spec.ragged and block_q > 1 and chunks == 1 and not wide and head_chunk <= 16:
         # A ragged batch with prefill over a quantized cache: its decode rows (sequences of
