@@ -2,7 +2,8 @@
 
 * ``ragged_page_attention_v3`` and ``page_attention`` (kind "paged") against
   ``PagedConformanceSuite``: every paged case, under jit, uniform ones through
-  ``jaxattn.paged_attention`` too, x64 indices;
+  ``jaxattn.paged_attention`` too, x64 indices, and the mask_mod cases (``page_attention``
+  declines them);
 * ``autoregressive_decodeattn`` (dense) against ``ConformanceSuite``: decode, GQA, cross,
   kv_lengths, window, soft cap, sinks, value dim, with gradients (the flash backward on the
   split-K forward's output), and declines (masks, bias, segments, T > 16).
@@ -25,7 +26,7 @@ from jaxattn.backend.call import AttentionCall, PagedCall
 from jaxattn.backend.output import AttentionOutput
 from jaxattn.testing.cases import Case, Level, cases_for
 from jaxattn.testing.conformance import ConformanceSuite
-from jaxattn.testing.paged_cases import PagedCase
+from jaxattn.testing.paged_cases import PAGED_MOD_CASES, PagedCase
 from jaxattn.testing.paged_conformance import PagedConformanceSuite
 from jaxattn_triton.decode.impl import MAX_DECODE_QUERIES, TritonDecodeAttention
 from jaxattn_triton.paged.impl import TritonPagedDecode, TritonRaggedPagedAttention
@@ -107,6 +108,9 @@ class TestTritonRaggedPagedInterpretedBfloat16(PagedConformanceSuite):
     dtypes: ClassVar[tuple[str, ...]] = ("bfloat16",)
     # Eagerly in float32 (TestTritonRaggedPagedInterpreted, the same code); here under jax.jit.
     eager_dtypes: ClassVar[tuple[str, ...]] = ()
+
+    # One mask_mod case: the draft tree in a ragged batch (every one runs in float32 and float16).
+    mod_cases: ClassVar[Sequence[PagedCase]] = [c for c in PAGED_MOD_CASES if c.name == "mm_tree"]
 
     @classmethod
     def cases(cls, level: Level) -> Sequence[PagedCase]:

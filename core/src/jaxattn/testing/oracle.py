@@ -29,7 +29,9 @@ Semantics (docs/contract.md):
   gradients come from ``jax.vjp`` of the function alone (``_ScoreMod``).
 
 :func:`paged_attention` spells out the paged contract (docs/contract.md, "Serving attention"):
-gather each sequence's tokens from its pages, then attend causally as above.
+gather each sequence's tokens from its pages, then attend causally as above. A paged call's
+``mask_mod(seq, h, q_pos, kv_pos)`` (positions within the sequence) is evaluated the same way,
+on each sequence's whole index grid (:func:`paged_mask_mod_grid`), and ANDed in as a mask.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ __all__ = [
     "attention_backward",
     "mask_mod_grid",
     "paged_attention",
+    "paged_mask_mod_grid",
+    "paged_visibility",
     "visibility",
 ]
 
@@ -472,6 +476,54 @@ def attention_backward(
     return OracleGrads(dq=dq, dk=dk, dv=dv, dbias=d_bias, dsoftmax_aux=d_aux, dscore_params=d_params)
 
 
+def paged_mask_mod_grid(mask_mod: Any, seq: int, heads: int, q_pos: Any, s: int) -> npt.NDArray[np.bool_]:
+    """A paged call's ``mask_mod`` on sequence ``seq``'s grid, as NumPy booleans ``(Hq, T, S)``: called
+    once with int32 arrays ``(1,1,1)`` (seq), ``(1,Hq,1)`` (the heads), ``(T,1,1)`` (the query
+    positions ``q_pos``) and ``(1,1,S)`` (the keys ``0..S-1``), as the contract allows (n = T)."""
+    import jax.numpy as jnp
+
+    rows = np.asarray(q_pos, np.int32).reshape(-1, 1, 1)
+    heads_idx = jnp.arange(heads, dtype=jnp.int32).reshape(1, heads, 1)
+    out = np.asarray(mask_mod(jnp.full((1, 1, 1), seq, jnp.int32), heads_idx, jnp.asarray(rows),
+                              jnp.arange(s, dtype=jnp.int32).reshape(1, 1, s)))
+    if out.dtype != np.bool_:
+        raise ValueError(f"mask_mod must return booleans, got {out.dtype}")
+    return np.transpose(np.broadcast_to(out, (rows.shape[0], heads, s)), (1, 0, 2))
+
+
+def _paged_sequences(kv_lengths: Any, cu_q_lens: Any, num_seqs: Any) -> list[tuple[int, int, int]]:
+    """``(first row, rows, keys)`` of every real sequence (s < num_seqs)."""
+    lengths, cu, count = np.asarray(kv_lengths), np.asarray(cu_q_lens), int(np.asarray(num_seqs).reshape(-1)[0])
+    return [(int(cu[s]), int(cu[s + 1]) - int(cu[s]), int(lengths[s])) for s in range(count)]
+
+
+def _paged_mask(mask_mod: Any, seq: int, heads: int, t: int, n: int) -> npt.NDArray[np.bool_] | None:
+    """``(1, Hq, t, n)``: the mask_mod of sequence ``seq``'s t queries (at ``n - t .. n - 1``) over its n keys.
+    A query at a negative position (t > n) sees no key: it is evaluated at 0 (never a wrapped index)."""
+    if mask_mod is None or t == 0 or n == 0:
+        return None
+    return paged_mask_mod_grid(mask_mod, seq, heads, np.maximum(np.arange(n - t, n), 0), n)[None]
+
+
+def paged_visibility(
+    kv_lengths: Any,
+    cu_q_lens: Any,
+    num_seqs: Any,
+    heads: int,
+    *,
+    sliding_window: int | None = None,
+    mask_mod: Any = None,
+) -> list[npt.NDArray[np.bool_]]:
+    """Per real sequence s (< num_seqs), ``(Hq, q_len_s, kv_lengths[s])``: which of its keys each of
+    its queries may see (causal, the window, the mask_mod ANDed)."""
+    out = []
+    for seq, (_, t, n) in enumerate(_paged_sequences(kv_lengths, cu_q_lens, num_seqs)):
+        window = None if sliding_window is None else (int(sliding_window), 0)
+        out.append(visibility(1, heads, t, n, causal=True, sliding_window=window,
+                              mask=_paged_mask(mask_mod, seq, heads, t, n))[0])
+    return out
+
+
 def paged_attention(
     q: Any,
     k_pages: Any,
@@ -486,13 +538,15 @@ def paged_attention(
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
     softmax_aux: Any = None,
+    mask_mod: Any = None,
 ) -> F64:
     """A ragged paged call in float64: ``q (num_tokens, Hq, D)`` -> ``(num_tokens, Hq, Dv)``.
 
     Sequence s (< num_seqs) owns query rows ``cu_q_lens[s]:cu_q_lens[s + 1]``; its keys are
     the first ``kv_lengths[s]`` tokens of its pages, in page-table order; its queries are the
     last q_len of those positions, causal, each seeing itself and the ``sliding_window`` keys
-    before it. Every other row is zero. ``kv_pages`` (combined layout) replaces k_pages/v_pages.
+    before it, and the keys ``mask_mod(seq, h, q_pos, kv_pos)`` allows, if given. Every other
+    row is zero. ``kv_pages`` (combined layout) replaces k_pages/v_pages.
     """
     q64 = _f64(q)
     if kv_pages is not None:
@@ -501,17 +555,17 @@ def paged_attention(
     else:
         k64, v64 = _f64(k_pages), _f64(v_pages)
     page_size, dv = k64.shape[1], v64.shape[-1]
-    table, lengths, cu = np.asarray(page_table), np.asarray(kv_lengths), np.asarray(cu_q_lens)
+    table = np.asarray(page_table)
     out = np.zeros((q64.shape[0], q64.shape[1], dv))
-    for seq in range(int(np.asarray(num_seqs).reshape(-1)[0])):
-        start, stop, length = int(cu[seq]), int(cu[seq + 1]), int(lengths[seq])
-        if stop == start or length == 0:
+    for seq, (start, t, length) in enumerate(_paged_sequences(kv_lengths, cu_q_lens, num_seqs)):
+        if t == 0 or length == 0:
             continue
         pages = table[seq, : -(-length // page_size)]
         k_seq = k64[pages].reshape(-1, *k64.shape[2:])[:length]
         v_seq = v64[pages].reshape(-1, *v64.shape[2:])[:length]
         window = None if sliding_window is None else (int(sliding_window), 0)
-        res = attention(q64[None, start:stop], k_seq[None], v_seq[None], causal=True, sliding_window=window,
-                        softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap, softmax_aux=softmax_aux)
-        out[start:stop] = res.output[0]
+        res = attention(q64[None, start:start + t], k_seq[None], v_seq[None], causal=True, sliding_window=window,
+                        softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap, softmax_aux=softmax_aux,
+                        mask=_paged_mask(mask_mod, seq, q64.shape[1], t, length))
+        out[start:start + t] = res.output[0]
     return out

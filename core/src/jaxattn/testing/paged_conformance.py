@@ -20,6 +20,14 @@ its last page, unused pages of the pool) holds NaN, then +Inf, in ``test_unread_
 compiled with XLA's default options; the output must still match the oracle. The same guards
 as the dense suite run too: a feature not declared must be declined, and the call runs (or
 declines) under ``jax_enable_x64``.
+
+``test_mask_mod`` runs the calls with a ``mask_mod(seq, h, q_pos, kv_pos)`` (``mod_cases``:
+``paged_cases.PAGED_MOD_CASES``, a speculative step's draft tree in a ragged batch and a uniform
+one, packed documents under a window, a mask of the query head), the arrays the mask_mod captures
+traced under ``jax.jit``: the output matches the oracle (which evaluates the mask_mod on each
+sequence's index grid), with NaN, then +Inf, under ``jax.jit`` and NaN eagerly wherever nothing is
+read: the unread positions above, and every slot and KV head no query's KV head sees. A backend
+that does not declare ``Feature.MASK_MOD`` must decline them with reasons.
 """
 
 from __future__ import annotations
@@ -46,7 +54,18 @@ from .cases import DEFAULT_TOLERANCES, DtypeTolerance, Level, magnitude_inputs
 from .compare import assert_close, to_float64
 from .conformance import STRICT_MODES
 from .contract import assert_forward_form, assert_output_contract
-from .paged_cases import PagedCase, make_paged_inputs, paged_cases_for, paged_features, poison_unread, query_counts
+from .paged_cases import (
+    MASK_MOD_ARRAYS,
+    PAGED_MOD_CASES,
+    PagedCase,
+    make_paged_inputs,
+    paged_cases_for,
+    paged_features,
+    paged_mask_mod,
+    poison_unread,
+    query_counts,
+    seen_slots,
+)
 from .quantized_cases import QUANTIZED_PAGED_CASES, QuantizedCase, quantize_paged_inputs, quantized_to_jax
 from .quick_jit import compiler_options_for_tests, eager_test_options
 
@@ -63,6 +82,7 @@ _FEATURE_CASES = {
     Feature.SINKS: "sinks",
     Feature.MULTI_TOKEN: "speculative",
     Feature.RAGGED: "ragged_mixed",
+    Feature.MASK_MOD: "mm_tree",
 }
 
 # Logits of any finite size (``test_logits_of_any_magnitude``): a decode step and a ragged
@@ -88,6 +108,8 @@ def _to_jax(arrays: Mapping[str, Any], dtype: str) -> dict[str, Any]:
     for name, value in arrays.items():
         if name in _ARRAYS:
             out[name] = jnp.asarray(value, jnp.int32)
+        elif name in MASK_MOD_ARRAYS:
+            out[name] = jnp.asarray(value, MASK_MOD_ARRAYS[name])
         elif name == "softmax_aux":
             out[name] = jnp.asarray(value, jnp.float32)
         else:
@@ -117,6 +139,8 @@ class PagedConformanceSuite:
     #: Strict modes (``jaxattn.testing.conformance.STRICT_MODES``) the backend is known to fail,
     #: each with why: expected failures, not strict (see ConformanceSuite.strict_mode_failures).
     strict_mode_failures: ClassVar[Mapping[str, str]] = {}
+    #: The calls with a mask_mod of ``test_mask_mod``.
+    mod_cases: ClassVar[Sequence[PagedCase]] = PAGED_MOD_CASES
 
     @classmethod
     def cases(cls, level: Level) -> Sequence[PagedCase]:
@@ -159,6 +183,9 @@ class PagedConformanceSuite:
         if "quantized_case" in metafunc.fixturenames:
             metafunc.parametrize(("quantized_case", "dtype"), [pytest.param(c, dt, id=f"{c.name}-{dt}")
                                                                for c in QUANTIZED_PAGED_CASES for dt in cls.dtypes])
+        elif "paged_mod_case" in metafunc.fixturenames:
+            metafunc.parametrize(("paged_mod_case", "dtype"), [pytest.param(c, dt, id=f"{c.name}-{dt}")
+                                                               for c in cls.mod_cases for dt in cls.dtypes])
         elif "magnitude_case" in metafunc.fixturenames:
             metafunc.parametrize(("magnitude_case", "dtype"), [pytest.param(c, dt, id=f"{c.name}-{dt}")
                                                                for c in _MAGNITUDE_CASES for dt in cls.dtypes])
@@ -180,7 +207,7 @@ class PagedConformanceSuite:
     # -- helpers -------------------------------------------------------------------------
     @staticmethod
     def _split(case: PagedCase, arrays: Mapping[str, Any]) -> tuple[tuple[Any, Any, Any, Any, Any], dict[str, Any]]:
-        """Positional arrays and keywords of the ragged form."""
+        """Positional arrays and keywords of the ragged form (the mask_mod built from ``arrays``)."""
         args = (arrays["q"], arrays.get("k_pages"), arrays.get("v_pages"), arrays["page_table"], arrays["kv_lengths"])
         kwargs = {"cu_q_lens": arrays["cu_q_lens"], "num_seqs": arrays["num_seqs"], **paged_features(case)}
         for name in ("kv_pages", "softmax_aux", "k_scale", "v_scale"):
@@ -188,6 +215,8 @@ class PagedConformanceSuite:
                 kwargs[name] = arrays[name]
         if case.uniform:
             kwargs["queries_per_seq"] = case.q_lens[0]
+        if case.mask_mod is not None:
+            kwargs["mask_mod"] = paged_mask_mod(case, arrays)
         return args, kwargs
 
     def _supports(self, case: PagedCase, arrays: Mapping[str, Any]) -> list[str]:
@@ -210,18 +239,21 @@ class PagedConformanceSuite:
         (that, with num_seqs a NumPy constant rather than traced) or "eager"."""
         impl = self.make_impl()
         args, kwargs = self._split(case, arrays)
+        kwargs.pop("mask_mod", None)  # built inside the program, from the arrays it captures (traced)
+        captured = {n: arrays[n] for n in MASK_MOD_ARRAYS if n in arrays}
         static = {n: v for n, v in kwargs.items() if not hasattr(v, "shape")}
         traced = {n: v for n, v in kwargs.items() if hasattr(v, "shape")}
         if how == "static_count_jit":
             static["num_seqs"], how = np.asarray(traced.pop("num_seqs")), "default_jit"
 
-        def call(args: tuple[Any, Any, Any, Any, Any], traced: dict[str, Any]) -> Any:
+        def call(args: tuple[Any, Any, Any, Any, Any], traced: dict[str, Any], captured: dict[str, Any]) -> Any:
             q, k_pages, v_pages, page_table, kv_lengths = args
-            return impl(q, k_pages, v_pages, page_table, kv_lengths, **traced, **static).attention_outputs
+            mods = {} if case.mask_mod is None else {"mask_mod": paged_mask_mod(case, captured)}
+            return impl(q, k_pages, v_pages, page_table, kv_lengths, **traced, **static, **mods).attention_outputs
 
         if how == "eager" or (how == "test_jit" and not self.jit):
             with eager_test_options():  # each op's own compile: the test options, as a jit's
-                return call(args, traced)
+                return call(args, traced, captured)
         # One jitted function per program: a run on other data (the poisons, another table of
         # the same shapes, another dtype) reuses the traced and compiled program.
         key = (type(self), case, how, repr(sorted(static.items())))
@@ -231,7 +263,7 @@ class PagedConformanceSuite:
             _programs[key] = jax.jit(call, compiler_options=compiler_options_for_tests() if how == "test_jit" else None)
             if len(_programs) > _PROGRAMS_KEPT:
                 _programs.popitem(last=False)
-        return _programs[key](args, traced)
+        return _programs[key](args, traced, captured)
 
     def _assert_declines(self, case: PagedCase, arrays: Mapping[str, Any]) -> None:
         args, kwargs = self._split(case, arrays)
@@ -243,7 +275,7 @@ class PagedConformanceSuite:
         return oracle.paged_attention(
             np_arrays["q"], np_arrays.get("k_pages"), np_arrays.get("v_pages"), np_arrays["page_table"],
             np_arrays["kv_lengths"], np_arrays["cu_q_lens"], np_arrays["num_seqs"], kv_pages=np_arrays.get("kv_pages"),
-            softmax_aux=np_arrays.get("softmax_aux"), **paged_features(case),
+            softmax_aux=np_arrays.get("softmax_aux"), mask_mod=paged_mask_mod(case, np_arrays), **paged_features(case),
         )
 
     def _check(self, case: PagedCase, got: Any, want: np.ndarray, dtype: str, label: str) -> None:
@@ -390,6 +422,36 @@ class PagedConformanceSuite:
                 got = self._run(case, arrays, how=how)
             self._check(case, got, want, dtype, f"{how}: {case.describe()}, logits of any magnitude")
 
+    def test_mask_mod(self, paged_mod_case: PagedCase, dtype: str) -> None:
+        """A call with a ``mask_mod`` (``mod_cases``), its captured arrays traced under ``jax.jit``:
+        matches the oracle, which evaluates the mask_mod on each sequence's index grid
+        (``oracle.paged_mask_mod_grid``). Every position the contract calls unread, and every
+        slot and KV head no query's KV head sees (``seen_slots``), holds NaN, then +Inf, under
+        ``jax.jit`` (one program), and NaN eagerly (in ``eager_dtypes``). A backend that does not
+        declare ``Feature.MASK_MOD`` must decline with reasons."""
+        case = paged_mod_case
+        np_arrays = make_paged_inputs(case, dtype)
+        arrays = _to_jax(np_arrays, dtype)
+        reasons = self._supports(case, arrays)
+        impl = self.make_impl()
+        if Feature.MASK_MOD not in impl.features:
+            assert reasons, f"{impl!r} does not declare {Feature.MASK_MOD} but supports() accepts a mask_mod"
+        if reasons:
+            self._assert_declines(case, arrays)
+            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+        want = self._expected(case, np_arrays)
+        visible = oracle.paged_visibility(np_arrays["kv_lengths"], np_arrays["cu_q_lens"], np_arrays["num_seqs"],
+                                          case.hq, sliding_window=case.sliding_window,
+                                          mask_mod=paged_mask_mod(case, np_arrays))
+        pool = np_arrays["kv_pages"] if "kv_pages" in np_arrays else np_arrays["k_pages"]
+        seen = seen_slots(np_arrays["page_table"], visible, pool.shape[0], case.page_size, case.hkv)
+        runs = [(np.nan, "test_jit"), (np.inf, "test_jit")] + ([(np.nan, "eager")] if self.runs_eager(dtype) else [])
+        for value, how in runs:
+            poisoned = _to_jax(poison_unread(case, np_arrays, value, seen=seen), dtype)
+            with jax.default_matmul_precision("highest"):
+                got = self._run(case, poisoned, how=how)
+            self._check(case, got, want, dtype, f"{how}, unread and unseen positions = {value}: {case.describe()}")
+
     def test_runs_something(self, dtype: str) -> None:
         """Guard against a vacuous pass: some case of the matrix must run in every dtype listed."""
         for case in self.cases(self.resolved_level()):
@@ -399,7 +461,7 @@ class PagedConformanceSuite:
 
     def test_undeclared_features_are_declined(self) -> None:
         impl = self.make_impl()
-        by_name = {c.name: c for c in paged_cases_for("default")}
+        by_name = {c.name: c for c in (*paged_cases_for("default"), *PAGED_MOD_CASES)}
         dtype = self.dtypes[0]
         for feature, name in _FEATURE_CASES.items():
             if feature in impl.features:
