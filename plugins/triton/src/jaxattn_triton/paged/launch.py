@@ -246,8 +246,9 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
     decode with enough sequences for several waves puts several KV heads in one program when
     that makes one nearly full wave. Decode over a quantized cache aims at about four programs
     per SM instead (one KV head x 64 tokens, 2 warps; splits to get there when the sequences
-    are few and each split keeps ``QUANT_SPLIT_KEYS`` of the cache; short caches unsplit on 4 warps); prefill blocks over one take the 16-bit tiles, and a ragged batch's short sequences decode
-    programs of their own (``PagedTiles.decode_q``).
+    are few and each split keeps ``QUANT_SPLIT_KEYS`` of the cache; short caches unsplit on 4
+    warps); prefill blocks over one take the 16-bit tiles, and a ragged batch's short sequences
+    decode programs of their own (``PagedTiles.decode_q``).
     """
     chunks = _cdiv(spec.group, MAX_HEAD_CHUNK)
     head_chunk = _cdiv(spec.group, chunks)
