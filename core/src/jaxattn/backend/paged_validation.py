@@ -18,19 +18,9 @@ from .call import PagedCall
 from .metadata import DEFAULT_METADATA, AttentionMetadata, as_metadata
 from .problem import PagedProblem
 from .quantize import check_kv_scales
-from .validation import MAX_CHECKED, as_int, check_sinks, positive, shape_of
+from .validation import _FLOAT_DTYPES, MAX_CHECKED, as_int, check_ints, check_sinks, positive, shape_of
 
 __all__ = ["resolve_paged_call"]
-
-_FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
-
-
-def _ints(x: Any, name: str, shape: tuple[int, ...], what: str) -> None:
-    got = shape_of(x, name)
-    if got != shape:
-        raise InvalidInputError(name, f"must have shape {shape} ({what}), got {got}")
-    if not dtype_name(x.dtype).startswith(("int", "uint")):
-        raise InvalidInputError(name, f"must be integers, got {dtype_name(x.dtype)}", "use jnp.int32")
 
 
 def _pages(q: Any, k_pages: Any, v_pages: Any, kv_pages: Any) -> tuple[str, int, int, int, int, int]:
@@ -191,13 +181,13 @@ def _check(q: Any, k_pages: Any, v_pages: Any, kv_pages: Any, page_table: Any, k
     if len(table) != 2:
         raise InvalidInputError("page_table", f"must have shape (num_seqs, pages_per_seq), got {table}")
     n, pages_per_seq = table
-    _ints(page_table, "page_table", table, "num_seqs, pages_per_seq")
+    check_ints(page_table, "page_table", table, f"{table} (num_seqs, pages_per_seq)")
     if queries_per_seq is not None and queries_per_seq * n != num_tokens:  # paged_attention: B sequences of T
         raise InvalidInputError("page_table", f"has {n} rows, but q has {num_tokens // queries_per_seq} sequences "
                                 f"(B) of {queries_per_seq} queries", "give page_table and kv_lengths one row per "
                                 "sequence of q")
-    _ints(kv_lengths, "kv_lengths", (n,), "one cached-token count per page-table row")
-    _ints(cu_q_lens, "cu_q_lens", (n + 1,), "query-row offsets of the page table's sequences")
+    check_ints(kv_lengths, "kv_lengths", (n,), f"{(n,)} (one cached-token count per page-table row)")
+    check_ints(cu_q_lens, "cu_q_lens", (n + 1,), f"{(n + 1,)} (query-row offsets of the page table's sequences)")
     if not hasattr(num_seqs, "shape") or shape_of(num_seqs, "num_seqs") not in ((), (1,)):
         raise InvalidInputError("num_seqs", f"must be an int32 array of shape (1,) or (), got {num_seqs!r}")
     if not dtype_name(num_seqs.dtype).startswith(("int", "uint")):

@@ -18,7 +18,7 @@ from .metadata import DEFAULT_METADATA, AttentionMetadata, as_metadata, is_bool,
 from .problem import AttentionProblem
 from .quantize import QUANTIZED_KV_DTYPES, check_kv_scales
 
-__all__ = ["as_int", "check_sinks", "is_concrete", "positive", "resolve_call", "shape_of", "window_pair"]
+__all__ = ["as_int", "check_ints", "check_sinks", "is_concrete", "positive", "resolve_call", "shape_of", "window_pair"]
 
 _FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
 
@@ -28,6 +28,15 @@ def shape_of(x: Any, name: str) -> tuple[int, ...]:
     if shape is None:
         raise InvalidTypeError(name, f"expected an array, got {type(x).__name__}", "pass a jax.Array or a NumPy array")
     return tuple(int(d) for d in shape)
+
+
+def check_ints(x: Any, name: str, want: tuple[int, ...], described: str, hint: str = "use jnp.int32") -> None:
+    """``x`` an integer array of shape ``want`` (``described``: that shape as the error says it)."""
+    shape = shape_of(x, name)
+    if shape != want:
+        raise InvalidInputError(name, f"must have shape {described}, got {shape}")
+    if not dtype_name(x.dtype).startswith(("int", "uint")):
+        raise InvalidInputError(name, f"must be integers, got {dtype_name(x.dtype)}", hint)
 
 
 def _check_broadcast(name: str, shape: tuple[int, ...], target: tuple[int, ...]) -> None:
@@ -150,11 +159,7 @@ def _segment_ids(q_ids: Any, kv_ids: Any, b: int, t: int, s: int) -> tuple[Any, 
         q_ids = kv_ids if q_ids is None else q_ids
         kv_ids = q_ids if kv_ids is None else kv_ids
     for name, ids, want in (("q_segment_ids", q_ids, (b, t)), ("kv_segment_ids", kv_ids, (b, s))):
-        shape = shape_of(ids, name)
-        if shape != want:
-            raise InvalidInputError(name, f"must have shape {want} (B, {'T' if name[0] == 'q' else 'S'}), got {shape}")
-        if not dtype_name(ids.dtype).startswith(("int", "uint")):
-            raise InvalidInputError(name, f"must be integers, got {dtype_name(ids.dtype)}", "use jnp.int32 ids")
+        check_ints(ids, name, want, f"{want} (B, {'T' if name[0] == 'q' else 'S'})", "use jnp.int32 ids")
     return q_ids, kv_ids
 
 
@@ -170,28 +175,16 @@ def is_concrete(x: Any) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
-def _check_lengths(kv_lengths: Any, b: int, s: int) -> None:
-    shape = shape_of(kv_lengths, "kv_lengths")
-    if shape != (b,):
-        raise InvalidInputError("kv_lengths", f"must have shape (B,) = ({b},), one key count per sequence, got {shape}")
-    if not dtype_name(kv_lengths.dtype).startswith(("int", "uint")):
-        raise InvalidInputError("kv_lengths", f"must be integers, got {dtype_name(kv_lengths.dtype)}",
-                                "use jnp.int32 lengths")
-
-
-def _check_length_values(kv_lengths: Any, s: int) -> None:
-    """Concrete lengths within the cache's capacity (traced ones cannot be checked: the contract
-    says what happens to them)."""
+def _check_length_values(name: str, lengths: Any, n: int, bound: str, hint: str) -> None:
+    """Concrete lengths within 0..n (``bound``: n as the error says it; traced ones cannot be
+    checked: the contract says what happens to them)."""
     import numpy as np
 
-    values = np.asarray(kv_lengths)
-    bad = np.flatnonzero((values < 0) | (values > s))
+    values = np.asarray(lengths)
+    bad = np.flatnonzero((values < 0) | (values > n))
     if bad.size:
         i = int(bad[0])
-        raise InvalidInputError(
-            "kv_lengths", f"kv_lengths[{i}] = {int(values[i])} is outside 0..S = 0..{s} (the cache's capacity)",
-            "a length counts the valid keys at the front of k and v",
-        )
+        raise InvalidInputError(name, f"{name}[{i}] = {int(values[i])} is outside 0..{bound}", hint)
 
 
 #: Where ``causal`` and ``sliding_window`` put the queries when T != S.
@@ -199,20 +192,10 @@ ALIGNMENTS = ("bottom_right", "top_left")
 
 
 def _check_padding(name: str, lengths: Any, b: int, n: int, dim: str) -> None:
-    shape = shape_of(lengths, name)
-    if shape != (b,):
-        raise InvalidInputError(name, f"must have shape (B,) = ({b},), one length per sequence, got {shape}")
-    if not dtype_name(lengths.dtype).startswith(("int", "uint")):
-        raise InvalidInputError(name, f"must be integers, got {dtype_name(lengths.dtype)}", "use jnp.int32 lengths")
+    check_ints(lengths, name, (b,), f"(B,) = ({b},), one length per sequence", "use jnp.int32 lengths")
     if is_concrete(lengths):
-        import numpy as np
-
-        values = np.asarray(lengths)
-        bad = np.flatnonzero((values < 0) | (values > n))
-        if bad.size:
-            i = int(bad[0])
-            raise InvalidInputError(name, f"{name}[{i}] = {int(values[i])} is outside 0..{dim} = 0..{n}",
-                                    f"a length counts the real {'queries' if dim == 'T' else 'keys'} at the front")
+        _check_length_values(name, lengths, n, f"{dim} = 0..{n}",
+                             f"a length counts the real {'queries' if dim == 'T' else 'keys'} at the front")
 
 
 def top_left_rules(t: int, s: int, causal: bool, window: tuple[int, int] | None
@@ -306,7 +289,8 @@ def _check(q: Any, k: Any, v: Any, mask: Any, bias: Any, init_bias: Any, causal:
     q_ids, kv_ids = _segment_ids(q_segment_ids, kv_segment_ids, b, t, s)
     check_sinks(softmax_aux, hq)
     if kv_lengths is not None:
-        _check_lengths(kv_lengths, b, s)
+        check_ints(kv_lengths, "kv_lengths", (b,), f"(B,) = ({b},), one key count per sequence",
+                   "use jnp.int32 lengths")
     p = md.dropout_prob if dropout_prob is None else probability("dropout_prob", dropout_prob)
     if dropout_rng is not None:
         _check_dropout_rng(dropout_rng)
@@ -466,7 +450,8 @@ def resolve_call(
                 _checked.clear()
             _checked[key] = checked
     if kv_lengths is not None and is_concrete(kv_lengths):
-        _check_length_values(kv_lengths, k.shape[1])
+        _check_length_values("kv_lengths", kv_lengths, k.shape[1], f"S = 0..{k.shape[1]} (the cache's capacity)",
+                             "a length counts the valid keys at the front of k and v")
     if key is not None and checked.padding is not None:  # memoised: the values still need their check
         for name, lengths, n, dim in (("q_padding_lengths", q_padding_lengths, q.shape[1], "T"),
                                       ("kv_padding_lengths", kv_padding_lengths, k.shape[1], "S")):

@@ -162,9 +162,3 @@ def list_impls(metadata: AttentionMetadata | None = None) -> list[ImplInfo]:
         if record.status in ("broken", "disabled")
     ]
     return rows
-
-
-def _reset_caches() -> None:
-    _cached.cache_clear()
-
-
