@@ -33,12 +33,10 @@ import triton.language as tl
 from jaxattn_triton.common import (
     LOG2E,
     key_tile_query_range,
-    key_tile_scores,
     mul_rounded,
-    query_tile_walk,
+    query_tile_key_range,
     scores,
     seen_keys,
-    tile_list,
 )
 
 
@@ -357,18 +355,35 @@ def attn_bwd_dkdv_kernel(
         bits_ptr = Bits + b64 * stride_wb + h64 * stride_wh
         list_ptr = List + b64 * stride_lb + h64 * stride_lh + tl.program_id(0) * stride_lr
         if HAS_MOD:
-            # This head's list for the key tile: partial query tiles, then full.
-            lo, full_lo, full_hi, hi, list_ptr = tile_list(list_ptr)
-        bounds = (lo, full_lo, full_hi, hi)
-        for sweep in tl.static_range(3):  # partial tiles (EDGE), full ones, partial ones
-            dk, dv = _dkdv_sweep(
-                dk, dv, k, v, cols, bounds[sweep], bounds[sweep + 1], q_ptr, do_ptr, LseB + row_ptr,
-                Delta + row_ptr, mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, bits_ptr, list_ptr, n0,
-                stride_qt, stride_dot, stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
-                SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, sweep != 1,
-                HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM, FUSE_DQ,
-                PART, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
-            )  # fmt: skip
+            # This head's list for the key tile (ops.tile_lists): partial query tiles, then full.
+            n_part = tl.load(list_ptr)
+            n_all = n_part + tl.load(list_ptr + 1)
+            lo, full_lo, full_hi, hi = 0, n_part, n_all, n_all
+            list_ptr += 2
+        dk, dv = _dkdv_sweep(
+            dk, dv, k, v, cols, lo, full_lo, q_ptr, do_ptr, LseB + row_ptr, Delta + row_ptr,
+            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, bits_ptr, list_ptr, n0, stride_qt,
+            stride_dot, stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
+            SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM, FUSE_DQ,
+            PART, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
+        )  # fmt: skip
+        dk, dv = _dkdv_sweep(
+            dk, dv, k, v, cols, full_lo, full_hi, q_ptr, do_ptr, LseB + row_ptr, Delta + row_ptr,
+            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, bits_ptr, list_ptr, n0, stride_qt,
+            stride_dot, stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
+            SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM, FUSE_DQ,
+            PART, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
+        )  # fmt: skip
+        dk, dv = _dkdv_sweep(
+            dk, dv, k, v, cols, full_hi, hi, q_ptr, do_ptr, LseB + row_ptr, Delta + row_ptr,
+            mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, bits_ptr, list_ptr, n0, stride_qt,
+            stride_dot, stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
+            SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM, FUSE_DQ,
+            PART, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
+        )  # fmt: skip
 
     dk_ptrs = DK + b64 * stride_dkb + hkv64 * stride_dkh + cols * stride_dkn + offs_d[None, :]
     dv_ptrs = DV_ + b64 * stride_dvb + hkv64 * stride_dvh + cols * stride_dvn + offs_dv[None, :]
@@ -383,6 +398,98 @@ def attn_bwd_dkdv_kernel(
             tl.store(dv_ptrs, dv.to(DV_.dtype.element_ty), mask=(cols < S) & (offs_dv[None, :] < DV))
         else:
             tl.store(dv_ptrs, dv.to(DV_.dtype.element_ty))
+
+
+@triton.jit
+def _dq_sweep(
+    dq,
+    q,
+    do,
+    lse,
+    delta,
+    rows,
+    lo,
+    hi,
+    k_ptr,
+    v_ptr,
+    mask_ptr,
+    bias_ptr,
+    qseg_ptr,
+    kseg_ptr,
+    bits_ptr,
+    seen_ptr,
+    list_ptr,
+    stride_kn,
+    stride_vn,
+    stride_mt,
+    stride_ms,
+    stride_bt,
+    stride_bs,
+    offs_d,
+    offs_dv,
+    SM_SCALE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    T: tl.constexpr,
+    S: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    DIAG: tl.constexpr,
+    LEFT: tl.constexpr,
+    RIGHT: tl.constexpr,
+    EDGE: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_MOD: tl.constexpr,
+    WORDS: tl.constexpr,
+    ASM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    TAIL_N: tl.constexpr = EDGE and (S % BLOCK_N != 0)
+    STEP: tl.constexpr = 1 if HAS_MOD else BLOCK_N  # see _fwd_sweep
+    # See ``scores``: the logit scale is folded into exp2's argument on the plain path.
+    SCALED: tl.constexpr = HAS_SOFTCAP or HAS_BIAS
+    QK_SCALE: tl.constexpr = 1.0 * SCALED + SM_SCALE * LOG2E * (1 - SCALED)
+    for it in range(lo, hi, STEP):
+        if HAS_MOD:
+            start_n = tl.multiple_of(tl.load(list_ptr + it) * BLOCK_N, BLOCK_N)
+        else:
+            start_n = tl.multiple_of(it, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k_ptrs = k_ptr + offs_n[:, None] * stride_kn + offs_d[None, :]
+        v_ptrs = v_ptr + offs_n[:, None] * stride_vn + offs_dv[None, :]
+        if HAS_MOD and EDGE:
+            live = seen_keys(seen_ptr, offs_n, S)[:, None]
+            k = tl.load(k_ptrs, mask=live & (offs_d[None, :] < D), other=0.0)
+            v = tl.load(v_ptrs, mask=live & (offs_dv[None, :] < DV), other=0.0)
+        elif TAIL_N:
+            k = tl.load(k_ptrs, mask=(offs_n[:, None] < S) & (offs_d[None, :] < D), other=0.0)
+            v = tl.load(v_ptrs, mask=(offs_n[:, None] < S) & (offs_dv[None, :] < DV), other=0.0)
+        elif D != BLOCK_D or DV != BLOCK_DV:
+            k = tl.load(k_ptrs, mask=offs_d[None, :] < D, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_dv[None, :] < DV, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        qk = tl.dot(q, tl.trans(k))
+        s, th = scores(
+            qk, rows, offs_n[None, :], mask_ptr, bias_ptr, qseg_ptr, kseg_ptr, bits_ptr,
+            stride_mt, stride_ms, stride_bt, stride_bs,
+            SM_SCALE, SOFTCAP, T, S, DIAG, LEFT, RIGHT, EDGE,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, start_n, BLOCK_N,
+        )  # fmt: skip
+        p = tl.exp2(tl.minimum(mul_rounded(s, QK_SCALE, ASM) - lse[:, None], 0.0))  # see _dkdv_sweep
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - th * th)
+        dq = tl.dot(ds.to(k.dtype), k, dq)
+    return dq
 
 
 @triton.jit
@@ -495,27 +602,34 @@ def attn_bwd_dq_kernel(
     bits_ptr = Bits + b64 * stride_wb + h64 * stride_wh
     seen_ptr = Seen + b64 * stride_sb + hkv64 * stride_sh
     list_ptr = List + b64 * stride_lb + h64 * stride_lh + pid_m * stride_lr
-    lo, full_lo, full_hi, hi, list_ptr = query_tile_walk(list_ptr, m0, S, DIAG, LEFT, RIGHT, HAS_MOD, BLOCK_M, BLOCK_N)
-    STEP: tl.constexpr = 1 if HAS_MOD else BLOCK_N  # see attn_fwd_kernel
-    # See ``scores``: the logit scale is folded into exp2's argument on the plain path.
-    SCALED: tl.constexpr = HAS_SOFTCAP or HAS_BIAS
-    QK_SCALE: tl.constexpr = 1.0 * SCALED + SM_SCALE * LOG2E * (1 - SCALED)
-    bounds = (lo, full_lo, full_hi, hi)
-    for sweep in tl.static_range(3):  # partial tiles (EDGE), full ones, partial ones
-        EDGE = sweep != 1  # a constexpr (not declared one: it is not reassigned)
-        for it in range(bounds[sweep], bounds[sweep + 1], STEP):
-            s, th, k, v = key_tile_scores(
-                it, q, rows, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr, kseg_ptr, bits_ptr, seen_ptr, list_ptr,
-                stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs, offs_d, offs_dv,
-                SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, EDGE, HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS,
-                HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, BLOCK_N, BLOCK_D, BLOCK_DV,
-            )  # fmt: skip
-            p = tl.exp2(tl.minimum(mul_rounded(s, QK_SCALE, ASM) - lse[:, None], 0.0))  # see _dkdv_sweep
-            dp = tl.dot(do, tl.trans(v))
-            ds = p * (dp - delta[:, None])
-            if HAS_SOFTCAP:
-                ds = ds * (1.0 - th * th)
-            dq = tl.dot(ds.to(k.dtype), k, dq)
+    if HAS_MOD:
+        n_part = tl.load(list_ptr)  # see attn_fwd_kernel
+        n_all = n_part + tl.load(list_ptr + 1)
+        lo, full_lo, full_hi, hi = 0, n_part, n_all, n_all
+        list_ptr += 2
+    else:
+        lo, full_lo, full_hi, hi = query_tile_key_range(m0, S, DIAG, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+    dq = _dq_sweep(
+        dq, q, do, lse, delta, rows, lo, full_lo, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr,
+        kseg_ptr, bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt,
+        stride_bs, offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        BLOCK_N, BLOCK_D, BLOCK_DV,
+    )  # fmt: skip
+    dq = _dq_sweep(
+        dq, q, do, lse, delta, rows, full_lo, full_hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr,
+        kseg_ptr, bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt,
+        stride_bs, offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        BLOCK_N, BLOCK_D, BLOCK_DV,
+    )  # fmt: skip
+    dq = _dq_sweep(
+        dq, q, do, lse, delta, rows, full_hi, hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr,
+        kseg_ptr, bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt,
+        stride_bs, offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        BLOCK_N, BLOCK_D, BLOCK_DV,
+    )  # fmt: skip
 
     dq = dq * SM_SCALE
     dq_ptrs = DQ + b64 * stride_dqb + h64 * stride_dqh + rows * stride_dqt + offs_d[None, :]

@@ -19,7 +19,114 @@ the same kernel runs from JAX (jax_triton) and on torch tensors (interpreter or 
 import triton
 import triton.language as tl
 
-from jaxattn_triton.common import LN2, LOG2E, key_tile_scores, mul_rounded, query_tile_walk
+from jaxattn_triton.common import (
+    LN2,
+    LOG2E,
+    mul_rounded,
+    query_tile_key_range,
+    scores,
+    seen_keys,
+)
+
+
+@triton.jit
+def _fwd_sweep(
+    acc,
+    l_i,
+    m_i,
+    q,
+    rows,
+    lo,
+    hi,
+    k_ptr,
+    v_ptr,
+    mask_ptr,
+    bias_ptr,
+    qseg_ptr,
+    kseg_ptr,
+    bits_ptr,
+    seen_ptr,
+    list_ptr,
+    stride_kn,
+    stride_vn,
+    stride_mt,
+    stride_ms,
+    stride_bt,
+    stride_bs,
+    offs_d,
+    offs_dv,
+    SM_SCALE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    T: tl.constexpr,
+    S: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    DIAG: tl.constexpr,
+    LEFT: tl.constexpr,
+    RIGHT: tl.constexpr,
+    EDGE: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_MOD: tl.constexpr,
+    WORDS: tl.constexpr,
+    ASM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    # A row can only become all -inf where some element mask applies; the hot loop
+    # without one skips the guard that keeps exp2(-inf - -inf) from producing NaN.
+    MAY_BE_EMPTY: tl.constexpr = EDGE or HAS_MASK or HAS_SEG or HAS_BIAS
+    TAIL_N: tl.constexpr = EDGE and (S % BLOCK_N != 0)
+    # With a mask_mod, [lo, hi) indexes the query tile's list of key tiles (partial or full).
+    STEP: tl.constexpr = 1 if HAS_MOD else BLOCK_N
+    # See ``scores``: the logit scale is folded into exp2's argument on the plain path.
+    SCALED: tl.constexpr = HAS_SOFTCAP or HAS_BIAS
+    QK_SCALE: tl.constexpr = 1.0 * SCALED + SM_SCALE * LOG2E * (1 - SCALED)
+    for it in range(lo, hi, STEP):
+        if HAS_MOD:
+            start_n = tl.multiple_of(tl.load(list_ptr + it) * BLOCK_N, BLOCK_N)
+        else:
+            start_n = tl.multiple_of(it, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k_ptrs = k_ptr + offs_n[:, None] * stride_kn + offs_d[None, :]
+        v_ptrs = v_ptr + offs_n[:, None] * stride_vn + offs_dv[None, :]
+        if HAS_MOD and EDGE:
+            live = seen_keys(seen_ptr, offs_n, S)[:, None]
+            k = tl.load(k_ptrs, mask=live & (offs_d[None, :] < D), other=0.0)
+            v = tl.load(v_ptrs, mask=live & (offs_dv[None, :] < DV), other=0.0)
+        elif TAIL_N:
+            k = tl.load(k_ptrs, mask=(offs_n[:, None] < S) & (offs_d[None, :] < D), other=0.0)
+            v = tl.load(v_ptrs, mask=(offs_n[:, None] < S) & (offs_dv[None, :] < DV), other=0.0)
+        elif D != BLOCK_D or DV != BLOCK_DV:
+            k = tl.load(k_ptrs, mask=offs_d[None, :] < D, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_dv[None, :] < DV, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        qk = tl.dot(q, tl.trans(k))
+        s, _ = scores(
+            qk, rows, offs_n[None, :], mask_ptr, bias_ptr, qseg_ptr, kseg_ptr, bits_ptr,
+            stride_mt, stride_ms, stride_bt, stride_bs,
+            SM_SCALE, SOFTCAP, T, S, DIAG, LEFT, RIGHT, EDGE,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, start_n, BLOCK_N,
+        )  # fmt: skip
+        m_new = tl.maximum(m_i, tl.max(s, 1) * QK_SCALE)
+        if MAY_BE_EMPTY:
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_ref = m_new
+        # The scores rounded as m was: a fused s * QK_SCALE - m overflows exp2 at huge logits.
+        p = tl.exp2(mul_rounded(s, QK_SCALE, ASM) - m_ref[:, None])
+        alpha = tl.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    return acc, l_i, m_i
 
 
 @triton.jit
@@ -123,44 +230,43 @@ def attn_fwd_kernel(
     qseg_ptr = QSeg + b64 * T
     kseg_ptr = KSeg + b64 * S
 
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
     bits_ptr = Bits + b64 * stride_wb + h64 * stride_wh
     seen_ptr = Seen + b64 * stride_sb + hkv64 * stride_sh
     list_ptr = List + b64 * stride_lb + h64 * stride_lh + pid_m * stride_lr
-    lo, full_lo, full_hi, hi, list_ptr = query_tile_walk(list_ptr, m0, S, DIAG, LEFT, RIGHT, HAS_MOD, BLOCK_M, BLOCK_N)
-    # See ``scores``: the logit scale is folded into exp2's argument on the plain path.
-    SCALED: tl.constexpr = HAS_SOFTCAP or HAS_BIAS
-    QK_SCALE: tl.constexpr = 1.0 * SCALED + SM_SCALE * LOG2E * (1 - SCALED)
-    # With a mask_mod, the bounds index the query tile's list of key tiles (partial or full).
-    STEP: tl.constexpr = 1 if HAS_MOD else BLOCK_N
-    bounds = (lo, full_lo, full_hi, hi)
-    # The three sweeps: partial tiles (EDGE), full ones, partial ones.
-    for sweep in tl.static_range(3):
-        EDGE = sweep != 1  # a constexpr (not declared one: it is not reassigned)
-        # A row can only become all -inf where some element mask applies; the hot loop
-        # without one skips the guard that keeps exp2(-inf - -inf) from producing NaN.
-        MAY_BE_EMPTY = EDGE or HAS_MASK or HAS_SEG or HAS_BIAS
-        for it in range(bounds[sweep], bounds[sweep + 1], STEP):
-            s, _, _, v = key_tile_scores(
-                it, q, rows, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr, kseg_ptr, bits_ptr, seen_ptr, list_ptr,
-                stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs, offs_d, offs_dv,
-                SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, EDGE, HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS,
-                HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, BLOCK_N, BLOCK_D, BLOCK_DV,
-            )  # fmt: skip
-            m_new = tl.maximum(m_i, tl.max(s, 1) * QK_SCALE)
-            if MAY_BE_EMPTY:
-                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            else:
-                m_ref = m_new
-            # The scores rounded as m was: a fused s * QK_SCALE - m overflows exp2 at huge logits.
-            p = tl.exp2(mul_rounded(s, QK_SCALE, ASM) - m_ref[:, None])
-            alpha = tl.exp2(m_i - m_ref)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-            m_i = m_new
+    if HAS_MOD:
+        # The query tile's list (ops.tile_lists): its partial key tiles, then its full ones;
+        # empty tiles are not on it.
+        n_part = tl.load(list_ptr)
+        n_all = n_part + tl.load(list_ptr + 1)
+        lo, full_lo, full_hi, hi = 0, n_part, n_all, n_all
+        list_ptr += 2
+    else:
+        lo, full_lo, full_hi, hi = query_tile_key_range(m0, S, DIAG, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+    acc, l_i, m_i = _fwd_sweep(
+        acc, l_i, m_i, q, rows, lo, full_lo, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr, kseg_ptr,
+        bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs,
+        offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        BLOCK_N, BLOCK_D, BLOCK_DV,
+    )  # fmt: skip
+    acc, l_i, m_i = _fwd_sweep(
+        acc, l_i, m_i, q, rows, full_lo, full_hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr, kseg_ptr,
+        bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs,
+        offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        BLOCK_N, BLOCK_D, BLOCK_DV,
+    )  # fmt: skip
+    acc, l_i, m_i = _fwd_sweep(
+        acc, l_i, m_i, q, rows, full_hi, hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr, kseg_ptr,
+        bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs,
+        offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        BLOCK_N, BLOCK_D, BLOCK_DV,
+    )  # fmt: skip
 
     # Log-sum-exp over real keys only (sinks excluded), natural units; -inf for rows
     # that see no key.
