@@ -32,10 +32,10 @@ def run_launch(lz: L.Launch, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     import torch
 
     device = inputs[0].device
-    outs = [
-        (torch.zeros if i in lz.zeroed else torch.empty)(shape, dtype=_torch_dtype(dtype), device=device)
-        for i, (shape, dtype) in enumerate(lz.outputs)
-    ]
+    # Zeros, not torch.empty, even where the launch asks for none: the one-element dummy outputs
+    # a launch never writes would otherwise hold whatever the allocator left there, and a NaN
+    # among those bits trips jax.debug_nans on the callback's outputs now and then.
+    outs = [torch.zeros(shape, dtype=_torch_dtype(dtype), device=device) for shape, dtype in lz.outputs]
     lz.kernel[lz.grid](*inputs, *outs, **lz.constexprs, num_warps=lz.num_warps, num_stages=lz.num_stages)
     return outs
 
