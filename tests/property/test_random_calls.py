@@ -24,6 +24,7 @@ import jaxattn
 from jaxattn.testing import oracle
 from jaxattn.testing.cases import DEFAULT_TOLERANCES, round_to_dtype
 from jaxattn.testing.compare import assert_close
+from jaxattn.testing.quick_jit import default_compiler_options
 
 EXAMPLES = int(os.environ.get("JAXATTN_PROPERTY_EXAMPLES") or 6)
 
@@ -102,7 +103,8 @@ def test_every_backend_that_accepts_a_random_call_matches_the_oracle(call: dict[
         label = f"{name} {dtype} q{q.shape} k{k.shape} {sorted(kw)} {static}"
         with jax.default_matmul_precision("highest"):
             eager = impl(q, k, v, **jkw).attention_outputs
-            jitted = jax.jit(lambda q, k, v, a, impl=impl: impl(q, k, v, **a, **static).attention_outputs)(
+            jitted = jax.jit(lambda q, k, v, a, impl=impl: impl(q, k, v, **a, **static).attention_outputs,
+                             compiler_options=default_compiler_options())(
                 q, k, v, arrays)
         assert_close(f"eager {label}", eager, want, tol)
         assert_close(f"jit {label}", jitted, want, tol)

@@ -23,7 +23,7 @@ from jaxattn.testing import oracle
 from jaxattn.testing.cases import DEFAULT_TOLERANCES, Case, Level, decode_sweep, make_inputs
 from jaxattn.testing.compare import assert_close
 from jaxattn.testing.conformance import ConformanceSuite
-from jaxattn.testing.quick_jit import quick_jit
+from jaxattn.testing.quick_jit import default_compiler_options, quick_jit
 from jaxattn_vanilla.decode.impl import MAX_DECODE_QUERIES, MAX_STREAMED_ROWS, DecodeAttention
 from jaxattn_vanilla.decode.kernel import decode_attention, decode_tiling
 from jaxattn_vanilla.plugin import DECODE
@@ -203,7 +203,8 @@ def test_issue_repro_eager_and_jit_match_the_oracle() -> None:
         assert next(c for c in jaxattn.explain(q, k, v, causal=True).candidates if c.chosen).name == \
             "autoregressive_decodeattn"
     eager = jaxattn.attention(q, k, v, causal=True)
-    jitted = jax.jit(lambda q, k, v: jaxattn.attention(q, k, v, causal=True))(q, k, v)
+    jitted = jax.jit(lambda q, k, v: jaxattn.attention(q, k, v, causal=True),
+                     compiler_options=default_compiler_options())(q, k, v)
     _close(eager, want, 1e-5, "eager")
     _close(jitted, want, 1e-5, "jit")
 
@@ -218,7 +219,8 @@ def test_gqa_decode_sweep_under_default_jit(dtype: str) -> None:
         arrays = make_inputs(case, dtype)
         lengths = arrays.get("kv_lengths")
         q, k, v = (jnp.asarray(arrays[n], dtype) for n in ("q", "k", "v"))
-        run = jax.jit(lambda q, k, v, n, causal=case.causal: decode_attention(q, k, v, kv_lengths=n, causal=causal))
+        run = jax.jit(lambda q, k, v, n, causal=case.causal: decode_attention(q, k, v, kv_lengths=n, causal=causal),
+                      compiler_options=default_compiler_options())
         res = run(q, k, v, lengths)
         ref = oracle.attention(arrays["q"], arrays["k"], arrays["v"], causal=case.causal, kv_lengths=lengths)
         assert_close(f"{case.describe()} output", res.output, ref.output, tol)

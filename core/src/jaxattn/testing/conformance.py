@@ -68,7 +68,7 @@ from .compare import assert_close, to_float64
 from .contract import assert_forward_form, assert_output_contract
 from .mod_conformance import ModConformance
 from .quantized_cases import QUANTIZED_DENSE_CASES, QuantizedCase, quantize_dense_inputs, quantized_to_jax
-from .quick_jit import compiler_options_for_tests, eager_test_options
+from .quick_jit import compiler_options_for_tests, default_compiler_options, eager_test_options
 
 __all__ = ["ConformanceSuite"]
 
@@ -324,7 +324,7 @@ class ConformanceSuite(ModConformance):
             if key in _programs:
                 _programs.move_to_end(key)
             else:
-                options = None if how == "default_jit" else self._compiler_options()
+                options = default_compiler_options() if how == "default_jit" else self._compiler_options()
                 _programs[key] = jax.jit(run, compiler_options=options)
                 if len(_programs) > _PROGRAMS_KEPT:
                     _programs.popitem(last=False)

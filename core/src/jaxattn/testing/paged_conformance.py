@@ -67,7 +67,7 @@ from .paged_cases import (
     seen_slots,
 )
 from .quantized_cases import QUANTIZED_PAGED_CASES, QuantizedCase, quantize_paged_inputs, quantized_to_jax
-from .quick_jit import compiler_options_for_tests, eager_test_options
+from .quick_jit import compiler_options_for_tests, default_compiler_options, eager_test_options
 
 __all__ = ["PagedConformanceSuite"]
 
@@ -260,7 +260,8 @@ class PagedConformanceSuite:
         if key in _programs:
             _programs.move_to_end(key)
         else:
-            _programs[key] = jax.jit(call, compiler_options=compiler_options_for_tests() if how == "test_jit" else None)
+            options = compiler_options_for_tests() if how == "test_jit" else default_compiler_options()
+            _programs[key] = jax.jit(call, compiler_options=options)
             if len(_programs) > _PROGRAMS_KEPT:
                 _programs.popitem(last=False)
         return _programs[key](args, traced, captured)
