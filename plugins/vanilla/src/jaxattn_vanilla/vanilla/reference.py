@@ -116,6 +116,108 @@ def _window(sliding_window: int | tuple[int, int] | None) -> tuple[int, int] | N
     return (int(sliding_window), int(sliding_window))
 
 
+def _zero_unread_keys(
+    visible: Array, k: Array, v: Array, shape: tuple[int, int, int, int, int]
+) -> tuple[Array, Array]:
+    """K and V with every key that no query of a (sequence, KV head) sees replaced by zero;
+    ``shape`` is the logits' ``(B, Hkv, G, T, S)``.
+
+    A mask_mod's unread keys may hold NaN, and 0 * NaN in P @ V (or in a gradient) would be
+    NaN: a select, not a product, replaces them."""
+    seen = jnp.any(jnp.broadcast_to(visible, shape), axis=(2, 3)).transpose(0, 2, 1)[..., None]
+    return jnp.where(seen, k, jnp.zeros((), k.dtype)), jnp.where(seen, v, jnp.zeros((), v.dtype))
+
+
+def _scores(
+    q: Array,
+    k: Array,
+    visible: Array | None,
+    index: tuple[Array, Array, Array, Array],
+    *,
+    scale: float,
+    sdtype: Any,
+    bias: ArrayLike | None,
+    logits_soft_cap: float | None,
+    score_mod: Any,
+    precision: jax.lax.PrecisionLike,
+) -> tuple[Array, bool]:
+    """The masked logits ``(B, Hkv, G, T, S)`` in ``sdtype``, and whether the scale is still to
+    be applied (True: the logits are plain and unscaled; the softmax multiplies it in)."""
+    b, t, hq, d = q.shape
+    s, hkv = k.shape[1], k.shape[2]
+    groups = hq // hkv
+    qg = q.reshape(b, t, hkv, groups, d)
+    logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, precision=precision, preferred_element_type=sdtype)
+    # Plain logits keep their scale out until after the max is subtracted: XLA fuses
+    # ``logits * scale - max`` into one multiply-add, whose exact product sits up to half an
+    # ulp of the (rounded) max away from it, and past ~2^32 that gap alone overflows exp().
+    # ``(logits - max) * scale`` has nothing to fuse; the max weighs exactly exp(0). A scale
+    # below the softmax dtype's smallest normal is applied first instead: flushed to zero, as
+    # a factor it would make a hidden key's -inf * 0 = NaN, and such logits cannot be large.
+    unscaled = (logits_soft_cap is None and bias is None and score_mod is None
+                and scale >= float(jnp.finfo(sdtype).tiny))
+    if not unscaled:
+        logits = logits * jnp.asarray(scale, sdtype)
+    if logits_soft_cap is not None:
+        cap = jnp.asarray(logits_soft_cap, sdtype)
+        logits = cap * jnp.tanh(logits / cap)
+    if bias is not None:
+        logits = logits + _split_heads(bias, hq, hkv, "bias").astype(sdtype)
+    if score_mod is not None:  # on the (B, Hq, T, S) scores, before masking
+        modded = jnp.asarray(score_mod(logits.reshape(b, hq, t, s), *index))
+        logits = modded.astype(sdtype).reshape(b, hkv, groups, t, s)
+    # Masked logits become the dtype's lowest finite value, not -inf: jax.debug_infs(True) flags
+    # every -inf an operation makes (jax.nn masks with a finite number for the same reason).
+    # The exponent is masked again in _softmax, so such a logit weighs exactly exp(lowest) = 0.
+    if visible is not None:
+        logits = jnp.where(visible, logits, jnp.asarray(jnp.finfo(sdtype).min, sdtype))
+    return logits, unscaled
+
+
+def _softmax(
+    logits: Array, visible: Array | None, softmax_aux: Any, factor: Array, sdtype: Any
+) -> tuple[Array, Array]:
+    """The probabilities over the keys (an optional sink ``softmax_aux (Hq,)`` in the
+    denominator only) and the log-sum-exp over the visible keys, of ``logits * factor``
+    (``factor`` is the scale where the logits are unscaled, else 1)."""
+    _, hkv, groups = logits.shape[:3]
+    lowest = jnp.asarray(jnp.finfo(sdtype).min, sdtype)
+    row_max = jnp.max(logits, axis=-1)  # (B, Hkv, G, T); lowest on empty rows
+    aux = None
+    if softmax_aux is not None:
+        aux = jnp.asarray(softmax_aux, sdtype).reshape(1, hkv, groups, 1)
+        row_max = jnp.maximum(row_max, aux / factor)
+    # The softmax is invariant to the shift, so it needs no gradient; an empty row (every key
+    # masked, or a bias of -inf on all of them) shifts by 0, so that its exponents stay
+    # exp(lowest) = 0 (or exp(-inf) = 0) rather than exp(-inf + inf) = nan.
+    shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max) & (row_max > lowest), row_max, 0))
+    exponent = (logits - shift[..., None]) * factor
+    if visible is not None:
+        exponent = jnp.where(visible, exponent, lowest)
+    exp = jnp.exp(exponent)
+    key_sum = jnp.sum(exp, axis=-1)
+    denom = key_sum if aux is None else key_sum + jnp.exp(aux - shift * factor)
+    shift = shift * factor
+    probs = exp / jnp.where(denom > 0, denom, 1)[..., None]
+    has_keys = key_sum > 0
+    lse = jnp.where(has_keys, shift + jnp.log(jnp.where(has_keys, key_sum, 1)), -jnp.inf)
+    return probs, lse
+
+
+def _dropout(probs: Array, dropout_prob: float, dropout_rng: Array | None, hq: int, sdtype: Any) -> Array:
+    """The weights that multiply V: ``probs (B, Hkv, G, T, S)`` after dropout, whose keep-mask
+    is drawn at ``(B, Hq, T, S)`` (the contract's shape) and whose kept weights are rescaled."""
+    weights = probs
+    if dropout_prob > 0.0:
+        if dropout_rng is None:
+            raise ValueError("dropout_prob > 0 needs dropout_rng")
+        b, hkv, groups, t, s = probs.shape
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_prob, (b, hq, t, s))
+        keep = keep.reshape(b, hkv, groups, t, s)
+        weights = jnp.where(keep, probs / jnp.asarray(1.0 - dropout_prob, sdtype), 0)
+    return weights
+
+
 def vanilla_attention(
     q: ArrayLike,
     k: ArrayLike,
@@ -177,66 +279,13 @@ def vanilla_attention(
     index = mod_indices(b, hq, t, s)
     if mask_mod is not None:
         visible = _and(visible, _split_heads(jnp.asarray(mask_mod(*index), dtype=bool), hq, hkv, "mask_mod"))
-        # Keys that no query of a (sequence, KV head) sees are unread: they may hold NaN, and
-        # 0 * NaN in P @ V (or in a gradient) would be NaN. A select replaces them by zeros.
-        seen = jnp.any(jnp.broadcast_to(visible, (b, hkv, groups, t, s)), axis=(2, 3)).transpose(0, 2, 1)[..., None]
-        k, v = jnp.where(seen, k, jnp.zeros((), k.dtype)), jnp.where(seen, v, jnp.zeros((), v.dtype))
+        k, v = _zero_unread_keys(visible, k, v, (b, hkv, groups, t, s))
 
-    qg = q.reshape(b, t, hkv, groups, d)
-    logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, precision=precision, preferred_element_type=sdtype)
-    # Plain logits keep their scale out until after the max is subtracted: XLA fuses
-    # ``logits * scale - max`` into one multiply-add, whose exact product sits up to half an
-    # ulp of the (rounded) max away from it, and past ~2^32 that gap alone overflows exp().
-    # ``(logits - max) * scale`` has nothing to fuse; the max weighs exactly exp(0). A scale
-    # below the softmax dtype's smallest normal is applied first instead: flushed to zero, as
-    # a factor it would make a hidden key's -inf * 0 = NaN, and such logits cannot be large.
-    unscaled = (logits_soft_cap is None and bias is None and score_mod is None
-                and scale >= float(jnp.finfo(sdtype).tiny))
-    if not unscaled:
-        logits = logits * jnp.asarray(scale, sdtype)
-    if logits_soft_cap is not None:
-        cap = jnp.asarray(logits_soft_cap, sdtype)
-        logits = cap * jnp.tanh(logits / cap)
-    if bias is not None:
-        logits = logits + _split_heads(bias, hq, hkv, "bias").astype(sdtype)
-    if score_mod is not None:  # on the (B, Hq, T, S) scores, before masking
-        modded = jnp.asarray(score_mod(logits.reshape(b, hq, t, s), *index))
-        logits = modded.astype(sdtype).reshape(b, hkv, groups, t, s)
-    # Masked logits become the dtype's lowest finite value, not -inf: jax.debug_infs(True) flags
-    # every -inf an operation makes (jax.nn masks with a finite number for the same reason).
-    # The exponent is masked again below, so such a logit weighs exactly exp(lowest) = 0.
-    lowest = jnp.asarray(jnp.finfo(sdtype).min, sdtype)
-    if visible is not None:
-        logits = jnp.where(visible, logits, lowest)
-
+    logits, unscaled = _scores(q, k, visible, index, scale=scale, sdtype=sdtype, bias=bias,
+                               logits_soft_cap=logits_soft_cap, score_mod=score_mod, precision=precision)
     factor = jnp.asarray(scale if unscaled else 1.0, sdtype)
-    row_max = jnp.max(logits, axis=-1)  # (B, Hkv, G, T); lowest on empty rows
-    aux = None
-    if softmax_aux is not None:
-        aux = jnp.asarray(softmax_aux, sdtype).reshape(1, hkv, groups, 1)
-        row_max = jnp.maximum(row_max, aux / factor)
-    # The softmax is invariant to the shift, so it needs no gradient; an empty row (every key
-    # masked, or a bias of -inf on all of them) shifts by 0, so that its exponents stay
-    # exp(lowest) = 0 (or exp(-inf) = 0) rather than exp(-inf + inf) = nan.
-    shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max) & (row_max > lowest), row_max, 0))
-    exponent = (logits - shift[..., None]) * factor
-    if visible is not None:
-        exponent = jnp.where(visible, exponent, lowest)
-    exp = jnp.exp(exponent)
-    key_sum = jnp.sum(exp, axis=-1)
-    denom = key_sum if aux is None else key_sum + jnp.exp(aux - shift * factor)
-    shift = shift * factor
-    probs = exp / jnp.where(denom > 0, denom, 1)[..., None]
-    has_keys = key_sum > 0
-    lse = jnp.where(has_keys, shift + jnp.log(jnp.where(has_keys, key_sum, 1)), -jnp.inf)
-
-    weights = probs
-    if dropout_prob > 0.0:
-        if dropout_rng is None:
-            raise ValueError("dropout_prob > 0 needs dropout_rng")
-        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_prob, (b, hq, t, s))
-        keep = keep.reshape(b, hkv, groups, t, s)
-        weights = jnp.where(keep, probs / jnp.asarray(1.0 - dropout_prob, sdtype), 0)
+    probs, lse = _softmax(logits, visible, softmax_aux, factor, sdtype)
+    weights = _dropout(probs, dropout_prob, dropout_rng, hq, sdtype)
 
     out = jnp.einsum(
         "bkgts,bskd->btkgd",
@@ -250,4 +299,3 @@ def vanilla_attention(
         weights=zero_absorbed_heads(weights.reshape(b, hq, t, s).astype(q.dtype), absorbed, 1),
         lse=lse.reshape(b, hq, t).astype(jnp.promote_types(sdtype, jnp.float32)),
     )
-
