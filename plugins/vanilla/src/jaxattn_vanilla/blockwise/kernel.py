@@ -597,22 +597,41 @@ def _reduce_to(x: Array, shape: tuple[int, ...]) -> Array:
     return jnp.sum(x, axis=axes, keepdims=True) if axes else x
 
 
-def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux: Array | None,
-              mask: Array | None, q_seg: Array | None, kv_seg: Array | None, rng: Array | None,
-              kv_len: Array | None, out: Array, lse: Array, dout: Array | None, dlse: Array | None,
-              want_dbias: bool, want_daux: bool,
-              mods: _Mods | None = None) -> tuple[Array, Array, Array, Array | None, Array | None, Any]:
-    b, t, hq, d = q.shape
-    s, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
-    g = hq // hkv
-    sdtype, adtype = _dtypes(st, q)
-    tiling = block_tiling(t, s, *st.bwd_blocks, causal=st.causal, window=st.window, kv_lengths=kv_len is not None)
-    pd = _pad_inputs(tiling, q, k, v, bias, mask, q_seg, kv_seg, kv_len)
-    if mods is not None:
-        pd = pd._replace(mask_consts=mods.mask_consts, score_consts=mods.score_consts)
-    bq, bk = tiling.block_q, tiling.block_k
-    factor = _factor(st, pd, sdtype)
+class _Rows(NamedTuple):
+    """The backward's per-row terms, padded to the tiling's ``Tp`` rows: ``dout (B, Tp, Hkv, G, Dv)``;
+    ``big (B, Hkv, G, Tp)``, the full log-normaliser (sinks included; 0 where not finite);
+    ``row (B, Hkv, G, Tp)``, the softmax backward's row term (``dlse``'s share included)."""
 
+    dout: Array
+    big: Array
+    row: Array
+
+
+class _Tiles(NamedTuple):
+    """What every tile of the backward reads besides its own blocks."""
+
+    st: _Static
+    tiling: BlockTiling
+    pd: _Padded
+    rows: _Rows
+    factor: Array  # see _factor
+    sdtype: Any
+    adtype: Any
+    rng: Array | None
+
+
+#: A key block's gradients carried across its query blocks: dK and dV of the block, dQ, dbias
+#: (None unless wanted) and the score_mod's constants' (None for an integer constant).
+_TileState = tuple[Array, Array, Array, Array | None, Any]
+
+
+def _row_terms(tiling: BlockTiling, q: Array, hkv: int, out: Array, lse: Array, aux: Array | None,
+               dout: Array | None, dlse: Array | None, want_daux: bool,
+               adtype: Any) -> tuple[_Rows, Array | None]:
+    """The per-row terms every tile reads, and the sinks' gradient ``daux (Hq,)`` (None unless
+    wanted): both depend on rows only, so they are computed once, outside the tile loops."""
+    b, t, hq, dv = out.shape
+    g = hq // hkv
     lse_g = lse.reshape(b, hkv, g, t).astype(adtype)
     aux_g = None if aux is None else aux.astype(adtype).reshape(1, hkv, g, 1)
     big = lse_g if aux_g is None else jnp.logaddexp(lse_g, aux_g)  # the full log-normaliser
@@ -629,18 +648,103 @@ def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux
     if want_daux and aux_g is not None and aux is not None:
         sink = jnp.exp(aux_g - big)  # the sink's probability; big >= aux, so finite
         daux = (-jnp.sum(sink * delta, axis=(0, 3))).reshape(hq).astype(aux.dtype)
+    rows = _Rows(dout=_pad_to(dout.reshape(b, t, hkv, g, dv), 1, tiling.t_padded),
+                 big=_pad_to(jnp.where(jnp.isfinite(big), big, 0), 3, tiling.t_padded),
+                 row=_pad_to(row, 3, tiling.t_padded))
+    return rows, daux
 
-    big_p = _pad_to(jnp.where(jnp.isfinite(big), big, 0), 3, tiling.t_padded)
-    row_p = _pad_to(row, 3, tiling.t_padded)
-    do_p = _pad_to(dout.reshape(b, t, hkv, g, dv), 1, tiling.t_padded)
+
+def _tile_grads(ctx: _Tiles, i: Array, j: Array, kb0: Array, vb0: Array, state: _TileState) -> _TileState:
+    """``state`` with the gradients of tile (query block ``i``, key block ``j``) added; ``kb0``
+    and ``vb0`` are key block ``j``'s K and V."""
+    st, tiling, pd, adtype = ctx.st, ctx.tiling, ctx.pd, ctx.adtype
+    bq = tiling.block_q
+    dk, dvv, dq, db, dc = state
+    r0, c0 = i * bq, j * tiling.block_k
+    qb = lax.dynamic_slice_in_dim(pd.q, r0, bq, axis=1)
+    dob = lax.dynamic_slice_in_dim(ctx.rows.dout, r0, bq, axis=1)
+    big_b = lax.dynamic_slice_in_dim(ctx.rows.big, r0, bq, axis=3)
+    row_b = lax.dynamic_slice_in_dim(ctx.rows.row, r0, bq, axis=3)
+    x, th, pull, kb, vb = _logits(st, tiling, pd, qb, kb0, vb0, r0, c0, ctx.sdtype, pullback=True)
+    # No probability exceeds 1. XLA may fuse x * factor - big into a multiply-add (see
+    # _factor): the cap keeps that gap, past ~2^32, from overflowing exp().
+    p = jnp.exp(jnp.minimum(x.astype(adtype) * ctx.factor - big_b[..., None], 0))
+    dp = jnp.einsum("bqkgd,bskd->bkgqs", dob.astype(pd.v.dtype), vb, precision=st.precision,
+                    preferred_element_type=adtype)
+    if ctx.rng is not None:
+        inv_keep = 1.0 / (1.0 - st.dropout_prob)
+        keep = _dropout_keep(st, ctx.rng, tiling, i, j, p.shape)
+        pz = jnp.where(keep, p * inv_keep, 0)
+        dp = jnp.where(keep, dp * inv_keep, 0)
+    else:
+        pz = p
+    dvv = dvv + jnp.einsum("bkgqs,bqkgd->bskd", pz.astype(dob.dtype), dob, precision=st.precision,
+                           preferred_element_type=adtype)
+    ds = p * (dp - row_b[..., None])  # d loss / d (final logits); 0 where hidden
+    if pull is not None:  # through the score_mod: to the scores before it, and to its constants
+        ds4, dc_tile = pull(ds.reshape(ds.shape[0], -1, *ds.shape[3:]).astype(x.dtype))
+        ds = ds4.reshape(ds.shape).astype(adtype)
+        dc = tuple(None if a is None else a + g_.astype(adtype) for a, g_ in zip(dc, dc_tile, strict=True))
+    if db is not None and pd.bias is not None:
+        start = [0, 0, 0, r0 if db.shape[3] != 1 else 0, c0 if db.shape[4] != 1 else 0]
+        part = _reduce_to(ds, db.shape)
+        db = lax.dynamic_update_slice(db, lax.dynamic_slice(db, start, part.shape) + part, start)
+    if th is not None:
+        ds = ds * (1 - jnp.square(th.astype(adtype)))
+    ds = ds * jnp.asarray(st.scale, adtype)
+    dq_b = jnp.einsum("bkgqs,bskd->bqkgd", ds.astype(pd.k.dtype), kb, precision=st.precision,
+                      preferred_element_type=adtype)
+    dq = lax.dynamic_update_slice_in_dim(dq, lax.dynamic_slice_in_dim(dq, r0, bq, axis=1) + dq_b, r0, axis=1)
+    dk = dk + jnp.einsum("bkgqs,bqkgd->bskd", ds.astype(pd.q.dtype), qb, precision=st.precision,
+                         preferred_element_type=adtype)
+    return dk, dvv, dq, db, dc
+
+
+def _unpad_grads(tiling: BlockTiling, q: Array, k: Array, v: Array, bias: Array | None,
+                 score_consts: tuple[Any, ...], dq: Array, dk: Array, dvv: Array, db: Array | None,
+                 dc: Any) -> tuple[Array, Array, Array, Array | None, Any]:
+    """The accumulated gradients in their inputs' shapes and dtypes: dQ from ``(B, Tp, Hkv, G, D)``,
+    dK and dV from ``(num_k, B, bk, Hkv, D)`` (one per key block), dbias unpadded on its full axes."""
+    b, t, hq, d = q.shape
+    s, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
+    dq = dq[:, :t].reshape(b, t, hq, d).astype(q.dtype)
+    dk = dk.transpose(1, 0, 2, 3, 4).reshape(b, tiling.s_padded, hkv, d)[:, :s].astype(k.dtype)
+    dvv = dvv.transpose(1, 0, 2, 3, 4).reshape(b, tiling.s_padded, hkv, dv)[:, :s].astype(v.dtype)
+    dbias = None
+    if db is not None and bias is not None:
+        if db.shape[3] != 1:
+            db = db[:, :, :, :t]
+        if db.shape[4] != 1:
+            db = db[..., :s]
+        dbias = db.astype(bias.dtype)
+    dconsts = tuple(None if g_ is None else g_.astype(jnp.result_type(c)) for g_, c in zip(dc, score_consts,
+                                                                                        strict=True))
+    return dq, dk, dvv, dbias, dconsts
+
+
+def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux: Array | None,
+              mask: Array | None, q_seg: Array | None, kv_seg: Array | None, rng: Array | None,
+              kv_len: Array | None, out: Array, lse: Array, dout: Array | None, dlse: Array | None,
+              want_dbias: bool, want_daux: bool,
+              mods: _Mods | None = None) -> tuple[Array, Array, Array, Array | None, Array | None, Any]:
+    """``(dq, dk, dv, dbias, daux, d score_mod constants)``: a scan over key blocks, each a loop
+    over the query blocks that see it (dK and dV stay in the loop's carry; dQ and dbias are
+    accumulated across key blocks)."""
+    b, t, hq, d = q.shape
+    s, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
+    sdtype, adtype = _dtypes(st, q)
+    tiling = block_tiling(t, s, *st.bwd_blocks, causal=st.causal, window=st.window, kv_lengths=kv_len is not None)
+    pd = _pad_inputs(tiling, q, k, v, bias, mask, q_seg, kv_seg, kv_len)
+    if mods is not None:
+        pd = pd._replace(mask_consts=mods.mask_consts, score_consts=mods.score_consts)
+    rows, daux = _row_terms(tiling, q, hkv, out, lse, aux, dout, dlse, want_daux, adtype)
+    ctx = _Tiles(st, tiling, pd, rows, _factor(st, pd, sdtype), sdtype, adtype, rng)
     first = jnp.asarray(tiling.q_first, jnp.int32)
     count = jnp.asarray(tiling.q_count, jnp.int32)
     dense = all(c == tiling.num_q for c in tiling.q_count)
     ranges = None if kv_len is None else key_block_ranges(tiling, kv_len, causal=st.causal, window=st.window)
-    scale = jnp.asarray(st.scale, adtype)
-    inv_keep = 1.0 / (1.0 - st.dropout_prob)
 
-    dq0 = jnp.zeros((b, tiling.t_padded, hkv, g, d), adtype)
+    dq0 = jnp.zeros((b, tiling.t_padded, hkv, hq // hkv, d), adtype)
     db0 = None if not (want_dbias and pd.bias is not None) else jnp.zeros(pd.bias.shape, adtype)
     # The score_mod's constants' gradients, summed over the tiles (zeros of each; None for integers).
     dc0 = tuple(jnp.zeros(jnp.shape(c), adtype) if jnp.issubdtype(jnp.result_type(c), jnp.inexact) else None
@@ -651,51 +755,13 @@ def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux
 
     def k_block(carry: tuple[Array, Array | None, Any], j: Array) -> tuple[tuple[Array, Array | None, Any],
                                                                           tuple[Array, Array]]:
-        c0 = j * bk
-        kb0, vb0 = _kv_tiles(tiling, pd, c0)
+        kb0, vb0 = _kv_tiles(tiling, pd, j * tiling.block_k)
 
-        def step(i: Array, state: tuple[Array, Array, Array, Array | None, Any]) -> tuple[Array, Array, Array,
-                                                                                           Array | None, Any]:
-            dk, dvv, dq, db, dc = state
-            r0 = i * bq
-            qb = lax.dynamic_slice_in_dim(pd.q, r0, bq, axis=1)
-            dob = lax.dynamic_slice_in_dim(do_p, r0, bq, axis=1)
-            big_b = lax.dynamic_slice_in_dim(big_p, r0, bq, axis=3)
-            row_b = lax.dynamic_slice_in_dim(row_p, r0, bq, axis=3)
-            x, th, pull, kb, vb = _logits(st, tiling, pd, qb, kb0, vb0, r0, c0, sdtype, pullback=True)
-            # No probability exceeds 1. XLA may fuse x * factor - big into a multiply-add (see
-            # _factor): the cap keeps that gap, past ~2^32, from overflowing exp().
-            p = jnp.exp(jnp.minimum(x.astype(adtype) * factor - big_b[..., None], 0))
-            dp = jnp.einsum("bqkgd,bskd->bkgqs", dob.astype(v.dtype), vb, precision=st.precision,
-                            preferred_element_type=adtype)
-            if rng is not None:
-                keep = _dropout_keep(st, rng, tiling, i, j, p.shape)
-                pz = jnp.where(keep, p * inv_keep, 0)
-                dp = jnp.where(keep, dp * inv_keep, 0)
-            else:
-                pz = p
-            dvv = dvv + jnp.einsum("bkgqs,bqkgd->bskd", pz.astype(dob.dtype), dob, precision=st.precision,
-                                   preferred_element_type=adtype)
-            ds = p * (dp - row_b[..., None])  # d loss / d (final logits); 0 where hidden
-            if pull is not None:  # through the score_mod: to the scores before it, and to its constants
-                ds4, dc_tile = pull(ds.reshape(ds.shape[0], -1, *ds.shape[3:]).astype(x.dtype))
-                ds = ds4.reshape(ds.shape).astype(adtype)
-                dc = tuple(None if a is None else a + g_.astype(adtype) for a, g_ in zip(dc, dc_tile, strict=True))
-            if db is not None and pd.bias is not None:
-                start = [0, 0, 0, r0 if db.shape[3] != 1 else 0, c0 if db.shape[4] != 1 else 0]
-                part = _reduce_to(ds, db.shape)
-                db = lax.dynamic_update_slice(db, lax.dynamic_slice(db, start, part.shape) + part, start)
-            if th is not None:
-                ds = ds * (1 - jnp.square(th.astype(adtype)))
-            ds = ds * scale
-            dq_b = jnp.einsum("bkgqs,bskd->bqkgd", ds.astype(k.dtype), kb, precision=st.precision,
-                              preferred_element_type=adtype)
-            dq = lax.dynamic_update_slice_in_dim(dq, lax.dynamic_slice_in_dim(dq, r0, bq, axis=1) + dq_b, r0, axis=1)
-            dk = dk + jnp.einsum("bkgqs,bqkgd->bskd", ds.astype(q.dtype), qb, precision=st.precision,
-                                 preferred_element_type=adtype)
-            return dk, dvv, dq, db, dc
+        def step(i: Array, state: _TileState) -> _TileState:
+            return _tile_grads(ctx, i, j, kb0, vb0, state)
 
         dq, db, dc = carry
+        bk = tiling.block_k
         init = (jnp.zeros((b, bk, hkv, d), adtype), jnp.zeros((b, bk, hkv, dv), adtype), dq, db, dc)
         if table is not None:
             order, n = table
@@ -707,18 +773,7 @@ def _backward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux
         return (dq, db, dc), (dk, dvv)
 
     (dq, db, dc), (dk, dvv) = lax.scan(k_block, (dq0, db0, dc0), jnp.arange(tiling.num_k, dtype=jnp.int32))
-    dq = dq[:, :t].reshape(b, t, hq, d).astype(q.dtype)
-    dk = dk.transpose(1, 0, 2, 3, 4).reshape(b, tiling.s_padded, hkv, d)[:, :s].astype(k.dtype)
-    dvv = dvv.transpose(1, 0, 2, 3, 4).reshape(b, tiling.s_padded, hkv, dv)[:, :s].astype(v.dtype)
-    dbias = None
-    if db is not None and bias is not None:
-        if db.shape[3] != 1:
-            db = db[:, :, :, :t]
-        if db.shape[4] != 1:
-            db = db[..., :s]
-        dbias = db.astype(bias.dtype)
-    dconsts = tuple(None if g_ is None else g_.astype(jnp.result_type(c)) for g_, c in zip(dc, pd.score_consts,
-                                                                                        strict=True))
+    dq, dk, dvv, dbias, dconsts = _unpad_grads(tiling, q, k, v, bias, pd.score_consts, dq, dk, dvv, db, dc)
     return dq, dk, dvv, dbias, daux, dconsts
 
 
