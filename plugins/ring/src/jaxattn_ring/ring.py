@@ -108,121 +108,158 @@ def _finish(q: Array, k: Array, v: Array, aux: Array, delta: Array, big_l_safe: 
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, d_aux
 
 
-def make_ring(tiling: RingTiling, kernel: BlockKernel) -> Callable[..., Any]:
-    """``ring(q, k, v, q_ids, kv_ids, mask, aux) -> (output, lse)`` for one device's shards."""
+def _run_block(tiling: RingTiling, kern: BlockKernel, q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
+               mask: Array, src: Array, first: bool) -> tuple[Array, Array]:
+    """``(o_b, lse_b)``: this device's queries against the K/V block that came from device ``src``."""
+    index = jax.lax.axis_index(tiling.axis)
+    return block(tiling, kern, q, k, v, q_ids, kv_ids, mask, index=index, src=src, first=first)
 
-    def run_block(kern: BlockKernel, q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array,
-                  src: Array, first: bool) -> tuple[Array, Array]:
-        index = jax.lax.axis_index(tiling.axis)
-        return block(tiling, kern, q, k, v, q_ids, kv_ids, mask, index=index, src=src, first=first)
+
+def _ring_forward(tiling: RingTiling, kernel: BlockKernel, q: Array, k: Array, v: Array, q_ids: Array,
+                  kv_ids: Array, mask: Array, aux: Array) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
+    """The ring's forward: ``((output, lse), residuals)``, every block merged, the sink last."""
+    index = jax.lax.axis_index(tiling.axis)
+
+    def attend(kv: tuple[Array, Array, Array], s: Any, first: bool) -> tuple[Array, Array]:
+        k_blk, v_blk, ids_blk = kv
+        return _run_block(tiling, kernel, q, k_blk, v_blk, q_ids, ids_blk, mask, (index - s) % tiling.n, first)
+
+    def step(carry: Any, s: Array) -> tuple[Any, None]:
+        o, lse, kv = carry
+        # The next block's transfer does not depend on this block's attention: XLA runs
+        # the two at once (an asynchronous collective-permute).
+        nxt = _permute(kv, tiling)
+        o, lse = _merge(o, lse, *attend(kv, s, False))
+        return (o, lse, nxt), None
+
+    def gathered_step(carry: Any, s: Array) -> tuple[Any, None]:
+        o, lse = carry
+        return _merge(o, lse, *attend(_take(full, (index - s) % tiling.n, tiling), s, False)), None
+
+    kv = (k, v, kv_ids)
+    if tiling.comm == "all_gather":
+        full = _gather(kv, tiling)
+        o_b, lse = attend(_take(full, index, tiling), 0, True)
+        o = o_b.astype(acc_dtype(q.dtype))
+        (o, lse), _ = jax.lax.scan(gathered_step, (o, lse), jnp.arange(1, tiling.n))
+    else:
+        nxt = _permute(kv, tiling) if tiling.n > 1 else kv
+        o_b, lse = attend(kv, 0, True)
+        o = o_b.astype(acc_dtype(q.dtype))
+        if tiling.n > 1:  # steps 1 .. n-2 pass the block on; the last one only attends
+            (o, lse, kv), _ = jax.lax.scan(step, (o, lse, nxt), jnp.arange(1, tiling.n - 1))
+            o, lse = _merge(o, lse, *attend(kv, tiling.n - 1, False))
+    big_l = _denominator(lse, aux)
+    out = o * _bthd(jnp.exp(lse - _finite_or_zero(big_l)))
+    residuals = (q, k, v, q_ids, kv_ids, mask, aux, out, lse, big_l)
+    return (out.astype(q.dtype), lse), residuals
+
+
+#: One source block's gradients: ``grads(kv, s, first) -> (dq, dk, dv)`` of the block held at step s.
+_Grads = Callable[[tuple[Array, Array, Array], Any, bool], tuple[Array, Array, Array]]
+
+
+def _gathered_backward(tiling: RingTiling, grads: _Grads, kv: tuple[Array, Array, Array],
+                       acc: Any) -> tuple[Array, Array, Array]:
+    """``comm="all_gather"``'s backward: every source's block from one gather, every device's
+    dK/dV home in one reduce-scatter. ``(dq, dk, dv)`` in ``acc``."""
+    index = jax.lax.axis_index(tiling.axis)
+
+    def gathered_step(carry: Any, s: Array) -> tuple[Any, None]:
+        # Each device computes each source's block once: its gradients replace zeros.
+        dq, dk, dv = carry
+        src = (index - s) % tiling.n
+        g_q, g_k, g_v = grads(_take(full, src, tiling), s, False)
+        return (dq + g_q, put(dk, g_k, src), put(dv, g_v, src)), None
+
+    def put(x: Array, rows: Array, src: Array) -> Array:
+        return put_device_rows(x, rows.astype(acc), _gathered_order(tiling), src, tiling.n, tiling.s_local, 1)
+
+    # K/V gathered again rather than kept from the forward: residuals stay O(S/n) per device.
+    full = _gather(kv, tiling)
+    dq, g_k, g_v = grads(_take(full, index, tiling), 0, True)
+    dk = put(jnp.zeros(full[0].shape, acc), g_k, index)
+    dv = put(jnp.zeros(full[1].shape, acc), g_v, index)
+    (dq, dk, dv), _ = jax.lax.scan(gathered_step, (dq.astype(acc), dk, dv), jnp.arange(1, tiling.n))
+    # One reduce-scatter brings every device its own keys' gradients, summed over the queries.
+    dk, dv = (jax.lax.psum_scatter(x, tiling.axis, scatter_dimension=1, tiled=True) for x in (dk, dv))
+    return dq, dk, dv
+
+
+def _permuted_backward(tiling: RingTiling, grads: _Grads, kv: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
+    """The ring's backward by neighbour transfers: dK/dV accumulators travel with their K/V block
+    and arrive home after ``n`` passes. ``(dq, dk, dv)``."""
+
+    def step(carry: Any, s: Array) -> tuple[Any, None]:
+        # Holding block index-s; the accumulators arriving now belong to it too.
+        dq, kv, dkv = carry
+        nxt = _permute(kv, tiling)
+        dkv = _permute(dkv, tiling)  # needed only after this block's gradients: overlaps them
+        g_q, g_k, g_v = grads(kv, s, False)
+        return (dq + g_q, nxt, (dkv[0] + g_k, dkv[1] + g_v)), None
+
+    nxt = _permute(kv, tiling) if tiling.n > 1 else kv
+    dq, dk, dv = grads(kv, 0, True)
+    if tiling.n > 1:
+        (dq, kv, dkv), _ = jax.lax.scan(step, (dq, nxt, (dk, dv)), jnp.arange(1, tiling.n - 1))
+        dk, dv = _permute(dkv, tiling)
+        g_q, g_k, g_v = grads(kv, tiling.n - 1, False)
+        # The n-th pass of the accumulators brings each device's own dK/dV home.
+        dq, (dk, dv) = dq + g_q, _permute((dk + g_k, dv + g_v), tiling)
+    return dq, dk, dv
+
+
+def _ring_backward(tiling: RingTiling, kernel: BlockKernel, residuals: tuple[Array, ...],
+                   cts: tuple[Array, Array]) -> tuple[Array, ...]:
+    """The ring's backward: each block's gradients at the global statistics (module docstring),
+    the ring run again in the forward's schedule."""
+    q, k, v, q_ids, kv_ids, mask, aux, out, lse, big_l = residuals
+    d_out, d_lse = cts
+    acc = out.dtype
+    d_out = d_out.astype(acc)
+    d_lse = d_lse.astype(acc)
+    delta = jnp.swapaxes(jnp.sum(d_out * out, axis=-1), 1, 2)  # D = rowsum(dO * O), (B, H, T)
+    lse_safe, big_l_safe = _finite_or_zero(lse), _finite_or_zero(big_l)
+    kern = gradient_kernel(kernel, q, k, v)
+    index = jax.lax.axis_index(tiling.axis)
+    # The lse cotangent in terms of L: exp(S - lse) d_lse = exp(S - L) exp(L - lse) d_lse.
+    res = Residuals(out, big_l_safe, d_out, jnp.exp(big_l_safe - lse_safe) * d_lse)
+
+    def grads(kv: tuple[Array, Array, Array], s: Any, first: bool) -> tuple[Array, Array, Array]:
+        k_blk, v_blk, ids_blk = kv
+        src = (index - s) % tiling.n
+        if kern.residual_backward:
+            return block_grads(tiling, kern, q, k_blk, v_blk, q_ids, ids_blk, mask, res, index=index, src=src,
+                               first=first)
+
+        def f(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
+            return _run_block(tiling, kern, q, k, v, q_ids, ids_blk, mask, src, first)
+
+        (o_b, lse_b), vjp = jax.vjp(f, q, k_blk, v_blk)
+        w = jnp.exp(lse_b - big_l_safe)  # this block's share of the final softmax
+        d_o_b = _bthd(w) * d_out
+        row = jnp.swapaxes(jnp.sum(d_out * o_b.astype(acc), axis=-1), 1, 2)
+        d_lse_b = w * (row - delta) + jnp.exp(lse_b - lse_safe) * d_lse
+        dq, dk, dv = vjp((d_o_b.astype(o_b.dtype), d_lse_b.astype(lse_b.dtype)))
+        return dq.astype(acc), dk.astype(acc), dv.astype(acc)
+
+    if tiling.comm == "all_gather":
+        dq, dk, dv = _gathered_backward(tiling, grads, (k, v, kv_ids), acc)
+    else:
+        dq, dk, dv = _permuted_backward(tiling, grads, (k, v, kv_ids))
+    return _finish(q, k, v, aux, delta, big_l_safe, acc, dq, dk, dv)
+
+
+def make_ring(tiling: RingTiling, kernel: BlockKernel) -> Callable[..., Any]:
+    """``ring(q, k, v, q_ids, kv_ids, mask, aux) -> (output, lse)`` for one device's shards: a
+    ``custom_vjp`` of ``_ring_forward`` whose backward (``_ring_backward``) runs the ring again."""
 
     def forward(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array,
                 aux: Array) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
-        index = jax.lax.axis_index(tiling.axis)
-
-        def attend(kv: tuple[Array, Array, Array], s: Any, first: bool) -> tuple[Array, Array]:
-            k_blk, v_blk, ids_blk = kv
-            return run_block(kernel, q, k_blk, v_blk, q_ids, ids_blk, mask, (index - s) % tiling.n, first)
-
-        def step(carry: Any, s: Array) -> tuple[Any, None]:
-            o, lse, kv = carry
-            # The next block's transfer does not depend on this block's attention: XLA runs
-            # the two at once (an asynchronous collective-permute).
-            nxt = _permute(kv, tiling)
-            o, lse = _merge(o, lse, *attend(kv, s, False))
-            return (o, lse, nxt), None
-
-        def gathered_step(carry: Any, s: Array) -> tuple[Any, None]:
-            o, lse = carry
-            return _merge(o, lse, *attend(_take(full, (index - s) % tiling.n, tiling), s, False)), None
-
-        kv = (k, v, kv_ids)
-        if tiling.comm == "all_gather":
-            full = _gather(kv, tiling)
-            o_b, lse = attend(_take(full, index, tiling), 0, True)
-            o = o_b.astype(acc_dtype(q.dtype))
-            (o, lse), _ = jax.lax.scan(gathered_step, (o, lse), jnp.arange(1, tiling.n))
-        else:
-            nxt = _permute(kv, tiling) if tiling.n > 1 else kv
-            o_b, lse = attend(kv, 0, True)
-            o = o_b.astype(acc_dtype(q.dtype))
-            if tiling.n > 1:  # steps 1 .. n-2 pass the block on; the last one only attends
-                (o, lse, kv), _ = jax.lax.scan(step, (o, lse, nxt), jnp.arange(1, tiling.n - 1))
-                o, lse = _merge(o, lse, *attend(kv, tiling.n - 1, False))
-        big_l = _denominator(lse, aux)
-        out = o * _bthd(jnp.exp(lse - _finite_or_zero(big_l)))
-        residuals = (q, k, v, q_ids, kv_ids, mask, aux, out, lse, big_l)
-        return (out.astype(q.dtype), lse), residuals
+        return _ring_forward(tiling, kernel, q, k, v, q_ids, kv_ids, mask, aux)
 
     def backward(residuals: tuple[Array, ...], cts: tuple[Array, Array]) -> tuple[Array, ...]:
-        q, k, v, q_ids, kv_ids, mask, aux, out, lse, big_l = residuals
-        d_out, d_lse = cts
-        acc = out.dtype
-        d_out = d_out.astype(acc)
-        d_lse = d_lse.astype(acc)
-        delta = jnp.swapaxes(jnp.sum(d_out * out, axis=-1), 1, 2)  # D = rowsum(dO * O), (B, H, T)
-        lse_safe, big_l_safe = _finite_or_zero(lse), _finite_or_zero(big_l)
-        kern = gradient_kernel(kernel, q, k, v)
-        index = jax.lax.axis_index(tiling.axis)
-        # The lse cotangent in terms of L: exp(S - lse) d_lse = exp(S - L) exp(L - lse) d_lse.
-        res = Residuals(out, big_l_safe, d_out, jnp.exp(big_l_safe - lse_safe) * d_lse)
-
-        def grads(kv: tuple[Array, Array, Array], s: Any, first: bool) -> tuple[Array, Array, Array]:
-            k_blk, v_blk, ids_blk = kv
-            src = (index - s) % tiling.n
-            if kern.residual_backward:
-                return block_grads(tiling, kern, q, k_blk, v_blk, q_ids, ids_blk, mask, res, index=index, src=src,
-                                   first=first)
-
-            def f(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
-                return run_block(kern, q, k, v, q_ids, ids_blk, mask, src, first)
-
-            (o_b, lse_b), vjp = jax.vjp(f, q, k_blk, v_blk)
-            w = jnp.exp(lse_b - big_l_safe)  # this block's share of the final softmax
-            d_o_b = _bthd(w) * d_out
-            row = jnp.swapaxes(jnp.sum(d_out * o_b.astype(acc), axis=-1), 1, 2)
-            d_lse_b = w * (row - delta) + jnp.exp(lse_b - lse_safe) * d_lse
-            dq, dk, dv = vjp((d_o_b.astype(o_b.dtype), d_lse_b.astype(lse_b.dtype)))
-            return dq.astype(acc), dk.astype(acc), dv.astype(acc)
-
-        def step(carry: Any, s: Array) -> tuple[Any, None]:
-            # Holding block index-s; the accumulators arriving now belong to it too.
-            dq, kv, dkv = carry
-            nxt = _permute(kv, tiling)
-            dkv = _permute(dkv, tiling)  # needed only after this block's gradients: overlaps them
-            g_q, g_k, g_v = grads(kv, s, False)
-            return (dq + g_q, nxt, (dkv[0] + g_k, dkv[1] + g_v)), None
-
-        def gathered_step(carry: Any, s: Array) -> tuple[Any, None]:
-            # Each device computes each source's block once: its gradients replace zeros.
-            dq, dk, dv = carry
-            src = (index - s) % tiling.n
-            g_q, g_k, g_v = grads(_take(full, src, tiling), s, False)
-            return (dq + g_q, put(dk, g_k, src), put(dv, g_v, src)), None
-
-        def put(x: Array, rows: Array, src: Array) -> Array:
-            return put_device_rows(x, rows.astype(acc), _gathered_order(tiling), src, tiling.n, tiling.s_local, 1)
-
-        kv = (k, v, kv_ids)
-        if tiling.comm == "all_gather":
-            # K/V gathered again rather than kept from the forward: residuals stay O(S/n) per device.
-            full = _gather(kv, tiling)
-            dq, g_k, g_v = grads(_take(full, index, tiling), 0, True)
-            dk = put(jnp.zeros(full[0].shape, acc), g_k, index)
-            dv = put(jnp.zeros(full[1].shape, acc), g_v, index)
-            (dq, dk, dv), _ = jax.lax.scan(gathered_step, (dq.astype(acc), dk, dv), jnp.arange(1, tiling.n))
-            # One reduce-scatter brings every device its own keys' gradients, summed over the queries.
-            dk, dv = (jax.lax.psum_scatter(x, tiling.axis, scatter_dimension=1, tiled=True) for x in (dk, dv))
-            return _finish(q, k, v, aux, delta, big_l_safe, acc, dq, dk, dv)
-        nxt = _permute(kv, tiling) if tiling.n > 1 else kv
-        dq, dk, dv = grads(kv, 0, True)
-        if tiling.n > 1:
-            (dq, kv, dkv), _ = jax.lax.scan(step, (dq, nxt, (dk, dv)), jnp.arange(1, tiling.n - 1))
-            dk, dv = _permute(dkv, tiling)
-            g_q, g_k, g_v = grads(kv, tiling.n - 1, False)
-            # The n-th pass of the accumulators brings each device's own dK/dV home.
-            dq, (dk, dv) = dq + g_q, _permute((dk + g_k, dv + g_v), tiling)
-        return _finish(q, k, v, aux, delta, big_l_safe, acc, dq, dk, dv)
+        return _ring_backward(tiling, kernel, residuals, cts)
 
     @jax.custom_vjp
     def ring(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, mask: Array,
