@@ -173,6 +173,98 @@ def _valid_rows(
     return jnp.any(vis, axis=-1)[:, None, :]
 
 
+def _mod_rows_and_keys(
+    mask_mod: Any,
+    k: jax.Array,
+    v: jax.Array,
+    hq: int,
+    t: int,
+    tiling: SplashTiling,
+    causal: bool,
+    sliding_window: tuple[int, int] | None,
+    q_segment_ids: jax.Array | None,
+    kv_segment_ids: jax.Array | None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(rows, k, v)`` under a static ``mask_mod``: ``rows (1, Hq, T)``, whether each query
+    sees a key; k and v with zeros at the keys no query of their KV head sees (they may hold
+    NaN, which the kernel's ``p = 0`` would keep: a select, not a product)."""
+    s, hkv = k.shape[1], k.shape[2]
+    grid = mod_grid(mask_mod, hq, t, s, tiling, causal, sliding_window, s - t)[:, :t, :s]
+    rows = jnp.asarray(grid.any(axis=-1))[None]  # (1, Hq, T): rows that see a key
+    seen = jnp.asarray(grid.reshape(hkv, hq // hkv, t, s))  # keys no query of a KV head sees: zeros
+    if q_segment_ids is not None and kv_segment_ids is not None:
+        same = q_segment_ids[:, None, None, :, None] == kv_segment_ids[:, None, None, None, :]
+        live = jnp.any(seen[None] & same, axis=(2, 3))  # (B, Hkv, S)
+    else:
+        live = jnp.any(seen, axis=(1, 2))[None]
+    live = live.transpose(0, 2, 1)[..., None]
+    return rows, jnp.where(live, k, jnp.zeros((), k.dtype)), jnp.where(live, v, jnp.zeros((), v.dtype))
+
+
+def _segments(
+    b: int,
+    t: int,
+    s: int,
+    tiling: SplashTiling,
+    causal: bool,
+    q_segment_ids: jax.Array | None,
+    kv_segment_ids: jax.Array | None,
+) -> splash.SegmentIds | None:
+    """The kernel's segment ids over the padded grid; None where it needs none."""
+    tail_q, tail_k = tiling.q_len - t, tiling.kv_len - s
+    # Padded keys are hidden by causal masking (the last query sees key S - 1 at most);
+    # otherwise by a key segment no query carries.
+    if q_segment_ids is not None and kv_segment_ids is not None:
+        q_ids = q_segment_ids.astype(jnp.int32)
+        kv_ids = _pad_axis(kv_segment_ids.astype(jnp.int32), 1, 0, tail_k, _segment_sentinel(q_ids))
+        return splash.SegmentIds(q=_pad_axis(q_ids, 1, 0, tail_q), kv=kv_ids)
+    if tail_k and not causal:
+        return splash.SegmentIds(
+            q=jnp.zeros((b, tiling.q_len), jnp.int32),
+            kv=jnp.broadcast_to((jnp.arange(tiling.kv_len) >= s).astype(jnp.int32), (b, tiling.kv_len)),
+        )
+    return None
+
+
+def _call_kernel(
+    qh: jax.Array,
+    kh: jax.Array,
+    vh: jax.Array,
+    segments: splash.SegmentIds | None,
+    sinks: jax.Array | None,
+    tiling: SplashTiling,
+    causal: bool,
+    sliding_window: tuple[int, int] | None,
+    offset: int,
+    soft_cap: float | None,
+    interpret: bool,
+    mod: dict[str, Any],
+) -> jax.Array:
+    """The kernel on padded HTD ``qh (B, Hq, Tp, D)``, ``kh``, ``vh (B, Hkv, Sp, D|Dv)``:
+    ``(B, Hq, Tp, Dv')``, its output unsliced."""
+    b, hq = qh.shape[:2]
+    hkv = kh.shape[1]
+    mqa = hkv == 1 and hq > 1
+    if segments is None:
+        # One kernel over B * Hq heads: the batch folds into the heads (query head
+        # b * Hq + h reads kv head b * Hkv + h // G, which is splash's own grouping).
+        kernel = build_kernel(b * hq, False, tiling, causal, sliding_window, offset, soft_cap, interpret, **mod)
+        fold = (b * hq, tiling.q_len, -1)
+        kf, vf = kh.reshape(b * hkv, tiling.kv_len, -1), vh.reshape(b * hkv, tiling.kv_len, -1)
+        folded_sinks = None if sinks is None else jnp.tile(sinks, b)
+        out = _output(kernel(qh.reshape(fold), kf, vf, None, folded_sinks))
+        return out.reshape(b, hq, tiling.q_len, -1)
+    # Segment ids are per batch element: one kernel call per element.
+    kernel = build_kernel(hq, mqa, tiling, causal, sliding_window, offset, soft_cap, interpret, **mod)
+    if mqa:
+        kh, vh = kh[:, 0], vh[:, 0]  # make_splash_mqa takes (S, D) keys
+    if interpret:
+        # The TPU interpreter of jax 0.10 cannot run a vmapped pallas_call (its grid
+        # gains a dim its dimension_semantics lack); a sequential map computes the same.
+        return _output(jax.lax.map(lambda xs: kernel(*xs, sinks), (qh, kh, vh, segments)))
+    return _output(jax.vmap(kernel, in_axes=(0, 0, 0, 0, None))(qh, kh, vh, segments, sinks))
+
+
 def splash_attention(
     q: jax.Array,
     k: jax.Array,
@@ -196,7 +288,7 @@ def splash_attention(
     (see the module docstring). Returns ``(B, T, Hq, Dv)``.
     """
     b, t_in, hq, _ = q.shape
-    s, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
+    s, dv = k.shape[1], v.shape[3]
     out_dtype = q.dtype
 
     skipped = t_in - s if causal and t_in > s else 0
@@ -220,66 +312,26 @@ def splash_attention(
 
     tiling = splash_tiling(t, s, **(block_sizes or {}))
     tail_q, tail_k = tiling.q_len - t, tiling.kv_len - s
-    mqa = hkv == 1 and hq > 1
     mod = {}
     if mask_mod is not None:
         mod = {"mask_mod": mask_mod, "mod_shape": (hq, t, s)}
-        grid = mod_grid(mask_mod, hq, t, s, tiling, causal, sliding_window, s - t)[:, :t, :s]
-        rows = jnp.asarray(grid.any(axis=-1))[None]  # (1, Hq, T): rows that see a key
+        rows, k, v = _mod_rows_and_keys(mask_mod, k, v, hq, t, tiling, causal, sliding_window, q_segment_ids,
+                                        kv_segment_ids)
         valid = rows if valid is None else valid & rows
-        seen = jnp.asarray(grid.reshape(hkv, hq // hkv, t, s))  # keys no query of a KV head sees: zeros
-        if q_segment_ids is not None and kv_segment_ids is not None:
-            same = q_segment_ids[:, None, None, :, None] == kv_segment_ids[:, None, None, None, :]
-            live = jnp.any(seen[None] & same, axis=(2, 3))  # (B, Hkv, S)
-        else:
-            live = jnp.any(seen, axis=(1, 2))[None]
-        live = live.transpose(0, 2, 1)[..., None]
-        k, v = jnp.where(live, k, jnp.zeros((), k.dtype)), jnp.where(live, v, jnp.zeros((), v.dtype))
 
     # Splash has no scale: scale q (in float32, then back) so logits and soft cap match.
     qh = (q.astype(jnp.float32) * softmax_scale).astype(q.dtype).transpose(0, 2, 1, 3)
     kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     qh = _pad_axis(qh, 2, 0, tail_q)
     kh, vh = _pad_axis(kh, 2, 0, tail_k), _pad_axis(vh, 2, 0, tail_k)
-
-    # Padded keys are hidden by causal masking (the last query sees key S - 1 at most);
-    # otherwise by a key segment no query carries.
-    segments = None
-    if q_segment_ids is not None and kv_segment_ids is not None:
-        q_ids = q_segment_ids.astype(jnp.int32)
-        kv_ids = _pad_axis(kv_segment_ids.astype(jnp.int32), 1, 0, tail_k, _segment_sentinel(q_ids))
-        segments = splash.SegmentIds(q=_pad_axis(q_ids, 1, 0, tail_q), kv=kv_ids)
-    elif tail_k and not causal:
-        segments = splash.SegmentIds(
-            q=jnp.zeros((b, tiling.q_len), jnp.int32),
-            kv=jnp.broadcast_to((jnp.arange(tiling.kv_len) >= s).astype(jnp.int32), (b, tiling.kv_len)),
-        )
+    segments = _segments(b, t, s, tiling, causal, q_segment_ids, kv_segment_ids)
 
     soft_cap = None if logits_soft_cap is None else float(logits_soft_cap)
     # Sinks travel in the inputs' dtype: splash's backward returns their gradient in the
     # output's dtype, and a float32 primal with a bfloat16 cotangent fails JAX's VJP check.
     # (The kernel computes with them in float32 either way.)
     sinks = None if softmax_aux is None else softmax_aux.astype(q.dtype)
-    if segments is None:
-        # One kernel over B * Hq heads: the batch folds into the heads (query head
-        # b * Hq + h reads kv head b * Hkv + h // G, which is splash's own grouping).
-        kernel = build_kernel(b * hq, False, tiling, causal, sliding_window, s - t, soft_cap, interpret, **mod)
-        fold = (b * hq, tiling.q_len, -1)
-        kf, vf = kh.reshape(b * hkv, tiling.kv_len, -1), vh.reshape(b * hkv, tiling.kv_len, -1)
-        folded_sinks = None if sinks is None else jnp.tile(sinks, b)
-        out = _output(kernel(qh.reshape(fold), kf, vf, None, folded_sinks))
-        out = out.reshape(b, hq, tiling.q_len, -1)
-    else:
-        # Segment ids are per batch element: one kernel call per element.
-        kernel = build_kernel(hq, mqa, tiling, causal, sliding_window, s - t, soft_cap, interpret, **mod)
-        if mqa:
-            kh, vh = kh[:, 0], vh[:, 0]  # make_splash_mqa takes (S, D) keys
-        if interpret:
-            # The TPU interpreter of jax 0.10 cannot run a vmapped pallas_call (its grid
-            # gains a dim its dimension_semantics lack); a sequential map computes the same.
-            out = _output(jax.lax.map(lambda xs: kernel(*xs, sinks), (qh, kh, vh, segments)))
-        else:
-            out = _output(jax.vmap(kernel, in_axes=(0, 0, 0, 0, None))(qh, kh, vh, segments, sinks))
+    out = _call_kernel(qh, kh, vh, segments, sinks, tiling, causal, sliding_window, s - t, soft_cap, interpret, mod)
 
     out = out[:, :, :t, :dv]
     if valid is not None:
