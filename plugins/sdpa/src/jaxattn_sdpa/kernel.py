@@ -245,6 +245,77 @@ def _kv_lengths_operands(
     return [_show_key_zero(combined, row_valid)], None if native is None else jnp.maximum(native, 1), row_valid
 
 
+def _hidden_keys(
+    mask: Array | None, bias: Array | None, q_segment_ids: ArrayLike | None, kv_segment_ids: ArrayLike | None,
+    has_kv_lengths: bool, t: int, s: int,
+) -> tuple[list[Array], Array | None, tuple[np.ndarray, np.ndarray] | None]:
+    """``(masks, bias, lengths)``: the masks that hide keys (the call's, the bias's ``-inf``
+    entries, the segment ids'), the bias with those entries 0, and the segment ids as
+    ``(query, key)`` sequence lengths where they are a concrete right-padding pattern (then no
+    mask of theirs; not with ``kv_lengths``, which are the keys' lengths)."""
+    masks: list[Array] = [] if mask is None else [mask]
+    if bias is not None:
+        # jax.nn adds the bias and masks with a finite number: a row whose bias is -inf on
+        # every key is a softmax over nothing (NaN, in the output and every gradient). The
+        # contract calls such a row empty: a -inf bias entry becomes a hidden key, like a mask
+        # bit, so the row is found, shown key 0 and zeroed as every other empty row.
+        masks.append(bias > -jnp.inf)
+        bias = jnp.where(masks[-1], bias, jnp.zeros((), bias.dtype))
+    lengths: tuple[np.ndarray, np.ndarray] | None = None
+    if q_segment_ids is not None and kv_segment_ids is not None:
+        q_ids, kv_ids = _on_host(q_segment_ids), _on_host(kv_segment_ids)
+        if q_ids is not None and kv_ids is not None and not has_kv_lengths:
+            lengths = padding_lengths(q_ids, kv_ids)
+        if lengths is not None and lengths[0].min() == t and lengths[1].min() == s:
+            lengths = None  # one segment spanning everything: nothing to mask
+        elif lengths is None:
+            masks.append(jnp.asarray(q_segment_ids)[:, None, :, None] == jnp.asarray(kv_segment_ids)[:, None, None, :])
+    return masks, bias, lengths
+
+
+def _with_sink_keys(
+    softmax_aux: Array, n: int, hq: int, k: Array, v: Array, bias: Array | None, masks: list[Array],
+    lengths: tuple[np.ndarray, np.ndarray] | None, kv_native: Array | None, band: Band | None,
+) -> tuple[Array, Array, Array, list[Array], tuple[np.ndarray, np.ndarray] | None, Array | None, Band | None]:
+    """The operands with ``n`` sink keys prepended (K = V = 0, the sink logit as their bias
+    column): ``(k, v, bias, masks, lengths, kv_native, band)``, every key index shifted by n."""
+    s = k.shape[1]
+    bias_dtype = softmax_aux.dtype if bias is None else jnp.promote_types(softmax_aux.dtype, bias.dtype)
+    sink_bias = _sink_bias(softmax_aux, bias, hq, s, n, bias_dtype)  # cuDNN's cast comes later
+    k, v = _prepend_keys(k, n), _prepend_keys(v, n)
+    masks = [_prepend_mask(m, n) for m in masks]
+    if n > 1 and not masks:
+        masks = [_prepend_mask(jnp.ones((1, 1, 1, s), bool), n)]
+    if lengths is not None:
+        lengths = (lengths[0], lengths[1] + n)
+    if kv_native is not None:
+        kv_native = kv_native + n
+    if band is not None:
+        band = Band(None, band.hi + n if band.hi is not None else None)
+    return k, v, sink_bias, masks, lengths, kv_native, band
+
+
+def _jax_nn_options(
+    band: Band | None, lengths: tuple[np.ndarray, np.ndarray] | None, kv_native: Array | None, cudnn: bool,
+    t: int, s_all: int,
+) -> dict[str, Any]:
+    """jax.nn's keyword arguments for a native band (causal, a local window) and sequence lengths."""
+    kwargs: dict[str, Any] = {}
+    if band is not None:
+        if band.is_top_left_causal:
+            kwargs["is_causal"] = True
+        elif cudnn:  # band_is_native: causal with a left edge
+            kwargs.update(is_causal=True, local_window_size=band.local_window_size(t, s_all))
+        else:
+            kwargs["local_window_size"] = band.local_window_size(t, s_all)
+    if lengths is not None:
+        kwargs["query_seq_lengths"] = jnp.asarray(lengths[0], jnp.int32)
+        kwargs["key_value_seq_lengths"] = jnp.asarray(lengths[1], jnp.int32)
+    if kv_native is not None:
+        kwargs["key_value_seq_lengths"] = kv_native
+    return kwargs
+
+
 def sdpa_attention(
     q: Array,
     k: Array,
@@ -276,23 +347,7 @@ def sdpa_attention(
     # With kv_lengths the band depends on each sequence's length: _kv_lengths_operands has it.
     band = None if kv_lengths is not None else structural_band(t, s, causal, sliding_window)
 
-    masks: list[Array] = [] if mask is None else [mask]
-    if bias is not None:
-        # jax.nn adds the bias and masks with a finite number: a row whose bias is -inf on
-        # every key is a softmax over nothing (NaN, in the output and every gradient). The
-        # contract calls such a row empty: a -inf bias entry becomes a hidden key, like a mask
-        # bit, so the row is found, shown key 0 and zeroed as every other empty row.
-        masks.append(bias > -jnp.inf)
-        bias = jnp.where(masks[-1], bias, jnp.zeros((), bias.dtype))
-    lengths: tuple[np.ndarray, np.ndarray] | None = None
-    if q_segment_ids is not None and kv_segment_ids is not None:
-        q_ids, kv_ids = _on_host(q_segment_ids), _on_host(kv_segment_ids)
-        if q_ids is not None and kv_ids is not None and kv_lengths is None:
-            lengths = padding_lengths(q_ids, kv_ids)
-        if lengths is not None and lengths[0].min() == t and lengths[1].min() == s:
-            lengths = None  # one segment spanning everything: nothing to mask
-        elif lengths is None:
-            masks.append(jnp.asarray(q_segment_ids)[:, None, :, None] == jnp.asarray(kv_segment_ids)[:, None, None, :])
+    masks, bias, lengths = _hidden_keys(mask, bias, q_segment_ids, kv_segment_ids, kv_lengths is not None, t, s)
 
     kv_native: Array | None = None
     row_valid: Array | np.ndarray | None
@@ -314,40 +369,16 @@ def sdpa_attention(
 
     if n:
         assert softmax_aux is not None
-        bias_dtype = softmax_aux.dtype if bias is None else jnp.promote_types(softmax_aux.dtype, bias.dtype)
-        bias = _sink_bias(softmax_aux, bias, hq, s, n, bias_dtype)  # cuDNN's cast comes later
-        k, v = _prepend_keys(k, n), _prepend_keys(v, n)
-        masks = [_prepend_mask(m, n) for m in masks]
-        if n > 1 and not masks:
-            masks = [_prepend_mask(jnp.ones((1, 1, 1, s), bool), n)]
-        if lengths is not None:
-            lengths = (lengths[0], lengths[1] + n)
-        if kv_native is not None:
-            kv_native = kv_native + n
-        if band is not None:
-            band = Band(None, band.hi + n if band.hi is not None else None)
+        k, v, bias, masks, lengths, kv_native, band = _with_sink_keys(softmax_aux, n, hq, k, v, bias, masks,
+                                                                      lengths, kv_native, band)
 
     combined = _and_all(masks)
     if cudnn:
         combined, bias = _cudnn_operands(combined, bias, q, t, s_all)
 
-    kwargs: dict[str, Any] = {}
-    if band is not None:
-        if band.is_top_left_causal:
-            kwargs["is_causal"] = True
-        elif cudnn:  # band_is_native: causal with a left edge
-            kwargs.update(is_causal=True, local_window_size=band.local_window_size(t, s_all))
-        else:
-            kwargs["local_window_size"] = band.local_window_size(t, s_all)
-    if lengths is not None:
-        kwargs["query_seq_lengths"] = jnp.asarray(lengths[0], jnp.int32)
-        kwargs["key_value_seq_lengths"] = jnp.asarray(lengths[1], jnp.int32)
-    if kv_native is not None:
-        kwargs["key_value_seq_lengths"] = kv_native
-
     out: Array = jax.nn.dot_product_attention(
         q, k, v, bias=bias, mask=combined, scale=_jax_nn_scale(softmax_scale, q.shape[-1]),
-        implementation=implementation, **kwargs,
+        implementation=implementation, **_jax_nn_options(band, lengths, kv_native, cudnn, t, s_all),
     )
     if row_valid is not None:
         # (b, h, T) -> (b, T, h, 1) against the (B, T, Hq, D) output.
