@@ -104,16 +104,8 @@ def dot_product_attention(
         ``[batch..., T, Hq, Dv]`` in the computation's dtype.
     """
     del force_fp32_for_softmax  # the softmax is float32 (metadata.softmax_dtype) either way
-    asked = sorted(name for name, value in other.items() if value is not None and value is not False)
-    if asked:
-        raise InvalidInputError(", ".join(asked), "not an argument of Flax's dot_product_attention that jaxattn "
-                                "knows how to honour", "leave it None, or use Flax's own attention for it")
-    for name, fn in (("einsum_dot_general", einsum_dot_general), ("qk_attn_weights_einsum", qk_attn_weights_einsum),
-                     ("attn_weights_value_einsum", attn_weights_value_einsum)):
-        if fn is not None:
-            raise InvalidInputError(name, "jaxattn's backends form their own products; a custom einsum "
-                                    "(e.g. AQT's quantized one) cannot be honoured",
-                                    "leave it None, or use Flax's own dot_product_attention for this module")
+    _refuse_unhonoured(other, einsum_dot_general=einsum_dot_general, qk_attn_weights_einsum=qk_attn_weights_einsum,
+                       attn_weights_value_einsum=attn_weights_value_einsum)
     if promote_dtype is not None:
         query, key, value = promote_dtype((query, key, value), dtype=dtype)
     else:
@@ -130,23 +122,8 @@ def dot_product_attention(
         mask = tril if mask is None else jnp.logical_and(mask, tril)
 
     dropout = not deterministic and dropout_rate > 0.0
-    options: dict[str, Any] = {}
-    if dropout:
-        if dropout_rng is None:
-            raise InvalidInputError("dropout_rng", f"dropout_rate={dropout_rate} with deterministic=False needs a key",
-                                    "pass dropout_rng (the Flax modules do from their 'dropout' rng stream)")
-        if broadcast_dropout and q.shape[0] * hq > 1:
-            raise InvalidInputError("broadcast_dropout", "jaxattn's backends keep each probability independently "
-                                    "(per batch row, head, query and key); broadcast_dropout=True shares one "
-                                    "keep-mask across batch rows and heads, which none can honour",
-                                    "build the module with broadcast_dropout=False (independent masks, same rate)")
-        options.update(dropout_prob=float(dropout_rate), dropout_rng=dropout_rng)
-    if softmax_scale is not None:
-        options["softmax_scale"] = softmax_scale
-    if logits_soft_cap is not None:
-        options["logits_soft_cap"] = logits_soft_cap
-    if sliding_window is not None:
-        options["sliding_window"] = sliding_window
+    options = _options(dropout, dropout_rate, dropout_rng, broadcast_dropout and q.shape[0] * hq > 1,
+                       softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap, sliding_window=sliding_window)
 
     with _matmul_precision(precision):
         if module is None:
@@ -156,6 +133,40 @@ def dot_product_attention(
             out = _attend_and_sow(module, q, k, v, mask, bias, causal, impl, metadata, options, batch_shape,
                                   dropout)
     return jnp.reshape(out, (*batch_shape, t, hq, out.shape[-1])) if nb != 1 else out
+
+
+def _refuse_unhonoured(other: dict[str, Any], **einsums: Callable[..., Any] | None) -> None:
+    """Refuse, by name, what no backend can honour: a keyword ``other`` that asks for something
+    (neither None nor False) and a custom einsum."""
+    asked = sorted(name for name, value in other.items() if value is not None and value is not False)
+    if asked:
+        raise InvalidInputError(", ".join(asked), "not an argument of Flax's dot_product_attention that jaxattn "
+                                "knows how to honour", "leave it None, or use Flax's own attention for it")
+    for name, fn in einsums.items():
+        if fn is not None:
+            raise InvalidInputError(name, "jaxattn's backends form their own products; a custom einsum "
+                                    "(e.g. AQT's quantized one) cannot be honoured",
+                                    "leave it None, or use Flax's own dot_product_attention for this module")
+
+
+def _options(dropout: bool, dropout_rate: float, dropout_rng: Any, shared_keep_mask: bool,
+             **given: Any) -> dict[str, Any]:
+    """``jaxattn.attention``'s keywords for the dropout and for the options ``given`` (those not
+    None). ``shared_keep_mask``: Flax's ``broadcast_dropout`` would share one mask between
+    several batch rows and heads, which is refused."""
+    options: dict[str, Any] = {}
+    if dropout:
+        if dropout_rng is None:
+            raise InvalidInputError("dropout_rng", f"dropout_rate={dropout_rate} with deterministic=False needs a key",
+                                    "pass dropout_rng (the Flax modules do from their 'dropout' rng stream)")
+        if shared_keep_mask:
+            raise InvalidInputError("broadcast_dropout", "jaxattn's backends keep each probability independently "
+                                    "(per batch row, head, query and key); broadcast_dropout=True shares one "
+                                    "keep-mask across batch rows and heads, which none can honour",
+                                    "build the module with broadcast_dropout=False (independent masks, same rate)")
+        options.update(dropout_prob=float(dropout_rate), dropout_rng=dropout_rng)
+    options.update((name, value) for name, value in given.items() if value is not None)
+    return options
 
 
 def _check_shapes(query: Any, key: Any, value: Any) -> tuple[int, ...]:
