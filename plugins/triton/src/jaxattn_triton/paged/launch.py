@@ -235,6 +235,116 @@ def query_blocks(spec: PagedSpec, block_q: int, decode_q: int = 0) -> int:
 QUANT_SPLIT_KEYS = 2048
 
 
+def _split_count(spec: PagedSpec, block_q: int, head_chunk: int, chunks: int, block_n: int, decode_like: bool,
+                 num_sms: int) -> tuple[int, int, bool, bool]:
+    """``(num_splits, kv_heads, one_wave, filled)`` where the caller left the splits to
+    ``default_tiles``: the key splits and KV heads per program, whether the unsplit programs
+    make one nearly full wave, and whether they fill the SMs twice over."""
+    kv_heads = 1
+    if spec.q_len is not None:
+        work_blocks = query_blocks(spec, block_q)
+    else:
+        work_blocks = min(_cdiv(spec.num_tokens, block_q), query_blocks(spec, block_q))
+    programs = max(1, work_blocks * spec.heads_kv * chunks)
+    most = max(1, spec.capacity // (4 * block_n))
+    filled = programs >= 2 * num_sms
+    # Decode whose unsplit programs already make one nearly full wave: splitting adds the
+    # combine kernel and shorter runs for little balance gained.
+    one_wave = decode_like and 7 * num_sms <= 8 * programs <= 8 * num_sms
+    # Decode between one and two waves (32 sequences of 8 KV heads; 64 of 4, as 2-way head
+    # sharding holds GQA 32/8): the base tiles, unsplit, one head per program. Measured on an
+    # H200 (bf16, D=128, 32 sequences of GQA 32/8, pages of 16 in a random order;
+    # plugins/triton/benchmarks/triton_paged_check.py --sweep, cuDNN's dense decode in the same run), us per
+    # call at 4k / 16k tokens: 135.9 / 508.2 (cuDNN 137.6 / 508.0) against 145.5 / 536.8 with
+    # the one-wave tiles, 143.6 / 533.1 with 2 KV heads per program, 159.3 / 620.9 with 2 splits.
+    waves_1_to_2 = decode_like and num_sms < programs < 2 * num_sms
+    num_splits = 1 if one_wave or waves_1_to_2 else max(1, min(_cdiv(2 * num_sms, programs), most, 64))
+    if filled and decode_like and chunks == 1:
+        kv_heads = _one_wave_kv_heads(spec.heads_kv, block_q * head_chunk, programs, num_sms)
+    return num_splits, kv_heads, one_wave, filled
+
+
+def _decode_tiles(one_wave: bool, kv_heads: int, filled_decode: bool, block_n: int, num_warps: int,
+                  num_stages: int, num_splits: int) -> tuple[int, int, int, int]:
+    """``(block_n, num_warps, num_stages, num_splits)`` for decode whose splits ``_split_count``
+    chose: one wave, several KV heads per program, or enough sequences to fill the SMs
+    (``filled_decode``); the tiles given otherwise."""
+    if one_wave:
+        # Measured on an H100 (bf16, D=128, GQA 32/8, 16 sequences = 128 programs for 132 SMs;
+        # plugins/triton/benchmarks/triton_paged_check.py --sweep, cuDNN's dense decode in the same run), us per
+        # call, these tiles unsplit vs the split default (64-token tiles, 4 warps, 3 splits):
+        # pages of 16, 8k tokens 192.4 vs 195.1 (cuDNN 186.6); pages of 64, 8k 190.2 vs 192.4
+        # (186.7); pages of 16, 2k 55.7 vs 59.5 (62.2); pages of 16, 32k 746.1 vs 749.5 (713.8).
+        block_n, num_warps, num_stages = 128, 8, 3
+    elif kv_heads > 1:
+        # Decode with several waves of one-head programs: KV heads folded into the program
+        # until the programs make one nearly full wave, a tile of 128 rows (tokens x heads).
+        # Measured on an H100 (bf16, D=128, GQA 32/8, 64 sequences, pages of 16 in a random
+        # order; plugins/triton/benchmarks/paged_probe.py --kv-heads, cuDNN's dense decode in the same run),
+        # us per call, 4 heads x 32 tokens unsplit vs one head, 32 tokens, 4 stages: 8k tokens
+        # 747.5 vs 766.3 (cuDNN 743.5), 32k 2914.9 vs 2967.7 (2917.8).
+        block_n, num_warps, num_stages, num_splits = 128 // kv_heads, 4, 3, 1
+    elif filled_decode:
+        # Decode with enough sequences to fill the SMs unsplit: shorter key tiles, one more
+        # in flight. Measured on an H100 (bf16, D=128, GQA 32/8, 64 sequences, 8k and 32k
+        # tokens, pages of 16 and 64; plugins/triton/benchmarks/triton_paged_check.py --sweep): 2887-2921 GB/s
+        # against 2698-2787 with 64-token tiles and 3 stages, cuDNN's dense decode 2914-2918.
+        # With fewer sequences (splits > 1) 64 tokens and 3 stages stay ahead.
+        block_n, num_stages = 32, 4
+    return block_n, num_warps, num_stages, num_splits
+
+
+def _quantized_decode_tiles(spec: PagedSpec, block_q: int, chunks: int, num_sms: int) -> tuple[int, int, int, int, int]:
+    """``(kv_heads, num_splits, block_n, num_stages, num_warps)`` of decode over a quantized cache
+    whose splits were left to ``default_tiles``."""
+    # One byte per value: one KV head x 64 tokens, 2 warps, 3 stages, and about four
+    # programs per SM (184 registers, 54 KB of shared memory each: triton 3.9's sm_90
+    # build), with splits when the sequences make fewer. Two warps, not four: a tile's row
+    # max, row sum and P's layout change cross half as many warps per barrier, and four
+    # programs keep an SM's loads going through any one's barriers. Measured on an H100
+    # (GQA 32/8, D=128, pages of 16 in a random order, per-head scales; plugins/triton/
+    # benchmarks/triton_paged_check.py --quant-sweep --quant-fast --quant-variants, cuDNN's bf16 dense
+    # decode in the same run), us per call, these tiles vs the two-per-SM tiles before (one
+    # head x 128 tokens, 4 warps, 2 splits at 16 sequences; 2 KV heads x 64 tokens, 4
+    # warps at 64), int8 / e4m3: 16 x 8k 114.7 / 115.0 vs 118.3 / 116.7 (cuDNN 190.7),
+    # 16 x 32k 404.2 / 412.9 vs 427.7 / 437.2 (733.9), 64 x 8k 408.7 / 405.6 vs 425.6 /
+    # 423.1 (740.2). The same reads with no attention at all (plugins/triton/benchmarks/paged_probe.py
+    # --quant-floor) take 97.5-101 us at 16 x 8k: what is left above that is the kernel's
+    # work, not its memory traffic.
+    #
+    # A split must keep at least QUANT_SPLIT_KEYS keys of the cache's capacity: below that
+    # the combine kernel and the second launch cost more than the balance buys, and a
+    # short cache (2k keys or fewer) runs unsplit on 4 warps. Measured on an H200 (16
+    # sequences, GQA 32/8, D=128, pages of 16, per-token scales; triton_paged_check.py
+    # --quant-sweep, the bf16 paged kernel in the same run), us per call int8 / e4m3, these
+    # tiles vs 4 (2 at 512) splits of 2 warps: 512 tokens 47.5 / 54.6 vs 64.8 / 65.8, 1k
+    # 61.1 / 58.7 vs 83.8 / 79.3, 2k 60.6 / 61.3 vs 79.1 / 54.8 (bf16 paged 54.9, 53.5,
+    # 56.0); at 8k the 4 splits stay (87.2 / 81.7 vs 158.9 / 168.3 unsplit).
+    unsplit = max(1, query_blocks(spec, block_q) * spec.heads_kv * chunks)
+    kv_heads = 1
+    num_splits = max(1, min((4 * num_sms) // unsplit, spec.capacity // QUANT_SPLIT_KEYS, 64))
+    block_n, num_stages = 64, 3
+    num_warps = 4 if spec.capacity <= QUANT_SPLIT_KEYS else 2
+    return kv_heads, num_splits, block_n, num_stages, num_warps
+
+
+def _mixed_decode_rows(spec: PagedSpec, block_q: int, chunks: int, wide: bool, head_chunk: int) -> tuple[int, int]:
+    """``(decode_q, decode_block_n)``: the decode programs a ragged batch's short sequences take
+    in its launch (``PagedTiles.decode_q``), ``(0, 0)`` for none."""
+    if spec.quantized and spec.ragged and block_q > 1 and chunks == 1 and not wide and head_chunk <= 16:
+        # A ragged batch with prefill over a quantized cache: its decode rows (sequences of
+        # at most 16 rows) take decode programs of their own in the same launch, 16 rows x
+        # 128-token tiles (the decode tiles' bytes per stage), instead of a 64-row prefill block
+        # of 4 real rows, and the prefill blocks skip them. Measured on an H100 (GQA 32/8,
+        # D=128, per-head scales, 64 decode rows at 4k tokens + 4 x 512 prefill at 4k, pages of
+        # 16; plugins/triton/benchmarks/triton_paged_check.py --quant-mixed), us per call: int8 857.9 vs 877.3
+        # with every row in prefill blocks, 881.9 with 64-token decode tiles (two calls 853.2);
+        # e4m3 901.7 (two calls 891.5). ~106 KB of shared memory (the larger branch's, not
+        # the sum) and 188 registers (triton 3.9's sm_90 build): still two programs per SM.
+        return 16 // head_chunk, 128
+    return 0, 0
+
+
 def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: int | None = None) -> PagedTiles:
     """Tiles for the H100/H200 class, and enough key splits to fill the SMs.
 
@@ -270,89 +380,13 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
     kv_heads = 1
     split_free = num_splits is None
     if num_splits is None:
-        if spec.q_len is not None:
-            work_blocks = query_blocks(spec, block_q)
-        else:
-            work_blocks = min(_cdiv(spec.num_tokens, block_q), query_blocks(spec, block_q))
-        programs = max(1, work_blocks * spec.heads_kv * chunks)
-        most = max(1, spec.capacity // (4 * block_n))
-        filled = programs >= 2 * num_sms
-        # Decode whose unsplit programs already make one nearly full wave: splitting adds the
-        # combine kernel and shorter runs for little balance gained.
-        one_wave = decode_like and 7 * num_sms <= 8 * programs <= 8 * num_sms
-        # Decode between one and two waves (32 sequences of 8 KV heads; 64 of 4, as 2-way head
-        # sharding holds GQA 32/8): the base tiles, unsplit, one head per program. Measured on an
-        # H200 (bf16, D=128, 32 sequences of GQA 32/8, pages of 16 in a random order;
-        # plugins/triton/benchmarks/triton_paged_check.py --sweep, cuDNN's dense decode in the same run), us per
-        # call at 4k / 16k tokens: 135.9 / 508.2 (cuDNN 137.6 / 508.0) against 145.5 / 536.8 with
-        # the one-wave tiles, 143.6 / 533.1 with 2 KV heads per program, 159.3 / 620.9 with 2 splits.
-        waves_1_to_2 = decode_like and num_sms < programs < 2 * num_sms
-        num_splits = 1 if one_wave or waves_1_to_2 else max(1, min(_cdiv(2 * num_sms, programs), most, 64))
-        if filled and decode_like and chunks == 1:
-            kv_heads = _one_wave_kv_heads(spec.heads_kv, block_q * head_chunk, programs, num_sms)
-    if one_wave:
-        # Measured on an H100 (bf16, D=128, GQA 32/8, 16 sequences = 128 programs for 132 SMs;
-        # plugins/triton/benchmarks/triton_paged_check.py --sweep, cuDNN's dense decode in the same run), us per
-        # call, these tiles unsplit vs the split default (64-token tiles, 4 warps, 3 splits):
-        # pages of 16, 8k tokens 192.4 vs 195.1 (cuDNN 186.6); pages of 64, 8k 190.2 vs 192.4
-        # (186.7); pages of 16, 2k 55.7 vs 59.5 (62.2); pages of 16, 32k 746.1 vs 749.5 (713.8).
-        block_n, num_warps, num_stages = 128, 8, 3
-    elif kv_heads > 1:
-        # Decode with several waves of one-head programs: KV heads folded into the program
-        # until the programs make one nearly full wave, a tile of 128 rows (tokens x heads).
-        # Measured on an H100 (bf16, D=128, GQA 32/8, 64 sequences, pages of 16 in a random
-        # order; plugins/triton/benchmarks/paged_probe.py --kv-heads, cuDNN's dense decode in the same run),
-        # us per call, 4 heads x 32 tokens unsplit vs one head, 32 tokens, 4 stages: 8k tokens
-        # 747.5 vs 766.3 (cuDNN 743.5), 32k 2914.9 vs 2967.7 (2917.8).
-        block_n, num_warps, num_stages, num_splits = 128 // kv_heads, 4, 3, 1
-    elif filled and decode_like:
-        # Decode with enough sequences to fill the SMs unsplit: shorter key tiles, one more
-        # in flight. Measured on an H100 (bf16, D=128, GQA 32/8, 64 sequences, 8k and 32k
-        # tokens, pages of 16 and 64; plugins/triton/benchmarks/triton_paged_check.py --sweep): 2887-2921 GB/s
-        # against 2698-2787 with 64-token tiles and 3 stages, cuDNN's dense decode 2914-2918.
-        # With fewer sequences (splits > 1) 64 tokens and 3 stages stay ahead.
-        block_n, num_stages = 32, 4
+        num_splits, kv_heads, one_wave, filled = _split_count(spec, block_q, head_chunk, chunks, block_n, decode_like,
+                                                              num_sms)
+    block_n, num_warps, num_stages, num_splits = _decode_tiles(one_wave, kv_heads, filled and decode_like, block_n,
+                                                               num_warps, num_stages, num_splits)
     if spec.quantized and decode_like and split_free:
-        # One byte per value: one KV head x 64 tokens, 2 warps, 3 stages, and about four
-        # programs per SM (184 registers, 54 KB of shared memory each: triton 3.9's sm_90
-        # build), with splits when the sequences make fewer. Two warps, not four: a tile's row
-        # max, row sum and P's layout change cross half as many warps per barrier, and four
-        # programs keep an SM's loads going through any one's barriers. Measured on an H100
-        # (GQA 32/8, D=128, pages of 16 in a random order, per-head scales; plugins/triton/
-        # benchmarks/triton_paged_check.py --quant-sweep --quant-fast --quant-variants, cuDNN's bf16 dense
-        # decode in the same run), us per call, these tiles vs the two-per-SM tiles before (one
-        # head x 128 tokens, 4 warps, 2 splits at 16 sequences; 2 KV heads x 64 tokens, 4
-        # warps at 64), int8 / e4m3: 16 x 8k 114.7 / 115.0 vs 118.3 / 116.7 (cuDNN 190.7),
-        # 16 x 32k 404.2 / 412.9 vs 427.7 / 437.2 (733.9), 64 x 8k 408.7 / 405.6 vs 425.6 /
-        # 423.1 (740.2). The same reads with no attention at all (plugins/triton/benchmarks/paged_probe.py
-        # --quant-floor) take 97.5-101 us at 16 x 8k: what is left above that is the kernel's
-        # work, not its memory traffic.
-        #
-        # A split must keep at least QUANT_SPLIT_KEYS keys of the cache's capacity: below that
-        # the combine kernel and the second launch cost more than the balance buys, and a
-        # short cache (2k keys or fewer) runs unsplit on 4 warps. Measured on an H200 (16
-        # sequences, GQA 32/8, D=128, pages of 16, per-token scales; triton_paged_check.py
-        # --quant-sweep, the bf16 paged kernel in the same run), us per call int8 / e4m3, these
-        # tiles vs 4 (2 at 512) splits of 2 warps: 512 tokens 47.5 / 54.6 vs 64.8 / 65.8, 1k
-        # 61.1 / 58.7 vs 83.8 / 79.3, 2k 60.6 / 61.3 vs 79.1 / 54.8 (bf16 paged 54.9, 53.5,
-        # 56.0); at 8k the 4 splits stay (87.2 / 81.7 vs 158.9 / 168.3 unsplit).
-        unsplit = max(1, query_blocks(spec, block_q) * spec.heads_kv * chunks)
-        kv_heads = 1
-        num_splits = max(1, min((4 * num_sms) // unsplit, spec.capacity // QUANT_SPLIT_KEYS, 64))
-        block_n, num_stages = 64, 3
-        num_warps = 4 if spec.capacity <= QUANT_SPLIT_KEYS else 2
-    decode_q = decode_block_n = 0
-    if spec.quantized and spec.ragged and block_q > 1 and chunks == 1 and not wide and head_chunk <= 16:
-        # A ragged batch with prefill over a quantized cache: its decode rows (sequences of
-        # at most 16 rows) take decode programs of their own in the same launch, 16 rows x
-        # 128-token tiles (the decode tiles' bytes per stage), instead of a 64-row prefill block
-        # of 4 real rows, and the prefill blocks skip them. Measured on an H100 (GQA 32/8,
-        # D=128, per-head scales, 64 decode rows at 4k tokens + 4 x 512 prefill at 4k, pages of
-        # 16; plugins/triton/benchmarks/triton_paged_check.py --quant-mixed), us per call: int8 857.9 vs 877.3
-        # with every row in prefill blocks, 881.9 with 64-token decode tiles (two calls 853.2);
-        # e4m3 901.7 (two calls 891.5). ~106 KB of shared memory (the larger branch's, not
-        # the sum) and 188 registers (triton 3.9's sm_90 build): still two programs per SM.
-        decode_q, decode_block_n = 16 // head_chunk, 128
+        kv_heads, num_splits, block_n, num_stages, num_warps = _quantized_decode_tiles(spec, block_q, chunks, num_sms)
+    decode_q, decode_block_n = _mixed_decode_rows(spec, block_q, chunks, wide, head_chunk)
     return PagedTiles(
         block_q, head_chunk, block_n, num_warps, num_stages, int(num_splits), kv_heads, decode_q, decode_block_n
     )
@@ -512,20 +546,8 @@ def launch_grid(spec: PagedSpec, tiles: PagedTiles) -> tuple[int, int, int]:
     return query_blocks(spec, tiles.block_q, tiles.decode_q), spec.heads_kv // tiles.kv_heads * chunks, tiles.num_splits
 
 
-def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
-    """Inputs: q, k, v, page_table, kv_lengths, cu_q_lens, num_seqs, sinks (f32), k_scale and
-    v_scale (f32, contiguous, laid out as ``spec.k_scale``/``v_scale`` say; dummies if None), the
-    mask_mod's words and bounds (int32, ``paged.visibility``; dummies unless ``spec.mask_heads``).
-
-    Outputs with one split: ``out (N, Hq, Dv)`` in q's dtype, ``lse (N, Hq)`` float32
-    (natural log, sinks excluded, -inf for rows without keys), and a one-element dummy.
-    With several: float32 partials ``acc (splits, N, Hq, Dv)``, ``m (splits, N, Hq)`` (base-2
-    running max) and ``l (splits, N, Hq)``, which the last split of each program group merges
-    (:func:`fused`). Then three more: with splits the merged ``out`` and ``lse`` and the ticket
-    counters (int32, zeroed), else one-element dummies.
-    """
-    from jaxattn_triton.paged.kernel import paged_attn_kernel
-
+def _check_tiles(spec: PagedSpec, tiles: PagedTiles) -> None:
+    """Refuse tiles the kernel cannot run (``ValueError`` naming the field)."""
     if tiles.head_chunk < 1 or tiles.head_chunk > spec.group:
         raise ValueError(f"head_chunk={tiles.head_chunk} must lie in 1..{spec.group}")
     if tiles.kv_heads < 1 or spec.heads_kv % tiles.kv_heads:
@@ -538,12 +560,12 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         value = getattr(tiles, name)
         if value < 16 or value & (value - 1):
             raise ValueError(f"{name}={value} must be a power of two >= 16")
-    n, hq, dv = spec.num_tokens, spec.heads_q, spec.head_dim_v
-    splits = tiles.num_splits
-    if splits < 1:
-        raise ValueError(f"num_splits={splits} must be >= 1")
-    fuse = fused(tiles)
-    identity = spec.layout == DENSE
+    if tiles.num_splits < 1:
+        raise ValueError(f"num_splits={tiles.num_splits} must be >= 1")
+
+
+def _window_bounds(spec: PagedSpec) -> tuple[int | None, int | None]:
+    """``(left, right)``: the window's sides that can cut, None for a side that cannot."""
     # Large windows cut nothing: treat them as unbounded (and keep the arithmetic in int32).
     # A query sits at pos in [-q_len, capacity - 1] and keys at j in [0, capacity - 1]: a left
     # window >= capacity never cuts, a right one only from capacity + q_len - 1 on (a query
@@ -552,7 +574,17 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
     left = spec.window_left if spec.window_left is not None and spec.window_left < spec.capacity else None
     right_bound = spec.capacity + q_span
     right = spec.window_right if spec.window_right is not None and spec.window_right < right_bound else None
-    constexprs: dict[str, Any] = {
+    return left, right
+
+
+def _constexprs(spec: PagedSpec, tiles: PagedTiles) -> dict[str, Any]:
+    """The attention kernel's compile-time arguments (strides, sizes, features, tiles)."""
+    n, hq, dv = spec.num_tokens, spec.heads_q, spec.head_dim_v
+    splits = tiles.num_splits
+    fuse = fused(tiles)
+    identity = spec.layout == DENSE
+    left, right = _window_bounds(spec)
+    return {
         "stride_qt": hq * spec.head_dim,
         "stride_qh": spec.head_dim,
         **_cache_strides(spec),
@@ -604,6 +636,12 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
         "DECODE_N": tiles.decode_block_n if tiles.decode_q else tiles.block_n,
         "DECODE_PAGE_PER_TILE": spec.page_size % (tiles.decode_block_n or tiles.block_n) == 0,
     }
+
+
+def _outputs(spec: PagedSpec, tiles: PagedTiles, grid: tuple[int, int, int]) -> tuple[tuple[tuple[int, ...], str], ...]:
+    """The launch's outputs, ``(shape, dtype)`` each: see ``attention``."""
+    n, hq, dv = spec.num_tokens, spec.heads_q, spec.head_dim_v
+    splits = tiles.num_splits
     if splits == 1:
         outputs: tuple[tuple[tuple[int, ...], str], ...] = (
             ((n, hq, dv), spec.dtype),
@@ -616,11 +654,32 @@ def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
             ((splits, n, hq), "float32"),
             ((splits, n, hq), "float32"),
         )
-    grid = launch_grid(spec, tiles)
-    if fuse:
+    if fused(tiles):
         outputs += (((n, hq, dv), spec.dtype), ((n, hq), "float32"), ((grid[0] * grid[1],), "int32"))
     else:
         outputs += (((1,), spec.dtype), ((1,), "float32"), ((1,), "int32"))
+    return outputs
+
+
+def attention(spec: PagedSpec, tiles: PagedTiles) -> Launch:
+    """Inputs: q, k, v, page_table, kv_lengths, cu_q_lens, num_seqs, sinks (f32), k_scale and
+    v_scale (f32, contiguous, laid out as ``spec.k_scale``/``v_scale`` say; dummies if None), the
+    mask_mod's words and bounds (int32, ``paged.visibility``; dummies unless ``spec.mask_heads``).
+
+    Outputs with one split: ``out (N, Hq, Dv)`` in q's dtype, ``lse (N, Hq)`` float32
+    (natural log, sinks excluded, -inf for rows without keys), and a one-element dummy.
+    With several: float32 partials ``acc (splits, N, Hq, Dv)``, ``m (splits, N, Hq)`` (base-2
+    running max) and ``l (splits, N, Hq)``, which the last split of each program group merges
+    (:func:`fused`). Then three more: with splits the merged ``out`` and ``lse`` and the ticket
+    counters (int32, zeroed), else one-element dummies.
+    """
+    from jaxattn_triton.paged.kernel import paged_attn_kernel
+
+    _check_tiles(spec, tiles)
+    fuse = fused(tiles)
+    constexprs = _constexprs(spec, tiles)
+    grid = launch_grid(spec, tiles)
+    outputs = _outputs(spec, tiles, grid)
     return Launch(
         kernel=paged_attn_kernel,
         grid=grid,
