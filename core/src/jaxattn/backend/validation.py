@@ -377,6 +377,51 @@ def _lowered(checked: _Checked, mask: Any, q_ids: Any, kv_ids: Any, q_padding_le
     return mask, q_ids, kv_ids
 
 
+def _signature(md: AttentionMetadata, arrays: tuple[Any, ...], options: tuple[Any, ...],
+               sliding_window: Any) -> tuple[Any, ...]:
+    """The signature of a dense call, everything its checks read: the key of their memo.
+
+    Each array's shape and dtype (None where absent), each option with its type (``True == 1``,
+    but a bool is no int), the window as written, and the metadata unless it is the default.
+    Raises AttributeError where an argument is no array, and hashing the key TypeError where an option
+    is unhashable: the call is then checked without its memo, and the checks say what is wrong."""
+    return (tuple([None if x is None else (x.shape, x.dtype) for x in arrays]),
+            tuple([(x.__class__, x) for x in options]), None if sliding_window is None else repr(sliding_window),
+            None if md is DEFAULT_METADATA else md)
+
+
+def _prepared(md: AttentionMetadata, checked: _Checked, arrays: tuple[Any, ...], q_padding_lengths: Any,
+              kv_padding_lengths: Any) -> tuple[Any, ...]:
+    """``arrays`` (q, k, v, mask, bias, q_segment_ids, kv_segment_ids, softmax_aux, dropout_rng,
+    kv_lengths, k_scale, v_scale), in that order, as a forward receives them (``resolve_call``'s
+    ``prepare``), with the call's padding and top-left band lowered into its mask or segment ids."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    q, k, v, mask, bias, q_segment_ids, kv_segment_ids, softmax_aux, dropout_rng, kv_lengths = [
+        jnp.asarray(x) if isinstance(x, np.ndarray) else x for x in arrays[:10]
+    ]
+    k_scale, v_scale = arrays[10:]
+    if md.runtime_dtype is not None:
+        dtype = jnp.dtype(md.runtime_dtype)
+        q = q.astype(dtype)
+        if checked.problem.kv_dtype is None:
+            k, v = k.astype(dtype), v.astype(dtype)
+    if mask is not None and mask.ndim < 4:
+        mask = jnp.reshape(mask, (1,) * (4 - mask.ndim) + tuple(mask.shape))
+    if checked.band is not None or checked.padding is not None:
+        mask, q_segment_ids, kv_segment_ids = _lowered(checked, mask, q_segment_ids, kv_segment_ids,
+                                                       q_padding_lengths, kv_padding_lengths, q.shape[0],
+                                                       q.shape[1], k.shape[1])
+    if bias is not None and bias.ndim < 4:
+        bias = jnp.reshape(bias, (1,) * (4 - bias.ndim) + tuple(bias.shape))
+    if checked.problem.kv_dtype is not None:
+        from .quantize import scale_rank3
+
+        k_scale, v_scale = scale_rank3(k_scale), scale_rank3(v_scale)
+    return q, k, v, mask, bias, q_segment_ids, kv_segment_ids, softmax_aux, dropout_rng, kv_lengths, k_scale, v_scale
+
+
 @checked_keywords("an attention call")
 def resolve_call(
     q: Any,
@@ -419,25 +464,11 @@ def resolve_call(
     md = DEFAULT_METADATA if metadata is None else as_metadata(metadata)
     # init_bias is called in the checks' order (after q, k, v and mask): such calls are not memoised.
     lazy = bias is None and init_bias is not None
-    # The signature of the call: everything the checks read. Scalars carry their type (True == 1).
     try:
-        key: tuple[Any, ...] | None = (
-            q.shape, q.dtype, k.shape, k.dtype, v.shape, v.dtype,
-            None if mask is None else (mask.shape, mask.dtype), None if bias is None else (bias.shape, bias.dtype),
-            None if q_segment_ids is None else (q_segment_ids.shape, q_segment_ids.dtype),
-            None if kv_segment_ids is None else (kv_segment_ids.shape, kv_segment_ids.dtype),
-            None if softmax_aux is None else (softmax_aux.shape, softmax_aux.dtype),
-            None if dropout_rng is None else (dropout_rng.shape, dropout_rng.dtype),
-            None if kv_lengths is None else (kv_lengths.shape, kv_lengths.dtype),
-            None if k_scale is None else (k_scale.shape, k_scale.dtype),
-            None if v_scale is None else (v_scale.shape, v_scale.dtype),
-            causal.__class__, causal, None if sliding_window is None else repr(sliding_window),
-            softmax_scale.__class__, softmax_scale, logits_soft_cap.__class__, logits_soft_cap,
-            dropout_prob.__class__, dropout_prob, None if md is DEFAULT_METADATA else md,
-            None if q_padding_lengths is None else (q_padding_lengths.shape, q_padding_lengths.dtype),
-            None if kv_padding_lengths is None else (kv_padding_lengths.shape, kv_padding_lengths.dtype),
-            alignment, return_lse.__class__, return_lse,
-        )
+        key: tuple[Any, ...] | None = _signature(
+            md, (q, k, v, mask, bias, q_segment_ids, kv_segment_ids, softmax_aux, dropout_rng, kv_lengths, k_scale,
+                 v_scale, q_padding_lengths, kv_padding_lengths),
+            (causal, softmax_scale, logits_soft_cap, dropout_prob, alignment, return_lse), sliding_window)
         checked = None if lazy else _checked.get(key)  # type: ignore[arg-type]
     except (AttributeError, TypeError):  # not arrays, or unhashable options: the checks say what is wrong
         key = checked = None
@@ -466,30 +497,10 @@ def resolve_call(
         q_segment_ids = kv_segment_ids if q_segment_ids is None else q_segment_ids
         kv_segment_ids = q_segment_ids
     if prepare:
-        import jax.numpy as jnp
-        import numpy as np
-
-        q, k, v, mask, bias, q_segment_ids, kv_segment_ids, softmax_aux, dropout_rng, kv_lengths = [
-            jnp.asarray(x) if isinstance(x, np.ndarray) else x
-            for x in (q, k, v, mask, bias, q_segment_ids, kv_segment_ids, softmax_aux, dropout_rng, kv_lengths)
-        ]
-        if md.runtime_dtype is not None:
-            dtype = jnp.dtype(md.runtime_dtype)
-            q = q.astype(dtype)
-            if checked.problem.kv_dtype is None:
-                k, v = k.astype(dtype), v.astype(dtype)
-        if mask is not None and mask.ndim < 4:
-            mask = jnp.reshape(mask, (1,) * (4 - mask.ndim) + tuple(mask.shape))
-        if checked.band is not None or checked.padding is not None:
-            mask, q_segment_ids, kv_segment_ids = _lowered(checked, mask, q_segment_ids, kv_segment_ids,
-                                                           q_padding_lengths, kv_padding_lengths, q.shape[0],
-                                                           q.shape[1], k.shape[1])
-        if bias is not None and bias.ndim < 4:
-            bias = jnp.reshape(bias, (1,) * (4 - bias.ndim) + tuple(bias.shape))
-        if checked.problem.kv_dtype is not None:
-            from .quantize import scale_rank3
-
-            k_scale, v_scale = scale_rank3(k_scale), scale_rank3(v_scale)
+        (q, k, v, mask, bias, q_segment_ids, kv_segment_ids, softmax_aux, dropout_rng, kv_lengths, k_scale,
+         v_scale) = _prepared(md, checked, (q, k, v, mask, bias, q_segment_ids, kv_segment_ids, softmax_aux,
+                                            dropout_rng, kv_lengths, k_scale, v_scale), q_padding_lengths,
+                              kv_padding_lengths)
     return AttentionCall(
         problem=problem, metadata=md, q=q, k=k, v=v, mask=mask, bias=bias, causal=checked.causal,
         sliding_window=checked.sliding_window, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
