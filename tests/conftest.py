@@ -52,16 +52,19 @@ from typing import Any
 import jax
 import pytest
 
+from jaxattn.testing.quick_jit import xla_flags_for_tests
+
 jax.config.update("jax_default_matmul_precision", "highest")
 
 #: XLA:CPU flags of every compile in the suite's processes (the workers and the subprocesses
-#: the tests start inherit ``XLA_FLAGS``): XLA:CPU's elemental emitters rather than its fusion
+#: the tests start inherit ``XLA_FLAGS``): the kit's optional test options
+#: (``jaxattn.testing.quick_jit``), XLA:CPU's elemental emitters rather than its fusion
 #: emitters, about a third less CPU time in the conformance suites (pallas 139 -> 92 s, vanilla
 #: paged 90 -> 63 s of one process, 2026-12-02), compiling being most of it. Both are XLA's
 #: own code paths; the default one stays checked where a test asks for XLA's defaults (the
 #: conformance suites' forward-only ``jax.jit`` runs, the decode miscompile's and the property
-#: test's jits: ``jaxattn.testing.quick_jit.default_compiler_options``).
-SUITE_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
+#: test's jits: ``quick_jit.default_compiler_options``).
+SUITE_XLA_FLAGS = tuple(xla_flags_for_tests())
 #: Set to 0 to compile with XLA's defaults throughout.
 SUITE_XLA_FLAGS_SWITCH = "JAXATTN_TEST_XLA_FLAGS"
 

@@ -18,11 +18,11 @@ import numpy as np
 __all__ = [
     "CPU_TEST_COMPILER_OPTIONS",
     "CPU_TEST_COMPILER_OPTIONS_IF_KNOWN",
-    "XLA_DEFAULTS_OF_TEST_OPTIONS",
     "compiler_options_for_tests",
     "default_compiler_options",
     "eager_test_options",
     "quick_jit",
+    "xla_flags_for_tests",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -32,32 +32,36 @@ CPU_TEST_COMPILER_OPTIONS: dict[str, Any] = {
     "xla_llvm_disable_expensive_passes": True,
 }
 
-#: Options added where this jaxlib's XLA:CPU knows them (an unknown one fails every compile).
+#: Options added where this jaxlib's XLA:CPU knows them (an unknown one fails every compile),
+#: each as (the tests' value, XLA's default): a test process may also set the tests' value for
+#: every compile through ``XLA_FLAGS`` (``xla_flags_for_tests``, as this project's suite does),
+#: and ``default_compiler_options`` then asks for XLA's default back.
 #: XLA:CPU's fusion emitters cost about 3x the compile time of its elemental ones on a
 #: conformance program (forward and gradients of 25 cases: 3.0 s against 1.0 s, jax 0.10.2);
 #: both are XLA's own code paths, and the default one stays checked by the suites'
 #: forward-only ``jax.jit`` runs at XLA's default options.
-CPU_TEST_COMPILER_OPTIONS_IF_KNOWN: dict[str, Any] = {
-    "xla_cpu_use_fusion_emitters": False,
+CPU_TEST_COMPILER_OPTIONS_IF_KNOWN: dict[str, tuple[Any, Any]] = {
+    "xla_cpu_use_fusion_emitters": (False, True),
 }
 
 
-#: What XLA does by default for each of ``CPU_TEST_COMPILER_OPTIONS_IF_KNOWN`` (a test process
-#: may set them for every compile through ``XLA_FLAGS``, as this project's suite does).
-XLA_DEFAULTS_OF_TEST_OPTIONS: dict[str, Any] = {
-    "xla_cpu_use_fusion_emitters": True,
-}
+def xla_flags_for_tests() -> list[str]:
+    """``CPU_TEST_COMPILER_OPTIONS_IF_KNOWN``'s test values as ``XLA_FLAGS`` entries. Whether the
+    jaxlib knows them is the caller's to find out, in a child process: XLA aborts on an unknown
+    flag, and reads ``XLA_FLAGS`` once, at the first compile."""
+    return [f"--{name}={str(test).lower()}" for name, (test, _) in CPU_TEST_COMPILER_OPTIONS_IF_KNOWN.items()]
 
 
 @functools.cache
 def _known_cpu_options() -> dict[str, Any]:
+    """``CPU_TEST_COMPILER_OPTIONS_IF_KNOWN``'s test values of the options this jaxlib knows."""
     known = {}
-    for name, value in CPU_TEST_COMPILER_OPTIONS_IF_KNOWN.items():
+    for name, (test, _) in CPU_TEST_COMPILER_OPTIONS_IF_KNOWN.items():
         try:
-            jax.jit(lambda x: x + 1).lower(np.zeros(2, np.float32)).compile(compiler_options={name: value})
+            jax.jit(lambda x: x + 1).lower(np.zeros(2, np.float32)).compile(compiler_options={name: test})
         except Exception:  # jaxlib raises XlaRuntimeError (INVALID_ARGUMENT) for an unknown option
             continue
-        known[name] = value
+        known[name] = test
     return known
 
 
@@ -73,7 +77,7 @@ def default_compiler_options() -> dict[str, Any] | None:
     test options above for every compile (None: nothing to restore on this backend)."""
     if jax.default_backend() != "cpu":
         return None
-    return {name: XLA_DEFAULTS_OF_TEST_OPTIONS[name] for name in _known_cpu_options()} or None
+    return {name: CPU_TEST_COMPILER_OPTIONS_IF_KNOWN[name][1] for name in _known_cpu_options()} or None
 
 
 def quick_jit(fn: F, **jit_kwargs: Any) -> F:
