@@ -52,35 +52,44 @@ from typing import Any
 import jax
 import pytest
 
-from jaxattn.testing.quick_jit import xla_flags_for_tests
+from jaxattn.testing.quick_jit import CPU_TEST_COMPILER_OPTIONS_IF_KNOWN, xla_flags_for_tests
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-#: XLA:CPU flags of every compile in the suite's processes (the workers and the subprocesses
-#: the tests start inherit ``XLA_FLAGS``): the kit's optional test options
-#: (``jaxattn.testing.quick_jit``), XLA:CPU's elemental emitters rather than its fusion
-#: emitters, about a third less CPU time in the conformance suites (pallas 139 -> 92 s, vanilla
-#: paged 90 -> 63 s of one process, 2026-12-02), compiling being most of it. Both are XLA's
-#: own code paths; the default one stays checked where a test asks for XLA's defaults (the
-#: conformance suites' forward-only ``jax.jit`` runs, the decode miscompile's and the property
-#: test's jits: ``quick_jit.default_compiler_options``).
+#: XLA:CPU flags of every compile in the suite's processes on a CPU (the workers and the
+#: subprocesses the tests start inherit ``XLA_FLAGS``): the kit's test options
+#: (``jaxattn.testing.quick_jit``), so that eager ops and plain ``jax.jit`` compile as the kits'
+#: test programs do: LLVM's optimisations off (flax and drop-in tests 80 -> 45 s of one process,
+#: 2026-12-02) and XLA:CPU's elemental emitters rather than its fusion emitters, about a third
+#: less CPU time in the conformance suites (pallas 139 -> 92 s, vanilla paged 90 -> 63 s,
+#: 2026-12-02), compiling being most of it. Both are XLA's own code paths; the default one
+#: stays checked where a test asks for XLA's defaults (the conformance suites' forward-only
+#: ``jax.jit`` runs, the decode miscompile's and the property test's jits:
+#: ``quick_jit.default_compiler_options``).
 SUITE_XLA_FLAGS = tuple(xla_flags_for_tests())
 #: Set to 0 to compile with XLA's defaults throughout.
 SUITE_XLA_FLAGS_SWITCH = "JAXATTN_TEST_XLA_FLAGS"
+_PROBE = "import jax; jax.jit(lambda x: x + 1)(1.0).block_until_ready(); print(jax.default_backend())"
 
 
 def _with_suite_xla_flags() -> None:
     """Add ``SUITE_XLA_FLAGS`` to ``XLA_FLAGS`` before jax parses them (at its first compile),
-    where this jaxlib knows them: XLA aborts the process on an unknown flag, so a child process
-    tries them first (once per session: the workers find them set)."""
+    where this jaxlib knows them and the suite runs on a CPU: XLA aborts the process on an
+    unknown flag, and on an accelerator nothing would ask for its defaults back, so a child
+    process tries them first (once per session: the workers find them set)."""
     flags = os.environ.get("XLA_FLAGS", "").split()
     missing = [f for f in SUITE_XLA_FLAGS if f.split("=")[0] not in {g.split("=")[0] for g in flags}]
     if os.environ.get(SUITE_XLA_FLAGS_SWITCH) == "0" or not missing:
         return
-    env = {**os.environ, "XLA_FLAGS": " ".join([*flags, *missing]), "JAX_PLATFORMS": "cpu"}
-    probe = [sys.executable, "-c", "import jax; jax.jit(lambda x: x + 1)(1.0).block_until_ready()"]
-    if subprocess.run(probe, env=env, capture_output=True, check=False, timeout=300).returncode == 0:
-        os.environ["XLA_FLAGS"] = env["XLA_FLAGS"]
+    optional = {f"--{name}" for name in CPU_TEST_COMPILER_OPTIONS_IF_KNOWN}
+    for tried in (missing, [f for f in missing if f.split("=")[0] not in optional]):
+        env = {**os.environ, "XLA_FLAGS": " ".join([*flags, *tried])}
+        probe = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
+                               check=False, timeout=300)
+        if probe.returncode == 0:
+            if probe.stdout.split()[-1:] == ["cpu"]:
+                os.environ["XLA_FLAGS"] = env["XLA_FLAGS"]
+            return
 
 
 _with_suite_xla_flags()

@@ -27,15 +27,16 @@ __all__ = [
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-CPU_TEST_COMPILER_OPTIONS: dict[str, Any] = {
-    "xla_backend_optimization_level": 0,
-    "xla_llvm_disable_expensive_passes": True,
+#: The options every test compile on a CPU takes, as (the tests' value, XLA's default: its
+#: ``DefaultDebugOptionsIgnoringFlags``): LLVM's optimisations off.
+_CPU_TEST_OPTIONS_AND_DEFAULTS: dict[str, tuple[Any, Any]] = {
+    "xla_backend_optimization_level": (0, 3),
+    "xla_llvm_disable_expensive_passes": (True, False),
 }
+CPU_TEST_COMPILER_OPTIONS: dict[str, Any] = {name: test for name, (test, _) in _CPU_TEST_OPTIONS_AND_DEFAULTS.items()}
 
 #: Options added where this jaxlib's XLA:CPU knows them (an unknown one fails every compile),
-#: each as (the tests' value, XLA's default): a test process may also set the tests' value for
-#: every compile through ``XLA_FLAGS`` (``xla_flags_for_tests``, as this project's suite does),
-#: and ``default_compiler_options`` then asks for XLA's default back.
+#: each as (the tests' value, XLA's default).
 #: XLA:CPU's fusion emitters cost about 3x the compile time of its elemental ones on a
 #: conformance program (forward and gradients of 25 cases: 3.0 s against 1.0 s, jax 0.10.2);
 #: both are XLA's own code paths, and the default one stays checked by the suites'
@@ -46,10 +47,13 @@ CPU_TEST_COMPILER_OPTIONS_IF_KNOWN: dict[str, tuple[Any, Any]] = {
 
 
 def xla_flags_for_tests() -> list[str]:
-    """``CPU_TEST_COMPILER_OPTIONS_IF_KNOWN``'s test values as ``XLA_FLAGS`` entries. Whether the
-    jaxlib knows them is the caller's to find out, in a child process: XLA aborts on an unknown
-    flag, and reads ``XLA_FLAGS`` once, at the first compile."""
-    return [f"--{name}={str(test).lower()}" for name, (test, _) in CPU_TEST_COMPILER_OPTIONS_IF_KNOWN.items()]
+    """Every test option's test value as an ``XLA_FLAGS`` entry: a test process may set them for
+    every compile, eager ops and plain ``jax.jit`` included (as this project's suite does), and
+    ``default_compiler_options`` then asks for XLA's defaults back. Whether the jaxlib knows
+    the optional ones is the caller's to find out, in a child process: XLA aborts on an
+    unknown flag, and reads ``XLA_FLAGS`` once, at the first compile."""
+    table = {**_CPU_TEST_OPTIONS_AND_DEFAULTS, **CPU_TEST_COMPILER_OPTIONS_IF_KNOWN}
+    return [f"--{name}={str(test).lower()}" for name, (test, _) in table.items()]
 
 
 @functools.cache
@@ -77,7 +81,8 @@ def default_compiler_options() -> dict[str, Any] | None:
     test options above for every compile (None: nothing to restore on this backend)."""
     if jax.default_backend() != "cpu":
         return None
-    return {name: CPU_TEST_COMPILER_OPTIONS_IF_KNOWN[name][1] for name in _known_cpu_options()} or None
+    return {**{name: default for name, (_, default) in _CPU_TEST_OPTIONS_AND_DEFAULTS.items()},
+            **{name: CPU_TEST_COMPILER_OPTIONS_IF_KNOWN[name][1] for name in _known_cpu_options()}}
 
 
 def quick_jit(fn: F, **jit_kwargs: Any) -> F:
