@@ -59,13 +59,13 @@ jax.config.update("jax_default_matmul_precision", "highest")
 #: XLA:CPU flags of every compile in the suite's processes on a CPU (the workers and the
 #: subprocesses the tests start inherit ``XLA_FLAGS``): the kit's test options
 #: (``jaxattn.testing.quick_jit``), so that eager ops and plain ``jax.jit`` compile as the kits'
-#: test programs do: LLVM's optimisations off (flax and drop-in tests 80 -> 45 s of one process,
-#: 2026-12-02) and XLA:CPU's elemental emitters rather than its fusion emitters, about a third
-#: less CPU time in the conformance suites (pallas 139 -> 92 s, vanilla paged 90 -> 63 s,
-#: 2026-12-02), compiling being most of it. Both are XLA's own code paths; the default one
-#: stays checked where a test asks for XLA's defaults (the conformance suites' forward-only
-#: ``jax.jit`` runs, the decode miscompile's and the property test's jits:
-#: ``quick_jit.default_compiler_options``).
+#: test programs do: LLVM's optimisations off (the flax tests 109 -> 63 and the drop-in tests
+#: 76 -> 52 test-seconds in the whole suite, 2026-12-02) and XLA:CPU's elemental emitters rather
+#: than its fusion emitters, about a third less CPU time in the conformance suites (pallas
+#: 139 -> 92 s, vanilla paged 90 -> 63 s, 2026-12-02), compiling being most of it. Both are
+#: XLA's own code paths; the default one stays checked where a test asks for XLA's defaults
+#: (the conformance suites' forward-only ``jax.jit`` runs, the decode miscompile's and the
+#: property test's jits: ``quick_jit.default_compiler_options``).
 SUITE_XLA_FLAGS = tuple(xla_flags_for_tests())
 #: Set to 0 to compile with XLA's defaults throughout.
 SUITE_XLA_FLAGS_SWITCH = "JAXATTN_TEST_XLA_FLAGS"

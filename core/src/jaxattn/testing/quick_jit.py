@@ -57,15 +57,15 @@ def xla_flags_for_tests() -> list[str]:
 
 
 @functools.cache
-def _known_cpu_options() -> dict[str, Any]:
-    """``CPU_TEST_COMPILER_OPTIONS_IF_KNOWN``'s test values of the options this jaxlib knows."""
-    known = {}
-    for name, (test, _) in CPU_TEST_COMPILER_OPTIONS_IF_KNOWN.items():
+def _cpu_options() -> dict[str, tuple[Any, Any]]:
+    """(the tests' value, XLA's default) of every test option this jaxlib knows."""
+    known = dict(_CPU_TEST_OPTIONS_AND_DEFAULTS)
+    for name, (test, default) in CPU_TEST_COMPILER_OPTIONS_IF_KNOWN.items():
         try:
             jax.jit(lambda x: x + 1).lower(np.zeros(2, np.float32)).compile(compiler_options={name: test})
         except Exception:  # jaxlib raises XlaRuntimeError (INVALID_ARGUMENT) for an unknown option
             continue
-        known[name] = test
+        known[name] = (test, default)
     return known
 
 
@@ -73,7 +73,7 @@ def compiler_options_for_tests() -> dict[str, Any] | None:
     """The options ``quick_jit`` uses on this backend (None: XLA's defaults)."""
     if jax.default_backend() != "cpu":
         return None
-    return {**CPU_TEST_COMPILER_OPTIONS, **_known_cpu_options()}
+    return {name: test for name, (test, _) in _cpu_options().items()}
 
 
 def default_compiler_options() -> dict[str, Any] | None:
@@ -81,8 +81,7 @@ def default_compiler_options() -> dict[str, Any] | None:
     test options above for every compile (None: nothing to restore on this backend)."""
     if jax.default_backend() != "cpu":
         return None
-    return {**{name: default for name, (_, default) in _CPU_TEST_OPTIONS_AND_DEFAULTS.items()},
-            **{name: CPU_TEST_COMPILER_OPTIONS_IF_KNOWN[name][1] for name in _known_cpu_options()}}
+    return {name: default for name, (_, default) in _cpu_options().items()}
 
 
 def quick_jit(fn: F, **jit_kwargs: Any) -> F:
