@@ -10,6 +10,9 @@ built once:
 
 * the variants of a test that differ only in the value poisoning a cache (``nan``, ``inf``,
   ``-inf`` in the id): the same shapes, so the same programs;
+* the cases of a conformance class's ``test_forward_eager_and_default_jit`` (or a paged one's
+  ``test_unread_positions``) in one dtype, whose runs under ``jax.jit`` at XLA's defaults are one
+  program (``BATCHED_TESTS``);
 * the modules that name an ``xdist_group`` in their ``pytestmark`` (the fresh-venv tests: one
   wheelhouse and one dependency base per session). xdist reads that marker into the test id,
   which pytest 9.2 no longer lets it change, so the group is read off the module here.
@@ -134,6 +137,12 @@ def _id_tokens(param_id: str) -> list[str]:
     return tokens
 
 
+#: Tests whose cases share one program per suite class and dtype (the conformance kits'
+#: runs under ``jax.jit`` at XLA's defaults: ``ConformanceSuite._default_jit_forward``,
+#: ``PagedConformanceSuite._unread_batch``).
+BATCHED_TESTS = ("::test_forward_eager_and_default_jit", "::test_unread_positions")
+
+
 def shared_program_scope(nodeid: str) -> str:
     """The unit of work (a worker runs all of it) that ``nodeid`` belongs to."""
     path = nodeid.split("::", 1)[0]
@@ -144,6 +153,8 @@ def shared_program_scope(nodeid: str) -> str:
     if not bracket or not param_id.endswith("]"):
         return nodeid
     param_id = param_id[:-1]
+    if name.endswith(BATCHED_TESTS):  # one program per class and dtype: the dtype ends the id
+        return f"{name}[{param_id.rsplit('-', 1)[-1]}:batch]"
     tokens = _id_tokens(param_id)
     kept = [t for t in tokens if t not in _POISON_IDS]
     if len(kept) < len(tokens):  # the same test with another poison value

@@ -134,6 +134,10 @@ _results_cache: dict[tuple[type, Case, str], tuple[AttentionOutput, Any]] = {}
 # itself keys on shapes and dtypes. The most recent ones only: executables hold memory.
 _programs: OrderedDict[tuple[Any, ...], Callable[..., Any]] = OrderedDict()
 _PROGRAMS_KEPT = 256
+# (suite class, dtype) -> the cases its test_forward_eager_and_default_jit is parametrised with,
+# and, once the first of them runs, their forwards (None where the batch did not run).
+_default_jit_cases: dict[tuple[type, str], tuple[Case, ...]] = {}
+_default_jit_outputs: dict[tuple[type, str], dict[Case, AttentionOutput] | None] = {}
 
 
 def _jax_arrays(arrays: Mapping[str, Any], dtype: str) -> dict[str, jax.Array]:
@@ -269,6 +273,8 @@ class ConformanceSuite(ModConformance):
                 wanted = [c for c in wanted if c.grad]
             if metafunc.function.__name__ == "test_unread_cache_positions":
                 wanted = [c for c in wanted if c.kv_lengths is not None]
+            if metafunc.function.__name__ == "test_forward_eager_and_default_jit":
+                _default_jit_cases.update({(cls, dt): tuple(wanted) for dt in cls.dtypes})
             params = [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in wanted for dt in cls.dtypes]
             metafunc.parametrize(("case", "dtype"), params)
         elif "lengths" in names:
@@ -442,14 +448,50 @@ class ConformanceSuite(ModConformance):
         self._check_forward_out(out, ref, dtype, case.describe())
 
     def _forward_checks(self, case: Case, dtype: str, np_arrays: Mapping[str, Any],
-                        arrays: Mapping[str, Any], label: str) -> None:
-        """The forward of ``case``, eagerly and alone under ``jax.jit`` at XLA's default options,
-        against the oracle on ``np_arrays`` (``arrays`` may hold poison where nothing reads)."""
+                        arrays: Mapping[str, Any], label: str, batched: bool = False) -> None:
+        """The forward of ``case``, eagerly and under ``jax.jit`` at XLA's default options (with the
+        rest of its batch where ``batched``: ``_default_jit_forward``), against the oracle on
+        ``np_arrays`` (``arrays`` may hold poison where nothing reads)."""
         features = static_features(case)
         ref = oracle.attention(np_arrays["q"], np_arrays["k"], np_arrays["v"], **self._oracle_kwargs(np_arrays, case))
         for how in ("eager", "default_jit") if self.runs_eager(dtype) else ("default_jit",):
-            out, _ = self._evaluate(arrays, features, how=how)
+            out = self._default_jit_forward(case, dtype) if batched and how == "default_jit" else None
+            if out is None:
+                out, _ = self._evaluate(arrays, features, how=how)
             self._check_forward_out(out, ref, dtype, f"{how}: {label}")
+
+    def _default_jit_forward(self, case: Case, dtype: str) -> AttentionOutput | None:
+        """The forward of ``case`` out of one ``jax.jit`` program (XLA's default options) holding
+        the forwards of every case ``test_forward_eager_and_default_jit`` is parametrised with in
+        this class and dtype, each on its own inputs; None where ``case`` is not in it (a direct
+        call, or the batch raised: each case then runs alone and reports its own error).
+
+        XLA compiles a program of many small, disjoint forwards in about half the time of one
+        program each (a fixed cost per program: tracing, lowering, the compiler's set-up); each
+        forward is the same computation, at the same options, as alone."""
+        key = (type(self), dtype)
+        if case not in _default_jit_cases.get(key, ()):
+            return None
+        if key not in _default_jit_outputs:
+            _default_jit_outputs[key] = None
+            try:
+                runs = {}
+                for c in _default_jit_cases[key]:
+                    _, arrays = self._prepare(c, dtype)
+                    if not self._supports(arrays, static_features(c)):
+                        runs[c] = {n: a for n, a in arrays.items() if n != "d_output"}
+                order = list(runs)
+
+                def forwards(inputs: list[dict[str, jax.Array]]) -> list[AttentionOutput]:
+                    return [self._call(a, static_features(c)) for c, a in zip(order, inputs, strict=True)]
+
+                with jax.default_matmul_precision("highest"):
+                    outs = jax.jit(forwards, compiler_options=default_compiler_options())(list(runs.values()))
+                _default_jit_outputs[key] = dict(zip(order, outs, strict=True))
+            except Exception:  # reported by the case that raises, alone
+                pass
+        outputs = _default_jit_outputs[key]
+        return None if outputs is None else outputs.get(case)
 
     @staticmethod
     def _poisoned(case: Case, arrays: Mapping[str, Any], value: float) -> dict[str, Any]:
@@ -470,7 +512,7 @@ class ConformanceSuite(ModConformance):
         reasons = self._supports(arrays, static_features(case))
         if reasons:
             pytest.skip(f"declined (checked by test_forward): {'; '.join(reasons)}")
-        self._forward_checks(case, dtype, np_arrays, arrays, case.describe())
+        self._forward_checks(case, dtype, np_arrays, arrays, case.describe(), batched=True)
 
     def test_unread_cache_positions(self, case: Case, dtype: str) -> None:
         """K and V past each ``kv_lengths`` hold NaN, then +Inf (the contract: any bit pattern):
