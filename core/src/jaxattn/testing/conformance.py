@@ -18,7 +18,9 @@ reported as skipped, "declined"): a backend may refuse a feature but never ignor
 Every case runs three ways: one program computing the forward and the gradients (the
 checks of ``test_forward`` and ``test_gradients``, compiled with the fast test options), the
 forward eagerly (in the first dtype: ``eager_dtypes``), and the forward alone under
-``jax.jit`` with XLA's default options (``test_forward_eager_and_default_jit``): a miscompile
+``jax.jit`` with XLA's default options (``test_forward_eager_and_default_jit``; one program
+holds the forwards of every case of a class and dtype, each on its own inputs and checked
+alone, and a case runs alone where that program raises): a miscompile
 can hide in one of them (jaxlib 0.10.2's XLA:CPU computed wrong decode logits only in a
 forward-only program, docs/decode.md). Tests that run one program share it: it is traced
 and compiled once per process.

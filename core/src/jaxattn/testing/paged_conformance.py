@@ -107,6 +107,18 @@ _unread_cases: dict[tuple[type, str], tuple[PagedCase, ...]] = {}
 _unread_outputs: dict[tuple[type, str, str, str], dict[PagedCase, Any] | None] = {}
 
 
+def _remember(key: tuple[Any, ...], make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
+    """The jitted program under ``key`` in ``_programs``, made by ``make()`` the first time; the
+    least recently used one is dropped beyond ``_PROGRAMS_KEPT``."""
+    if key in _programs:
+        _programs.move_to_end(key)
+    else:
+        _programs[key] = make()
+        if len(_programs) > _PROGRAMS_KEPT:
+            _programs.popitem(last=False)
+    return _programs[key]
+
+
 def _to_jax(arrays: Mapping[str, Any], dtype: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in arrays.items():
@@ -271,14 +283,8 @@ class PagedConformanceSuite:
         # One jitted function per program: a run on other data (the poisons, another table of
         # the same shapes, another dtype) reuses the traced and compiled program.
         key = (type(self), case, how, repr(sorted(static.items())))
-        if key in _programs:
-            _programs.move_to_end(key)
-        else:
-            options = compiler_options_for_tests() if how == "test_jit" else default_compiler_options()
-            _programs[key] = jax.jit(call, compiler_options=options)
-            if len(_programs) > _PROGRAMS_KEPT:
-                _programs.popitem(last=False)
-        return _programs[key](inputs)
+        options = compiler_options_for_tests() if how == "test_jit" else default_compiler_options()
+        return _remember(key, lambda: jax.jit(call, compiler_options=options))(inputs)
 
     def _unread_batch(self, case: PagedCase, dtype: str, value: float, how: str) -> Any | None:
         """``case``'s output, poisoned with ``value``, out of one ``jax.jit`` program (XLA's
@@ -301,15 +307,14 @@ class PagedConformanceSuite:
                 # The poisons' runs share one program: the same cases and static arguments.
                 program_key = (type(self), dtype, how, tuple(parts),
                                repr([sorted(static.items()) for *_, static in parts.values()]))
-                if program_key not in _programs:
-                    calls = [call for call, *_ in parts.values()]
+                calls = [call for call, *_ in parts.values()]
 
-                    def calls_of(inputs: list[Any]) -> list[Any]:
-                        return [call(x) for call, x in zip(calls, inputs, strict=True)]
+                def calls_of(inputs: list[Any]) -> list[Any]:
+                    return [call(x) for call, x in zip(calls, inputs, strict=True)]
 
-                    _programs[program_key] = jax.jit(calls_of, compiler_options=default_compiler_options())
+                program = _remember(program_key, lambda: jax.jit(calls_of, compiler_options=default_compiler_options()))
                 with jax.default_matmul_precision("highest"):
-                    outs = _programs[program_key]([inputs for _, inputs, *_ in parts.values()])
+                    outs = program([inputs for _, inputs, *_ in parts.values()])
                 _unread_outputs[out_key] = dict(zip(parts, outs, strict=True))
             except Exception:  # reported by the case that raises, alone
                 pass
