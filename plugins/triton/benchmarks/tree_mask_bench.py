@@ -9,6 +9,12 @@ mask_mod's arrays traced (so its packed bits are built in every call, as a model
 would). Also timed: the chain given as a mask_mod (the bits path alone), and building the bits
 alone. Prints us per call and the ratio tree / chain (issue 50's target: at most 1.1x).
 
+``--layers N`` times a step of N layers in one ``jax.jit`` program, each layer's queries the
+previous layer's output, over the same cache: a model's step, whose layers share one tree mask
+(the bits are built from the same arrays in every layer, and XLA computes them once). It prints
+a layer's share of the step. ``--scan`` runs the layers as one ``jax.lax.scan`` instead of
+unrolled (as models that scan over their layers do).
+
 On the GPU machine, from the repository root:
 
     python3 plugins/triton/benchmarks/tree_mask_bench.py [--seqs 1] [--context 32768] [--json OUT]
@@ -69,8 +75,12 @@ def main() -> None:
     ap.add_argument("--drafts", type=int, default=16)
     ap.add_argument("--impl", default="ragged_page_attention_v3")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--layers", type=int, default=1, help="layers of one step in one jax.jit program")
+    ap.add_argument("--scan", action="store_true", help="the layers as a jax.lax.scan, not unrolled")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    if a.layers < 1:
+        ap.error(f"--layers: must be at least 1, got {a.layers}")
     from triton_measure import time_jax
 
     b, t, ctx = a.seqs, a.drafts, a.context
@@ -89,23 +99,32 @@ def main() -> None:
     chain = jnp.asarray(np.broadcast_to(np.tril(np.ones((t, t), bool)), (b, t, t)))
     start = lengths - t
 
+    def step(layer: Any, q: Any) -> Any:
+        """``a.layers`` applications of ``layer(q) -> q``: unrolled, or one scan (--scan)."""
+        if a.scan:
+            return jax.lax.scan(lambda x, _: (layer(x).astype(x.dtype), None), q, None, length=a.layers)[0]
+        for _ in range(a.layers):
+            q = layer(q).astype(q.dtype)
+        return q
+
     @jax.jit
     def with_mask(q: Any, kp: Any, vp: Any, anc: Any, first: Any) -> Any:
-        return jaxattn.ragged_paged_attention(q, kp, vp, table, lengths, cu, b, impl=a.impl,
-                                              mask_mod=tree_mod(anc, first))  # fmt: skip
+        return step(lambda x: jaxattn.ragged_paged_attention(x, kp, vp, table, lengths, cu, b, impl=a.impl,
+                                                             mask_mod=tree_mod(anc, first)), q)  # fmt: skip
 
     @jax.jit
     def plain(q: Any, kp: Any, vp: Any) -> Any:
-        return jaxattn.ragged_paged_attention(q, kp, vp, table, lengths, cu, b, impl=a.impl)
+        return step(lambda x: jaxattn.ragged_paged_attention(x, kp, vp, table, lengths, cu, b, impl=a.impl), q)
 
     # The chain as a mask_mod is plain causal: the two paths agree.
     got, want = with_mask(q, k_pages, v_pages, chain, start), plain(q, k_pages, v_pages)
     err = float(jnp.max(jnp.abs(got.astype(jnp.float32) - want.astype(jnp.float32))))
     assert err < 2e-2, f"the chain as a mask_mod differs from plain causal by {err}"
+    layers = a.layers
     rows: dict[str, float] = {
-        "chain (causal, no mask_mod)": time_jax(plain, q, k_pages, v_pages, reps=a.reps),
-        "tree (mask_mod)": time_jax(with_mask, q, k_pages, v_pages, tree, start, reps=a.reps),
-        "chain as a mask_mod": time_jax(with_mask, q, k_pages, v_pages, chain, start, reps=a.reps),
+        "chain (causal, no mask_mod)": time_jax(plain, q, k_pages, v_pages, reps=a.reps) / layers,
+        "tree (mask_mod)": time_jax(with_mask, q, k_pages, v_pages, tree, start, reps=a.reps) / layers,
+        "chain as a mask_mod": time_jax(with_mask, q, k_pages, v_pages, chain, start, reps=a.reps) / layers,
     }
     if a.impl != "vanilla_paged":
         from jaxattn_triton.paged.visibility import visibility_words
@@ -115,14 +134,16 @@ def main() -> None:
         rows["building the bits alone"] = time_jax(bits, tree, start, reps=a.reps)
     device = jax.devices()[0].device_kind
     print(f"{device}: {b} sequence(s) x {t} draft tokens over {ctx} tokens, GQA {HQ}/{HKV}, D {D}, bf16, "
-          f"pages of {PAGE}, impl {a.impl}")
+          f"pages of {PAGE}, impl {a.impl}, {layers} layer(s) a program{' (scanned)' if a.scan else ''} "
+          "(us: a layer's share)")
     for name, sec in rows.items():
         print(f"  {name:32s} {sec * 1e6:9.1f} us")
     ratio = rows["tree (mask_mod)"] / rows["chain (causal, no mask_mod)"]
     print(f"  tree / chain: {ratio:.3f}x (target <= 1.1x)")
     if a.json:
         a.json.write_text(json.dumps({"device": device, "seqs": b, "drafts": t, "context": ctx, "impl": a.impl,
-                                      "us": {n: s * 1e6 for n, s in rows.items()}, "ratio": ratio}, indent=1))
+                                      "layers": layers, "scan": a.scan, "us": {n: s * 1e6 for n, s in rows.items()},
+                                      "ratio": ratio}, indent=1))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,9 @@ over int8 and e4m3 caches as one call and as two, beside the bf16 cache's one ca
 (``--quant-mixed-all``: per-token scales and every tile variant too; ``--quant-mixed-prefill``:
 prefill blocks of twice the query tokens). ``--quant-shapes``, ``--quant-grans``,
 ``--quant-formats`` and ``--quant-variants`` narrow or widen the quantized sweep.
+``--layers N`` times N calls in one ``jax.jit`` program, each on the previous one's output (a
+model's layers in one step: the host dispatches once per N calls), and reports a call's share;
+without it, back-to-back calls of one program, where a short call can measure the host's dispatch.
 ``--warm-workers N`` compiles a section's
 variants in N threads before timing them (the ragged kernel takes tens of seconds each). The registered
 backends are measured too, through jaxattn's dispatch (validation, support checks, the
@@ -129,13 +132,28 @@ def memory_limit() -> int | None:
     return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
 
 
+#: --layers N: N calls chained in one program (the module docstring); 1: one call a program.
+LAYERS = 1
+
+
 def time_fn(fn: Callable[..., Any], *args: Any) -> float:
-    """Median seconds per call of ``fn`` (jitted), back-to-back calls as ``jaxattn bench`` times."""
+    """Median seconds per call of ``fn`` (jitted), back-to-back calls as ``jaxattn bench`` times;
+    with ``--layers N``, a call's share of N chained in one program (``args[0]`` is the query,
+    each call's output, cast to its shape and dtype, the next one's)."""
     import triton_measure as bench_util  # beside this script
 
+    if LAYERS > 1:
+        inner = fn
+
+        def chained(q: Array, *rest: Any) -> Array:
+            for _ in range(LAYERS):
+                q = inner(q, *rest).reshape(q.shape).astype(q.dtype)
+            return q
+
+        fn = jax.jit(chained)
     if SMOKE:
-        return bench_util.time_jax(fn, *args, reps=1, min_sample_ms=0.0, preroll_ms=0.0)
-    return bench_util.time_jax(fn, *args, reps=10)
+        return bench_util.time_jax(fn, *args, reps=1, min_sample_ms=0.0, preroll_ms=0.0) / LAYERS
+    return bench_util.time_jax(fn, *args, reps=10) / LAYERS
 
 
 #: --warm-workers: threads that compile (and run once) a section's variants before any is timed.
@@ -1296,6 +1314,8 @@ def main() -> None:
                     help="--quant-sweep: these scale granularities, each with the tile variants")  # fmt: skip
     ap.add_argument("--warm-workers", type=int, default=1,
                     help="threads compiling the variants before timing (--quant-sweep, --quant-mixed)")  # fmt: skip
+    ap.add_argument("--layers", type=int, default=1,
+                    help="time N calls chained in one jax.jit program, a call's share (default 1)")  # fmt: skip
     ap.add_argument("--compile", action="store_true", help="sm_90 compile check (no GPU needed)")
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny shapes in the Triton interpreter")
     ap.add_argument("--json", type=Path, default=None)
@@ -1311,7 +1331,10 @@ def main() -> None:
     )
     ap.add_argument("--sweep-splits", default="", metavar="N,...", help="key splits for --sweep (default 1,2,3,4,6,8)")
     args = ap.parse_args()
-    global WARM_WORKERS, QUANT_GRANS, QUANT_FORMATS
+    global WARM_WORKERS, QUANT_GRANS, QUANT_FORMATS, LAYERS
+    if args.layers < 1:
+        raise SystemExit(f"--layers: must be at least 1, got {args.layers}")
+    LAYERS = args.layers
     if args.quant_formats:
         QUANT_FORMATS = tuple(args.quant_formats.split(","))
     WARM_WORKERS = args.warm_workers
