@@ -409,17 +409,28 @@ def test_default_tiles_of_a_quantized_cache() -> None:
             tiles = LP.default_tiles(dataclasses.replace(spec, cache_dtype=fmt, k_scale=(0, 0, 0) if fmt else None))
             got = (tiles.block_n, tiles.num_warps, tiles.kv_heads, tiles.num_splits)
             assert got == (quantized if fmt else bf16), (batch, fmt, got)
-    # Short caches: a split keeps at least QUANT_SPLIT_KEYS (2048) keys of capacity, so 16
-    # sequences of 1k (and 2k) keys run unsplit, on 4 warps, and 4k takes 2 splits of 2 warps.
-    for pages, quantized in ((32, (64, 4, 1, 1)), (64, (64, 4, 1, 1)), (128, (64, 4, 1, 1)), (256, (64, 2, 1, 2)),
-                             (512, (64, 2, 1, 4))):  # fmt: skip
+    # Short caches: a split keeps at least QUANT_SPLIT_KEYS (1024) keys of capacity, so 16
+    # sequences of 512 and 1k keys run unsplit, 2k takes 2 splits, 4k and 8k 4 of 2 warps; up to
+    # QUANT_SHORT_KEYS (2048) the tiles are 128 tokens on 4 warps, but for int8 with one scale
+    # per KV head whose programs fill the SMs unsplit (64 sequences: 512 programs), which keeps
+    # 64-token tiles. Per-head scales are (0, 0, 0) strides; per-token ones step along tokens.
+    cases = ((16, 32, "int8", False, (128, 4, 1, 1)), (16, 64, "int8", False, (128, 4, 1, 1)),
+             (16, 128, "int8", False, (128, 4, 1, 2)), (16, 256, "int8", False, (64, 2, 1, 4)),
+             (16, 512, "int8", False, (64, 2, 1, 4)), (16, 64, "float8_e4m3fn", True, (128, 4, 1, 1)),
+             (64, 32, "int8", False, (64, 4, 1, 1)), (64, 128, "int8", True, (128, 4, 1, 1)),
+             (64, 128, "float8_e4m3fn", False, (128, 4, 1, 1)), (64, 256, "int8", False, (64, 2, 1, 1)),
+             (4, 512, "int8", True, (64, 2, 1, 8)))  # fmt: skip
+    for batch, pages, fmt, per_token, quantized in cases:
+        lead = (batch * pages, 16, 8)
         spec = LP.PagedSpec(
-            num_tokens=16, max_seqs=16, q_len=1, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
-            dtype="bfloat16", num_pages=16 * pages, page_size=16, pages_per_seq=pages, cache_dtype="int8",
-            k_scale=(0, 0, 0),
+            num_tokens=batch, max_seqs=batch, q_len=1, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
+            dtype="bfloat16", num_pages=batch * pages, page_size=16, pages_per_seq=pages, cache_dtype=fmt,
+            k_scale=LP.scale_strides(lead, lead) if per_token else (0, 0, 0),
         )  # fmt: skip
+        assert LP.scale_mode(spec.k_scale) == (2 if per_token else 1)
         tiles = LP.default_tiles(spec)
-        assert (tiles.block_n, tiles.num_warps, tiles.kv_heads, tiles.num_splits) == quantized, (pages, tiles)
+        got = (tiles.block_n, tiles.num_warps, tiles.kv_heads, tiles.num_splits)
+        assert got == quantized, (batch, pages, fmt, per_token, got)
     prefill = LP.PagedSpec(
         num_tokens=2112, max_seqs=68, q_len=None, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
         dtype="bfloat16", num_pages=68 * 288, page_size=16, pages_per_seq=288,

@@ -232,7 +232,9 @@ def query_blocks(spec: PagedSpec, block_q: int, decode_q: int = 0) -> int:
 
 
 #: Decode over a quantized cache: the fewest keys of capacity one key split keeps.
-QUANT_SPLIT_KEYS = 2048
+QUANT_SPLIT_KEYS = 1024
+#: Decode over a quantized cache of at most this capacity takes 128-token tiles on 4 warps.
+QUANT_SHORT_KEYS = 2048
 
 
 def _split_count(spec: PagedSpec, block_q: int, head_chunk: int, chunks: int, block_n: int, decode_like: bool,
@@ -313,18 +315,26 @@ def _quantized_decode_tiles(spec: PagedSpec, block_q: int, chunks: int, num_sms:
     # work, not its memory traffic.
     #
     # A split must keep at least QUANT_SPLIT_KEYS keys of the cache's capacity: below that
-    # the combine kernel and the second launch cost more than the balance buys, and a
-    # short cache (2k keys or fewer) runs unsplit on 4 warps. Measured on an H200 (16
-    # sequences, GQA 32/8, D=128, pages of 16, per-token scales; triton_paged_check.py
-    # --quant-sweep, the bf16 paged kernel in the same run), us per call int8 / e4m3, these
-    # tiles vs 4 (2 at 512) splits of 2 warps: 512 tokens 47.5 / 54.6 vs 64.8 / 65.8, 1k
-    # 61.1 / 58.7 vs 83.8 / 79.3, 2k 60.6 / 61.3 vs 79.1 / 54.8 (bf16 paged 54.9, 53.5,
-    # 56.0); at 8k the 4 splits stay (87.2 / 81.7 vs 158.9 / 168.3 unsplit).
+    # the combine kernel and the second launch cost more than the balance buys. A short
+    # cache (QUANT_SHORT_KEYS or fewer) reads 128-token tiles on 4 warps: twice the bytes in
+    # flight per program where the programs are few or short. Measured on an H200 (GQA 32/8,
+    # D=128, pages of 16; triton_paged_check.py --quant-sweep --layers 8 --quant-grans
+    # token,head --quant-variants ...: eight calls chained in one program, so that the host's
+    # dispatch is not what is timed; two runs), us per call, per-token scales int8 / e4m3, these
+    # tiles vs the 64-token unsplit tiles on 4 warps before (bf16 paged in the same run):
+    # 16 sequences x 512 13.5 / 13.2 vs 14.8 / 14.9 (13.6), x 1k 17.6 / 17.3 vs 23.7 / 24.8
+    # (24.7), x 2k (2 splits) 30.4 / 29.9 vs 44.1 / 46.3 (41.2); 64 x 512 34.7 / 34.4 vs
+    # 37.6 / 38.4 (40.4), x 2k 89.8 / 89.3 vs 112.3 / 118.2 (135.5); 16 x 4k, 4 splits of 2
+    # warps against 2: 46.6 / 46.1 vs 51.4 / 51.7 (72.9). int8 with one scale per KV head
+    # (its cheapest widening) keeps 64-token tiles where its programs fill the SMs unsplit:
+    # 64 x 512 26.5 against 33.1, x 2k 79.1 against 83.4.
     unsplit = max(1, query_blocks(spec, block_q) * spec.heads_kv * chunks)
     kv_heads = 1
     num_splits = max(1, min((4 * num_sms) // unsplit, spec.capacity // QUANT_SPLIT_KEYS, 64))
-    block_n, num_stages = 64, 3
-    num_warps = 4 if spec.capacity <= QUANT_SPLIT_KEYS else 2
+    block_n, num_stages, num_warps = 64, 3, 2
+    if spec.capacity <= QUANT_SHORT_KEYS:
+        int8_per_head = spec.cache_dtype == "int8" and scale_mode(spec.k_scale) == 1
+        block_n, num_warps = (64 if int8_per_head and unsplit >= num_sms else 128), 4
     return kv_heads, num_splits, block_n, num_stages, num_warps
 
 
@@ -356,9 +366,10 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
     decode with enough sequences for several waves puts several KV heads in one program when
     that makes one nearly full wave. Decode over a quantized cache aims at about four programs
     per SM instead (one KV head x 64 tokens, 2 warps; splits to get there when the sequences
-    are few and each split keeps ``QUANT_SPLIT_KEYS`` of the cache; short caches unsplit on 4
-    warps); prefill blocks over one take the 16-bit tiles, and a ragged batch's short sequences
-    decode programs of their own (``PagedTiles.decode_q``).
+    are few and each split keeps ``QUANT_SPLIT_KEYS`` of the cache; caches of at most
+    ``QUANT_SHORT_KEYS`` on 128-token tiles of 4 warps); prefill blocks over one take the
+    16-bit tiles, and a ragged batch's short sequences decode programs of their own
+    (``PagedTiles.decode_q``).
     """
     chunks = _cdiv(spec.group, MAX_HEAD_CHUNK)
     head_chunk = _cdiv(spec.group, chunks)
