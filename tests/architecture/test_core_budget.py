@@ -43,7 +43,10 @@ memoised per call signature, keyed on everything they read, as a dense call's ar
 values checked on every call, in one vectorised pass); raised by 15 to 5,800 for ``sliding_window``
 one type on both calls (``PagedCall`` holds the dense call's ``(left, right)`` pair) and the
 declaration a windowed paged backend makes of the form it reads (``PagedAttentionImpl.window_pair``:
-refused when it loads without one; the int left handed to a forward that declares it).
+refused when it loads without one; the int left handed to a forward that declares it); raised
+by 25 to 5,825 for a ``document()`` mask_mod run as segment ids (``masks.as_segment_ids``, the
+problem's ``mask_mod_documents``): splash and the Pallas TPU flash kernel run packed documents
+whose ids are traced, as a model's are under ``jax.jit``.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5800
+BUDGET = 5825
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

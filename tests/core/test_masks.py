@@ -13,6 +13,7 @@ import pytest
 
 import jaxattn
 from jaxattn import masks
+from jaxattn.backend.validation import resolve_call
 from jaxattn.testing import oracle
 
 B, HQ, T, S = 2, 4, 10, 12
@@ -185,6 +186,39 @@ def test_a_mask_mod_is_static_without_traced_captures_or_b() -> None:
 
     assert jaxattn.explain(q, k, v, mask_mod=lambda b, h, i, j: j < ids[0, 0] + 3).problem.mask_mod_static
     assert not traced(jnp.asarray([3]))
+
+
+def test_a_document_term_is_found_for_kernels_with_segment_ids() -> None:
+    # document(), alone or ANDed with static mask_mods, is flagged (mask_mod_documents) and
+    # as_segment_ids hands a kernel its ids and the rest, the ids traced or not; anything else
+    # (or_, two documents, a non-static rest, ids of another shape, a call with its own ids) is not.
+    q, k, v = _qkv(t=S)
+    ids = jnp.asarray(np.repeat(np.arange(B * 2), S // 2).reshape(B, S), jnp.int32)
+    other = masks.document(ids + 1)
+    lengths = jnp.asarray([3, 5])
+
+    def flags(mod: object, **kw: object) -> bool:
+        return jaxattn.explain(q, k, v, mask_mod=mod, **kw).problem.mask_mod_documents  # type: ignore[union-attr]
+
+    for mod in (masks.document(ids), masks.and_(masks.causal(), masks.document(ids)),
+                masks.and_(masks.sliding_window(2), masks.document(ids), masks.causal())):  # fmt: skip
+        assert flags(mod), mod
+    for mod in (masks.or_(masks.causal(), masks.document(ids)), masks.and_(masks.document(ids), other),
+                masks.and_(masks.prefix_lm(lengths), masks.document(ids)), masks.document(ids[:, :4], ids[:, :4]),
+                lambda b, h, i, j: ids[b, i] == ids[b, j]):  # fmt: skip
+        assert not flags(mod), mod
+
+    @jax.jit
+    def split(ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+        mod = masks.and_(masks.causal(), masks.document(ids))
+        call = resolve_call(q, k, v, mask_mod=mod)
+        rest, q_seg, kv_seg = masks.as_segment_ids(call)
+        assert rest is masks.causal() and call.problem.mask_mod_documents
+        return q_seg, kv_seg
+
+    q_seg, kv_seg = split(ids)
+    np.testing.assert_array_equal(q_seg, ids)
+    np.testing.assert_array_equal(kv_seg, ids)
 
 
 def test_backends_without_the_feature_decline_with_the_reason() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "MaskMod",
     "ScoreMod",
     "and_",
+    "as_segment_ids",
     "block_mask",
     "causal",
     "chunked_causal",
@@ -116,7 +118,36 @@ def document(q_segment_ids: Any, kv_segment_ids: Any = None) -> MaskMod:
     def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         return q_ids[b, q_idx] == kv_ids[b, kv_idx]
 
+    _documents[mask_mod] = (None, q_ids, kv_ids)
     return mask_mod
+
+
+#: The ``document()`` term of the mask_mods ``document`` and ``and_`` make: ``(rest, q ids, kv ids)``.
+_documents: weakref.WeakKeyDictionary[Any, tuple[Any, Any, Any]] = weakref.WeakKeyDictionary()
+
+
+def _split_document(mask_mod: Any) -> tuple[MaskMod | None, Any, Any] | None:
+    """``(rest, q ids, kv ids)`` when ``mask_mod`` is ``document(...)`` or an ``and_`` of one
+    ``document(...)`` and other mask_mods (``rest``: those, ANDed; None when there are none)."""
+    try:
+        return _documents.get(mask_mod)
+    except TypeError:  # not weakly referable: no constructor made it
+        return None
+
+
+def as_segment_ids(call: Any) -> tuple[MaskMod | None, Any, Any]:
+    """``(mask_mod, q_segment_ids, kv_segment_ids)`` of ``call`` (an ``AttentionCall``) for a kernel
+    that takes segment ids: where the problem allows (``mask_mod_documents``: a ``document()``
+    ANDed with a static rest, and the call has no ids of its own) the document term as ``(B, T)``
+    and ``(B, S)`` int32 ids, traced or not, and the rest (None: nothing left); else the call's own."""
+    import jax.numpy as jnp
+
+    split = _split_document(call.mask_mod)
+    if split is None or call.q_segment_ids is not None or not call.problem.mask_mod_documents:
+        return call.mask_mod, call.q_segment_ids, call.kv_segment_ids
+    b, t, s = call.q.shape[0], call.q.shape[1], call.k.shape[1]
+    q_ids, kv_ids = (jnp.broadcast_to(ids, n).astype(jnp.int32) for ids, n in ((split[1], (b, t)), (split[2], (b, s))))
+    return split[0], q_ids, kv_ids
 
 
 def _combine(name: str, mods: tuple[MaskMod, ...], both: Callable[[Any, Any], Any]) -> MaskMod:
@@ -137,7 +168,14 @@ def _combine(name: str, mods: tuple[MaskMod, ...], both: Callable[[Any, Any], An
 
 def and_(*mods: MaskMod) -> MaskMod:
     """A key is visible when every mask_mod allows it."""
-    return _combine("and_", mods, lambda x, y: x & y)
+    both = _combine("and_", mods, lambda x, y: x & y)
+    parts = [_split_document(mod) for mod in mods]
+    if sum(part is not None for part in parts) == 1:  # one document term: the rest beside it
+        (inner, q_ids, kv_ids), = (part for part in parts if part is not None)
+        rest = [mod for mod, part in zip(mods, parts, strict=True) if part is None]
+        rest += [] if inner is None else [inner]
+        _documents[both] = (None if not rest else rest[0] if len(rest) == 1 else and_(*rest), q_ids, kv_ids)
+    return both
 
 
 def or_(*mods: MaskMod) -> MaskMod:
@@ -393,8 +431,14 @@ def check_mods(problem: Any, mask_mod: Any, score_mod: Any, block: Any) -> Any:
                                     "build one per shape with jaxattn.masks.block_mask")
         counts = block.counts()
         sparsity = None if counts is None else (block.block_q, block.block_kv, *counts)
+    split = _split_document(mask_mod)
+    documents = split is not None and all(ids.ndim == 2 and ids.shape[0] in (1, b) and ids.shape[1] == n
+                                          for ids, n in ((split[1], t), (split[2], s)))
+    if documents and split is not None and split[0] is not None:
+        documents = _check_mod("mask_mod", split[0], b, hq, t, s)  # the rest must be static
     return dataclasses.replace(problem, mask_mod=mask_mod is not None, mask_mod_static=static,
-                               score_mod=score_mod is not None, block_sparsity=sparsity)
+                               mask_mod_documents=documents, score_mod=score_mod is not None,
+                               block_sparsity=sparsity)
 
 
 def with_sparsity(problem: Any, mask_mod: Any, block_q: int | None = None, block_kv: int | None = None) -> Any:

@@ -19,7 +19,7 @@ PALLAS_FLASH = ImplRef(
     platforms=("tpu",),
     # Above vanilla (0); below splash on TPU v4 and later (see jaxattn_splash), above it on v2/v3.
     priority=100,
-    description="Pallas TPU flash attention (causal, mask, bias, GQA, segment ids)",
+    description="Pallas TPU flash attention (causal, mask, bias, GQA, segment ids, mask_mod)",
     # float16 has no fast path on TPUs; bfloat16 is their 16-bit type.
     dtypes={"float32", "bfloat16"},
     # Any head dim works (padded with zeros to the kernel's sizes); past 256 the padded
@@ -27,7 +27,7 @@ PALLAS_FLASH = ImplRef(
     head_dims=(1, 256),
     features={
         Feature.CAUSAL, Feature.MASK, Feature.BIAS, Feature.GQA, Feature.CROSS, Feature.DECODE, Feature.VALUE_DIM,
-        Feature.SEGMENT_IDS, Feature.GRAD,
+        Feature.SEGMENT_IDS, Feature.GRAD, Feature.MASK_MOD,
     },
 )
 

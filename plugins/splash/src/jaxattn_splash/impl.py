@@ -33,10 +33,12 @@ class SplashAttention(AttentionImpl, declaration=SPLASH):
                 "the splash kernel computes the softmax in float32; "
                 f"softmax_dtype={self.metadata.softmax_dtype!r} cannot be honoured"
             )
-        if problem.mask_mod and not problem.mask_mod_static:
+        if problem.mask_mod and not problem.mask_mod_static and not (problem.mask_mod_documents
+                                                                      and not problem.segment_ids):
             reasons.append("splash builds its mask on the host with the kernel: the mask_mod must close over no "
-                           "traced array (build it from concrete arrays, outside jax.jit) and not vary with b; "
-                           "blockwise runs any mask_mod")
+                           "traced array (build it from concrete arrays, outside jax.jit) and not vary with b, or "
+                           "be masks.document(ids) ANDed with such a mask_mod (the ids become splash's segment "
+                           "ids) in a call without segment ids; blockwise runs any mask_mod")
         try:
             splash_tiling(problem.seq_q, problem.seq_k, **self.metadata.block_sizes)
         except ValueError as err:
@@ -46,7 +48,9 @@ class SplashAttention(AttentionImpl, declaration=SPLASH):
     def notes(self, problem: AttentionProblem) -> list[str]:
         if not problem.mask_mod:
             return []
-        return ["mask_mod evaluated on the host into one splash NumpyMask per head, with the kernel (cached per "
+        how = "its document() term as segment ids, the rest" if problem.mask_mod_documents and not \
+            problem.segment_ids else "mask_mod"
+        return [f"{how} evaluated on the host into one splash NumpyMask per head, with the kernel (cached per "
                 "function and shape); splash skips its empty tiles"]
 
     def fallback_reasons(self, problem: AttentionProblem) -> list[str]:
@@ -60,9 +64,13 @@ class SplashAttention(AttentionImpl, declaration=SPLASH):
         return reasons
 
     def forward_tpu(self, call: AttentionCall) -> AttentionOutput:
+        from jaxattn import masks
         from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads
 
         from .kernel import splash_attention
+
+        # A document() term runs as splash's segment ids (its ids may be traced), the rest as its mask.
+        mask_mod, q_seg, kv_seg = masks.as_segment_ids(call)
 
         # A +inf sink: the kernel gets a finite one and the heads it absorbs are zeroed (jaxattn.backend.sinks).
         sinks, absorbed = split_absorbing_sinks(call.softmax_aux)
@@ -72,13 +80,13 @@ class SplashAttention(AttentionImpl, declaration=SPLASH):
             call.v,
             causal=call.causal,
             sliding_window=call.sliding_window,
-            q_segment_ids=call.q_segment_ids,
-            kv_segment_ids=call.kv_segment_ids,
+            q_segment_ids=q_seg,
+            kv_segment_ids=kv_seg,
             softmax_scale=call.softmax_scale,
             logits_soft_cap=call.logits_soft_cap,
             softmax_aux=sinks,
             block_sizes=self.metadata.block_sizes,
             interpret=self.metadata.interpret,
-            mask_mod=call.mask_mod,
+            mask_mod=mask_mod,
         )
         return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 2))

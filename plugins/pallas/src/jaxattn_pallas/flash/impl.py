@@ -40,20 +40,33 @@ class PallasFlashAttention(AttentionImpl, declaration=PALLAS_FLASH):
             reasons.append(f"metadata: {err}")
         return reasons
 
+    def notes(self, problem: AttentionProblem) -> list[str]:
+        if not problem.mask_mod:
+            return []
+        how = "its document() term as segment ids, the rest" if problem.mask_mod_documents and not \
+            problem.segment_ids else "the mask_mod"
+        return [f"{how} evaluated into a dense (B, Hq, T, S) boolean mask for the kernel (T x S memory, no tile "
+                "skipped past causal's; splash skips empty tiles)"]
+
     def forward_tpu(self, call: AttentionCall) -> AttentionOutput:
         from .kernel import flash_attention
+        from .mods import lower_mask_mod
 
+        mask, q_seg, kv_seg = call.mask, call.q_segment_ids, call.kv_segment_ids
+        if call.mask_mod is not None:
+            mask, q_seg, kv_seg = lower_mask_mod(call)
         out = flash_attention(
             call.q,
             call.k,
             call.v,
-            mask=call.mask,
+            mask=mask,
             bias=call.bias,
             causal=call.causal,
-            q_segment_ids=call.q_segment_ids,
-            kv_segment_ids=call.kv_segment_ids,
+            q_segment_ids=q_seg,
+            kv_segment_ids=kv_seg,
             softmax_scale=call.softmax_scale,
             block_sizes=self.metadata.block_sizes,
             interpret=self.metadata.interpret,
+            zero_unseen=call.mask_mod is not None,
         )
         return AttentionOutput(attention_outputs=out)

@@ -128,12 +128,14 @@ def flash_attention(
     softmax_scale: float,
     block_sizes: dict[str, int] | None = None,
     interpret: bool = False,
+    zero_unseen: bool = False,
 ) -> jax.Array:
     """Attention of BTHD ``q (B, T, Hq, D)``, ``k (B, S, Hkv, D)``, ``v (B, S, Hkv, Dv)``.
 
     ``mask`` (bool) and ``bias`` are rank 4 and broadcastable to ``(B, Hq, T, S)``.
     ``block_sizes`` takes ``block_q``, ``block_k``, ``block_q_bwd``, ``block_k_bwd``.
-    Returns ``(B, T, Hq, Dv)`` in q's dtype.
+    ``zero_unseen``: keys no query of a sequence and KV head sees are unread (a mask_mod's,
+    docs/masks.md), so they are replaced by zeros first. Returns ``(B, T, Hq, Dv)`` in q's dtype.
     """
     b, t_in, hq, d = q.shape
     s, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -170,6 +172,12 @@ def flash_attention(
             s,
         )
     valid = None if visible is None else jnp.any(visible, axis=-1)  # (B|1, H|1, T)
+    if zero_unseen and visible is not None:
+        # The kernel hides keys by its bias, and 0 * NaN is NaN: a key no query of the group sees
+        # must hold zeros when P @ V and dS @ K read it.
+        seen = jnp.broadcast_to(jnp.any(visible, axis=2), (visible.shape[0], hq, s))
+        keep = jnp.any(seen.reshape(-1, hkv, group, s), axis=2).transpose(0, 2, 1)[..., None]  # (B|1, S, Hkv, 1)
+        k, v = jnp.where(keep, k, jnp.zeros((), k.dtype)), jnp.where(keep, v, jnp.zeros((), v.dtype))
 
     # The additive bias the kernel gets: user bias / scale, masked keys at _MASKED_LOGIT.
     fill = -min(-_MASKED_LOGIT / scale, _MAX_BIAS_MAGNITUDE)
