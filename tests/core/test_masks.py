@@ -207,6 +207,7 @@ def test_a_document_term_is_found_for_kernels_with_segment_ids() -> None:
                 masks.and_(masks.prefix_lm(lengths), masks.document(ids)), masks.document(ids[:, :4], ids[:, :4]),
                 lambda b, h, i, j: ids[b, i] == ids[b, j]):  # fmt: skip
         assert not flags(mod), mod
+    assert not flags(masks.document(ids), q_segment_ids=ids, kv_segment_ids=ids)
 
     @jax.jit
     def split(ids: jax.Array) -> tuple[jax.Array, jax.Array]:

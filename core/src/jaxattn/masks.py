@@ -137,13 +137,13 @@ def _split_document(mask_mod: Any) -> tuple[MaskMod | None, Any, Any] | None:
 
 def as_segment_ids(call: Any) -> tuple[MaskMod | None, Any, Any]:
     """``(mask_mod, q_segment_ids, kv_segment_ids)`` of ``call`` (an ``AttentionCall``) for a kernel
-    that takes segment ids: where the problem allows (``mask_mod_documents``: a ``document()``
-    ANDed with a static rest, and the call has no ids of its own) the document term as ``(B, T)``
-    and ``(B, S)`` int32 ids, traced or not, and the rest (None: nothing left); else the call's own."""
+    that takes segment ids: where the problem allows (``mask_mod_documents``) the document term
+    as ``(B, T)`` and ``(B, S)`` int32 ids, traced or not, and the rest (None: nothing left);
+    else the call's own."""
     import jax.numpy as jnp
 
     split = _split_document(call.mask_mod)
-    if split is None or call.q_segment_ids is not None or not call.problem.mask_mod_documents:
+    if split is None or not call.problem.mask_mod_documents:
         return call.mask_mod, call.q_segment_ids, call.kv_segment_ids
     b, t, s = call.q.shape[0], call.q.shape[1], call.k.shape[1]
     q_ids, kv_ids = (jnp.broadcast_to(ids, n).astype(jnp.int32) for ids, n in ((split[1], (b, t)), (split[2], (b, s))))
@@ -432,8 +432,8 @@ def check_mods(problem: Any, mask_mod: Any, score_mod: Any, block: Any) -> Any:
         counts = block.counts()
         sparsity = None if counts is None else (block.block_q, block.block_kv, *counts)
     split = _split_document(mask_mod)
-    documents = split is not None and all(ids.ndim == 2 and ids.shape[0] in (1, b) and ids.shape[1] == n
-                                          for ids, n in ((split[1], t), (split[2], s)))
+    documents = split is not None and not problem.segment_ids and all(
+        ids.ndim == 2 and ids.shape[0] in (1, b) and ids.shape[1] == n for ids, n in ((split[1], t), (split[2], s)))
     if documents and split is not None and split[0] is not None:
         documents = _check_mod("mask_mod", split[0], b, hq, t, s)  # the rest must be static
     return dataclasses.replace(problem, mask_mod=mask_mod is not None, mask_mod_static=static,

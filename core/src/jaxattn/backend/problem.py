@@ -53,8 +53,9 @@ class AttentionProblem:
     #: The mask_mod closes over no traced array and does not vary with b: a kernel that takes
     #: its mask as host data (splash) can evaluate it when it is built.
     mask_mod_static: bool = False
-    #: The mask_mod is a ``document()`` of the call's (B, T) and (B, S) ids ANDed with a static rest
-    #: (``masks.as_segment_ids``): a kernel with segment ids runs it, its ids traced or not.
+    #: The mask_mod is a ``document()`` of the call's (B, T) and (B, S) ids ANDed with a static rest,
+    #: in a call without segment ids (``masks.as_segment_ids``): a kernel with segment ids runs it,
+    #: its ids traced or not.
     mask_mod_documents: bool = False
     score_mod: bool = False  # a score_mod function
     #: A concrete ``block_mask``'s tiles: ``(block_q, block_kv, empty, partial, full)``; None

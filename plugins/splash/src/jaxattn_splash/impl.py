@@ -33,8 +33,7 @@ class SplashAttention(AttentionImpl, declaration=SPLASH):
                 "the splash kernel computes the softmax in float32; "
                 f"softmax_dtype={self.metadata.softmax_dtype!r} cannot be honoured"
             )
-        if problem.mask_mod and not problem.mask_mod_static and not (problem.mask_mod_documents
-                                                                      and not problem.segment_ids):
+        if problem.mask_mod and not problem.mask_mod_static and not problem.mask_mod_documents:
             reasons.append("splash builds its mask on the host with the kernel: the mask_mod must close over no "
                            "traced array (build it from concrete arrays, outside jax.jit) and not vary with b, or "
                            "be masks.document(ids) ANDed with such a mask_mod (the ids become splash's segment "
@@ -48,8 +47,7 @@ class SplashAttention(AttentionImpl, declaration=SPLASH):
     def notes(self, problem: AttentionProblem) -> list[str]:
         if not problem.mask_mod:
             return []
-        how = "its document() term as segment ids, the rest" if problem.mask_mod_documents and not \
-            problem.segment_ids else "mask_mod"
+        how = "its document() term as segment ids, the rest" if problem.mask_mod_documents else "mask_mod"
         return [f"{how} evaluated on the host into one splash NumpyMask per head, with the kernel (cached per "
                 "function and shape); splash skips its empty tiles"]
 

@@ -43,8 +43,7 @@ class PallasFlashAttention(AttentionImpl, declaration=PALLAS_FLASH):
     def notes(self, problem: AttentionProblem) -> list[str]:
         if not problem.mask_mod:
             return []
-        how = "its document() term as segment ids, the rest" if problem.mask_mod_documents and not \
-            problem.segment_ids else "the mask_mod"
+        how = "its document() term as segment ids, the rest" if problem.mask_mod_documents else "the mask_mod"
         return [f"{how} evaluated into a dense (B, Hq, T, S) boolean mask for the kernel (T x S memory, no tile "
                 "skipped past causal's; splash skips empty tiles)"]
 
