@@ -18,6 +18,7 @@ import pytest
 from jaxattn.backend.metadata import AttentionMetadata
 from jaxattn.testing.cases import Case, Level
 from jaxattn.testing.conformance import ConformanceSuite
+from jaxattn.testing.mod_cases import ModCase
 
 INTERPRET = AttentionMetadata(platform="tpu", interpret=True)
 
@@ -71,6 +72,7 @@ class TestPallasFlashConformanceBfloat16(ConformanceSuite):
     dtypes: ClassVar[tuple[str, ...]] = ("bfloat16",)
     # Eagerly in float32 above (the same code); here under jax.jit, both programs.
     eager_dtypes: ClassVar[tuple[str, ...]] = ()
+    mod_cases: ClassVar[tuple[ModCase, ...]] = ()  # float32 above: the mask_mod's lowering is dtype-blind
 
     def test_strict_modes(self, strict_mode: str) -> None:
         pytest.skip("the float32 suite above runs the strict modes through the same kernel code (interpret mode "
