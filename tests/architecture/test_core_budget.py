@@ -46,7 +46,10 @@ declaration a windowed paged backend makes of the form it reads (``PagedAttentio
 refused when it loads without one; the int left handed to a forward that declares it); raised
 by 25 to 5,825 for a ``document()`` mask_mod run as segment ids (``masks.as_segment_ids``, the
 problem's ``mask_mod_documents``): splash and the Pallas TPU flash kernel run packed documents
-whose ids are traced, as a model's are under ``jax.jit``.
+whose ids are traced, as a model's are under ``jax.jit``; raised by 15 to 5,840 for two helpers
+the mask_mod backends shared as copies (``masks.indices``, a mask_mod's index grid, and
+``backend.zero_unseen_keys``, the select that keeps a mask_mod's unseen NaN keys out): the
+plugins' four grids and two selects are gone.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5825
+BUDGET = 5840
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

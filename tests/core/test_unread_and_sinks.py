@@ -23,7 +23,7 @@ import pytest
 
 import jaxattn
 from jaxattn.backend.sinks import split_absorbing_sinks, zero_absorbed_heads
-from jaxattn.backend.unread import zero_past_lengths
+from jaxattn.backend.unread import zero_past_lengths, zero_unseen_keys
 from jaxattn.testing import oracle
 
 IMPLS = ["vanilla", "blockwise", "sdpa", "autoregressive_decodeattn"]
@@ -175,3 +175,15 @@ def test_helpers_use_selects_not_products() -> None:
     out = zero_absorbed_heads(jnp.full((1, 2, 3, 4), jnp.nan), absorbed, 2)
     assert not np.asarray(out[:, :, 0]).any() and np.isnan(np.asarray(out[:, :, 1:])).all()
     assert split_absorbing_sinks(None) == (None, None)
+
+
+@pytest.mark.parametrize("lead", [(2, 4), (1, 4), (2, 1), ()], ids=["full", "one-b", "one-h", "rank-2"])
+def test_zero_unseen_keys_zeroes_exactly_the_keys_no_query_of_a_kv_head_sees(lead: tuple[int, ...]) -> None:
+    # Hq 4 over Hkv 2; NaN keys and values everywhere: what survives was seen, what was not is 0.
+    visible = np.random.default_rng(1).random((*lead, 3, 6)) < 0.25
+    k = jnp.full((2, 6, 2, 3), jnp.nan)
+    zk, zv = zero_unseen_keys(visible, k, k + 1)
+    grid = np.broadcast_to(visible.reshape((1,) * (4 - visible.ndim) + visible.shape), (2, 4, 3, 6))
+    seen = grid.reshape(2, 2, 2, 3, 6).any(axis=(2, 3)).transpose(0, 2, 1)  # (B, S, Hkv)
+    for z in (zk, zv):
+        assert np.isnan(np.asarray(z)[seen]).all() and not np.asarray(z)[~seen].any()

@@ -34,6 +34,7 @@ __all__ = [
     "chunked_causal",
     "document",
     "from_bits",
+    "indices",
     "mask_bits",
     "or_",
     "prefix_lm",
@@ -233,6 +234,17 @@ class BlockMask:
         return f"BlockMask(shape={self.shape}, blocks={self.block_q}x{self.block_kv}, {where})"
 
 
+def indices(B: int, Hq: int, T: int, S: int) -> tuple[Any, Any, Any, Any]:
+    """A mask_mod's / score_mod's index arguments over the whole grid: int32 ``b (B,1,1,1)``,
+    ``h (1,Hq,1,1)``, ``q_idx (1,1,T,1)``, ``kv_idx (1,1,1,S)`` (raw positions)."""
+    import jax.numpy as jnp
+
+    def along(axis: int, n: int) -> Any:
+        return jnp.arange(n, dtype=jnp.int32).reshape((1,) * axis + (n,) + (1,) * (3 - axis))
+
+    return along(0, B), along(1, Hq), along(2, T), along(3, S)
+
+
 def _checked_sizes(mask_mod: MaskMod, **sizes: int) -> None:
     for name, value in sizes.items():
         _size(name, value, 1)
@@ -258,8 +270,7 @@ def _evaluate(mask_mod: MaskMod, B: int, Hq: int, T: int, S: int, bq: int, bk: i
 
     nq, nk, nw = -(-T // bq), -(-S // bk), -(-S // 32)
     width = max(nk * bk, 32 * nw if bits else 0)
-    b = jnp.arange(B, dtype=jnp.int32).reshape(B, 1, 1, 1)
-    h = jnp.arange(Hq, dtype=jnp.int32).reshape(1, Hq, 1, 1)
+    b, h, _, _ = indices(B, Hq, 1, 1)
     cols = jnp.arange(width, dtype=jnp.int32)
     kv_idx = jnp.minimum(cols, S - 1).reshape(1, 1, 1, -1)  # padding reads the last key, then is dropped
     col_ok = (cols < S).reshape(1, 1, 1, -1)

@@ -12,9 +12,9 @@ private module or name. The names come in groups, each a step further from a bas
   ``PagedProblem`` (what reasons read), ``AttentionMetadata``, ``DeviceInfo`` /
   ``detect_device`` / ``resolve_platform``, ``ALL_FEATURES``, the errors;
 - **helpers kernels share**: attention sinks (``split_absorbing_sinks``, ``zero_absorbed_heads``),
-  unread cache positions (``zero_past_lengths``), quantized reads (``dequantize_visible``,
-  ``quantize_kv``, ...), paging (``pages_in_address_order``), tracing (``traced_under``,
-  ``x64_off``), validation (``resolve_call``, ``window_pair``);
+  unread cache positions and keys (``zero_past_lengths``, ``zero_unseen_keys``), quantized
+  reads (``dequantize_visible``, ``quantize_kv``, ...), paging (``pages_in_address_order``),
+  tracing (``traced_under``, ``x64_off``), validation (``resolve_call``, ``window_pair``);
 - **composition**, for plugins that run other impls (ring): ``get_impl``, ``available_here``,
   and the mesh helpers of ``jaxattn.sharding``;
 - **tuning**: what the ``jaxattn_tuning_records`` hook returns and how a plugin reads its
@@ -53,7 +53,7 @@ _EXPORTS: dict[str, str] = {name: module for module, names in (
     ("errors", "JaxattnError InvalidInputError InvalidTypeError UnsupportedError ImplNotFoundError PluginError"),
     # helpers kernels share
     ("backend.sinks", "split_absorbing_sinks zero_absorbed_heads"),
-    ("backend.unread", "zero_past_lengths"),
+    ("backend.unread", "zero_past_lengths zero_unseen_keys"),
     ("backend.quantize", "GRANULARITIES KV_DTYPE_FLAGS dequantize_kv dequantize_visible quantize_kv"),
     ("backend.paging", "pages_in_address_order"),
     ("backend.tracing", "traced_under x64_off"),
@@ -86,7 +86,7 @@ __all__ = [
     "local_metadata", "mesh_axes", "package_priors", "pages_in_address_order", "parse_measurement", "plugin_section",
     "problem_key", "quantize_kv", "refuse_gradients", "reload_tuning", "resolve_call", "resolve_platform",
     "seq_bucket", "shard_map", "split_absorbing_sinks", "traced_under", "warn_once", "window_pair", "x64_off",
-    "zero_absorbed_heads", "zero_past_lengths",
+    "zero_absorbed_heads", "zero_past_lengths", "zero_unseen_keys",
 ]
 
 
@@ -119,7 +119,7 @@ if TYPE_CHECKING:
     from jaxattn.backend.quantize import GRANULARITIES, KV_DTYPE_FLAGS, dequantize_kv, dequantize_visible, quantize_kv
     from jaxattn.backend.sinks import split_absorbing_sinks, zero_absorbed_heads
     from jaxattn.backend.tracing import traced_under, x64_off
-    from jaxattn.backend.unread import zero_past_lengths
+    from jaxattn.backend.unread import zero_past_lengths, zero_unseen_keys
     from jaxattn.backend.validation import resolve_call, window_pair
     from jaxattn.discovery.hookspecs import hookimpl
     from jaxattn.errors import (

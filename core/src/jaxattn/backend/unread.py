@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["zero_past_length", "zero_past_lengths"]
+__all__ = ["zero_past_length", "zero_past_lengths", "zero_unseen_keys"]
 
 
 def zero_past_length(x: Any, kv_lengths: Any) -> jax.Array:
@@ -28,3 +28,18 @@ def zero_past_length(x: Any, kv_lengths: Any) -> jax.Array:
 def zero_past_lengths(k: Any, v: Any, kv_lengths: Any) -> tuple[jax.Array, jax.Array]:
     """K and V ``(B, S, H, D|Dv)`` with positions ``>= kv_lengths[b]`` replaced by zeros."""
     return zero_past_length(k, kv_lengths), zero_past_length(v, kv_lengths)
+
+
+def zero_unseen_keys(visible: Any, k: Any, v: Any) -> tuple[jax.Array, jax.Array]:
+    """K and V ``(B, S, Hkv, D|Dv)`` with every key that no query of its sequence and KV head
+    sees replaced by zeros: ``visible`` is a boolean broadcastable to ``(B, Hq, T, S)`` (a
+    mask_mod's keys that no query sees are unread, docs/masks.md)."""
+    k, v = jnp.asarray(k), jnp.asarray(v)
+    visible = jnp.asarray(visible, bool)
+    visible = visible.reshape((1,) * (4 - visible.ndim) + visible.shape)
+    s, hkv = k.shape[1], k.shape[2]
+    seen = jnp.any(visible, axis=2)  # (B|1, Hq|1, S|1)
+    seen = jnp.broadcast_to(seen, (seen.shape[0], max(seen.shape[1], hkv), s))
+    hq = seen.shape[1]
+    keep = jnp.any(seen.reshape(seen.shape[0], hkv, hq // hkv, s), axis=2).transpose(0, 2, 1)[..., None]
+    return jnp.where(keep, k, jnp.zeros((), k.dtype)), jnp.where(keep, v, jnp.zeros((), v.dtype))

@@ -38,6 +38,8 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel
 
+from jaxattn import masks
+
 from .blocks import SplashTiling, splash_tiling
 
 __all__ = ["build_kernel", "splash_attention"]
@@ -69,9 +71,7 @@ def mod_grid(mask_mod: Any, hq: int, t: int, s: int, tiling: SplashTiling, causa
     ANDed with causal and the window (bottom-right, ``offset = S - T``); padded keys hidden,
     padded query rows (discarded) see every real key."""
     with jax.ensure_compile_time_eval():
-        index = [jnp.arange(n, dtype=jnp.int32).reshape([n if a == i else 1 for a in range(4)])
-                 for i, n in enumerate((1, hq, t, s))]
-        seen = np.asarray(jnp.broadcast_to(mask_mod(*index), (1, hq, t, s))[0])
+        seen = np.asarray(jnp.broadcast_to(mask_mod(*masks.indices(1, hq, t, s)), (1, hq, t, s))[0])
     i = np.arange(t)[:, None] + offset
     j = np.arange(s)[None, :]
     if causal:

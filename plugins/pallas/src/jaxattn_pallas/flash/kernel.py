@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 
-from jaxattn.backend import traced_under, x64_off
+from jaxattn.backend import traced_under, x64_off, zero_unseen_keys
 
 from .rules import LANES, FlashTiling, flash_tiling
 
@@ -175,9 +175,7 @@ def flash_attention(
     if zero_unseen and visible is not None:
         # The kernel hides keys by its bias, and 0 * NaN is NaN: a key no query of the group sees
         # must hold zeros when P @ V and dS @ K read it.
-        seen = jnp.broadcast_to(jnp.any(visible, axis=2), (visible.shape[0], hq, s))
-        keep = jnp.any(seen.reshape(-1, hkv, group, s), axis=2).transpose(0, 2, 1)[..., None]  # (B|1, S, Hkv, 1)
-        k, v = jnp.where(keep, k, jnp.zeros((), k.dtype)), jnp.where(keep, v, jnp.zeros((), v.dtype))
+        k, v = zero_unseen_keys(visible, k, v)
 
     # The additive bias the kernel gets: user bias / scale, masked keys at _MASKED_LOGIT.
     fill = -min(-_MASKED_LOGIT / scale, _MAX_BIAS_MAGNITUDE)

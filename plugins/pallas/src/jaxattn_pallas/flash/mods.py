@@ -24,9 +24,7 @@ def lower_mask_mod(call: Any) -> tuple[Any, Any, Any]:
     rest, q_seg, kv_seg = masks.as_segment_ids(call)
     mask = call.mask
     if rest is not None:
-        sizes = (call.q.shape[0], call.q.shape[2], call.q.shape[1], call.k.shape[1])  # B, Hq, T, S
-        index = [jnp.arange(n, dtype=jnp.int32).reshape([n if a == i else 1 for a in range(4)])
-                 for i, n in enumerate(sizes)]  # fmt: skip
+        index = masks.indices(call.q.shape[0], call.q.shape[2], call.q.shape[1], call.k.shape[1])  # B, Hq, T, S
         seen = jnp.asarray(rest(*index), bool)
         seen = seen.reshape((1,) * (4 - seen.ndim) + seen.shape)
         mask = seen if mask is None else mask.astype(bool) & seen

@@ -52,6 +52,7 @@ from jax import lax
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jax.typing import ArrayLike
 
+from jaxattn import masks
 from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads
 
 __all__ = [
@@ -337,8 +338,8 @@ def _tile_index(tiling: BlockTiling, pd: _Padded, r0: Any, c0: Any) -> tuple[Arr
     b, hq = pd.q.shape[0], pd.q.shape[2] * pd.q.shape[3]
     rows = r0 + lax.broadcasted_iota(jnp.int32, (1, 1, tiling.block_q, 1), 2)
     cols = c0 + lax.broadcasted_iota(jnp.int32, (1, 1, 1, tiling.block_k), 3)
-    return (jnp.arange(b, dtype=jnp.int32).reshape(b, 1, 1, 1), jnp.arange(hq, dtype=jnp.int32).reshape(1, hq, 1, 1),
-            jnp.minimum(rows, tiling.t - 1), jnp.minimum(cols, tiling.s - 1))
+    batch, heads, _, _ = masks.indices(b, hq, 1, 1)
+    return batch, heads, jnp.minimum(rows, tiling.t - 1), jnp.minimum(cols, tiling.s - 1)
 
 
 def _grouped(x: Array, pd: _Padded, tiling: BlockTiling) -> Array:
@@ -955,8 +956,6 @@ def _convert(st: _Static, b: int, hq: int, t: int, s: int, dtype: Any, mask_mod:
         mask_fn, found = jax.closure_convert(mask_mod, *index)
         mask_consts = tuple(found)
         if block_mask is None:
-            from jaxattn import masks
-
             block_mask = masks.block_mask(mask_mod, b, hq, t, s, block_q=bq, block_kv=bk)
         tiles = jnp.any(block_mask.kind != 0, axis=(0, 1))  # (num_q, num_k): seen by some batch and head
     if score_mod is not None:

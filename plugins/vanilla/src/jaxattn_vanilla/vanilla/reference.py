@@ -22,9 +22,10 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads, zero_past_lengths
+from jaxattn import masks
+from jaxattn.backend import split_absorbing_sinks, zero_absorbed_heads, zero_past_lengths, zero_unseen_keys
 
-__all__ = ["VanillaResult", "mod_indices", "vanilla_attention"]
+__all__ = ["VanillaResult", "vanilla_attention"]
 
 Array = jax.Array
 
@@ -103,36 +104,16 @@ def _visibility(
     return visible
 
 
-def mod_indices(b: int, hq: int, t: int, s: int) -> tuple[Array, Array, Array, Array]:
-    """A mask_mod's / score_mod's index arguments: int32 ``(B,1,1,1)``, ``(1,Hq,1,1)``,
-    ``(1,1,T,1)``, ``(1,1,1,S)`` (raw positions, docs/contract.md)."""
-    return (jnp.arange(b, dtype=jnp.int32).reshape(b, 1, 1, 1), jnp.arange(hq, dtype=jnp.int32).reshape(1, hq, 1, 1),
-            jnp.arange(t, dtype=jnp.int32).reshape(1, 1, t, 1), jnp.arange(s, dtype=jnp.int32).reshape(1, 1, 1, s))
-
-
 def _window(sliding_window: int | tuple[int, int] | None) -> tuple[int, int] | None:
     if sliding_window is None or isinstance(sliding_window, tuple):
         return sliding_window
     return (int(sliding_window), int(sliding_window))
 
 
-def _zero_unread_keys(
-    visible: Array, k: Array, v: Array, shape: tuple[int, int, int, int, int]
-) -> tuple[Array, Array]:
-    """K and V with every key that no query of a (sequence, KV head) sees replaced by zero;
-    ``shape`` is the logits' ``(B, Hkv, G, T, S)``.
-
-    A mask_mod's unread keys may hold NaN, and 0 * NaN in P @ V (or in a gradient) would be
-    NaN: a select, not a product, replaces them."""
-    seen = jnp.any(jnp.broadcast_to(visible, shape), axis=(2, 3)).transpose(0, 2, 1)[..., None]
-    return jnp.where(seen, k, jnp.zeros((), k.dtype)), jnp.where(seen, v, jnp.zeros((), v.dtype))
-
-
 def _scores(
     q: Array,
     k: Array,
     visible: Array | None,
-    index: tuple[Array, Array, Array, Array],
     *,
     scale: float,
     sdtype: Any,
@@ -164,7 +145,7 @@ def _scores(
     if bias is not None:
         logits = logits + _split_heads(bias, hq, hkv, "bias").astype(sdtype)
     if score_mod is not None:  # on the (B, Hq, T, S) scores, before masking
-        modded = jnp.asarray(score_mod(logits.reshape(b, hq, t, s), *index))
+        modded = jnp.asarray(score_mod(logits.reshape(b, hq, t, s), *masks.indices(b, hq, t, s)))
         logits = modded.astype(sdtype).reshape(b, hkv, groups, t, s)
     # Masked logits become the dtype's lowest finite value, not -inf: jax.debug_infs(True) flags
     # every -inf an operation makes (jax.nn masks with a finite number for the same reason).
@@ -276,12 +257,13 @@ def vanilla_attention(
         kv_segment_ids=kv_segment_ids,
         kv_lengths=kv_lengths,
     )
-    index = mod_indices(b, hq, t, s)
     if mask_mod is not None:
-        visible = _and(visible, _split_heads(jnp.asarray(mask_mod(*index), dtype=bool), hq, hkv, "mask_mod"))
-        k, v = _zero_unread_keys(visible, k, v, (b, hkv, groups, t, s))
+        seen = jnp.asarray(mask_mod(*masks.indices(b, hq, t, s)), dtype=bool)
+        visible = _and(visible, _split_heads(seen, hq, hkv, "mask_mod"))
+        # 0 * NaN in P @ V (or a gradient) is NaN: the unread keys are replaced by a select.
+        k, v = zero_unseen_keys(jnp.broadcast_to(visible, (b, hkv, groups, t, s)).reshape(b, hq, t, s), k, v)
 
-    logits, unscaled = _scores(q, k, visible, index, scale=scale, sdtype=sdtype, bias=bias,
+    logits, unscaled = _scores(q, k, visible, scale=scale, sdtype=sdtype, bias=bias,
                                logits_soft_cap=logits_soft_cap, score_mod=score_mod, precision=precision)
     factor = jnp.asarray(scale if unscaled else 1.0, sdtype)
     probs, lse = _softmax(logits, visible, softmax_aux, factor, sdtype)
