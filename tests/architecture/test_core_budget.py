@@ -49,7 +49,11 @@ problem's ``mask_mod_documents``): splash and the Pallas TPU flash kernel run pa
 whose ids are traced, as a model's are under ``jax.jit``; raised by 15 to 5,840 for two helpers
 the mask_mod backends shared as copies (``masks.indices``, a mask_mod's index grid, and
 ``backend.zero_unseen_keys``, the select that keeps a mask_mod's unseen NaN keys out): the
-plugins' four grids and two selects are gone.
+plugins' four grids and two selects are gone; raised by 65 to 5,905 for the ALiBi score_mod that a
+kernel unable to run a function recognises (``masks.alibi``, ``alibi_slopes``, the problem's
+``score_mod_alibi``; its slopes checked against Hq, as indexing would clamp them) and for masks and
+scores from the CLI (``jaxattn explain --mask-mod TERM+... --score-mod alibi``, validated before
+anything runs), issue 50's "reachable from the public API and the CLI".
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5840
+BUDGET = 5905
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

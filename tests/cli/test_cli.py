@@ -258,6 +258,20 @@ def test_explain_passes_every_feature_flag(capsys: pytest.CaptureFixture[str]) -
     assert data["chosen"] is None and code == 1  # no toy impl has soft cap, sinks, dropout...
 
 
+def test_explain_mask_mod_and_score_mod_terms(capsys: pytest.CaptureFixture[str]) -> None:
+    # The terms become jaxattn.masks constructors (documents of equal length), ANDed: the call
+    # line shows the tiles they leave, the problem the flags; no toy impl runs either.
+    code, out, _ = run_cli(capsys, "explain", "-t", "256", "--mask-mod", "causal+documents=4", "--score-mod",
+                           "alibi", "--plain")
+    assert code == 1 and "mask_mod tiles 128x128: 2 empty, 2 partial, 0 full" in out, out
+    problem = run_cli(capsys, "explain", "-t", "256", "--mask-mod", "window=8,0+chunked=64+prefix=16",
+                      "--score-mod", "alibi", "--json")[1]
+    flags = json.loads(problem)["problem"]
+    assert flags["mask_mod"] and flags["score_mod"] and flags["score_mod_alibi"] and not flags["mask_mod_documents"]
+    data = json.loads(run_cli(capsys, "explain", "-t", "256", "--mask-mod", "documents=2", "--json")[1])
+    assert data["problem"]["mask_mod_documents"] and data["problem"]["block_sparsity"] == [128, 128, 2, 0, 2]
+
+
 def test_explain_unknown_impl_lists_installed_names(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(capsys, "explain", "--impl", "nope")
     assert code == 2

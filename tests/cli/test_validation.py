@@ -30,6 +30,11 @@ CASES = [  # argv, what the one line says
     (["explain", "--caus"], "unrecognized arguments: --caus; did you mean --causal?"),
     (["explain", "--causl", "--wndow", "4"], "did you mean --causal for --causl, --window for --wndow?"),
     (["explain", "--bogus-option"], "unrecognized arguments: --bogus-option (`jaxattn explain --help`"),
+    (["explain", "--mask-mod", "causal+docs=4"], "argument --mask-mod: 'docs' is not one of causal, window"),
+    (["explain", "--mask-mod", "window=2,-1"], "argument --mask-mod: 'window=2,-1': window=L[,R] with L, R >= 0"),
+    (["explain", "--mask-mod", "chunked"], "argument --mask-mod: 'chunked': chunked=C with C >= 1"),
+    (["explain", "--score-mod", "relative"], "argument --score-mod: invalid choice: 'relative'"),
+    (["explain", "--ragged", "--mask-mod", "causal"], "--mask-mod, --score-mod: describe dense calls only"),
 ]  # fmt: skip
 
 

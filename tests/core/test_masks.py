@@ -222,6 +222,35 @@ def test_a_document_term_is_found_for_kernels_with_segment_ids() -> None:
     np.testing.assert_array_equal(kv_seg, ids)
 
 
+def test_alibi_is_a_score_mod_recognised_by_kernels_and_its_slopes_checked() -> None:
+    # The function is ALiBi at raw positions; the problem flags it (score_mod_alibi) and
+    # alibi_slopes hands a kernel the slopes, traced or not; a lambda of the same values is not
+    # flagged; slopes of another head count are refused (jnp indexing would clamp them).
+    q, k, v = _qkv(t=S)
+    hq = q.shape[2]
+    slopes = jnp.asarray(np.linspace(-1.0, -0.1, hq), jnp.float32)
+    score = jnp.zeros((1, hq, 3, 4))
+    got = masks.alibi(slopes)(score, *masks.indices(1, hq, 3, 4))
+    want = np.asarray(slopes)[None, :, None, None] * (np.arange(4)[None, :] - np.arange(3)[:, None])
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    assert jaxattn.explain(q, k, v, score_mod=masks.alibi(slopes)).problem.score_mod_alibi  # type: ignore[union-attr]
+    lam = lambda s, b, h, i, j: s + slopes[h] * (j - i)  # noqa: E731
+    assert not jaxattn.explain(q, k, v, score_mod=lam).problem.score_mod_alibi  # type: ignore[union-attr]
+
+    @jax.jit
+    def handed(sl: jax.Array) -> jax.Array:
+        call = resolve_call(q, k, v, score_mod=masks.alibi(sl))
+        return masks.alibi_slopes(call)
+
+    np.testing.assert_array_equal(handed(slopes), slopes)
+    assert masks.alibi_slopes(resolve_call(q, k, v, score_mod=lam)) is None
+    with pytest.raises(jaxattn.InvalidInputError, match=rf"score_mod.*shape \(3,\).*Hq = {hq}"):
+        jaxattn.attention(q, k, v, impl="vanilla", score_mod=masks.alibi(slopes[:3]))
+    for bad in (jnp.zeros((hq, 2)), jnp.arange(hq)):
+        with pytest.raises(jaxattn.InvalidInputError, match="slopes"):
+            masks.alibi(bad)
+
+
 def test_backends_without_the_feature_decline_with_the_reason() -> None:
     q, k, v = _qkv(t=1)
     reasons = jaxattn.get_impl("autoregressive_decodeattn").supports(q, k, v, mask_mod=masks.causal())

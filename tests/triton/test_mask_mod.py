@@ -28,7 +28,7 @@ from jaxattn_triton.flash import launch as L
 from jaxattn_triton.flash.launch import DQ_ATOMIC, KernelTiles, Tiles
 from jaxattn_triton.flash.ops import flash_attention, make_spec, mod_bits, seen_keys, tile_lists
 
-from ._env import ON_CUDA, needs_interpreter
+from ._env import BF16_DOT_OK, ON_CUDA, needs_interpreter
 
 B, T, S, HQ, HKV, D = 2, 21, 45, 4, 2, 16
 Dims = tuple[int, int, int, int, int, int]  # (B, T, S, Hq, Hkv, D)
@@ -163,6 +163,96 @@ def test_a_block_masks_bits_are_read_whatever_its_blocks() -> None:
     np.testing.assert_allclose(np.asarray(out), ref.output, atol=ATOL, rtol=ATOL)
 
 
+def _check_alibi(recipe: Callable[[dict[str, Any]], Any] | None, tiles: Tiles | None = TILES, seed: int = 4, *,
+                 dims: Dims = (B, T, S, HQ, HKV, D), dtype: str = "float32", **features: Any) -> None:
+    """masks.alibi's score_mod (with a mask_mod or none) under jit, its slopes traced, against the
+    oracle: out, lse, dq, dk, dv and the slopes' gradient, unseen keys poisoned."""
+    from jaxattn.testing.cases import DEFAULT_TOLERANCES
+    from jaxattn.testing.compare import assert_close
+
+    tol = DEFAULT_TOLERANCES[dtype]
+    a = _arrays(seed, dims, jnp.dtype(dtype))
+    slopes = np.exp2(-np.arange(1, dims[3] + 1) / 2).astype(np.float32)  # ALiBi: positive, 2^(-h / 2)
+    mods = {} if recipe is None else {"mask_mod": recipe(a)}
+    ref = oracle.attention(a["q"], a["k"], a["v"], score_mod=masks.alibi, score_params=slopes, **mods, **features)
+    back = oracle.attention_backward(a["q"], a["k"], a["v"], a["dout"], score_mod=masks.alibi, score_params=slopes,
+                                     **mods, **features)  # fmt: skip
+    p = _poison(a, ref.visible, dims[4]) if recipe is not None else a
+
+    @jax.jit
+    def run(q: jax.Array, k: jax.Array, v: jax.Array, sl: jax.Array, caps: dict[str, jax.Array]) -> Any:
+        mod = {} if recipe is None else {"mask_mod": recipe(caps)}
+
+        def f(q: jax.Array, k: jax.Array, v: jax.Array, sl: jax.Array) -> Any:
+            return flash_attention(q, k, v, alibi_slopes=sl, tiles=tiles, interpret=not ON_CUDA, **mod, **features)
+
+        (out, lse), vjp = jax.vjp(f, q, k, v, sl)
+        return out, lse, vjp((jnp.asarray(a["dout"], dtype), jnp.zeros_like(lse)))
+
+    caps = {n: jnp.asarray(p[n]) for n in ("prefix", "ids", "ids_q")}
+    out, lse, grads = run(*(jnp.asarray(p[n], dtype) for n in "qkv"), jnp.asarray(slopes), caps)
+    assert_close("out", out, ref.output, tol.forward)
+    seen = np.isfinite(ref.lse)
+    assert_close("lse", np.asarray(lse)[seen], ref.lse[seen], tol.forward)
+    for name, got, want in zip(("dq", "dk", "dv", "dslopes"), grads, (back.dq, back.dk, back.dv, back.dscore_params),
+                               strict=True):  # fmt: skip
+        assert np.isfinite(np.asarray(got, np.float32)).all(), f"{name}: NaN from an unseen key"
+        assert_close(name, got, want, tol.grad)
+
+
+@needs_interpreter
+@pytest.mark.filterwarnings("ignore:divide by zero encountered in log2:RuntimeWarning")
+def test_alibi_in_the_kernels_matches_the_oracle_with_its_slopes_gradient() -> None:
+    # Raw positions with T < S (the scores' (kv_idx - q_idx) is not the causal diagonal's), after
+    # a soft cap and a bias; without a mask_mod (the kernels' own tile ranges: causal, bottom-right),
+    # dQ by atomic adds and dK/dV split; then with a mask_mod's lists (tiles differ per kernel).
+    kt = KernelTiles(16, 16, 4, 1)
+    split = Tiles(KernelTiles(16, 32, 4, 1), kt, kt, dq_mode=DQ_ATOMIC, dkdv_split=True)
+    rng = np.random.default_rng(6)
+    _check_alibi(None, split, causal=True, logits_soft_cap=4.0,
+                 bias=rng.standard_normal((HQ, 1, S)).astype(np.float32))
+    _check_alibi(RECIPES["document"])
+
+
+@needs_interpreter
+@pytest.mark.filterwarnings("ignore:divide by zero encountered in log2:RuntimeWarning")
+def test_alibi_gradients_through_the_lse_and_sinks_match_vanilla() -> None:
+    # The slopes' gradient reads the lse cotangent's term (preprocess's lse_term) and the sinks'
+    # share of each row: against jax.grad of the vanilla reference, in float32.
+    a = _arrays(9)
+    rng = np.random.default_rng(9)
+    sinks = jnp.asarray(rng.standard_normal(HQ), jnp.float32)
+    dlse = jnp.asarray(rng.standard_normal((B, HQ, T)), jnp.float32)
+    slopes = jnp.asarray(np.exp2(-np.arange(1, HQ + 1) / 2), jnp.float32)
+
+    def loss(run: Callable[..., Any]) -> Callable[..., Any]:
+        def f(q: jax.Array, k: jax.Array, v: jax.Array, sl: jax.Array) -> jax.Array:
+            out, lse = run(q, k, v, sl)
+            return jnp.sum(out * jnp.asarray(a["dout"])) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0) * dlse)
+        return jax.jit(jax.grad(f, argnums=(0, 1, 2, 3)))
+
+    def triton(q: jax.Array, k: jax.Array, v: jax.Array, sl: jax.Array) -> Any:
+        return flash_attention(q, k, v, alibi_slopes=sl, causal=True, softmax_aux=sinks, tiles=TILES, interpret=True)
+
+    def vanilla(q: jax.Array, k: jax.Array, v: jax.Array, sl: jax.Array) -> Any:
+        res = jaxattn.get_impl("vanilla")(q, k, v, causal=True, softmax_aux=sinks, score_mod=masks.alibi(sl),
+                                          return_lse=True)  # fmt: skip
+        return res.attention_outputs, res.softmax_lse
+
+    args = (*(jnp.asarray(a[n]) for n in "qkv"), slopes)
+    for name, got, want in zip(("dq", "dk", "dv", "dslopes"), loss(triton)(*args), loss(vanilla)(*args), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-4, rtol=2e-4, err_msg=name)
+
+
+@needs_interpreter
+@pytest.mark.skipif(not BF16_DOT_OK, reason="this triton's interpreter multiplies bf16 bits as ints")
+@pytest.mark.filterwarnings("ignore:divide by zero encountered in log2:RuntimeWarning")
+def test_alibi_slopes_gradient_is_exact_in_bfloat16() -> None:
+    # Rows see keys up to 40 positions ahead (T < S, raw positions), where ALiBi weighs them most:
+    # a slope's gradient from rowsum(dO * O) of the bf16 output would be ~15% off here.
+    _check_alibi(None, dims=(1, 100, 140, 4, 2, 32), dtype="bfloat16", causal=True)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_CUDA, reason="needs an NVIDIA GPU (the Triton kernels run natively)")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -179,6 +269,18 @@ def test_on_a_gpu_at_the_tuned_tiles(name: str, dtype: str) -> None:
                     "bias": rng.standard_normal((8, 1, 1100)).astype(np.float32),
                     "softmax_aux": rng.standard_normal(8).astype(np.float32)}
     _check(RECIPES["lambda_bh" if name == "combined" else name], None, 7, dims=dims, dtype=dtype, **features)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_CUDA, reason="needs an NVIDIA GPU (the Triton kernels run natively)")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", ["causal", "document"])
+def test_alibi_on_a_gpu_at_the_tuned_tiles(name: str, dtype: str) -> None:
+    dims: Dims = (2, 1000, 1100, 8, 2, 128)
+    if name == "causal":
+        _check_alibi(None, None, 8, dims=dims, dtype=dtype, causal=True, logits_soft_cap=20.0)
+    else:
+        _check_alibi(RECIPES["document"], None, 8, dims=dims, dtype=dtype)
 
 
 # -- the JAX side alone (no interpreter) --------------------------------------------------------
@@ -254,17 +356,20 @@ def test_the_impl_takes_mask_mods_declines_score_mods_and_explains_its_tiles() -
 
     h200 = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H200", compute_capability="9.0")
     impl = TritonFlashAttention(jaxattn.AttentionMetadata(), h200)
-    assert Feature.MASK_MOD in impl.features and Feature.SCORE_MOD not in impl.features
+    assert Feature.MASK_MOD in impl.features and Feature.SCORE_MOD in impl.features  # masks.alibi only
     sizes = {"batch": 1, "seq_q": 256, "seq_k": 256, "heads_q": 8, "heads_kv": 2, "head_dim": 64,
              "head_dim_v": 64, "dtype": "bfloat16"}
     problem = AttentionProblem(**sizes, mask_mod=True, causal=True, segment_ids=True, needs_grad=True)  # type: ignore[arg-type]
     assert impl.not_supported_reasons(problem) == []
     assert any("packed bits" in n and "empty tiles skipped" in n for n in impl.notes(problem))
     reasons = impl.not_supported_reasons(AttentionProblem(**sizes, score_mod=True))  # type: ignore[arg-type]
-    assert any("cannot execute a traced JAX function" in r for r in reasons), reasons
-    reasons = impl.not_supported_reasons(AttentionProblem(**{**sizes, "seq_q": 1}, mask_mod=True,  # type: ignore[arg-type]
-                                                          kv_lengths=True))
-    assert any("kv_lengths with a mask_mod" in r for r in reasons), reasons
+    assert any("cannot execute a traced JAX function" in r and "masks.alibi" in r for r in reasons), reasons
+    alibi = AttentionProblem(**sizes, score_mod=True, score_mod_alibi=True, causal=True, needs_grad=True)  # type: ignore[arg-type]
+    assert impl.not_supported_reasons(alibi) == []
+    assert any("masks.alibi" in n and "in registers" in n for n in impl.notes(alibi))
+    for mods in ({"mask_mod": True}, {"score_mod": True, "score_mod_alibi": True}):
+        reasons = impl.not_supported_reasons(AttentionProblem(**{**sizes, "seq_q": 1}, **mods, kv_lengths=True))  # type: ignore[arg-type]
+        assert any("kv_lengths with a mask_mod or score_mod" in r for r in reasons), reasons
     # explain's call line shows the mask_mod's block sparsity.
     q = jax.ShapeDtypeStruct((1, 256, 8, 64), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)

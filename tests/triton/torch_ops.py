@@ -41,8 +41,8 @@ class TorchInputs:
         self.kseg = dummy(torch.int32) if kv_segment_ids is None else kv_segment_ids.to(torch.int32).contiguous()
         self.sinks = dummy(torch.float32) if sinks is None else sinks.to(torch.float32).contiguous()
 
-        # A mask_mod's bits, seen keys and tile lists (flash.ops): none here.
-        self.no_mod = [dummy(torch.int32)] * 3
+        # A mask_mod's bits, seen keys and tile lists, and masks.alibi's slopes (flash.ops): none here.
+        self.no_mod = [dummy(torch.int32)] * 3 + [dummy(torch.float32)]
 
     def kernel_inputs(self) -> list[torch.Tensor]:
         return [self.mask, self.bias, self.qseg, self.kseg]
@@ -84,7 +84,7 @@ def backward(
 
     q, k, v, dout = (x.contiguous() for x in (q, k, v, dout))
     dlse = torch.zeros_like(lse) if dlse is None else dlse.to(torch.float32).contiguous()
-    delta, lse_b, dsink_rows = run_launch(L.preprocess(spec), [out.contiguous(), dout, lse, dlse, extra.sinks])
+    delta, lse_b, dsink_rows, _ = run_launch(L.preprocess(spec), [out.contiguous(), dout, lse, dlse, extra.sinks])
     common = [q, k, v, *extra.kernel_inputs(), dout, lse_b, delta, *extra.no_mod]
     if tiles.dkdv_split:
         _, dv, _, _ = run_launch(L.dkdv(spec, tiles.dkdv, part=L.PART_DV), common)
@@ -92,7 +92,7 @@ def backward(
     else:
         dk, dv, dbias_full, dq_acc = run_launch(L.dkdv(spec, tiles.dkdv, tiles.dq_mode), common)
     if tiles.dq_mode == L.DQ_KERNEL:
-        (dq,) = run_launch(L.dq(spec, tiles.dq), common)
+        dq, _ = run_launch(L.dq(spec, tiles.dq), [*common, extra.no_mod[-1]])  # a dummy lse_term (no alibi)
     else:
         dq = (dq_acc * spec.softmax_scale).to(q.dtype)
     dbias = None

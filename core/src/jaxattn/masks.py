@@ -27,6 +27,8 @@ __all__ = [
     "BlockMask",
     "MaskMod",
     "ScoreMod",
+    "alibi",
+    "alibi_slopes",
     "and_",
     "as_segment_ids",
     "block_mask",
@@ -149,6 +151,35 @@ def as_segment_ids(call: Any) -> tuple[MaskMod | None, Any, Any]:
     b, t, s = call.q.shape[0], call.q.shape[1], call.k.shape[1]
     q_ids, kv_ids = (jnp.broadcast_to(ids, n).astype(jnp.int32) for ids, n in ((split[1], (b, t)), (split[2], (b, s))))
     return split[0], q_ids, kv_ids
+
+
+def alibi(slopes: Any) -> ScoreMod:
+    """ALiBi (attention with linear biases) as a score_mod: ``score + slopes[h] * (kv_idx - q_idx)``,
+    raw positions, ``slopes`` a float ``(Hq,)`` array (traced and differentiated like any captured
+    array). Any backend with score_mods runs it as a function; a kernel that cannot execute one
+    (the Triton ``flash_attn2``) recognises it (``alibi_slopes``) and adds the term in registers."""
+    import jax.numpy as jnp
+
+    values = jnp.asarray(slopes)
+    if values.ndim != 1 or not jnp.issubdtype(values.dtype, jnp.floating):
+        raise InvalidInputError("slopes", f"must be a float array (Hq,), one slope per query head, got "
+                                f"{values.dtype} {values.shape}")
+
+    def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return score + values[h].astype(score.dtype) * (kv_idx - q_idx).astype(score.dtype)
+
+    _alibis[score_mod] = values
+    return score_mod
+
+
+#: The slopes of the score_mods ``alibi`` makes.
+_alibis: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def alibi_slopes(call: Any) -> Any:
+    """The ``(Hq,)`` slopes of ``call``'s score_mod (an ``AttentionCall``) when it is ``alibi(...)``
+    (``call.problem.score_mod_alibi``), else None."""
+    return _alibis.get(call.score_mod) if call.problem.score_mod_alibi else None
 
 
 def _combine(name: str, mods: tuple[MaskMod, ...], both: Callable[[Any, Any], Any]) -> MaskMod:
@@ -425,8 +456,18 @@ def check_mods(problem: Any, mask_mod: Any, score_mod: Any, block: Any) -> Any:
     mask, after checking them (``InvalidInputError`` naming the argument)."""
     b, hq, t, s = problem.batch, problem.heads_q, problem.seq_q, problem.seq_k
     static = mask_mod is not None and _check_mod("mask_mod", mask_mod, b, hq, t, s)
+    alibi_term = False
     if score_mod is not None:
         _check_mod("score_mod", score_mod, b, hq, t, s)
+        try:
+            slopes = _alibis.get(score_mod)
+        except TypeError:  # not weakly referable: no constructor made it
+            slopes = None
+        if slopes is not None and tuple(slopes.shape) != (hq,):
+            # jnp indexing clamps: slopes for other heads would be read silently.
+            raise InvalidInputError("score_mod", f"masks.alibi's slopes have shape {tuple(slopes.shape)}, the "
+                                    f"call has Hq = {hq} query heads", f"pass one slope per query head, ({hq},)")
+        alibi_term = slopes is not None
     sparsity = None
     if block is not None:
         if not isinstance(block, BlockMask):
@@ -449,7 +490,7 @@ def check_mods(problem: Any, mask_mod: Any, score_mod: Any, block: Any) -> Any:
         documents = _check_mod("mask_mod", split[0], b, hq, t, s)  # the rest must be static
     return dataclasses.replace(problem, mask_mod=mask_mod is not None, mask_mod_static=static,
                                mask_mod_documents=documents, score_mod=score_mod is not None,
-                               block_sparsity=sparsity)
+                               score_mod_alibi=alibi_term, block_sparsity=sparsity)
 
 
 def with_sparsity(problem: Any, mask_mod: Any, block_q: int | None = None, block_kv: int | None = None) -> Any:

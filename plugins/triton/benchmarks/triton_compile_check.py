@@ -38,11 +38,12 @@ SMEM_LIMIT = 232448
 
 def _pointer_types(kind: str, dtype: str) -> list[str]:
     dt = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}[dtype]
+    # ... a mask_mod's bits, seen keys and tile lists (int32), masks.alibi's slopes, then the outputs.
     if kind == "fwd":
-        return [dt, dt, dt, "*i8", "*fp32", "*i32", "*i32", "*fp32", "*i32", "*i32", "*i32", dt, "*fp32"]
-    # ... then a mask_mod's bits, seen keys and tile lists (int32), then the outputs.
-    ins = [dt, dt, dt, "*i8", "*fp32", "*i32", "*i32", dt, "*fp32", "*fp32", "*i32", "*i32", "*i32"]
-    return ins + ([dt, dt, "*fp32", "*fp32"] if kind == "dkdv" else [dt])
+        return [dt, dt, dt, "*i8", "*fp32", "*i32", "*i32", "*fp32", "*i32", "*i32", "*i32", "*fp32", dt, "*fp32"]
+    ins = [dt, dt, dt, "*i8", "*fp32", "*i32", "*i32", dt, "*fp32", "*fp32", "*i32", "*i32", "*i32", "*fp32"]
+    # dQ: the lse cotangent's term too; it writes dq and the slopes' gradient.
+    return ins + ([dt, dt, "*fp32", "*fp32"] if kind == "dkdv" else ["*fp32", dt, "*fp32"])
 
 
 #: Triton's pointer type of each dtype name a launch's outputs use.

@@ -318,11 +318,12 @@ def _prepared_measure(spec: AttnSpec, rows: list[dict[str, Any]], t0: float) -> 
         jnp.zeros((1,), jnp.int32),
     )
     sinks = jnp.zeros((1,), jnp.float32)
-    no_mod = (jnp.zeros((1,), jnp.int32),) * 3  # a mask_mod's bits, seen keys, tile lists: none
+    # A mask_mod's bits, seen keys, tile lists and masks.alibi's slopes: none.
+    no_mod = (*(jnp.zeros((1,), jnp.int32),) * 3, jnp.zeros((1,), jnp.float32))
     base = tuning.default_tiles(spec, "9.0")
     out, lse = jax.jit(lambda *a: _execute(L.forward(spec, base.fwd), a, False))(q, k, v, *dummies, sinks, *no_mod)
     dout = jax.random.normal(jax.random.PRNGKey(1), out.shape, out.dtype)
-    delta, lse_b, _ = jax.jit(lambda *a: _execute(L.preprocess(spec), a, False))(
+    delta, lse_b, _, _ = jax.jit(lambda *a: _execute(L.preprocess(spec), a, False))(
         out, dout, lse, jnp.zeros_like(lse), sinks
     )
     common = (q, k, v, *dummies, dout, lse_b, delta, *no_mod)
@@ -341,7 +342,7 @@ def _prepared_measure(spec: AttnSpec, rows: list[dict[str, Any]], t0: float) -> 
             if "dkdv" not in ref:
                 ref["dkdv"] = [np.asarray(x, np.float32) for x in fn(*common)]
         elif name == "dq":
-            fn = jax.jit(lambda *a: _execute(L.dq(spec, t.dq), a, False)[0])
+            fn = jax.jit(lambda *a: _execute(L.dq(spec, t.dq), [*a, no_mod[-1]], False)[0])  # no alibi
             sec = bu.time_jax(fn, *common, reps=10)
             if "dq" not in ref:
                 ref["dq"] = np.asarray(fn(*common), np.float32)

@@ -83,7 +83,8 @@ def measure_kernels(
         jnp.zeros((1,), jnp.int32),
     )
     sinks = jnp.zeros((1,), jnp.float32)
-    no_mod = (jnp.zeros((1,), jnp.int32),) * 3  # a mask_mod's bits, seen keys, tile lists: none
+    # A mask_mod's bits, seen keys, tile lists and masks.alibi's slopes: none.
+    no_mod = (*(jnp.zeros((1,), jnp.int32),) * 3, jnp.zeros((1,), jnp.float32))
     fwd = jax.jit(lambda *a: _execute(L.forward(spec, tiles.fwd), a, False))
     result = {}
     if "fwd" in kernels:
@@ -93,7 +94,7 @@ def measure_kernels(
     out, lse = fwd(q, k, v, *dummies, sinks, *no_mod)
     dout = jax.random.normal(jax.random.PRNGKey(1), out.shape, out.dtype)
     pre = jax.jit(lambda *a: _execute(L.preprocess(spec), a, False))
-    delta, lse_b, _ = pre(out, dout, lse, jnp.zeros_like(lse), sinks)
+    delta, lse_b, _, _ = pre(out, dout, lse, jnp.zeros_like(lse), sinks)
     common = (q, k, v, *dummies, dout, lse_b, delta, *no_mod)
     if "dkdv" in kernels:
         dkdv = jax.jit(lambda *a: _execute(L.dkdv(spec, tiles.dkdv), a, False))
@@ -114,7 +115,7 @@ def measure_kernels(
 
         result["dkdv_split"] = time_jax(jax.jit(split), *common, reps=reps)
     if "dq" in kernels:
-        dq = jax.jit(lambda *a: _execute(L.dq(spec, tiles.dq), a, False))
+        dq = jax.jit(lambda *a: _execute(L.dq(spec, tiles.dq), [*a, no_mod[-1]], False))  # no lse_term: no alibi
         result["dq"] = time_jax(dq, *common, reps=reps)
     return result
 

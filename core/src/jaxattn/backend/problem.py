@@ -58,6 +58,9 @@ class AttentionProblem:
     #: its ids traced or not.
     mask_mod_documents: bool = False
     score_mod: bool = False  # a score_mod function
+    #: The score_mod is ``masks.alibi(slopes)`` (``masks.alibi_slopes``): a kernel that cannot run
+    #: a traced function adds its term itself.
+    score_mod_alibi: bool = False
     #: A concrete ``block_mask``'s tiles: ``(block_q, block_kv, empty, partial, full)``; None
     #: without one, or when it is traced (``explain`` builds one to show it).
     block_sparsity: tuple[int, int, int, int, int] | None = None

@@ -29,6 +29,52 @@ def _pattern(text: str) -> str:
     return text
 
 
+#: ``--mask-mod`` terms: name -> (how many integers may follow ``=``, the smallest, its form).
+_MOD_TERMS = {"causal": (0, 0, 0, "causal takes no value"), "window": (1, 2, 0, "window=L[,R] with L, R >= 0"),
+              "chunked": (1, 1, 1, "chunked=C with C >= 1"), "documents": (1, 1, 1, "documents=N with N >= 1"),
+              "prefix": (1, 1, 1, "prefix=P with P >= 1")}
+
+
+def _mask_mod_spec(text: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``causal+documents=8``: jaxattn.masks constructors ANDed (``window=L[,R]``, ``chunked=C``,
+    ``documents=N`` equal packed documents a row, ``prefix=P`` for every row)."""
+    terms = []
+    for term in text.split("+"):
+        name, _, values = term.strip().partition("=")
+        if name not in _MOD_TERMS:
+            raise argparse.ArgumentTypeError(f"{name!r} is not one of {', '.join(_MOD_TERMS)} (e.g. causal+window=8)")
+        low, high, least, form = _MOD_TERMS[name]
+        try:
+            ints = tuple(int(v) for v in values.split(",")) if values else ()
+        except ValueError:
+            ints = (-1,)
+        if not low <= len(ints) <= high or any(n < least for n in ints):
+            raise argparse.ArgumentTypeError(f"{term!r}: {form}")
+        terms.append((name, ints))
+    return tuple(terms)
+
+
+def _mods(args: argparse.Namespace, b: int, t: int, s: int, hq: int) -> dict[str, Any]:
+    """``mask_mod`` / ``score_mod`` of ``--mask-mod`` / ``--score-mod``: concrete captures, so that
+    ``explain`` shows the tiles they leave (documents of equal length over the S keys)."""
+    import numpy as np
+
+    from jaxattn import masks
+
+    def documents(n: int) -> Any:  # n equal runs over each side's positions
+        return masks.document(*(np.broadcast_to(np.arange(m) * n // m, (b, m)).astype(np.int32) for m in (t, s)))
+
+    make = {"causal": lambda n: masks.causal(), "window": lambda n: masks.sliding_window(*n),
+            "chunked": lambda n: masks.chunked_causal(n[0]), "documents": lambda n: documents(n[0]),
+            "prefix": lambda n: masks.prefix_lm(np.full(b, n[0], np.int32))}
+    out: dict[str, Any] = {}
+    if args.mask_mod:
+        out["mask_mod"] = masks.and_(*(make[name](ints) for name, ints in args.mask_mod))
+    if args.score_mod == "alibi":
+        out["score_mod"] = masks.alibi(np.exp2(-8.0 * np.arange(1, hq + 1) / hq).astype(np.float32))
+    return out
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     shapes = parser.add_argument_group("shapes (BTHD layout)")
     shapes.add_argument("--batch", "-b", type=positive_int, default=1, help="B (default 1)")
@@ -52,6 +98,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     features.add_argument("--soft-cap", type=positive_float, metavar="C", help="logits soft cap")
     features.add_argument("--sinks", action="store_true", help="attention sinks (softmax_aux)")
     features.add_argument("--dropout", type=probability, default=0.0, metavar="P", help="dropout prob")
+    features.add_argument("--mask-mod", type=_mask_mod_spec, metavar="TERM+...",
+                          help="a mask_mod of jaxattn.masks terms ANDed: causal, window=L[,R], chunked=C, "
+                               "documents=N (equal packed documents), prefix=P; e.g. causal+documents=8")
+    features.add_argument("--score-mod", choices=("alibi",), help="a score_mod: masks.alibi, slopes 2^(-8h/Hq)")
     features.add_argument("--grad", action="store_true", help="the call is differentiated")
     features.add_argument("--kv-lengths", action="store_true",
                           help="per-sequence key lengths: k and v are a dense KV cache of capacity S")
@@ -152,6 +202,7 @@ def build_call(args: argparse.Namespace) -> tuple[tuple[Any, Any, Any], dict[str
         kwargs["kv_segment_ids"] = spec((b, s), jnp.int32)
     if args.kv_lengths:
         kwargs["kv_lengths"] = spec((b,), jnp.int32)
+    kwargs.update(_mods(args, b, t, s, hq))
     if args.dropout:
         kwargs["dropout_prob"] = args.dropout
         kwargs["dropout_rng"] = spec((2,), jnp.uint32)  # a raw PRNG key; only its presence counts
@@ -252,6 +303,10 @@ def run(args: argparse.Namespace) -> int:
         if unused:
             raise jaxattn.InvalidInputError(", ".join(unused), "does not apply to paged calls (always causal per "
                                             "sequence, forward-only, lengths in the call)")
+        if args.mask_mod or args.score_mod:
+            raise jaxattn.InvalidInputError("--mask-mod, --score-mod", "describe dense calls only",
+                                            "a ragged call's mask_mod (seq, h, q_pos, kv_pos) is passed to "
+                                            "ragged_paged_attention(mask_mod=) in Python (docs/masks.md)")
         arrays, kwargs = build_paged_call(args)
         explanation = jaxattn.explain_paged(*arrays, **kwargs)
     else:

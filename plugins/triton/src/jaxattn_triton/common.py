@@ -134,6 +134,8 @@ def scores(
     WORDS: tl.constexpr,
     col0,
     NCOL: tl.constexpr,
+    slope,
+    HAS_ALIBI: tl.constexpr,
 ):
     """Mask raw ``q.k`` products; base-2 logits are ``s * QK_SCALE`` (see the kernels).
 
@@ -147,11 +149,13 @@ def scores(
     ``HAS_MOD``: a mask_mod's packed visibility (``jaxattn.masks.mask_bits``: ``WORDS`` int32
     words a query row, key ``32 w + j`` at bit j of word w) hides keys of a partial tile
     (``EDGE``: ``NCOL`` keys from ``col0``); a full tile has no element mask at all.
+    ``HAS_ALIBI``: ``masks.alibi``'s term ``slope * (col - row)`` (raw positions, the head's
+    ``slope``) is added after the soft cap and the bias, as a score_mod acts.
     """
     if HAS_SOFTCAP:
         th = tanh_f32(qk * (SM_SCALE / SOFTCAP))
         s = th * (SOFTCAP * LOG2E)
-    elif HAS_BIAS:
+    elif HAS_BIAS or HAS_ALIBI:
         th = qk
         s = qk * (SM_SCALE * LOG2E)
     else:
@@ -161,6 +165,8 @@ def scores(
     if HAS_BIAS:
         b = tl.load(bias_ptr + rows * stride_bt + cols * stride_bs, mask=inb, other=0.0)
         s += b.to(tl.float32) * LOG2E
+    if HAS_ALIBI:
+        s += (slope * LOG2E) * (cols - rows).to(tl.float32)
     if EDGE:
         keep = cols < S
         if HAS_LEFT:

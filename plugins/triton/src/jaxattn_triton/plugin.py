@@ -40,6 +40,7 @@ FLASH_ATTN2 = ImplRef(
         Feature.SLIDING_WINDOW, Feature.SEGMENT_IDS, Feature.SOFT_CAP, Feature.SINKS, Feature.GRAD, Feature.LSE,
         Feature.KV_LENGTHS,  # on the split-K decode path only (see impl.kv_lengths_reasons)
         Feature.MASK_MOD,  # evaluated in JAX into packed bits and tile lists (flash.ops.mod_bits)
+        Feature.SCORE_MOD,  # masks.alibi only, its term added in registers (impl.SCORE_MOD_ONLY_ALIBI)
     },
 )
 

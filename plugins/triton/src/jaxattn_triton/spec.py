@@ -23,6 +23,7 @@ class AttnSpec:
     to ``(B, Hq, T, S)`` (each dim 1 or full). ``mod_shape``: with a mask_mod, the leading
     ``(B|1, Hq|1)`` of its packed bits (``jaxattn.masks.mask_bits``), into which the call's
     causal rule, window, segment ids and mask are folded (those fields are then unset).
+    ``alibi``: a ``masks.alibi`` score_mod, its ``(Hq,)`` slopes an input of the kernels.
     """
 
     batch: int
@@ -42,6 +43,7 @@ class AttnSpec:
     segments: bool = False
     sinks: bool = False
     mod_shape: tuple[int, int] | None = None
+    alibi: bool = False
 
     def __post_init__(self) -> None:
         if self.heads_q % self.heads_kv:

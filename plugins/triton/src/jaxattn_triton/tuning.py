@@ -129,6 +129,7 @@ def shape_class(spec: AttnSpec) -> str:
             ("bias", spec.bias_shape is not None),
             ("seg", spec.segments),
             ("mod", spec.mod_shape is not None),
+            ("alibi", spec.alibi),
             ("cap", spec.softcap is not None),
         )
         if on

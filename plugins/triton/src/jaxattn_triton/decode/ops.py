@@ -261,9 +261,10 @@ def _decode_vjp_bwd(
         # probabilities (dq = dS K, dP = dO V^T), so it gets zeros there, by a select.
         k, v = zero_past_lengths(k, v, jnp.clip(lengths, 0, k.shape[1]))
     seg = jnp.zeros((1,), jnp.int32)
-    # (seg twice more: no mask_mod, so no bits and no seen keys.)
-    grads = _flash_bwd(fspec, ftiles, interpret, (q, k, v, bias, sinks, mask, seg, seg, seg, seg, out, lse),
-                       cotangents)
+    # (seg twice more: no mask_mod, so no bits and no seen keys; and no masks.alibi slopes.)
+    no_slopes = jnp.zeros((1,), jnp.float32)
+    grads = _flash_bwd(fspec, ftiles, interpret, (q, k, v, bias, sinks, mask, seg, seg, seg, seg, no_slopes, out,
+                                                  lse), cotangents)  # fmt: skip
     dq, dk, dv, _, dsinks = grads[:5]
     # lengths are integers: no cotangent.
     return dq, dk, dv, dsinks, None

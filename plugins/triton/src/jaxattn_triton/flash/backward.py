@@ -19,7 +19,10 @@
   that recompute ``Q K^T`` but each hold one accumulator, for head dims whose two
   accumulators do not fit in registers together.
 * ``attn_bwd_dq_kernel``: one program per query tile, looping over key tiles like the
-  forward (used when dQ is not fused).
+  forward (used when dQ is not fused, and always with ``masks.alibi``: it also sums each row's
+  ``P dP``, ``P d`` and ``P dP d``, ``d = col - row``, into the slopes' gradient, exact where
+  ``delta`` from the output rounded to q's dtype is not: positions up to S apart amplify its
+  error).
 
 Probabilities are recomputed from the saved log-sum-exp; the tile ranges and element
 masks are the forward's (``common.py``), so masked tiles are skipped here too. With a
@@ -50,6 +53,7 @@ def attn_bwd_preprocess_kernel(
     Delta,
     LseB,
     DSinkRow,
+    LseTerm,
     stride_ob: tl.constexpr,
     stride_ot: tl.constexpr,
     stride_oh: tl.constexpr,
@@ -60,6 +64,7 @@ def attn_bwd_preprocess_kernel(
     T: tl.constexpr,
     DV: tl.constexpr,
     HAS_SINK: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
@@ -100,6 +105,8 @@ def attn_bwd_preprocess_kernel(
     # The lse output's gradient adds dlse * p_real to every logit's gradient; folding it
     # into delta keeps the dS = P * (dP - delta) form of the other two kernels.
     delta = delta - dlse * real_scale
+    if HAS_ALIBI:
+        tl.store(LseTerm + row, dlse * real_scale, mask=in_t)  # the dQ kernel's slope gradient reads it
     # +inf makes exp2(s - lse) an exact 0 for rows that see no key (never NaN).
     tot2 = tl.where(tot2 == float("-inf"), float("inf"), tot2)
     tl.store(Delta + row, delta, mask=in_t)
@@ -137,6 +144,7 @@ def _dkdv_sweep(
     stride_dbt,
     offs_d,
     offs_dv,
+    slope,
     SM_SCALE: tl.constexpr,
     SOFTCAP: tl.constexpr,
     T: tl.constexpr,
@@ -154,6 +162,7 @@ def _dkdv_sweep(
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     HAS_MOD: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     WORDS: tl.constexpr,
     ASM: tl.constexpr,
     FUSE_DQ: tl.constexpr,
@@ -169,7 +178,7 @@ def _dkdv_sweep(
     DO_DV: tl.constexpr = PART != 2
     DO_DK: tl.constexpr = PART != 1
     # See ``scores``: the logit scale is folded into exp2's argument on the plain path.
-    SCALED: tl.constexpr = HAS_SOFTCAP or HAS_BIAS
+    SCALED: tl.constexpr = HAS_SOFTCAP or HAS_BIAS or HAS_ALIBI
     QK_SCALE: tl.constexpr = 1.0 * SCALED + SM_SCALE * LOG2E * (1 - SCALED)
     for it in range(lo, hi, STEP):
         if HAS_MOD:
@@ -200,6 +209,7 @@ def _dkdv_sweep(
             stride_mt, stride_ms, stride_bt, stride_bs,
             SM_SCALE, SOFTCAP, T, S, DIAG, LEFT, RIGHT, EDGE,
             HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, n0, BLOCK_N,
+            slope, HAS_ALIBI,
         )  # fmt: skip
         # No probability exceeds 1: the cap keeps an lse that lost an ulp against the max (its
         # trip through natural units; past ~2^32 an ulp alone overflows exp2) finite.
@@ -245,6 +255,7 @@ def attn_bwd_dkdv_kernel(
     Bits,
     Seen,
     List,
+    Slopes,
     DK,
     DV_,
     DBias,
@@ -299,6 +310,7 @@ def attn_bwd_dkdv_kernel(
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     HAS_MOD: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     WORDS: tl.constexpr,
     ASM: tl.constexpr,
     FUSE_DQ: tl.constexpr,
@@ -360,28 +372,32 @@ def attn_bwd_dkdv_kernel(
             n_all = n_part + tl.load(list_ptr + 1)
             lo, full_lo, full_hi, hi = 0, n_part, n_all, n_all
             list_ptr += 2
+        if HAS_ALIBI:
+            slope = tl.load(Slopes + h64).to(tl.float32)
+        else:
+            slope = 0.0
         dk, dv = _dkdv_sweep(
             dk, dv, k, v, cols, lo, full_lo, q_ptr, do_ptr, LseB + row_ptr, Delta + row_ptr,
             mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, bits_ptr, list_ptr, n0, stride_qt,
-            stride_dot, stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
+            stride_dot, stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv, slope,
             SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM, FUSE_DQ,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, HAS_ALIBI, WORDS, ASM, FUSE_DQ,
             PART, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
         dk, dv = _dkdv_sweep(
             dk, dv, k, v, cols, full_lo, full_hi, q_ptr, do_ptr, LseB + row_ptr, Delta + row_ptr,
             mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, bits_ptr, list_ptr, n0, stride_qt,
-            stride_dot, stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
+            stride_dot, stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv, slope,
             SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM, FUSE_DQ,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, HAS_ALIBI, WORDS, ASM, FUSE_DQ,
             PART, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
         dk, dv = _dkdv_sweep(
             dk, dv, k, v, cols, full_hi, hi, q_ptr, do_ptr, LseB + row_ptr, Delta + row_ptr,
             mask_ptr, bias_ptr, dbias_ptr, dq_ptr, qseg_ptr, kseg_ptr, bits_ptr, list_ptr, n0, stride_qt,
-            stride_dot, stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv,
+            stride_dot, stride_mt, stride_ms, stride_bt, stride_bs, S, offs_d, offs_dv, slope,
             SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM, FUSE_DQ,
+            HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, HAS_ALIBI, WORDS, ASM, FUSE_DQ,
             PART, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
 
@@ -403,6 +419,9 @@ def attn_bwd_dkdv_kernel(
 @triton.jit
 def _dq_sweep(
     dq,
+    pdp,
+    pd,
+    pdpd,
     q,
     do,
     lse,
@@ -427,6 +446,7 @@ def _dq_sweep(
     stride_bs,
     offs_d,
     offs_dv,
+    slope,
     SM_SCALE: tl.constexpr,
     SOFTCAP: tl.constexpr,
     T: tl.constexpr,
@@ -444,6 +464,7 @@ def _dq_sweep(
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     HAS_MOD: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     WORDS: tl.constexpr,
     ASM: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -453,7 +474,7 @@ def _dq_sweep(
     TAIL_N: tl.constexpr = EDGE and (S % BLOCK_N != 0)
     STEP: tl.constexpr = 1 if HAS_MOD else BLOCK_N  # see _fwd_sweep
     # See ``scores``: the logit scale is folded into exp2's argument on the plain path.
-    SCALED: tl.constexpr = HAS_SOFTCAP or HAS_BIAS
+    SCALED: tl.constexpr = HAS_SOFTCAP or HAS_BIAS or HAS_ALIBI
     QK_SCALE: tl.constexpr = 1.0 * SCALED + SM_SCALE * LOG2E * (1 - SCALED)
     for it in range(lo, hi, STEP):
         if HAS_MOD:
@@ -482,14 +503,23 @@ def _dq_sweep(
             stride_mt, stride_ms, stride_bt, stride_bs,
             SM_SCALE, SOFTCAP, T, S, DIAG, LEFT, RIGHT, EDGE,
             HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, start_n, BLOCK_N,
+            slope, HAS_ALIBI,
         )  # fmt: skip
         p = tl.exp2(tl.minimum(mul_rounded(s, QK_SCALE, ASM) - lse[:, None], 0.0))  # see _dkdv_sweep
         dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - delta[:, None])
+        if HAS_ALIBI:
+            # The rows' sums of P dP, P d and P dP d (d = col - row, the slope's derivative of
+            # the score): the slope's gradient from them, exactly (attn_bwd_dq_kernel).
+            dist = (offs_n[None, :] - rows).to(tl.float32)
+            pdp += tl.sum(p * dp, 1)
+            pw = p * dist
+            pd += tl.sum(pw, 1)
+            pdpd += tl.sum(pw * dp, 1)
         if HAS_SOFTCAP:
             ds = ds * (1.0 - th * th)
         dq = tl.dot(ds.to(k.dtype), k, dq)
-    return dq
+    return dq, pdp, pd, pdpd
 
 
 @triton.jit
@@ -507,7 +537,10 @@ def attn_bwd_dq_kernel(
     Bits,
     Seen,
     List,
+    Slopes,
+    LseTerm,
     DQ,
+    DSlope,
     stride_qb: tl.constexpr,
     stride_qt: tl.constexpr,
     stride_qh: tl.constexpr,
@@ -555,6 +588,7 @@ def attn_bwd_dq_kernel(
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     HAS_MOD: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     WORDS: tl.constexpr,
     ASM: tl.constexpr,
     REVERSE_M: tl.constexpr,
@@ -598,10 +632,17 @@ def attn_bwd_dq_kernel(
     qseg_ptr = QSeg + b64 * T
     kseg_ptr = KSeg + b64 * S
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    pdp = tl.zeros([BLOCK_M], dtype=tl.float32)
+    pd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    pdpd = tl.zeros([BLOCK_M], dtype=tl.float32)
 
     bits_ptr = Bits + b64 * stride_wb + h64 * stride_wh
     seen_ptr = Seen + b64 * stride_sb + hkv64 * stride_sh
     list_ptr = List + b64 * stride_lb + h64 * stride_lh + pid_m * stride_lr
+    if HAS_ALIBI:
+        slope = tl.load(Slopes + h).to(tl.float32)
+    else:
+        slope = 0.0
     if HAS_MOD:
         n_part = tl.load(list_ptr)  # see attn_fwd_kernel
         n_all = n_part + tl.load(list_ptr + 1)
@@ -609,28 +650,35 @@ def attn_bwd_dq_kernel(
         list_ptr += 2
     else:
         lo, full_lo, full_hi, hi = query_tile_key_range(m0, S, DIAG, LEFT, RIGHT, BLOCK_M, BLOCK_N)
-    dq = _dq_sweep(
-        dq, q, do, lse, delta, rows, lo, full_lo, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr,
+    dq, pdp, pd, pdpd = _dq_sweep(
+        dq, pdp, pd, pdpd, q, do, lse, delta, rows, lo, full_lo, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr,
         kseg_ptr, bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt,
-        stride_bs, offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        stride_bs, offs_d, offs_dv, slope, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, HAS_ALIBI, WORDS, ASM,
         BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
-    dq = _dq_sweep(
-        dq, q, do, lse, delta, rows, full_lo, full_hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr,
+    dq, pdp, pd, pdpd = _dq_sweep(
+        dq, pdp, pd, pdpd, q, do, lse, delta, rows, full_lo, full_hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr,
         kseg_ptr, bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt,
-        stride_bs, offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        stride_bs, offs_d, offs_dv, slope, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, HAS_ALIBI, WORDS, ASM,
         BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
-    dq = _dq_sweep(
-        dq, q, do, lse, delta, rows, full_hi, hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr,
+    dq, pdp, pd, pdpd = _dq_sweep(
+        dq, pdp, pd, pdpd, q, do, lse, delta, rows, full_hi, hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr,
         kseg_ptr, bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt,
-        stride_bs, offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        stride_bs, offs_d, offs_dv, slope, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, HAS_ALIBI, WORDS, ASM,
         BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
 
+    if HAS_ALIBI:
+        # The slope's gradient of these rows: sum_ij ds_ij d_ij with ds = P (dP - delta_i +
+        # lse_term_i), where delta_i = sum_j P dP exactly (the preprocess's rowsum(dO * O) reads
+        # the output rounded to q's dtype, whose error d would amplify: keys ~1000 positions off).
+        lse_term = tl.load(LseTerm + row_ptr + offs_m, mask=offs_m < T, other=0.0)
+        rows_share = pdpd - (pdp - lse_term) * pd
+        tl.store(DSlope + (b64 * HQ + h64) * tl.num_programs(0) + pid_m, tl.sum(rows_share, 0))
     dq = dq * SM_SCALE
     dq_ptrs = DQ + b64 * stride_dqb + h64 * stride_dqh + rows * stride_dqt + offs_d[None, :]
     if T % BLOCK_M != 0 or D != BLOCK_D:

@@ -10,7 +10,8 @@ visible tiles with no element mask (the hot loop), masked tiles at the right edg
 never loaded, so causal and windowed attention cost what they compute. With a mask_mod
 (``HAS_MOD``) the sweeps walk the query tile's list instead (``ops.tile_lists``): its
 partial key tiles, masked by the packed bits, then its full ones, unmasked; empty tiles
-are not on it.
+are not on it. With ``masks.alibi`` (``HAS_ALIBI``) each score gains ``slope * (col - row)``,
+the program's head's slope (``common.scores``).
 
 All tensors are addressed by raw pointers and strides (last dimension contiguous), so
 the same kernel runs from JAX (jax_triton) and on torch tensors (interpreter or GPU).
@@ -55,6 +56,7 @@ def _fwd_sweep(
     stride_bs,
     offs_d,
     offs_dv,
+    slope,
     SM_SCALE: tl.constexpr,
     SOFTCAP: tl.constexpr,
     T: tl.constexpr,
@@ -72,6 +74,7 @@ def _fwd_sweep(
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     HAS_MOD: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     WORDS: tl.constexpr,
     ASM: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -85,7 +88,7 @@ def _fwd_sweep(
     # With a mask_mod, [lo, hi) indexes the query tile's list of key tiles (partial or full).
     STEP: tl.constexpr = 1 if HAS_MOD else BLOCK_N
     # See ``scores``: the logit scale is folded into exp2's argument on the plain path.
-    SCALED: tl.constexpr = HAS_SOFTCAP or HAS_BIAS
+    SCALED: tl.constexpr = HAS_SOFTCAP or HAS_BIAS or HAS_ALIBI
     QK_SCALE: tl.constexpr = 1.0 * SCALED + SM_SCALE * LOG2E * (1 - SCALED)
     for it in range(lo, hi, STEP):
         if HAS_MOD:
@@ -114,6 +117,7 @@ def _fwd_sweep(
             stride_mt, stride_ms, stride_bt, stride_bs,
             SM_SCALE, SOFTCAP, T, S, DIAG, LEFT, RIGHT, EDGE,
             HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, start_n, BLOCK_N,
+            slope, HAS_ALIBI,
         )  # fmt: skip
         m_new = tl.maximum(m_i, tl.max(s, 1) * QK_SCALE)
         if MAY_BE_EMPTY:
@@ -142,6 +146,7 @@ def attn_fwd_kernel(
     Bits,
     Seen,
     List,
+    Slopes,
     Out,
     Lse,
     stride_qb: tl.constexpr,
@@ -189,6 +194,7 @@ def attn_fwd_kernel(
     HAS_SINK: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     HAS_MOD: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     WORDS: tl.constexpr,
     ASM: tl.constexpr,
     REVERSE_M: tl.constexpr,
@@ -237,6 +243,11 @@ def attn_fwd_kernel(
     bits_ptr = Bits + b64 * stride_wb + h64 * stride_wh
     seen_ptr = Seen + b64 * stride_sb + hkv64 * stride_sh
     list_ptr = List + b64 * stride_lb + h64 * stride_lh + pid_m * stride_lr
+    # masks.alibi's slope of this head (a dummy, unread, without one).
+    if HAS_ALIBI:
+        slope = tl.load(Slopes + h).to(tl.float32)
+    else:
+        slope = 0.0
     if HAS_MOD:
         # The query tile's list (ops.tile_lists): its partial key tiles, then its full ones;
         # empty tiles are not on it.
@@ -249,22 +260,22 @@ def attn_fwd_kernel(
     acc, l_i, m_i = _fwd_sweep(
         acc, l_i, m_i, q, rows, lo, full_lo, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr, kseg_ptr,
         bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs,
-        offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        offs_d, offs_dv, slope, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, HAS_ALIBI, WORDS, ASM,
         BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_sweep(
         acc, l_i, m_i, q, rows, full_lo, full_hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr, kseg_ptr,
         bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs,
-        offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        offs_d, offs_dv, slope, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, False,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, HAS_ALIBI, WORDS, ASM,
         BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_sweep(
         acc, l_i, m_i, q, rows, full_hi, hi, k_ptr, v_ptr, mask_ptr, bias_ptr, qseg_ptr, kseg_ptr,
         bits_ptr, seen_ptr, list_ptr, stride_kn, stride_vn, stride_mt, stride_ms, stride_bt, stride_bs,
-        offs_d, offs_dv, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
-        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, WORDS, ASM,
+        offs_d, offs_dv, slope, SM_SCALE, SOFTCAP, T, S, D, DV, DIAG, LEFT, RIGHT, True,
+        HAS_LEFT, HAS_RIGHT, HAS_MASK, HAS_BIAS, HAS_SEG, HAS_SOFTCAP, HAS_MOD, HAS_ALIBI, WORDS, ASM,
         BLOCK_N, BLOCK_D, BLOCK_DV,
     )  # fmt: skip
 

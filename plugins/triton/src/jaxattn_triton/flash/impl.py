@@ -22,12 +22,15 @@ WHY_NOT: dict[Feature, str] = {
         "dropout_rng); impl='vanilla' runs it"
     ),
     Feature.WEIGHTS: "flash attention never forms the (B, Hq, T, S) probabilities",
-    Feature.SCORE_MOD: (
-        "flash_attn2 (Triton) cannot run a score_mod: a Triton kernel cannot execute a traced JAX function, "
-        "and a score rewrites every logit (a mask_mod is evaluated in JAX into packed bits the kernels read; "
-        "a score cannot be precomputed without the (B, Hq, T, S) array); blockwise or vanilla runs it"
-    ),
 }
+
+#: Why a score_mod other than ``masks.alibi`` is declined.
+SCORE_MOD_ONLY_ALIBI = (
+    "flash_attn2 (Triton) runs only the score_mod jaxattn.masks.alibi(slopes) (its term added in registers): a "
+    "Triton kernel cannot execute a traced JAX function, and a score rewrites every logit (a mask_mod is "
+    "evaluated in JAX into packed bits the kernels read; a score cannot be precomputed without the "
+    "(B, Hq, T, S) array); blockwise or vanilla runs any score_mod"
+)
 
 
 class TritonFlashAttention(AttentionImpl, declaration=FLASH_ATTN2):
@@ -49,9 +52,10 @@ class TritonFlashAttention(AttentionImpl, declaration=FLASH_ATTN2):
             if name.startswith("block") and (value < 16 or value & (value - 1)):
                 reasons.append(f"metadata.{name}={value}: Triton tiles must be powers of two >= 16")
         reasons += kv_lengths_reasons(problem)
-        if problem.mask_mod and problem.kv_lengths:
-            reasons.append("flash_attn2 (Triton) takes no kv_lengths with a mask_mod: fold the lengths into it "
-                           "(kv_idx < lengths[b])")
+        if problem.score_mod and not problem.score_mod_alibi:
+            reasons.append(SCORE_MOD_ONLY_ALIBI)
+        if (problem.mask_mod or problem.score_mod) and problem.kv_lengths:
+            reasons.append(MODS_WITHOUT_KV_LENGTHS)
         if not self.interpret:
             reasons += kernel_library_reasons(self.device)
         return reasons
@@ -70,10 +74,17 @@ class TritonFlashAttention(AttentionImpl, declaration=FLASH_ATTN2):
             raise NotImplementedError(WHY_NOT[Feature.DROPOUT])
         segments = call.q_segment_ids is not None
         kv_lengths = call.kv_lengths
-        if call.mask_mod is not None:
+        slopes = None
+        if call.score_mod is not None:
+            from jaxattn import masks
+
+            slopes = masks.alibi_slopes(call)
+            if slopes is None:  # declined by the call; a direct forward_* call must not drop it
+                raise NotImplementedError(SCORE_MOD_ONLY_ALIBI)
+        if call.mask_mod is not None or slopes is not None:
             if kv_lengths is not None:  # declined by the call; a direct forward_* call must not drop them
-                raise NotImplementedError("flash_attn2 (Triton) takes no kv_lengths with a mask_mod")
-            return self._forward_mask_mod(call, sinks, absorbed)
+                raise NotImplementedError(MODS_WITHOUT_KV_LENGTHS)
+            return self._forward_mods(call, sinks, absorbed, slopes)
         if kv_lengths is not None and not _split_k_decode(q, k, mask, bias, segments, kv_lengths):
             # The call declined it already; a direct forward_* call must not drop the lengths.
             raise NotImplementedError(KV_LENGTHS_ONLY_DECODE)
@@ -109,10 +120,11 @@ class TritonFlashAttention(AttentionImpl, declaration=FLASH_ATTN2):
         )  # fmt: skip
         return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 2), softmax_lse=lse)
 
-    def _forward_mask_mod(self, call: AttentionCall, sinks: Any, absorbed: Any) -> AttentionOutput:
+    def _forward_mods(self, call: AttentionCall, sinks: Any, absorbed: Any, slopes: Any) -> AttentionOutput:
         """The flash kernels with the mask_mod evaluated in JAX (``ops.mod_bits``: packed bits with
         the call's causal rule, window, segment ids and mask ANDed in; ``block_mask=`` lends its bits
-        when built with ``bits=True``), each kernel skipping the tiles its lists leave out."""
+        when built with ``bits=True``), each kernel skipping the tiles its lists leave out; and
+        ``masks.alibi``'s ``slopes`` (or None), its term added to the scores in the kernels."""
         from jaxattn.backend import zero_absorbed_heads
         from jaxattn_triton.flash.ops import flash_attention
 
@@ -121,17 +133,21 @@ class TritonFlashAttention(AttentionImpl, declaration=FLASH_ATTN2):
             sliding_window=call.sliding_window, q_segment_ids=call.q_segment_ids,
             kv_segment_ids=call.kv_segment_ids, softmax_scale=call.softmax_scale,
             logits_soft_cap=call.logits_soft_cap, softmax_aux=sinks, mask_mod=call.mask_mod,
-            block_mask=call.block_mask, interpret=self.interpret, overrides=self._overrides(),
+            block_mask=call.block_mask, alibi_slopes=slopes, interpret=self.interpret, overrides=self._overrides(),
         )  # fmt: skip
         return AttentionOutput(attention_outputs=zero_absorbed_heads(out, absorbed, 2), softmax_lse=lse)
 
     def notes(self, problem: AttentionProblem) -> list[str]:
-        if not problem.mask_mod:
-            return []
-        return ["mask_mod evaluated in JAX into packed bits (32 keys a word; a block_mask built with bits=True "
-                "lends its own), the call's causal rule, window, segment ids and mask ANDed in; each kernel "
-                "classifies its own tiles from them: empty tiles skipped, full ones without mask arithmetic, "
-                "partial ones read the bits"]
+        notes = []
+        if problem.mask_mod:
+            notes.append("mask_mod evaluated in JAX into packed bits (32 keys a word; a block_mask built with "
+                         "bits=True lends its own), the call's causal rule, window, segment ids and mask ANDed "
+                         "in; each kernel classifies its own tiles from them: empty tiles skipped, full ones "
+                         "without mask arithmetic, partial ones read the bits")
+        if problem.score_mod_alibi:
+            notes.append("score_mod masks.alibi: slopes[h] * (kv_idx - q_idx) added to each score in registers, "
+                         "forward and backward (the slopes' gradient summed per key tile)")
+        return notes
 
     def backward_from_residuals(self, q: Any, k: Any, v: Any, out: Any, lse: Any, d_out: Any, d_lse: Any,
                                 **features: Any) -> tuple[Any, Any, Any]:
@@ -157,6 +173,11 @@ def _split_k_decode(q: Any, k: Any, mask: Any, bias: Any, segments: bool, kv_len
         return False
     return int(k.shape[1]) > 1 or kv_lengths is not None
 
+
+MODS_WITHOUT_KV_LENGTHS = (
+    "flash_attn2 (Triton) takes no kv_lengths with a mask_mod or score_mod: fold the lengths into a mask_mod "
+    "(kv_idx < lengths[b])"
+)
 
 KV_LENGTHS_ONLY_DECODE = (
     "flash_attn2 (Triton) takes kv_lengths only on its split-K decode path (T == 1 without a mask, bias or "

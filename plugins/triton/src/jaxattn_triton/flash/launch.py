@@ -136,6 +136,7 @@ def _features(spec: AttnSpec) -> dict[str, Any]:
         "HAS_BIAS": spec.bias_shape is not None,
         "HAS_SEG": spec.segments,
         "HAS_SOFTCAP": bool(spec.softcap),
+        "HAS_ALIBI": spec.alibi,
         "BLOCK_D": block_dim(spec.head_dim),
         "BLOCK_DV": block_dim(spec.head_dim_v),
         "ASM": not interpreted(),
@@ -154,7 +155,7 @@ def _shapes(spec: AttnSpec) -> dict[str, tuple[int, int, int, int]]:
 
 def forward(spec: AttnSpec, tiles: KernelTiles) -> Launch:
     """Inputs: q, k, v, mask(int8), bias, q_seg, kv_seg, sinks(f32), bits, seen, list (int32,
-    dummies without a mask_mod). Outputs: out, lse."""
+    dummies without a mask_mod), slopes (f32 ``(Hq,)``, a dummy without alibi). Outputs: out, lse."""
     from jaxattn_triton.flash.forward import attn_fwd_kernel
 
     sh = _shapes(spec)
@@ -190,7 +191,8 @@ PREPROCESS_BLOCK_M = 64
 
 
 def preprocess(spec: AttnSpec) -> Launch:
-    """Inputs: out, dout, lse, dlse, sinks. Outputs: delta, lse_b (base 2, sinks in), dsink rows."""
+    """Inputs: out, dout, lse, dlse, sinks. Outputs: delta, lse_b (base 2, sinks in), dsink rows,
+    and with alibi the lse cotangent's term folded into delta (a one-element dummy otherwise)."""
     from jaxattn_triton.flash.backward import attn_bwd_preprocess_kernel
 
     sh = _shapes(spec)
@@ -202,13 +204,14 @@ def preprocess(spec: AttnSpec) -> Launch:
         "T": spec.seq_q,
         "DV": spec.head_dim_v,
         "HAS_SINK": spec.sinks,
+        "HAS_ALIBI": spec.alibi,
         "BLOCK_M": PREPROCESS_BLOCK_M,
         "BLOCK_DV": block_dim(spec.head_dim_v),
     }
     return Launch(
         kernel=attn_bwd_preprocess_kernel,
         grid=(_cdiv(spec.seq_q, PREPROCESS_BLOCK_M), spec.batch * spec.heads_q, 1),
-        outputs=(rows, rows, rows),
+        outputs=(rows, rows, rows, rows if spec.alibi else ((1,), "float32")),
         constexprs=constexprs,
         num_warps=4,
         num_stages=1,
@@ -217,7 +220,7 @@ def preprocess(spec: AttnSpec) -> Launch:
 
 def dkdv(spec: AttnSpec, tiles: KernelTiles, dq_mode: int = DQ_KERNEL, part: int = PART_BOTH) -> Launch:
     """Inputs: q, k, v, mask, bias, q_seg, kv_seg, dout, lse_b, delta, bits, seen, list (by key
-    tiles). Outputs: dk, dv, dbias, dq_acc.
+    tiles), slopes. Outputs: dk, dv, dbias, dq_acc.
 
     dbias is a dense ``(B, Hq, T, S)`` float32 buffer when there is a bias (zeroed, since
     skipped tiles are never written), a one-element dummy otherwise. With ``DQ_ATOMIC``,
@@ -269,7 +272,10 @@ def dkdv(spec: AttnSpec, tiles: KernelTiles, dq_mode: int = DQ_KERNEL, part: int
 
 
 def dq(spec: AttnSpec, tiles: KernelTiles) -> Launch:
-    """Inputs: q, k, v, mask, bias, q_seg, kv_seg, dout, lse_b, delta, bits, seen, list. Outputs: dq."""
+    """Inputs: q, k, v, mask, bias, q_seg, kv_seg, dout, lse_b, delta, bits, seen, list, slopes,
+    lse_term. Outputs: dq, dslope: with alibi ``(B, Hq, query tiles)`` float32, each query tile's
+    share of the slopes' gradient (a one-element dummy otherwise). An alibi call's backward
+    always has this kernel (``DQ_KERNEL``): it alone sees every key of a row."""
     from jaxattn_triton.flash.backward import attn_bwd_dq_kernel
 
     sh = _shapes(spec)
@@ -290,7 +296,10 @@ def dq(spec: AttnSpec, tiles: KernelTiles) -> Launch:
     return Launch(
         kernel=attn_bwd_dq_kernel,
         grid=(_cdiv(spec.seq_q, tiles.block_m), spec.batch * spec.heads_q, 1),
-        outputs=((sh["q"], spec.dtype),),
+        outputs=(
+            (sh["q"], spec.dtype),
+            ((spec.batch, spec.heads_q, _cdiv(spec.seq_q, tiles.block_m)) if spec.alibi else (1,), "float32"),
+        ),
         constexprs=constexprs,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,

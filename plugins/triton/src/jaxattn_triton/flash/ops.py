@@ -11,6 +11,7 @@ Layout is BTHD throughout: q ``(B, T, Hq, D)``, k ``(B, S, Hkv, D)``, v ``(B, S,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -74,10 +75,11 @@ def _flash(
     kseg: Array,
     bits: Array,
     seen: Array,
+    slopes: Array,
 ) -> tuple[Array, Array]:
     lists = tile_lists(spec, tiles.fwd, bits)
-    out, lse = _execute(L.forward(spec, tiles.fwd), [q, k, v, mask, bias, qseg, kseg, sinks, bits, seen, lists],
-                        interpret)
+    out, lse = _execute(L.forward(spec, tiles.fwd),
+                        [q, k, v, mask, bias, qseg, kseg, sinks, bits, seen, lists, slopes], interpret)
     return out, lse
 
 
@@ -95,9 +97,10 @@ def _flash_fwd(
     kseg: Array,
     bits: Array,
     seen: Array,
+    slopes: Array,
 ) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
-    out, lse = _flash(spec, tiles, interpret, q, k, v, bias, sinks, mask, qseg, kseg, bits, seen)
-    return (out, lse), (q, k, v, bias, sinks, mask, qseg, kseg, bits, seen, out, lse)
+    out, lse = _flash(spec, tiles, interpret, q, k, v, bias, sinks, mask, qseg, kseg, bits, seen, slopes)
+    return (out, lse), (q, k, v, bias, sinks, mask, qseg, kseg, bits, seen, slopes, out, lse)
 
 
 def _flash_bwd(
@@ -107,21 +110,23 @@ def _flash_bwd(
     residuals: tuple[Array, ...],
     cotangents: tuple[Array, Array],
 ) -> tuple[Array | None, ...]:
-    q, k, v, bias, sinks, mask, qseg, kseg, bits, seen, out, lse = residuals
+    q, k, v, bias, sinks, mask, qseg, kseg, bits, seen, slopes, out, lse = residuals
     dout, dlse = cotangents
     dout = dout.astype(q.dtype)
-    delta, lse_b, dsink_rows = _execute(
+    delta, lse_b, dsink_rows, lse_term = _execute(
         L.preprocess(spec), [out, dout, lse, dlse.astype(jnp.float32), sinks], interpret
     )
     common = [q, k, v, mask, bias, qseg, kseg, dout, lse_b, delta, bits, seen]
-    by_keys = [*common, tile_lists(spec, tiles.dkdv, bits, by_keys=True)]
+    by_keys = [*common, tile_lists(spec, tiles.dkdv, bits, by_keys=True), slopes]
     if tiles.dkdv_split:
         _, dv, _, _ = _execute(L.dkdv(spec, tiles.dkdv, part=L.PART_DV), by_keys, interpret)
         dk, _, dbias_full, dq_acc = _execute(L.dkdv(spec, tiles.dkdv, tiles.dq_mode, L.PART_DK), by_keys, interpret)
     else:
         dk, dv, dbias_full, dq_acc = _execute(L.dkdv(spec, tiles.dkdv, tiles.dq_mode), by_keys, interpret)
+    dslope_tiles = None
     if tiles.dq_mode == L.DQ_KERNEL:
-        (dq,) = _execute(L.dq(spec, tiles.dq), [*common, tile_lists(spec, tiles.dq, bits)], interpret)
+        dq, dslope_tiles = _execute(L.dq(spec, tiles.dq), [*common, tile_lists(spec, tiles.dq, bits), slopes,
+                                                           lse_term], interpret)  # fmt: skip
     else:
         dq = (dq_acc * spec.softmax_scale).astype(q.dtype)
     if spec.bias_shape is not None:
@@ -132,8 +137,15 @@ def _flash_bwd(
         dsinks = jnp.sum(dsink_rows, axis=(0, 2)).astype(sinks.dtype)
     else:
         dsinks = jnp.zeros_like(sinks)
+    # masks.alibi's slopes: each query tile's share, per (batch, head), summed here (an alibi
+    # call's tiles have the dQ kernel: flash_attention).
+    if spec.alibi:
+        assert dslope_tiles is not None, "an alibi backward needs the dQ kernel (DQ_KERNEL)"
+        dslopes = jnp.sum(dslope_tiles, axis=(0, 2)).astype(slopes.dtype)
+    else:
+        dslopes = jnp.zeros_like(slopes)
     # mask, segment ids and a mask_mod's bits are integer inputs: no cotangent.
-    return dq, dk, dv, dbias, dsinks, None, None, None, None, None
+    return dq, dk, dv, dbias, dsinks, None, None, None, None, None, dslopes
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -153,6 +165,7 @@ def make_spec(
     logits_soft_cap: float | None = None,
     sinks: bool = False,
     mod_shape: tuple[int, int] | None = None,
+    alibi: bool = False,
 ) -> AttnSpec:
     """The :class:`AttnSpec` of a call, from arrays or ``ShapeDtypeStruct``s."""
     b, t, hq, d = (int(x) for x in q.shape)
@@ -183,6 +196,7 @@ def make_spec(
         segments=segments,
         sinks=sinks,
         mod_shape=mod_shape,
+        alibi=alibi,
     )
 
 
@@ -202,13 +216,16 @@ def flash_attention(
     softmax_aux: Array | None = None,
     mask_mod: Any = None,
     block_mask: Any = None,
+    alibi_slopes: Array | None = None,
     tiles: L.Tiles | None = None,
     interpret: bool = False,
     overrides: dict[str, int] | None = None,
 ) -> tuple[Array, Array]:
     """Attention output ``(B, T, Hq, Dv)`` and log-sum-exp ``(B, Hq, T)`` (float32).
 
-    Differentiable in q, k, v, bias, softmax_aux (and through the log-sum-exp).
+    Differentiable in q, k, v, bias, softmax_aux, alibi_slopes (and through the log-sum-exp).
+    ``alibi_slopes`` ``(Hq,)``: ``masks.alibi``'s term ``slopes[h] * (kv_idx - q_idx)`` (raw
+    positions) added to every score after the soft cap and the bias.
     ``tiles`` overrides the tuned tile sizes (``overrides``: the metadata's, applied to them).
     ``mask_mod`` (``jaxattn.masks``): see ``mod_bits``; ``block_mask`` lends its bits when
     built with ``bits=True``.
@@ -233,17 +250,27 @@ def flash_attention(
         logits_soft_cap=logits_soft_cap,
         sinks=softmax_aux is not None,
         mod_shape=None if mask_mod is None else (int(bits.shape[0]), int(bits.shape[1])),
+        alibi=alibi_slopes is not None,
     )
     if tiles is None:
         from jaxattn_triton.tuning import tiles_for
 
         tiles = tiles_for(spec, interpret=interpret, overrides=overrides)
+    if spec.alibi and tiles.dq_mode != L.DQ_KERNEL:
+        # The slopes' gradient needs each row's sums over all its keys: the dQ kernel's.
+        tiles = dataclasses.replace(tiles, dq_mode=L.DQ_KERNEL)
     bias_arg, sinks, mask_arg, qseg, kseg = _optional_args(mask, bias, q_segment_ids, kv_segment_ids, softmax_aux)
     if mask_mod is None:
         bits = seen = jnp.zeros((1,), jnp.int32)
     else:
         seen = seen_keys(bits, spec.heads_kv)
-    out, lse = _flash(spec, tiles, interpret, q, k, v, bias_arg, sinks, mask_arg, qseg, kseg, bits, seen)
+    if alibi_slopes is None:
+        slopes = jnp.zeros((1,), jnp.float32)
+    else:
+        if tuple(alibi_slopes.shape) != (spec.heads_q,):
+            raise ValueError(f"alibi_slopes must be ({spec.heads_q},), one per query head, got {alibi_slopes.shape}")
+        slopes = jnp.asarray(alibi_slopes, jnp.float32)
+    out, lse = _flash(spec, tiles, interpret, q, k, v, bias_arg, sinks, mask_arg, qseg, kseg, bits, seen, slopes)
     return out, lse
 
 
@@ -367,8 +394,8 @@ def flash_attention_backward(
     tiles = tiles_for(spec, interpret=interpret, overrides=overrides)
     bias_arg, sinks, mask_arg, qseg, kseg = _optional_args(mask, None, q_segment_ids, kv_segment_ids, None)
     none = jnp.zeros((1,), jnp.int32)  # no mask_mod: no bits, no seen keys
-    residuals = (q, k, v, bias_arg, sinks, mask_arg, qseg, kseg, none, none, out.astype(q.dtype),
-                 lse.astype(jnp.float32))
+    residuals = (q, k, v, bias_arg, sinks, mask_arg, qseg, kseg, none, none, jnp.zeros((1,), jnp.float32),
+                 out.astype(q.dtype), lse.astype(jnp.float32))
     dq, dk, dv = _flash_bwd(spec, tiles, interpret, residuals, (d_out, d_lse))[:3]
     return dq, dk, dv  # type: ignore[return-value]  # never None: q, k and v are differentiable
 
