@@ -211,6 +211,26 @@ def test_is_causal_is_top_left_as_in_flax(jit: bool) -> None:
     np.testing.assert_allclose(out, want, atol=2e-5)
 
 
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_mask_mod_and_score_mod_pass_through_flaxs_module(jit: bool) -> None:
+    # A Flax module given ALiBi and a window as programs, beside Flax's padding mask: the oracle
+    # with the same rules; b is the flattened batch (here Flax's batch itself).
+    from jaxattn import masks
+
+    slopes = jnp.exp2(-jnp.arange(1.0, H + 1))
+    fn = functools.partial(dot_product_attention, impl="vanilla", mask_mod=masks.sliding_window(3),
+                           score_mod=masks.alibi(slopes))
+    mha, x = nnx_mha(fn), inputs()
+    mask = flax_mask()
+    run = nnx.jit(lambda m, x: m(x, mask=mask)) if jit else (lambda m, x: m(x, mask=mask))
+    got = run(mha, x)
+    q, k, v = (proj(x) for proj in (mha.query, mha.key, mha.value))  # (B, T, H, F // H)
+    ref = oracle.attention(np.asarray(q), np.asarray(k), np.asarray(v), mask=np.asarray(mask) != 0,
+                           mask_mod=masks.sliding_window(3), score_mod=masks.alibi(np.asarray(slopes)))
+    want = mha.out(jnp.asarray(ref.output, jnp.float32))
+    np.testing.assert_allclose(valid_rows(got), valid_rows(want), atol=2e-5)
+
+
 def test_dtype_promotes_as_flax() -> None:
     q = inputs(seed=1).reshape(B, T, H, 4)
     out = dot_product_attention(q, q, q, dtype=jnp.bfloat16)

@@ -77,6 +77,9 @@ def dot_product_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | tuple[int, int] | None = None,
+    mask_mod: Any = None,
+    score_mod: Any = None,
+    block_mask: Any = None,
     **other: Any,
 ) -> Any:
     """Flax's ``dot_product_attention`` (nnx's and linen's signatures), run by jaxattn.
@@ -99,6 +102,8 @@ def dot_product_attention(
         impl: the jaxattn impl (None: ``use_impl`` scope, ``$JAXATTN_IMPL``, else "auto").
         metadata, softmax_scale, logits_soft_cap, sliding_window: passed to ``jaxattn.attention``
             (Flax's scale is ``D ** -0.5``, the default).
+        mask_mod, score_mod, block_mask: passed to ``jaxattn.attention`` (``jaxattn.masks``); their
+            ``b`` indexes the flattened batch, and they combine with ``mask`` and ``is_causal``.
 
     Returns:
         ``[batch..., T, Hq, Dv]`` in the computation's dtype.
@@ -123,7 +128,8 @@ def dot_product_attention(
 
     dropout = not deterministic and dropout_rate > 0.0
     options = _options(dropout, dropout_rate, dropout_rng, broadcast_dropout and q.shape[0] * hq > 1,
-                       softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap, sliding_window=sliding_window)
+                       softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap, sliding_window=sliding_window,
+                       mask_mod=mask_mod, score_mod=score_mod, block_mask=block_mask)
 
     with _matmul_precision(precision):
         if module is None:
