@@ -318,3 +318,31 @@ def test_gpu_tree_and_mixed_batch(jit: bool) -> None:
               for n, a in c.items()}  # fmt: skip
         got = run(impl, poisoned(bf, seqs, hidden), seqs, mod, captured, jit, dtype=jnp.bfloat16)
         np.testing.assert_allclose(got, expected(bf, mod(*captured), seqs), atol=3e-2)  # bf16 outputs
+
+
+@needs_interpreter
+@pytest.mark.filterwarnings(LOG2_WARNING)
+def test_visibility_built_once_for_a_steps_layers_is_what_each_call_builds() -> None:
+    # ops.ragged_paged(visibility=) reads words and bounds built once (visibility_words) for the
+    # layers of a step; the same numbers as building them in the call; other shapes are refused.
+    from jaxattn_triton.paged.ops import ragged_paged
+    from jaxattn_triton.paged.visibility import visibility_words
+
+    b, t, ctx, page, hq, hkv, d = 2, 4, 40, 8, 4, 2, 16
+    pages = -(-ctx // page)
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (b * t, hq, d))
+    kp, vp = (jax.random.normal(kk, (b * pages, page, hkv, d)) for kk in keys[1:])
+    table = jnp.arange(b * pages, dtype=jnp.int32).reshape(b, pages)
+    lengths, cu, ns = jnp.full((b,), ctx, jnp.int32), jnp.arange(b + 1, dtype=jnp.int32) * t, jnp.asarray([b])
+
+    def mod(s: Any, h: Any, qp: Any, kv: Any) -> Any:
+        return (kv < ctx - t) | (kv == qp)
+
+    vis = visibility_words(mod, b * t, hq, lengths, cu, ns, pages * page)
+    each = ragged_paged(q, kp, vp, table, lengths, cu, ns, mask_mod=mod, interpret=True)
+    once = ragged_paged(q, kp, vp, table, lengths, cu, ns, mask_mod=mod, visibility=vis, interpret=True)
+    np.testing.assert_array_equal(np.asarray(once), np.asarray(each))
+    with pytest.raises(ValueError, match=r"visibility must be words \(1 or 4, 8, 2\)"):
+        ragged_paged(q, kp, vp, table, lengths, cu, ns, mask_mod=mod, visibility=(vis[0][:, :3], vis[1]),
+                     interpret=True)

@@ -300,6 +300,7 @@ def ragged_paged(
     num_splits: int | None = None,
     tiles: LP.PagedTiles | None = None,
     mask_mod: Any = None,
+    visibility: tuple[Array, Array] | None = None,
     return_lse: bool = False,
     interpret: bool = False,
 ) -> Array | tuple[Array, Array]:
@@ -314,7 +315,9 @@ def ragged_paged(
 
     ``mask_mod(seq, h, q_pos, kv_pos) -> bool`` (positions within the sequence, a JAX function)
     narrows what each row sees, ANDed with the rest: it is evaluated here into packed bits and
-    key bounds per token (``paged.visibility``) that the kernel reads.
+    key bounds per token (``paged.visibility``) that the kernel reads. ``visibility``: those
+    ``(words, bounds)`` of this call's mask_mod and arrays, built once for a step's layers
+    (``visibility_words``) instead of in every call.
     """
     k, v, layout, num_pages, page_size, hkv, d, dv = _cache(k_pages, v_pages, kv_pages)
     if q.ndim != 3 or q.shape[2] != d:
@@ -344,8 +347,16 @@ def ragged_paged(
     if mask_mod is not None:
         from jaxattn_triton.paged.visibility import visibility_words
 
-        mask = visibility_words(mask_mod, n, hq, lengths, cu, ns, spec.capacity, spec.window_left)
-        spec = dataclasses.replace(spec, mask_heads=int(mask[0].shape[0]))
+        if visibility is None:
+            visibility = visibility_words(mask_mod, n, hq, lengths, cu, ns, spec.capacity, spec.window_left)
+        words, bounds = visibility
+        width = -(-spec.capacity // 32)
+        if words.ndim != 3 or words.shape[0] not in (1, hq) or tuple(words.shape[1:]) != (n, width) or \
+                tuple(bounds.shape) != (n, 4):
+            raise ValueError(f"visibility must be words (1 or {hq}, {n}, {width}) and bounds ({n}, 4), got "
+                             f"{words.shape} and {bounds.shape}")
+        mask = (words, bounds)
+        spec = dataclasses.replace(spec, mask_heads=int(words.shape[0]))
     chosen = _tiles(spec, tiles, num_splits)
     out, lse = _forward(spec, chosen, interpret, q, k, v, sink_arr, table, lengths, cu, ns, ks, vs, *mask)
     return (out, lse) if return_lse else out

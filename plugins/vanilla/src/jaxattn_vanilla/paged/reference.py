@@ -93,7 +93,7 @@ def _ragged(q: Array, k_seq: Array, v_seq: Array, seq: Array, pos: Array, valid:
             v = jnp.where(read, v, jnp.zeros((), v.dtype))
             k = jnp.where(read, k, jnp.zeros((), k.dtype))
         logits = jnp.einsum("kgd,skd->kgs", qr.reshape(hkv, groups, d), k, preferred_element_type=sdtype)
-        logits = logits * jnp.asarray(scale, sdtype) * jnp.asarray(scale, sdtype)
+        logits = logits * jnp.asarray(scale, sdtype)
         if cap is not None:
             logits = cap * jnp.tanh(logits / cap)
         # Hidden logits are the lowest finite value, not -inf (jax.debug_infs flags every -inf an
