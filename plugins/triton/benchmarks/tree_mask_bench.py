@@ -13,7 +13,8 @@ alone. Prints us per call and the ratio tree / chain (issue 50's target: at most
 previous layer's output, over the same cache: a model's step, whose layers share one tree mask
 (the bits are built from the same arrays in every layer, and XLA computes them once). It prints
 a layer's share of the step. ``--scan`` runs the layers as one ``jax.lax.scan`` instead of
-unrolled (as models that scan over their layers do).
+unrolled (as models that scan over their layers do). ``--splits N`` also times the chain and the
+tree (bits built once) at N key splits through ``paged.ops`` (the kernel's default: its own count).
 
 On the GPU machine, from the repository root:
 
@@ -77,10 +78,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--layers", type=int, default=1, help="layers of one step in one jax.jit program")
     ap.add_argument("--scan", action="store_true", help="the layers as a jax.lax.scan, not unrolled")
+    ap.add_argument("--splits", type=int, default=0, help="also time chain and tree at this many key splits")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     if a.layers < 1:
         ap.error(f"--layers: must be at least 1, got {a.layers}")
+    if a.splits < 0 or (a.splits and a.impl == "vanilla_paged"):
+        ap.error(f"--splits: a count >= 1 for the Triton kernel, got {a.splits} with --impl {a.impl}")
     from triton_measure import time_jax
 
     b, t, ctx = a.seqs, a.drafts, a.context
@@ -148,6 +152,23 @@ def main() -> None:
         bits = jax.jit(lambda anc, first: visibility_words(tree_mod(anc, first), b * t, HQ, lengths, cu,
                                                            jnp.asarray([b], jnp.int32), pages_per_seq * PAGE))
         rows["building the bits alone"] = time_jax(bits, tree, start, reps=a.reps)
+        if a.splits:
+            split = f"at {a.splits} splits"
+
+            @jax.jit
+            def chain_at(q: Any, kp: Any, vp: Any) -> Any:
+                return step(lambda x: ragged_paged(x, kp, vp, table, lengths, cu, ns, num_splits=a.splits), q)
+
+            @jax.jit
+            def tree_at(q: Any, kp: Any, vp: Any, anc: Any, first: Any) -> Any:
+                mod = tree_mod(anc, first)
+                vis = visibility_words(mod, b * t, HQ, lengths, cu, ns, capacity)
+                return step(lambda x: ragged_paged(x, kp, vp, table, lengths, cu, ns, mask_mod=mod, visibility=vis,
+                                                   num_splits=a.splits), q)  # fmt: skip
+
+            rows[f"chain {split}"] = time_jax(chain_at, q, k_pages, v_pages, reps=a.reps) / layers
+            rows[f"tree {split}, bits built once"] = time_jax(tree_at, q, k_pages, v_pages, tree, start,
+                                                              reps=a.reps) / layers
     device = jax.devices()[0].device_kind
     print(f"{device}: {b} sequence(s) x {t} draft tokens over {ctx} tokens, GQA {HQ}/{HKV}, D {D}, bf16, "
           f"pages of {PAGE}, impl {a.impl}, {layers} layer(s) a program{' (scanned)' if a.scan else ''} "
@@ -156,6 +177,9 @@ def main() -> None:
         print(f"  {name:32s} {sec * 1e6:9.1f} us")
     ratio = rows["tree (mask_mod)"] / rows["chain (causal, no mask_mod)"]
     print(f"  tree / chain: {ratio:.3f}x (target <= 1.1x)")
+    if a.splits:
+        at = rows[f"tree at {a.splits} splits, bits built once"] / rows[f"chain at {a.splits} splits"]
+        print(f"  at {a.splits} splits, tree / chain: {at:.3f}x")
     if a.json:
         a.json.write_text(json.dumps({"device": device, "seqs": b, "drafts": t, "context": ctx, "impl": a.impl,
                                       "layers": layers, "scan": a.scan, "us": {n: s * 1e6 for n, s in rows.items()},

@@ -248,7 +248,16 @@ def _split_count(spec: PagedSpec, block_q: int, head_chunk: int, chunks: int, bl
     else:
         work_blocks = min(_cdiv(spec.num_tokens, block_q), query_blocks(spec, block_q))
     programs = max(1, work_blocks * spec.heads_kv * chunks)
-    most = max(1, spec.capacity // (4 * block_n))
+    # Prefill-shaped blocks (a speculative step's draft tokens, a short chunk over a long cache)
+    # aim at one program per SM, each split keeping >= 16 key tiles: a split's fixed cost (its
+    # partial written, then merged by the last one) is the block's, not a decode row's. Measured
+    # on an H200 (16 query tokens per sequence, GQA 32/8, D 128, bf16, pages of 16 in a random
+    # order, 8 calls in one program: tree_mask_bench.py --layers 8 [--splits N]), us per call,
+    # these splits vs twice the SMs' programs: 1 x 32k 109 vs 195 (17 vs 33 splits), 2 x 32k 122
+    # vs 168, 4 x 32k 176 vs 227, 8 x 32k 298 vs 373, 1 x 8k 53 vs 140 (9 vs 32 splits); halving
+    # the splits again measured 0.9-1.4x slower.
+    target, tiles_per_split = (2 * num_sms, 4) if decode_like else (num_sms, 16)
+    most = max(1, spec.capacity // (tiles_per_split * block_n))
     filled = programs >= 2 * num_sms
     # Decode whose unsplit programs already make one nearly full wave: splitting adds the
     # combine kernel and shorter runs for little balance gained.
@@ -260,7 +269,7 @@ def _split_count(spec: PagedSpec, block_q: int, head_chunk: int, chunks: int, bl
     # call at 4k / 16k tokens: 135.9 / 508.2 (cuDNN 137.6 / 508.0) against 145.5 / 536.8 with
     # the one-wave tiles, 143.6 / 533.1 with 2 KV heads per program, 159.3 / 620.9 with 2 splits.
     waves_1_to_2 = decode_like and num_sms < programs < 2 * num_sms
-    num_splits = 1 if one_wave or waves_1_to_2 else max(1, min(_cdiv(2 * num_sms, programs), most, 64))
+    num_splits = 1 if one_wave or waves_1_to_2 else max(1, min(_cdiv(target, programs), most, 64))
     if filled and decode_like and chunks == 1:
         kv_heads = _one_wave_kv_heads(spec.heads_kv, block_q * head_chunk, programs, num_sms)
     return num_splits, kv_heads, one_wave, filled
@@ -362,7 +371,8 @@ def default_tiles(spec: PagedSpec, num_sms: int = DEFAULT_NUM_SMS, num_splits: i
     sequence's queries in one program; ragged batches with prefill chunks take about 64 rows
     per program. ``num_splits`` (when not given) is the smallest count that makes at least
     twice as many programs as SMs, with each split keeping >= 4 key tiles of the cache's
-    capacity; decode whose unsplit programs fill at least 7/8 of the SMs runs unsplit, and
+    capacity (prefill-shaped blocks: as many programs as SMs, >= 16 tiles a split); decode
+    whose unsplit programs fill at least 7/8 of the SMs runs unsplit, and
     decode with enough sequences for several waves puts several KV heads in one program when
     that makes one nearly full wave. Decode over a quantized cache aims at about four programs
     per SM instead (one KV head x 64 tokens, 2 warps; splits to get there when the sequences
