@@ -252,10 +252,10 @@ def _split_count(spec: PagedSpec, block_q: int, head_chunk: int, chunks: int, bl
     # aim at one program per SM, each split keeping >= 16 key tiles: a split's fixed cost (its
     # partial written, then merged by the last one) is the block's, not a decode row's. Measured
     # on an H200 (16 query tokens per sequence, GQA 32/8, D 128, bf16, pages of 16 in a random
-    # order, 8 calls in one program: tree_mask_bench.py --layers 8 [--splits N]), us per call,
-    # these splits vs twice the SMs' programs: 1 x 32k 109 vs 195 (17 vs 33 splits), 2 x 32k 122
-    # vs 168, 4 x 32k 176 vs 227, 8 x 32k 298 vs 373, 1 x 8k 53 vs 140 (9 vs 32 splits); halving
-    # the splits again measured 0.9-1.4x slower.
+    # order, 8 calls in one program: tree_mask_bench.py --layers 8 --splits N), us per call,
+    # these splits vs twice the SMs' programs: 1 x 32k 110 vs 198 (17 vs 33 splits), 2 x 32k 122
+    # vs 168 (9 vs 17), 4 x 32k 176 vs 227 (5 vs 9), 8 x 32k 292 vs 370 (3 vs 5), 1 x 8k 50 vs
+    # 138 (8 vs 32); halving the splits again measured up to 1.4x slower.
     target, tiles_per_split = (2 * num_sms, 4) if decode_like else (num_sms, 16)
     most = max(1, spec.capacity // (tiles_per_split * block_n))
     filled = programs >= 2 * num_sms
