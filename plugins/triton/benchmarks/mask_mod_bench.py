@@ -19,6 +19,12 @@ jaxattn's dispatch (``jaxattn.attention``), each ``jax.jit(jax.grad(...))`` of q
 * ``flash_attn2 segment ids``: its native segment-id path with ``causal=True`` (the same visibility);
 * ``cudnn dense mask``: cuDNN given the same visibility as a dense boolean ``(1, 1, T, S)`` mask.
 
+``--mask prefix`` times prefix-LM instead of documents (``masks.prefix_lm``, the first ``--prefix``
+tokens seen by every query, default a quarter of them; the prefix length traced), ``--mask
+chunked`` chunked causal attention (``masks.chunked_causal(--chunk)``, default 1024): the same rows
+but the segment ids. Each row's ``compile s`` is its first forward and first step, compilation
+included (issue 50's "compile time of a new mask_mod variant: at most 5 s").
+
 ``--alibi`` times ALiBi instead, as a score_mod (``masks.alibi(slopes)``, its slopes differentiated
 too), causal over the ``--tokens``: rows ``flash_attn2 causal`` (no score_mod), ``flash_attn2
 alibi`` (the term added in the Triton kernels) and ``blockwise alibi`` (XLA, the other GPU backend of
@@ -66,6 +72,9 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--uneven", action="store_true", help="document lengths 1..docs in proportion")
+    ap.add_argument("--mask", choices=("documents", "prefix", "chunked"), default="documents")
+    ap.add_argument("--prefix", type=int, default=0, help="--mask prefix: the prefix's tokens (default T/4)")
+    ap.add_argument("--chunk", type=int, default=1024, help="--mask chunked: the chunk's tokens")
     ap.add_argument("--alibi", action="store_true", help="ALiBi as a score_mod, causal, instead of documents")
     ap.add_argument("--json", type=Path, help="write the rows here")
     ap.add_argument("--smoke", action="store_true", help="the script's own check on a CPU: 512 tokens, 2 heads, "
@@ -76,23 +85,37 @@ def main() -> None:
         a.tokens, a.heads, a.dim, a.reps = 512, 2, 16, 2
 
     t, h, d = a.tokens, a.heads, a.dim
+    prefix = a.prefix or t // 4
+    for flag, value, used in (("--prefix", prefix, a.mask == "prefix"), ("--chunk", a.chunk, a.mask == "chunked")):
+        if used and not 0 < value <= t:
+            ap.error(f"{flag}: between 1 and --tokens ({t}), got {value}")
     lengths = doc_lengths(t, a.docs, a.uneven)
     ids = jnp.asarray(np.repeat(np.arange(a.docs), lengths)[None], jnp.int32)  # (1, T)
     keys = jax.random.split(jax.random.key(0), 4)
     q, k, v, dout = (jax.random.normal(kk, (1, t, h, d), jnp.bfloat16) for kk in keys)
-    dense = jnp.asarray((ids[0][:, None] == ids[0][None, :]) & np.tri(t, dtype=bool))[None, None]
-    doc_pairs = sum(n * (n + 1) // 2 for n in lengths)
+    pos = np.arange(t)
+    seen = {"documents": (np.asarray(ids[0])[:, None] == np.asarray(ids[0])[None, :]),
+            "prefix": np.broadcast_to(pos[None, :] < prefix, (t, t)),
+            "chunked": (pos[:, None] // a.chunk == pos[None, :] // a.chunk)}[a.mask]
+    tri = np.tri(t, dtype=bool)
+    visible = (tri | seen) if a.mask == "prefix" else (tri & seen)  # the prefix is seen beside causal
+    dense = jnp.asarray(visible)[None, None]
+    doc_pairs = int(visible.sum())
     causal_pairs = t * (t + 1) // 2
+    prefix_arr = jnp.asarray([prefix], jnp.int32)
+
+    def doc_mod(arrs: dict[str, Any]) -> Any:  # the ids (the prefix length) traced, as in a model
+        if a.mask == "prefix":
+            return masks.prefix_lm(arrs["prefix"])
+        if a.mask == "chunked":
+            return masks.chunked_causal(a.chunk)
+        return masks.and_(masks.causal(), masks.document(arrs["ids"]))
 
     t0 = time.perf_counter()
-    build = jax.jit(lambda ids: masks.block_mask(masks.and_(masks.causal(), masks.document(ids)), 1, 1, t, t,
-                                                 bits=True))
-    bm = jax.block_until_ready(build(ids))
+    build = jax.jit(lambda r: masks.block_mask(doc_mod(r), 1, 1, t, t, bits=True))
+    bm = jax.block_until_ready(build({"ids": ids, "prefix": prefix_arr}))
     bits_ms = (time.perf_counter() - t0) * 1e3
-    bits_sec = time_jax(build, ids, reps=a.reps)
-
-    def doc_mod(arrs: dict[str, Any]) -> Any:  # the ids traced, as in a model
-        return masks.and_(masks.causal(), masks.document(arrs["ids"]))
+    bits_sec = time_jax(build, {"ids": ids, "prefix": prefix_arr}, reps=a.reps)
 
     # name -> (the arrays given to the step -> attention's keywords, visible pairs). The arrays are
     # arguments of the jitted step, never constants folded into it.
@@ -105,7 +128,9 @@ def main() -> None:
                                                "kv_segment_ids": r["ids"]}, doc_pairs),
         ("cudnn dense mask", lambda r: {"impl": "cudnn", "mask": r["dense"]}, doc_pairs),
     ]
-    arrs: dict[str, Any] = {"ids": ids, "bm": bm, "dense": dense}
+    if a.mask != "documents":
+        rows = [row for row in rows if row[0] != "flash_attn2 segment ids"]
+    arrs: dict[str, Any] = {"ids": ids, "prefix": prefix_arr, "bm": bm, "dense": dense}
     grads: tuple[int, ...] = (0, 1, 2)
     ref_name, mine_name, targets = "cudnn dense mask", "flash_attn2 mask_mod", (("flash_attn2 causal", 0.9),
                                                                                    ("cudnn dense mask", 2.5))
@@ -122,7 +147,9 @@ def main() -> None:
         ref_name, mine_name, targets = "blockwise alibi", "flash_attn2 alibi", (("flash_attn2 causal", 0.8),)
     results: dict[str, dict[str, Any]] = {}
     outs: dict[str, Any] = {}
-    print(f"{jax.devices()[0].device_kind}: T=S={t} as {a.docs} documents {lengths[:4]}..., Hq=Hkv={h}, D={d}, "
+    what = {"documents": f"as {a.docs} documents {lengths[:4]}...", "prefix": f"prefix-LM, prefix {prefix}",
+            "chunked": f"chunked causal, chunks of {a.chunk}"}[a.mask]
+    print(f"{jax.devices()[0].device_kind}: T=S={t} {what}, Hq=Hkv={h}, D={d}, "
           f"bf16; visible pairs {doc_pairs:,} ({doc_pairs / causal_pairs:.3f} of causal)", flush=True)
     print(f"block_mask(bits=True) build: {bits_sec * 1e3:.3f} ms a call ({bits_ms:.0f} ms first, compile included); "
           f"tiles at 128x128 (empty, partial, full) {bm.counts()}", flush=True)
@@ -152,7 +179,8 @@ def main() -> None:
     mine = results.get(mine_name, {})
     print()
     diff_head = f"max|out - {ref_name.split()[0]}|"
-    print(f"{'row':38s} {'ms fwd+bwd':>11s} {'TFLOP/s':>8s} {'mod/row':>12s} {diff_head:>17s}")
+    print(f"{'row':38s} {'ms fwd+bwd':>11s} {'TFLOP/s':>8s} {'mod/row':>12s} {diff_head:>17s} "
+          f"{'compile s':>9s}")
     for name, _, _ in rows:
         r = results[name]
         if "error" in r:
@@ -160,15 +188,15 @@ def main() -> None:
             continue
         vs = f"{mine['tflops'] / r['tflops']:.2f}" if "tflops" in mine else "-"
         diff = f"{np.max(np.abs(outs[name] - ref)):.3g}" if ref is not None and name in outs else "-"
-        print(f"{name:38s} {r['ms']:11.3f} {r['tflops']:8.1f} {vs:>12s} {diff:>17s}")
+        print(f"{name:38s} {r['ms']:11.3f} {r['tflops']:8.1f} {vs:>12s} {diff:>17s} {r['compile_s']:9.1f}")
     if "tflops" in mine:
         for other, target in targets:
             if "tflops" in results.get(other, {}):
                 ratio = mine["tflops"] / results[other]["tflops"]
                 print(f"{mine_name} / {other}: {ratio:.2f}x TFLOP/s on visible pairs (issue 50's target: >= {target}x)")
     if a.json:
-        a.json.write_text(json.dumps({"tokens": t, "docs": lengths, "alibi": a.alibi, "heads": h, "dim": d,
-                                      "bits_ms": bits_sec * 1e3, "rows": results,
+        a.json.write_text(json.dumps({"tokens": t, "mask": a.mask, "docs": lengths, "alibi": a.alibi, "heads": h,
+                                      "dim": d, "bits_ms": bits_sec * 1e3, "rows": results,
                                       "device": jax.devices()[0].device_kind}, indent=1))
 
 
