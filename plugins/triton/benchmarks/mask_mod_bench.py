@@ -94,17 +94,19 @@ def main() -> None:
     keys = jax.random.split(jax.random.key(0), 4)
     q, k, v, dout = (jax.random.normal(kk, (1, t, h, d), jnp.bfloat16) for kk in keys)
     pos = np.arange(t)
-    seen = {"documents": (np.asarray(ids[0])[:, None] == np.asarray(ids[0])[None, :]),
-            "prefix": np.broadcast_to(pos[None, :] < prefix, (t, t)),
-            "chunked": (pos[:, None] // a.chunk == pos[None, :] // a.chunk)}[a.mask]
     tri = np.tri(t, dtype=bool)
-    visible = (tri | seen) if a.mask == "prefix" else (tri & seen)  # the prefix is seen beside causal
+    if a.mask == "prefix":  # the prefix is seen beside the causal pairs
+        visible = tri | (pos[None, :] < prefix)
+    elif a.mask == "chunked":
+        visible = tri & (pos[:, None] // a.chunk == pos[None, :] // a.chunk)
+    else:
+        visible = tri & (np.asarray(ids[0])[:, None] == np.asarray(ids[0])[None, :])
     dense = jnp.asarray(visible)[None, None]
-    doc_pairs = int(visible.sum())
+    visible_pairs = int(visible.sum())
     causal_pairs = t * (t + 1) // 2
     prefix_arr = jnp.asarray([prefix], jnp.int32)
 
-    def doc_mod(arrs: dict[str, Any]) -> Any:  # the ids (the prefix length) traced, as in a model
+    def mod_of(arrs: dict[str, Any]) -> Any:  # the ids (the prefix length) traced, as in a model
         if a.mask == "prefix":
             return masks.prefix_lm(arrs["prefix"])
         if a.mask == "chunked":
@@ -112,7 +114,7 @@ def main() -> None:
         return masks.and_(masks.causal(), masks.document(arrs["ids"]))
 
     t0 = time.perf_counter()
-    build = jax.jit(lambda r: masks.block_mask(doc_mod(r), 1, 1, t, t, bits=True))
+    build = jax.jit(lambda r: masks.block_mask(mod_of(r), 1, 1, t, t, bits=True))
     bm = jax.block_until_ready(build({"ids": ids, "prefix": prefix_arr}))
     bits_ms = (time.perf_counter() - t0) * 1e3
     bits_sec = time_jax(build, {"ids": ids, "prefix": prefix_arr}, reps=a.reps)
@@ -120,13 +122,14 @@ def main() -> None:
     # name -> (the arrays given to the step -> attention's keywords, visible pairs). The arrays are
     # arguments of the jitted step, never constants folded into it.
     rows: list[tuple[str, Any, int]] = [
-        ("flash_attn2 mask_mod", lambda r: {"impl": "flash_attn2", "mask_mod": doc_mod(r), "block_mask": r["bm"]},
-         doc_pairs),
-        ("flash_attn2 mask_mod, bits per call", lambda r: {"impl": "flash_attn2", "mask_mod": doc_mod(r)}, doc_pairs),
+        ("flash_attn2 mask_mod", lambda r: {"impl": "flash_attn2", "mask_mod": mod_of(r), "block_mask": r["bm"]},
+         visible_pairs),
+        ("flash_attn2 mask_mod, bits per call", lambda r: {"impl": "flash_attn2", "mask_mod": mod_of(r)},
+         visible_pairs),
         ("flash_attn2 causal", lambda r: {"impl": "flash_attn2", "causal": True}, causal_pairs),
         ("flash_attn2 segment ids", lambda r: {"impl": "flash_attn2", "causal": True, "q_segment_ids": r["ids"],
-                                               "kv_segment_ids": r["ids"]}, doc_pairs),
-        ("cudnn dense mask", lambda r: {"impl": "cudnn", "mask": r["dense"]}, doc_pairs),
+                                               "kv_segment_ids": r["ids"]}, visible_pairs),
+        ("cudnn dense mask", lambda r: {"impl": "cudnn", "mask": r["dense"]}, visible_pairs),
     ]
     if a.mask != "documents":
         rows = [row for row in rows if row[0] != "flash_attn2 segment ids"]
@@ -150,7 +153,7 @@ def main() -> None:
     what = {"documents": f"as {a.docs} documents {lengths[:4]}...", "prefix": f"prefix-LM, prefix {prefix}",
             "chunked": f"chunked causal, chunks of {a.chunk}"}[a.mask]
     print(f"{jax.devices()[0].device_kind}: T=S={t} {what}, Hq=Hkv={h}, D={d}, "
-          f"bf16; visible pairs {doc_pairs:,} ({doc_pairs / causal_pairs:.3f} of causal)", flush=True)
+          f"bf16; visible pairs {visible_pairs:,} ({visible_pairs / causal_pairs:.3f} of causal)", flush=True)
     print(f"block_mask(bits=True) build: {bits_sec * 1e3:.3f} ms a call ({bits_ms:.0f} ms first, compile included); "
           f"tiles at 128x128 (empty, partial, full) {bm.counts()}", flush=True)
     for name, kwargs, pairs in rows:

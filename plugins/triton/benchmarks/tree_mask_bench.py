@@ -137,20 +137,26 @@ def main() -> None:
         ns = jnp.asarray([b], jnp.int32)
         capacity = pages_per_seq * PAGE
 
-        @jax.jit
-        def prebuilt(q: Any, kp: Any, vp: Any, anc: Any, first: Any) -> Any:
-            # The bits built once for the step's layers, each layer's kernel reading them.
-            mod = tree_mod(anc, first)
-            vis = visibility_words(mod, b * t, HQ, lengths, cu, ns, capacity)
-            return step(lambda x: ragged_paged(x, kp, vp, table, lengths, cu, ns, mask_mod=mod, visibility=vis), q)
+        def prebuilt_at(splits: int | None) -> Any:
+            """The step with the bits built once for its layers, each layer's kernel reading them
+            (``splits``: the kernel's key splits, None its own count)."""
 
+            @jax.jit
+            def run(q: Any, kp: Any, vp: Any, anc: Any, first: Any) -> Any:
+                mod = tree_mod(anc, first)
+                vis = visibility_words(mod, b * t, HQ, lengths, cu, ns, capacity)
+                return step(lambda x: ragged_paged(x, kp, vp, table, lengths, cu, ns, mask_mod=mod, visibility=vis,
+                                                   num_splits=splits), q)  # fmt: skip
+
+            return run
+
+        prebuilt = prebuilt_at(None)
         err = float(jnp.max(jnp.abs(prebuilt(q, k_pages, v_pages, tree, start).astype(jnp.float32)
                                     - with_mask(q, k_pages, v_pages, tree, start).astype(jnp.float32))))
         assert err < 2e-2, f"the tree with its bits built once differs by {err}"
         rows["tree, bits built once a step"] = time_jax(prebuilt, q, k_pages, v_pages, tree, start,
                                                         reps=a.reps) / layers
-        bits = jax.jit(lambda anc, first: visibility_words(tree_mod(anc, first), b * t, HQ, lengths, cu,
-                                                           jnp.asarray([b], jnp.int32), pages_per_seq * PAGE))
+        bits = jax.jit(lambda anc, first: visibility_words(tree_mod(anc, first), b * t, HQ, lengths, cu, ns, capacity))
         rows["building the bits alone"] = time_jax(bits, tree, start, reps=a.reps)
         if a.splits:
             split = f"at {a.splits} splits"
@@ -159,16 +165,9 @@ def main() -> None:
             def chain_at(q: Any, kp: Any, vp: Any) -> Any:
                 return step(lambda x: ragged_paged(x, kp, vp, table, lengths, cu, ns, num_splits=a.splits), q)
 
-            @jax.jit
-            def tree_at(q: Any, kp: Any, vp: Any, anc: Any, first: Any) -> Any:
-                mod = tree_mod(anc, first)
-                vis = visibility_words(mod, b * t, HQ, lengths, cu, ns, capacity)
-                return step(lambda x: ragged_paged(x, kp, vp, table, lengths, cu, ns, mask_mod=mod, visibility=vis,
-                                                   num_splits=a.splits), q)  # fmt: skip
-
             rows[f"chain {split}"] = time_jax(chain_at, q, k_pages, v_pages, reps=a.reps) / layers
-            rows[f"tree {split}, bits built once"] = time_jax(tree_at, q, k_pages, v_pages, tree, start,
-                                                              reps=a.reps) / layers
+            rows[f"tree {split}, bits built once"] = time_jax(prebuilt_at(a.splits), q, k_pages, v_pages, tree,
+                                                              start, reps=a.reps) / layers
     device = jax.devices()[0].device_kind
     print(f"{device}: {b} sequence(s) x {t} draft tokens over {ctx} tokens, GQA {HQ}/{HKV}, D {D}, bf16, "
           f"pages of {PAGE}, impl {a.impl}, {layers} layer(s) a program{' (scanned)' if a.scan else ''} "

@@ -255,7 +255,7 @@ def _split_count(spec: PagedSpec, block_q: int, head_chunk: int, chunks: int, bl
     # order, 8 calls in one program: tree_mask_bench.py --layers 8 --splits N), us per call,
     # these splits vs twice the SMs' programs: 1 x 32k 110 vs 198 (17 vs 33 splits), 2 x 32k 122
     # vs 168 (9 vs 17), 4 x 32k 176 vs 227 (5 vs 9), 8 x 32k 292 vs 370 (3 vs 5), 1 x 8k 50 vs
-    # 138 (8 vs 32); halving the splits again measured up to 1.4x slower.
+    # 138 (8 vs 32); halving the splits again measured up to 1.47x slower (4 x 32k: 258 at 3).
     target, tiles_per_split = (2 * num_sms, 4) if decode_like else (num_sms, 16)
     most = max(1, spec.capacity // (tiles_per_split * block_n))
     filled = programs >= 2 * num_sms
