@@ -119,6 +119,28 @@ def test_mask_bits_pack_the_visibility_and_from_bits_classifies_any_tiling() -> 
         masks.from_bits(jnp.zeros((1, 1, t, 2), jnp.int32), s)
 
 
+@pytest.mark.parametrize("budget", [1, 200, 3000])
+def test_block_mask_and_bits_do_not_depend_on_the_rows_a_step(monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
+    """A small step budget splits the rows into several steps (one tile's rows at the least, a
+    ragged last step): the kinds and bits are those of one step over every row."""
+    b, h, t, s = 2, 3, 45, 70
+    ids = jnp.asarray(np.arange(s)[None] // 16 + np.arange(b)[:, None], jnp.int32)
+    mod = masks.and_(lambda b_, h_, q, kv: (kv + h_) % 5 != 1, masks.causal(), masks.document(ids[:, :t], ids))
+    dense = grid(mod, b, h, t, s)
+    monkeypatch.setattr(masks, "_STEP_ELEMENTS", budget)
+    for bq, bk in ((4, 16), (8, 8), (7, 32)):
+        bm = masks.block_mask(mod, b, h, t, s, block_q=bq, block_kv=bk, bits=True)
+        np.testing.assert_array_equal(np.asarray(bm.kind), _expected_kind(mod, b, h, t, s, bq, bk))
+        unpacked = (np.asarray(bm.bits).view(np.uint32)[..., None] >> np.arange(32, dtype=np.uint32)) & 1
+        np.testing.assert_array_equal(unpacked.reshape(b, h, t, 96)[..., :s], dense)
+    def docs(i: jax.Array) -> masks.MaskMod:
+        return masks.and_(masks.causal(), masks.document(i[:, :t], i))
+
+    one_step = np.asarray(masks.mask_bits(docs(ids), b, 1, t, s, block_q=t))
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda i: masks.mask_bits(docs(i), b, 1, t, s))(ids)), one_step)
+    assert masks._rows_at_once(mod, b, h, t, 96, 4) % 4 == 0  # whole tiles a step
+
+
 def _qkv(t: int = T, s: int = S) -> tuple[jax.Array, jax.Array, jax.Array]:
     keys = jax.random.split(jax.random.key(0), 3)
     q = jax.random.normal(keys[0], (B, t, HQ, 8))

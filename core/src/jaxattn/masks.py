@@ -293,37 +293,64 @@ def _pack(seen: Any) -> Any:
     return jax.lax.bitcast_convert_type(jnp.sum(words, axis=-1, dtype=jnp.uint32), jnp.int32)  # distinct bits: exact
 
 
-def _evaluate(mask_mod: MaskMod, B: int, Hq: int, T: int, S: int, bq: int, bk: int, bits: bool) -> tuple[Any, Any]:
-    """``(kind, bits)`` of ``block_mask`` and ``mask_bits`` from one pass over ``bq`` rows at a time
-    (bits None unless asked for)."""
+#: Booleans of a mask_mod's result evaluated at once before they are classified and packed: few,
+#: large steps on a GPU (16 at T = S = 16k for a mask_mod of neither b nor h, where one row of
+#: 128-row tiles a step took 128: 6.5x the time on an H200), bounded memory everywhere.
+_STEP_ELEMENTS = 1 << 24
+
+
+def _rows_at_once(mask_mod: MaskMod, B: int, Hq: int, T: int, width: int, unit: int) -> int:
+    """Query rows evaluated a step: a multiple of ``unit`` (a tile's rows), doubled while the step
+    holds at most :data:`_STEP_ELEMENTS` booleans of the result (its leading dims are those the
+    mask_mod varies along) and the rows fall short of ``T``."""
+    import jax
+    import jax.numpy as jnp
+
+    index = [jax.ShapeDtypeStruct(shape, jnp.int32) for shape in ((B, 1, 1, 1), (1, Hq, 1, 1), (1, 1, T, 1),
+                                                                   (1, 1, 1, width))]
+    shape = tuple(jax.eval_shape(mask_mod, *index).shape)
+    lead = math.prod(shape[:-2]) if len(shape) == 4 else 1
+    rows = unit
+    while rows < T and lead * 2 * rows * width <= _STEP_ELEMENTS:
+        rows *= 2
+    return min(rows, -(-T // unit) * unit)
+
+
+def _evaluate(mask_mod: MaskMod, B: int, Hq: int, T: int, S: int, bq: int, bk: int, bits: bool,
+              unit: int | None = None) -> tuple[Any, Any]:
+    """``(kind, bits)`` of ``block_mask`` and ``mask_bits`` from one pass over the rows, a step of
+    whole ``bq``-row tiles at a time (``unit`` rows, where given; else :func:`_rows_at_once`);
+    bits None unless asked for."""
     import jax
     import jax.numpy as jnp
 
     nq, nk, nw = -(-T // bq), -(-S // bk), -(-S // 32)
     width = max(nk * bk, 32 * nw if bits else 0)
+    step = unit if unit is not None else _rows_at_once(mask_mod, B, Hq, T, width, bq)
+    per_step, steps = step // bq, -(-T // step)
     b, h, _, _ = indices(B, Hq, 1, 1)
     cols = jnp.arange(width, dtype=jnp.int32)
     kv_idx = jnp.minimum(cols, S - 1).reshape(1, 1, 1, -1)  # padding reads the last key, then is dropped
     col_ok = (cols < S).reshape(1, 1, 1, -1)
 
     def row(i: Any) -> Any:
-        rows = i * bq + jnp.arange(bq, dtype=jnp.int32)
+        rows = i * step + jnp.arange(step, dtype=jnp.int32)
         q_idx = jnp.minimum(rows, T - 1).reshape(1, 1, -1, 1)
         seen = jnp.asarray(mask_mod(b, h, q_idx, kv_idx))
         lead = tuple(seen.shape[:2]) if seen.ndim == 4 else (1, 1)
-        seen = jnp.broadcast_to(seen, (*lead, bq, width))
-        ok = (rows < T).reshape(1, 1, bq, 1) & col_ok
-        tiles = (*lead, bq, nk, bk)
-        has = jnp.any((seen & ok)[..., : nk * bk].reshape(tiles), axis=(2, 4))
-        full = jnp.all((seen | ~ok)[..., : nk * bk].reshape(tiles), axis=(2, 4))
+        seen = jnp.broadcast_to(seen, (*lead, step, width))
+        ok = (rows < T).reshape(1, 1, step, 1) & col_ok
+        tiles = (*lead, per_step, bq, nk, bk)
+        has = jnp.any((seen & ok)[..., : nk * bk].reshape(tiles), axis=(3, 5))
+        full = jnp.all((seen | ~ok)[..., : nk * bk].reshape(tiles), axis=(3, 5))
         kind = jnp.where(full, FULL, jnp.where(has, PARTIAL, EMPTY)).astype(jnp.int8)
         return kind, (_pack((seen & col_ok)[..., : 32 * nw]) if bits else kind)
 
-    kind, words = jax.lax.map(row, jnp.arange(nq, dtype=jnp.int32))  # (nq, B|1, Hq|1, ...)
-    kind = jnp.transpose(kind, (1, 2, 0, 3))
+    kind, words = jax.lax.map(row, jnp.arange(steps, dtype=jnp.int32))  # (steps, B|1, Hq|1, ...)
+    kind = jnp.transpose(kind, (1, 2, 0, 3, 4)).reshape(*kind.shape[1:3], steps * per_step, nk)[:, :, :nq]
     if not bits:
         return kind, None
-    words = jnp.transpose(words, (1, 2, 0, 3, 4)).reshape(*words.shape[1:3], nq * bq, nw)
+    words = jnp.transpose(words, (1, 2, 0, 3, 4)).reshape(*words.shape[1:3], steps * step, nw)
     return kind, words[:, :, :T]
 
 
@@ -333,7 +360,7 @@ def block_mask(mask_mod: MaskMod, B: int, Hq: int, T: int, S: int, *, block_q: i
 
     ``B`` or ``Hq`` may be 1 for a mask_mod that does not depend on them (the BlockMask then
     serves any batch or head count). Works under ``jax.jit`` too (the mask_mod may close over
-    traced arrays); memory is one row of tiles at a time, ``B * Hq * block_q * S`` booleans.
+    traced arrays); memory is bounded: about 2^24 booleans a step (at least one row of tiles).
     ``bits=True`` also keeps the packed visibility (``mask_bits``, in the same pass), for
     kernels that read partial tiles from it (the Triton ``flash_attn2``).
     """
@@ -344,14 +371,16 @@ def block_mask(mask_mod: MaskMod, B: int, Hq: int, T: int, S: int, *, block_q: i
                      bits=words)
 
 
-def mask_bits(mask_mod: MaskMod, B: int, Hq: int, T: int, S: int, *, block_q: int = 128) -> Any:
+def mask_bits(mask_mod: MaskMod, B: int, Hq: int, T: int, S: int, *, block_q: int | None = None) -> Any:
     """The mask_mod's visibility packed 32 keys to a word: int32 ``(B|1, Hq|1, T, ceil(S / 32))``,
     bit ``j`` of word ``w`` in row ``i`` set when query ``i`` sees key ``32 w + j`` (keys past S
     are 0). 1/8 of a boolean mask; a dimension is 1 when the mask_mod's result does not vary
     along it. For kernels that cannot execute a traced function: they read these words for
-    partial tiles. Evaluated ``block_q`` rows at a time, under ``jax.jit`` too."""
-    _checked_sizes(mask_mod, B=B, Hq=Hq, T=T, S=S, block_q=block_q)
-    return _evaluate(mask_mod, B, Hq, T, S, min(block_q, T), S, True)[1]
+    partial tiles. Evaluated ``block_q`` rows at a time (default: about 2^24 booleans a step),
+    under ``jax.jit`` too."""
+    _checked_sizes(mask_mod, B=B, Hq=Hq, T=T, S=S, **({} if block_q is None else {"block_q": block_q}))
+    step = None if block_q is None else min(block_q, T)
+    return _evaluate(mask_mod, B, Hq, T, S, step or 1, S, True, step)[1]
 
 
 def from_bits(bits: Any, S: int, *, block_q: int = 128, block_kv: int = 128) -> BlockMask:

@@ -308,22 +308,8 @@ def mod_bits(q: Any, k: Any, mask_mod: Any, block_mask: Any = None, *, mask: Arr
     if given is not None and not rules:
         return jnp.asarray(given)
     rule = masks.and_(*rules) if given is not None else masks.and_(mask_mod, *rules)
-    words = masks.mask_bits(rule, b, hq, t, s, block_q=_rows_at_once(rule, b, hq, t, s))
+    words = masks.mask_bits(rule, b, hq, t, s)
     return jnp.asarray(words if given is None else given & words)
-
-
-def _rows_at_once(rule: Any, b: int, hq: int, t: int, s: int) -> int:
-    """Query rows ``mask_bits`` evaluates at a time: about 2^24 booleans of the rule's result (its
-    leading dims are those it varies along), at least 128 rows. A GPU then runs few, large steps
-    (16 at T = S = 16k for a rule of neither b nor h, rather than 128)."""
-    index = [jax.ShapeDtypeStruct(shape, jnp.int32) for shape in ((b, 1, 1, 1), (1, hq, 1, 1), (1, 1, t, 1),
-                                                                   (1, 1, 1, s))]
-    shape = tuple(jax.eval_shape(rule, *index).shape)
-    lead = int(np.prod(shape[:-2])) if len(shape) == 4 else 1
-    rows = 128
-    while rows < t and lead * 2 * rows * s <= 1 << 24:
-        rows *= 2
-    return rows
 
 
 def seen_keys(bits: Array, heads_kv: int) -> Array:

@@ -20,7 +20,7 @@ rule (causal, the length, the window), and per-token bounds. It returns:
   as its hot loop, with no mask arithmetic; the tiles between read the bits.
 
 Rows of no sequence (padding, past ``num_seqs``) see nothing. Memory is bounded: ``mask_bits``
-evaluates chunks of rows of at most ``_CHUNK_ELEMENTS`` booleans before packing them.
+evaluates steps of rows of about 2^24 booleans before packing them.
 """
 
 from __future__ import annotations
@@ -33,10 +33,6 @@ import jax.numpy as jnp
 Array = jax.Array
 
 __all__ = ["visibility_words"]
-
-#: Booleans evaluated at once (rows x heads x keys) before they are packed into words.
-_CHUNK_ELEMENTS = 1 << 24
-
 
 def visibility_words(
     mask_mod: Any, num_tokens: int, hq: int, kv_lengths: Array, cu_q_lens: Array, num_seqs: Array, capacity: int,
@@ -73,9 +69,7 @@ def visibility_words(
         both = jnp.broadcast_to(seen & rule, (r.shape[0], heads, kv.shape[-1]))
         return jnp.transpose(both, (1, 0, 2))[None]
 
-    width = 32 * -(-capacity // 32)
-    chunk = max(1, min(num_tokens, _CHUNK_ELEMENTS // (hq * width)))
-    words = masks.mask_bits(on_rows, 1, hq, num_tokens, capacity, block_q=chunk)[0]
+    words = masks.mask_bits(on_rows, 1, hq, num_tokens, capacity)[0]
     return words, _bounds(words)
 
 
