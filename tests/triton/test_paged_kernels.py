@@ -223,7 +223,6 @@ def tiles_of(p: Paged, spec: LP.PagedSpec) -> LP.PagedTiles:
 def run_kernels(p: Paged, x: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     import torch
 
-    from jaxattn_triton.torch_launch import run_launch
 
     spec = spec_of(p, x)
     tiles = tiles_of(p, spec)
@@ -242,11 +241,19 @@ def run_kernels(p: Paged, x: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         t(x["q"], dt), k, v, t(x["page_table"], torch.int32), t(x["kv_lengths"], torch.int32),
         t(x["cu_q_lens"], torch.int32), t(x["num_seqs"], torch.int32), sinks.to(TORCH_DEVICE),
     ]  # fmt: skip
+    return launched(spec, tiles, inputs)
+
+
+def launched(spec: LP.PagedSpec, tiles: LP.PagedTiles, inputs: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``(out, lse)`` of the launch as float64 arrays, the lse of rows with no key at -inf (the
+    kernel writes ``LP.NO_KEY_LSE`` there; ``ops`` maps it as this does)."""
+    import torch
+
+    from jaxattn_triton.torch_launch import run_launch
+
     out, lse = LP.run(spec, tiles, inputs, run_launch)
-    return (
-        out.to(device="cpu", dtype=torch.float64).numpy(),
-        lse.to(device="cpu", dtype=torch.float64).numpy(),
-    )
+    lse = torch.where(lse == LP.NO_KEY_LSE, float("-inf"), lse)
+    return out.to(device="cpu", dtype=torch.float64).numpy(), lse.to(device="cpu", dtype=torch.float64).numpy()
 
 
 def _close(name: str, got: np.ndarray, want: np.ndarray, tol: float) -> None:

@@ -114,7 +114,6 @@ def live_positions(p: base.Paged, x: dict[str, Any]) -> np.ndarray:
 def run_quantized(c: Quant) -> tuple[np.ndarray, np.ndarray]:
     import torch
 
-    from jaxattn_triton.torch_launch import run_launch
 
     p = c.paged
     x = base.make(p)
@@ -162,14 +161,12 @@ def run_quantized(c: Quant) -> tuple[np.ndarray, np.ndarray]:
         t(x["cu_q_lens"], torch.int32), t(x["num_seqs"], torch.int32), sinks.to(TORCH_DEVICE),
         t(np.reshape(ks, -1), torch.float32), t(np.reshape(vs, -1), torch.float32),
     ]  # fmt: skip
-    out, lse = LP.run(spec, tiles, inputs, run_launch)
+    got_out, got_lse = base.launched(spec, tiles, inputs)
     want_out, want_lse = base.reference(
         x["q"], kd, vd, x["page_table"], x["kv_lengths"], x["cu_q_lens"], p.num_seqs,
         scale=p.scale if p.scale is not None else p.d**-0.5, softcap=p.softcap, left=p.left, right=p.right,
         sinks=x["sinks"],
     )  # fmt: skip
-    got_out = out.to(device="cpu", dtype=torch.float64).numpy()
-    got_lse = lse.to(device="cpu", dtype=torch.float64).numpy()
     base._close("out", got_out, want_out, base.TOL[p.dtype])
     base._close("lse", got_lse, want_lse, base.TOL[p.dtype])
     return got_out, got_lse

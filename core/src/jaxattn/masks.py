@@ -58,6 +58,16 @@ def _size(name: str, value: Any, minimum: int = 0) -> int:
     return value
 
 
+def _array(name: str, value: Any, ndim: int, floating: bool, what: str) -> Any:
+    """``value`` as a jax array of ``ndim`` dims, integer (or floating), else an error naming it."""
+    import jax.numpy as jnp
+
+    arr = jnp.asarray(value)
+    if arr.ndim != ndim or not jnp.issubdtype(arr.dtype, jnp.floating if floating else jnp.integer):
+        raise InvalidInputError(name, f"must be {what}, got {arr.dtype} {arr.shape}")
+    return arr
+
+
 def _causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
     return q_idx >= kv_idx
 
@@ -94,11 +104,7 @@ def chunked_causal(chunk: int) -> MaskMod:
 def prefix_lm(prefix_lengths: Any) -> MaskMod:
     """Prefix-LM: the first ``prefix_lengths[b]`` positions of sequence b (an int array ``(B,)``)
     are seen by every query (bidirectional); past them attention is causal."""
-    import jax.numpy as jnp
-
-    lengths = jnp.asarray(prefix_lengths)
-    if lengths.ndim != 1 or not jnp.issubdtype(lengths.dtype, jnp.integer):
-        raise InvalidInputError("prefix_lengths", f"must be an int array (B,), got {lengths.dtype} {lengths.shape}")
+    lengths = _array("prefix_lengths", prefix_lengths, 1, False, "an int array (B,)")
 
     def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         return (kv_idx < lengths[b]) | (q_idx >= kv_idx)
@@ -110,13 +116,9 @@ def document(q_segment_ids: Any, kv_segment_ids: Any = None) -> MaskMod:
     """Packed documents: a query sees only keys of its own segment (``(B, T)`` and ``(B, S)`` int
     ids; one array serves both sides when T == S). ``and_(causal(), document(ids))`` is causal
     attention within each document."""
-    import jax.numpy as jnp
-
-    q_ids = jnp.asarray(q_segment_ids)
-    kv_ids = q_ids if kv_segment_ids is None else jnp.asarray(kv_segment_ids)
-    for name, ids in (("q_segment_ids", q_ids), ("kv_segment_ids", kv_ids)):
-        if ids.ndim != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
-            raise InvalidInputError(name, f"must be an int array (B, T|S), got {ids.dtype} {ids.shape}")
+    q_ids = _array("q_segment_ids", q_segment_ids, 2, False, "an int array (B, T|S)")
+    kv_ids = q_ids if kv_segment_ids is None else _array("kv_segment_ids", kv_segment_ids, 2, False,
+                                                         "an int array (B, T|S)")
 
     def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         return q_ids[b, q_idx] == kv_ids[b, kv_idx]
@@ -158,12 +160,7 @@ def alibi(slopes: Any) -> ScoreMod:
     raw positions, ``slopes`` a float ``(Hq,)`` array (traced and differentiated like any captured
     array). Any backend with score_mods runs it as a function; a kernel that cannot execute one
     (the Triton ``flash_attn2``) recognises it (``alibi_slopes``) and adds the term in registers."""
-    import jax.numpy as jnp
-
-    values = jnp.asarray(slopes)
-    if values.ndim != 1 or not jnp.issubdtype(values.dtype, jnp.floating):
-        raise InvalidInputError("slopes", f"must be a float array (Hq,), one slope per query head, got "
-                                f"{values.dtype} {values.shape}")
+    values = _array("slopes", slopes, 1, True, "a float array (Hq,), one slope per query head")
 
     def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         return score + values[h].astype(score.dtype) * (kv_idx - q_idx).astype(score.dtype)
@@ -215,19 +212,13 @@ def or_(*mods: MaskMod) -> MaskMod:
     return _combine("or_", mods, lambda x, y: x | y)
 
 
-_registered = False
-
-
+@functools.cache
 def _register() -> None:
     """Make ``BlockMask`` a pytree (once, lazily: registering needs jax), so that it passes
     through ``jax.jit`` as an argument: ``kind`` is its leaf, the sizes are static."""
-    global _registered
-    if not _registered:
-        import jax
+    import jax
 
-        jax.tree_util.register_dataclass(BlockMask, data_fields=["kind", "bits"],
-                                         meta_fields=["shape", "block_q", "block_kv"])
-        _registered = True
+    jax.tree_util.register_dataclass(BlockMask, ["kind", "bits"], ["shape", "block_q", "block_kv"])  # data, meta
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -289,7 +280,8 @@ def _pack(seen: Any) -> Any:
     import jax
     import jax.numpy as jnp
 
-    words = seen.reshape(*seen.shape[:-1], -1, 32).astype(jnp.uint32) << jnp.arange(32, dtype=jnp.uint32)
+    shifts = jnp.arange(32, dtype=jnp.uint32).reshape((1,) * seen.ndim + (32,))  # rank promotion "raise"
+    words = seen.reshape(*seen.shape[:-1], -1, 32).astype(jnp.uint32) << shifts
     return jax.lax.bitcast_convert_type(jnp.sum(words, axis=-1, dtype=jnp.uint32), jnp.int32)  # distinct bits: exact
 
 
@@ -304,29 +296,23 @@ def _rows_at_once(mask_mod: MaskMod, B: int, Hq: int, T: int, width: int, unit: 
     holds at most :data:`_STEP_ELEMENTS` booleans of the result (its leading dims are those the
     mask_mod varies along) and the rows fall short of ``T``."""
     import jax
-    import jax.numpy as jnp
 
-    index = [jax.ShapeDtypeStruct(shape, jnp.int32) for shape in ((B, 1, 1, 1), (1, Hq, 1, 1), (1, 1, T, 1),
-                                                                   (1, 1, 1, width))]
-    shape = tuple(jax.eval_shape(mask_mod, *index).shape)
-    lead = math.prod(shape[:-2]) if len(shape) == 4 else 1
-    rows = unit
+    shape = jax.eval_shape(lambda: mask_mod(*indices(B, Hq, T, width))).shape
+    rows, lead = unit, math.prod(shape[:-2]) if len(shape) == 4 else 1
     while rows < T and lead * 2 * rows * width <= _STEP_ELEMENTS:
         rows *= 2
     return min(rows, -(-T // unit) * unit)
 
 
-def _evaluate(mask_mod: MaskMod, B: int, Hq: int, T: int, S: int, bq: int, bk: int, bits: bool,
-              unit: int | None = None) -> tuple[Any, Any]:
+def _evaluate(mask_mod: MaskMod, B: int, Hq: int, T: int, S: int, bq: int, bk: int, bits: bool) -> tuple[Any, Any]:
     """``(kind, bits)`` of ``block_mask`` and ``mask_bits`` from one pass over the rows, a step of
-    whole ``bq``-row tiles at a time (``unit`` rows, where given; else :func:`_rows_at_once`);
-    bits None unless asked for."""
+    whole ``bq``-row tiles at a time (:func:`_rows_at_once`); bits None unless asked for."""
     import jax
     import jax.numpy as jnp
 
     nq, nk, nw = -(-T // bq), -(-S // bk), -(-S // 32)
     width = max(nk * bk, 32 * nw if bits else 0)
-    step = unit if unit is not None else _rows_at_once(mask_mod, B, Hq, T, width, bq)
+    step = _rows_at_once(mask_mod, B, Hq, T, width, bq)
     per_step, steps = step // bq, -(-T // step)
     b, h, _, _ = indices(B, Hq, 1, 1)
     cols = jnp.arange(width, dtype=jnp.int32)
@@ -376,11 +362,10 @@ def mask_bits(mask_mod: MaskMod, B: int, Hq: int, T: int, S: int, *, block_q: in
     bit ``j`` of word ``w`` in row ``i`` set when query ``i`` sees key ``32 w + j`` (keys past S
     are 0). 1/8 of a boolean mask; a dimension is 1 when the mask_mod's result does not vary
     along it. For kernels that cannot execute a traced function: they read these words for
-    partial tiles. Evaluated ``block_q`` rows at a time (default: about 2^24 booleans a step),
-    under ``jax.jit`` too."""
-    _checked_sizes(mask_mod, B=B, Hq=Hq, T=T, S=S, **({} if block_q is None else {"block_q": block_q}))
-    step = None if block_q is None else min(block_q, T)
-    return _evaluate(mask_mod, B, Hq, T, S, step or 1, S, True, step)[1]
+    partial tiles. Evaluated about 2^24 booleans a step (at least ``block_q`` rows), under
+    ``jax.jit`` too."""
+    _checked_sizes(mask_mod, B=B, Hq=Hq, T=T, S=S, block_q=1 if block_q is None else block_q)
+    return _evaluate(mask_mod, B, Hq, T, S, min(block_q or 1, T), S, True)[1]
 
 
 def from_bits(bits: Any, S: int, *, block_q: int = 128, block_kv: int = 128) -> BlockMask:
@@ -398,13 +383,13 @@ def from_bits(bits: Any, S: int, *, block_q: int = 128, block_kv: int = 128) -> 
         raise InvalidInputError("bits", f"must be (B|1, Hq|1, T, ceil(S / 32)) words for S={S}, got {bits.shape}")
     nq, nk, unit = -(-T // bq), -(-S // bk), math.gcd(bk, 32)  # a tile spans whole units of a word
     words = jax.lax.bitcast_convert_type(bits, jnp.uint32)
-    shifts = jnp.arange(0, 32, unit, dtype=jnp.uint32)
+    shifts = jnp.arange(0, 32, unit, dtype=jnp.uint32).reshape((1,) * words.ndim + (-1,))  # words' rank + 1
     units = ((words[..., None] >> shifts) & np.uint32((1 << unit) - 1)).reshape(*lead, T, -1)
     width = nk * bk // unit
     units = jnp.pad(units[..., :width], ((0, 0), (0, 0), (0, nq * bq - T), (0, max(0, width - units.shape[-1]))))
     count = np.clip(S - unit * np.arange(width), 0, unit)
-    expect = jnp.asarray(((1 << count) - 1).astype(np.uint32))  # a unit's keys below S, all visible
-    pad = (jnp.arange(nq * bq) >= T)[:, None]
+    expect = jnp.asarray(((1 << count) - 1).astype(np.uint32)).reshape(1, 1, 1, -1)  # a unit's keys below S, all seen
+    pad = (jnp.arange(nq * bq) >= T).reshape(1, 1, -1, 1)
     tiles = (*lead, nq, bq, nk, bk // unit)
     has = jnp.any((units != 0).reshape(tiles), axis=(3, 5))
     full = jnp.all(((units == expect) | pad).reshape(tiles), axis=(3, 5))

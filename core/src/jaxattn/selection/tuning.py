@@ -38,7 +38,7 @@ import re
 import warnings
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ..backend.capabilities import Feature
 from ..backend.device import DeviceInfo, detect_device
@@ -145,17 +145,22 @@ class TuningRecords(Protocol):
         """The object ``plugin`` stored for this environment (empty when none)."""
 
 
-_sources: tuple[int, list[TuningRecords]] | None = None
+#: What the hooks gave, by hook, with the registry state it was asked in (``_per_registry``).
+_asked: dict[str, tuple[int, Any]] = {}
+
+
+def _per_registry(hook: str, read: Callable[[], Any]) -> Any:
+    """``read()``, asked again only when the registry changed: a plugin registered later may
+    bring records or priors."""
+    generation = registry().generation
+    if hook not in _asked or _asked[hook][0] != generation:
+        _asked[hook] = (generation, read())
+    return _asked[hook][1]
 
 
 def _records() -> list[TuningRecords]:
-    # Asked once per registry state: a plugin registered later may bring records.
-    global _sources
-    generation = registry().generation
-    if _sources is None or _sources[0] != generation:
-        found = call_each("jaxattn_tuning_records", lambda hook: hook())
-        _sources = (generation, [records for _, records in found if records is not None])
-    return _sources[1]
+    found = _per_registry("jaxattn_tuning_records", lambda: call_each("jaxattn_tuning_records", lambda hook: hook()))
+    return [records for _, records in found if records is not None]
 
 
 def plugin_section(plugin: str) -> Mapping[str, Any]:
@@ -179,8 +184,7 @@ def on_reload(listener: Callable[[], None]) -> None:
 
 def reload() -> None:
     """Records changed (a provider calls this after writing): forget what depends on them."""
-    global _sources, _priors
-    _sources = _priors = None
+    _asked.clear()
     for listener in _reload_listeners:
         listener()
 
@@ -295,24 +299,21 @@ def package_priors(package: str) -> list[Any]:
         if folder.is_dir() else []
 
 
-_priors: tuple[int, list[Priors]] | None = None
-
-
 def shipped_priors() -> list[Priors]:
     """Every plugin's shipped priors that passed :func:`parse_priors`, read once per registry state."""
-    global _priors
-    generation = registry().generation
-    if _priors is None or _priors[0] != generation:
-        parsed = []
-        for plugin, files in call_each("jaxattn_tuning_priors", lambda hook: list(hook() or ())):
-            for file in files:
-                try:
-                    parsed.append(parse_priors(json.loads(file.read_text(encoding="utf-8")), plugin))
-                except (OSError, ValueError, TypeError, RecursionError) as err:
-                    warn_once(f"jaxattn: plugin {plugin!r} ships priors that cannot be used "
-                              f"({getattr(file, 'name', file)}: {str(err)[:200]}); auto ranks without them")
-        _priors = (generation, parsed)
-    return _priors[1]
+    return cast("list[Priors]", _per_registry("jaxattn_tuning_priors", _read_priors))
+
+
+def _read_priors() -> list[Priors]:
+    parsed = []
+    for plugin, files in call_each("jaxattn_tuning_priors", lambda hook: list(hook() or ())):
+        for file in files:
+            try:
+                parsed.append(parse_priors(json.loads(file.read_text(encoding="utf-8")), plugin))
+            except (OSError, ValueError, TypeError, RecursionError) as err:
+                warn_once(f"jaxattn: plugin {plugin!r} ships priors that cannot be used "
+                          f"({getattr(file, 'name', file)}: {str(err)[:200]}); auto ranks without them")
+    return parsed
 
 
 def _split(key: str) -> tuple[str, int, int, str]:

@@ -71,6 +71,7 @@ from .contract import assert_forward_form, assert_output_contract
 from .mod_conformance import ModConformance
 from .quantized_cases import QUANTIZED_DENSE_CASES, QuantizedCase, quantize_dense_inputs, quantized_to_jax
 from .quick_jit import compiler_options_for_tests, default_compiler_options, eager_test_options
+from .strict import STRICT_MODES
 
 __all__ = ["ConformanceSuite"]
 
@@ -119,13 +120,6 @@ _STRICT_CASES = (
     Case("strict_masked_causal_gqa", b=2, t=8, s=24, hq=4, hkv=2, d=16, causal=True, mask=("B", 1, "T", "S")),
     Case("strict_causal_gqa", b=2, t=8, s=24, hq=4, hkv=2, d=16, causal=True),
 )
-#: The modes, each a context manager of jax's config.
-STRICT_MODES: dict[str, Callable[[], Any]] = {
-    "rank_promotion_raise": lambda: jax.numpy_rank_promotion("raise"),
-    "debug_infs": lambda: jax.debug_infs(True),
-    "debug_nans": lambda: jax.debug_nans(True),
-    "enable_checks": lambda: jax.enable_checks(True),
-}
 
 _impl_cache: dict[type, AttentionImpl] = {}
 # (suite class, case, dtype) -> (output, gradients | the error computing them | None)

@@ -52,7 +52,6 @@ from jaxattn.errors import UnsupportedError
 from . import oracle
 from .cases import DEFAULT_TOLERANCES, DtypeTolerance, Level, magnitude_inputs
 from .compare import assert_close, to_float64
-from .conformance import STRICT_MODES
 from .contract import assert_forward_form, assert_output_contract
 from .paged_cases import (
     MASK_MOD_ARRAYS,
@@ -68,6 +67,7 @@ from .paged_cases import (
 )
 from .quantized_cases import QUANTIZED_PAGED_CASES, QuantizedCase, quantize_paged_inputs, quantized_to_jax
 from .quick_jit import compiler_options_for_tests, default_compiler_options, eager_test_options
+from .strict import STRICT_MODES
 
 __all__ = ["PagedConformanceSuite"]
 
@@ -327,6 +327,13 @@ class PagedConformanceSuite:
             self.make_impl()(*args, **kwargs)
         assert info.value.reasons, "UnsupportedError without reasons"
 
+    def _skip_if_declined(self, case: PagedCase, arrays: Mapping[str, Any]) -> None:
+        """Skip the test where the backend declines ``case``, once it has checked the decline."""
+        reasons = self._supports(case, arrays)
+        if reasons:
+            self._assert_declines(case, arrays)
+            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+
     def _expected(self, case: PagedCase, np_arrays: Mapping[str, Any]) -> np.ndarray:
         return oracle.paged_attention(
             np_arrays["q"], np_arrays.get("k_pages"), np_arrays.get("v_pages"), np_arrays["page_table"],
@@ -361,10 +368,7 @@ class PagedConformanceSuite:
     def test_forward(self, paged_case: PagedCase, dtype: str) -> None:
         np_arrays = make_paged_inputs(paged_case, dtype)
         arrays = _to_jax(np_arrays, dtype)
-        reasons = self._supports(paged_case, arrays)
-        if reasons:
-            self._assert_declines(paged_case, arrays)
-            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+        self._skip_if_declined(paged_case, arrays)
         with jax.default_matmul_precision("highest"):
             got = self._run(paged_case, arrays)
         self._check(paged_case, got, self._expected(paged_case, np_arrays), dtype, paged_case.describe())
@@ -470,10 +474,7 @@ class PagedConformanceSuite:
         np_arrays = make_paged_inputs(case, dtype)
         np_arrays["q"], np_arrays["k_pages"], _, _ = magnitude_inputs(np_arrays["q"], np_arrays["k_pages"], dtype)
         arrays = _to_jax(np_arrays, dtype)
-        reasons = self._supports(case, arrays)
-        if reasons:
-            self._assert_declines(case, arrays)
-            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+        self._skip_if_declined(case, arrays)
         want = self._expected(case, np_arrays)
         for how in ("eager", "default_jit", "test_jit"):
             with jax.default_matmul_precision("highest"):
@@ -538,10 +539,7 @@ class PagedConformanceSuite:
         with jax.enable_x64(True):
             arrays = _to_jax(np_arrays, dtype)
             arrays.update({n: arrays[n].astype(jnp.int64) for n in _ARRAYS})
-            reasons = self._supports(case, arrays)
-            if reasons:
-                self._assert_declines(case, arrays)
-                pytest.skip(f"declined as it should: {'; '.join(reasons)}")
+            self._skip_if_declined(case, arrays)
             with jax.default_matmul_precision("highest"):
                 got = self._run(case, arrays)
         self._check(case, got, self._expected(case, np_arrays), dtype, f"x64 {case.describe()}")
@@ -549,18 +547,20 @@ class PagedConformanceSuite:
     def test_strict_modes(self, strict_mode: str) -> None:
         """Under rank promotion "raise", ``debug_infs``, ``debug_nans`` or ``enable_checks`` a ragged
         batch (a decode step where the backend takes no ragged batch) runs eagerly and under
-        ``jax.jit`` and matches the oracle."""
-        wanted = "ragged_mixed" if Feature.RAGGED in self.make_impl().features else "decode"
-        case = next(c for c in paged_cases_for("default") if c.name == wanted)
+        ``jax.jit`` and matches the oracle; so does the first ``mod_cases`` call (a draft tree) where
+        the backend declares ``Feature.MASK_MOD``."""
+        impl = self.make_impl()
+        wanted = "ragged_mixed" if Feature.RAGGED in impl.features else "decode"
+        cases = [next(c for c in paged_cases_for("default") if c.name == wanted)]
+        if Feature.MASK_MOD in impl.features and self.mod_cases:
+            cases.append(self.mod_cases[0])
         dtype = self.dtypes[0]
-        np_arrays = make_paged_inputs(case, dtype)
-        arrays = _to_jax(np_arrays, dtype)
-        reasons = self._supports(case, arrays)
-        if reasons:
-            self._assert_declines(case, arrays)
-            pytest.skip(f"declined as it should: {'; '.join(reasons)}")
-        want = self._expected(case, np_arrays)
-        with STRICT_MODES[strict_mode](), jax.default_matmul_precision("highest"):
-            got = {how: self._run(case, arrays, how=how) for how in ("eager", "default_jit")}
-        for how, out in got.items():
-            self._check(case, out, want, dtype, f"{how}, {strict_mode}: {case.describe()}")
+        for case in cases:
+            np_arrays = make_paged_inputs(case, dtype)
+            arrays = _to_jax(np_arrays, dtype)
+            self._skip_if_declined(case, arrays)
+            want = self._expected(case, np_arrays)
+            with STRICT_MODES[strict_mode](), jax.default_matmul_precision("highest"):
+                got = {how: self._run(case, arrays, how=how) for how in ("eager", "default_jit")}
+            for how, out in got.items():
+                self._check(case, out, want, dtype, f"{how}, {strict_mode}: {case.describe()}")

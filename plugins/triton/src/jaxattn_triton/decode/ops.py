@@ -31,6 +31,7 @@ from jaxattn_triton.paged.ops import (
     _execute_all,
     _forward,
     _int32,
+    _no_key_inf,
     _num_sms,
     _scale_fields,
     _scales,
@@ -123,22 +124,26 @@ def dense_decode(
     _, ks, vs = _scales(spec.cache_dtype, k_scale, v_scale, tuple(k.shape[:3]))
     chosen = _tiles(spec, tiles, num_splits)
     out, lse = _forward(spec, chosen, interpret, *_dense_inputs(q, k, v, sink_arr, lengths), ks, vs)
-    out, lse = out.reshape(b, t, hq, dv), jnp.transpose(lse.reshape(b, t, hq), (0, 2, 1))
-    if kv_lengths is not None:
-        out, lse = _before_the_start_empty(out, lse, lengths)
+    out = out.reshape(b, t, hq, dv)
+    real = None if kv_lengths is None else _real_rows(lengths, t)
+    if real is not None:
+        out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
     if not return_lse:
         return out
-    return out, lse
+    lse = _lse_of(lse, b, t, hq)  # -inf only where an lse is asked for (paged.ops._no_key_inf)
+    return out, lse if real is None else jnp.where(real[:, None, :], lse, -jnp.inf)
 
 
-def _before_the_start_empty(out: Array, lse: Array, lengths: Array) -> tuple[Array, Array]:
-    """``out (B, T, Hq, Dv)`` and ``lse (B, Hq, T)`` with the rows of queries at a negative position
-    (``L_b - T + i < 0``) empty: zeros and ``-inf``. Such a query is no token of its sequence
-    (docs/contract.md); the kernel would show it the keys below the length when nothing cuts."""
-    t = out.shape[1]
-    real = jnp.clip(lengths, 0, None)[:, None] - t + jnp.arange(t, dtype=jnp.int32)[None, :] >= 0  # (B, T)
-    out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
-    return out, jnp.where(real[:, None, :], lse, jnp.asarray(-jnp.inf, lse.dtype))
+def _real_rows(lengths: Array, t: int) -> Array:
+    """``(B, T)``: False at the queries at a negative position (``L_b - T + i < 0``), whose rows
+    are empty (zeros, lse -inf). Such a query is no token of its sequence (docs/contract.md); the
+    kernel would show it the keys below the length when nothing cuts."""
+    return jnp.clip(lengths, 0, None)[:, None] - t + jnp.arange(t, dtype=jnp.int32)[None, :] >= 0
+
+
+def _lse_of(lse: Array, b: int, t: int, hq: int) -> Array:
+    """The kernel's ``(B * T, Hq)`` lse as ``(B, Hq, T)``, rows of no key at -inf."""
+    return _no_key_inf(jnp.transpose(lse.reshape(b, t, hq), (0, 2, 1)))
 
 
 def _dense_inputs(q: Array, k: Array, v: Array, sinks: Array, lengths: Array) -> tuple[Array, ...]:
@@ -231,9 +236,11 @@ def _decode_vjp(
     q2, k2, v2, sinks2, table, lengths2, cu, ns = _dense_inputs(q, k, v, sinks, lengths)
     # The kernels' argument order (paged.launch.attention), not _forward's.
     out, lse = _execute_all(pspec, ptiles, [q2, k2, v2, table, lengths2, cu, ns, sinks2], interpret)  # no scales
-    out, lse = out.reshape(b, t, hq, v.shape[3]), jnp.transpose(lse.reshape(b, t, hq), (0, 2, 1))
+    out, lse = out.reshape(b, t, hq, v.shape[3]), _lse_of(lse, b, t, hq)
     if fspec.mask_shape is not None:  # kv_lengths given (the backward's mask is built from them)
-        out, lse = _before_the_start_empty(out, lse, lengths)
+        real = _real_rows(lengths, t)
+        out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
+        lse = jnp.where(real[:, None, :], lse, -jnp.inf)
     return out, lse
 
 

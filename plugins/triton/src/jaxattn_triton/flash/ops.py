@@ -334,8 +334,9 @@ def tile_lists(spec: AttnSpec, tiles: L.KernelTiles, bits: Array, by_keys: bool 
 
     kind = masks.from_bits(bits, spec.seq_k, block_q=tiles.block_m, block_kv=tiles.block_n).kind
     nq, nk = int(kind.shape[2]), int(kind.shape[3])
-    tail = (jnp.arange(nq) == nq - 1)[:, None] & (spec.seq_q % tiles.block_m != 0)
-    tail |= (jnp.arange(nk) == nk - 1)[None, :] & (spec.seq_k % tiles.block_n != 0)
+    # At kind's rank 4: jax_numpy_rank_promotion="raise" refuses lower-rank operands.
+    tail = (jnp.arange(nq) == nq - 1).reshape(1, 1, nq, 1) & (spec.seq_q % tiles.block_m != 0)
+    tail |= (jnp.arange(nk) == nk - 1).reshape(1, 1, 1, nk) & (spec.seq_k % tiles.block_n != 0)
     kind = jnp.where(tail & (kind == masks.FULL), masks.PARTIAL, kind)
     if by_keys:
         kind = jnp.swapaxes(kind, 2, 3)

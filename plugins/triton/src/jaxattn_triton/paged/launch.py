@@ -55,6 +55,10 @@ MAX_HEAD_DIM = 256
 MAX_HEAD_CHUNK = 64
 #: SMs of an H100 SXM, the default when the device does not say.
 DEFAULT_NUM_SMS = 132
+#: The lse the kernel writes for a row that sees no key (padding tokens are such rows): the lowest
+#: finite float32, not -inf, so that an eager call under jax.debug_infs meets no Inf in the
+#: launch's outputs; ``ops`` gives -inf where an lse is asked for (the contract's).
+NO_KEY_LSE = -3.4028234663852886e38
 
 
 def _cdiv(a: int, b: int) -> int:

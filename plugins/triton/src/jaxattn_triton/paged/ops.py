@@ -278,7 +278,7 @@ def paged_decode(
     out = out.reshape(num_seqs, t, hq, dv)
     if not return_lse:
         return out
-    return out, jnp.transpose(lse.reshape(num_seqs, t, hq), (0, 2, 1))
+    return out, jnp.transpose(_no_key_inf(lse).reshape(num_seqs, t, hq), (0, 2, 1))
 
 
 def ragged_paged(
@@ -359,4 +359,10 @@ def ragged_paged(
         spec = dataclasses.replace(spec, mask_heads=int(words.shape[0]))
     chosen = _tiles(spec, tiles, num_splits)
     out, lse = _forward(spec, chosen, interpret, q, k, v, sink_arr, table, lengths, cu, ns, ks, vs, *mask)
-    return (out, lse) if return_lse else out
+    return (out, _no_key_inf(lse)) if return_lse else out
+
+
+def _no_key_inf(lse: Array) -> Array:
+    """The kernel's lse with its rows of no key (``launch.NO_KEY_LSE``) at -inf, as the contract
+    gives them."""
+    return jnp.where(lse == LP.NO_KEY_LSE, -jnp.inf, lse)

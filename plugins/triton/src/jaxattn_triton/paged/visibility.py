@@ -81,7 +81,7 @@ def _bounds(words: Array) -> Array:
     width = words.shape[-1]
     some = jnp.any(words != 0, axis=0)  # (N, W): a key some head sees
     every = jnp.all(words == -1, axis=0)  # (N, W): all 32 keys seen by every head
-    idx = jnp.arange(width, dtype=jnp.int32)
+    idx = jnp.arange(width, dtype=jnp.int32)[None]  # (1, W): rank promotion "raise" refuses (W,)
     lo = jnp.min(jnp.where(some, idx, width), axis=1)
     hi = jnp.max(jnp.where(some, idx + 1, 0), axis=1)
     full_lo = jnp.min(jnp.where(every, idx, width), axis=1)

@@ -574,7 +574,13 @@ def _forward(st: _Static, q: Array, k: Array, v: Array, bias: Array | None, aux:
             m, total, acc = _loop(tiling.dense, first, count, i, tiling.num_k, step, init)
         m_safe = (jnp.where(jnp.isfinite(m), m, 0) * factor).astype(adtype)
         has = total > 0
-        lse = jnp.where(has, m_safe + jnp.log(jnp.where(has, total, 1)), -jnp.inf)
+        # A row that sees no key has lse -inf (the contract); a padded row (dropped below) 0, so
+        # that no Inf the output lacks leaves the scan (jax.debug_infs checks what it returns).
+        unseen: Array | float = -jnp.inf
+        if tiling.t_padded != tiling.t:
+            padded = r0 + lax.broadcasted_iota(jnp.int32, (1, 1, 1, bq), 3) >= tiling.t
+            unseen = jnp.where(padded, 0.0, -jnp.inf).astype(adtype)
+        lse = jnp.where(has, m_safe + jnp.log(jnp.where(has, total, 1)), unseen)
         if aux is None:
             out = acc / jnp.where(has, total, 1)[..., None]
         else:
