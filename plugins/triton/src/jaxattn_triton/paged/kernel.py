@@ -76,6 +76,11 @@ import triton.language as tl
 from jaxattn_triton.common import LN2, LOG2E, mul_rounded, tanh_f32
 from jaxattn_triton.paged.widen import join_lanes, split_lanes, widen, word_lanes
 
+#: The lse (and a split's max) of a row with no key: ``launch.NO_KEY_LSE``, which the launcher's
+#: callers read without importing triton (launch imports this module, so it cannot import launch);
+#: the kernel tests map it to -inf and compare those rows exactly.
+NO_KEY_LSE = tl.constexpr(-3.4028234663852886e38)
+
 
 @triton.jit
 def _paged_sweep(
@@ -618,11 +623,11 @@ def _paged_block(
         tl.store(Stat + rows, lse, mask=row_ok)
     else:
         # Every split writes its rows, empty or not, so the merge never reads garbage. A row the
-        # split saw no key of stores the lowest finite max (launch.NO_KEY_LSE), not -inf, for the
-        # reason given there; the merge weighs its zero sum and accumulator the same.
+        # split saw no key of stores the lowest finite max (NO_KEY_LSE), not -inf, for the reason
+        # launch.NO_KEY_LSE gives; the merge weighs its zero sum and accumulator the same.
         part = sid.to(tl.int64) * NUM_TOKENS * HQ + rows
         tl.store(Out + part[:, None] * DV + o_cols, acc, mask=o_mask)
-        tl.store(Stat + part, tl.where(m_i == float("-inf"), -3.4028234663852886e38, m_i), mask=row_ok)
+        tl.store(Stat + part, tl.where(m_i == float("-inf"), NO_KEY_LSE, m_i), mask=row_ok)
         tl.store(Sum + part, l_i, mask=row_ok)
         if FUSE:
             # Every thread's stores precede the ticket (the barrier), and the ticket's release
@@ -820,9 +825,9 @@ def _merge_splits(OPart, MPart, LPart, Sink, rows, heads, ok, offs_dv, SPLIT: tl
 def _normalised(acc, l_i, m_i, Sink, heads, ok, HAS_SINK: tl.constexpr):
     """``(out, lse)`` of rows from their unnormalised accumulator ``acc``, running sum ``l_i`` and
     running max ``m_i`` (base 2), the sinks of ``heads`` joining the denominator; the
-    log-sum-exp is over keys only (sinks excluded), natural units, ``launch.NO_KEY_LSE`` (the
-    lowest finite float32; a Triton kernel reads no Python constant) for rows with no key."""
-    lse = tl.where(l_i > 0.0, (m_i + tl.log2(l_i)) * LN2, -3.4028234663852886e38)
+    log-sum-exp is over keys only (sinks excluded), natural units, ``NO_KEY_LSE`` (the lowest
+    finite float32) for rows with no key."""
+    lse = tl.where(l_i > 0.0, (m_i + tl.log2(l_i)) * LN2, NO_KEY_LSE)
     if HAS_SINK:
         sink = tl.load(Sink + heads, mask=ok, other=0.0).to(tl.float32) * LOG2E
         m_fin = tl.maximum(m_i, sink)
