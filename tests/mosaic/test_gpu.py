@@ -29,6 +29,8 @@ from jaxattn.testing import oracle
 from jaxattn.testing.cases import DEFAULT_TOLERANCES, Case, Level
 from jaxattn.testing.compare import assert_close
 from jaxattn.testing.conformance import ConformanceSuite
+from jaxattn.testing.mod_cases import MOD_CASES
+from jaxattn.testing.mod_conformance import STRICT_MOD_CASES
 
 _here = detect_device()
 ON_HOPPER = _here.platform == "gpu" and _here.vendor == "cuda" and str(_here.compute_capability).startswith("9.")
@@ -51,6 +53,10 @@ class TestMosaicFlashConformance(ConformanceSuite):
             return None if c.dv is None or c.dv == c.d else (128 if dim(c.d) != 128 else 64)
 
         return [dataclasses.replace(c, d=dim(c.d), dv=dim_v(c)) for c in super().cases(level)]
+
+    # The mask_mod / score_mod cases at head dim 64, their shapes and rules as they are.
+    mod_cases = tuple(dataclasses.replace(c, base=dataclasses.replace(c.base, d=64)) for c in MOD_CASES)
+    strict_mod_cases = tuple(dataclasses.replace(c, base=dataclasses.replace(c.base, d=64)) for c in STRICT_MOD_CASES)
 
 
 def _make(b: int, t: int, s: int, hq: int, hkv: int, d: int, dtype: str, seed: int = 0) -> dict[str, np.ndarray]:
@@ -399,3 +405,83 @@ def test_a_sliding_window_in_each_kernel_configuration(b: int, t: int, s: int, h
     ref = oracle.attention(x["q"], x["k"], x["v"], causal=causal, sliding_window=window)
     assert_close("output", out, ref.output, DEFAULT_TOLERANCES[dtype].forward)
     assert np.max(np.abs(np.asarray(lse, np.float64) - ref.lse)) < 1e-2
+
+
+def _mod(name: str, b: int, t: int, s: int) -> Any:
+    """The mask_mods of the mask_mod tests: each constructor at sizes past one tile, and a user
+    function of b and h."""
+    from jaxattn import masks
+
+    if name == "documents":  # ragged documents, causal within each; the last keys in none (id -1)
+        cuts = np.sort(np.random.default_rng(5).choice(np.arange(1, t), size=4, replace=False))
+        ids = np.searchsorted(cuts, np.arange(t), side="right")
+        kv_ids = np.where(np.arange(s) < s - 37, np.resize(ids, s), -1)
+        return masks.and_(masks.causal(), masks.document(jnp.asarray(np.tile(ids, (b, 1)), jnp.int32),
+                                                         jnp.asarray(np.tile(kv_ids, (b, 1)), jnp.int32)))
+    if name == "prefix":
+        return masks.prefix_lm(jnp.asarray([s // 3, 70][:b], jnp.int32))
+    if name == "chunked":
+        return masks.chunked_causal(192)
+    return lambda bb, h, qi, kv: ((h + bb) % 2 == 0) & (kv <= qi) | (abs(qi - kv) < 50)
+
+
+#: (B, T, S, Hq, Hkv, D, mask_mod, causal, dtype): GQA, odd lengths, T != S, the call's causal rule
+#: ANDed with a mask_mod (bottom-right).
+MOD_CASES_GPU = [
+    (2, 640, 640, 4, 2, 128, "documents", False, "bfloat16"),
+    (2, 517, 517, 4, 1, 64, "prefix", False, "float16"),
+    (1, 1000, 1000, 4, 4, 128, "chunked", False, "bfloat16"),
+    (2, 333, 517, 4, 2, 128, "lambda_bh", True, "bfloat16"),
+    (1, 300, 300, 2, 2, 256, "chunked", False, "bfloat16"),  # forward only: the own backward takes D <= 128
+]
+
+
+@pytest.mark.parametrize("block_mask", [False, True], ids=["built-by-the-impl", "block-mask-with-bits"])
+@pytest.mark.parametrize(("b", "t", "s", "hq", "hkv", "d", "mod", "causal", "dtype"), MOD_CASES_GPU)
+def test_mask_mods_against_the_oracle(b: int, t: int, s: int, hq: int, hkv: int, d: int, mod: str, causal: bool,
+                                      dtype: str, block_mask: bool) -> None:
+    # The forward eagerly and under jit, and the gradients under jit, K and V poisoned with NaN
+    # where no query of the sequence sees a key (the contract says those are unread).
+    from jaxattn import masks
+
+    x = _make(b, t, s, hq, hkv, d, dtype, seed=7)
+    mask_mod = _mod(mod, b, t, s)
+    q, k, v = (jnp.asarray(x[n], dtype) for n in ("q", "k", "v"))
+    impl = jaxattn.get_impl("mosaic_flash")
+    bm = masks.block_mask(mask_mod, b, hq, t, s, bits=True) if block_mask else None
+
+    def run(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+        res = impl(q, k, v, causal=causal, mask_mod=mask_mod, block_mask=bm)
+        return res.attention_outputs, res.softmax_lse
+
+    ref = oracle.attention(x["q"], x["k"], x["v"], causal=causal, mask_mod=mask_mod)
+    tol = DEFAULT_TOLERANCES[dtype]
+    for attend in (run, jax.jit(run)):
+        out, lse = attend(q, k, v)
+        assert_close("output", out, ref.output, tol.forward)
+        lse = np.asarray(lse, np.float64)
+        assert np.array_equal(np.isfinite(lse), np.isfinite(ref.lse))
+        assert np.max(np.abs(np.where(np.isfinite(ref.lse), lse - ref.lse, 0.0))) < 1e-2
+    # Poison the keys no query of a sequence (and KV head) sees.
+    bits = np.asarray(masks.mask_bits(mask_mod if not causal else masks.and_(
+        mask_mod, lambda bb, h, qi, kv: kv <= qi + (s - t)), b, hq, t, s))
+    words = np.bitwise_or.reduce(np.broadcast_to(bits, (b, hq, t, bits.shape[-1])).reshape(b, hkv, -1, bits.shape[-1]),
+                                 axis=2)
+    key_seen = ((words[..., :, None] >> np.arange(32)) & 1).reshape(b, hkv, -1)[..., :s].astype(bool)
+    unseen = ~np.swapaxes(key_seen, 1, 2)[..., None]  # (B, S, Hkv, 1)
+    k_bad, v_bad = (jnp.where(jnp.asarray(unseen), jnp.nan, a) for a in (k, v))
+    out, _ = jax.jit(run)(q, k_bad, v_bad)
+    assert_close("output (unseen keys NaN)", out, ref.output, tol.forward)
+    if d > 128:
+        return
+
+    def loss(q: Any, k: Any, v: Any) -> Any:
+        return jnp.sum(run(q, k, v)[0].astype(jnp.float32) * jnp.asarray(x["do"], jnp.float32))
+
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k_bad, v_bad)
+    want = oracle.attention_backward(x["q"], x["k"], x["v"], x["do"], causal=causal, mask_mod=mask_mod)
+    for name, g, r in zip(("dq", "dk", "dv"), got, (want.dq, want.dk, want.dv), strict=True):
+        g = np.asarray(g, np.float64)
+        if name != "dq":  # unseen keys get a gradient of 0
+            assert np.all(g[np.broadcast_to(unseen, g.shape)] == 0), name
+        assert_close(name, g, r, tol.grad)

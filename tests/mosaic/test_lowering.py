@@ -312,3 +312,41 @@ def test_keys_are_copied_to_whole_blocks_only_off_the_tma_tiling(s: int, copied:
     q, kv = _spec(1024, 2, 128), _spec(s, 2, 128)
     text = _lowered(_forward(False), q, kv, kv)
     assert _is_mosaic_gpu(text) and ("stablehlo.pad" in text) == copied
+
+
+@pytest.mark.parametrize(("t", "s", "hq", "hkv", "d"), [(333, 517, 4, 2, 128), (256, 256, 4, 4, 64),
+                                                       (640, 384, 4, 1, 128)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_mask_mod_lowers_in_the_impl_differentiated(t: int, s: int, hq: int, hkv: int, d: int, causal: bool) -> None:
+    # The mask_mod's bits and tile lists built in JAX (traced document ids), the forward, dQ and
+    # dK/dV walking them: the own backward (cuDNN's takes no mask_mod), whatever the length.
+    from jaxattn import masks
+
+    impl = MosaicFlashAttention(AttentionMetadata(), H100)
+
+    def loss(q: Any, k: Any, v: Any, ids: Any) -> Any:
+        mask_mod = masks.and_(masks.document(ids[:, :t], ids[:, :s]),
+                              lambda b, h, qi, kv: (h % 2 == 0) | (kv < qi + 40))
+        res = impl(q, k, v, causal=causal, mask_mod=mask_mod)
+        return res.attention_outputs.astype(jnp.float32).sum() + res.softmax_lse.sum()
+
+    ids = jax.ShapeDtypeStruct((1, max(t, s)), jnp.int32)
+    text = _lowered(jax.grad(loss, argnums=(0, 1, 2)), _spec(t, hq, d), _spec(s, hkv, d), _spec(s, hkv, d), ids)
+    assert _kernels(text) == 3
+
+
+def test_a_mask_mod_lowers_from_a_block_mask_and_at_head_dim_256_forward_only() -> None:
+    from jaxattn import masks
+
+    impl = MosaicFlashAttention(AttentionMetadata(), H100)
+    mask_mod = masks.chunked_causal(100)
+
+    def run(q: Any, k: Any, v: Any) -> Any:
+        bm = masks.block_mask(mask_mod, 1, 1, 300, 300, bits=True)
+        return impl(q, k, v, mask_mod=mask_mod, block_mask=bm).attention_outputs
+
+    assert _is_mosaic_gpu(_lowered(run, _spec(300, 2, 256), _spec(300, 2, 256), _spec(300, 2, 256)))
+    with pytest.raises(ValueError, match="AND the causal rule"):
+        K.mosaic_attention_forward(jnp.zeros((1, 8, 1, 64), jnp.bfloat16), jnp.zeros((1, 8, 1, 64), jnp.bfloat16),
+                                   jnp.zeros((1, 8, 1, 64), jnp.bfloat16), causal=True, softmax_scale=1.0,
+                                   bits=jnp.zeros((1, 1, 8, 1), jnp.int32))

@@ -1,4 +1,5 @@
-"""GPU benchmark of ``flash_attn2`` (Triton) with a ``mask_mod``: packed documents, forward + backward.
+"""GPU benchmark of ``flash_attn2`` (Triton) or ``mosaic_flash`` (``--impl``) with a ``mask_mod``:
+packed documents, forward + backward.
 
 Run on a CUDA machine (H100/H200, jax-triton and jaxattn-bench importable) from the repository root:
 
@@ -18,6 +19,9 @@ jaxattn's dispatch (``jaxattn.attention``), each ``jax.jit(jax.grad(...))`` of q
 * ``flash_attn2 causal``: its own dense causal kernel over all 16k tokens (no mask_mod);
 * ``flash_attn2 segment ids``: its native segment-id path with ``causal=True`` (the same visibility);
 * ``cudnn dense mask``: cuDNN given the same visibility as a dense boolean ``(1, 1, T, S)`` mask.
+
+``--impl mosaic_flash`` times the Pallas Mosaic GPU kernels in the first three rows instead (no
+segment ids row: mosaic_flash takes none).
 
 ``--mask prefix`` times prefix-LM instead of documents (``masks.prefix_lm``, the first ``--prefix``
 tokens seen by every query, default a quarter of them; the prefix length traced), ``--mask
@@ -77,11 +81,14 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, default=0, help="--mask prefix: the prefix's tokens (default T/4)")
     ap.add_argument("--chunk", type=int, default=1024, help="--mask chunked: the chunk's tokens")
     ap.add_argument("--alibi", action="store_true", help="ALiBi as a score_mod, causal, instead of documents")
+    ap.add_argument("--impl", choices=("flash_attn2", "mosaic_flash"), default="flash_attn2",
+                    help="the backend whose mask_mod rows are timed (mosaic_flash: Hopper only)")
     ap.add_argument("--json", type=Path, help="write the rows here")
     ap.add_argument("--smoke", action="store_true", help="the script's own check on a CPU: 512 tokens, 2 heads, "
                     "D 16, blockwise for flash_attn2 and vanilla for cudnn")
     a = ap.parse_args()
-    stand_in = {"flash_attn2": "blockwise", "cudnn": "vanilla"} if a.smoke else {}
+    stand_in = {a.impl: "blockwise", "cudnn": "vanilla"} if a.smoke else {}
+    fa = a.impl
     if a.smoke:
         a.tokens, a.heads, a.dim, a.reps = 512, 2, 16, 2
 
@@ -123,21 +130,19 @@ def main() -> None:
     # name -> (the arrays given to the step -> attention's keywords, visible pairs). The arrays are
     # arguments of the jitted step, never constants folded into it.
     rows: list[tuple[str, Any, int]] = [
-        ("flash_attn2 mask_mod", lambda r: {"impl": "flash_attn2", "mask_mod": mod_of(r), "block_mask": r["bm"]},
-         visible_pairs),
-        ("flash_attn2 mask_mod, bits per call", lambda r: {"impl": "flash_attn2", "mask_mod": mod_of(r)},
-         visible_pairs),
-        ("flash_attn2 causal", lambda r: {"impl": "flash_attn2", "causal": True}, causal_pairs),
+        (f"{fa} mask_mod", lambda r: {"impl": fa, "mask_mod": mod_of(r), "block_mask": r["bm"]}, visible_pairs),
+        (f"{fa} mask_mod, bits per call", lambda r: {"impl": fa, "mask_mod": mod_of(r)}, visible_pairs),
+        (f"{fa} causal", lambda r: {"impl": fa, "causal": True}, causal_pairs),
         ("flash_attn2 segment ids", lambda r: {"impl": "flash_attn2", "causal": True, "q_segment_ids": r["ids"],
                                                "kv_segment_ids": r["ids"]}, visible_pairs),
         ("cudnn dense mask", lambda r: {"impl": "cudnn", "mask": r["dense"]}, visible_pairs),
     ]
-    if a.mask != "documents":
+    if a.mask != "documents" or fa != "flash_attn2":
         rows = [row for row in rows if row[0] != "flash_attn2 segment ids"]
     arrs: dict[str, Any] = {"ids": ids, "prefix": prefix_arr, "bm": bm, "dense": dense}
     grads: tuple[int, ...] = (0, 1, 2)
-    ref_name, mine_name, targets = "cudnn dense mask", "flash_attn2 mask_mod", (("flash_attn2 causal", 0.9),
-                                                                                   ("cudnn dense mask", 2.5))
+    ref_name, mine_name, targets = "cudnn dense mask", f"{fa} mask_mod", ((f"{fa} causal", 0.9),
+                                                                            ("cudnn dense mask", 2.5))
     if a.alibi:
         arrs = {"slopes": jnp.exp2(-8.0 * jnp.arange(1, h + 1, dtype=jnp.float32) / h)}  # ALiBi's slopes
         grads = (0, 1, 2, 3)  # the slopes' gradient too
@@ -205,8 +210,8 @@ def main() -> None:
                 ratio = mine["tflops"] / results[other]["tflops"]
                 print(f"{mine_name} / {other}: {ratio:.2f}x TFLOP/s on visible pairs (issue 50's target: >= {target}x)")
     if a.json:
-        a.json.write_text(json.dumps({"tokens": t, "mask": a.mask, "docs": lengths, "alibi": a.alibi, "heads": h,
-                                      "dim": d, "bits_ms": bits_sec * 1e3, "rows": results,
+        a.json.write_text(json.dumps({"impl": fa, "tokens": t, "mask": a.mask, "docs": lengths, "alibi": a.alibi,
+                                      "heads": h, "dim": d, "bits_ms": bits_sec * 1e3, "rows": results,
                                       "device": jax.devices()[0].device_kind}, indent=1))
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = ["differentiable", "with_cudnn_backward", "with_own_backward"]
 
@@ -38,37 +39,41 @@ def _rows(x: Array) -> Array:
     return jnp.swapaxes(x, 1, 2)[..., None]
 
 
-def differentiable(forward: Forward, backward: Backward) -> Forward:
-    """``forward(q, k, v) -> (out, lse)`` differentiated by ``backward`` at its residuals."""
+def differentiable(forward: Any, backward: Any, *aux: Array) -> Forward:
+    """``forward(q, k, v, *aux) -> (out, lse)`` differentiated by ``backward(q, k, v, out, lse,
+    d_out, d_lse, *aux)`` at its residuals; ``aux``: integer inputs of both (a mask_mod's bits),
+    passed as arguments (not closed over: they may be traced), with no cotangent."""
 
     @jax.custom_vjp
-    def attend(q: Array, k: Array, v: Array) -> tuple[Array, Array]:
-        return forward(q, k, v)
+    def attend(q: Array, k: Array, v: Array, *aux: Array) -> tuple[Array, Array]:
+        return forward(q, k, v, *aux)  # type: ignore[no-any-return]
 
-    def attend_fwd(q: Array, k: Array, v: Array) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
-        out, lse = forward(q, k, v)
-        return (out, lse), (q, k, v, out, lse)
+    def attend_fwd(q: Array, k: Array, v: Array, *aux: Array) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
+        out, lse = forward(q, k, v, *aux)
+        return (out, lse), (q, k, v, out, lse, *aux)
 
-    def attend_bwd(res: tuple[Array, ...], cts: tuple[Array, Array]) -> tuple[Array, Array, Array]:
-        q, k, v, out, lse = res
-        return backward(q, k, v, out, lse, *cts)
+    def attend_bwd(res: tuple[Array, ...], cts: tuple[Array, Array]) -> tuple[Array, ...]:
+        q, k, v, out, lse, *aux = res
+        grads = backward(q, k, v, out, lse, *cts, *aux)
+        return (*grads, *(np.zeros(a.shape, jax.dtypes.float0) for a in aux))
 
     attend.defvjp(attend_fwd, attend_bwd)
-    return attend
+    return lambda q, k, v: attend(q, k, v, *aux)
 
 
-def with_own_backward(forward: Forward, *, causal: bool, softmax_scale: float, soft_cap: float | None = None,
-                      sliding_window: tuple[int, int] | None = None) -> Forward:
-    """``forward`` made differentiable by this package's Mosaic GPU backward (head dims 64, 128)."""
+def with_own_backward(forward: Any, *, causal: bool, softmax_scale: float, soft_cap: float | None = None,
+                      sliding_window: tuple[int, int] | None = None, bits: Array | None = None) -> Forward:
+    """``forward`` made differentiable by this package's Mosaic GPU backward (head dims 64, 128);
+    with a mask_mod's ``bits``, ``forward(q, k, v, bits)``."""
     from jaxattn_mosaic.backward_kernel import mosaic_attention_backward
 
-    def backward(q: Array, k: Array, v: Array, out: Array, lse: Array, d_out: Array,
-                 d_lse: Array) -> tuple[Array, Array, Array]:
+    def backward(q: Array, k: Array, v: Array, out: Array, lse: Array, d_out: Array, d_lse: Array,
+                 *aux: Array) -> tuple[Array, Array, Array]:
         return mosaic_attention_backward(q, k, v, out, lse, d_out, d_lse, causal=causal,
                                          softmax_scale=softmax_scale, soft_cap=soft_cap,
-                                         sliding_window=sliding_window)
+                                         sliding_window=sliding_window, bits=aux[0] if aux else None)
 
-    return differentiable(forward, backward)
+    return differentiable(forward, backward, *(() if bits is None else (bits,)))
 
 
 def with_cudnn_backward(forward: Forward, *, causal: bool, softmax_scale: float) -> Forward:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import math
 from typing import Any
 
@@ -53,8 +52,10 @@ from jaxattn_mosaic.blocks import (
     TRANSFORMS,
     KeyBlocks,
     Window,
+    bits_keep,
     cdiv,
     check_inputs,
+    load_vector,
     plus,
     release_unread,
     ring_slot,
@@ -63,6 +64,7 @@ from jaxattn_mosaic.blocks import (
     stream_kv,
     window_sides,
 )
+from jaxattn_mosaic.mods import WORD, row_blocks, tile_lists
 
 __all__ = ["BackwardConfig", "default_backward_config", "mosaic_attention_backward"]
 
@@ -120,9 +122,12 @@ def mosaic_attention_backward(
     soft_cap: float | None = None,
     sliding_window: tuple[int | None, int | None] | None = None,
     config: BackwardConfig | None = None,
+    bits: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(dq, dk, dv)`` of attention of q ``(B, T, Hq, D)`` over k, v ``(B, S, Hkv, D)``, the
-    logits capped at ``soft_cap`` and the keys seen through ``sliding_window`` as the forward's.
+    logits capped at ``soft_cap`` and the keys seen through ``sliding_window`` as the forward's;
+    or through a mask_mod's ``bits`` as the forward's (``kernel.mosaic_attention_forward``): each
+    kernel then walks its tiles' lists (``mods.tile_lists``), partial blocks masked by the bits.
 
     ``out`` and ``lse`` ``(B, Hq, T)``, natural log, are the forward's; ``d_out`` and ``d_lse``
     their cotangents (``d_lse`` None: the loss does not use the lse). Gradients in the
@@ -131,6 +136,8 @@ def mosaic_attention_backward(
     check_inputs(q, k, v, HEAD_DIMS, "the backward")
     _, t_len, hq, head_dim = q.shape
     _, s_len, hkv, _ = k.shape
+    if bits is not None and (causal or sliding_window is not None):
+        raise ValueError("with bits, AND the causal rule and the window into them (mods.call_bits)")
     cfg = config or default_backward_config(head_dim)
     # dQ tiles hold 2 x its block_q rows, dK/dV tiles 2 x its block_kv keys; the keys span at
     # least the dQ ring's stages.
@@ -157,8 +164,15 @@ def mosaic_attention_backward(
     shape = _Shape(t_len=t_len, s_len=s_len, hq=hq, hkv=hkv, causal=causal, scale=float(softmax_scale), cfg=cfg,
                    cap=None if soft_cap is None else float(soft_cap) / float(softmax_scale),
                    window=window_sides(sliding_window, t_len, s_len))
-    dq = _dq_call(q, k, v, d_out, lse2, delta, shape)
-    dk, dv = _dkv_call(q, k, v, d_out, lse2, delta, shape)
+    dq_mods = dkv_mods = None
+    if bits is not None:
+        tq, tkv = cfg.dq, cfg.dkv
+        dq_mods = (tile_lists(bits, s_len, rows=2 * tq.block_q, keys=tq.block_kv),
+                   row_blocks(bits, rows=tq.block_q, t_pad=t_pad, words=s_pad // WORD))
+        dkv_mods = (tile_lists(bits, s_len, rows=tkv.block_q, keys=2 * tkv.block_kv, by_keys=True),
+                    row_blocks(bits, rows=tkv.block_q, t_pad=t_pad, words=s_pad // WORD))
+    dq = _dq_call(q, k, v, d_out, lse2, delta, shape, dq_mods)
+    dk, dv = _dkv_call(q, k, v, d_out, lse2, delta, shape, dkv_mods)
     return dq[:, :t_len], dk[:, :s_len], dv[:, :s_len]
 
 
@@ -192,20 +206,18 @@ class _Shape:
                          right=self.window[1])
 
 
-def _load(ref: Any, layout: Any) -> Any:
-    """A shared-memory vector into registers: jax 0.11 takes the ref alone (an index beside it is
-    deprecated there), jax 0.10 wants one."""
-    load: Any = plgpu.load
-    if inspect.signature(load).parameters["idx"].default is inspect.Parameter.empty:
-        return load(ref, (), layout=layout)
-    return load(ref, layout=layout)
-
-
 def _zeros(shape: tuple[int, int]) -> Any:
     return plgpu.layout_cast(jnp.full(shape, 0.0, jnp.float32), plgpu.Layout.WGMMA)
 
 
-def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape) -> Any:
+def _lead(mods: Any, b: Any, head: Any) -> tuple[Any, Any]:
+    """Where ``(b, head)`` finds its tile lists and bits: index 0 along a dim the mask_mod's
+    bits do not vary along."""
+    lists = mods[0]
+    return b if lists.shape[0] > 1 else 0, head if lists.shape[1] > 1 else 0
+
+
+def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape, mods: Any = None) -> Any:
     batch, t_pad, hq, d = q.shape
     s_pad = k.shape[1]
     dtype = q.dtype
@@ -216,9 +228,12 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
     blocks = sh.key_blocks(bkv)
     causal = sh.causal
 
+    per_block = bkv // WORD
+
     def body(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dq_ref: Any,
-             scoped: Any) -> None:
-        (q_smem2, do_smem2, lse_smem2, delta_smem2, k_smem, v_smem), row_ready, (k_ready, v_ready), kv_free = scoped
+             mod_refs: Any, scoped: Any) -> None:
+        (q_smem2, do_smem2, lse_smem2, delta_smem2, k_smem, v_smem), row_ready, (k_ready, v_ready), kv_free, \
+            *mod_scoped = scoped
         q_ready, do_ready, lse_ready, delta_ready = row_ready
         k_free, v_free = kv_free
         b = lax.axis_index("b")
@@ -229,14 +244,33 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
         tile_start = q_tile * (2 * bq)
         cta_blocks = blocks.seen_before(tile_start + 2 * bq)
         lo = blocks.first_seen(tile_start)  # the CTA streams blocks lo .. cta_blocks - 1
+        listed = beside = None
+        if mods is not None:  # the tile's list (mods.tile_lists): partial blocks, then full ones
+            (list_ref, bits_ref), ((bits_smem, bits_ready),) = mod_refs, mod_scoped
+            lead = _lead(mods, b, head)
+            n_partial = list_ref[(*lead, q_tile, 0)]
+            cta_blocks = n_partial + list_ref[(*lead, q_tile, 1)]
+
+            def listed(i: Any) -> Any:
+                return list_ref[(*lead, q_tile, i + 2)]
+
+            def beside(j: Any, key_block: Any, slot: Any) -> None:
+                words = bits_ref.at[(*lead, pl.ds(2 * q_tile, 2), pl.ds(key_block * per_block, per_block))]
+                pl.when(j < n_partial)(lambda: plgpu.copy_gmem_to_smem(words, bits_smem.at[slot],
+                                                                       bits_ready.at[slot]))
 
         @pl.when(wg < 2)
         def _consumer() -> None:
             plgpu.set_max_registers(232, action="increase")
             q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
             row0 = tile_start + wg * bq
-            n_blocks = blocks.seen_before(row0 + bq)
-            start = blocks.run_start(row0, lo, n_blocks)
+            if mods is not None:
+                n_blocks, start = cta_blocks, 0
+                spans: Any = ((0, n_partial, True), (n_partial, n_blocks, False))
+            else:
+                n_blocks = blocks.seen_before(row0 + bq)
+                start = blocks.run_start(row0, lo, n_blocks)
+                spans = blocks.spans(row0, bq, start, n_blocks)
             rows = (b, pl.ds(row0, bq), head)
             stats = (b, head, pl.ds(row0, bq))
             plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem, q_ready.at[wg])
@@ -245,8 +279,8 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
             plgpu.copy_gmem_to_smem(delta_ref.at[stats], delta_smem2.at[wg], delta_ready.at[wg])
             for ready in row_ready:
                 plgpu.barrier_wait(ready.at[wg])
-            lse = _load(lse_smem2.at[wg], plgpu.Layout.WGMMA.reduce(1))
-            delta = _load(delta_smem2.at[wg], plgpu.Layout.WGMMA.reduce(1))
+            lse = load_vector(lse_smem2.at[wg], plgpu.Layout.WGMMA.reduce(1))
+            delta = load_vector(delta_smem2.at[wg], plgpu.Layout.WGMMA.reduce(1))
 
             def step(j: Any, dq: Any, masked: bool) -> Any:
                 slot = ring_slot(plus(j, -lo), stages)
@@ -264,7 +298,12 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
                 # No probability exceeds 1: the cap keeps the fused s * scale - lse, up to half
                 # an ulp of lse off past ~2^32, from overflowing exp2.
                 p = jnp.exp2(jnp.minimum(s * sh.qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]), 0.0))
-                if masked:
+                if masked and mods is not None:
+                    plgpu.barrier_wait(bits_ready.at[slot])
+                    words = [load_vector(bits_smem.at[slot, wg, w], plgpu.Layout.WGMMA.reduce(1))
+                             for w in range(per_block)]
+                    p = jnp.where(bits_keep(words, (bq, bkv), 1), p, 0.0)
+                elif masked:
                     p = jnp.where(blocks.keep(j, row0, (bq, bkv)), p, 0.0)
                 ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
                 if sh.cap is not None:
@@ -285,7 +324,7 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
             if blocks.left is not None:
                 pl.loop(lo, start)(drain)  # a window's blocks left of this consumer's rows
             dq = _zeros((bq, d))
-            for begin, end, masked in blocks.spans(row0, bq, start, n_blocks):
+            for begin, end, masked in spans:
                 dq = lax.fori_loop(begin, end, functools.partial(step, masked=masked), dq)
             pl.loop(n_blocks, cta_blocks)(drain)
 
@@ -299,9 +338,10 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
             plgpu.set_max_registers(40, action="decrease")
             stream_kv(k_ref, v_ref, (k_smem, v_smem), (k_ready, v_ready), (k_free, v_free), b=b,
                       kv_head=lax.div(head, jnp.int32(group)), n_blocks=plus(cta_blocks, -lo), block=bkv,
-                      stages=stages, first=lo)
+                      stages=stages, first=lo, listed=listed, beside=beside)
 
-    def entry(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dq_ref: Any) -> None:
+    def entry(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, *refs: Any) -> None:
+        *mod_refs, dq_ref = refs
         smem = [
             plgpu.SMEM((2, bq, d), dtype, transforms=TRANSFORMS),  # q
             plgpu.SMEM((2, bq, d), dtype, transforms=TRANSFORMS),  # dO
@@ -311,11 +351,14 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
             plgpu.SMEM((stages, bkv, d), dtype, transforms=TRANSFORMS),
         ]
         pl.run_scoped(
-            lambda *scoped: body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped),
+            lambda *scoped: body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, mod_refs, scoped),
             smem,
             (plgpu.Barrier(num_barriers=2),) * 4,
             (plgpu.Barrier(num_barriers=stages),) * 2,
             (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2,
+            # A mask_mod's bits: a partial block's words for each consumer's rows, beside its K/V slot.
+            *(((plgpu.SMEM((stages, 2, per_block, bq), jnp.int32), plgpu.Barrier(num_barriers=stages)),)
+              if mods is not None else ()),
             collective_axes="wg",
         )
 
@@ -327,10 +370,11 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape)
         num_threads=3,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
-    )(q, k, v, do, lse2, delta)
+    )(q, k, v, do, lse2, delta, *(mods or ()))
 
 
-def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape) -> tuple[Any, Any]:
+def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape,
+              mods: Any = None) -> tuple[Any, Any]:
     batch, _, _, d = q.shape
     dtype = q.dtype
     group = sh.hq // sh.hkv
@@ -338,20 +382,34 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
     n_kv_tiles = cdiv(sh.s_len, 2 * bkv)  # tiles holding any key (dK/dV rows past them are sliced off)
     n_q_blocks = cdiv(sh.t_len, bq)  # blocks holding any query row
     blocks = sh.key_blocks(bkv)
+    per_block = bkv // WORD
 
     def body(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dk_ref: Any,
-             dv_ref: Any, scoped: Any) -> None:
-        (k_smem2, v_smem2, q_smem, do_smem, lse_smem, delta_smem), (k_ready, v_ready), block_ready, free = scoped
+             dv_ref: Any, mod_refs: Any, scoped: Any) -> None:
+        (k_smem2, v_smem2, q_smem, do_smem, lse_smem, delta_smem), (k_ready, v_ready), block_ready, free, \
+            *mod_scoped = scoped
         q_ready, do_ready, lse_ready, delta_ready = block_ready
         b = lax.axis_index("b")
         kv_head = lax.axis_index("h")
         wg = lax.axis_index("wg")
-        tile_start = lax.axis_index("k") * (2 * bkv)
+        kv_tile = lax.axis_index("k")
+        tile_start = kv_tile * (2 * bkv)
         zero = tile_start * 0  # traced: a concrete array cannot enter the kernel
         # Query blocks q_first .. q_end - 1 see some key of the tile, in spans masked or not.
         q_first, q_end, spans = blocks.row_spans(tile_start, 2 * bkv, bq, n_q_blocks)
         per_head = q_end - q_first
         n_steps = group * per_head
+
+        def head_list(g: Any) -> tuple[Any, Any, Any, Any]:
+            """A mask_mod's list for query head ``g`` of the group (mods.tile_lists by keys): its
+            head, its count of partial and of all query blocks, and its ``i``-th block."""
+            h = kv_head * group + g
+            lead = _lead(mods, b, h)
+            n_partial = list_ref[(*lead, kv_tile, 0)]
+            return h, n_partial, n_partial + list_ref[(*lead, kv_tile, 1)], lambda i: list_ref[(*lead, kv_tile, i + 2)]
+
+        if mods is not None:
+            (list_ref, bits_ref), ((bits_smem, bits_ready),) = mod_refs, mod_scoped
 
         @pl.when(wg < 2)
         def _consumer() -> None:
@@ -365,8 +423,12 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
             plgpu.barrier_wait(v_ready.at[wg])
 
             def step(qb: Any, carry: Any, first: Any, masked: bool) -> Any:
+                # The producer's step: head h's blocks from h * per_head.
+                return block_step(first + qb, qb, carry, masked)
+
+            def block_step(i: Any, qb: Any, carry: Any, masked: bool) -> Any:
+                """The producer's ``i``-th step: query block ``qb``."""
                 dk, dv = carry
-                i = first + qb  # the producer's step: head h's blocks from h * per_head
                 slot = ring_slot(i, stages)
                 plgpu.barrier_wait(q_ready.at[slot])
                 plgpu.barrier_wait(lse_ready.at[slot])
@@ -376,10 +438,15 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
                     return acc_ref[...]
 
                 s_t = pl.run_scoped(st_gemm, plgpu.ACC((bkv, bq), jnp.float32))
-                lse = _load(lse_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))
+                lse = load_vector(lse_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))
                 s_t = soft_capped(s_t, sh.cap)
                 p_t = jnp.exp2(jnp.minimum(s_t * sh.qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]), 0.0))
-                if masked:
+                if masked and mods is not None:
+                    plgpu.barrier_wait(bits_ready.at[slot])
+                    words = [load_vector(bits_smem.at[slot, wg * per_block + w], plgpu.Layout.WGMMA.reduce(0))
+                             for w in range(per_block)]
+                    p_t = jnp.where(bits_keep(words, (bkv, bq), 0), p_t, 0.0)
+                elif masked:
                     kr = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 0, layout=plgpu.Layout.WGMMA)
                     qc = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 1, layout=plgpu.Layout.WGMMA)
                     keep = blocks.sees(kr + k0, qc, qb * bq)
@@ -393,7 +460,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
                     plgpu.wgmma(dp_ref, v_smem, plgpu.transpose_ref(do_smem.at[slot], (1, 0)))
 
                 dv, dp_t = pl.run_state(dv_dp)((plgpu.ACC.init(dv), plgpu.ACC.init(_zeros((bkv, bq)))))
-                delta = _load(delta_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))
+                delta = load_vector(delta_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))
                 ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))
                 if sh.cap is not None:
                     ds_t = ds_t * soft_cap_slope(s_t, sh.cap)
@@ -412,7 +479,20 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
                     carry = lax.fori_loop(begin, end, functools.partial(step, first=first, masked=masked), carry)
                 return carry
 
-            dk, dv = lax.fori_loop(0, group, head_steps, (_zeros((bkv, d)), _zeros((bkv, d))))
+            def listed_steps(g: Any, carry: Any) -> Any:
+                # A mask_mod's: head g's list, partial blocks masked, then full ones.
+                _, n_partial, n_listed, listed = head_list(g)
+                dk_dv, i0 = carry
+                for begin, end, masked in ((0, n_partial, True), (n_partial, n_listed, False)):
+                    dk_dv = lax.fori_loop(begin, end, lambda i, c, m=masked: block_step(i0 + i, listed(i), c, m),
+                                          dk_dv)
+                return dk_dv, i0 + n_listed
+
+            zeros = (_zeros((bkv, d)), _zeros((bkv, d)))
+            if mods is not None:
+                (dk, dv), _ = lax.fori_loop(0, group, listed_steps, (zeros, zero))
+            else:
+                dk, dv = lax.fori_loop(0, group, head_steps, zeros)
             k_smem[...] = (dk * sh.scale).astype(dtype)
             v_smem[...] = dv.astype(dtype)
             plgpu.commit_smem()
@@ -424,16 +504,37 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
         def _producer() -> None:
             plgpu.set_max_registers(40, action="decrease")
 
-            def load(i: Any, slot: Any) -> None:
-                per = jnp.maximum(per_head, 1)
-                h = kv_head * group + lax.div(i, per)
-                r0 = (q_first + lax.rem(i, per)) * bq
-                rows = (b, pl.ds(r0, bq), h)
-                stats = (b, h, pl.ds(r0, bq))
+            def load_block(h: Any, qb: Any, slot: Any) -> None:
+                rows = (b, pl.ds(qb * bq, bq), h)
+                stats = (b, h, pl.ds(qb * bq, bq))
                 plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem.at[slot], q_ready.at[slot])
                 plgpu.copy_gmem_to_smem(lse_ref.at[stats], lse_smem.at[slot], lse_ready.at[slot])
                 plgpu.copy_gmem_to_smem(do_ref.at[rows], do_smem.at[slot], do_ready.at[slot])
                 plgpu.copy_gmem_to_smem(delta_ref.at[stats], delta_smem.at[slot], delta_ready.at[slot])
+
+            def load(i: Any, slot: Any) -> None:
+                per = jnp.maximum(per_head, 1)
+                load_block(kv_head * group + lax.div(i, per), q_first + lax.rem(i, per), slot)
+
+            if mods is not None:
+                def head_loads(g: Any, i0: Any) -> Any:
+                    h, n_partial, n_listed, listed = head_list(g)
+
+                    @pl.loop(0, n_listed)
+                    def _load(i: Any) -> None:
+                        ring = i0 + i
+                        slot = ring_slot(ring, stages)
+                        qb = listed(i)
+                        pl.when(ring >= stages)(lambda: plgpu.barrier_wait(free.at[slot]))
+                        load_block(h, qb, slot)
+                        words = bits_ref.at[(*_lead(mods, b, h), qb, pl.ds(kv_tile * (2 * per_block), 2 * per_block))]
+                        pl.when(i < n_partial)(lambda: plgpu.copy_gmem_to_smem(words, bits_smem.at[slot],
+                                                                               bits_ready.at[slot]))
+
+                    return i0 + n_listed
+
+                lax.fori_loop(0, group, head_loads, zero)
+                return
 
             for i in range(stages):
                 pl.when(i < n_steps)(functools.partial(load, zero + i, i))
@@ -444,8 +545,8 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
                 plgpu.barrier_wait(free.at[slot])
                 load(j + stages, slot)
 
-    def entry(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dk_ref: Any,
-              dv_ref: Any) -> None:
+    def entry(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, *refs: Any) -> None:
+        *mod_refs, dk_ref, dv_ref = refs
         smem = [
             plgpu.SMEM((2, bkv, d), dtype, transforms=TRANSFORMS),  # k
             plgpu.SMEM((2, bkv, d), dtype, transforms=TRANSFORMS),  # v
@@ -455,11 +556,14 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
             plgpu.SMEM((stages, bq), jnp.float32),  # delta
         ]
         pl.run_scoped(
-            lambda *scoped: body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, scoped),
+            lambda *scoped: body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, mod_refs, scoped),
             smem,
             (plgpu.Barrier(num_barriers=2),) * 2,
             (plgpu.Barrier(num_barriers=stages),) * 4,
             plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+            # A mask_mod's bits: a partial query block's words for both consumers' keys, beside it.
+            *(((plgpu.SMEM((stages, 2 * per_block, bq), jnp.int32), plgpu.Barrier(num_barriers=stages)),)
+              if mods is not None else ()),
             collective_axes="wg",
         )
 
@@ -472,5 +576,5 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
         num_threads=3,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
-    )(q, k, v, do, lse2, delta)
+    )(q, k, v, do, lse2, delta, *(mods or ()))
     return dk, dv

@@ -8,7 +8,9 @@ Like the kernel modules, it imports jax's Mosaic GPU dialect at its top: only th
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
@@ -19,8 +21,8 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import llvm
 
 __all__ = ["FIRST_NAMED_BARRIER", "NO_WINDOW", "TRANSFORMS", "KeyBlocks", "NamedBarriers", "Window", "await_signal",
-           "cdiv", "check_inputs", "keys_ahead", "named_barrier", "plus", "release_unread", "ring_slot", "signal",
-           "soft_cap_slope", "soft_capped", "stream_kv", "window_sides"]
+           "bits_keep", "cdiv", "check_inputs", "keys_ahead", "load_vector", "named_barrier", "plus", "release_unread",
+           "ring_slot", "signal", "soft_cap_slope", "soft_capped", "stream_kv", "window_sides"]
 
 #: Shared-memory tiles of 64 columns (128 bytes of 16-bit values), as wgmma reads them.
 TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -302,23 +304,56 @@ def await_signal(barriers: Any, i: Any) -> None:
 
 
 def stream_kv(k_ref: Any, v_ref: Any, smem: tuple[Any, Any], ready: tuple[Any, Any], free: tuple[Any, Any], *,
-              b: Any, kv_head: Any, n_blocks: Any, block: int, stages: int, base: Any = 0, first: Any = 0) -> None:
+              b: Any, kv_head: Any, n_blocks: Any, block: int, stages: int, base: Any = 0, first: Any = 0,
+              listed: Callable[[Any], Any] | None = None,
+              beside: Callable[[Any, Any, Any], None] | None = None) -> None:
     """The producer: key blocks ``first .. first + n_blocks - 1`` of batch ``b``, head ``kv_head``
     into the K and V rings, the ``j``-th into slot ``(base + j) % stages`` (``base``: blocks streamed
     before, by a persistent kernel's earlier tiles), each copy arriving on its slot's ``ready``
     barrier and waiting, from the ring's second round, for its slot's ``free`` signal (an
-    mbarrier array or ``NamedBarriers``, see ``signal``)."""
+    mbarrier array or ``NamedBarriers``, see ``signal``). ``listed(j)``: the ``j``-th block is
+    that block instead (a mask_mod's tile list); ``beside(j, block, slot)`` then copies what goes
+    with it (its bits), once its V slot is free."""
     (k_smem, v_smem), (k_ready, v_ready), (k_free, v_free) = smem, ready, free
 
     @pl.loop(0, n_blocks)
     def _load(j: Any) -> None:
         ring = base + j
         slot = ring_slot(ring, stages)
-        idx = (b, pl.ds(plus(j, first) * block, block), kv_head)
+        key_block = plus(j, first) if listed is None else listed(j)
+        idx = (b, pl.ds(key_block * block, block), kv_head)
         pl.when(ring >= stages)(lambda: await_signal(k_free, slot))
         plgpu.copy_gmem_to_smem(k_ref.at[idx], k_smem.at[slot], k_ready.at[slot])
         pl.when(ring >= stages)(lambda: await_signal(v_free, slot))
         plgpu.copy_gmem_to_smem(v_ref.at[idx], v_smem.at[slot], v_ready.at[slot])
+        if beside is not None:
+            beside(j, key_block, slot)
+
+
+def load_vector(ref: Any, layout: Any) -> Any:
+    """A shared-memory vector into registers: jax 0.11 takes the ref alone (an index beside it is
+    deprecated there), jax 0.10 wants one."""
+    load: Any = plgpu.load
+    if inspect.signature(load).parameters["idx"].default is inspect.Parameter.empty:
+        return load(ref, (), layout=layout)
+    return load(ref, layout=layout)
+
+
+#: Keys per word of a mask_mod's packed bits (``mods.WORD``).
+_WORD = 32
+
+
+def bits_keep(words: list[Any], shape: tuple[int, int], key_axis: int) -> Any:
+    """Which pairs of a tile a mask_mod's packed bits keep: a bool tile of ``shape`` in wgmma's
+    register layout whose ``key_axis`` counts the block's keys (1: a forward's or dQ's scores,
+    0: dK/dV's transposed ones). ``words[w]``: word ``w`` of the block's keys for each row along
+    the other axis (a vector in that axis's reduced layout; key ``32 w + i`` at bit ``i``)."""
+    keys = plgpu.broadcasted_iota(jnp.int32, shape, key_axis, layout=plgpu.Layout.WGMMA)
+    tiles = [lax.broadcast_in_dim(w, shape, [1 - key_axis]) for w in words]
+    word = tiles[-1]
+    for i in range(len(tiles) - 2, -1, -1):
+        word = jnp.where(keys < _WORD * (i + 1), tiles[i], word)
+    return (lax.shift_right_logical(word, keys & (_WORD - 1)) & 1) != 0
 
 
 def release_unread(j: Any, ready: tuple[Any, Any], free: tuple[Any, Any], *, stages: int, wait: bool = True) -> None:

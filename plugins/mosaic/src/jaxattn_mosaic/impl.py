@@ -50,6 +50,9 @@ WHY_NOT: dict[Feature, str] = {
     Feature.VALUE_DIM: "mosaic_flash needs v's head dim equal to q's and k's",
     Feature.KV_LENGTHS: "mosaic_flash has no per-sequence key lengths",
     Feature.QUANTIZED_KV: "mosaic_flash reads no quantized K/V",
+    Feature.SCORE_MOD: ("mosaic_flash runs no score_mod: a Mosaic GPU kernel cannot run a traced JAX function over "
+                        "the logits (a mask_mod is evaluated in JAX into packed bits it reads); flash_attn2 runs "
+                        "masks.alibi, blockwise any score_mod"),
 }
 
 #: Head dims this package's backward kernel takes (``backward_kernel.HEAD_DIMS``; declared here
@@ -79,6 +82,8 @@ def cudnn_grad_reasons(problem: AttentionProblem, device: DeviceInfo) -> list[st
     reasons += [r for r in cudnn_reasons(problem, device, cudnn_version()) if r not in reasons]
     if problem.logits_soft_cap is not None:
         reasons.append("cuDNN's backward takes no logits soft cap")
+    if problem.mask_mod:
+        reasons.append("cuDNN's backward takes no mask_mod")
     if problem.sliding_window is not None:
         reasons.append("cuDNN's backward, fed mosaic_flash's residuals, takes no sliding window")
     if problem.causal and problem.seq_q != problem.seq_k:
@@ -201,6 +206,11 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
             said.append(f"forward's last round: {cut} tiles, each cut by keys into {pieces} pieces for "
                         "the idle SMs and merged by their log-sum-exps")
         scheduled = tile_schedule(cfg, **shape)
+        if problem.mask_mod:
+            said.append("mask_mod evaluated in JAX into packed bits (32 keys a word; a block_mask built with bits=True "
+                        "lends its own), the causal rule and window ANDed in; each kernel walks its tiles' lists: "
+                        "empty tiles never loaded, full ones without mask arithmetic, partial ones expanding the bits "
+                        "in registers; one CTA per tile")
         if scheduled is not None:
             work = schedule_work(*scheduled)
             over = max(work) / (sum(work) / len(work)) - 1
@@ -220,9 +230,14 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
     def _config(self, problem: AttentionProblem) -> Config:
         """The forward kernel's ``Config`` for ``problem``: its measured default, with the tiles
         ``AttentionMetadata`` gives."""
-        from jaxattn_mosaic.kernel import default_config
+        from jaxattn_mosaic.kernel import default_config, mod_config
 
         tiles = self._overrides()
+        if problem.mask_mod:
+            cfg = mod_config(problem.head_dim)
+            return dataclasses.replace(cfg, block_q=tiles.get("block_q", cfg.block_q),
+                                       block_kv=tiles.get("block_k", cfg.block_kv),
+                                       stages=tiles.get("num_stages", cfg.stages))
         return default_config(problem.head_dim, causal=problem.causal, kv_len=problem.seq_k, window=_window(problem),
                               block_q=tiles.get("block_q"), block_kv=tiles.get("block_k"),
                               stages=tiles.get("num_stages"))
@@ -230,11 +245,25 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
     def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
         from jaxattn_mosaic.kernel import mosaic_attention_forward
 
+        if call.score_mod is not None:  # declined by the call; a direct forward_* call must not drop it
+            raise NotImplementedError(WHY_NOT[Feature.SCORE_MOD])
         cfg = self._config(call.problem)
-        def forward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
-            return mosaic_attention_forward(q, k, v, causal=call.causal, softmax_scale=call.softmax_scale,
-                                            soft_cap=call.logits_soft_cap, sliding_window=call.sliding_window,
-                                            config=cfg)
+        k, v, bits = call.k, call.v, None
+        causal, window = call.causal, call.sliding_window
+        if call.mask_mod is not None:
+            from jaxattn_mosaic.mods import call_bits, unread_zeroed
+
+            # The kernels read the mask_mod's bits, the causal rule and window ANDed in.
+            bits = call_bits(call.mask_mod, call.block_mask, batch=call.problem.batch, heads=call.problem.heads_q,
+                             t_len=call.problem.seq_q, s_len=call.problem.seq_k, causal=causal,
+                             window=_window(call.problem))
+            k, v = unread_zeroed(k, v, bits)
+            causal, window = False, None
+
+        def forward(q: Any, k: Any, v: Any, *aux: Any) -> tuple[Any, Any]:
+            return mosaic_attention_forward(q, k, v, causal=causal, softmax_scale=call.softmax_scale,
+                                            soft_cap=call.logits_soft_cap, sliding_window=window, config=cfg,
+                                            bits=aux[0] if aux else bits)
 
         attend: Callable[[Any, Any, Any], tuple[Any, Any]] = forward
         chosen, _ = self._backward(call.problem)
@@ -242,11 +271,11 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
             from jaxattn_mosaic import backward
 
             if chosen == "own":
-                attend = backward.with_own_backward(forward, causal=call.causal, softmax_scale=call.softmax_scale,
-                                                    soft_cap=call.logits_soft_cap, sliding_window=call.sliding_window)
+                attend = backward.with_own_backward(forward, causal=causal, softmax_scale=call.softmax_scale,
+                                                    soft_cap=call.logits_soft_cap, sliding_window=window, bits=bits)
             else:
-                attend = backward.with_cudnn_backward(forward, causal=call.causal, softmax_scale=call.softmax_scale)
-        out, lse = attend(call.q, call.k, call.v)
+                attend = backward.with_cudnn_backward(forward, causal=causal, softmax_scale=call.softmax_scale)
+        out, lse = attend(call.q, k, v)
         return AttentionOutput(attention_outputs=out, softmax_lse=lse)
 
     def _overrides(self) -> dict[str, int]:

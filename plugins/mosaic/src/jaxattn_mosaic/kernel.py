@@ -50,6 +50,7 @@ import functools
 import heapq
 import math
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -67,9 +68,11 @@ from jaxattn_mosaic.blocks import (
     NamedBarriers,
     Window,
     await_signal,
+    bits_keep,
     cdiv,
     check_inputs,
     keys_ahead,
+    load_vector,
     plus,
     release_unread,
     ring_slot,
@@ -78,8 +81,9 @@ from jaxattn_mosaic.blocks import (
     stream_kv,
     window_sides,
 )
+from jaxattn_mosaic.mods import WORD, row_blocks, rows_seen, tile_lists
 
-__all__ = ["Config", "default_config", "exp2_fma", "mosaic_attention_forward"]
+__all__ = ["Config", "default_config", "exp2_fma", "mod_config", "mosaic_attention_forward"]
 
 _LOG2E = math.log2(math.e)
 #: Head dims the forward takes: tiles of 64 columns (128-byte swizzle), up to what shared memory holds.
@@ -272,6 +276,13 @@ def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, bloc
                   split_tail=persistent, scheduled=persistent)
 
 
+def mod_config(head_dim: int) -> Config:
+    """The tiles of a mask_mod's forward (``bits``): a causal call's (64x128 at D = 128; a mask_mod's
+    partial tiles sit on diagonals and edges as causal ones do), one CTA per tile."""
+    return dataclasses.replace(default_config(head_dim, causal=True, kv_len=WIDE_KV_FROM), persistent=False,
+                               q_double=False, split_tail=False, scheduled=False)
+
+
 def tail_split(n_tiles: int, n_ctas: int, n_blocks: int) -> int:
     """Pieces per tile of a short last round (``Config.split_tail``) on ``n_ctas`` CTAs at
     once; 1: not split. The ``n_tiles % n_ctas`` tiles left after the whole rounds
@@ -448,11 +459,18 @@ def mosaic_attention_forward(
     soft_cap: float | None = None,
     sliding_window: tuple[int | None, int | None] | None = None,
     config: Config | None = None,
+    bits: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Attention of q ``(B, T, Hq, D)`` over k, v ``(B, S, Hkv, D)``, the logits
     ``softmax_scale * q k`` capped at ``soft_cap`` (``cap * tanh(logit / cap)``) if given;
     with ``sliding_window=(left, right)`` (sides >= 0, None: unbounded) query ``i`` sees keys
     ``i' - left .. i' + right``, ``i' = i + S - T``, as jaxattn's contract says.
+
+    ``bits``: a mask_mod's visibility instead (``mods.call_bits``, int32 ``(B|1, Hq|1, T,
+    ceil(S / 32))``, the causal rule and window ANDed in, so ``causal`` is False and no window is
+    given): each query tile runs the key blocks holding a visible pair (``mods.tile_lists``),
+    the partial ones masked by the bits (``mod_config``'s tiles, one CTA per tile). Keys no query
+    of their KV head sees must hold finite values (``mods.unread_zeroed``).
 
     Returns the output ``(B, T, Hq, D)`` in q's dtype and the log-sum-exp of the scaled
     logits ``(B, Hq, T)`` in float32 (natural log).
@@ -461,7 +479,10 @@ def mosaic_attention_forward(
     t_len, head_dim = q.shape[1], q.shape[3]
     s_len = k.shape[1]
     window = window_sides(sliding_window, t_len, s_len)
-    cfg = config or default_config(head_dim, causal=causal, kv_len=s_len, window=window)
+    if bits is not None and (causal or window != NO_WINDOW):
+        raise ValueError("with bits, AND the causal rule and the window into them (mods.call_bits)")
+    cfg = config or (mod_config(head_dim) if bits is not None else
+                     default_config(head_dim, causal=causal, kv_len=s_len, window=window))
     bq, bkv = cfg.block_q, cfg.block_kv
     t_pad = cdiv(t_len, 2 * bq) * 2 * bq
     s_pad = cdiv(s_len, bkv) * bkv
@@ -475,10 +496,15 @@ def mosaic_attention_forward(
         pad = ((0, 0), (0, s_pad - s_len), (0, 0), (0, 0))
         k, v = jnp.pad(k, pad), jnp.pad(v, pad)
     out, lse2 = _forward_call(q, k, v, causal=causal, scale=float(softmax_scale), s_len=s_len,
-                              t_len=t_len, cfg=cfg, window=window,
+                              t_len=t_len, cfg=cfg, window=window, bits=bits,
                               cap=None if soft_cap is None else float(soft_cap) / float(softmax_scale))
     out = out[:, :t_len]
     lse = lse2[:, :, :t_len] * _LN2
+    if bits is not None:
+        # Rows that see no key ran masked blocks only, or none: zeros and -inf.
+        seen = rows_seen(bits)
+        out = jnp.where(jnp.swapaxes(seen, 1, 2)[..., None], out, jnp.zeros((), out.dtype))
+        lse = jnp.where(seen, lse, -jnp.inf)
     ahead = keys_ahead(causal, window[1])
     if ahead is not None and t_len > s_len + ahead:
         # Rows i < T - S - ahead see no key: zeros and -inf, whatever the kernel left there.
@@ -518,6 +544,9 @@ class _Launch:
     chunk: int
     q_slots: int
     o_staged: bool
+    #: With a mask_mod's bits: the lists' and bits' leading dims (B or 1, Hq or 1) and the words
+    #: of a key block; None without.
+    mods: tuple[int, int, int] | None = None
 
     @property
     def bq(self) -> int:
@@ -529,7 +558,7 @@ class _Launch:
 
 
 def _launch(q: Any, k: Any, *, causal: bool, scale: float, s_len: int, t_len: int, cfg: Config,
-            cap: float | None, window: Window) -> _Launch:
+            cap: float | None, window: Window, mods: tuple[int, int, int] | None = None) -> _Launch:
     batch, t_pad, hq, head_dim = q.shape
     bq, bkv = cfg.block_q, cfg.block_kv
     n_q_tiles = t_pad // (2 * bq)
@@ -567,16 +596,30 @@ def _launch(q: Any, k: Any, *, causal: bool, scale: float, s_len: int, t_len: in
                    stages=stages, n_tiles=n_tiles, n_whole=n_whole, pieces=pieces,
                    per_piece=cdiv(blocks.count, pieces), n_parts=n_parts, n_items=n_items, n_ctas=n_ctas,
                    n_rounds=cdiv(n_items, n_ctas), schedule=schedule, chunk=chunk, q_slots=q_slots,
-                   o_staged=cfg.persistent and fits(q_slots))
+                   o_staged=cfg.persistent and fits(q_slots), mods=mods)
 
 
 def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: int, t_len: int,
-                  cfg: Config, cap: float | None = None, window: Window = NO_WINDOW) -> tuple[Any, Any]:
+                  cfg: Config, cap: float | None = None, window: Window = NO_WINDOW,
+                  bits: Any = None) -> tuple[Any, Any]:
     """The kernel's launch; ``cap``: the soft cap in the unscaled scores' units (cap / scale);
-    ``window``: the sliding window's sides that cut (``blocks.window_sides``)."""
+    ``window``: the sliding window's sides that cut (``blocks.window_sides``); ``bits``: a
+    mask_mod's (``mosaic_attention_forward``)."""
     if cfg.overlap and window != NO_WINDOW:
         raise ValueError(f"overlap runs every tile from key block 0: it takes no sliding window, got {window}")
-    lz = _launch(q, k, causal=causal, scale=scale, s_len=s_len, t_len=t_len, cfg=cfg, cap=cap, window=window)
+    mod_inputs: tuple[Any, ...] = ()
+    mods = None
+    if bits is not None:
+        if cfg.persistent or cfg.overlap or cfg.split_tail:
+            raise ValueError(f"a mask_mod's tiles run one CTA per tile, in the ping-pong loop: {cfg}")
+        rows, t_pad = 2 * cfg.block_q, q.shape[1]
+        per_block = cfg.block_kv // WORD
+        lists = tile_lists(bits, s_len, rows=rows, keys=cfg.block_kv)
+        words = row_blocks(bits, rows=cfg.block_q, t_pad=t_pad, words=cdiv(s_len, cfg.block_kv) * per_block)
+        mods = (int(bits.shape[0]), int(bits.shape[1]), per_block)
+        mod_inputs = (lists, words)
+    lz = _launch(q, k, causal=causal, scale=scale, s_len=s_len, t_len=t_len, cfg=cfg, cap=cap, window=window,
+                 mods=mods)
     batch, hq, bq, head_dim, pieces, n_parts = lz.batch, lz.hq, lz.bq, lz.head_dim, lz.pieces, lz.n_parts
     params = plgpu.CompilerParams(approx_math=True)
     if cfg.lean_barriers:
@@ -599,7 +642,7 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         num_threads=3,
         thread_name="wg",
         compiler_params=params,
-    )(q, k, v, *(() if lz.schedule is None else (jnp.asarray(lz.schedule),)))
+    )(q, k, v, *(() if lz.schedule is None else (jnp.asarray(lz.schedule),)), *mod_inputs)
     if n_parts:
         last = jnp.arange(lz.n_whole, lz.n_tiles, dtype=jnp.int32)
         tail = (persistent_order(last, batch=batch, heads=hq, chunk=lz.chunk) if cfg.persistent
@@ -610,7 +653,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 
 def _entry(lz: _Launch, q_ref: Any, k_ref: Any, v_ref: Any, *refs: Any) -> None:
     """The kernel: its shared memory and barriers, then the body (``_Body``) in their scope."""
-    schedule_ref, (out_ref, lse_ref, *parts) = (refs[0], refs[1:]) if lz.schedule is not None else (None, refs)
+    schedule_ref, refs = (refs[0], refs[1:]) if lz.schedule is not None else (None, refs)
+    mod_refs, (out_ref, lse_ref, *parts) = (refs[:2], refs[2:]) if lz.mods is not None else ((), refs)
     bq, bkv, head_dim, dtype, stages, q_slots, cfg = lz.bq, lz.bkv, lz.head_dim, lz.dtype, lz.stages, lz.q_slots, lz.cfg
     smem = [
         plgpu.SMEM((2 * q_slots, bq, head_dim), dtype, transforms=TRANSFORMS),
@@ -619,7 +663,8 @@ def _entry(lz: _Launch, q_ref: Any, k_ref: Any, v_ref: Any, *refs: Any) -> None:
         *([plgpu.SMEM((2, bq, head_dim), dtype, transforms=TRANSFORMS)] if lz.o_staged else []),
     ]
     pl.run_scoped(
-        lambda *scoped: _Body(lz, (q_ref, k_ref, v_ref, schedule_ref, out_ref, lse_ref), parts, scoped).run(),
+        lambda *scoped: _Body(lz, (q_ref, k_ref, v_ref, schedule_ref, out_ref, lse_ref), parts, scoped,
+                              mod_refs).run(),
         smem,
         (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
          plgpu.Barrier(num_barriers=2 * q_slots)),
@@ -629,6 +674,9 @@ def _entry(lz: _Launch, q_ref: Any, k_ref: Any, v_ref: Any, *refs: Any) -> None:
         # passes it); named barriers stand in for these with ``named_barriers``.
         *((plgpu.Barrier(num_arrivals=1, num_barriers=2),)
           if (cfg.overlap or cfg.pass_turns) and not cfg.named_barriers else ()),
+        # A mask_mod's bits: a partial block's words for each consumer's rows, beside its K/V slot.
+        *(((plgpu.SMEM((stages, 2, lz.mods[2], bq), jnp.int32), plgpu.Barrier(num_barriers=stages)),)
+          if lz.mods is not None else ()),
         collective_axes="wg",
     )
 
@@ -638,12 +686,16 @@ class _Body:
     softmax, P V for their half of a tile's rows), warpgroup 2 the producer (the K/V ring).
     Its methods are the steps of the body, each reading the launch (``lz``) and the refs."""
 
-    def __init__(self, lz: _Launch, refs: tuple[Any, ...], parts: Any, scoped: Any) -> None:
+    def __init__(self, lz: _Launch, refs: tuple[Any, ...], parts: Any, scoped: Any,
+                 mod_refs: tuple[Any, ...] = ()) -> None:
         self.lz, self.cfg = lz, lz.cfg
         self.q_ref, self.k_ref, self.v_ref, self.schedule_ref, self.out_ref, self.lse_ref = refs
         self.parts = parts
         (self.q_smem2, self.k_smem, self.v_smem, *self.o_smem2), (self.k_ready, self.v_ready, self.q_ready), \
             (self.k_free, self.v_free), self.sched, *extra = scoped
+        if lz.mods is not None:
+            self.list_ref, self.bits_ref = mod_refs
+            *extra, (self.bits_smem, self.bits_ready) = extra
         self.turns: Any = extra[0] if extra else None
         if self.cfg.named_barriers:
             self.turns = NamedBarriers(_NAMED_TURNS, 2, _TURN_THREADS)
@@ -678,6 +730,11 @@ class _Body:
         pieces, n_q_tiles, hq, bq = lz.pieces, lz.n_q_tiles, lz.hq, lz.bq
         lo: Any = 0
         piece: Any = None
+        if lz.mods is not None:  # one CTA per tile: its list's blocks (``listed``)
+            head, rest = lax.rem(t, jnp.int32(hq)), lax.div(t, jnp.int32(hq))
+            q_tile, b = lax.rem(rest, jnp.int32(n_q_tiles)), lax.div(rest, jnp.int32(n_q_tiles))
+            n_partial, n_full = (self.list_ref[(*self.mod_row(b, head, q_tile), i)] for i in (0, 1))
+            return b, head, q_tile * (2 * bq), n_partial + n_full, lo, piece
         if pieces > 1:
             piece = t - lz.n_whole
             cut = piece >= 0
@@ -706,6 +763,24 @@ class _Body:
         if piece is not None:  # full attention: a piece ends ``per_piece`` blocks on
             cta_blocks = jnp.where(piece >= 0, jnp.minimum(cta_blocks, lo + lz.per_piece), cta_blocks)
         return b, head, tile_start, cta_blocks, lo, piece
+
+    def mod_row(self, b: Any, head: Any, q_tile: Any) -> tuple[Any, Any, Any]:
+        """Where query tile ``q_tile`` of ``(b, head)`` finds its list and bits (their leading
+        dims are 1 where the mask_mod varies along neither batch nor head)."""
+        lead_b, lead_h, _ = self.lz.mods or (1, 1, 0)
+        return b if lead_b > 1 else 0, head if lead_h > 1 else 0, q_tile
+
+    def listed(self, b: Any, head: Any, tile_start: Any) -> tuple[Any, Callable[[Any], Any]]:
+        """A mask_mod's tile: its count of partial blocks and its ``i``-th block (``mods.tile_lists``)."""
+        row = self.mod_row(b, head, lax.div(tile_start, jnp.int32(2 * self.lz.bq)))
+        return self.list_ref[(*row, 0)], lambda i: self.list_ref[(*row, i + 2)]
+
+    def mod_keep(self, slot: Any) -> Any:
+        """A partial block's visible pairs from the bits its producer copied beside it."""
+        plgpu.barrier_wait(self.bits_ready.at[slot])
+        words = [load_vector(self.bits_smem.at[slot, self.wg, w], plgpu.Layout.WGMMA.reduce(1))
+                 for w in range(self.lz.mods[2])]  # type: ignore[index]
+        return bits_keep(words, (self.lz.bq, self.lz.bkv), 1)
 
     def tile_of(self, r: Any) -> Any:
         """The item this CTA runs in round ``r``."""
@@ -763,7 +838,7 @@ class _Body:
         """Scores of block ``j`` with keys past ``S`` (and, causal, right of the diagonal) masked."""
         return jnp.where(self.lz.blocks.keep(j, row0, (self.lz.bq, self.lz.bkv)), s, _MASKED)
 
-    def exponents(self, s: Any, j: Any, m_i: Any, row0: Any, masked: bool) -> tuple[Any, Any, Any]:
+    def exponents(self, s: Any, j: Any, m_i: Any, row0: Any, masked: bool, keep: Any = None) -> tuple[Any, Any, Any]:
         """Online softmax on the log2 scale for block ``j``'s scores ``s`` (masked if
         ``masked``): the new running max ``m``, the factor ``alpha`` for what came before,
         and the exponents whose exp2 is ``p``. ``m`` is kept unscaled and the scale applied
@@ -771,8 +846,8 @@ class _Body:
         exact product, up to half an ulp of the rounded max away from it, and past ~2^32
         that gap alone overflows exp2 (NaN out of finite inputs). One multiply more."""
         s = soft_capped(s, self.lz.cap)
-        if masked:
-            s = self.mask(s, j, row0)
+        if masked:  # ``keep``: a mask_mod's (``mod_keep``)
+            s = self.mask(s, j, row0) if keep is None else jnp.where(keep, s, _MASKED)
         m_new = jnp.maximum(m_i, s.max(axis=1))
         alpha = jnp.exp2((m_i - m_new) * self.lz.qk_scale)
         return m_new, alpha, (s - lax.broadcast_in_dim(m_new, s.shape, [0])) * self.lz.qk_scale
@@ -879,7 +954,8 @@ class _Body:
 
         s = pl.run_scoped(qk_gemm, plgpu.ACC((bq, bkv), jnp.float32))
         signal(self.k_free, slot)
-        m_new, alpha, x = self.exponents(s, j, m_i, row0, masked)
+        keep = self.mod_keep(slot) if masked and self.lz.mods is not None else None
+        m_new, alpha, x = self.exponents(s, j, m_i, row0, masked, keep)
         parts = self.exp2_parts(x)
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
         l_i = l_i * alpha
@@ -1079,11 +1155,16 @@ class _Body:
         lz, cfg, blocks, bq, rounds = self.lz, self.cfg, self.lz.blocks, self.lz.bq, self.rounds
         b, head, tile_start, cta_blocks, lo, piece = self.tile(self.tile_of(r))
         row0 = tile_start + self.wg * bq
-        n_blocks = blocks.seen_before(row0 + bq)
-        if piece is not None:  # full attention, a piece: its blocks alone
-            n_blocks = cta_blocks
-        start = blocks.run_start(row0, lo, n_blocks)
-        spans = blocks.spans(row0, bq, start, n_blocks)
+        if lz.mods is not None:  # both consumers run the tile's list: partial blocks, then full ones
+            n_partial, _ = self.listed(b, head, tile_start)
+            n_blocks, start = cta_blocks, 0
+            spans: Any = ((0, n_partial, True), (n_partial, n_blocks, False))
+        else:
+            n_blocks = blocks.seen_before(row0 + bq)
+            if piece is not None:  # full attention, a piece: its blocks alone
+                n_blocks = cta_blocks
+            start = blocks.run_start(row0, lo, n_blocks)
+            spans = blocks.spans(row0, bq, start, n_blocks)
         if lz.q_slots == 2:
             # The other slot held the last tile's Q, whose wgmmas have all completed.
             pl.when(r + 1 < rounds)(lambda: self.load_q(r + 1))
@@ -1112,10 +1193,23 @@ class _Body:
         lz = self.lz
 
         def run(r: Any, base: Any) -> Any:
-            b, head, _, cta_blocks, lo, _ = self.tile(self.tile_of(r))
+            b, head, tile_start, cta_blocks, lo, _ = self.tile(self.tile_of(r))
+            listed = beside = None
+            if lz.mods is not None:
+                n_partial, listed = self.listed(b, head, tile_start)
+                lead_b, lead_h, per_block = lz.mods
+                rows = (b if lead_b > 1 else 0, head if lead_h > 1 else 0,
+                        pl.ds(lax.div(tile_start, jnp.int32(lz.bq)), 2))
+
+                def beside(j: Any, key_block: Any, slot: Any) -> None:
+                    words = self.bits_ref.at[(*rows, pl.ds(key_block * per_block, per_block))]
+                    pl.when(j < n_partial)(
+                        lambda: plgpu.copy_gmem_to_smem(words, self.bits_smem.at[slot], self.bits_ready.at[slot]))
+
             stream_kv(self.k_ref, self.v_ref, (self.k_smem, self.v_smem), (self.k_ready, self.v_ready),
                       (self.k_free, self.v_free), b=b, kv_head=lax.div(head, jnp.int32(lz.group)),
-                      n_blocks=plus(cta_blocks, -lo), block=lz.bkv, stages=lz.stages, base=base, first=lo)
+                      n_blocks=plus(cta_blocks, -lo), block=lz.bkv, stages=lz.stages, base=base, first=lo,
+                      listed=listed, beside=beside)
             return base + plus(cta_blocks, -lo)
 
         self.per_tile(run)

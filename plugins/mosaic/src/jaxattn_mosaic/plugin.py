@@ -29,7 +29,7 @@ MOSAIC_FLASH = ImplRef(
     # Tiles of 64 columns of the head dim (128-byte swizzle); the shared memory holds up to 256.
     head_dims={64, 128, 256},
     features={Feature.CAUSAL, Feature.GQA, Feature.CROSS, Feature.DECODE, Feature.LSE, Feature.GRAD,
-              Feature.SOFT_CAP, Feature.SLIDING_WINDOW},
+              Feature.SOFT_CAP, Feature.SLIDING_WINDOW, Feature.MASK_MOD},
 )
 
 

@@ -125,13 +125,18 @@ def dense_decode(
     chosen = _tiles(spec, tiles, num_splits)
     out, lse = _forward(spec, chosen, interpret, *_dense_inputs(q, k, v, sink_arr, lengths), ks, vs)
     out = out.reshape(b, t, hq, dv)
-    real = None if kv_lengths is None else _real_rows(lengths, t)
-    if real is not None:
-        out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
-    if not return_lse:
-        return out
-    lse = _lse_of(lse, b, t, hq)  # -inf only where an lse is asked for (paged.ops._no_key_inf)
-    return out, lse if real is None else jnp.where(real[:, None, :], lse, -jnp.inf)
+    # -inf only where an lse is asked for (paged.ops._no_key_inf): an eager call under debug_infs.
+    asked: Any = _lse_of(lse, b, t, hq) if return_lse else None
+    if kv_lengths is not None:
+        out, asked = _emptied(out, asked, _real_rows(lengths, t))
+    return (out, asked) if return_lse else out
+
+
+def _emptied(out: Array, lse: Any, real: Array) -> tuple[Array, Any]:
+    """``out (B, T, Hq, Dv)`` and ``lse (B, Hq, T)`` (or None) with the rows ``real``
+    (``_real_rows``) marks False empty: zeros and -inf."""
+    out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
+    return out, None if lse is None else jnp.where(real[:, None, :], lse, -jnp.inf)
 
 
 def _real_rows(lengths: Array, t: int) -> Array:
@@ -238,9 +243,7 @@ def _decode_vjp(
     out, lse = _execute_all(pspec, ptiles, [q2, k2, v2, table, lengths2, cu, ns, sinks2], interpret)  # no scales
     out, lse = out.reshape(b, t, hq, v.shape[3]), _lse_of(lse, b, t, hq)
     if fspec.mask_shape is not None:  # kv_lengths given (the backward's mask is built from them)
-        real = _real_rows(lengths, t)
-        out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
-        lse = jnp.where(real[:, None, :], lse, -jnp.inf)
+        out, lse = _emptied(out, lse, _real_rows(lengths, t))
     return out, lse
 
 
