@@ -131,3 +131,30 @@ def test_the_impl_differentiated_with_a_mask_mod_in_the_interpreter(mosaic_inter
     for g in (dk, dv):
         assert np.all(g[~np.broadcast_to(np.asarray(seen), g.shape)] == 0)
     _check([res.attention_outputs, res.softmax_lse, *grads], x, True, causal=True, mask_mod=rule(q_ids, kv_ids))
+
+
+@pytest.mark.parametrize(("b", "t", "s", "hq", "hkv", "d", "name", "cap"), [
+    (1, 256, 256, 2, 1, 64, None, None),  # ALiBi over causal attention, GQA
+    (1, 200, 300, 2, 2, 64, "chunked", 20.0),  # with a mask_mod's lists and a soft cap, T < S
+])
+def test_alibi_in_the_interpreter(mosaic_interpreter: Any, b: int, t: int, s: int, hq: int, hkv: int, d: int,
+                                  name: str | None, cap: float | None) -> None:
+    # masks.alibi's term added in registers, forward and backward, and its slopes' gradient from
+    # the dQ kernel's row sums, through the impl as a GPU user calls it (the slopes an argument of
+    # its custom gradient, differentiated).
+    a, x = _inputs(b, t, s, hq, hkv, d)
+    slopes = jnp.asarray(3.0 * np.exp2(-8.0 * np.arange(1, hq + 1) / hq), jnp.float32)
+    mask_mod = masks.chunked_causal(64) if name else None
+    impl = MosaicFlashAttention(AttentionMetadata(), H100)
+
+    def loss(q: Any, k: Any, v: Any, slopes: Any) -> Any:
+        res = impl(q, k, v, causal=True, mask_mod=mask_mod, score_mod=masks.alibi(slopes), logits_soft_cap=cap)
+        return jnp.sum(res.attention_outputs.astype(jnp.float32) * a["do"].astype(jnp.float32)), res
+
+    with mosaic_interpreter():
+        (_, res), grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(a["q"], a["k"], a["v"], slopes)
+    rules = {"causal": True, "mask_mod": mask_mod, "logits_soft_cap": cap, "score_mod": masks.alibi,
+             "score_params": np.asarray(slopes, np.float64)}
+    _check([res.attention_outputs, res.softmax_lse, *grads[:3]], x, True, **rules)
+    want = oracle.attention_backward(x["q"], x["k"], x["v"], x["do"], **rules)
+    assert_close("d slopes", np.asarray(grads[3], np.float64), want.dscore_params, TOL.grad)

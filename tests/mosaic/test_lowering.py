@@ -350,3 +350,31 @@ def test_a_mask_mod_lowers_from_a_block_mask_and_at_head_dim_256_forward_only() 
         K.mosaic_attention_forward(jnp.zeros((1, 8, 1, 64), jnp.bfloat16), jnp.zeros((1, 8, 1, 64), jnp.bfloat16),
                                    jnp.zeros((1, 8, 1, 64), jnp.bfloat16), causal=True, softmax_scale=1.0,
                                    bits=jnp.zeros((1, 1, 8, 1), jnp.int32))
+
+
+@pytest.mark.parametrize("mask_mod", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_alibi_lowers_in_the_impl_differentiated(d: int, mask_mod: bool) -> None:
+    # masks.alibi's term in the forward, dQ (with the slopes' row sums) and dK/dV, with and
+    # without a mask_mod's lists; the slopes differentiated.
+    from jaxattn import masks
+
+    impl = MosaicFlashAttention(AttentionMetadata(), H100)
+
+    def loss(q: Any, k: Any, v: Any, slopes: Any) -> Any:
+        res = impl(q, k, v, causal=True, score_mod=masks.alibi(slopes),
+                   mask_mod=masks.chunked_causal(100) if mask_mod else None)
+        return res.attention_outputs.astype(jnp.float32).sum()
+
+    slopes = jax.ShapeDtypeStruct((4,), jnp.float32)
+    text = _lowered(jax.grad(loss, argnums=(0, 1, 2, 3)), _spec(333, 4, d), _spec(517, 2, d), _spec(517, 2, d), slopes)
+    assert _kernels(text) == 3
+
+
+def test_a_score_mod_other_than_alibi_is_declined_with_the_reason() -> None:
+    impl = MosaicFlashAttention(AttentionMetadata(), H100)
+    q, kv = jnp.zeros((1, 128, 2, 64), jnp.bfloat16), jnp.zeros((1, 128, 2, 64), jnp.bfloat16)
+    from jaxattn.errors import UnsupportedError
+
+    with pytest.raises(UnsupportedError, match=r"runs only the score_mod jaxattn\.masks\.alibi"):
+        impl(q, kv, kv, score_mod=lambda score, b, h, qi, kv_: score * 2.0)

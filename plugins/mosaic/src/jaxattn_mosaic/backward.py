@@ -39,41 +39,46 @@ def _rows(x: Array) -> Array:
     return jnp.swapaxes(x, 1, 2)[..., None]
 
 
-def differentiable(forward: Any, backward: Any, *aux: Array) -> Forward:
-    """``forward(q, k, v, *aux) -> (out, lse)`` differentiated by ``backward(q, k, v, out, lse,
-    d_out, d_lse, *aux)`` at its residuals; ``aux``: integer inputs of both (a mask_mod's bits),
-    passed as arguments (not closed over: they may be traced), with no cotangent."""
+def differentiable(forward: Any, backward: Any, aux: dict[str, Array] | None = None) -> Forward:
+    """``forward(q, k, v, **aux) -> (out, lse)`` differentiated by ``backward(q, k, v, out, lse,
+    d_out, d_lse, **aux) -> (dq, dk, dv, aux's cotangents)`` at its residuals. ``aux``: inputs of
+    both passed as arguments (they may be traced: a closure would not be differentiated), a mask_mod's
+    bits (integers: no cotangent) or ALiBi's slopes; the cotangents a dict of those that have one."""
+    given = aux or {}
 
     @jax.custom_vjp
-    def attend(q: Array, k: Array, v: Array, *aux: Array) -> tuple[Array, Array]:
-        return forward(q, k, v, *aux)  # type: ignore[no-any-return]
+    def attend(q: Array, k: Array, v: Array, aux: dict[str, Array]) -> tuple[Array, Array]:
+        return forward(q, k, v, **aux)  # type: ignore[no-any-return]
 
-    def attend_fwd(q: Array, k: Array, v: Array, *aux: Array) -> tuple[tuple[Array, Array], tuple[Array, ...]]:
-        out, lse = forward(q, k, v, *aux)
-        return (out, lse), (q, k, v, out, lse, *aux)
+    def attend_fwd(q: Array, k: Array, v: Array, aux: dict[str, Array]) -> tuple[tuple[Array, Array], Any]:
+        out, lse = forward(q, k, v, **aux)
+        return (out, lse), (q, k, v, out, lse, aux)
 
-    def attend_bwd(res: tuple[Array, ...], cts: tuple[Array, Array]) -> tuple[Array, ...]:
-        q, k, v, out, lse, *aux = res
-        grads = backward(q, k, v, out, lse, *cts, *aux)
-        return (*grads, *(np.zeros(a.shape, jax.dtypes.float0) for a in aux))
+    def attend_bwd(res: Any, cts: tuple[Array, Array]) -> tuple[Any, ...]:
+        q, k, v, out, lse, aux = res
+        dq, dk, dv, *rest = backward(q, k, v, out, lse, *cts, **aux)
+        grads = rest[0] if rest else {}
+        return dq, dk, dv, {name: grads[name] if name in grads else np.zeros(a.shape, jax.dtypes.float0)
+                            for name, a in aux.items()}
 
     attend.defvjp(attend_fwd, attend_bwd)
-    return lambda q, k, v: attend(q, k, v, *aux)
+    return lambda q, k, v: attend(q, k, v, given)
 
 
 def with_own_backward(forward: Any, *, causal: bool, softmax_scale: float, soft_cap: float | None = None,
-                      sliding_window: tuple[int, int] | None = None, bits: Array | None = None) -> Forward:
+                      sliding_window: tuple[int, int] | None = None, aux: dict[str, Array] | None = None) -> Forward:
     """``forward`` made differentiable by this package's Mosaic GPU backward (head dims 64, 128);
-    with a mask_mod's ``bits``, ``forward(q, k, v, bits)``."""
+    ``aux``: a mask_mod's ``bits`` and ALiBi's ``alibi_slopes``, as ``forward(q, k, v, **aux)`` takes them."""
     from jaxattn_mosaic.backward_kernel import mosaic_attention_backward
 
     def backward(q: Array, k: Array, v: Array, out: Array, lse: Array, d_out: Array, d_lse: Array,
-                 *aux: Array) -> tuple[Array, Array, Array]:
-        return mosaic_attention_backward(q, k, v, out, lse, d_out, d_lse, causal=causal,
-                                         softmax_scale=softmax_scale, soft_cap=soft_cap,
-                                         sliding_window=sliding_window, bits=aux[0] if aux else None)
+                 **aux: Array) -> tuple[Any, ...]:
+        grads = mosaic_attention_backward(q, k, v, out, lse, d_out, d_lse, causal=causal,
+                                          softmax_scale=softmax_scale, soft_cap=soft_cap,
+                                          sliding_window=sliding_window, **aux)
+        return (*grads[:3], {"alibi_slopes": grads[3]} if len(grads) > 3 else {})
 
-    return differentiable(forward, backward, *(() if bits is None else (bits,)))
+    return differentiable(forward, backward, aux)
 
 
 def with_cudnn_backward(forward: Forward, *, causal: bool, softmax_scale: float) -> Forward:

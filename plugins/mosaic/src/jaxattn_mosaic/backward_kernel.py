@@ -123,11 +123,15 @@ def mosaic_attention_backward(
     sliding_window: tuple[int | None, int | None] | None = None,
     config: BackwardConfig | None = None,
     bits: jax.Array | None = None,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+    alibi_slopes: jax.Array | None = None,
+) -> tuple[jax.Array, ...]:
     """``(dq, dk, dv)`` of attention of q ``(B, T, Hq, D)`` over k, v ``(B, S, Hkv, D)``, the
     logits capped at ``soft_cap`` and the keys seen through ``sliding_window`` as the forward's;
     or through a mask_mod's ``bits`` as the forward's (``kernel.mosaic_attention_forward``): each
     kernel then walks its tiles' lists (``mods.tile_lists``), partial blocks masked by the bits.
+    With ``alibi_slopes`` (``(Hq,)``, as the forward's) ALiBi's term enters every score, and the
+    slopes' gradient ``sum dS * (kv_idx - q_idx)`` comes from the dQ kernel's row sums (float32,
+    exact whatever the dtype): then ``(dq, dk, dv, d_slopes)``.
 
     ``out`` and ``lse`` ``(B, Hq, T)``, natural log, are the forward's; ``d_out`` and ``d_lse``
     their cotangents (``d_lse`` None: the loss does not use the lse). Gradients in the
@@ -171,9 +175,11 @@ def mosaic_attention_backward(
                    row_blocks(bits, rows=tq.block_q, t_pad=t_pad, words=s_pad // WORD))
         dkv_mods = (tile_lists(bits, s_len, rows=tkv.block_q, keys=2 * tkv.block_kv, by_keys=True),
                     row_blocks(bits, rows=tkv.block_q, t_pad=t_pad, words=s_pad // WORD))
-    dq = _dq_call(q, k, v, d_out, lse2, delta, shape, dq_mods)
-    dk, dv = _dkv_call(q, k, v, d_out, lse2, delta, shape, dkv_mods)
-    return dq[:, :t_len], dk[:, :s_len], dv[:, :s_len]
+    slopes = None if alibi_slopes is None else jnp.asarray(alibi_slopes, f32) / float(softmax_scale)
+    dq, *slope_rows = _dq_call(q, k, v, d_out, lse2, delta, shape, dq_mods, slopes)
+    dk, dv = _dkv_call(q, k, v, d_out, lse2, delta, shape, dkv_mods, slopes)
+    grads = (dq[:, :t_len], dk[:, :s_len], dv[:, :s_len])
+    return grads if not slope_rows else (*grads, jnp.sum(slope_rows[0][:, :, :t_len], axis=(0, 2)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +223,16 @@ def _lead(mods: Any, b: Any, head: Any) -> tuple[Any, Any]:
     return b if lists.shape[0] > 1 else 0, head if lists.shape[1] > 1 else 0
 
 
-def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape, mods: Any = None) -> Any:
+def _alibi(shape: tuple[int, int], key0: Any, row0: Any, key_axis: int) -> Any:
+    """``key - row`` (raw positions) over a tile of ``shape`` whose ``key_axis`` counts keys from
+    ``key0`` and whose other axis counts rows from ``row0``: ALiBi's term over its slope, float32."""
+    keys = plgpu.broadcasted_iota(jnp.int32, shape, key_axis, layout=plgpu.Layout.WGMMA)
+    rows = plgpu.broadcasted_iota(jnp.int32, shape, 1 - key_axis, layout=plgpu.Layout.WGMMA)
+    return (keys - rows + (key0 - row0)).astype(jnp.float32)
+
+
+def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape, mods: Any = None,
+             slopes: Any = None) -> list[Any]:
     batch, t_pad, hq, d = q.shape
     s_pad = k.shape[1]
     dtype = q.dtype
@@ -231,7 +246,7 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape,
     per_block = bkv // WORD
 
     def body(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dq_ref: Any,
-             mod_refs: Any, scoped: Any) -> None:
+             mod_refs: Any, alibi_refs: Any, scoped: Any) -> None:
         (q_smem2, do_smem2, lse_smem2, delta_smem2, k_smem, v_smem), row_ready, (k_ready, v_ready), kv_free, \
             *mod_scoped = scoped
         q_ready, do_ready, lse_ready, delta_ready = row_ready
@@ -282,7 +297,8 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape,
             lse = load_vector(lse_smem2.at[wg], plgpu.Layout.WGMMA.reduce(1))
             delta = load_vector(delta_smem2.at[wg], plgpu.Layout.WGMMA.reduce(1))
 
-            def step(j: Any, dq: Any, masked: bool) -> Any:
+            def step(j: Any, carry: Any, masked: bool) -> Any:
+                dq, d_rows = carry if alibi_refs else (carry, None)
                 slot = ring_slot(plus(j, -lo), stages)
                 plgpu.barrier_wait(k_ready.at[slot])
                 plgpu.barrier_wait(v_ready.at[slot])
@@ -295,9 +311,13 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape,
                 s, dp = pl.run_scoped(gemms, plgpu.ACC((bq, bkv), jnp.float32), plgpu.ACC((bq, bkv), jnp.float32))
                 plgpu.barrier_arrive(v_free.at[slot])
                 s = soft_capped(s, sh.cap)
+                scores = s
+                if alibi_refs:  # ALiBi's term, on the capped scores (its slope over the scale)
+                    rel = _alibi((bq, bkv), (j if listed is None else listed(j)) * bkv, row0, 1)
+                    scores = s + rel * slope
                 # No probability exceeds 1: the cap keeps the fused s * scale - lse, up to half
                 # an ulp of lse off past ~2^32, from overflowing exp2.
-                p = jnp.exp2(jnp.minimum(s * sh.qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]), 0.0))
+                p = jnp.exp2(jnp.minimum(scores * sh.qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]), 0.0))
                 if masked and mods is not None:
                     plgpu.barrier_wait(bits_ready.at[slot])
                     words = [load_vector(bits_smem.at[slot, wg, w], plgpu.Layout.WGMMA.reduce(1))
@@ -306,6 +326,8 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape,
                 elif masked:
                     p = jnp.where(blocks.keep(j, row0, (bq, bkv)), p, 0.0)
                 ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+                if alibi_refs:  # d slope = sum dS (kv_idx - q_idx), dS the capped score's gradient
+                    d_rows = d_rows + (ds * rel).sum(axis=1)
                 if sh.cap is not None:
                     ds = ds * soft_cap_slope(s, sh.cap)
 
@@ -314,7 +336,7 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape,
 
                 dq = pl.run_state(dq_gemm)(plgpu.ACC.init(dq))
                 plgpu.barrier_arrive(k_free.at[slot])
-                return dq
+                return dq if d_rows is None else (dq, d_rows)
 
             def drain(j: Any) -> None:
                 # The other consumer needs more blocks: release our share of them, once each
@@ -323,10 +345,18 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape,
 
             if blocks.left is not None:
                 pl.loop(lo, start)(drain)  # a window's blocks left of this consumer's rows
-            dq = _zeros((bq, d))
+            carry: Any = _zeros((bq, d))
+            if alibi_refs:
+                slopes_ref, d_rows_ref = alibi_refs
+                slope = slopes_ref[head]
+                carry = (carry, plgpu.layout_cast(jnp.full((bq,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1)))
             for begin, end, masked in spans:
-                dq = lax.fori_loop(begin, end, functools.partial(step, masked=masked), dq)
+                carry = lax.fori_loop(begin, end, functools.partial(step, masked=masked), carry)
             pl.loop(n_blocks, cta_blocks)(drain)
+            dq = carry
+            if alibi_refs:
+                dq, d_rows = carry
+                d_rows_ref[b, head, pl.ds(row0, bq)] = d_rows  # from registers, as the forward's lse
 
             q_smem[...] = (dq * sh.scale).astype(dtype)
             plgpu.commit_smem()
@@ -341,7 +371,10 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape,
                       stages=stages, first=lo, listed=listed, beside=beside)
 
     def entry(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, *refs: Any) -> None:
-        *mod_refs, dq_ref = refs
+        n_mods = 0 if mods is None else 2
+        mod_refs, refs = refs[:n_mods], refs[n_mods:]
+        # With ALiBi: its slopes beside the inputs, the rows' slope gradients beside dQ.
+        dq_ref, alibi_refs = (refs[1], (refs[0], refs[2])) if slopes is not None else (refs[0], ())
         smem = [
             plgpu.SMEM((2, bq, d), dtype, transforms=TRANSFORMS),  # q
             plgpu.SMEM((2, bq, d), dtype, transforms=TRANSFORMS),  # dO
@@ -351,7 +384,7 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape,
             plgpu.SMEM((stages, bkv, d), dtype, transforms=TRANSFORMS),
         ]
         pl.run_scoped(
-            lambda *scoped: body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, mod_refs, scoped),
+            lambda *scoped: body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, mod_refs, alibi_refs, scoped),
             smem,
             (plgpu.Barrier(num_barriers=2),) * 4,
             (plgpu.Barrier(num_barriers=stages),) * 2,
@@ -362,19 +395,21 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape,
             collective_axes="wg",
         )
 
-    return plgpu.kernel(
+    outs = plgpu.kernel(
         entry,
-        out_type=jax.ShapeDtypeStruct(q.shape, dtype),
+        out_type=(jax.ShapeDtypeStruct(q.shape, dtype),
+                  *(() if slopes is None else (jax.ShapeDtypeStruct((batch, hq, t_pad), jnp.float32),))),
         grid=(hq, n_q_tiles, batch),
         grid_names=("h", "q", "b"),
         num_threads=3,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
-    )(q, k, v, do, lse2, delta, *(mods or ()))
+    )(q, k, v, do, lse2, delta, *(mods or ()), *(() if slopes is None else (slopes,)))
+    return list(outs)
 
 
 def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape,
-              mods: Any = None) -> tuple[Any, Any]:
+              mods: Any = None, slopes: Any = None) -> tuple[Any, Any]:
     batch, _, _, d = q.shape
     dtype = q.dtype
     group = sh.hq // sh.hkv
@@ -385,7 +420,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
     per_block = bkv // WORD
 
     def body(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, dk_ref: Any,
-             dv_ref: Any, mod_refs: Any, scoped: Any) -> None:
+             dv_ref: Any, mod_refs: Any, slopes_ref: Any, scoped: Any) -> None:
         (k_smem2, v_smem2, q_smem, do_smem, lse_smem, delta_smem), (k_ready, v_ready), block_ready, free, \
             *mod_scoped = scoped
         q_ready, do_ready, lse_ready, delta_ready = block_ready
@@ -422,12 +457,12 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
             plgpu.barrier_wait(k_ready.at[wg])
             plgpu.barrier_wait(v_ready.at[wg])
 
-            def step(qb: Any, carry: Any, first: Any, masked: bool) -> Any:
+            def step(qb: Any, carry: Any, first: Any, masked: bool, g: Any) -> Any:
                 # The producer's step: head h's blocks from h * per_head.
-                return block_step(first + qb, qb, carry, masked)
+                return block_step(first + qb, qb, carry, masked, g)
 
-            def block_step(i: Any, qb: Any, carry: Any, masked: bool) -> Any:
-                """The producer's ``i``-th step: query block ``qb``."""
+            def block_step(i: Any, qb: Any, carry: Any, masked: bool, g: Any) -> Any:
+                """The producer's ``i``-th step: query block ``qb`` of the group's ``g``-th head."""
                 dk, dv = carry
                 slot = ring_slot(i, stages)
                 plgpu.barrier_wait(q_ready.at[slot])
@@ -440,7 +475,10 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
                 s_t = pl.run_scoped(st_gemm, plgpu.ACC((bkv, bq), jnp.float32))
                 lse = load_vector(lse_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))
                 s_t = soft_capped(s_t, sh.cap)
-                p_t = jnp.exp2(jnp.minimum(s_t * sh.qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]), 0.0))
+                scores = s_t
+                if slopes_ref is not None:  # ALiBi's term (its slope over the scale), transposed
+                    scores = s_t + _alibi((bkv, bq), k0, qb * bq, 0) * slopes_ref[kv_head * group + g]
+                p_t = jnp.exp2(jnp.minimum(scores * sh.qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]), 0.0))
                 if masked and mods is not None:
                     plgpu.barrier_wait(bits_ready.at[slot])
                     words = [load_vector(bits_smem.at[slot, wg * per_block + w], plgpu.Layout.WGMMA.reduce(0))
@@ -476,7 +514,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
                 # Step index of block qb of head h: h * per_head + (qb - q_first).
                 first = h * per_head - q_first
                 for begin, end, masked in spans:
-                    carry = lax.fori_loop(begin, end, functools.partial(step, first=first, masked=masked), carry)
+                    carry = lax.fori_loop(begin, end, functools.partial(step, first=first, masked=masked, g=h), carry)
                 return carry
 
             def listed_steps(g: Any, carry: Any) -> Any:
@@ -484,7 +522,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
                 _, n_partial, n_listed, listed = head_list(g)
                 dk_dv, i0 = carry
                 for begin, end, masked in ((0, n_partial, True), (n_partial, n_listed, False)):
-                    dk_dv = lax.fori_loop(begin, end, lambda i, c, m=masked: block_step(i0 + i, listed(i), c, m),
+                    dk_dv = lax.fori_loop(begin, end, lambda i, c, m=masked: block_step(i0 + i, listed(i), c, m, g),
                                           dk_dv)
                 return dk_dv, i0 + n_listed
 
@@ -546,7 +584,8 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
                 load(j + stages, slot)
 
     def entry(q_ref: Any, k_ref: Any, v_ref: Any, do_ref: Any, lse_ref: Any, delta_ref: Any, *refs: Any) -> None:
-        *mod_refs, dk_ref, dv_ref = refs
+        *ins, dk_ref, dv_ref = refs
+        mod_refs, slopes_ref = (ins[:-1], ins[-1]) if slopes is not None else (ins, None)
         smem = [
             plgpu.SMEM((2, bkv, d), dtype, transforms=TRANSFORMS),  # k
             plgpu.SMEM((2, bkv, d), dtype, transforms=TRANSFORMS),  # v
@@ -556,7 +595,8 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
             plgpu.SMEM((stages, bq), jnp.float32),  # delta
         ]
         pl.run_scoped(
-            lambda *scoped: body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, mod_refs, scoped),
+            lambda *scoped: body(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, mod_refs, slopes_ref,
+                                 scoped),
             smem,
             (plgpu.Barrier(num_barriers=2),) * 2,
             (plgpu.Barrier(num_barriers=stages),) * 4,
@@ -576,5 +616,5 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
         num_threads=3,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
-    )(q, k, v, do, lse2, delta, *(mods or ()))
+    )(q, k, v, do, lse2, delta, *(mods or ()), *(() if slopes is None else (slopes,)))
     return dk, dv

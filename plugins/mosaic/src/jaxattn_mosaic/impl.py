@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "OWN_BACKWARD_BELOW_KEYS",
     "OWN_BACKWARD_HEAD_DIMS",
+    "SCORE_MOD_ONLY_ALIBI",
     "WHY_NOT",
     "MosaicFlashAttention",
     "backward_choice",
@@ -50,10 +51,14 @@ WHY_NOT: dict[Feature, str] = {
     Feature.VALUE_DIM: "mosaic_flash needs v's head dim equal to q's and k's",
     Feature.KV_LENGTHS: "mosaic_flash has no per-sequence key lengths",
     Feature.QUANTIZED_KV: "mosaic_flash reads no quantized K/V",
-    Feature.SCORE_MOD: ("mosaic_flash runs no score_mod: a Mosaic GPU kernel cannot run a traced JAX function over "
-                        "the logits (a mask_mod is evaluated in JAX into packed bits it reads); flash_attn2 runs "
-                        "masks.alibi, blockwise any score_mod"),
 }
+
+#: Why a score_mod other than ``masks.alibi`` is declined.
+SCORE_MOD_ONLY_ALIBI = (
+    "mosaic_flash runs only the score_mod jaxattn.masks.alibi(slopes) (its term added in registers): a Mosaic GPU "
+    "kernel cannot run a traced JAX function over the logits (a mask_mod is evaluated in JAX into packed bits it "
+    "reads); blockwise or vanilla runs any score_mod"
+)
 
 #: Head dims this package's backward kernel takes (``backward_kernel.HEAD_DIMS``; declared here
 #: too so that choosing imports no kernel; a GPU test asserts the two agree).
@@ -84,6 +89,8 @@ def cudnn_grad_reasons(problem: AttentionProblem, device: DeviceInfo) -> list[st
         reasons.append("cuDNN's backward takes no logits soft cap")
     if problem.mask_mod:
         reasons.append("cuDNN's backward takes no mask_mod")
+    if problem.score_mod:
+        reasons.append("cuDNN's backward takes no score_mod")
     if problem.sliding_window is not None:
         reasons.append("cuDNN's backward, fed mosaic_flash's residuals, takes no sliding window")
     if problem.causal and problem.seq_q != problem.seq_k:
@@ -180,6 +187,8 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
                 reasons.append(f"metadata.{name}={value}: mosaic_flash tiles are multiples of 64 rows")
             if name == "num_stages" and value < 2:
                 reasons.append(f"metadata.num_stages={value}: the K/V ring needs at least 2 stages")
+        if problem.score_mod and not problem.score_mod_alibi:
+            reasons.append(SCORE_MOD_ONLY_ALIBI)
         reasons += device_reasons(self.device)
         if problem.needs_grad and not reasons:
             try:
@@ -211,6 +220,9 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
                         "lends its own), the causal rule and window ANDed in; each kernel walks its tiles' lists: "
                         "empty tiles never loaded, full ones without mask arithmetic, partial ones expanding the bits "
                         "in registers; one CTA per tile")
+        if problem.score_mod_alibi:
+            said.append("score_mod masks.alibi: slopes[h] * (kv_idx - q_idx) added to each score in registers, "
+                        "forward and backward (the slopes' gradient from the dQ kernel's row sums)")
         if scheduled is not None:
             work = schedule_work(*scheduled)
             over = max(work) / (sum(work) / len(work)) - 1
@@ -245,8 +257,13 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
     def forward_cuda(self, call: AttentionCall) -> AttentionOutput:
         from jaxattn_mosaic.kernel import mosaic_attention_forward
 
-        if call.score_mod is not None:  # declined by the call; a direct forward_* call must not drop it
-            raise NotImplementedError(WHY_NOT[Feature.SCORE_MOD])
+        slopes = None
+        if call.score_mod is not None:
+            from jaxattn import masks
+
+            slopes = masks.alibi_slopes(call)
+            if slopes is None:  # declined by the call; a direct forward_* call must not drop it
+                raise NotImplementedError(SCORE_MOD_ONLY_ALIBI)
         cfg = self._config(call.problem)
         k, v, bits = call.k, call.v, None
         causal, window = call.causal, call.sliding_window
@@ -260,10 +277,13 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
             k, v = unread_zeroed(k, v, bits)
             causal, window = False, None
 
-        def forward(q: Any, k: Any, v: Any, *aux: Any) -> tuple[Any, Any]:
+        # The arrays beside q, k and v, arguments of the custom gradient (they may be traced).
+        aux = {n: a for n, a in (("bits", bits), ("alibi_slopes", slopes)) if a is not None}
+
+        def forward(q: Any, k: Any, v: Any, **given: Any) -> tuple[Any, Any]:
             return mosaic_attention_forward(q, k, v, causal=causal, softmax_scale=call.softmax_scale,
                                             soft_cap=call.logits_soft_cap, sliding_window=window, config=cfg,
-                                            bits=aux[0] if aux else bits)
+                                            **(given or aux))
 
         attend: Callable[[Any, Any, Any], tuple[Any, Any]] = forward
         chosen, _ = self._backward(call.problem)
@@ -272,7 +292,7 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
 
             if chosen == "own":
                 attend = backward.with_own_backward(forward, causal=causal, softmax_scale=call.softmax_scale,
-                                                    soft_cap=call.logits_soft_cap, sliding_window=window, bits=bits)
+                                                    soft_cap=call.logits_soft_cap, sliding_window=window, aux=aux)
             else:
                 attend = backward.with_cudnn_backward(forward, causal=causal, softmax_scale=call.softmax_scale)
         out, lse = attend(call.q, k, v)

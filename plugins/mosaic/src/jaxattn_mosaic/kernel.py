@@ -460,6 +460,7 @@ def mosaic_attention_forward(
     sliding_window: tuple[int | None, int | None] | None = None,
     config: Config | None = None,
     bits: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Attention of q ``(B, T, Hq, D)`` over k, v ``(B, S, Hkv, D)``, the logits
     ``softmax_scale * q k`` capped at ``soft_cap`` (``cap * tanh(logit / cap)``) if given;
@@ -471,6 +472,9 @@ def mosaic_attention_forward(
     given): each query tile runs the key blocks holding a visible pair (``mods.tile_lists``),
     the partial ones masked by the bits (``mod_config``'s tiles, one CTA per tile). Keys no query
     of their KV head sees must hold finite values (``mods.unread_zeroed``).
+
+    ``alibi_slopes``: float32 ``(Hq,)``, ALiBi's term ``slopes[h] * (kv_idx - q_idx)`` (raw
+    positions, ``jaxattn.masks.alibi``) added to each capped logit before the mask, in registers.
 
     Returns the output ``(B, T, Hq, D)`` in q's dtype and the log-sum-exp of the scaled
     logits ``(B, Hq, T)`` in float32 (natural log).
@@ -496,7 +500,7 @@ def mosaic_attention_forward(
         pad = ((0, 0), (0, s_pad - s_len), (0, 0), (0, 0))
         k, v = jnp.pad(k, pad), jnp.pad(v, pad)
     out, lse2 = _forward_call(q, k, v, causal=causal, scale=float(softmax_scale), s_len=s_len,
-                              t_len=t_len, cfg=cfg, window=window, bits=bits,
+                              t_len=t_len, cfg=cfg, window=window, bits=bits, alibi_slopes=alibi_slopes,
                               cap=None if soft_cap is None else float(soft_cap) / float(softmax_scale))
     out = out[:, :t_len]
     lse = lse2[:, :, :t_len] * _LN2
@@ -547,6 +551,8 @@ class _Launch:
     #: With a mask_mod's bits: the lists' and bits' leading dims (B or 1, Hq or 1) and the words
     #: of a key block; None without.
     mods: tuple[int, int, int] | None = None
+    #: ALiBi's slopes are an input (``mosaic_attention_forward``'s ``alibi_slopes``).
+    alibi: bool = False
 
     @property
     def bq(self) -> int:
@@ -601,12 +607,14 @@ def _launch(q: Any, k: Any, *, causal: bool, scale: float, s_len: int, t_len: in
 
 def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: int, t_len: int,
                   cfg: Config, cap: float | None = None, window: Window = NO_WINDOW,
-                  bits: Any = None) -> tuple[Any, Any]:
+                  bits: Any = None, alibi_slopes: Any = None) -> tuple[Any, Any]:
     """The kernel's launch; ``cap``: the soft cap in the unscaled scores' units (cap / scale);
     ``window``: the sliding window's sides that cut (``blocks.window_sides``); ``bits``: a
     mask_mod's (``mosaic_attention_forward``)."""
     if cfg.overlap and window != NO_WINDOW:
         raise ValueError(f"overlap runs every tile from key block 0: it takes no sliding window, got {window}")
+    if cfg.overlap and alibi_slopes is not None:
+        raise ValueError(f"ALiBi's term is added in the ping-pong loop only, not with overlap: {cfg}")
     mod_inputs: tuple[Any, ...] = ()
     mods = None
     if bits is not None:
@@ -618,8 +626,11 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         words = row_blocks(bits, rows=cfg.block_q, t_pad=t_pad, words=cdiv(s_len, cfg.block_kv) * per_block)
         mods = (int(bits.shape[0]), int(bits.shape[1]), per_block)
         mod_inputs = (lists, words)
-    lz = _launch(q, k, causal=causal, scale=scale, s_len=s_len, t_len=t_len, cfg=cfg, cap=cap, window=window,
-                 mods=mods)
+    lz = dataclasses.replace(_launch(q, k, causal=causal, scale=scale, s_len=s_len, t_len=t_len, cfg=cfg, cap=cap,
+                                     window=window, mods=mods), alibi=alibi_slopes is not None)
+    if alibi_slopes is not None:
+        # In the kernel's unscaled units (its scores are q k, the scale applied with log2(e) later).
+        mod_inputs += (jnp.asarray(alibi_slopes, jnp.float32) / scale,)
     batch, hq, bq, head_dim, pieces, n_parts = lz.batch, lz.hq, lz.bq, lz.head_dim, lz.pieces, lz.n_parts
     params = plgpu.CompilerParams(approx_math=True)
     if cfg.lean_barriers:
@@ -654,7 +665,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
 def _entry(lz: _Launch, q_ref: Any, k_ref: Any, v_ref: Any, *refs: Any) -> None:
     """The kernel: its shared memory and barriers, then the body (``_Body``) in their scope."""
     schedule_ref, refs = (refs[0], refs[1:]) if lz.schedule is not None else (None, refs)
-    mod_refs, (out_ref, lse_ref, *parts) = (refs[:2], refs[2:]) if lz.mods is not None else ((), refs)
+    mod_refs, refs = (refs[:2], refs[2:]) if lz.mods is not None else ((), refs)
+    slopes_ref, (out_ref, lse_ref, *parts) = (refs[0], refs[1:]) if lz.alibi else (None, refs)
     bq, bkv, head_dim, dtype, stages, q_slots, cfg = lz.bq, lz.bkv, lz.head_dim, lz.dtype, lz.stages, lz.q_slots, lz.cfg
     smem = [
         plgpu.SMEM((2 * q_slots, bq, head_dim), dtype, transforms=TRANSFORMS),
@@ -664,7 +676,7 @@ def _entry(lz: _Launch, q_ref: Any, k_ref: Any, v_ref: Any, *refs: Any) -> None:
     ]
     pl.run_scoped(
         lambda *scoped: _Body(lz, (q_ref, k_ref, v_ref, schedule_ref, out_ref, lse_ref), parts, scoped,
-                              mod_refs).run(),
+                              mod_refs, slopes_ref).run(),
         smem,
         (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
          plgpu.Barrier(num_barriers=2 * q_slots)),
@@ -687,12 +699,17 @@ class _Body:
     Its methods are the steps of the body, each reading the launch (``lz``) and the refs."""
 
     def __init__(self, lz: _Launch, refs: tuple[Any, ...], parts: Any, scoped: Any,
-                 mod_refs: tuple[Any, ...] = ()) -> None:
+                 mod_refs: tuple[Any, ...] = (), slopes_ref: Any = None) -> None:
         self.lz, self.cfg = lz, lz.cfg
         self.q_ref, self.k_ref, self.v_ref, self.schedule_ref, self.out_ref, self.lse_ref = refs
         self.parts = parts
         (self.q_smem2, self.k_smem, self.v_smem, *self.o_smem2), (self.k_ready, self.v_ready, self.q_ready), \
             (self.k_free, self.v_free), self.sched, *extra = scoped
+        self.slopes_ref = slopes_ref
+        # Set per round (``consumer_round``): ALiBi's slope of the tile's head, the key block of a
+        # step of its loop (a mask_mod's list's, or the step itself).
+        self.slope: Any = None
+        self.key_block: Callable[[Any], Any] = lambda j: j
         if lz.mods is not None:
             self.list_ref, self.bits_ref = mod_refs
             *extra, (self.bits_smem, self.bits_ready) = extra
@@ -838,7 +855,8 @@ class _Body:
         """Scores of block ``j`` with keys past ``S`` (and, causal, right of the diagonal) masked."""
         return jnp.where(self.lz.blocks.keep(j, row0, (self.lz.bq, self.lz.bkv)), s, _MASKED)
 
-    def exponents(self, s: Any, j: Any, m_i: Any, row0: Any, masked: bool, keep: Any = None) -> tuple[Any, Any, Any]:
+    def exponents(self, s: Any, j: Any, m_i: Any, row0: Any, masked: bool, keep: Any = None,
+                  bias: Any = None) -> tuple[Any, Any, Any]:
         """Online softmax on the log2 scale for block ``j``'s scores ``s`` (masked if
         ``masked``): the new running max ``m``, the factor ``alpha`` for what came before,
         and the exponents whose exp2 is ``p``. ``m`` is kept unscaled and the scale applied
@@ -846,11 +864,21 @@ class _Body:
         exact product, up to half an ulp of the rounded max away from it, and past ~2^32
         that gap alone overflows exp2 (NaN out of finite inputs). One multiply more."""
         s = soft_capped(s, self.lz.cap)
+        if bias is not None:  # ALiBi's (``alibi``), on the capped scores
+            s = s + bias
         if masked:  # ``keep``: a mask_mod's (``mod_keep``)
             s = self.mask(s, j, row0) if keep is None else jnp.where(keep, s, _MASKED)
         m_new = jnp.maximum(m_i, s.max(axis=1))
         alpha = jnp.exp2((m_i - m_new) * self.lz.qk_scale)
         return m_new, alpha, (s - lax.broadcast_in_dim(m_new, s.shape, [0])) * self.lz.qk_scale
+
+    def alibi(self, j: Any, row0: Any) -> Any:
+        """ALiBi's term for step ``j``'s block and the rows from ``row0``: ``slope * (key - row)``,
+        raw positions, the slope in the unscaled scores' units."""
+        shape = (self.lz.bq, self.lz.bkv)
+        rows = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+        cols = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+        return (cols - rows + (self.key_block(j) * self.lz.bkv - row0)).astype(jnp.float32) * self.slope
 
     def exp2_parts(self, x: Any) -> list[Any]:
         """exp2 of a block's scaled scores, by column parts: the special-function unit's
@@ -955,7 +983,8 @@ class _Body:
         s = pl.run_scoped(qk_gemm, plgpu.ACC((bq, bkv), jnp.float32))
         signal(self.k_free, slot)
         keep = self.mod_keep(slot) if masked and self.lz.mods is not None else None
-        m_new, alpha, x = self.exponents(s, j, m_i, row0, masked, keep)
+        bias = self.alibi(j, row0) if self.lz.alibi else None
+        m_new, alpha, x = self.exponents(s, j, m_i, row0, masked, keep, bias)
         parts = self.exp2_parts(x)
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
         l_i = l_i * alpha
@@ -1155,8 +1184,10 @@ class _Body:
         lz, cfg, blocks, bq, rounds = self.lz, self.cfg, self.lz.blocks, self.lz.bq, self.rounds
         b, head, tile_start, cta_blocks, lo, piece = self.tile(self.tile_of(r))
         row0 = tile_start + self.wg * bq
+        if lz.alibi:
+            self.slope = self.slopes_ref[head]
         if lz.mods is not None:  # both consumers run the tile's list: partial blocks, then full ones
-            n_partial, _ = self.listed(b, head, tile_start)
+            n_partial, self.key_block = self.listed(b, head, tile_start)
             n_blocks, start = cta_blocks, 0
             spans: Any = ((0, n_partial, True), (n_partial, n_blocks, False))
         else:

@@ -3,9 +3,10 @@
 ``mosaic_flash`` is attention of our own in Pallas Mosaic GPU for sm_90 (H100/H200): a forward
 for full and causal (bottom-right when T != S), GQA, head dims 64/128/256, bf16/fp16, any T and
 S, a logits soft cap, a sliding window, a mask_mod (its packed bits and tile lists: ``mods``),
-with the log-sum-exp; a backward of its own for head dims 64 and 128 (the same shapes,
-deterministic), and cuDNN's backward fed this forward's output and lse where that measured
-faster or for head dim 256 (``impl.backward_choice``; ``metadata.extra["mosaic_backward"]``).
+ALiBi as a score_mod (``masks.alibi``), with the log-sum-exp; a backward of its own for head
+dims 64 and 128 (the same shapes, deterministic), and cuDNN's backward fed this forward's
+output and lse where that measured faster or for head dim 256 (``impl.backward_choice``;
+``metadata.extra["mosaic_backward"]``).
 
 Priority 80 (below cudnn's 100 and flash_attn2's 90): measured on an H100 it is at or above
 cuDNN for causal calls and slightly below for full ones (docs/bench.md), so "auto" picks it
@@ -30,7 +31,7 @@ MOSAIC_FLASH = ImplRef(
     # Tiles of 64 columns of the head dim (128-byte swizzle); the shared memory holds up to 256.
     head_dims={64, 128, 256},
     features={Feature.CAUSAL, Feature.GQA, Feature.CROSS, Feature.DECODE, Feature.LSE, Feature.GRAD,
-              Feature.SOFT_CAP, Feature.SLIDING_WINDOW, Feature.MASK_MOD},
+              Feature.SOFT_CAP, Feature.SLIDING_WINDOW, Feature.MASK_MOD, Feature.SCORE_MOD},
 )
 
 
