@@ -147,13 +147,13 @@ def main() -> None:
         arrs = {"slopes": jnp.exp2(-8.0 * jnp.arange(1, h + 1, dtype=jnp.float32) / h)}  # ALiBi's slopes
         grads = (0, 1, 2, 3)  # the slopes' gradient too
         rows = [
-            ("flash_attn2 causal", lambda r: {"impl": "flash_attn2", "causal": True}, causal_pairs),
-            ("flash_attn2 alibi", lambda r: {"impl": "flash_attn2", "causal": True,
-                                             "score_mod": masks.alibi(r["slopes"])}, causal_pairs),
+            (f"{fa} causal", lambda r: {"impl": fa, "causal": True}, causal_pairs),
+            (f"{fa} alibi", lambda r: {"impl": fa, "causal": True, "score_mod": masks.alibi(r["slopes"])},
+             causal_pairs),
             ("blockwise alibi", lambda r: {"impl": "blockwise", "causal": True,
                                            "score_mod": masks.alibi(r["slopes"])}, causal_pairs),
         ]
-        ref_name, mine_name, targets = "blockwise alibi", "flash_attn2 alibi", (("flash_attn2 causal", 0.8),)
+        ref_name, mine_name, targets = "blockwise alibi", f"{fa} alibi", ((f"{fa} causal", 0.8),)
     results: dict[str, dict[str, Any]] = {}
     outs: dict[str, Any] = {}
     what = {"documents": f"as {a.docs} documents {lengths[:4]}...", "prefix": f"prefix-LM, prefix {prefix}",
