@@ -435,13 +435,15 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
         per_head = q_end - q_first
         n_steps = group * per_head
 
-        def head_list(g: Any) -> tuple[Any, Any, Any, Any]:
+        def head_list(g: Any) -> tuple[Any, Any, Any, Any, Any]:
             """A mask_mod's list for query head ``g`` of the group (mods.tile_lists by keys): its
-            head, its count of partial and of all query blocks, and its ``i``-th block."""
+            head, where its lists and bits are (``_lead``), its count of partial and of all query
+            blocks, and its ``i``-th block."""
             h = kv_head * group + g
             lead = _lead(mods, b, h)
             n_partial = list_ref[(*lead, kv_tile, 0)]
-            return h, n_partial, n_partial + list_ref[(*lead, kv_tile, 1)], lambda i: list_ref[(*lead, kv_tile, i + 2)]
+            return (h, lead, n_partial, n_partial + list_ref[(*lead, kv_tile, 1)],
+                    lambda i: list_ref[(*lead, kv_tile, i + 2)])
 
         if mods is not None:
             (list_ref, bits_ref), ((bits_smem, bits_ready),) = mod_refs, mod_scoped
@@ -519,7 +521,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
 
             def listed_steps(g: Any, carry: Any) -> Any:
                 # A mask_mod's: head g's list, partial blocks masked, then full ones.
-                _, n_partial, n_listed, listed = head_list(g)
+                _, _, n_partial, n_listed, listed = head_list(g)
                 dk_dv, i0 = carry
                 for begin, end, masked in ((0, n_partial, True), (n_partial, n_listed, False)):
                     dk_dv = lax.fori_loop(begin, end, lambda i, c, m=masked: block_step(i0 + i, listed(i), c, m, g),
@@ -556,7 +558,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
 
             if mods is not None:
                 def head_loads(g: Any, i0: Any) -> Any:
-                    h, n_partial, n_listed, listed = head_list(g)
+                    h, lead, n_partial, n_listed, listed = head_list(g)
 
                     @pl.loop(0, n_listed)
                     def _load(i: Any) -> None:
@@ -565,7 +567,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
                         qb = listed(i)
                         pl.when(ring >= stages)(lambda: plgpu.barrier_wait(free.at[slot]))
                         load_block(h, qb, slot)
-                        words = bits_ref.at[(*_lead(mods, b, h), qb, pl.ds(kv_tile * (2 * per_block), 2 * per_block))]
+                        words = bits_ref.at[(*lead, qb, pl.ds(kv_tile * (2 * per_block), 2 * per_block))]
                         pl.when(i < n_partial)(lambda: plgpu.copy_gmem_to_smem(words, bits_smem.at[slot],
                                                                                bits_ready.at[slot]))
 

@@ -20,6 +20,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import llvm
 
+from jaxattn_mosaic.mods import WORD
+
 __all__ = ["FIRST_NAMED_BARRIER", "NO_WINDOW", "TRANSFORMS", "KeyBlocks", "NamedBarriers", "Window", "await_signal",
            "bits_keep", "cdiv", "check_inputs", "keys_ahead", "load_vector", "named_barrier", "plus", "release_unread",
            "ring_slot", "signal", "soft_cap_slope", "soft_capped", "stream_kv", "window_sides"]
@@ -339,10 +341,6 @@ def load_vector(ref: Any, layout: Any) -> Any:
     return load(ref, layout=layout)
 
 
-#: Keys per word of a mask_mod's packed bits (``mods.WORD``).
-_WORD = 32
-
-
 def bits_keep(words: list[Any], shape: tuple[int, int], key_axis: int) -> Any:
     """Which pairs of a tile a mask_mod's packed bits keep: a bool tile of ``shape`` in wgmma's
     register layout whose ``key_axis`` counts the block's keys (1: a forward's or dQ's scores,
@@ -352,8 +350,8 @@ def bits_keep(words: list[Any], shape: tuple[int, int], key_axis: int) -> Any:
     tiles = [lax.broadcast_in_dim(w, shape, [1 - key_axis]) for w in words]
     word = tiles[-1]
     for i in range(len(tiles) - 2, -1, -1):
-        word = jnp.where(keys < _WORD * (i + 1), tiles[i], word)
-    return (lax.shift_right_logical(word, keys & (_WORD - 1)) & 1) != 0
+        word = jnp.where(keys < WORD * (i + 1), tiles[i], word)
+    return (lax.shift_right_logical(word, keys & (WORD - 1)) & 1) != 0
 
 
 def release_unread(j: Any, ready: tuple[Any, Any], free: tuple[Any, Any], *, stages: int, wait: bool = True) -> None:

@@ -564,7 +564,8 @@ class _Launch:
 
 
 def _launch(q: Any, k: Any, *, causal: bool, scale: float, s_len: int, t_len: int, cfg: Config,
-            cap: float | None, window: Window, mods: tuple[int, int, int] | None = None) -> _Launch:
+            cap: float | None, window: Window, mods: tuple[int, int, int] | None = None,
+            alibi: bool = False) -> _Launch:
     batch, t_pad, hq, head_dim = q.shape
     bq, bkv = cfg.block_q, cfg.block_kv
     n_q_tiles = t_pad // (2 * bq)
@@ -602,7 +603,7 @@ def _launch(q: Any, k: Any, *, causal: bool, scale: float, s_len: int, t_len: in
                    stages=stages, n_tiles=n_tiles, n_whole=n_whole, pieces=pieces,
                    per_piece=cdiv(blocks.count, pieces), n_parts=n_parts, n_items=n_items, n_ctas=n_ctas,
                    n_rounds=cdiv(n_items, n_ctas), schedule=schedule, chunk=chunk, q_slots=q_slots,
-                   o_staged=cfg.persistent and fits(q_slots), mods=mods)
+                   o_staged=cfg.persistent and fits(q_slots), mods=mods, alibi=alibi)
 
 
 def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: int, t_len: int,
@@ -626,8 +627,8 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
         words = row_blocks(bits, rows=cfg.block_q, t_pad=t_pad, words=cdiv(s_len, cfg.block_kv) * per_block)
         mods = (int(bits.shape[0]), int(bits.shape[1]), per_block)
         mod_inputs = (lists, words)
-    lz = dataclasses.replace(_launch(q, k, causal=causal, scale=scale, s_len=s_len, t_len=t_len, cfg=cfg, cap=cap,
-                                     window=window, mods=mods), alibi=alibi_slopes is not None)
+    lz = _launch(q, k, causal=causal, scale=scale, s_len=s_len, t_len=t_len, cfg=cfg, cap=cap, window=window,
+                 mods=mods, alibi=alibi_slopes is not None)
     if alibi_slopes is not None:
         # In the kernel's unscaled units (its scores are q k, the scale applied with log2(e) later).
         mod_inputs += (jnp.asarray(alibi_slopes, jnp.float32) / scale,)
