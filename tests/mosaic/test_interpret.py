@@ -4,7 +4,8 @@ dK/dV kernels with a mask_mod's bits and tile lists (GQA, T != S, rows that see 
 query sees poisoned with NaN, masks of b and h), and the kernels' causal, windowed and persistent
 schedules, with the interpreter's race detector on. Through the impl too, differentiated, as a
 GPU user calls it (the bits an argument of its custom gradient). Each kernel call runs alone (the
-interpreter's simulated GPU is one global state), so nothing here runs under ``jax.jit``."""
+interpreter's simulated GPU is one global state), so nothing here runs under ``jax.jit``; the mods
+run under each of the strict modes too."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from jaxattn.backend.metadata import AttentionMetadata
 from jaxattn.testing import oracle
 from jaxattn.testing.cases import DEFAULT_TOLERANCES
 from jaxattn.testing.compare import assert_close
+from jaxattn.testing.strict import STRICT_MODES
 from jaxattn_mosaic import backward_kernel as KB
 from jaxattn_mosaic import kernel as K
 from jaxattn_mosaic import mods
@@ -101,7 +103,7 @@ def test_the_kernels_schedules_in_the_interpreter(mosaic_interpreter: Any, b: in
 
 
 def test_the_impl_differentiated_with_a_mask_mod_in_the_interpreter(mosaic_interpreter: Any) -> None:
-    # As a GPU user calls it, under jit: traced document ids (the last keys in no document) ANDed
+    # As a GPU user calls it: traced document ids (the last keys in no document) ANDed
     # with a rule of h and bottom-right causal, T < S, GQA; K and V NaN at the keys no query of
     # their KV head sees (unread, and their gradients 0).
     b, t, s, hq, hkv, d = 1, 200, 300, 2, 1, 64
@@ -133,28 +135,42 @@ def test_the_impl_differentiated_with_a_mask_mod_in_the_interpreter(mosaic_inter
     _check([res.attention_outputs, res.softmax_lse, *grads], x, True, causal=True, mask_mod=rule(q_ids, kv_ids))
 
 
-@pytest.mark.parametrize(("b", "t", "s", "hq", "hkv", "d", "name", "cap"), [
-    (1, 256, 256, 2, 1, 64, None, None),  # ALiBi over causal attention, GQA
-    (1, 200, 300, 2, 2, 64, "chunked", 20.0),  # with a mask_mod's lists and a soft cap, T < S
-])
-def test_alibi_in_the_interpreter(mosaic_interpreter: Any, b: int, t: int, s: int, hq: int, hkv: int, d: int,
-                                  name: str | None, cap: float | None) -> None:
+def _alibi_through_the_impl(interpreter: Any, b: int, t: int, s: int, hq: int, hkv: int, d: int, mask_mod: Any,
+                            cap: float | None) -> None:
     # masks.alibi's term added in registers, forward and backward, and its slopes' gradient from
     # the dQ kernel's row sums, through the impl as a GPU user calls it (the slopes an argument of
     # its custom gradient, differentiated).
     a, x = _inputs(b, t, s, hq, hkv, d)
     slopes = jnp.asarray(3.0 * np.exp2(-8.0 * np.arange(1, hq + 1) / hq), jnp.float32)
-    mask_mod = masks.chunked_causal(64) if name else None
     impl = MosaicFlashAttention(AttentionMetadata(), H100)
 
     def loss(q: Any, k: Any, v: Any, slopes: Any) -> Any:
         res = impl(q, k, v, causal=True, mask_mod=mask_mod, score_mod=masks.alibi(slopes), logits_soft_cap=cap)
         return jnp.sum(res.attention_outputs.astype(jnp.float32) * a["do"].astype(jnp.float32)), res
 
-    with mosaic_interpreter():
+    with interpreter():
         (_, res), grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(a["q"], a["k"], a["v"], slopes)
     rules = {"causal": True, "mask_mod": mask_mod, "logits_soft_cap": cap, "score_mod": masks.alibi,
              "score_params": np.asarray(slopes, np.float64)}
     _check([res.attention_outputs, res.softmax_lse, *grads[:3]], x, True, **rules)
     want = oracle.attention_backward(x["q"], x["k"], x["v"], x["do"], **rules)
     assert_close("d slopes", np.asarray(grads[3], np.float64), want.dscore_params, TOL.grad)
+
+
+@pytest.mark.parametrize(("b", "t", "s", "hq", "hkv", "d", "name", "cap"), [
+    (1, 256, 256, 2, 1, 64, None, None),  # ALiBi over causal attention, GQA
+    (1, 200, 300, 2, 2, 64, "chunked", 20.0),  # with a mask_mod's lists and a soft cap, T < S
+])
+def test_alibi_in_the_interpreter(mosaic_interpreter: Any, b: int, t: int, s: int, hq: int, hkv: int, d: int,
+                                  name: str | None, cap: float | None) -> None:
+    _alibi_through_the_impl(mosaic_interpreter, b, t, s, hq, hkv, d, masks.chunked_causal(64) if name else None, cap)
+
+
+@pytest.mark.parametrize("strict_mode", sorted(STRICT_MODES))
+def test_mods_under_strict_modes_in_the_interpreter(mosaic_interpreter: Any, strict_mode: str) -> None:
+    # The mask_mod path (its bits, lists and the zeroing of keys no query sees: here 128..191) and
+    # ALiBi's slopes gradient under the modes JAX's tests and careful users run: rank promotion
+    # "raise", NaN/Inf checks, jax's internal checks. Every row sees a key, so no -inf reaches an
+    # output the Inf check reads.
+    with STRICT_MODES[strict_mode]():
+        _alibi_through_the_impl(mosaic_interpreter, 1, 128, 192, 2, 1, 64, masks.chunked_causal(64), None)
