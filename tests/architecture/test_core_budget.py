@@ -53,7 +53,11 @@ plugins' four grids and two selects are gone; raised by 65 to 5,905 for the ALiB
 kernel unable to run a function recognises (``masks.alibi``, ``alibi_slopes``, the problem's
 ``score_mod_alibi``; its slopes checked against Hq, as indexing would clamp them) and for masks and
 scores from the CLI (``jaxattn explain --mask-mod TERM+... --score-mod alibi``, validated before
-anything runs), issue 50's "reachable from the public API and the CLI".
+anything runs), issue 50's "reachable from the public API and the CLI"; raised by 35 to 5,940
+for the three helpers the mask_mod kernels shared as copies (``masks.call_bits``, a call's packed
+visibility with its window and rules ANDed in; ``tile_lists``, the partial then full tiles each
+kernel tile visits; ``seen_words``, the keys some query sees): Mosaic's and the Triton
+``flash_attn2``'s copies are gone.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5905
+BUDGET = 5940
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

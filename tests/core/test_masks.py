@@ -119,6 +119,74 @@ def test_mask_bits_pack_the_visibility_and_from_bits_classifies_any_tiling() -> 
         masks.from_bits(jnp.zeros((1, 1, t, 2), jnp.int32), s)
 
 
+def _unpacked(bits: object, s: int) -> np.ndarray:
+    words = np.asarray(bits).view(np.uint32)
+    return (((words[..., None] >> np.arange(32, dtype=np.uint32)) & 1).reshape(*words.shape[:-1], -1)[..., :s]) == 1
+
+
+def _doc_ids(t: int) -> jax.Array:
+    return jnp.asarray(np.searchsorted([40, 41, 100], np.arange(t), side="right")[None], jnp.int32)
+
+
+@pytest.mark.parametrize("window", [(None, None), (None, 0), (30, 5), (17, None)])
+@pytest.mark.parametrize(("t", "s"), [(150, 150), (77, 200), (200, 77)])
+def test_call_bits_and_a_window_and_rules_bottom_right(t: int, s: int, window: tuple[int | None, int | None]) -> None:
+    mask_mod = masks.or_(masks.chunked_causal(32), lambda b, h, qi, kv: (h == 1) & (kv % 3 == 0))
+    odd = lambda b, h, qi, kv: (qi + b) % 2 == 1  # noqa: E731 (a rule beside the window)
+    bits = masks.call_bits(mask_mod, None, 2, 2, t, s, window=window, rules=(odd,))
+    qi, kv = np.arange(t)[:, None] + (s - t), np.arange(s)[None]
+    want = grid(mask_mod, 2, 2, t, s) & grid(odd, 2, 2, t, s)
+    if window[0] is not None:
+        want = want & (kv >= qi - window[0])
+    if window[1] is not None:
+        want = want & (kv <= qi + window[1])
+    np.testing.assert_array_equal(np.broadcast_to(_unpacked(bits, s), want.shape), want)
+    # A block mask's bits stand for the mask_mod's: the same visibility, the rules ANDed in.
+    given = masks.block_mask(mask_mod, 1, 2, t, s, bits=True)
+    np.testing.assert_array_equal(np.asarray(masks.call_bits(None, given, 2, 2, t, s, window=window, rules=(odd,))),
+                                  np.asarray(bits))
+    np.testing.assert_array_equal(np.asarray(masks.call_bits(None, given, 1, 2, t, s)), np.asarray(given.bits))
+
+
+@pytest.mark.parametrize("by_keys", [False, True])
+@pytest.mark.parametrize(("t", "s", "rows", "keys"), [(300, 300, 128, 128), (333, 517, 128, 64), (64, 40, 128, 128)])
+def test_tile_lists_name_each_tiles_partial_then_full_tiles(t: int, s: int, rows: int, keys: int,
+                                                               by_keys: bool) -> None:
+    mask_mod = masks.and_(masks.causal(), masks.document(_doc_ids(max(t, s))[:, :t], _doc_ids(max(t, s))[:, :s]))
+    dense = grid(mask_mod, 1, 1, t, s)[0, 0]
+    bits = masks.call_bits(mask_mod, None, 1, 1, t, s)
+    lists = np.asarray(masks.tile_lists(bits, s, block_q=rows, block_kv=keys, by_keys=by_keys))[0, 0]
+    nq, nk = -(-t // rows), -(-s // keys)
+    assert lists.shape == ((nk, 2 + nq) if by_keys else (nq, 2 + nk))
+    for tile, row in enumerate(lists):
+        n_partial, n_full = row[:2]
+        listed = row[2:2 + n_partial + n_full]
+        for pos, other in enumerate(listed):
+            qt, kt = (other, tile) if by_keys else (tile, other)
+            block = dense[qt * rows:(qt + 1) * rows, kt * keys:(kt + 1) * keys]
+            assert block.any()
+            # Full: every pair of the kernel's whole tile is visible (a tail tile never is).
+            full = block.all() and block.shape == (rows, keys)
+            assert (pos >= n_partial) == full, (tile, pos, other)
+        assert list(listed[:n_partial]) == sorted(listed[:n_partial])
+        assert list(listed[n_partial:]) == sorted(listed[n_partial:])
+        others = nq if by_keys else nk
+        unlisted = set(range(others)) - set(listed.tolist())
+        for other in unlisted:  # empty
+            qt, kt = (other, tile) if by_keys else (tile, other)
+            assert not dense[qt * rows:(qt + 1) * rows, kt * keys:(kt + 1) * keys].any()
+
+
+def test_seen_words_are_the_keys_some_query_of_the_kv_head_sees() -> None:
+    b, hq, hkv, t, s = 2, 4, 2, 20, 70
+    mod = masks.or_(lambda b_, h, qi, kv: (h == 1) & (kv < 10) & (qi > 0),
+                    lambda b_, h, qi, kv: (h >= 2) & (kv >= 60) & (b_ == 1))
+    seen = masks.seen_words(masks.mask_bits(mod, b, hq, t, s), hkv)
+    want = grid(mod, b, hq, t, s).reshape(b, hkv, hq // hkv, t, s).any(axis=(2, 3))
+    np.testing.assert_array_equal(_unpacked(seen, s), want)
+    assert masks.seen_words(masks.mask_bits(masks.causal(), b, hq, t, s), hkv).shape == (1, 1, 3)
+
+
 @pytest.mark.parametrize("budget", [1, 200, 3000])
 def test_block_mask_and_bits_do_not_depend_on_the_rows_a_step(monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
     """A small step budget splits the rows into several steps (one tile's rows at the least, a

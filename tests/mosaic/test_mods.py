@@ -22,10 +22,6 @@ def _unpacked(bits: Any, s: int) -> np.ndarray:
     return (((words[..., None] >> np.arange(32, dtype=np.uint32)) & 1).reshape(*words.shape[:-1], -1)[..., :s]) == 1
 
 
-def _ids(t: int) -> Any:
-    return jnp.asarray(np.searchsorted([40, 41, 100], np.arange(t), side="right")[None], jnp.int32)
-
-
 @pytest.mark.parametrize(("causal", "window"), [(False, (None, None)), (True, (None, None)), (False, (30, 5)),
                                                 (True, (17, None))])
 @pytest.mark.parametrize(("t", "s"), [(150, 150), (77, 200), (200, 77)])
@@ -43,36 +39,6 @@ def test_call_bits_and_the_call_rules_bottom_right(t: int, s: int, causal: bool,
     given = masks.block_mask(mask_mod, 1, 2, t, s, bits=True)
     assert np.array_equal(np.asarray(mods.call_bits(None, given, batch=1, heads=2, t_len=t, s_len=s, causal=causal,
                                                     window=window)), np.asarray(bits))
-
-
-@pytest.mark.parametrize("by_keys", [False, True])
-@pytest.mark.parametrize(("t", "s", "rows", "keys"), [(300, 300, 128, 128), (333, 517, 128, 64), (64, 40, 128, 128)])
-def test_tile_lists_name_each_tiles_partial_then_full_blocks(t: int, s: int, rows: int, keys: int,
-                                                               by_keys: bool) -> None:
-    mask_mod = masks.and_(masks.causal(), masks.document(_ids(max(t, s))[:, :t], _ids(max(t, s))[:, :s]))
-    dense = _dense(mask_mod, 1, 1, t, s)[0, 0]
-    lists = np.asarray(mods.tile_lists(mods.call_bits(mask_mod, None, batch=1, heads=1, t_len=t, s_len=s,
-                                                      causal=False, window=(None, None)),
-                                       s, rows=rows, keys=keys, by_keys=by_keys))[0, 0]
-    nq, nk = -(-t // rows), -(-s // keys)
-    assert lists.shape == ((nk, 2 + nq) if by_keys else (nq, 2 + nk))
-    for tile, row in enumerate(lists):
-        n_partial, n_full = row[:2]
-        listed = row[2:2 + n_partial + n_full]
-        for pos, other in enumerate(listed):
-            qt, kt = (other, tile) if by_keys else (tile, other)
-            block = dense[qt * rows:(qt + 1) * rows, kt * keys:(kt + 1) * keys]
-            assert block.any()
-            # Full: every pair of the kernel's whole block is visible (a tail block never is).
-            full = block.all() and block.shape[1] == keys
-            assert (pos >= n_partial) == full, (tile, pos, other)
-        assert list(listed[:n_partial]) == sorted(listed[:n_partial])
-        assert list(listed[n_partial:]) == sorted(listed[n_partial:])
-        others = nq if by_keys else nk
-        unlisted = set(range(others)) - set(listed.tolist())
-        for other in unlisted:  # empty
-            qt, kt = (other, tile) if by_keys else (tile, other)
-            assert not dense[qt * rows:(qt + 1) * rows, kt * keys:(kt + 1) * keys].any()
 
 
 def test_row_blocks_put_a_blocks_rows_side_by_side_per_word() -> None:

@@ -1,12 +1,13 @@
 """``flash_attn2`` (Triton) with a ``mask_mod``: packed bits and tile lists, forward and backward.
 
 The mask_mod is evaluated in JAX (``flash.ops.mod_bits``: ``jaxattn.masks.mask_bits`` with the
-call's own rules ANDed in), each kernel classifies its own tiles from the bits (``tile_lists``),
+call's own rules ANDed in: ``masks.call_bits``), each kernel classifies its own tiles from the bits
+(``masks.tile_lists``),
 skips the empty ones, runs the full ones without mask arithmetic and reads the bits in the
 partial ones. Checked here through the interpreter (``interpret=True``: the JAX glue, the
 custom VJP and the very kernels, through a host callback) against the float64 oracle, under
 ``jax.jit``, with NaN at every key no query of its sequence and KV head sees (never read). The
-JAX-only pieces (bits folding, lists, seen keys) are checked without the interpreter.
+JAX-only pieces (bits folding, lists at the kernels' tiles) are checked without the interpreter.
 Shapes are tiny and have tails (T and S not multiples of the tiles, S not of 32), GQA, and
 kernels of different tiles (the forward's, dK/dV's and dQ's lists differ).
 """
@@ -26,7 +27,7 @@ from jaxattn import masks
 from jaxattn.testing import oracle
 from jaxattn_triton.flash import launch as L
 from jaxattn_triton.flash.launch import DQ_ATOMIC, KernelTiles, Tiles
-from jaxattn_triton.flash.ops import flash_attention, make_spec, mod_bits, seen_keys, tile_lists
+from jaxattn_triton.flash.ops import flash_attention, make_spec, mod_bits, tile_lists
 
 from ._env import BF16_DOT_OK, ON_CUDA, needs_interpreter
 
@@ -309,41 +310,18 @@ def test_mod_bits_fold_the_calls_rules_into_the_mask_mods() -> None:
     np.testing.assert_array_equal(mod_bits(q, k, masks.sliding_window(1), lent), lent.bits)
 
 
-def test_tile_lists_list_partial_then_full_tiles_and_skip_empty_ones() -> None:
+def test_tile_lists_are_the_cores_at_each_kernels_tiles_in_launchs_shape() -> None:
+    # What the lists hold is tested with jaxattn.masks.tile_lists; here, the kernels' own sizes.
     mod = RECIPES["document"](_arrays())
     q, k = jnp.zeros((B, T, HQ, D)), jnp.zeros((B, S, HKV, D))
     bits = mod_bits(q, k, mod)
     spec = make_spec(q, k, k, mod_shape=(int(bits.shape[0]), int(bits.shape[1])))
-    visible = oracle.mask_mod_grid(mod, B, 1, T, S)
     for kt, by_keys in ((TILES.fwd, False), (TILES.dkdv, True), (TILES.dq, False)):
         lists = np.asarray(tile_lists(spec, kt, bits, by_keys))
         assert lists.shape == L.mod_lists_shape(spec, kt, by_keys)
-        nq, nk = -(-T // kt.block_m), -(-S // kt.block_n)
-        for b in range(B):
-            for i in range(nq):
-                for j in range(nk):
-                    tile = visible[b, 0, i * kt.block_m:(i + 1) * kt.block_m, j * kt.block_n:(j + 1) * kt.block_n]
-                    at_tail = (i + 1) * kt.block_m > T or (j + 1) * kt.block_n > S
-                    row, col = (j, i) if by_keys else (i, j)
-                    n_part, n_full = lists[b, 0, row, :2]
-                    listed = list(lists[b, 0, row, 2:2 + n_part + n_full])
-                    part, full = listed[:n_part], listed[n_part:]
-                    assert part == sorted(part) and full == sorted(full)
-                    if not tile.any():
-                        assert col not in part + full, "an empty tile is listed"
-                    elif tile.all() and tile.shape == (kt.block_m, kt.block_n) and not at_tail:
-                        assert col in full
-                    else:
-                        assert col in part, "a partial (or tail) tile is not listed as partial"
-
-
-def test_seen_keys_are_the_keys_some_query_of_the_kv_head_sees() -> None:
-    mod = RECIPES["lambda_bh"](_arrays())
-    q, k = jnp.zeros((B, T, HQ, D)), jnp.zeros((B, S, HKV, D))
-    seen = seen_keys(mod_bits(q, k, mod), HKV)
-    want = oracle.mask_mod_grid(mod, B, HQ, T, S).reshape(B, HKV, HQ // HKV, T, S).any(axis=(2, 3))
-    np.testing.assert_array_equal(_unpack(seen, S), want)
-    assert seen_keys(mod_bits(q, k, masks.causal()), HKV).shape == (1, 1, 2)
+        want = masks.tile_lists(bits, S, block_q=kt.block_m, block_kv=kt.block_n, by_keys=by_keys)
+        np.testing.assert_array_equal(lists, want)
+    assert tile_lists(make_spec(q, k, k), TILES.fwd, bits).shape == (1,)  # no mask_mod: a dummy
 
 
 # -- the impl: declared, declines, explain ------------------------------------------------------

@@ -32,6 +32,7 @@ __all__ = [
     "and_",
     "as_segment_ids",
     "block_mask",
+    "call_bits",
     "causal",
     "chunked_causal",
     "document",
@@ -40,7 +41,9 @@ __all__ = [
     "mask_bits",
     "or_",
     "prefix_lm",
+    "seen_words",
     "sliding_window",
+    "tile_lists",
 ]
 
 MaskMod = Callable[[Any, Any, Any, Any], Any]
@@ -395,6 +398,61 @@ def from_bits(bits: Any, S: int, *, block_q: int = 128, block_kv: int = 128) -> 
     full = jnp.all(((units == expect) | pad).reshape(tiles), axis=(3, 5))
     kind = jnp.where(full, FULL, jnp.where(has, PARTIAL, EMPTY)).astype(jnp.int8)
     return BlockMask(kind=kind, shape=(*lead, T, S), block_q=bq, block_kv=bk, bits=bits)  # type: ignore[arg-type]
+
+
+def call_bits(mask_mod: MaskMod | None, block_mask: BlockMask | None, B: int, Hq: int, T: int, S: int, *,
+              window: tuple[int | None, int | None] = (None, None), rules: tuple[MaskMod, ...] = ()) -> Any:
+    """The packed visibility (``mask_bits``) a kernel applies for a call: ``mask_mod`` ANDed with
+    the call's other rules, so the kernel applies one. ``window``: the sides ``(left, right)`` of
+    a bottom-right band (None: unbounded; a right side of 0 is ``causal=True``); ``rules``: more
+    mask_mods (segment ids, a dense mask). A ``block_mask`` built with ``bits=True`` gives the
+    mask_mod's bits (the mask_mod is not evaluated again; the rules are)."""
+    import jax.numpy as jnp
+
+    diag, (left, right) = S - T, window
+    rules += () if left is None else (lambda b, h, qi, kv: kv >= qi + (diag - left),)
+    rules += () if right is None else (lambda b, h, qi, kv: kv <= qi + (diag + right),)
+    given = None if block_mask is None else block_mask.bits
+    if given is not None and not rules:
+        return jnp.asarray(given)
+    words = mask_bits(and_(*rules) if given is not None else and_(mask_mod, *rules), B, Hq, T, S)  # type: ignore[arg-type]
+    return jnp.asarray(words if given is None else given & words)
+
+
+def tile_lists(bits: Any, S: int, *, block_q: int, block_kv: int, by_keys: bool = False) -> Any:
+    """The tiles a kernel visits under ``bits`` (``mask_bits``) at its tile sizes, int32
+    ``(B|1, Hq|1, n, 2 + m)``: per tile of ``block_q`` query rows (``by_keys``: of ``block_kv``
+    keys) the number of partial and of full tiles of the other side, then the indices of all
+    of them: partial ones first, then full ones, each run ascending, then the empty ones, which a
+    kernel reading the counts never loads. A tile that runs past T or S is partial at most, as a
+    kernel reads a full one unmasked."""
+    import jax.numpy as jnp
+
+    T = int(bits.shape[2])
+    kind = from_bits(bits, S, block_q=block_q, block_kv=block_kv).kind
+    nq, nk = int(kind.shape[2]), int(kind.shape[3])
+    # At kind's rank 4: jax_numpy_rank_promotion="raise" refuses lower-rank operands.
+    tail = (jnp.arange(nq) == nq - 1).reshape(1, 1, nq, 1) & (T % block_q != 0)
+    tail |= (jnp.arange(nk) == nk - 1).reshape(1, 1, 1, nk) & (S % block_kv != 0)
+    kind = jnp.where(tail & (kind == FULL), PARTIAL, kind)
+    if by_keys:
+        kind = jnp.swapaxes(kind, 2, 3)
+    rank = jnp.where(kind == PARTIAL, 0, jnp.where(kind == FULL, 1, 2))
+    order = jnp.argsort(rank, axis=-1, stable=True).astype(jnp.int32)
+    counts = jnp.stack([jnp.sum(kind == PARTIAL, -1), jnp.sum(kind == FULL, -1)], -1).astype(jnp.int32)
+    return jnp.concatenate([counts, order], -1)
+
+
+def seen_words(bits: Any, heads_kv: int) -> Any:
+    """The keys some query of each sequence and KV head sees under ``bits`` (``mask_bits``): the
+    words ORed over the rows and the query heads of each GQA group, int32 ``(B|1, Hkv|1, W)``.
+    The other keys are unread (they may hold NaN): a kernel that loads whole blocks zeroes them."""
+    import jax
+    import numpy as np
+
+    lead0, lead1, t, w = (int(n) for n in bits.shape)
+    grouped = bits.reshape(lead0, heads_kv if lead1 > 1 else 1, -1, t, w)
+    return jax.lax.reduce(grouped, np.int32(0), jax.lax.bitwise_or, (2, 3))
 
 
 # -- checks (the validation layer calls these once per call signature) --------------------------

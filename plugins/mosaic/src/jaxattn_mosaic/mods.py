@@ -27,48 +27,23 @@ WORD = 32
 
 def call_bits(mask_mod: Any, block_mask: Any, *, batch: int, heads: int, t_len: int, s_len: int, causal: bool,
               window: tuple[int | None, int | None]) -> Any:
-    """The visibility the kernels apply, int32 ``(B|1, Hq|1, T, ceil(S / 32))``: ``mask_mod``
-    ANDed with the bottom-right causal rule and the window's sides that cut (``window``, None:
-    unbounded). A ``block_mask`` built with ``bits=True`` gives the mask_mod's own bits (it is not
-    evaluated again)."""
+    """The visibility the kernels apply, int32 ``(B|1, Hq|1, T, ceil(S / 32))``
+    (``jaxattn.masks.call_bits``): ``mask_mod`` ANDed with the bottom-right causal rule and the
+    window's sides that cut (``window``, None: unbounded)."""
     from jaxattn import masks
 
-    diag = s_len - t_len
     left, right = window
     ahead = [r for r in (0 if causal else None, right) if r is not None]
-    rules: list[Any] = []
-    if ahead:
-        rules.append(lambda b, h, qi, kv: kv <= qi + (diag + min(ahead)))
-    if left is not None:
-        rules.append(lambda b, h, qi, kv: kv >= qi + (diag - left))
-    given = None if block_mask is None else block_mask.bits
-    if given is not None and not rules:
-        return jnp.asarray(given)
-    rule = masks.and_(*rules) if given is not None else masks.and_(mask_mod, *rules)
-    words = masks.mask_bits(rule, batch, heads, t_len, s_len)
-    return jnp.asarray(words if given is None else given & words)
+    return masks.call_bits(mask_mod, block_mask, batch, heads, t_len, s_len,
+                           window=(left, min(ahead) if ahead else None))
 
 
 def tile_lists(bits: Any, s_len: int, *, rows: int, keys: int, by_keys: bool = False) -> Any:
-    """The tiles a kernel visits, int32 ``(B|1, Hq|1, n, 2 + m)``: per tile of ``rows`` query rows
-    (``by_keys``: of ``keys`` keys) the number of partial and of full blocks of the other side,
-    then their indices, partial ones first, each run ascending (the rest zeros). A block past
-    ``S`` is partial at most: a full block is read without masking."""
+    """The tiles a kernel visits (``jaxattn.masks.tile_lists``), int32 ``(B|1, Hq|1, n, 2 + m)``
+    for tiles of ``rows`` query rows and ``keys`` keys."""
     from jaxattn import masks
 
-    t_len = int(bits.shape[2])
-    kind = masks.from_bits(bits, s_len, block_q=rows, block_kv=keys).kind
-    # Tiles are the kernels' own, not capped at T or S as a BlockMask's are.
-    nq, nk = -(-t_len // rows), -(-s_len // keys)
-    kind = jnp.pad(kind, ((0, 0), (0, 0), (0, nq - kind.shape[2]), (0, nk - kind.shape[3])))
-    tail = (jnp.arange(nk) == nk - 1).reshape(1, 1, 1, nk) & (s_len % keys != 0)  # rank 4: no promotion
-    kind = jnp.where(tail & (kind == masks.FULL), masks.PARTIAL, kind)
-    if by_keys:
-        kind = jnp.swapaxes(kind, 2, 3)
-    rank = jnp.where(kind == masks.PARTIAL, 0, jnp.where(kind == masks.FULL, 1, 2))
-    order = jnp.argsort(rank, axis=-1, stable=True).astype(jnp.int32)
-    counts = jnp.stack([jnp.sum(kind == masks.PARTIAL, -1), jnp.sum(kind == masks.FULL, -1)], -1)
-    return jnp.concatenate([counts.astype(jnp.int32), order], -1)
+    return masks.tile_lists(bits, s_len, block_q=rows, block_kv=keys, by_keys=by_keys)
 
 
 def row_blocks(bits: Any, *, rows: int, t_pad: int, words: int) -> Any:
@@ -89,13 +64,11 @@ def unread_zeroed(k: Any, v: Any, bits: Any) -> tuple[Any, Any]:
     """``k`` and ``v`` ``(B, S, Hkv, D)`` with zeros at the keys no query of their sequence and KV
     head sees: a kernel loads whole blocks, and a partial one's P V would multiply an unseen V
     row (the contract lets it hold NaN) by 0; its gradients there are 0."""
-    lead0, lead1, _, w = (int(n) for n in bits.shape)
-    s_len, hkv = int(k.shape[1]), int(k.shape[2])
-    groups = hkv if lead1 > 1 else 1
-    grouped = bits.reshape(lead0, groups, lead1 // groups, -1, w)
-    seen_words = lax.reduce(grouped, jnp.int32(0), lax.bitwise_or, (2, 3))  # (B|1, Hkv|1, W)
+    from jaxattn import masks
+    from jaxattn.backend import zero_unseen_keys
+
+    words = masks.seen_words(bits, int(k.shape[2]))  # (B|1, Hkv|1, W)
     shifts = jnp.arange(WORD, dtype=jnp.int32).reshape(1, 1, 1, WORD)
-    seen = (lax.shift_right_logical(seen_words[..., None], shifts) & 1).reshape(lead0, groups, w * WORD)
-    seen = jnp.swapaxes(seen[:, :, :s_len] != 0, 1, 2)[..., None]  # (B|1, S, Hkv|1, 1)
-    zero = jnp.zeros((), k.dtype)
-    return jnp.where(seen, k, zero), jnp.where(seen, v, zero)
+    seen = lax.shift_right_logical(words[..., None], shifts) & 1
+    seen = seen.reshape(*words.shape[:2], 1, -1)[..., : int(k.shape[1])] != 0  # (B|1, Hkv|1, 1, S)
+    return zero_unseen_keys(seen, k, v)

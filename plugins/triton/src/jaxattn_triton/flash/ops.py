@@ -263,7 +263,9 @@ def flash_attention(
     if mask_mod is None:
         bits = seen = jnp.zeros((1,), jnp.int32)
     else:
-        seen = seen_keys(bits, spec.heads_kv)
+        from jaxattn import masks
+
+        seen = masks.seen_words(bits, spec.heads_kv)
     if alibi_slopes is None:
         slopes = jnp.zeros((1,), jnp.float32)
     else:
@@ -286,14 +288,8 @@ def mod_bits(q: Any, k: Any, mask_mod: Any, block_mask: Any = None, *, mask: Arr
     from jaxattn import masks
 
     b, t, hq, _ = (int(n) for n in q.shape)
-    s = int(k.shape[1])
     spec = make_spec(q, k, k, causal=causal, sliding_window=sliding_window)
-    left, right, diag = spec.window_left, spec.window_right, s - t
     rules: list[Any] = []
-    if left is not None:
-        rules.append(lambda b_, h_, qi, kv: kv >= qi + (diag - left))
-    if right is not None:
-        rules.append(lambda b_, h_, qi, kv: kv <= qi + (diag + right))
     if q_segment_ids is not None and kv_segment_ids is not None:
         qs, ks = jnp.asarray(q_segment_ids), jnp.asarray(kv_segment_ids)
         rules.append(lambda b_, h_, qi, kv: qs[b_, qi] == ks[b_, kv])
@@ -304,46 +300,19 @@ def mod_bits(q: Any, k: Any, mask_mod: Any, block_mask: Any = None, *, mask: Arr
             return m4[tuple(0 if n == 1 else i for n, i in zip(m4.shape, (b_, h_, qi, kv), strict=True))]
 
         rules.append(dense)
-    given = None if block_mask is None else block_mask.bits
-    if given is not None and not rules:
-        return jnp.asarray(given)
-    rule = masks.and_(*rules) if given is not None else masks.and_(mask_mod, *rules)
-    words = masks.mask_bits(rule, b, hq, t, s)
-    return jnp.asarray(words if given is None else given & words)
-
-
-def seen_keys(bits: Array, heads_kv: int) -> Array:
-    """The keys some query of each (batch, KV head) sees: the bits ORed over rows and the heads
-    of a GQA group, int32 ``(B|1, Hkv|1, WORDS)``. The kernels load only these keys of a partial
-    tile (the others may hold NaN: the contract says they are unread)."""
-    lead0, lead1, t, words = (int(n) for n in bits.shape)
-    grouped = bits.reshape(lead0, heads_kv if lead1 > 1 else 1, -1, t, words)
-    seen: Array = jax.lax.reduce(grouped, np.int32(0), jax.lax.bitwise_or, (2, 3))
-    return seen
+    bits: Array = masks.call_bits(mask_mod, block_mask, b, hq, t, int(k.shape[1]),
+                                  window=(spec.window_left, spec.window_right), rules=tuple(rules))
+    return bits
 
 
 def tile_lists(spec: AttnSpec, tiles: L.KernelTiles, bits: Array, by_keys: bool = False) -> Array:
-    """A kernel's tiles to visit under a mask_mod, from its bits (``jaxattn.masks.from_bits`` at
-    the kernel's tile sizes): int32 ``launch.mod_lists_shape``, per query tile (``by_keys``: key
-    tile) the number of partial and of full tiles, then their indices (partial first, ascending).
-    Empty tiles are not listed, so never loaded. Tiles past T or S are partial at most: a full
-    tile is read unmasked. A one-element dummy without a mask_mod."""
+    """A kernel's tiles to visit under a mask_mod (``jaxattn.masks.tile_lists`` at the kernel's
+    tile sizes): int32 ``launch.mod_lists_shape``. A one-element dummy without a mask_mod."""
     if spec.mod_shape is None:
         return jnp.zeros((1,), jnp.int32)
     from jaxattn import masks
 
-    kind = masks.from_bits(bits, spec.seq_k, block_q=tiles.block_m, block_kv=tiles.block_n).kind
-    nq, nk = int(kind.shape[2]), int(kind.shape[3])
-    # At kind's rank 4: jax_numpy_rank_promotion="raise" refuses lower-rank operands.
-    tail = (jnp.arange(nq) == nq - 1).reshape(1, 1, nq, 1) & (spec.seq_q % tiles.block_m != 0)
-    tail |= (jnp.arange(nk) == nk - 1).reshape(1, 1, 1, nk) & (spec.seq_k % tiles.block_n != 0)
-    kind = jnp.where(tail & (kind == masks.FULL), masks.PARTIAL, kind)
-    if by_keys:
-        kind = jnp.swapaxes(kind, 2, 3)
-    rank = jnp.where(kind == masks.PARTIAL, 0, jnp.where(kind == masks.FULL, 1, 2))
-    order = jnp.argsort(rank, axis=-1, stable=True).astype(jnp.int32)
-    counts = jnp.stack([jnp.sum(kind == masks.PARTIAL, -1), jnp.sum(kind == masks.FULL, -1)], -1).astype(jnp.int32)
-    out = jnp.concatenate([counts, order], -1)
+    out: Array = masks.tile_lists(bits, spec.seq_k, block_q=tiles.block_m, block_kv=tiles.block_n, by_keys=by_keys)
     assert out.shape == L.mod_lists_shape(spec, tiles, by_keys), (out.shape, spec, tiles)
     return out
 
