@@ -57,7 +57,9 @@ anything runs), issue 50's "reachable from the public API and the CLI"; raised b
 for the three helpers the mask_mod kernels shared as copies (``masks.call_bits``, a call's packed
 visibility with its window and rules ANDed in; ``tile_lists``, the partial then full tiles each
 kernel tile visits; ``seen_words``, the keys some query sees): Mosaic's and the Triton
-``flash_attn2``'s copies are gone.
+``flash_attn2``'s copies are gone; raised by 2 to 5,942 for the order of a device's priors
+files (``selection.tuning.by_precedence``: a file measured on the device kind, an H100's, answers
+before its generation's, measured on the H200).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5940
+BUDGET = 5942
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

@@ -232,6 +232,27 @@ def test_priors_of_another_device_are_not_used(with_priors: Any, tmp_path: Path)
     assert found is not None and found[0] == key and found[1]["beta"][1].label == "H200"
 
 
+H100 = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0")
+H200 = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H200", compute_capability="9.0")
+
+
+def test_a_device_kinds_own_priors_answer_before_its_generations(with_priors: Any, tmp_path: Path) -> None:
+    # The generation's file (every Hopper GPU) says beta; the H100's own says alpha. Named so
+    # that the generation's file comes first by name: the precedence is the device's, not the order.
+    key = problem_key(problem())
+    hopper = _file(tmp_path, {key: {"problem": "B2", "results": {"beta": _result(1.0), "alpha": _result(2.0)}}},
+                   device={"label": "Hopper", "platform": "gpu", "compute_capability": "9.0"}, name="a-hopper")
+    own = _file(tmp_path, {key: {"problem": "B2", "results": {"beta": _result(3.0), "alpha": _result(2.0)}}},
+                device={"label": "H100", "platform": "gpu", "device_kind": "NVIDIA H100 80GB HBM3"}, name="b-h100")
+    with_priors(hopper, own)
+    found = jaxattn.selection.tuning.prior_results(problem(), H100)
+    assert found is not None and {n: (m.fwd_ms, p.label) for n, (m, p) in found[1].items()} == {
+        "alpha": (2.0, "H100"), "beta": (3.0, "H100")}
+    found = jaxattn.selection.tuning.prior_results(problem(), H200)
+    assert found is not None and {n: (m.fwd_ms, p.label) for n, (m, p) in found[1].items()} == {
+        "alpha": (2.0, "Hopper"), "beta": (1.0, "Hopper")}
+
+
 @pytest.mark.parametrize(("damage", "error"), [
     ({"format": "jaxattn-priors/0"}, "'format' must be"),
     ({"device": {"platform": "cpu"}}, "'device' must be an object with string 'label'"),
@@ -293,6 +314,18 @@ def test_shipped_hopper_priors_merge_the_three_plugins_figures() -> None:
         assert {p.plugin for _, p in found[1].values()} <= {"sdpa", "triton", "mosaic"}
         assert min(times, key=lambda n: times[n] or 1e9) == "mosaic_flash", times
     assert jaxattn.selection.tuning.prior_results(problem(), gpu) is None  # float32 D8: nothing measured
+
+
+def test_shipped_h100_priors_answer_on_an_h100_only() -> None:
+    # An H100 SXM ranks by the three plugins' h100.json (measured there); an H200 by the
+    # Hopper priors measured on the H200, never by the H100's.
+    x = jax.ShapeDtypeStruct((4, 4096, 32, 128), jnp.bfloat16)
+    call = jaxattn.AttentionProblem.from_inputs(x, x, x, causal=True)
+    on_h100, on_h200 = (jaxattn.selection.tuning.prior_results(call, dev) for dev in (H100, H200))
+    assert on_h100 is not None and on_h200 is not None
+    assert {(p.plugin, p.label) for _, p in on_h100[1].values()} == {
+        (plugin, "H100 SXM") for plugin in ("sdpa", "triton", "mosaic")}
+    assert {p.label for _, p in on_h200[1].values()} == {"Hopper, measured on an H200"}
 
 
 # Leave one out over the raw H200 figures behind the Hopper priors: hide each measured key,

@@ -16,6 +16,12 @@ make auto pick and its time against the fastest of the same run.
 of the matrix) to those already shipped (``h200-bench.json``): a key, backend and mode measured
 again takes the mean of its runs (``runs`` counts them), every other shipped figure stays, and
 the priors files are written from the union.
+
+    python plugins/bench/benchmarks/gpu_priors.py OUT/h100.json --device h100 --write --measured-by "..."
+
+``--device h100``: the runs were on an H100 SXM; its figures go into each plugin's
+``priors/h100.json`` (that device kind only: on an H100 they answer before the Hopper priors
+measured on the H200) and ``priors/h100-bench.json``; ``--measured-by`` says the command that ran.
 """
 
 from __future__ import annotations
@@ -29,8 +35,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[3]
 PLUGINS = {"cudnn": ("sdpa", "jaxattn_sdpa"), "flash_attn2": ("triton", "jaxattn_triton"),
            "mosaic_flash": ("mosaic", "jaxattn_mosaic")}
-DEVICE = {"label": "Hopper, measured on an H200", "platform": "gpu", "vendor": "cuda", "compute_capability": "9.0"}
-RAW = ROOT / "plugins/bench/benchmarks/priors/h200-bench.json"
+#: Per ``--device``: the priors' device (what a GPU must match), their file in each plugin, the
+#: raw figures behind them and the device the check ranks for. The H200's are every Hopper
+#: GPU's; an H100's own file answers before them there (``jaxattn.selection.tuning.prior_results``).
+DEVICES: dict[str, tuple[dict[str, str], str, str, dict[str, str]]] = {
+    "h200": ({"label": "Hopper, measured on an H200", "platform": "gpu", "vendor": "cuda",
+              "compute_capability": "9.0"}, "hopper.json", "h200-bench.json", {"device_kind": "NVIDIA H200"}),
+    "h100": ({"label": "H100 SXM", "platform": "gpu", "vendor": "cuda", "device_kind": "NVIDIA H100 80GB HBM3"},
+             "h100.json", "h100-bench.json", {"device_kind": "NVIDIA H100 80GB HBM3"}),
+}
+FIGURES = ROOT / "plugins/bench/benchmarks/priors"
 
 
 def _shape(data: dict[str, Any]) -> Any:
@@ -83,12 +97,12 @@ class _Named:
     name: str
 
 
-def check(rows: list[dict[str, Any]]) -> None:
-    """Per shape and mode: what the shipped priors make auto pick, against the fastest."""
+def check(rows: list[dict[str, Any]], device: str) -> None:
+    """Per shape and mode: what the shipped priors make auto pick on ``device``, against the fastest."""
     from jaxattn.backend.device import DeviceInfo
-    from jaxattn.selection.tuning import nearest_priors, rank_measured, shipped_priors
+    from jaxattn.selection.tuning import by_precedence, nearest_priors, rank_measured, shipped_priors
 
-    gpu = DeviceInfo(platform="gpu", vendor="cuda", device_kind="NVIDIA H200", compute_capability="9.0")
+    gpu = DeviceInfo(platform="gpu", vendor="cuda", compute_capability="9.0", **DEVICES[device][3])
     ratios = []
     seen: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
     for r in rows:
@@ -97,7 +111,7 @@ def check(rows: list[dict[str, Any]]) -> None:
         timed = {b: x["median_ms"] for b, x in by_backend.items() if b != "auto"}
         fastest = min(timed, key=timed.__getitem__)
         any_row = next(iter(by_backend.values()))
-        found = nearest_priors(any_row["key"], [p for p in shipped_priors() if p.matches(gpu)])
+        found = nearest_priors(any_row["key"], by_precedence([p for p in shipped_priors() if p.matches(gpu)]))
         auto = by_backend.get("auto")
         before = f"(auto untuned before: {auto['note']}, {timed[fastest] / auto['median_ms']:.3f}x)" if auto else ""
         if found is None:
@@ -123,10 +137,17 @@ def main() -> None:
                         "folder (an installed site, to time auto with them), not into the repository")
     parser.add_argument("--merge", action="store_true", help="add these figures to the shipped ones "
                         "(priors/h200-bench.json); a key, backend and mode measured again takes the mean of its runs")
+    parser.add_argument("--device", choices=sorted(DEVICES), default="h200",
+                        help="the GPU the runs measured: h200 writes every Hopper GPU's priors (hopper.json), "
+                             "h100 an H100 SXM's own (h100.json)")
+    parser.add_argument("--measured-by", help="with --write: the command that measured the runs (default: "
+                        "gpu_priors.sh's)")
     args = parser.parse_args()
+    device, name, raw_name, _ = DEVICES[args.device]
+    raw = FIGURES / raw_name
     env, rows = load(args.json)
     if args.merge:
-        shipped = json.loads(RAW.read_text())
+        shipped = json.loads(raw.read_text())
         before = {(r["key"], r["backend"], r["mode"]): r for r in shipped["rows"]}
         again = {(r["key"], r["backend"], r["mode"]) for r in rows}
         for r in rows:  # measured again: the mean of the runs, so one run's noise does not flip a near tie
@@ -140,33 +161,33 @@ def main() -> None:
     entries = priors(rows)
     if args.write:
         versions = env.get("versions", {})
-        command = ("bash plugins/bench/benchmarks/gpu_priors.sh (jaxattn bench --impls cudnn,flash_attn2,mosaic_flash "
-                   "over one shape per bucket; docs/tuning.md), then python plugins/bench/benchmarks/gpu_priors.py "
-                   "OUT/*.json --write; the gaps: gpu_priors.sh --gaps, then gpu_priors.py OUT/gaps-*.json "
-                   "--merge --write")
+        command = args.measured_by or (
+            "bash plugins/bench/benchmarks/gpu_priors.sh (jaxattn bench --impls cudnn,flash_attn2,mosaic_flash "
+            "over one shape per bucket; docs/tuning.md), then python plugins/bench/benchmarks/gpu_priors.py "
+            "OUT/*.json --write; the gaps: gpu_priors.sh --gaps, then gpu_priors.py OUT/gaps-*.json --merge --write")
         for backend, (plugin, package) in PLUGINS.items():
             mine = {k: {"problem": e["problem"], "results": {backend: e["results"][backend]}}
                     for k, e in sorted(entries.items()) if backend in e["results"]}
-            out = {"format": "jaxattn-priors/1", "device": DEVICE,
+            out = {"format": "jaxattn-priors/1", "device": device,
                    "measured": {"machine": str(env.get("device")), "date": args.date,
                                 "jax": versions.get("jax", ""), "command": command,
-                                "figures": "plugins/bench/benchmarks/priors/h200-bench.json",
+                                "figures": f"plugins/bench/benchmarks/priors/{raw_name}",
                                 "how": "jaxattn bench: one process, interleaved rounds, back-to-back calls after a "
                                        "100 ms pre-roll, median of the samples"},
                    "entries": mine}
             folder = args.into / package if args.into else ROOT / f"plugins/{plugin}/src/{package}"
-            path = folder / "priors/hopper.json"
+            path = folder / "priors" / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(out, indent=1) + "\n")
             print(f"wrote {path} ({len(mine)} entries)")
         if args.into:
             return
-        RAW.parent.mkdir(parents=True, exist_ok=True)
-        RAW.write_text(json.dumps({"environment": env, "date": args.date, "rows": [
+        raw.parent.mkdir(parents=True, exist_ok=True)
+        raw.write_text(json.dumps({"environment": env, "date": args.date, "rows": [
             {k: v for k, v in r.items() if k != "_shape"} for r in rows]}, indent=0) + "\n")
-        print(f"wrote {RAW.relative_to(ROOT)} ({len(rows)} rows)")
+        print(f"wrote {raw.relative_to(ROOT)} ({len(rows)} rows)")
     else:
-        check(rows)
+        check(rows, args.device)
 
 
 if __name__ == "__main__":
