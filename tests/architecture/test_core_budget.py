@@ -58,7 +58,7 @@ for the three helpers the mask_mod kernels shared as copies (``masks.call_bits``
 visibility with its window and rules ANDed in; ``tile_lists``, the partial then full tiles each
 kernel tile visits; ``seen_words``, the keys some query sees): Mosaic's and the Triton
 ``flash_attn2``'s copies are gone; raised by 2 to 5,942 for the order of a device's priors
-files (``selection.tuning.by_precedence``: a file measured on the device kind, an H100's, answers
+files (``selection.tuning.device_priors``: a file measured on the device kind, an H100's, answers
 before its generation's, measured on the H200).
 """
 

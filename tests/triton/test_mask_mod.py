@@ -1,12 +1,13 @@
 """``flash_attn2`` (Triton) with a ``mask_mod``: packed bits and tile lists, forward and backward.
 
 The mask_mod is evaluated in JAX (``flash.ops.mod_bits``: ``jaxattn.masks.mask_bits`` with the
-call's own rules ANDed in: ``masks.call_bits``), each kernel classifies its own tiles from the bits
-(``masks.tile_lists``), skips the empty ones, runs the full ones without mask arithmetic and
-reads the bits in the partial ones. Checked here through the interpreter (``interpret=True``: the JAX glue, the
-custom VJP and the very kernels, through a host callback) against the float64 oracle, under
-``jax.jit``, with NaN at every key no query of its sequence and KV head sees (never read). The
-JAX-only pieces (bits folding, lists at the kernels' tiles) are checked without the interpreter.
+call's own rules ANDed in: ``masks.call_bits``), each kernel classifies its own tiles from the
+bits (``masks.tile_lists``), skips the empty ones, runs the full ones without mask arithmetic and
+reads the bits in the partial ones. Checked here through the interpreter (``interpret=True``: the
+JAX glue, the custom VJP and the very kernels, through a host callback) against the float64
+oracle, under ``jax.jit``, with NaN at every key no query of its sequence and KV head sees
+(never read). The JAX-only pieces (bits folding, lists at the kernels' tiles) are checked without
+the interpreter.
 Shapes are tiny and have tails (T and S not multiples of the tiles, S not of 32), GQA, and
 kernels of different tiles (the forward's, dK/dV's and dQ's lists differ).
 """

@@ -100,7 +100,7 @@ class _Named:
 def check(rows: list[dict[str, Any]], device: str) -> None:
     """Per shape and mode: what the shipped priors make auto pick on ``device``, against the fastest."""
     from jaxattn.backend.device import DeviceInfo
-    from jaxattn.selection.tuning import by_precedence, nearest_priors, rank_measured, shipped_priors
+    from jaxattn.selection.tuning import device_priors, nearest_priors, rank_measured
 
     gpu = DeviceInfo(platform="gpu", vendor="cuda", compute_capability="9.0", **DEVICES[device][3])
     ratios = []
@@ -111,7 +111,7 @@ def check(rows: list[dict[str, Any]], device: str) -> None:
         timed = {b: x["median_ms"] for b, x in by_backend.items() if b != "auto"}
         fastest = min(timed, key=timed.__getitem__)
         any_row = next(iter(by_backend.values()))
-        found = nearest_priors(any_row["key"], by_precedence([p for p in shipped_priors() if p.matches(gpu)]))
+        found = nearest_priors(any_row["key"], device_priors(gpu))
         auto = by_backend.get("auto")
         before = f"(auto untuned before: {auto['note']}, {timed[fastest] / auto['median_ms']:.3f}x)" if auto else ""
         if found is None:

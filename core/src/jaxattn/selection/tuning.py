@@ -52,7 +52,7 @@ from .lookup import available_here, impl_for
 
 __all__ = [
     "PRIORS_FORMAT", "SPLIT_MARGIN", "TIE_TOLERANCE", "Measurement", "Priors", "TuningCacheWarning", "TuningRecords",
-    "by_precedence", "enabled", "nearest_priors", "on_reload", "package_priors", "parse_measurement", "parse_priors",
+    "device_priors", "enabled", "nearest_priors", "on_reload", "package_priors", "parse_measurement", "parse_priors",
     "plugin_section", "prior_results", "problem_key", "rank_measured", "refine", "reload", "seq_bucket",
     "shipped_priors", "split_eligible", "warn_once",
 ]
@@ -325,17 +325,17 @@ def _split(key: str) -> tuple[str, int, int, str]:
 def prior_results(problem: AttentionProblem, device: DeviceInfo | None = None, reach: int = PRIOR_REACH) -> _Found:
     """The shipped priors for calls like ``problem`` on ``device`` (default: this one):
     ``(where they were measured, {impl: (its figures, the file)})``, or None
-    (:func:`nearest_priors` on this device's files, in :func:`by_precedence`)."""
+    (:func:`nearest_priors` on :func:`device_priors`)."""
+    return nearest_priors(problem_key(problem), device_priors(device), reach)
+
+
+def device_priors(device: DeviceInfo | None = None) -> list[Priors]:
+    """The shipped priors that match ``device`` (default: this one), the one that answers first
+    first: a file measured on this device kind (naming ``device_kind``: an H100's) before one of
+    its generation (a ``compute_capability``: every Hopper GPU's), then the file naming more of it."""
     device = device or detect_device()
-    mine = by_precedence([p for p in shipped_priors() if p.matches(device)])
-    return nearest_priors(problem_key(problem), mine, reach)
-
-
-def by_precedence(sources: list[Priors]) -> list[Priors]:
-    """A device's matching priors files, the one that answers first first: a file measured on
-    this device kind (naming ``device_kind``: an H100's) before one of its generation (a
-    ``compute_capability``: every Hopper GPU's), then the file naming more of the device."""
-    return sorted(sources, key=lambda p: ("device_kind" not in p.device, -len(p.device)))
+    return sorted((p for p in shipped_priors() if p.matches(device)),
+                  key=lambda p: ("device_kind" not in p.device, -len(p.device)))
 
 
 def nearest_priors(key: str, sources: list[Priors], reach: int = PRIOR_REACH) -> _Found:
