@@ -59,7 +59,9 @@ visibility with its window and rules ANDed in; ``tile_lists``, the partial then 
 kernel tile visits; ``seen_words``, the keys some query sees): Mosaic's and the Triton
 ``flash_attn2``'s copies are gone; raised by 2 to 5,942 for the order of a device's priors
 files (``selection.tuning.device_priors``: a file measured on the device kind, an H100's, answers
-before its generation's, measured on the H200).
+before its generation's, measured on the H200); raised by 11 to 5,953 for ``masks.sees_diagonal``
+(the constructors' mask_mods that keep the diagonal: a square call's keys are then all seen, and
+mosaic_flash skips its pass over K and V).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "core" / "src" / "jaxattn"
 #: The ceiling for the core outside its public test kit (testing/, as pytest ships pytester).
-BUDGET = 5942
+BUDGET = 5953
 TARGET = 4500
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 

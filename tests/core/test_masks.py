@@ -187,6 +187,28 @@ def test_seen_words_are_the_keys_some_query_of_the_kv_head_sees() -> None:
     assert masks.seen_words(masks.mask_bits(masks.causal(), b, hq, t, s), hkv).shape == (1, 1, 3)
 
 
+def test_sees_diagonal_holds_for_what_keeps_the_diagonal_and_nothing_else() -> None:
+    ids = jnp.asarray([[0] * 4 + [1] * 6, [0] * 7 + [1] * 3], jnp.int32)
+    other = jnp.asarray([[0] * 5 + [1] * 5, [1] * 10], jnp.int32)
+    window = masks.sliding_window(2, 1)
+    known = [masks.causal(), window, masks.sliding_window(0), masks.chunked_causal(3),
+             masks.prefix_lm(np.array([3, 0], np.int32)), masks.document(ids), masks.document(ids, ids),
+             masks.and_(masks.causal(), masks.document(ids)), masks.and_(window, masks.chunked_causal(4)),
+             masks.or_(lambda b, h, q, kv: kv < h, masks.causal())]
+    unknown = [lambda b, h, q, kv: q >= kv, masks.document(ids, other),
+               masks.document(np.asarray(ids), np.asarray(ids)),
+               masks.and_(masks.causal(), lambda b, h, q, kv: kv > 0), masks.or_(lambda b, h, q, kv: kv < h),
+               masks.and_(masks.causal(), masks.document(ids, other)), None, 3]
+    n = ids.shape[1]
+    for mod in known:  # the claim, checked densely: every (i, i) kept, in every sequence and head
+        assert masks.sees_diagonal(mod)
+        diag = grid(mod, 2, HQ, n, n)[..., np.arange(n), np.arange(n)]
+        assert diag.all(), mod
+    assert not any(masks.sees_diagonal(mod) for mod in unknown)
+    # The one that is not claimed does drop a diagonal pair.
+    assert not grid(masks.and_(masks.causal(), lambda b, h, q, kv: kv > 0), 1, 1, n, n)[0, 0, 0, 0]
+
+
 @pytest.mark.parametrize("budget", [1, 200, 3000])
 def test_block_mask_and_bits_do_not_depend_on_the_rows_a_step(monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
     """A small step budget splits the rows into several steps (one tile's rows at the least, a

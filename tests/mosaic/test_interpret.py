@@ -9,6 +9,7 @@ run under each of the strict modes too."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -86,6 +87,21 @@ def test_mask_mod_kernels_in_the_interpreter(mosaic_interpreter: Any, b: int, t:
     with mosaic_interpreter():
         got = _kernels(a, bits, grads, causal=False)
     _check(got, x, grads, mask_mod=mask_mod, causal=causal)
+
+
+@pytest.mark.parametrize("q_double", [False, True])
+def test_a_persistent_mask_mod_forward_in_the_interpreter(mosaic_interpreter: Any, q_double: bool) -> None:
+    """Two CTAs loop over the tiles of a band (query tiles of 0, 1 and 2 blocks: rows 0..99 see
+    no key) and of per-head prefixes, the K/V ring and the bits' slots carried from tile to tile."""
+    b, t, s, hq, hkv, d = 1, 512, 384, 4, 2, 64
+    prefixes = jnp.asarray([300, 10, 128, 0], jnp.int32)
+    mask_mod = masks.or_(_seen_after(0, 150), lambda b_, h, qi, kv: kv < prefixes[h])
+    a, x = _inputs(b, t, s, hq, hkv, d)
+    bits = mods.call_bits(mask_mod, None, batch=b, heads=hq, t_len=t, s_len=s, causal=True, window=(None, None))
+    config = dataclasses.replace(K.mod_config(d), persistent=True, q_double=q_double, ctas=2)
+    with mosaic_interpreter():
+        got = _kernels(a, bits, False, causal=False, config=config)
+    _check(got, x, False, mask_mod=mask_mod, causal=True)
 
 
 @pytest.mark.parametrize(("b", "t", "s", "hq", "hkv", "d", "causal", "window", "config", "grads"), [

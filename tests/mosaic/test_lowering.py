@@ -352,6 +352,32 @@ def test_a_mask_mod_lowers_from_a_block_mask_and_at_head_dim_256_forward_only() 
                                    bits=jnp.zeros((1, 1, 8, 1), jnp.int32))
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("q_double", [False, True])
+def test_a_persistent_mask_mod_forward_lowers(d: int, q_double: bool) -> None:
+    from jaxattn import masks
+    from jaxattn_mosaic import mods
+
+    t, s, hq, hkv = SHAPES[0]
+    config = K.Config(**{**K.mod_config(d).__dict__, "persistent": True, "q_double": q_double})
+
+    def run(q: Any, k: Any, v: Any) -> Any:
+        bits = mods.call_bits(masks.chunked_causal(100), None, batch=1, heads=hq, t_len=t, s_len=s, causal=False,
+                              window=(None, None))
+        return K.mosaic_attention_forward(q, k, v, causal=False, softmax_scale=0.125, config=config, bits=bits)
+
+    assert _is_mosaic_gpu(_lowered(run, _spec(t, hq, d), _spec(s, hkv, d), _spec(s, hkv, d)))
+
+
+@pytest.mark.parametrize("refused", [{"overlap": True}, {"split_tail": True},
+                                     {"persistent": True, "scheduled": True}], ids=str)
+def test_a_mask_mods_forward_refuses_schedules_it_cannot_run(refused: dict[str, bool]) -> None:
+    x = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
+    with pytest.raises(ValueError, match="a mask_mod's tiles run whole"):
+        K.mosaic_attention_forward(x, x, x, causal=False, softmax_scale=1.0, config=K.Config(**refused),
+                                   bits=jnp.zeros((1, 1, 128, 4), jnp.int32))
+
+
 @pytest.mark.parametrize("mask_mod", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 def test_alibi_lowers_in_the_impl_differentiated(d: int, mask_mod: bool) -> None:

@@ -52,7 +52,7 @@ def test_row_blocks_put_a_blocks_rows_side_by_side_per_word() -> None:
             assert np.array_equal(blocked[:, :, r, w], padded[:, :, r * 64:(r + 1) * 64, w])
 
 
-def test_unread_keys_are_zeroed_and_rows_that_see_nothing_are_found() -> None:
+def test_unread_keys_are_zeroed() -> None:
     # Heads 0, 1 share KV head 0, heads 2, 3 KV head 1; keys seen by no query of a KV head's group.
     t, s = 20, 70
     mask_mod = masks.or_(lambda b, h, qi, kv: (h < 2) & (kv < 10) & (qi > 0),
@@ -64,4 +64,19 @@ def test_unread_keys_are_zeroed_and_rows_that_see_nothing_are_found() -> None:
     for a in (np.asarray(zk), np.asarray(zv)):
         assert np.array_equal(np.isnan(a).all(-1), np.swapaxes(seen, 1, 2))
         assert np.all(a[~np.isnan(a)] == 0)
-    assert np.array_equal(np.asarray(mods.rows_seen(bits)), _dense(mask_mod, 2, 4, t, s).any(-1))
+
+
+def test_unread_keys_need_no_pass_where_a_square_calls_mask_mod_keeps_its_diagonal() -> None:
+    t = 24
+    ids = jnp.asarray([[0] * 10 + [1] * 14], jnp.int32)
+    k, v = jnp.ones((1, t, 2, 8)), jnp.ones((1, t, 2, 8))
+    kept = masks.and_(masks.causal(), masks.document(ids))
+    bits = mods.call_bits(kept, None, batch=1, heads=4, t_len=t, s_len=t, causal=True, window=(3, None))
+    assert mods.unread_zeroed(k, v, bits, kept) == (k, v)  # the same arrays: every key is seen
+    # Not known to keep it (a user's function; a call that is not square): the pass runs.
+    user = lambda b, h, qi, kv: ids[b, qi] == ids[b, kv]  # noqa: E731
+    for mod, s in ((user, t), (kept, t + 8)):
+        k2, v2 = jnp.ones((1, s, 2, 8)), jnp.ones((1, s, 2, 8))
+        bits = mods.call_bits(mod, None, batch=1, heads=4, t_len=t, s_len=s, causal=True, window=(None, None))
+        zk, zv = mods.unread_zeroed(k2, v2, bits, mod)
+        assert zk is not k2 and zv is not v2

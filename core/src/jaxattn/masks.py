@@ -42,6 +42,7 @@ __all__ = [
     "or_",
     "prefix_lm",
     "seen_words",
+    "sees_diagonal",
     "sliding_window",
     "tile_lists",
 ]
@@ -75,6 +76,26 @@ def _causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
     return q_idx >= kv_idx
 
 
+#: The mask_mods the constructors know to keep every pair ``q_idx == kv_idx`` (``sees_diagonal``).
+_diagonal: weakref.WeakSet[Any] = weakref.WeakSet({_causal})
+
+
+def _on_diagonal(mask_mod: MaskMod) -> MaskMod:
+    _diagonal.add(mask_mod)
+    return mask_mod
+
+
+def sees_diagonal(mask_mod: Any) -> bool:
+    """Whether ``mask_mod`` is known, from the constructors that made it, to keep every pair
+    ``q_idx == kv_idx``: then, with T == S and no other rule hiding a diagonal pair, every key is
+    seen by some query and a kernel need not zero unread keys (``backend.zero_unseen_keys``).
+    False for any other function: a user's mask_mod is not analysed."""
+    try:
+        return mask_mod in _diagonal
+    except TypeError:  # not weakly referable: no constructor made it
+        return False
+
+
 def causal() -> MaskMod:
     """``q_idx >= kv_idx``: each query sees itself and the keys before it (top-left aligned)."""
     return _causal
@@ -89,7 +110,7 @@ def sliding_window(left: int, right: int = 0) -> MaskMod:
     def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         return (kv_idx >= q_idx - lo) & (kv_idx <= q_idx + hi)
 
-    return mask_mod
+    return _on_diagonal(mask_mod)
 
 
 @functools.lru_cache(maxsize=256)
@@ -101,7 +122,7 @@ def chunked_causal(chunk: int) -> MaskMod:
     def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         return (q_idx // size == kv_idx // size) & (q_idx >= kv_idx)
 
-    return mask_mod
+    return _on_diagonal(mask_mod)
 
 
 def prefix_lm(prefix_lengths: Any) -> MaskMod:
@@ -112,7 +133,7 @@ def prefix_lm(prefix_lengths: Any) -> MaskMod:
     def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         return (kv_idx < lengths[b]) | (q_idx >= kv_idx)
 
-    return mask_mod
+    return _on_diagonal(mask_mod)
 
 
 def document(q_segment_ids: Any, kv_segment_ids: Any = None) -> MaskMod:
@@ -127,7 +148,8 @@ def document(q_segment_ids: Any, kv_segment_ids: Any = None) -> MaskMod:
         return q_ids[b, q_idx] == kv_ids[b, kv_idx]
 
     _documents[mask_mod] = (None, q_ids, kv_ids)
-    return mask_mod
+    # One array for both sides: position i's query and key share a segment.
+    return _on_diagonal(mask_mod) if kv_ids is q_ids else mask_mod
 
 
 #: The ``document()`` term of the mask_mods ``document`` and ``and_`` make: ``(rest, q ids, kv ids)``.
@@ -207,12 +229,13 @@ def and_(*mods: MaskMod) -> MaskMod:
         rest = [mod for mod, part in zip(mods, parts, strict=True) if part is None]
         rest += [] if inner is None else [inner]
         _documents[both] = (None if not rest else rest[0] if len(rest) == 1 else and_(*rest), q_ids, kv_ids)
-    return both
+    return _on_diagonal(both) if all(map(sees_diagonal, mods)) else both
 
 
 def or_(*mods: MaskMod) -> MaskMod:
     """A key is visible when any mask_mod allows it."""
-    return _combine("or_", mods, lambda x, y: x | y)
+    either = _combine("or_", mods, lambda x, y: x | y)
+    return _on_diagonal(either) if any(map(sees_diagonal, mods)) else either
 
 
 @functools.cache

@@ -274,7 +274,7 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
             bits = call_bits(call.mask_mod, call.block_mask, batch=call.problem.batch, heads=call.problem.heads_q,
                              t_len=call.problem.seq_q, s_len=call.problem.seq_k, causal=causal,
                              window=_window(call.problem))
-            k, v = unread_zeroed(k, v, bits)
+            k, v = unread_zeroed(k, v, bits, call.mask_mod)
             causal, window = False, None
 
         # The arrays beside q, k and v, arguments of the custom gradient (they may be traced).

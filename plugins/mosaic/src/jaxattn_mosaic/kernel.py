@@ -81,7 +81,7 @@ from jaxattn_mosaic.blocks import (
     stream_kv,
     window_sides,
 )
-from jaxattn_mosaic.mods import WORD, row_blocks, rows_seen, tile_lists
+from jaxattn_mosaic.mods import WORD, row_blocks, tile_lists
 
 __all__ = ["Config", "default_config", "exp2_fma", "mod_config", "mosaic_attention_forward"]
 
@@ -229,12 +229,12 @@ WIDE_KV_FROM = 16384
 
 
 def _fits(head_dim: int, block_q: int, block_kv: int, stages: int, *, q_slots: int, o_tile: bool,
-          itemsize: int = 2) -> bool:
+          itemsize: int = 2, extra: int = 0) -> bool:
     """Whether a CTA's tiles fit its shared memory: ``q_slots`` Q tiles per consumer, the K/V
-    ring, and (``o_tile``) an output tile per consumer, 1 KiB left for the barriers and
-    Mosaic's scratch."""
+    ring, (``o_tile``) an output tile per consumer and ``extra`` bytes (a mask_mod's bits beside
+    the ring), 1 KiB left for the barriers and Mosaic's scratch."""
     rows = 2 * q_slots * block_q + 2 * stages * block_kv + (2 * block_q if o_tile else 0)
-    return rows * head_dim * itemsize <= _SMEM_BYTES - 1024
+    return rows * head_dim * itemsize + extra <= _SMEM_BYTES - 1024
 
 
 def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, block_q: int | None = None,
@@ -504,11 +504,6 @@ def mosaic_attention_forward(
                               cap=None if soft_cap is None else float(soft_cap) / float(softmax_scale))
     out = out[:, :t_len]
     lse = lse2[:, :, :t_len] * _LN2
-    if bits is not None:
-        # Rows that see no key ran masked blocks only, or none: zeros and -inf.
-        seen = rows_seen(bits)
-        out = jnp.where(jnp.swapaxes(seen, 1, 2)[..., None], out, jnp.zeros((), out.dtype))
-        lse = jnp.where(seen, lse, -jnp.inf)
     ahead = keys_ahead(causal, window[1])
     if ahead is not None and t_len > s_len + ahead:
         # Rows i < T - S - ahead see no key: zeros and -inf, whatever the kernel left there.
@@ -595,7 +590,8 @@ def _launch(q: Any, k: Any, *, causal: bool, scale: float, s_len: int, t_len: in
     # A persistent kernel's own output tiles (one per consumer) if they fit beside Q's and the
     # K/V ring; with ``q_double``, two Q slots per consumer where they fit with those.
     def fits(q_slots: int) -> bool:
-        return _fits(head_dim, bq, bkv, stages, q_slots=q_slots, o_tile=True, itemsize=q.dtype.itemsize)
+        bits = 0 if mods is None else stages * 2 * mods[2] * bq * 4  # the int32 words (``_entry``)
+        return _fits(head_dim, bq, bkv, stages, q_slots=q_slots, o_tile=True, itemsize=q.dtype.itemsize, extra=bits)
 
     q_slots = 2 if cfg.q_double and fits(2) else 1
     return _Launch(cfg=cfg, causal=causal, cap=cap, qk_scale=scale * _LOG2E, dtype=q.dtype, batch=batch, hq=hq,
@@ -619,8 +615,9 @@ def _forward_call(q: Any, k: Any, v: Any, *, causal: bool, scale: float, s_len: 
     mod_inputs: tuple[Any, ...] = ()
     mods = None
     if bits is not None:
-        if cfg.persistent or cfg.overlap or cfg.split_tail:
-            raise ValueError(f"a mask_mod's tiles run one CTA per tile, in the ping-pong loop: {cfg}")
+        if cfg.overlap or cfg.split_tail or cfg.scheduled:
+            raise ValueError(f"a mask_mod's tiles run whole, in the ping-pong loop, unscheduled (their "
+                             f"lists are known only when the kernel runs): {cfg}")
         rows, t_pad = 2 * cfg.block_q, q.shape[1]
         per_block = cfg.block_kv // WORD
         lists = tile_lists(bits, s_len, rows=rows, keys=cfg.block_kv)
@@ -748,9 +745,12 @@ class _Body:
         pieces, n_q_tiles, hq, bq = lz.pieces, lz.n_q_tiles, lz.hq, lz.bq
         lo: Any = 0
         piece: Any = None
-        if lz.mods is not None:  # one CTA per tile: its list's blocks (``listed``)
-            head, rest = lax.rem(t, jnp.int32(hq)), lax.div(t, jnp.int32(hq))
-            q_tile, b = lax.rem(rest, jnp.int32(n_q_tiles)), lax.div(rest, jnp.int32(n_q_tiles))
+        if lz.mods is not None:  # the tile's list's blocks (``listed``)
+            if cfg.persistent:  # in the order a grid runs: tiles at once share a head's keys in L2
+                b, head, q_tile = launch_order(t, batch=lz.batch, heads=hq, n_q=n_q_tiles)
+            else:
+                head, rest = lax.rem(t, jnp.int32(hq)), lax.div(t, jnp.int32(hq))
+                q_tile, b = lax.rem(rest, jnp.int32(n_q_tiles)), lax.div(rest, jnp.int32(n_q_tiles))
             n_partial, n_full = (self.list_ref[(*self.mod_row(b, head, q_tile), i)] for i in (0, 1))
             return b, head, q_tile * (2 * bq), n_partial + n_full, lo, piece
         if pieces > 1:
@@ -1122,6 +1122,11 @@ class _Body:
         l_safe = jnp.where(l_i == 0.0, 1.0, l_i)
         acc = acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [0])
         lse = m_i * self.lz.qk_scale + jnp.log2(l_safe)  # m_i unscaled: see exponents
+        if self.lz.mods is not None:
+            # A mask_mod's rows that see no key ran masked blocks only (their max still the masked
+            # score's) or none (-inf): zeros and -inf, here rather than in a pass over the output.
+            acc = jnp.where(lax.broadcast_in_dim(m_i, acc.shape, [0]) > _MASKED, acc, 0.0)
+            lse = jnp.where(m_i > _MASKED, lse, -jnp.inf)
         if piece is None:
             self.store(q_smem, acc, lse, b, head, row0)
             return

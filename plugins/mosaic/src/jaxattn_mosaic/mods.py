@@ -19,7 +19,7 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["WORD", "call_bits", "row_blocks", "rows_seen", "tile_lists", "unread_zeroed"]
+__all__ = ["WORD", "call_bits", "row_blocks", "tile_lists", "unread_zeroed"]
 
 #: Keys per word of the packed bits.
 WORD = 32
@@ -55,17 +55,18 @@ def row_blocks(bits: Any, *, rows: int, t_pad: int, words: int) -> Any:
     return jnp.swapaxes(padded.reshape(lead0, lead1, t_pad // rows, rows, words), 3, 4)
 
 
-def rows_seen(bits: Any) -> Any:
-    """Whether each row sees any key, bool ``(B|1, Hq|1, T)``."""
-    return jnp.any(bits != 0, axis=-1)
-
-
-def unread_zeroed(k: Any, v: Any, bits: Any) -> tuple[Any, Any]:
+def unread_zeroed(k: Any, v: Any, bits: Any, mask_mod: Any = None) -> tuple[Any, Any]:
     """``k`` and ``v`` ``(B, S, Hkv, D)`` with zeros at the keys no query of their sequence and KV
     head sees: a kernel loads whole blocks, and a partial one's P V would multiply an unseen V
-    row (the contract lets it hold NaN) by 0; its gradients there are 0."""
+    row (the contract lets it hold NaN) by 0; its gradients there are 0. Unchanged, with no pass
+    over them, where ``bits`` are ``mask_mod``'s (with the causal rule and a window, which keep the
+    diagonal) and it keeps the diagonal of a square call (``masks.sees_diagonal``): every key is
+    then seen."""
     from jaxattn import masks
     from jaxattn.backend import zero_unseen_keys
+
+    if int(bits.shape[2]) == int(k.shape[1]) and masks.sees_diagonal(mask_mod):
+        return k, v
 
     words = masks.seen_words(bits, int(k.shape[2]))  # (B|1, Hkv|1, W)
     shifts = jnp.arange(WORD, dtype=jnp.int32).reshape(1, 1, 1, WORD)
