@@ -7,9 +7,11 @@
 The kernels themselves (``mosaic_attention_forward`` and ``mosaic_attention_backward``), bf16,
 D = 128, one sequence of ``--tokens`` tokens, 32 heads, for each mask (8 documents causal in
 each, a prefix of a quarter of the tokens, chunks of 1,024; the bits built once, outside the
-timed call) and the plain causal kernel beside them: the forward with ``mod_config``'s tiles
+timed call) and the plain causal kernel beside them, over the tokens and over 8 sequences of an
+eighth of them (the documents' visible pairs as a batch): the forward with ``mod_config``'s tiles
 one CTA per tile, the same tiles persistent (one CTA per SM looping over them; ``+q``: two Q
-slots per consumer), and the backward kernels (dQ, then dK/dV). Each jitted, warmed up, run
+slots per consumer), the causal kernel's default schedule, and the backward kernels (dQ, then
+dK/dV). A forward that differs from the row's first says by how much. Each jitted, warmed up, run
 ``iters`` times back to back and blocked on the last; the best of ``reps``. TFLOP/s count the
 visible pairs (forward ``4 * H * D * pairs``, backward 2.5 times that).
 """

@@ -470,8 +470,9 @@ def mosaic_attention_forward(
     ``bits``: a mask_mod's visibility instead (``mods.call_bits``, int32 ``(B|1, Hq|1, T,
     ceil(S / 32))``, the causal rule and window ANDed in, so ``causal`` is False and no window is
     given): each query tile runs the key blocks holding a visible pair (``mods.tile_lists``),
-    the partial ones masked by the bits (``mod_config``'s tiles, one CTA per tile). Keys no query
-    of their KV head sees must hold finite values (``mods.unread_zeroed``).
+    the partial ones masked by the bits (``mod_config``'s tiles, one CTA per tile; a persistent
+    ``config`` loops over them in the grid's order). Rows that see no key come out zeros with an
+    LSE of -inf. Keys no query of their KV head sees must hold finite values (``mods.unread_zeroed``).
 
     ``alibi_slopes``: float32 ``(Hq,)``, ALiBi's term ``slopes[h] * (kv_idx - q_idx)`` (raw
     positions, ``jaxattn.masks.alibi``) added to each capped logit before the mask, in registers.
