@@ -35,7 +35,7 @@ RUNS = {
 }
 
 
-def _best_ms(fn: Callable[..., Any], args: tuple[Any, ...], iters: int, reps: int) -> float:
+def best_ms(fn: Callable[..., Any], args: tuple[Any, ...], iters: int, reps: int) -> float:
     jax.block_until_ready(fn(*args))
     best = float("inf")
     for _ in range(reps):
@@ -78,8 +78,8 @@ def main() -> None:
                 return jaxattn.attention(q, k, v, **kw).astype(jnp.float32).sum()
 
             try:
-                times = (_best_ms(jax.jit(fwd), (q, k, v), args.iters, args.reps),
-                         _best_ms(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v), args.iters, args.reps))
+                times = (best_ms(jax.jit(fwd), (q, k, v), args.iters, args.reps),
+                         best_ms(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v), args.iters, args.reps))
             except jaxattn.UnsupportedError as err:
                 cells.append(f"declined: {err.reasons[0][:40]}")
                 continue

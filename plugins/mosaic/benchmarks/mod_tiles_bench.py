@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
-from collections.abc import Callable
+import sys
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -30,19 +30,10 @@ import numpy as np
 
 from jaxattn import masks
 
+sys.path.insert(0, str(Path(__file__).parent))
+from feature_bench import best_ms
+
 HEADS, DIM = 32, 128
-
-
-def _best_ms(fn: Callable[..., Any], args: tuple[Any, ...], iters: int, reps: int) -> float:
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        for _ in range(iters - 1):
-            fn(*args)
-        jax.block_until_ready(fn(*args))
-        best = min(best, (time.perf_counter() - start) / iters * 1e3)
-    return best
 
 
 def mask_mods(tokens: int) -> dict[str, Any]:
@@ -120,14 +111,14 @@ def main() -> None:
             diff = 0.0 if out is None else max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
                                                for a, b in zip(got, (out, lse), strict=True))
             out, lse = got
-            ms = _best_ms(fn, (q, k, v, bits), args.iters, args.reps)
+            ms = best_ms(fn, (q, k, v, bits), args.iters, args.reps)
             cells.append(f"{ms:.3f} ({tflops(pairs, ms):.0f})" + (f", differs by {diff:.2g}" if diff else ""))
 
         def bwd(q: Any, k: Any, v: Any, out: Any, lse: Any, do: Any, bits: Any, causal: bool = causal) -> Any:
             return KB.mosaic_attention_backward(q, k, v, out, lse, do, None, causal=causal, softmax_scale=scale,
                                                 bits=bits)
 
-        ms = _best_ms(jax.jit(bwd), (q, k, v, out, lse, do, bits), args.iters, args.reps)
+        ms = best_ms(jax.jit(bwd), (q, k, v, out, lse, do, bits), args.iters, args.reps)
         cells.append(f"{ms:.3f} ({tflops(pairs, ms, 2.5):.0f})")
         print(f"| {batch} x {tokens} | {name} | " + " | ".join(cells) + " |")
 
