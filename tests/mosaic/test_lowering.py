@@ -11,6 +11,7 @@ tests run only now and then. Numerics stay with tests/mosaic's GPU tests.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -359,7 +360,7 @@ def test_a_persistent_mask_mod_forward_lowers(d: int, q_double: bool) -> None:
     from jaxattn_mosaic import mods
 
     t, s, hq, hkv = SHAPES[0]
-    config = K.Config(**{**K.mod_config(d).__dict__, "persistent": True, "q_double": q_double})
+    config = dataclasses.replace(K.mod_config(d), persistent=True, q_double=q_double)
 
     def run(q: Any, k: Any, v: Any) -> Any:
         bits = mods.call_bits(masks.chunked_causal(100), None, batch=1, heads=hq, t_len=t, s_len=s, causal=False,

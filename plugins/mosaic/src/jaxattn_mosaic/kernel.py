@@ -237,6 +237,12 @@ def _fits(head_dim: int, block_q: int, block_kv: int, stages: int, *, q_slots: i
     return rows * head_dim * itemsize + extra <= _SMEM_BYTES - 1024
 
 
+def _bits_slots(stages: int, words: int, block_q: int) -> tuple[int, int, int, int]:
+    """The int32 shared-memory slots of a mask_mod's bits: per K/V stage, each consumer's rows'
+    ``words`` words of the block (``_Body.mod_keep``)."""
+    return (stages, 2, words, block_q)
+
+
 def default_config(head_dim: int, *, causal: bool = False, kv_len: int = 0, block_q: int | None = None,
                    block_kv: int | None = None, stages: int | None = None, window: Window = NO_WINDOW) -> Config:
     """Tiles that fit the 227 KiB of shared memory and the consumers' 232 registers (or those
@@ -591,7 +597,7 @@ def _launch(q: Any, k: Any, *, causal: bool, scale: float, s_len: int, t_len: in
     # A persistent kernel's own output tiles (one per consumer) if they fit beside Q's and the
     # K/V ring; with ``q_double``, two Q slots per consumer where they fit with those.
     def fits(q_slots: int) -> bool:
-        bits = 0 if mods is None else stages * 2 * mods[2] * bq * 4  # the int32 words (``_entry``)
+        bits = 0 if mods is None else math.prod(_bits_slots(stages, mods[2], bq)) * 4
         return _fits(head_dim, bq, bkv, stages, q_slots=q_slots, o_tile=True, itemsize=q.dtype.itemsize, extra=bits)
 
     q_slots = 2 if cfg.q_double and fits(2) else 1
@@ -686,7 +692,7 @@ def _entry(lz: _Launch, q_ref: Any, k_ref: Any, v_ref: Any, *refs: Any) -> None:
         *((plgpu.Barrier(num_arrivals=1, num_barriers=2),)
           if (cfg.overlap or cfg.pass_turns) and not cfg.named_barriers else ()),
         # A mask_mod's bits: a partial block's words for each consumer's rows, beside its K/V slot.
-        *(((plgpu.SMEM((stages, 2, lz.mods[2], bq), jnp.int32), plgpu.Barrier(num_barriers=stages)),)
+        *(((plgpu.SMEM(_bits_slots(stages, lz.mods[2], bq), jnp.int32), plgpu.Barrier(num_barriers=stages)),)
           if lz.mods is not None else ()),
         collective_axes="wg",
     )
