@@ -219,7 +219,7 @@ class MosaicFlashAttention(AttentionImpl, declaration=MOSAIC_FLASH):
             said.append("mask_mod evaluated in JAX into packed bits (32 keys a word; a block_mask built with bits=True "
                         "lends its own), the causal rule and window ANDed in; each kernel walks its tiles' lists: "
                         "empty tiles never loaded, full ones without mask arithmetic, partial ones expanding the bits "
-                        "in registers; one CTA per tile")
+                        "in registers; one CTA per SM looping over the tiles")
         if problem.score_mod_alibi:
             said.append("score_mod masks.alibi: slopes[h] * (kv_idx - q_idx) added to each score in registers, "
                         "forward and backward (the slopes' gradient from the dQ kernel's row sums)")
