@@ -484,8 +484,9 @@ def mosaic_attention_forward(
     ceil(S / 32))``, the causal rule and window ANDed in, so ``causal`` is False and no window is
     given): each query tile runs the key blocks holding a visible pair (``mods.tile_lists``),
     the partial ones masked by the bits (``mod_config``'s tiles, one CTA per SM looping over them
-    in the grid's order; a ``config`` not persistent: one CTA per tile). Rows that see no key come out zeros with an
-    LSE of -inf. Keys no query of their KV head sees must hold finite values (``mods.unread_zeroed``).
+    in the grid's order; a ``config`` not persistent: one CTA per tile). Rows that see no key come
+    out zeros with an LSE of -inf. Keys no query of their KV head sees must hold finite values
+    (``mods.unread_zeroed``).
 
     ``alibi_slopes``: float32 ``(Hq,)``, ALiBi's term ``slopes[h] * (kv_idx - q_idx)`` (raw
     positions, ``jaxattn.masks.alibi``) added to each capped logit before the mask, in registers.
@@ -753,8 +754,8 @@ class _Body:
         """Item ``t``: its tile's batch, head and first query row, the key blocks its CTA
         streams (``lo`` to the end), and the piece it is (``None`` where no tile is cut;
         negative for a whole tile). Persistent: ``t`` counts in ``Config.q_group``'s
-        order; one CTA per tile with a cut wave: in ``launch_order``; otherwise ``t`` is
-        ``h + Hq * (q + n_q * b)`` of the grid's axes."""
+        order (a mask_mod's tiles: in ``launch_order``); one CTA per tile with a cut wave: in
+        ``launch_order``; otherwise ``t`` is ``h + Hq * (q + n_q * b)`` of the grid's axes."""
         lz, cfg, blocks = self.lz, self.cfg, self.lz.blocks
         pieces, n_q_tiles, hq, bq = lz.pieces, lz.n_q_tiles, lz.hq, lz.bq
         lo: Any = 0
