@@ -28,7 +28,7 @@ from jaxattn.backend.validation import resolve_call
 from jaxattn.testing import oracle
 from jaxattn.testing.cases import DEFAULT_TOLERANCES, Case, Level
 from jaxattn.testing.compare import assert_close
-from jaxattn.testing.conformance import ConformanceSuite
+from jaxattn.testing.conformance import STRICT_CASES, ConformanceSuite
 from jaxattn.testing.mod_cases import MOD_CASES
 from jaxattn.testing.mod_conformance import STRICT_MOD_CASES
 
@@ -56,6 +56,7 @@ class TestMosaicFlashConformance(ConformanceSuite):
 
     # The mask_mod / score_mod cases at head dim 64, their shapes and rules as they are.
     mod_cases = tuple(dataclasses.replace(c, base=dataclasses.replace(c.base, d=64)) for c in MOD_CASES)
+    strict_cases = tuple(dataclasses.replace(c, d=64) for c in STRICT_CASES)
     strict_mod_cases = tuple(dataclasses.replace(c, base=dataclasses.replace(c.base, d=64)) for c in STRICT_MOD_CASES)
 
 

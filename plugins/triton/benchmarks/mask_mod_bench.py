@@ -45,8 +45,11 @@ its "at least 2.5x cuDNN". Outputs are compared with cuDNN's (max abs difference
 from __future__ import annotations
 
 import argparse
+import collections
+import gzip
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -69,6 +72,28 @@ def doc_lengths(tokens: int, docs: int, uneven: bool) -> list[int]:
     return [int(n) for n in lengths]
 
 
+def gpu_kernel_ms(step: Any, args: tuple[Any, ...], steps: int = 3) -> list[tuple[str, int, float]]:
+    """``(kernel, launches a step, ms a step)`` of ``steps`` runs of ``step(*args)`` on the GPU, by
+    total time: jax's profiler's trace, its device events summed by name."""
+    jax.block_until_ready(step(*args))
+    with tempfile.TemporaryDirectory() as log_dir:
+        with jax.profiler.trace(log_dir, create_perfetto_trace=True):
+            for _ in range(steps):
+                out = step(*args)
+            jax.block_until_ready(out)
+        trace = next(Path(log_dir).rglob("perfetto_trace.json.gz"))
+        events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    gpu = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+           and "GPU" in str(e.get("args", {}).get("name", ""))}
+    total: collections.Counter[str] = collections.Counter()
+    count: collections.Counter[str] = collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and e.get("pid") in gpu:
+            total[e["name"]] += float(e.get("dur", 0.0))
+            count[e["name"]] += 1
+    return [(name, count[name] // steps, us / steps / 1e3) for name, us in total.most_common()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=16384)
@@ -84,6 +109,8 @@ def main() -> None:
     ap.add_argument("--impl", choices=("flash_attn2", "mosaic_flash"), default="flash_attn2",
                     help="the backend whose mask_mod rows are timed (mosaic_flash: Hopper only)")
     ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument("--profile", action="store_true", help="also print the GPU kernels of the mask_mod row's step "
+                    "and its causal row's, each one's ms a step (jax's profiler)")
     ap.add_argument("--smoke", action="store_true", help="the script's own check on a CPU: 512 tokens, 2 heads, "
                     "D 16, blockwise for flash_attn2 and vanilla for cudnn")
     a = ap.parse_args()
@@ -156,6 +183,7 @@ def main() -> None:
         ref_name, mine_name, targets = "blockwise alibi", f"{fa} alibi", ((f"{fa} causal", 0.8),)
     results: dict[str, dict[str, Any]] = {}
     outs: dict[str, Any] = {}
+    steps: dict[str, Any] = {}
     what = {"documents": f"as {a.docs} documents {lengths[:4]}...", "prefix": f"prefix-LM, prefix {prefix}",
             "chunked": f"chunked causal, chunks of {a.chunk}"}[a.mask]
     print(f"{jax.devices()[0].device_kind}: T=S={t} {what}, Hq=Hkv={h}, D={d}, "
@@ -182,6 +210,7 @@ def main() -> None:
             t2 = time.perf_counter()
             outs[name] = np.asarray(fwd(q, k, v, arrs), np.float32)
             sec = time_jax(step, q, k, v, arrs, dout, reps=a.reps)
+            steps[name] = step
             flops = 4.0 * h * d * pairs * 3.5
             results[name] = {"ms": sec * 1e3, "tflops": flops / sec / 1e12, "compile_fwd_s": t1 - t0,
                              "compile_step_s": t2 - t1, "pairs": pairs}
@@ -209,6 +238,12 @@ def main() -> None:
             if "tflops" in results.get(other, {}):
                 ratio = mine["tflops"] / results[other]["tflops"]
                 print(f"{mine_name} / {other}: {ratio:.2f}x TFLOP/s on visible pairs (issue 50's target: >= {target}x)")
+    for name in (mine_name, targets[0][0]) if a.profile else ():
+        if name in steps:
+            kernels = gpu_kernel_ms(steps[name], (q, k, v, arrs, dout))
+            print(f"\n{name}: GPU kernels of a step, {sum(ms for *_, ms in kernels):.3f} ms in all")
+            for kernel, launches, ms in kernels[:16]:
+                print(f"  {ms:8.3f} ms  x{launches:<3d} {kernel[:150]}")
     if a.json:
         a.json.write_text(json.dumps({"impl": fa, "tokens": t, "mask": a.mask, "docs": lengths, "alibi": a.alibi,
                                       "heads": h, "dim": d, "bits_ms": bits_sec * 1e3, "rows": results,

@@ -73,7 +73,7 @@ from .quantized_cases import QUANTIZED_DENSE_CASES, QuantizedCase, quantize_dens
 from .quick_jit import compiler_options_for_tests, default_compiler_options, eager_test_options
 from .strict import STRICT_MODES
 
-__all__ = ["ConformanceSuite"]
+__all__ = ["STRICT_CASES", "ConformanceSuite"]
 
 LEVEL_ENV = "JAXATTN_CONFORMANCE"
 LEVEL_OPTION = "jaxattn_conformance"
@@ -112,12 +112,14 @@ _MAGNITUDE_CASES = (
     Case("logits_of_any_magnitude_decode", b=1, t=8, s=128, hq=4, hkv=2, d=64, softmax_scale=0.7),
 )
 
-# Strict modes (``test_strict_modes``): JAX's own test harness runs with rank promotion
-# "raise", and users debug with NaN/Inf checks and jax's internal checks on. A masked, causal,
-# GQA call with T < S (no row without a key: a legitimate -inf there would trip debug_infs),
-# and the same without the mask for backends that take no mask.
-_STRICT_CASES = (
+#: Strict modes (``test_strict_modes``): JAX's own test harness runs with rank promotion
+#: "raise", and users debug with NaN/Inf checks and jax's internal checks on. A masked, causal,
+#: GQA call with T < S (no row without a key: a legitimate -inf there would trip debug_infs);
+#: for backends that take no mask, the same with a window instead (the rows a kernel pads past
+#: T see no key through it), then with neither. A suite runs the first its backend accepts.
+STRICT_CASES = (
     Case("strict_masked_causal_gqa", b=2, t=8, s=24, hq=4, hkv=2, d=16, causal=True, mask=("B", 1, "T", "S")),
+    Case("strict_windowed_causal_gqa", b=2, t=8, s=24, hq=4, hkv=2, d=16, causal=True, sliding_window=(4, 0)),
     Case("strict_causal_gqa", b=2, t=8, s=24, hq=4, hkv=2, d=16, causal=True),
 )
 
@@ -194,6 +196,9 @@ class ConformanceSuite(ModConformance):
     #: before (Pallas TPU interpret mode under jax_enable_checks passed and failed across runs of
     #: one suite); a fix shows up as an unexpected pass (XPASS) in the summary.
     strict_mode_failures: ClassVar[Mapping[str, str]] = {}
+    #: ``test_strict_modes``' cases, the first the backend accepts (a suite whose backend takes other
+    #: head dims maps them).
+    strict_cases: ClassVar[tuple[Case, ...]] = STRICT_CASES
 
     # -- configuration hooks -------------------------------------------------------------
     @classmethod
@@ -723,7 +728,7 @@ class ConformanceSuite(ModConformance):
         first strict case the impl accepts runs eagerly and under ``jax.jit`` (with gradients
         where supported) and matches the oracle."""
         dtype = self.dtypes[0]
-        for case in _STRICT_CASES:
+        for case in self.strict_cases:
             np_arrays, arrays = self._prepare(case, dtype)
             features = static_features(case)
             if not self._supports(arrays, features):

@@ -30,7 +30,7 @@ Masks: causal is bottom-right (query ``i`` sees key ``j`` iff ``j <= i + S - T``
 forward, and a sliding window narrows both kernels to bands (``blocks.KeyBlocks``: the key
 blocks a dQ tile's rows see, the query blocks that see a dK/dV tile's keys). Probabilities of
 masked pairs and of keys past ``S`` are zeroed; query rows past ``T`` and rows that see no key
-(lse ``-inf``) get an lse of ``+inf``, so their ``P`` is 0 and they add nothing. Blocks that
+(lse ``-inf``) get an lse of ``_NO_KEY`` (``1e30``), so their ``P`` is 0 and they add nothing. Blocks that
 need no mask run without the iota/compare.
 """
 
@@ -69,6 +69,9 @@ from jaxattn_mosaic.mods import WORD, row_blocks, tile_lists
 __all__ = ["BackwardConfig", "default_backward_config", "mosaic_attention_backward"]
 
 _LOG2E = math.log2(math.e)
+#: The log2-sum-exp given to rows that see no key (padded rows too): exp2(s - _NO_KEY) is 0 for
+#: any score the kernels compute, and it is finite.
+_NO_KEY = 1e30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,12 +157,13 @@ def mosaic_attention_backward(
     delta = jnp.einsum("bthd,bthd->bht", out.astype(f32), d_out.astype(f32))
     if d_lse is not None:
         delta = delta - d_lse.astype(f32)
-    # +inf for rows that see no key: their P is exp2(-inf) = 0 (not exp2(+inf)).
-    lse2 = jnp.where(jnp.isfinite(lse), lse.astype(f32) * _LOG2E, jnp.inf)
+    # _NO_KEY for rows that see no key: their P is exp2(-huge) = 0 (not exp2(+inf)). Finite, as
+    # the contract asks of the rows a kernel pads (no Inf in any array, for jax.debug_infs).
+    lse2 = jnp.where(jnp.isfinite(lse), lse.astype(f32) * _LOG2E, _NO_KEY)
     if t_pad != t_len:
         pad = ((0, 0), (0, t_pad - t_len), (0, 0), (0, 0))
         q, d_out = jnp.pad(q, pad), jnp.pad(d_out.astype(q.dtype), pad)
-        lse2 = jnp.pad(lse2, ((0, 0), (0, 0), (0, t_pad - t_len)), constant_values=jnp.inf)
+        lse2 = jnp.pad(lse2, ((0, 0), (0, 0), (0, t_pad - t_len)), constant_values=_NO_KEY)
         delta = jnp.pad(delta, ((0, 0), (0, 0), (0, t_pad - t_len)))
     d_out = d_out.astype(q.dtype)
     if s_pad != s_len:

@@ -518,7 +518,9 @@ def mosaic_attention_forward(
                               t_len=t_len, cfg=cfg, window=window, bits=bits, alibi_slopes=alibi_slopes,
                               cap=None if soft_cap is None else float(soft_cap) / float(softmax_scale))
     out = out[:, :t_len]
-    lse = lse2[:, :, :t_len] * _LN2
+    lse2 = lse2[:, :, :t_len]
+    # A mask_mod's rows that see no key: -inf (the kernel left _MASKED there, as in its padding).
+    lse = (lse2 if bits is None else jnp.where(lse2 > _MASKED, lse2, -jnp.inf)) * _LN2
     ahead = keys_ahead(causal, window[1])
     if ahead is not None and t_len > s_len + ahead:
         # Rows i < T - S - ahead see no key: zeros and -inf, whatever the kernel left there.
@@ -1137,11 +1139,13 @@ class _Body:
         l_safe = jnp.where(l_i == 0.0, 1.0, l_i)
         acc = acc * lax.broadcast_in_dim(1.0 / l_safe, acc.shape, [0])
         lse = m_i * self.lz.qk_scale + jnp.log2(l_safe)  # m_i unscaled: see exponents
+        # Rows that see no key ran masked blocks only (their max still the masked score's) or none
+        # (-inf): their LSE is _MASKED, finite, as the contract asks of the rows a kernel pads
+        # (no Inf in any array, for jax.debug_infs); the caller turns a real row's into -inf.
+        lse = jnp.where(m_i > _MASKED, lse, _MASKED)
         if self.lz.mods is not None:
-            # A mask_mod's rows that see no key ran masked blocks only (their max still the masked
-            # score's) or none (-inf): zeros and -inf, here rather than in a pass over the output.
+            # A mask_mod's such rows are zeros, here rather than in a pass over the output.
             acc = jnp.where(lax.broadcast_in_dim(m_i, acc.shape, [0]) > _MASKED, acc, 0.0)
-            lse = jnp.where(m_i > _MASKED, lse, -jnp.inf)
         if piece is None:
             self.store(q_smem, acc, lse, b, head, row0)
             return
