@@ -191,12 +191,14 @@ def test_sees_diagonal_holds_for_what_keeps_the_diagonal_and_nothing_else() -> N
     ids = jnp.asarray([[0] * 4 + [1] * 6, [0] * 7 + [1] * 3], jnp.int32)
     other = jnp.asarray([[0] * 5 + [1] * 5, [1] * 10], jnp.int32)
     window = masks.sliding_window(2, 1)
+    np_ids = np.asarray(ids)  # one numpy array given twice is one array too
     known = [masks.causal(), window, masks.sliding_window(0), masks.chunked_causal(3),
              masks.prefix_lm(np.array([3, 0], np.int32)), masks.document(ids), masks.document(ids, ids),
+             masks.document(np_ids, np_ids),
              masks.and_(masks.causal(), masks.document(ids)), masks.and_(window, masks.chunked_causal(4)),
              masks.or_(lambda b, h, q, kv: kv < h, masks.causal())]
     unknown = [lambda b, h, q, kv: q >= kv, masks.document(ids, other),
-               masks.document(np.asarray(ids), np.asarray(ids)),
+               masks.document(np.asarray(ids), np.asarray(ids)),  # two arrays, equal: not assumed
                masks.and_(masks.causal(), lambda b, h, q, kv: kv > 0), masks.or_(lambda b, h, q, kv: kv < h),
                masks.and_(masks.causal(), masks.document(ids, other)), None, 3]
     n = ids.shape[1]

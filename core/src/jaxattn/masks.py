@@ -141,8 +141,9 @@ def document(q_segment_ids: Any, kv_segment_ids: Any = None) -> MaskMod:
     ids; one array serves both sides when T == S). ``and_(causal(), document(ids))`` is causal
     attention within each document."""
     q_ids = _array("q_segment_ids", q_segment_ids, 2, False, "an int array (B, T|S)")
-    kv_ids = q_ids if kv_segment_ids is None else _array("kv_segment_ids", kv_segment_ids, 2, False,
-                                                         "an int array (B, T|S)")
+    # The same object twice (a numpy array too, which _array converts anew) is one array.
+    same = kv_segment_ids is None or kv_segment_ids is q_segment_ids
+    kv_ids = q_ids if same else _array("kv_segment_ids", kv_segment_ids, 2, False, "an int array (B, T|S)")
 
     def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         return q_ids[b, q_idx] == kv_ids[b, kv_idx]
