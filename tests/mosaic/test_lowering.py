@@ -336,6 +336,39 @@ def test_a_mask_mod_lowers_in_the_impl_differentiated(t: int, s: int, hq: int, h
     assert _kernels(text) == 3
 
 
+def test_every_mask_mod_at_one_shape_lowers_to_the_same_kernels() -> None:
+    # The kernels read a mask_mod only as bits and tile lists (arrays), so a new variant at the
+    # same shapes (and the same bits' shape: one that varies with b or h has its own) compiles
+    # no new kernel: Mosaic GPU compiles a kernel once a process, keyed by its module's hash.
+    import re
+
+    from jaxattn import masks
+
+    impl = MosaicFlashAttention(AttentionMetadata(), H100)
+    t, h, d = 512, 2, 64
+
+    def step(make: Any, with_block_mask: bool) -> Any:
+        def loss(q: Any, k: Any, v: Any, ids: Any) -> Any:
+            mask_mod = make(ids)
+            bm = masks.block_mask(mask_mod, 1, 1, t, t, bits=True) if with_block_mask else None
+            return impl(q, k, v, mask_mod=mask_mod, block_mask=bm).attention_outputs.astype(jnp.float32).sum()
+
+        return jax.grad(loss, argnums=(0, 1, 2))
+
+    variants = [(lambda ids: masks.and_(masks.causal(), masks.document(ids)), True),
+                (lambda ids: masks.and_(masks.causal(), masks.document(ids)), False),
+                (lambda ids: masks.prefix_lm(ids[:, 0]), False), (lambda ids: masks.chunked_causal(128), True),
+                (lambda ids: masks.or_(masks.sliding_window(64), lambda b, hh, qi, kv: kv < 8), False)]
+    hashes = set()
+    for make, with_block_mask in variants:
+        text = _lowered(step(make, with_block_mask), _spec(t, h, d), _spec(t, h, d), _spec(t, h, d),
+                        jax.ShapeDtypeStruct((1, t), jnp.int32))
+        found = re.findall(r'kernel_hash = "((?:[^"\\]|\\.)*)"', text)
+        assert len(found) == 3, found
+        hashes.add(tuple(sorted(found)))
+    assert len(hashes) == 1
+
+
 def test_a_mask_mod_lowers_from_a_block_mask_and_at_head_dim_256_forward_only() -> None:
     from jaxattn import masks
 
