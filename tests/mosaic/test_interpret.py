@@ -191,3 +191,9 @@ def test_mods_under_strict_modes_in_the_interpreter(mosaic_interpreter: Any, str
     # Inf in the kernels' outputs either.
     with STRICT_MODES[strict_mode]():
         _alibi_through_the_impl(mosaic_interpreter, 1, 100, 192, 2, 1, 64, masks.chunked_causal(64), None)
+    # Without a mask_mod: a causal window over GQA, T < S, whose padded rows (8..127: one consumer's
+    # tile all padding) see no key through it, forward and backward.
+    a, x = _inputs(2, 8, 24, 4, 2, 64)
+    with STRICT_MODES[strict_mode](), mosaic_interpreter():
+        got = _kernels(a, None, True, causal=True, sliding_window=(4, 0))
+    _check(got, x, True, causal=True, sliding_window=(4, 0))
