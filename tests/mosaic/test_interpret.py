@@ -106,6 +106,7 @@ def test_a_persistent_mask_mod_forward_in_the_interpreter(mosaic_interpreter: An
 
 @pytest.mark.parametrize(("b", "t", "s", "hq", "hkv", "d", "causal", "window", "config", "grads"), [
     (1, 256, 384, 2, 1, 64, True, None, None, True),  # T < S: the bottom-right diagonal, a key block past S
+    (1, 256, 100, 2, 1, 64, True, (40, 0), None, False),  # T > S: rows 0..155 see no key (lse -inf)
     (1, 256, 256, 1, 1, 64, True, (70, 0), None, True),  # a window's band, masked at both edges
     (1, 256, 256, 1, 1, 64, True, None, K.Config(persistent=True, q_double=True, scheduled=True, ctas=2), False),
 ])

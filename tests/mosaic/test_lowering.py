@@ -12,6 +12,7 @@ tests run only now and then. Numerics stay with tests/mosaic's GPU tests.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import jax
@@ -340,8 +341,6 @@ def test_every_mask_mod_at_one_shape_lowers_to_the_same_kernels() -> None:
     # The kernels read a mask_mod only as bits and tile lists (arrays), so a new variant at the
     # same shapes (and the same bits' shape: one that varies with b or h has its own) compiles
     # no new kernel: Mosaic GPU compiles a kernel once a process, keyed by its module's hash.
-    import re
-
     from jaxattn import masks
 
     impl = MosaicFlashAttention(AttentionMetadata(), H100)

@@ -519,14 +519,14 @@ def mosaic_attention_forward(
                               cap=None if soft_cap is None else float(soft_cap) / float(softmax_scale))
     out = out[:, :t_len]
     lse2 = lse2[:, :, :t_len]
-    # A mask_mod's rows that see no key: -inf (the kernel left _MASKED there, as in its padding).
-    lse = (lse2 if bits is None else jnp.where(lse2 > _MASKED, lse2, -jnp.inf)) * _LN2
+    # Rows that see no key: -inf (the kernel left _MASKED there, as in the rows it pads).
+    lse = jnp.where(lse2 > _MASKED, lse2, -jnp.inf) * _LN2
     ahead = keys_ahead(causal, window[1])
     if ahead is not None and t_len > s_len + ahead:
-        # Rows i < T - S - ahead see no key: zeros and -inf, whatever the kernel left there.
+        # Rows i < T - S - ahead see no key: zeros, whatever the kernel left there (a mask_mod's
+        # kernel zeroes its own).
         seen = (jnp.arange(t_len) + (s_len - t_len + ahead)) >= 0
         out = jnp.where(seen[None, :, None, None], out, jnp.zeros((), out.dtype))
-        lse = jnp.where(seen[None, None, :], lse, -jnp.inf)
     return out, lse
 
 
