@@ -5,6 +5,8 @@
     python3 run.py test              # the whole test suite (extra arguments go to pytest)
     python3 run.py test --no-torch   # all but the Triton-interpreter tests, without torch and triton
     python3 run.py install           # only create/refresh the environment (add --test for test deps)
+    python3 run.py test --no-torch --python python3.12 --constraint .ci/jax-next.txt
+                                     # the suite in .venv-py3.12, on another Python and its jax
     python3 run.py wheels            # every package's wheel into wheelhouse/, to install from:
                                      #   pip install --find-links wheelhouse "jaxattn[cpu]"
 
@@ -13,6 +15,11 @@ It creates ``.venv`` next to this file, installs every workspace package (``core
 and runs the command inside it. The install is skipped when nothing it depends on changed
 (a hash of the pyprojects, this script and the venv's Python is kept in the venv), so a
 second run starts at once. Standard library only: this runs before anything is installed.
+
+``--python`` runs the same in ``.venv-pyX.Y``, made with that interpreter: jax 0.11 and newer
+need Python 3.12, so this is how one checkout tests two jax releases (CI runs the newest
+release that ``.ci/jax-next.txt`` pins, on Python 3.12, beside the default environment).
+``--constraint`` passes a pip constraints file, hashed with the rest.
 
 torch is needed only by the Triton-interpreter tests (pytest marker ``triton``), which
 launch the kernels on torch CPU tensors. Where pip would resolve the pinned torch to a CUDA
@@ -38,7 +45,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
-STAMP = VENV / "jaxattn-install.json"
+STAMP_NAME = "jaxattn-install.json"
 MIN_PYTHON = (3, 11)
 
 WHEELHOUSE = ROOT / "wheelhouse"
@@ -55,10 +62,28 @@ NO_TORCH_MARKER = "triton"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
-def venv_python() -> Path:
+def venv_python(where: Path = VENV) -> Path:
     if os.name == "nt":
-        return VENV / "Scripts" / "python.exe"
-    return VENV / "bin" / "python"
+        return where / "Scripts" / "python.exe"
+    return where / "bin" / "python"
+
+
+def venv_for(python: str | None) -> Path:
+    """``.venv``, or ``.venv-pyX.Y`` for another interpreter (asked for its version)."""
+    if python is None:
+        return VENV
+    try:
+        done = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                              capture_output=True, text=True, check=False, timeout=60)
+    except OSError as err:
+        raise SystemExit(f"run.py: --python {python}: cannot run it ({err})") from err
+    version = done.stdout.strip()
+    if done.returncode != 0 or not re.fullmatch(r"\d+\.\d+", version) or tuple(
+            int(x) for x in version.split(".")) < MIN_PYTHON:
+        said = version or done.stderr.strip()
+        raise SystemExit(f"run.py: --python {python}: needs Python {'.'.join(map(str, MIN_PYTHON))}+, "
+                         f"it says {said!r}")
+    return ROOT / f".venv-py{version}"
 
 
 def workspace_packages() -> list[Path]:
@@ -121,45 +146,50 @@ def torch_choice(python: Path, requirements: list[str]) -> tuple[list[str], list
     return cpu_torch(requirements, report)
 
 
-def install_hash(profile: str, packages: list[Path]) -> str:
+def install_hash(profile: str, packages: list[Path], where: Path = VENV, constraint: Path | None = None) -> str:
     """Everything that changes what gets installed; source edits do not (editable installs)."""
     digest = hashlib.sha256()
     digest.update(profile.encode())
     # pyvenv.cfg names the venv's interpreter and its version: a new Python reinstalls.
-    for path in [VENV / "pyvenv.cfg", ROOT / "pyproject.toml", Path(__file__).resolve()] + [
-        p / "pyproject.toml" for p in packages
-    ]:
-        digest.update(str(path.relative_to(ROOT)).encode())
+    paths = [where / "pyvenv.cfg", ROOT / "pyproject.toml", Path(__file__).resolve()]
+    for path in paths + [p / "pyproject.toml" for p in packages] + ([constraint] if constraint else []):
+        digest.update(path.resolve().relative_to(ROOT).as_posix().encode() if path.resolve().is_relative_to(ROOT)
+                      else str(path).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
-def read_stamp() -> dict[str, str]:
+def read_stamp(where: Path = VENV) -> dict[str, str]:
     try:
-        data = json.loads(STAMP.read_text())
+        data = json.loads((where / STAMP_NAME).read_text())
     except (OSError, ValueError):
         return {}
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
-def ensure_environment(profile: str) -> Path:
-    """Create .venv if needed and install ``profile`` unless the stamp says it is current."""
-    python = venv_python()
+def ensure_environment(profile: str, base: str | None = None, constraint: Path | None = None) -> Path:
+    """Create the venv (``.venv``, or ``.venv-pyX.Y`` of the interpreter ``base``) if needed and
+    install ``profile`` (under pip's ``constraint`` file) unless the stamp says it is current."""
+    where = venv_for(base)
+    python = venv_python(where)
     if not python.exists():
-        print(f"run.py: creating {VENV.relative_to(ROOT)} with Python {sys.version.split()[0]}",
-              flush=True)
+        print(f"run.py: creating {where.relative_to(ROOT)} with "
+              + (f"Python {sys.version.split()[0]}" if base is None else base), flush=True)
         try:
-            venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
+            if base is None:
+                venv.EnvBuilder(with_pip=True, clear=True).create(where)
+            else:
+                subprocess.run([base, "-m", "venv", "--clear", str(where)], check=True)
         except (OSError, subprocess.CalledProcessError) as err:
-            raise SystemExit(f"run.py: could not create {VENV} ({err}); on Debian or Ubuntu, "
+            raise SystemExit(f"run.py: could not create {where} ({err}); on Debian or Ubuntu, "
                              "install the python3-venv package") from err
 
     packages = workspace_packages()
-    wanted = install_hash(profile, packages)
-    stamp = read_stamp()
+    wanted = install_hash(profile, packages, where, constraint)
+    stamp = read_stamp(where)
     # A current install of a profile with more groups serves this one (test serves demo).
     if stamp.get(profile) == wanted or any(
-        set(PROFILES[profile]) <= set(groups) and stamp.get(other) == install_hash(other, packages)
+        set(PROFILES[profile]) <= set(groups) and stamp.get(other) == install_hash(other, packages, where, constraint)
         for other, groups in PROFILES.items() if other != profile
     ):
         return python
@@ -173,17 +203,18 @@ def ensure_environment(profile: str) -> Path:
                                                    PROFILES[profile] else "jax and friends (about 0.15 GB)"),
           flush=True)
     editable = [arg for p in packages for arg in ("-e", str(p))]
+    constraints = ["--constraint", str(constraint)] if constraint else []
     command = [str(python), "-m", "pip", "install", "--disable-pip-version-check",
-               "--quiet", *index, *editable, *requirements]
+               "--quiet", *index, *constraints, *editable, *requirements]
     # Drop the stamp first: an interrupted install must not look complete next time.
-    STAMP.unlink(missing_ok=True)
+    (where / STAMP_NAME).unlink(missing_ok=True)
     result = subprocess.run(command, cwd=ROOT, check=False)
     if result.returncode != 0:
         raise SystemExit(f"run.py: installation failed (pip exit code {result.returncode}); "
                          f"command: {' '.join(command)}")
     stamp = {k: v for k, v in stamp.items() if k in PROFILES}
     stamp[profile] = wanted
-    STAMP.write_text(json.dumps(stamp, indent=2))
+    (where / STAMP_NAME).write_text(json.dumps(stamp, indent=2))
     return python
 
 
@@ -221,7 +252,7 @@ def run_in_venv(python: Path, args: list[str]) -> int:
     # Tools installed in the venv (the `jaxattn` script, uv, pytest) come first on PATH,
     # as if the venv were activated; subprocesses started by tests find them there.
     env["PATH"] = str(python.parent) + os.pathsep + env.get("PATH", "")
-    env["VIRTUAL_ENV"] = str(VENV)
+    env["VIRTUAL_ENV"] = str(python.parent.parent)
     env.pop("PYTHONHOME", None)
     return subprocess.run([str(python), *args], cwd=ROOT, env=env, check=False).returncode
 
@@ -240,14 +271,19 @@ def main(argv: list[str] | None = None) -> int:
                            f"'{NO_TORCH_MARKER}': the Triton kernels in the interpreter)")
     install = commands.add_parser("install", help="only create or refresh .venv")
     install.add_argument("--test", action="store_true", help="include the test dependencies")
+    for sub in (test, install):
+        sub.add_argument("--python", metavar="PYTHON", help="another interpreter: its own .venv-pyX.Y")
+        sub.add_argument("--constraint", metavar="FILE", type=Path, help="a pip constraints file for the install")
     build = commands.add_parser("wheels", help="build every package's wheel into wheelhouse/")
     build.add_argument("--out", type=Path, default=WHEELHOUSE, help="where (default: wheelhouse/)")
     args, rest = parser.parse_known_args(argv)
 
+    if args.command in ("test", "install") and args.constraint is not None and not args.constraint.is_file():
+        parser.error(f"--constraint {args.constraint}: no such file")
     if args.command == "install":
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        ensure_environment("test" if args.test else "demo")
+        ensure_environment("test" if args.test else "demo", args.python, args.constraint)
         return 0
     if args.command == "wheels":
         if rest:
@@ -255,10 +291,10 @@ def main(argv: list[str] | None = None) -> int:
         return wheels(args.out.resolve())
     if args.command == "demo":
         return run_in_venv(ensure_environment("demo"), ["-m", "jaxattn", "demo", *rest])
-    if args.no_torch:
-        return run_in_venv(ensure_environment("test-no-torch"),
-                           ["-m", "pytest", *spread(rest), "-m", f"not {NO_TORCH_MARKER}", *rest])
-    return run_in_venv(ensure_environment("test"), ["-m", "pytest", *spread(rest), *rest])
+    profile = "test-no-torch" if args.no_torch else "test"
+    python = ensure_environment(profile, args.python, args.constraint)
+    deselect = ["-m", f"not {NO_TORCH_MARKER}"] if args.no_torch else []
+    return run_in_venv(python, ["-m", "pytest", *spread(rest), *deselect, *rest])
 
 
 def spread(pytest_args: list[str]) -> list[str]:

@@ -6,7 +6,7 @@ with its barriers, TMA copies and a happens-before race detector; what it lacks,
 stands in for, in the kernel modules' namespaces only, for the test's duration:
 
 * wgmma and its accumulators (``plgpu.ACC``, ``pl.run_state`` of one, the transposed operand
-  ``plgpu.transpose_ref``): each accumulator a traced float32 value, each wgmma ``acc + a @ b``
+  ``blocks.transposed``): each accumulator a traced float32 value, each wgmma ``acc + a @ b``
   (float32 products of the 16-bit operands, as the tensor cores);
 * register layouts (``plgpu.layout_cast``, ``broadcasted_iota``'s, ``plgpu.load`` of a vector
   into one) and ``set_max_registers``: plain values, plain ``iota``, a plain read;
@@ -103,7 +103,6 @@ def mosaic_interpreter(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[],
     stand_ins = {
         "ACC": Acc,
         "wgmma": wgmma,
-        "transpose_ref": lambda ref, perm: _Transposed(ref),
         "wgmma_accumulator_load": lambda acc, wait_n=0: acc.value,
         "layout_cast": lambda x, layout: x,
         "broadcasted_iota": lambda dtype, shape, dim, layout=None: lax.broadcasted_iota(dtype, shape, dim),
@@ -119,6 +118,7 @@ def mosaic_interpreter(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[],
     for module in (kernel, backward_kernel):
         monkeypatch.setattr(module, "pl", Pallas())
         monkeypatch.setattr(module, "load_vector", lambda ref, layout: ref[...])
+        monkeypatch.setattr(module, "transposed", _Transposed)
 
     def deallocate(self: Any) -> None:
         with self.cv:

@@ -110,7 +110,7 @@ def test_run_py_test_no_torch_installs_without_torch_and_deselects_the_triton_gr
         monkeypatch: pytest.MonkeyPatch) -> None:
     run = run_py()
     calls: list[tuple[str, list[str]]] = []
-    monkeypatch.setattr(run, "ensure_environment", lambda profile: Path(profile))
+    monkeypatch.setattr(run, "ensure_environment", lambda profile, base=None, constraint=None: Path(profile))
     def run_in_venv(python: Path, args: list[str]) -> int:
         calls.append((str(python), args))
         return 0
@@ -125,6 +125,39 @@ def test_run_py_test_no_torch_installs_without_torch_and_deselects_the_triton_gr
     assert not any(isinstance(r, str) and r.startswith(("torch", "triton")) for r in groups["test"])
     markers = pyproject["tool"]["pytest"]["ini_options"]["markers"]
     assert any(m.startswith(f"{run.NO_TORCH_MARKER}:") for m in markers)
+
+
+def test_run_py_test_python_takes_its_own_venv_and_constraints(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    # How CI runs the suite on a second jax (.ci/run, .ci/jax-next.txt): another interpreter
+    # gets its own .venv-pyX.Y, and the constraints reach pip and the install's hash.
+    import sys
+
+    run = run_py()
+    assert run.venv_for(None) == REPO / ".venv"
+    assert run.venv_for(sys.executable) == REPO / f".venv-py{sys.version_info[0]}.{sys.version_info[1]}"
+    with pytest.raises(SystemExit, match="--python no-such-python: cannot run it"):
+        run.venv_for("no-such-python")
+    calls: list[tuple[str, str | None, Path | None]] = []
+
+    def ensure(profile: str, base: str | None = None, constraint: Path | None = None) -> Path:
+        calls.append((profile, base, constraint))
+        return Path(profile)
+
+    monkeypatch.setattr(run, "ensure_environment", ensure)
+    monkeypatch.setattr(run, "run_in_venv", lambda python, args: 0)
+    pins = REPO / ".ci" / "jax-next.txt"
+    assert run.main(["test", "--no-torch", "--python", sys.executable, "--constraint", str(pins), "tests/cli"]) == 0
+    assert calls == [("test-no-torch", sys.executable, pins)]
+    pinned = [line.removeprefix("jax==") for line in pins.read_text().splitlines() if line.startswith("jax==")]
+    assert len(pinned) == 1 and f"jax {pinned[0]}" in (REPO / "docs" / "getting-started.md").read_text()
+    with pytest.raises(SystemExit) as exit_info:
+        run.main(["test", "--constraint", str(tmp_path / "missing.txt")])
+    assert exit_info.value.code == 2 and len(calls) == 1
+    packages = run.workspace_packages()
+    other = tmp_path / "other.txt"
+    other.write_text("jax==0.0.0\n")
+    assert run.install_hash("test", packages, constraint=pins) != run.install_hash("test", packages, constraint=other)
 
 
 @pytest.mark.slow

@@ -5,8 +5,9 @@ suite checks its numerics here: every decode case of the matrix, float32 and bfl
 ``jax.jit`` and under ``jax_enable_x64``; what it declines (several queries per sequence, ragged
 batches, windows, sinks) the suite checks is declined with reasons.
 
-``ragged_page_attention_v3`` cannot run in interpret mode on jax <= 0.11.2 (see
-``jaxattn_pallas.ragged.rules``): here it must decline every case, with that reason. Its numerics
+``ragged_page_attention_v3`` cannot run in interpret mode where jax's interpreter cannot run its
+kernel (jax 0.10.2-0.12.1: ``jaxattn_pallas.ragged.rules.interpreter_runs_kernel`` asks the
+interpreter): there it must decline every case, with that reason; elsewhere the suite runs. Its numerics
 are checked over an emulation of the kernel and by lowering it for TPU (``test_ragged.py``).
 """
 
@@ -50,7 +51,7 @@ class TestRaggedPageAttentionInterpret(PagedConformanceSuite):
         """On a jax whose interpreter cannot run the kernel, every case is declined with that
         reason (the suite's other tests check each decline raises); on a newer jax, the suite's
         own check that something runs."""
-        if ragged_rules.installed_jax_version() > ragged_rules.INTERPRET_BROKEN_THROUGH:
+        if ragged_rules.interpreter_runs_kernel("float32") and ragged_rules.interpreter_runs_kernel("bfloat16"):
             super().test_runs_something(dtype)
             return
         for case in self.cases(self.resolved_level()):
@@ -62,7 +63,7 @@ class TestRaggedPageAttentionInterpret(PagedConformanceSuite):
     def test_interpret_reason_is_the_only_one_for_plain_calls(self) -> None:
         """Without sinks, the interpreter is the only obstacle: off interpret mode the same calls
         would run (what TPU CI runs)."""
-        if ragged_rules.installed_jax_version() > ragged_rules.INTERPRET_BROKEN_THROUGH:
+        if ragged_rules.interpreter_runs_kernel("float32") and ragged_rules.interpreter_runs_kernel("bfloat16"):
             pytest.skip("this jax interprets the kernel")
         for case in self.cases(self.resolved_level()):
             if case.sinks:

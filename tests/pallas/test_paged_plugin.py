@@ -73,16 +73,25 @@ def test_registration_and_listing_import_no_kernel() -> None:
         assert decode.platforms == ("tpu",) and decode.priority == 50, decode
         assert rows["vanilla_paged", "jaxattn-vanilla"].priority == 0
         import jax, numpy as np
-        md = jaxattn.AttentionMetadata(platform="tpu", interpret=True)
         q = jax.ShapeDtypeStruct((3, 4, 16), "float32")
         k = jax.ShapeDtypeStruct((14, 4, 2, 16), "float32")
         args = (q, k, k, jax.ShapeDtypeStruct((3, 4), "int32"), jax.ShapeDtypeStruct((3,), "int32"))
         kw = dict(cu_q_lens=np.arange(4, dtype=np.int32), num_seqs=np.asarray([3], np.int32), queries_per_seq=1)
+        tpu = jaxattn.AttentionMetadata(platform="tpu")  # a TPU's checks (this host: only "no TPU here")
+        for name in ("page_attention", "ragged_page_attention_v3"):
+            reasons = jaxattn.get_impl(name, tpu).supports(*args, **kw)
+            assert len(reasons) == 1 and "interpret=True" in reasons[0], (name, reasons)
+        pallas = [m for m in sys.modules if m.startswith("jax.experimental.pallas")]
+        assert not pallas, pallas
+        # In interpret mode the ragged kernel's rules ask Pallas's own interpreter whether it
+        # runs the kernel (jaxattn_pallas.ragged.rules.interpreter_runs_kernel): Pallas loads,
+        # still no kernel.
+        md = jaxattn.AttentionMetadata(platform="tpu", interpret=True)
         assert jaxattn.get_impl("page_attention", md).supports(*args, **kw) == []
         assert len(jaxattn.get_impl("ragged_page_attention_v2", md).supports(*args, **kw)) == 1
         explained = jaxattn.explain_paged(q, k, k, args[3], args[4], metadata=md)
         assert explained.chosen == "page_attention", explained
-        kernels = [m for m in sys.modules if m.startswith("jax.experimental.pallas")]
+        kernels = [m for m in sys.modules if m.startswith("jax.experimental.pallas.ops")]
         assert not kernels, kernels
         """
     )

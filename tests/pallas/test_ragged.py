@@ -491,11 +491,21 @@ def test_real_kernel_lowers_for_tpu(name: str) -> None:
 # --- interpret mode ---------------------------------------------------------------------
 
 
-def test_interpret_mode_is_refused_on_this_jax() -> None:
-    assert ragged_rules.installed_jax_version() <= ragged_rules.INTERPRET_BROKEN_THROUGH
+def test_interpret_mode_is_refused_where_the_interpreter_cannot_run_the_kernel() -> None:
     reasons = ragged_rules.ragged_reasons(q_dtype="float32", kv_dtype="float32", num_q_heads=2, num_kv_heads=1,
                                          head_dim=128, v_head_dim=128, layout="combined", page_size=4, interpret=True)
-    assert len(reasons) == 1 and "interpret" in reasons[0]
+    assert reasons == ([] if ragged_rules.interpreter_runs_kernel("float32") else [reasons[0]])
+    if reasons:
+        assert "TPU interpret mode of jax" in reasons[0] and "reshapes and bitcasts" in reasons[0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_interpreter_probe_is_a_tpu_kernel(dtype: str) -> None:
+    # So a False from the probe is the interpreter's limit, not a kernel of ours that no TPU
+    # would run either.
+    call, x = ragged_rules.interpreter_probe(dtype)
+    text = jax.jit(call).trace(x).lower(lowering_platforms=("tpu",)).as_text()
+    assert "tpu_custom_call" in text
 
 
 @pytest.fixture
@@ -504,13 +514,20 @@ def interpreter_reset() -> Iterator[None]:
     pltpu.reset_tpu_interpret_mode_state()  # a failed interpretation poisons the next one
 
 
-def test_interpreter_still_cannot_run_the_kernel(monkeypatch: pytest.MonkeyPatch, interpreter_reset: None) -> None:
-    # When this fails, jax's TPU interpreter runs the kernel: raise INTERPRET_BROKEN_THROUGH
-    # past that jax version and run the numerics tests above in interpret mode.
-    monkeypatch.setattr(ragged_rules, "INTERPRET_BROKEN_THROUGH", (0,))
-    c = _make_case([(1, 3)], hq=2, hkv=1, d=128, pad_rows=0)
-    with pytest.raises(Exception, match="ReshapeTransform"):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_interpreter_probe_agrees_with_the_kernel(dtype: str, monkeypatch: pytest.MonkeyPatch,
+                                                      interpreter_reset: None) -> None:
+    # The probe's answer on this jax is what the kernel does: where it says no, the kernel
+    # fails in the interpreter as the probe did; where it says yes, the kernel runs (and the
+    # conformance suite's numerics run in interpret mode: tests/pallas/test_paged_conformance).
+    runs = ragged_rules.interpreter_runs_kernel(dtype)
+    c = _make_case([(1, 3)], hq=2, hkv=1, d=128, pad_rows=0, dtype=dtype)
+    monkeypatch.setattr(ragged_rules, "interpreter_runs_kernel", lambda _: True)
+    if runs:
         _ragged(c, "combined", softmax_scale=1.0, interpret=True)
+    else:
+        with pytest.raises(Exception, match="ReshapeTransform"):
+            _ragged(c, "combined", softmax_scale=1.0, interpret=True)
 
 
 # --- the static rules -------------------------------------------------------------------
@@ -529,7 +546,7 @@ def test_reasons_accept_the_supported_calls() -> None:
                                                logits_soft_cap=30.0, window_left=0, tpu_generation=6)) == []
     assert ragged_rules.ragged_reasons(**_facts(layout="separate", v_head_dim=64)) == []
     assert ragged_rules.paged_decode_reasons(q_len=4, **_facts(window_left=7)) == []
-    assert ragged_rules.ragged_reasons(**_facts(interpret=True, jax_version=(0, 12, 0))) == []
+    assert ragged_rules.ragged_reasons(**_facts(interpret=True, interpreter_runs=True)) == []
 
 
 @pytest.mark.parametrize(
@@ -547,7 +564,7 @@ def test_reasons_accept_the_supported_calls() -> None:
         ({"window_left": 2.0}, ["window_left"]),
         ({"has_sinks": True}, ["sinks"]),
         ({"num_queries_per_block": 0, "num_kv_pages_per_block": -1}, ["num_queries_per_block", "num_kv_pages"]),
-        ({"interpret": True, "jax_version": (0, 10, 2)}, ["interpret mode of jax 0.10.2"]),
+        ({"interpret": True, "interpreter_runs": False}, ["TPU interpret mode of jax"]),
         ({"tpu_generation": 3}, ["TPU v4 or newer"]),
         ({"layout": "separate", "allow_cache_copy": False}, ["interleaved"]),
         ({"head_dim": 64, "v_head_dim": 64, "allow_cache_copy": False}, ["zero-padded from 64 to 128"]),

@@ -62,6 +62,7 @@ from jaxattn_mosaic.blocks import (
     soft_cap_slope,
     soft_capped,
     stream_kv,
+    transposed,
     window_sides,
 )
 from jaxattn_mosaic.mods import WORD, row_blocks, tile_lists
@@ -308,8 +309,8 @@ def _dq_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape,
                 plgpu.barrier_wait(v_ready.at[slot])
 
                 def gemms(s_ref: Any, dp_ref: Any) -> tuple[Any, Any]:
-                    plgpu.wgmma(s_ref, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
-                    plgpu.wgmma(dp_ref, do_smem, plgpu.transpose_ref(v_smem.at[slot], (1, 0)))
+                    plgpu.wgmma(s_ref, q_smem, transposed(k_smem.at[slot]))
+                    plgpu.wgmma(dp_ref, do_smem, transposed(v_smem.at[slot]))
                     return s_ref[...], dp_ref[...]
 
                 s, dp = pl.run_scoped(gemms, plgpu.ACC((bq, bkv), jnp.float32), plgpu.ACC((bq, bkv), jnp.float32))
@@ -475,7 +476,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
                 plgpu.barrier_wait(lse_ready.at[slot])
 
                 def st_gemm(acc_ref: Any) -> Any:
-                    plgpu.wgmma(acc_ref, k_smem, plgpu.transpose_ref(q_smem.at[slot], (1, 0)))
+                    plgpu.wgmma(acc_ref, k_smem, transposed(q_smem.at[slot]))
                     return acc_ref[...]
 
                 s_t = pl.run_scoped(st_gemm, plgpu.ACC((bkv, bq), jnp.float32))
@@ -501,7 +502,7 @@ def _dkv_call(q: Any, k: Any, v: Any, do: Any, lse2: Any, delta: Any, sh: _Shape
                 def dv_dp(refs: Any) -> None:
                     dv_ref, dp_ref = refs
                     plgpu.wgmma(dv_ref, p_t.astype(dtype), do_smem.at[slot])
-                    plgpu.wgmma(dp_ref, v_smem, plgpu.transpose_ref(do_smem.at[slot], (1, 0)))
+                    plgpu.wgmma(dp_ref, v_smem, transposed(do_smem.at[slot]))
 
                 dv, dp_t = pl.run_state(dv_dp)((plgpu.ACC.init(dv), plgpu.ACC.init(_zeros((bkv, bq)))))
                 delta = load_vector(delta_smem.at[slot], plgpu.Layout.WGMMA.reduce(0))

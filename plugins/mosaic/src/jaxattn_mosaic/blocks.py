@@ -24,7 +24,8 @@ from jaxattn_mosaic.mods import WORD
 
 __all__ = ["FIRST_NAMED_BARRIER", "NO_WINDOW", "TRANSFORMS", "KeyBlocks", "NamedBarriers", "Window", "await_signal",
            "bits_keep", "cdiv", "check_inputs", "keys_ahead", "load_vector", "named_barrier", "plus", "release_unread",
-           "ring_slot", "signal", "soft_cap_slope", "soft_capped", "stream_kv", "window_sides"]
+           "ring_slot", "signal", "soft_cap_slope", "soft_capped", "store_to_gmem", "stream_kv", "transposed",
+           "window_sides"]
 
 #: Shared-memory tiles of 64 columns (128 bytes of 16-bit values), as wgmma reads them.
 TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -334,11 +335,31 @@ def stream_kv(k_ref: Any, v_ref: Any, smem: tuple[Any, Any], ready: tuple[Any, A
 
 def load_vector(ref: Any, layout: Any) -> Any:
     """A shared-memory vector into registers: jax 0.11 takes the ref alone (an index beside it is
-    deprecated there), jax 0.10 wants one."""
+    deprecated there, and gone in 0.12), jax 0.10 wants one."""
     load: Any = plgpu.load
-    if inspect.signature(load).parameters["idx"].default is inspect.Parameter.empty:
+    idx = inspect.signature(load).parameters.get("idx")
+    if idx is not None and idx.default is inspect.Parameter.empty:
         return load(ref, (), layout=layout)
     return load(ref, layout=layout)
+
+
+def store_to_gmem(ref: Any, value: Any) -> None:
+    """Registers straight to global memory, as jax 0.10 and 0.11 lower ``ref[...] = value``.
+    jax 0.12 lowers that assignment as an "optimized" store, which refuses a layout whose lanes
+    do not fill whole 32-byte sectors (a wgmma bf16 tile: 16 bytes a row of four lanes), and
+    gives ``plgpu.store(..., optimized=False)`` for the plain one."""
+    store: Any = getattr(plgpu, "store", None)
+    if store is None:
+        ref[...] = value
+    else:
+        store(ref, value, optimized=False)
+
+
+def transposed(ref: Any) -> Any:
+    """A 2-D shared-memory tile as wgmma's transposed operand. ``ref.transpose`` is what
+    ``plgpu.transpose_ref`` did (jax 0.12 removed that one); one name, so the Mosaic GPU
+    interpreter's stand-ins (tests/mosaic/conftest.py) replace it in one place."""
+    return ref.transpose((1, 0))
 
 
 def bits_keep(words: list[Any], shape: tuple[int, int], key_axis: int) -> Any:

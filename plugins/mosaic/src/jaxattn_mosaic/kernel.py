@@ -78,7 +78,9 @@ from jaxattn_mosaic.blocks import (
     ring_slot,
     signal,
     soft_capped,
+    store_to_gmem,
     stream_kv,
+    transposed,
     window_sides,
 )
 from jaxattn_mosaic.mods import WORD, row_blocks, tile_lists
@@ -994,7 +996,7 @@ class _Body:
         slot = slot_of(j)
 
         def qk_gemm(s_ref: Any) -> Any:
-            plgpu.wgmma(s_ref, q_smem, plgpu.transpose_ref(self.k_smem.at[slot], (1, 0)))
+            plgpu.wgmma(s_ref, q_smem, transposed(self.k_smem.at[slot]))
             after_qk()
             return s_ref[...]
 
@@ -1049,7 +1051,7 @@ class _Body:
             plgpu.barrier_wait(self.k_ready.at[lax.rem(j, jnp.int32(self.lz.stages))])
 
     def k_t(self, slot: Any) -> Any:
-        return plgpu.transpose_ref(self.k_smem.at[slot], (1, 0))
+        return transposed(self.k_smem.at[slot])
 
     def overlapped(self, q_smem: Any, carry: Any, *, row0: Any, n_blocks: Any, n_full: Any, cta_blocks: Any) -> Any:
         """The consumer's loop with intra-warpgroup overlap (``Config.overlap``)."""
@@ -1169,7 +1171,7 @@ class _Body:
         self.lse_ref[b, head, pl.ds(row0, bq)] = lse
         if self.cfg.persistent and not o_staged:
             # q_smem is loading the next tile's Q: the output goes from registers.
-            self.out_ref[b, pl.ds(row0, bq), head] = acc.astype(dtype)
+            store_to_gmem(self.out_ref.at[b, pl.ds(row0, bq), head], acc.astype(dtype))
             return
         # Staged in the output's own tile (persistent) or in Q's, done with.
         o_smem = self.o_smem2[0].at[self.wg] if o_staged else q_smem

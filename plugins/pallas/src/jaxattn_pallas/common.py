@@ -16,9 +16,10 @@ The paged impls' base (``PallasPagedBase``), what the paged mechanisms' impls on
 (priority 100) is the faster one for decode steps too (no transpose of the pool per step, no
 extra terms for float32) and takes every call shape, so "auto" runs it first; ``page_attention``
 (priority 50) serves that name, and "auto" in TPU interpret mode (where the ragged kernel cannot
-run on jax <= 0.11.2) picks it for decode steps. Both rank above jaxattn-vanilla's pure-JAX
-references (priority 0), which provide the same names on every platform. Neither imports a
-Pallas module until a call runs.
+run on jax 0.10.2-0.12.1: its rules ask the interpreter) picks it for decode steps. Both rank
+above jaxattn-vanilla's pure-JAX references (priority 0), which provide the same names on every
+platform. Neither imports a Pallas module until a call runs (interpret mode's question to the
+interpreter aside).
 """
 
 from __future__ import annotations

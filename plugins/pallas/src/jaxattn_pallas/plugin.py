@@ -34,8 +34,9 @@ PALLAS_FLASH = ImplRef(
 # The paged mechanisms (kind "paged"). On a TPU the ragged kernel (100) is the faster one for
 # every call, decode steps included, so "auto" runs it first; page_attention (50, JAX's
 # paged_attention kernel) serves that name, and "auto"'s decode steps in TPU interpret mode,
-# where the ragged kernel cannot run on jax <= 0.11.2. Both are above jaxattn-vanilla's
-# references of the same names (0), which they take over on TPUs (declared in overrides=).
+# where the ragged kernel cannot run (jax 0.10.2-0.12.1; its rules ask the interpreter). Both
+# are above jaxattn-vanilla's references of the same names (0), which they take over on TPUs
+# (declared in overrides=).
 PALLAS_RAGGED_PAGE_ATTENTION = ImplRef(
     "jaxattn_pallas.ragged.impl:PallasRaggedPagedAttention",
     names=("ragged_page_attention_v3", "ragged_page_attention_v2", "ragged_page_attention"),

@@ -18,6 +18,7 @@ that have one elsewhere (jaxattn-ring runs the blockwise backward for them).
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any
 
 import jax
@@ -29,16 +30,22 @@ Array = Any
 
 
 @functools.lru_cache(maxsize=1)
-def _binding() -> tuple[Any, Any, Any] | str:
-    """``(primitive, MaskType, AttentionLayout)``, or why jax here has none."""
+def _binding() -> tuple[Any, Any, Any, dict[str, Any]] | str:
+    """``(primitive, MaskType, AttentionLayout, extra parameters)``, or why jax here has none.
+
+    jax 0.12 gave the primitive a ``score_mod`` parameter (None: none), which its impl requires;
+    jax 0.10-0.11 have none, and refuse one."""
     try:
         from jax._src.cudnn import fused_attention_stablehlo as fa
     except ImportError as err:
         return f"jax {jax.__version__} has no cuDNN attention module ({err})"
-    parts = [getattr(fa, n, None) for n in ("_dot_product_attention_bwd_p_wrapper", "MaskType", "AttentionLayout")]
+    names = ("_dot_product_attention_bwd_p_wrapper", "MaskType", "AttentionLayout", "_dot_product_attention_bwd_impl")
+    parts: list[Any] = [getattr(fa, n, None) for n in names]
     if any(p is None for p in parts):
-        return f"jax {jax.__version__} does not expose cuDNN's attention backward as jax 0.10-0.11 do"
-    return parts[0], parts[1], parts[2]
+        return f"jax {jax.__version__} does not expose cuDNN's attention backward as jax 0.10-0.12 do"
+    impl_params = inspect.signature(parts[3]).parameters
+    extra: dict[str, Any] = {"score_mod": None} if "score_mod" in impl_params else {}
+    return parts[0], parts[1], parts[2], extra
 
 
 def unavailable() -> str | None:
@@ -58,7 +65,7 @@ def cudnn_backward(q: Array, k: Array, v: Array, out: Array, lse: Array, d_out: 
     found = _binding()
     if isinstance(found, str):
         raise NotImplementedError(found)
-    primitive, mask_type, layout = found
+    primitive, mask_type, layout, extra = found
     if causal and q.shape[1] != k.shape[1]:
         raise ValueError(f"cudnn_backward: causal needs T == S, got T={q.shape[1]}, S={k.shape[1]}")
     scale = float(q.shape[-1]) ** -0.5 if softmax_scale is None else float(softmax_scale)
@@ -68,6 +75,6 @@ def cudnn_backward(q: Array, k: Array, v: Array, out: Array, lse: Array, d_out: 
         lse.astype(jnp.float32), out.astype(q.dtype), d_out.astype(q.dtype),
         scale=scale, seed=0, dropout_rate=0.0, variadic_args=(False, False),
         mask_type=mask_type.CAUSAL if causal else mask_type.NO_MASK, layout=layout.BTNH.value,
-        sliding_window_length=None,
+        sliding_window_length=None, **extra,
     )
     return dq, dk, dv

@@ -36,7 +36,7 @@ class PallasPagedDecode(PallasPagedBase, declaration=PALLAS_PAGE_ATTENTION):
         reasons = super().not_supported_reasons(trimmed)
         ragged = (
             "instead: ragged_page_attention_v3 runs it on a TPU (impl='auto' picks it), but not in TPU interpret "
-            "mode on jax <= 0.11.2, where "
+            "mode where this jax's interpreter cannot run it (0.10.2-0.12.1), where "
         )
         decode = ragged + self.instead().removeprefix("instead: ")
         if problem.queries_per_seq is None:

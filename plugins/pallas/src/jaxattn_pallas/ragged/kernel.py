@@ -31,7 +31,7 @@
   the kernel's own tuned table raises off TPU and on TPU v2/v3.
 
 Declined (``ragged_rules.ragged_reasons`` lists them): attention sinks, float16 and other
-dtypes, q and cache of different dtypes, and TPU interpret mode on jax <= 0.11.2, which
+dtypes, q and cache of different dtypes, and TPU interpret mode where the interpreter
 cannot run this kernel.
 
 This module imports the Pallas TPU kernel at module level; import it only when a call is

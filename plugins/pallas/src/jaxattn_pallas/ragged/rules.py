@@ -37,13 +37,14 @@ read from its source and checked by lowering it for TPU from a CPU host:
   and on TPU v2/v3 (upstream tests skip below v4); the wrappers always pass their own
   block sizes (:func:`ragged_tiling`), so that lookup never runs, and decline v2/v3;
 * TPU interpret mode cannot run it: the kernel reshapes (and, for bfloat16, bitcasts)
-  VMEM refs, which the interpreter's ref accessor does not model ("'ReshapeTransform'
-  object has no attribute 'indices'" on jax 0.10.2; the accessor is unchanged in 0.11.2),
+  VMEM refs and reads them with a stride, which the interpreter's ref accessor does not
+  model ("'ReshapeTransform' object has no attribute 'indices'" on jax 0.10.2 and 0.12.1),
   and the older HLO interpreter (``interpret=True``) fails discharging the kernel's masked
-  ``pltpu.store`` on an integer-indexed ref. Interpret mode is declined up to
-  :data:`INTERPRET_BROKEN_THROUGH`. CPU CI checks the wrappers by lowering the real kernel
-  for TPU and by running them over an emulation of the kernel's semantics
-  (``tests/pallas/test_ragged.py``);
+  ``pltpu.store`` on an integer-indexed ref. Whether this jax's interpreter can is asked of
+  it, not of a version number (:func:`interpreter_runs_kernel`: a tiny kernel doing the
+  same to a ref, run once a process): interpret mode is declined wherever it cannot. CPU
+  CI checks the wrappers by lowering the real kernel for TPU and by running them over an
+  emulation of the kernel's semantics (``tests/pallas/test_ragged.py``);
 * page sizes: nothing in the kernel's source or its lowering constrains them; upstream
   tests only 16, and whether Mosaic compiles every size on a TPU is unverified here.
 
@@ -65,7 +66,6 @@ from typing import Any, Literal
 
 __all__ = [
     "DEFAULT_QUERIES_PER_BLOCK",
-    "INTERPRET_BROKEN_THROUGH",
     "KV_BUFFER_BUDGET_BYTES",
     "LANES",
     "MAX_DEFAULT_KV_PAGES_PER_BLOCK",
@@ -73,6 +73,8 @@ __all__ = [
     "Layout",
     "RaggedTiling",
     "installed_jax_version",
+    "interpreter_probe",
+    "interpreter_runs_kernel",
     "kernel_heads_per_block",
     "paged_decode_reasons",
     "ragged_reasons",
@@ -84,9 +86,6 @@ Layout = Literal["separate", "combined"]
 LANES = 128
 SUPPORTED_DTYPES = ("float32", "bfloat16")
 _BITS = {"float32": 32, "bfloat16": 16}
-#: The newest jax known not to run the kernel in TPU interpret mode (0.10.2 run, 0.11.2 read);
-#: a newer jax is given the benefit of the doubt (a test fails once it can).
-INTERPRET_BROKEN_THROUGH = (0, 11, 2)
 #: Upstream's untuned default for the query block (its table's fallback is (128 pages, 32)).
 DEFAULT_QUERIES_PER_BLOCK = 32
 #: Each KV page of a block is its own DMA, unrolled in the kernel body: 16 keeps the code
@@ -107,6 +106,59 @@ def installed_jax_version() -> tuple[int, ...]:
 
 def _parse_version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+@functools.cache
+def interpreter_runs_kernel(dtype: str) -> bool:
+    """Whether this jax's TPU interpreter runs what the ragged kernel does to its KV buffer:
+    reshape a VMEM ref, read it with a stride and, for bfloat16, bitcast it to uint32 first.
+
+    Asked of the interpreter itself, once a process and dtype, with a kernel of one (8, 128)
+    tile (:func:`interpreter_probe`): a version ceiling would either lock out a jax that fixed
+    it or, as jax 0.12.1 did, wave through one that had not and crash inside the call. Eager
+    even under a trace; the interpreter's state is reset after a failure (a failed
+    interpretation poisons the next one), and jax's log of the failed callback is held back."""
+    import logging
+
+    import jax
+    import numpy as np
+    from jax.experimental.pallas import tpu as pltpu
+
+    call, x = interpreter_probe(dtype)
+    log = logging.getLogger("jax._src.callback")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with jax.ensure_compile_time_eval(), pltpu.force_tpu_interpret_mode():
+            np.asarray(call(x))
+    except Exception:  # any failure means: this interpreter cannot run the kernel
+        pltpu.reset_tpu_interpret_mode_state()
+        return False
+    finally:
+        log.setLevel(level)
+    return True
+
+
+def interpreter_probe(dtype: str) -> tuple[Any, Any]:
+    """``(call, x)``: the Pallas TPU call :func:`interpreter_runs_kernel` runs (a legal Mosaic
+    kernel: it lowers for a TPU) and its input."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import pallas as pl
+
+    packed = dtype == "bfloat16"
+    rows = 32 if packed else 16
+
+    def kernel(x_ref: Any, o_ref: Any) -> None:
+        flat = x_ref.reshape(rows, LANES)
+        if packed:
+            o_ref[...] = flat.bitcast(jnp.uint32)[0::2, :].astype(jnp.float32)
+        else:
+            o_ref[...] = flat[0::2, :]
+
+    x = np.arange(rows * LANES, dtype=np.float32).reshape(2, rows // 2, LANES).astype(jnp.dtype(dtype))
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, LANES), jnp.float32)), x
 
 
 def _packing(dtype: str) -> int:
@@ -215,7 +267,7 @@ def ragged_reasons(
     num_queries_per_block: int | None = None,
     num_kv_pages_per_block: int | None = None,
     interpret: bool = False,
-    jax_version: tuple[int, ...] | None = None,
+    interpreter_runs: bool | None = None,
     tpu_generation: int | None = None,
     allow_cache_copy: bool = True,
 ) -> list[str]:
@@ -223,7 +275,8 @@ def ragged_reasons(
     with these static facts; empty when it can.
 
     Dtypes are names (``"bfloat16"``). ``v_head_dim`` equals ``head_dim`` for the combined
-    layout. ``jax_version`` defaults to the installed one; ``tpu_generation`` (4 for v4,
+    layout. ``interpreter_runs`` (with ``interpret``): whether TPU interpret mode runs the
+    kernel, by default :func:`interpreter_runs_kernel` of the KV dtype; ``tpu_generation`` (4 for v4,
     ...) is checked when given. With ``allow_cache_copy=False`` a call that would copy the
     whole KV cache (separate layout, or padding of heads or head dims) is refused too.
     """
@@ -238,9 +291,9 @@ def ragged_reasons(
             f"attention sinks (softmax_aux) are not supported: {_KERNEL} has no extra softmax term "
             "and returns no log-sum-exp, so they cannot be added exactly outside it"
         )
-    version = installed_jax_version() if jax_version is None else jax_version
-    if interpret and version <= INTERPRET_BROKEN_THROUGH:
-        shown = ".".join(map(str, version))
+    if interpret and kv_dtype in SUPPORTED_DTYPES and not (
+            interpreter_runs_kernel(kv_dtype) if interpreter_runs is None else interpreter_runs):
+        shown = ".".join(map(str, installed_jax_version()))
         reasons.append(
             f"TPU interpret mode of jax {shown} cannot run {_KERNEL}: it reshapes and bitcasts "
             "VMEM refs, which the interpreter does not model"
