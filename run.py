@@ -153,8 +153,10 @@ def install_hash(profile: str, packages: list[Path], where: Path = VENV, constra
     # pyvenv.cfg names the venv's interpreter and its version: a new Python reinstalls.
     paths = [where / "pyvenv.cfg", ROOT / "pyproject.toml", Path(__file__).resolve()]
     for path in paths + [p / "pyproject.toml" for p in packages] + ([constraint] if constraint else []):
-        digest.update(path.resolve().relative_to(ROOT).as_posix().encode() if path.resolve().is_relative_to(ROOT)
-                      else str(path).encode())
+        # The name inside the checkout, so that a moved checkout keeps its stamp; a constraints
+        # file may lie outside it.
+        name = path.resolve()
+        digest.update((name.relative_to(ROOT).as_posix() if name.is_relative_to(ROOT) else str(name)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
